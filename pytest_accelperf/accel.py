@@ -1,0 +1,279 @@
+"""Provisioning the accelerator of a session: devices, platform key, capacity, peak FLOPs.
+
+The environment that selects devices (``XLA_FLAGS``, ``JAX_PLATFORMS``,
+``CUDA_VISIBLE_DEVICES``) must be set before a framework initializes, so
+:func:`prepare_environment` runs in ``pytest_configure``, on the controller and on every
+xdist worker, while :func:`provision` (which imports jax) runs lazily in the session fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+ACCELS = ("cpu", "gpu", "tpu", "neuron", "auto")
+_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+# Peak dense bf16 FLOP/s per device (per chip for TPU; per NeuronCore-v2 device pair as
+# jax/torch-neuronx expose it is not standardized, so Trainium figures are per chip).
+# Sources:
+#   TPU v4: 275 TFLOP/s bf16 per chip - cloud.google.com/tpu/docs/v4
+#   TPU v5e: 197 TFLOP/s bf16 per chip - cloud.google.com/tpu/docs/v5e
+#   TPU v5p: 459 TFLOP/s bf16 per chip - cloud.google.com/tpu/docs/v5p
+#   TPU v6e (Trillium): 918 TFLOP/s bf16 per chip - cloud.google.com/tpu/docs/v6e
+#   A100: 312 TFLOP/s dense bf16 - NVIDIA A100 datasheet
+#   H100 SXM: 989 TFLOP/s dense bf16 - NVIDIA H100 datasheet (PCIe: 756)
+#   H200: 989 TFLOP/s dense bf16 - NVIDIA H200 datasheet (same die as H100 SXM)
+#   Trainium1: 190 TFLOP/s bf16 per chip - aws.amazon.com/machine-learning/trainium
+#   Trainium2: 667 TFLOP/s dense bf16 per chip - aws.amazon.com/ec2/instance-types/trn2
+PEAK_FLOPS: dict[str, float] = {
+    "tpu v4": 275e12,
+    "tpu v5 lite": 197e12,
+    "tpu v5e": 197e12,
+    "tpu v5p": 459e12,
+    "tpu v5": 459e12,
+    "tpu v6 lite": 918e12,
+    "tpu v6e": 918e12,
+    "a100": 312e12,
+    "h100 pcie": 756e12,
+    "h100": 989e12,
+    "h200": 989e12,
+    "trainium1": 190e12,
+    "trainium2": 667e12,
+}
+
+
+def peak_flops(device_kind: str) -> float | None:
+    """Peak FLOP/s of a device kind as the runtime names it, or None when unknown.
+
+    >>> peak_flops("NVIDIA H100 80GB HBM3")
+    989000000000000.0
+    >>> peak_flops("cpu") is None
+    True
+    """
+    kind = device_kind.lower()
+    # Longest key first, so "h100 pcie" wins over "h100" and "tpu v5 lite" over "tpu v5".
+    for key in sorted(PEAK_FLOPS, key=len, reverse=True):
+        if key in kind:
+            return PEAK_FLOPS[key]
+    return None
+
+
+def prepare_environment(accel: str, cpu_devices: int, env: dict[str, str] | None = None) -> None:
+    """Set the device environment before any framework initializes.
+
+    For ``cpu`` this asks XLA for ``cpu_devices`` virtual host devices and pins JAX to the
+    CPU platform. Existing ``XLA_FLAGS`` are kept; a different device count in them is
+    replaced, not duplicated.
+    """
+    env = os.environ if env is None else env
+    flags = env.get("XLA_FLAGS", "")
+    flags = re.sub(rf"{_COUNT_FLAG}=\S+", "", flags).strip()
+    env["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={cpu_devices}".strip()
+    if accel == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+
+
+def jax_initialized_too_early(cpu_devices: int) -> str | None:
+    """A message when jax's CPU backend was initialized before our XLA_FLAGS could apply."""
+    if "jax" not in sys.modules:
+        return None
+    try:
+        from jax._src import xla_bridge  # private, but the only way to ask
+
+        if not xla_bridge.backends_are_initialized():
+            return None
+    except Exception:  # pragma: no cover - a jax without this helper
+        return None
+    import jax
+
+    n = len(jax.devices("cpu"))
+    if n == cpu_devices:
+        return None
+    return (
+        f"jax was initialized with {n} CPU device(s) before pytest-accelperf could ask for "
+        f"{cpu_devices}: do not call jax at import time of a conftest or test module, or set "
+        f"XLA_FLAGS={_COUNT_FLAG}={cpu_devices} yourself, or pass --accelperf-cpu-devices={n}"
+    )
+
+
+def worker_visible_devices(total: int, worker_index: int, worker_count: int) -> list[int]:
+    """The device indices an xdist worker owns: a contiguous, disjoint slice.
+
+    >>> worker_visible_devices(8, 1, 2)
+    [4, 5, 6, 7]
+    """
+    if worker_count <= 0 or not 0 <= worker_index < worker_count:
+        raise ValueError(f"bad worker {worker_index} of {worker_count}")
+    if total < worker_count:
+        raise ValueError(
+            f"{worker_count} xdist workers but only {total} device(s): run with -n {total} or less"
+        )
+    per = total // worker_count
+    return list(range(worker_index * per, (worker_index + 1) * per))
+
+
+def assign_worker_devices(accel: str, worker_id: str, worker_count: int,
+                          env: dict[str, str] | None = None) -> list[int] | None:
+    """Give an xdist worker (``gw0``...) its own accelerators by environment.
+
+    CPU needs nothing: each worker process has its own virtual devices. For GPUs the
+    visible devices (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``) are split into
+    disjoint slices. Returns the indices assigned, or None when nothing was changed.
+    """
+    env = os.environ if env is None else env
+    if accel != "gpu" or worker_count <= 1:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible:
+        ids = [v for v in visible.split(",") if v.strip()]
+    else:
+        ids = [str(i) for i in range(_count_nvidia_gpus())]
+    if not ids:
+        return None
+    index = int(worker_id.removeprefix("gw"))
+    mine = worker_visible_devices(len(ids), index, worker_count)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(ids[i] for i in mine)
+    return mine
+
+
+def _count_nvidia_gpus() -> int:
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+
+
+@dataclass
+class Accelerator:
+    """The accelerator a session (or xdist worker) provisioned.
+
+    ``platform`` is the key baselines are stored under (``cpu-x8``, ``tpu-v4-x8``,
+    ``gpu-h100-80gb-hbm3-x8``). ``memory_capacity`` is bytes per device where the runtime
+    reports it (None on CPU, where a case declares it). ``peak_flops`` is per device where
+    known. ``devices`` are the framework's device objects (jax devices here).
+    """
+
+    name: str
+    platform: str
+    device_kind: str
+    device_count: int
+    memory_capacity: int | None = None
+    peak_flops: float | None = None
+    devices: Sequence[Any] = field(default_factory=list, repr=False)
+
+    def mesh(self, shape: Sequence[int] | None,
+             axis_names: Sequence[str] = ("data", "model")) -> Any:
+        """A ``jax.sharding.Mesh`` of ``shape`` over this session's devices.
+
+        ``None`` gives a one-device mesh, so single-device and sharded cases share one
+        code path. Axes are ``Auto`` so ``NamedSharding`` + ``jit`` propagate shardings.
+
+            mesh = accel.mesh((4, 2))          # axes ("data", "model")
+            x = jax.device_put(x, NamedSharding(mesh, P("data")))
+        """
+        import numpy as np
+        from jax.sharding import AxisType, Mesh
+
+        shape = tuple(shape) if shape is not None else (1,)
+        names = tuple(axis_names)[: len(shape)]
+        n = int(np.prod(shape))
+        if n > len(self.devices):
+            raise ValueError(
+                f"mesh {shape} needs {n} devices but {self.platform} has {len(self.devices)}: "
+                f"pass --accelperf-cpu-devices={n} (cpu) or choose a smaller mesh"
+            )
+        devs = np.asarray(list(self.devices)[:n]).reshape(shape)
+        return Mesh(devs, names, axis_types=(AxisType.Auto,) * len(shape))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def platform_key(accel: str, device_kind: str, count: int) -> str:
+    """``cpu-x8``, ``tpu-v4-x8``, ``gpu-nvidia-h100-80gb-hbm3-x8``.
+
+    >>> platform_key("tpu", "TPU v4", 8)
+    'tpu-v4-x8'
+    """
+    if accel == "cpu":
+        return f"cpu-x{count}"
+    kind = _slug(device_kind)
+    kind = kind.removeprefix(f"{accel}-")
+    return f"{accel}-{kind}-x{count}" if kind else f"{accel}-x{count}"
+
+
+class AcceleratorUnavailable(Exception):
+    """The requested accelerator is not there; the message says what to do."""
+
+
+def provision(accel: str, cpu_devices: int, platform_override: str | None = None) -> Accelerator:
+    """Find the devices of ``accel`` through jax and describe them."""
+    try:
+        import jax
+    except ImportError as exc:
+        raise AcceleratorUnavailable(
+            "jax is not installed: pip install 'pytest-accelperf[jax]'"
+        ) from exc
+    if accel == "auto":
+        accel = _detect(jax)
+    platform_name = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu", "neuron": "neuron"}[accel]
+    try:
+        devices = jax.devices(platform_name)
+    except RuntimeError as exc:
+        hint = {
+            "gpu": "install jax[cuda12] on a machine with an NVIDIA GPU",
+            "tpu": "install jax[tpu] on a TPU VM",
+            "neuron": "install jax-neuronx on a Trainium/Inferentia instance",
+            "cpu": "check JAX_PLATFORMS",
+        }[accel]
+        raise AcceleratorUnavailable(
+            f"--accel={accel}: jax sees no {platform_name} devices ({exc}); {hint}, "
+            f"or pass --accel=cpu"
+        ) from exc
+    kind = devices[0].device_kind
+    capacity: int | None = None
+    stats = devices[0].memory_stats()
+    if stats and stats.get("bytes_limit"):
+        capacity = int(stats["bytes_limit"])
+    key = platform_override or platform_key(accel, kind, len(devices))
+    return Accelerator(
+        name=accel,
+        platform=key,
+        device_kind=kind,
+        device_count=len(devices),
+        memory_capacity=capacity,
+        peak_flops=peak_flops(kind),
+        devices=devices,
+    )
+
+
+def _detect(jax: Any) -> str:
+    for name in ("tpu", "gpu"):
+        try:
+            if jax.devices(name):
+                return name
+        except RuntimeError:
+            continue
+    return "cpu"
+
+
+def host_cpu() -> str:
+    """The host CPU model, part of the environment fingerprint."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()

@@ -1,0 +1,81 @@
+"""The backend protocol and registry.
+
+A backend says whether it can run here (and, if not, exactly what to install) without
+importing its framework, so collection stays fast and a missing framework becomes a skip
+with a reason rather than an ImportError.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.cases import Case
+from pytest_accelperf.run import Run
+
+
+@dataclass
+class TrainResult:
+    """A run plus what is needed for in-memory checks (never stored): final parameters as a
+    flat ``{path: numpy array}`` dict, and those of a single-device reference run when the
+    case asked for one."""
+
+    run: Run
+    params: dict[str, Any] = field(default_factory=dict)
+    reference_params: dict[str, Any] | None = None
+
+
+class Backend(Protocol):
+    """What the plugin needs of a framework."""
+
+    name: str
+
+    def unavailable_reason(self) -> str | None:
+        """None when usable here, else a sentence naming what to install."""
+
+    def train(self, case: Case, task: Any, accel: Accelerator) -> TrainResult:
+        """Train ``task`` as ``case`` on ``accel`` and measure it."""
+
+
+@dataclass(frozen=True)
+class _LazyBackend:
+    """Registry entry: the module path and the packages it needs, checked by find_spec."""
+
+    name: str
+    module: str
+    requires: tuple[str, ...]
+    install: str
+
+    def unavailable_reason(self) -> str | None:
+        missing = [p for p in self.requires if importlib.util.find_spec(p) is None]
+        if missing:
+            return (
+                f"backend {self.name!r} needs {', '.join(missing)}, which is not installed: "
+                f"{self.install}"
+            )
+        return None
+
+    def load(self) -> Backend:
+        module = importlib.import_module(self.module)
+        backend: Backend = module.BACKEND
+        return backend
+
+
+BACKENDS: dict[str, _LazyBackend] = {
+    "jax": _LazyBackend(
+        "jax", "pytest_accelperf.backends.jax", ("jax", "flax", "optax"),
+        "pip install 'pytest-accelperf[jax]'",
+    ),
+}
+
+
+def get_backend(name: str) -> _LazyBackend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise KeyError(
+            f"unknown backend {name!r}; available: {', '.join(sorted(BACKENDS))}"
+        ) from None

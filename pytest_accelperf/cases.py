@@ -1,0 +1,170 @@
+"""Case grids: backend x model x batch x parallelism -> parametrized pytest items.
+
+A *case* is one point of a grid. It becomes one pytest item whose id is readable and
+stable (``test_mesh_sweep[jax-mesh4x2-b1024]``): the id is also the key of the case's
+baseline, so it must not depend on the order of the grid or on its siblings.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pytest
+
+MARKER = "accelperf"
+
+#: Tolerance names a case (or ``[tool.accelperf]``) may override.
+TOLERANCE_KEYS = (
+    "throughput_tolerance",
+    "loss_rtol",
+    "loss_atol",
+    "memory_tolerance",
+    "numerics_rtol",
+    "numerics_atol",
+    "reference_atol",
+    "reference_rtol",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One training case.
+
+    ``mesh`` is a device-mesh shape such as ``(4, 2)``; ``None`` means a single device.
+    ``memory_capacity`` declares the device capacity in bytes on an accelerator whose
+    runtime has no memory counter (CPU): a compiled program larger than it is recorded as a
+    predicted out-of-memory. ``reference=True`` also trains the case on one device and
+    checks the parameters against that run (the check of seed 004). ``params`` is free-form
+    configuration for the test's model builder.
+    """
+
+    backend: str
+    batch: int
+    mesh: tuple[int, ...] | None = None
+    model: str = ""
+    axis_names: tuple[str, ...] = ("data", "model")
+    steps: int = 30
+    warmup: int = 2
+    label: str = ""
+    memory_capacity: int | None = None
+    reference: bool = False
+    accels: tuple[str, ...] = ("cpu", "gpu", "tpu", "neuron")
+    tolerances: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.batch <= 0:
+            raise ValueError(f"batch must be positive, got {self.batch}")
+        if self.steps <= 0 or self.warmup < 0:
+            raise ValueError(f"steps must be > 0 and warmup >= 0, got {self.steps}/{self.warmup}")
+        if self.mesh is not None:
+            if not self.mesh or any(int(n) <= 0 for n in self.mesh):
+                raise ValueError(f"mesh must be a tuple of positive sizes, got {self.mesh!r}")
+            if len(self.mesh) > len(self.axis_names):
+                raise ValueError(
+                    f"mesh {self.mesh} has more axes than axis_names {self.axis_names}"
+                )
+        unknown = set(self.tolerances) - set(TOLERANCE_KEYS)
+        if unknown:
+            raise ValueError(
+                f"unknown tolerance(s) {sorted(unknown)}; valid: {', '.join(TOLERANCE_KEYS)}"
+            )
+
+    @property
+    def mesh_label(self) -> str:
+        if self.mesh is None:
+            return "nomesh"
+        return "mesh" + "x".join(str(n) for n in self.mesh)
+
+    @property
+    def n_devices(self) -> int:
+        if self.mesh is None:
+            return 1
+        n = 1
+        for size in self.mesh:
+            n *= size
+        return n
+
+    @property
+    def id(self) -> str:
+        parts = [self.backend]
+        if self.model:
+            parts.append(self.model)
+        parts += [self.mesh_label, f"b{self.batch}"]
+        if self.label:
+            parts.append(self.label)
+        return "-".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "model": self.model,
+            "batch": self.batch,
+            "mesh": list(self.mesh) if self.mesh is not None else None,
+            "axis_names": list(self.axis_names),
+            "steps": self.steps,
+            "warmup": self.warmup,
+            "label": self.label,
+            "memory_capacity": self.memory_capacity,
+            "reference": self.reference,
+            "tolerances": dict(self.tolerances),
+            "params": dict(self.params),
+        }
+
+
+def grid(
+    *,
+    backend: str,
+    batch: Iterable[int],
+    mesh: Iterable[tuple[int, ...] | None] = (None,),
+    model: Iterable[str] | str = "",
+    **common: Any,
+) -> list[Case]:
+    """The cartesian product backend x model x mesh x batch as a list of cases.
+
+    >>> [c.id for c in grid(backend="jax", mesh=[None, (4, 2)], batch=[128])]
+    ['jax-nomesh-b128', 'jax-mesh4x2-b128']
+    """
+    models = [model] if isinstance(model, str) else list(model)
+    return [
+        Case(backend=backend, model=m, mesh=tuple(me) if me is not None else None, batch=b,
+             **common)
+        for m, me, b in itertools.product(models, list(mesh), list(batch))
+    ]
+
+
+def cases(*explicit: Case | Sequence[Case], **grid_kwargs: Any) -> pytest.MarkDecorator:
+    """Declare the training cases of a test; each becomes one parametrized item.
+
+    Either keyword arguments of :func:`grid`, explicit :class:`Case` objects (or lists of
+    them), or both::
+
+        from pytest_accelperf import cases
+
+        @cases(backend="jax", mesh=[None, (4, 2), (8, 1)], batch=[32, 128])
+        def test_mesh_sweep(accelperf):
+            accelperf.train(make_task(accelperf.case))
+    """
+    collected: list[Case] = []
+    for item in explicit:
+        if isinstance(item, Case):
+            collected.append(item)
+        else:
+            collected.extend(item)
+    if grid_kwargs:
+        collected.extend(grid(**grid_kwargs))
+    if not collected:
+        raise ValueError("cases() needs at least one case: pass grid keywords or Case objects")
+    ids = [c.id for c in collected]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"duplicate case ids {dupes}: give the cases distinct labels")
+    return getattr(pytest.mark, MARKER)(cases=tuple(collected))
+
+
+def with_overrides(case: Case, **changes: Any) -> Case:
+    """A copy of ``case`` with fields replaced (cases are frozen)."""
+    return replace(case, **changes)

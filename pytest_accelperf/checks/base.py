@@ -1,0 +1,82 @@
+"""Verdicts and the result of one check."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Verdict(str, Enum):
+    """What a check concluded. Only ``REGRESSION`` fails the gate."""
+
+    PASS = "pass"
+    REGRESSION = "regression"
+    IMPROVEMENT = "improvement"
+    NEW = "new"
+    INCONCLUSIVE = "inconclusive"
+    INCOMPARABLE = "incomparable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """Thresholds of the four checks; ``[tool.accelperf]`` sets defaults, a case overrides.
+
+    ``throughput_tolerance``: relative change of the median step time that counts.
+    ``loss_rtol``/``loss_atol``: the band around the baseline's loss at each checkpoint.
+    ``memory_tolerance``: relative change of peak memory per device.
+    ``numerics_rtol``/``numerics_atol``: parameters against the baseline's fingerprint.
+    ``reference_rtol``/``reference_atol``: parameters against a single-device reference
+    run (seed 004 uses ``atol=5e-3``).
+    """
+
+    throughput_tolerance: float = 0.10
+    loss_rtol: float = 0.05
+    loss_atol: float = 1e-3
+    memory_tolerance: float = 0.10
+    numerics_rtol: float = 1e-4
+    numerics_atol: float = 1e-5
+    reference_rtol: float = 0.0
+    reference_atol: float = 5e-3
+
+    def merged(self, overrides: dict[str, float]) -> Tolerances:
+        data = asdict(self)
+        data.update({k: float(v) for k, v in overrides.items()})
+        return Tolerances(**data)
+
+
+@dataclass
+class CheckResult:
+    """One metric of a run against its baseline.
+
+    ``baseline`` and ``now`` are display numbers in ``unit``; ``change`` is relative
+    (``now / baseline - 1``) where that is meaningful. ``detail`` says why, in words a
+    reviewer can act on; ``data`` holds the numbers behind it (intervals, per-device values).
+    """
+
+    metric: str
+    verdict: Verdict
+    detail: str
+    baseline: float | None = None
+    now: float | None = None
+    unit: str = ""
+    change: float | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict is Verdict.REGRESSION
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["verdict"] = self.verdict.value
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckResult:
+        data = dict(data)
+        data["verdict"] = Verdict(data["verdict"])
+        return cls(**data)

@@ -1,0 +1,56 @@
+"""The environment fingerprint stored with every baseline.
+
+Throughput measured under another framework version, device or host CPU is not evidence
+about this change, so a differing fingerprint makes the throughput check ``incomparable``
+(with a warning) while convergence, memory and numerics are still checked.
+"""
+
+from __future__ import annotations
+
+import platform as _platform
+from importlib import metadata
+from typing import Any
+
+from pytest_accelperf.accel import Accelerator, host_cpu
+
+#: Packages whose versions go into the fingerprint when installed.
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "deepspeed")
+
+#: Keys that must match for step times to be comparable.
+THROUGHPUT_KEYS = ("platform", "device_kind", "device_count", "host_cpu", "python", "packages")
+
+
+def environment(accel: Accelerator) -> dict[str, Any]:
+    packages: dict[str, str] = {}
+    for name in PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return {
+        "platform": accel.platform,
+        "accel": accel.name,
+        "device_kind": accel.device_kind,
+        "device_count": accel.device_count,
+        "host_cpu": host_cpu(),
+        "python": _platform.python_version(),
+        "packages": packages,
+    }
+
+
+def differences(now: dict[str, Any], base: dict[str, Any]) -> list[str]:
+    """Human-readable differences that make throughput incomparable, empty when comparable.
+
+    >>> differences({"python": "3.11.7"}, {"python": "3.12.1"})
+    ['python: 3.12.1 -> 3.11.7']
+    """
+    out: list[str] = []
+    for key in THROUGHPUT_KEYS:
+        a, b = base.get(key), now.get(key)
+        if key == "packages" and isinstance(a, dict) and isinstance(b, dict):
+            for name in sorted(set(a) | set(b)):
+                if a.get(name) != b.get(name):
+                    out.append(f"{name}: {a.get(name, 'absent')} -> {b.get(name, 'absent')}")
+        elif a != b:
+            out.append(f"{key}: {a} -> {b}")
+    return out

@@ -1,0 +1,204 @@
+"""Options: one table, three sources.
+
+Every setting has a command-line flag (``--accelperf-...``, or ``--accel``), an ini key
+(``accelperf_...`` in pytest.ini / tox.ini / ``[tool.pytest.ini_options]``) and a key in
+``[tool.accelperf]`` of the rootdir's ``pyproject.toml``. Precedence: flag, then ini, then
+``[tool.accelperf]``, then the default. The table is plain data so that a standalone CLI can
+reuse it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_accelperf.accel import ACCELS
+from pytest_accelperf.checks.base import Tolerances
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str  # [tool.accelperf] key; the ini key is "accelperf_" + key
+    flag: str
+    help: str
+    kind: str  # "str" | "int" | "float" | "bool" | "choice" | "path"
+    default: Any
+    choices: tuple[str, ...] = ()
+
+    @property
+    def ini(self) -> str:
+        return f"accelperf_{self.key}"
+
+    @property
+    def dest(self) -> str:
+        return self.ini
+
+
+_TOL = Tolerances()
+
+OPTIONS: tuple[Option, ...] = (
+    Option("accel", "--accel", "accelerator to run cases on: cpu (JAX with virtual CPU devices), "
+           "gpu, tpu, neuron, or auto (the first of tpu, gpu found, else cpu). Default: cpu.",
+           "choice", "cpu", ACCELS),
+    Option("cpu_devices", "--accelperf-cpu-devices", "number of virtual devices for --accel=cpu "
+           "(XLA's --xla_force_host_platform_device_count). Default: 8.", "int", 8),
+    Option("update", "--accelperf-update", "write or refresh the baselines of the cases that "
+           "ran; regressions are reported but do not fail.", "bool", False),
+    Option("baselines", "--accelperf-baselines", "directory of the baseline store, relative to "
+           "the rootdir. Default: baselines/.", "path", "baselines"),
+    Option("json", "--accelperf-json", "write the machine-readable report (schema in the "
+           "README) to this path.", "path", None),
+    Option("platform", "--accelperf-platform", "override the platform key baselines are stored "
+           "under (default: derived, e.g. cpu-x8, tpu-v4-x8).", "str", None),
+    Option("throughput_tolerance", "--accelperf-throughput-tolerance",
+           "relative change of the median step time that counts as a regression or "
+           f"improvement. Default: {_TOL.throughput_tolerance}.", "float",
+           _TOL.throughput_tolerance),
+    Option("loss_rtol", "--accelperf-loss-rtol", "relative band around the baseline's loss at "
+           f"each checkpoint. Default: {_TOL.loss_rtol}.", "float", _TOL.loss_rtol),
+    Option("loss_atol", "--accelperf-loss-atol", "absolute band around the baseline's loss. "
+           f"Default: {_TOL.loss_atol}.", "float", _TOL.loss_atol),
+    Option("memory_tolerance", "--accelperf-memory-tolerance", "relative change of peak memory "
+           f"per device. Default: {_TOL.memory_tolerance}.", "float", _TOL.memory_tolerance),
+    Option("numerics_rtol", "--accelperf-numerics-rtol", "rtol of parameters against the "
+           f"baseline's fingerprint. Default: {_TOL.numerics_rtol}.", "float",
+           _TOL.numerics_rtol),
+    Option("numerics_atol", "--accelperf-numerics-atol", "atol of parameters against the "
+           f"baseline's fingerprint. Default: {_TOL.numerics_atol}.", "float",
+           _TOL.numerics_atol),
+    Option("reference_atol", "--accelperf-reference-atol", "atol of parameters against a "
+           f"single-device reference run. Default: {_TOL.reference_atol}.", "float",
+           _TOL.reference_atol),
+    Option("reference_rtol", "--accelperf-reference-rtol", "rtol of parameters against a "
+           f"single-device reference run. Default: {_TOL.reference_rtol}.", "float",
+           _TOL.reference_rtol),
+)
+BY_KEY = {o.key: o for o in OPTIONS}
+TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerances))
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """Register the ``accelperf`` group: flags with ``default=None`` and their ini keys."""
+    group = parser.getgroup("accelperf", "pytest-accelperf: performance regression gate")
+    for opt in OPTIONS:
+        if opt.kind == "bool":
+            group.addoption(opt.flag, action="store_true", default=None, dest=opt.dest,
+                            help=opt.help)
+            parser.addini(opt.ini, opt.help, type="bool", default=None)
+        else:
+            # Choices are validated by us, not argparse, so the error can list them the
+            # same way whichever source the bad value came from.
+            group.addoption(opt.flag, action="store", default=None, dest=opt.dest,
+                            metavar=opt.key.upper(), help=opt.help)
+            parser.addini(opt.ini, opt.help, type="string", default=None)
+
+
+def _convert(opt: Option, raw: Any, source: str) -> Any:
+    def bad(expect: str) -> pytest.UsageError:
+        return pytest.UsageError(
+            f"{source}: invalid value {raw!r} for {opt.flag}; expected {expect}"
+        )
+
+    if raw is None:
+        return None
+    if opt.kind == "choice":
+        value = str(raw).strip().lower()
+        if value not in opt.choices:
+            raise bad(f"one of: {', '.join(opt.choices)}")
+        return value
+    if opt.kind == "int":
+        try:
+            value_i = int(raw)
+        except (TypeError, ValueError):
+            raise bad("a positive integer") from None
+        if value_i <= 0:
+            raise bad("a positive integer")
+        return value_i
+    if opt.kind == "float":
+        try:
+            value_f = float(raw)
+        except (TypeError, ValueError):
+            raise bad("a non-negative number") from None
+        if not value_f >= 0:
+            raise bad("a non-negative number")
+        return value_f
+    if opt.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        raise bad("true or false")
+    return str(raw)
+
+
+def read_pyproject_table(rootdir: Path) -> dict[str, Any]:
+    """``[tool.accelperf]`` of ``rootdir/pyproject.toml``; unknown keys are a UsageError."""
+    path = rootdir / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise pytest.UsageError(f"{path}: cannot parse: {exc}") from exc
+    table = data.get("tool", {}).get("accelperf", {})
+    if not isinstance(table, dict):
+        raise pytest.UsageError(f"{path}: [tool.accelperf] must be a table")
+    unknown = sorted(set(table) - set(BY_KEY))
+    if unknown:
+        raise pytest.UsageError(
+            f"{path}: unknown key(s) {', '.join(unknown)} in [tool.accelperf]; "
+            f"valid: {', '.join(BY_KEY)}"
+        )
+    return dict(table)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings of a session."""
+
+    accel: str
+    cpu_devices: int
+    update: bool
+    baselines: Path
+    json: Path | None
+    platform: str | None
+    tolerances: Tolerances
+
+    @classmethod
+    def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
+                rootdir: Path, table: Mapping[str, Any] | None = None) -> Settings:
+        table = read_pyproject_table(rootdir) if table is None else table
+        values: dict[str, Any] = {}
+        for opt in OPTIONS:
+            value = _convert(opt, getoption(opt.dest), f"command line {opt.flag}")
+            if value is None:
+                value = _convert(opt, getini(opt.ini) or None, f"ini option {opt.ini}")
+            if value is None:
+                value = _convert(opt, table.get(opt.key), f"[tool.accelperf] {opt.key}")
+            if value is None:
+                value = opt.default
+            values[opt.key] = value
+        tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
+        json_path = values["json"]
+        return cls(
+            accel=values["accel"],
+            cpu_devices=values["cpu_devices"],
+            update=bool(values["update"]),
+            baselines=(rootdir / values["baselines"]).resolve(),
+            json=(rootdir / json_path).resolve() if json_path else None,
+            platform=values["platform"],
+            tolerances=tol,
+        )

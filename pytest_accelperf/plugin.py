@@ -1,0 +1,243 @@
+"""pytest entry point: options, markers, parametrization, fixtures, and the session hooks.
+
+Flow: ``pytest_configure`` resolves the settings and sets the device environment before
+any framework initializes; ``pytest_generate_tests`` turns ``@cases`` into items;
+the ``accelerator`` fixture provisions devices once per process; the ``accelperf`` fixture
+trains and checks; ``pytest_sessionfinish`` hands worker results to the controller (xdist)
+or writes baselines and the JSON report; ``pytest_terminal_summary`` prints the table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pytest_accelperf import hookspecs
+from pytest_accelperf.accel import (
+    Accelerator,
+    AcceleratorUnavailable,
+    assign_worker_devices,
+    jax_initialized_too_early,
+    prepare_environment,
+    provision,
+)
+from pytest_accelperf.backends.base import BACKENDS
+from pytest_accelperf.baselines import atomic_write
+from pytest_accelperf.cases import MARKER, Case
+from pytest_accelperf.fingerprint import environment
+from pytest_accelperf.options import Settings, add_options
+from pytest_accelperf.report.data import CaseRecord
+from pytest_accelperf.report.terminal import table_lines
+from pytest_accelperf.session import AccelperfSession, CaseRunner
+
+SESSION_KEY = pytest.StashKey[AccelperfSession]()
+_WORKER_KEY = "accelperf"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    add_options(parser)
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(cases): training cases of a test; use pytest_accelperf.cases(...) to set it",
+    )
+    settings = Settings.resolve(
+        config.getoption, config.getini, config.rootpath,
+    )
+    if settings.json is not None and config.getoption("accelperf_json"):
+        # A path given on the command line is relative to where pytest was invoked.
+        settings = _replace_json(settings, config)
+    prepare_environment(settings.accel, settings.cpu_devices)
+    if _is_worker(config):
+        workerinput: Any = getattr(config, "workerinput")
+        assign_worker_devices(settings.accel, str(workerinput["workerid"]),
+                              int(workerinput.get("workercount", 1)))
+    config.stash[SESSION_KEY] = AccelperfSession(settings=settings, config=config)
+
+
+def _replace_json(settings: Settings, config: pytest.Config) -> Settings:
+    from dataclasses import replace
+
+    raw = str(config.getoption("accelperf_json"))
+    return replace(settings, json=(config.invocation_params.dir / raw).resolve())
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if SESSION_KEY in config.stash:
+        del config.stash[SESSION_KEY]
+
+
+def _skip_reason(case: Case, accel: str) -> str | None:
+    entry = BACKENDS.get(case.backend)
+    if entry is None:
+        return f"unknown backend {case.backend!r}; available: {', '.join(sorted(BACKENDS))}"
+    reason = entry.unavailable_reason()
+    if reason:
+        return reason
+    if accel != "auto" and accel not in case.accels:
+        return (f"case {case.id} runs on {', '.join(case.accels)}, not --accel={accel}; "
+                f"pass --accel={case.accels[0]}")
+    return None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    marker = metafunc.definition.get_closest_marker(MARKER)
+    if marker is None:
+        return
+    if "accelperf_case" not in metafunc.fixturenames:
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: @cases needs the test to use the 'accelperf' fixture"
+        )
+    accel = metafunc.config.stash[SESSION_KEY].settings.accel
+    params = []
+    for case in marker.kwargs["cases"]:
+        reason = _skip_reason(case, accel)
+        marks = [pytest.mark.skip(reason=reason)] if reason else []
+        params.append(pytest.param(case, id=case.id, marks=marks))
+    metafunc.parametrize("accelperf_case", params)
+
+
+@pytest.fixture(scope="session")
+def accelerator(pytestconfig: pytest.Config) -> Accelerator:
+    """The accelerator of this session (this xdist worker's own devices under ``-n``).
+
+    Gives ``platform`` (``cpu-x8``), ``devices``, ``device_kind``, ``memory_capacity`` and
+    ``peak_flops`` where known, and a mesh factory::
+
+        def test_devices(accelerator):
+            mesh = accelerator.mesh((4, 2))      # jax.sharding.Mesh, axes ("data", "model")
+            assert mesh.size == 8
+    """
+    session = pytestconfig.stash[SESSION_KEY]
+    if session.accelerator is None:
+        settings = session.settings
+        if settings.accel in ("cpu", "auto"):
+            early = jax_initialized_too_early(settings.cpu_devices)
+            if early:
+                pytest.fail(early, pytrace=False)
+        try:
+            acc = provision(settings.accel, settings.cpu_devices, settings.platform)
+        except AcceleratorUnavailable as exc:
+            pytest.skip(str(exc))
+        if settings.platform is None:
+            custom = pytestconfig.hook.pytest_accelperf_platform(config=pytestconfig,
+                                                                 accelerator=acc)
+            if custom:
+                acc.platform = str(custom)
+        env = environment(acc)
+        for extra in pytestconfig.hook.pytest_accelperf_environment(config=pytestconfig,
+                                                                    accelerator=acc):
+            for key, value in (extra or {}).items():
+                if key == "packages" and isinstance(value, dict):
+                    env["packages"] = {**env["packages"], **value}
+                else:
+                    env[key] = value
+        session.accelerator = acc
+        session.environment = env
+        session.report.accel = acc.name
+        session.report.platform = acc.platform
+        session.report.environment = env
+    return session.accelerator
+
+
+@pytest.fixture
+def accelperf_case() -> Case:
+    """The case of the current item; parametrized by ``@cases``."""
+    raise pytest.UsageError(
+        "the accelperf fixture needs training cases: decorate the test with "
+        "@pytest_accelperf.cases(backend=..., batch=[...])"
+    )
+
+
+@pytest.fixture
+def accelperf(request: pytest.FixtureRequest, accelperf_case: Case,
+              accelerator: Accelerator) -> Iterator[CaseRunner]:
+    """Train the current case and check it against its baseline.
+
+    ::
+
+        from pytest_accelperf import cases
+        from pytest_accelperf.backends.jax import JaxTask
+
+        @cases(backend="jax", mesh=[None, (4, 2)], batch=[32, 128])
+        def test_sweep(accelperf):
+            task = JaxTask(init_params=..., loss_fn=..., make_batch=..., optimizer=...)
+            result = accelperf.train(task)      # fails the test on a regression
+            print(result.run.samples_per_second, result.check("throughput").verdict)
+    """
+    session = request.config.stash[SESSION_KEY]
+    yield CaseRunner(session, request.node, accelperf_case, accelerator)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    state = config.stash.get(SESSION_KEY, None)
+    if state is None:
+        return
+    if _is_worker(config):
+        workeroutput: Any = getattr(config, "workeroutput")
+        workeroutput[_WORKER_KEY] = json.dumps({
+            "records": [r.to_json() for r in state.report.records],
+            "accel": state.report.accel,
+            "platform": state.report.platform,
+            "environment": state.report.environment,
+        })
+        return
+    state.report.update = state.settings.update
+    if state.settings.update:
+        state.write_baselines()
+    if state.report.errors and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if state.settings.json is not None and (state.report.records or state.report.errors):
+        path = state.settings.json
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(state.report.to_json(int(session.exitstatus)),
+                                      indent=2, sort_keys=True, default=str) + "\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """xdist controller: merge a worker's runs and verdicts into the session report."""
+    state = node.config.stash.get(SESSION_KEY, None)
+    payload = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
+    if state is None or payload is None:
+        if state is not None and error:
+            state.report.errors.append(f"xdist worker {node.gateway.id} went down: {error}")
+        return
+    data = json.loads(payload)
+    for raw in data["records"]:
+        state.report.add(CaseRecord.from_json(raw))
+    report = state.report
+    report.accel = report.accel or data["accel"]
+    report.platform = report.platform or data["platform"]
+    report.environment = report.environment or data["environment"]
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+                            config: pytest.Config) -> None:
+    state = config.stash.get(SESSION_KEY, None)
+    if state is None or _is_worker(config):
+        return
+    lines = table_lines(state.report)
+    if not lines and not state.report.errors:
+        return
+    terminalreporter.write_sep("=", "accelperf")
+    for line in lines:
+        terminalreporter.write_line(line)
+    for err in state.report.errors:
+        terminalreporter.write_line(f"accelperf: ERROR: {err}", red=True)
+    if state.settings.json is not None:
+        terminalreporter.write_line(f"accelperf: JSON report written to {state.settings.json}")

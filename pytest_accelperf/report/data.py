@@ -1,0 +1,114 @@
+"""The session report as plain data: what ran, what each check said, what to store.
+
+Printing (terminal table, JSON file) is a thin layer over this, so the report is
+unit-testable and identical whether it was assembled in one process or merged from xdist
+workers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Verdict
+
+REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass
+class CaseRecord:
+    """One case of the session: its run, its verdicts and the block to store."""
+
+    nodeid: str
+    case_id: str
+    platform: str
+    run: dict[str, Any]
+    checks: list[CheckResult] = field(default_factory=list)
+    block: dict[str, Any] | None = None
+    case: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    worker: str = "main"
+
+    @property
+    def regressed(self) -> bool:
+        return any(c.failed for c in self.checks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nodeid": self.nodeid,
+            "case_id": self.case_id,
+            "platform": self.platform,
+            "case": self.case,
+            "worker": self.worker,
+            "error": self.error,
+            "outcome": self.run.get("outcome"),
+            "verdict": self.verdict.value,
+            "checks": [c.to_json() for c in self.checks],
+            "run": self.run,
+            "block": self.block,
+        }
+
+    @property
+    def verdict(self) -> Verdict:
+        """The case's overall verdict: the most severe of its checks."""
+        order = (Verdict.REGRESSION, Verdict.NEW, Verdict.INCONCLUSIVE, Verdict.INCOMPARABLE,
+                 Verdict.IMPROVEMENT, Verdict.PASS)
+        present = {c.verdict for c in self.checks}
+        for v in order:
+            if v in present:
+                return v
+        return Verdict.PASS
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CaseRecord:
+        return cls(
+            nodeid=data["nodeid"],
+            case_id=data["case_id"],
+            platform=data["platform"],
+            run=data["run"],
+            checks=[CheckResult.from_json(c) for c in data["checks"]],
+            block=data.get("block"),
+            case=data.get("case", {}),
+            error=data.get("error"),
+            worker=data.get("worker", "main"),
+        )
+
+
+@dataclass
+class SessionReport:
+    accel: str = ""
+    platform: str = ""
+    update: bool = False
+    environment: dict[str, Any] = field(default_factory=dict)
+    records: list[CaseRecord] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def add(self, record: CaseRecord) -> None:
+        self.records.append(record)
+
+    def sorted_records(self) -> list[CaseRecord]:
+        return sorted(self.records, key=lambda r: r.nodeid)
+
+    def counts(self) -> dict[str, int]:
+        counter = Counter(c.verdict.value for r in self.records for c in r.checks)
+        return {v.value: counter.get(v.value, 0) for v in Verdict}
+
+    @property
+    def regressions(self) -> list[CaseRecord]:
+        return [r for r in self.sorted_records() if r.regressed]
+
+    def to_json(self, exit_status: int | None = None) -> dict[str, Any]:
+        return {
+            "schema_version": REPORT_SCHEMA_VERSION,
+            "accel": self.accel,
+            "platform": self.platform,
+            "update": self.update,
+            "environment": self.environment,
+            "summary": self.counts(),
+            "exit_status": exit_status,
+            "baselines_written": self.written,
+            "errors": self.errors,
+            "cases": [r.to_json() for r in self.sorted_records()],
+        }

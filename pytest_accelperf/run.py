@@ -1,0 +1,99 @@
+"""The run: what training one case yields, as plain data that round-trips through JSON."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["ok", "oom", "nan", "error", "timeout"]
+OUTCOMES: tuple[str, ...] = ("ok", "oom", "nan", "error", "timeout")
+
+
+@dataclass
+class Run:
+    """Device-synchronized measurements of one case.
+
+    ``step_times`` are seconds per measured step, each step blocked until its outputs are
+    ready; compile time is kept apart in ``compile_time``. ``losses`` holds the loss of
+    every training step, warm-up included (``loss_steps`` gives their step numbers).
+    ``memory_per_device`` maps a device label to its peak bytes; ``memory_source`` says
+    whether the runtime counted it (``memory_stats``) or the compiler predicted it
+    (``memory_analysis``). ``flops_per_step`` is summed over devices. When the case did
+    not finish, ``outcome`` says why and ``message`` holds what was seen; a predicted
+    out-of-memory carries ``oom = {"required_bytes", "capacity_bytes"}``.
+    """
+
+    case_id: str
+    outcome: Outcome = "ok"
+    message: str = ""
+    samples_per_step: int = 0
+    tokens_per_step: int | None = None
+    n_devices: int = 1
+    step_times: list[float] = field(default_factory=list)
+    compile_time: float | None = None
+    losses: list[float] = field(default_factory=list)
+    loss_steps: list[int] = field(default_factory=list)
+    memory_per_device: dict[str, int] = field(default_factory=dict)
+    memory_source: str = ""
+    flops_per_step: float | None = None
+    peak_flops_per_device: float | None = None
+    params_fingerprint: dict[str, Any] = field(default_factory=dict)
+    oom: dict[str, Any] | None = None
+    nan_step: int | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- derived --------------------------------------------------------------------------
+    @property
+    def median_step_time(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+    @property
+    def samples_per_second(self) -> float | None:
+        med = self.median_step_time
+        if not med or not self.samples_per_step:
+            return None
+        return self.samples_per_step / med
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: achieved FLOP/s over the devices' peak FLOP/s."""
+        med = self.median_step_time
+        if not med or not self.flops_per_step or not self.peak_flops_per_device:
+            return None
+        return self.flops_per_step / med / (self.peak_flops_per_device * self.n_devices)
+
+    @property
+    def peak_memory(self) -> int | None:
+        return max(self.memory_per_device.values()) if self.memory_per_device else None
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    # -- serialization ----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["losses"] = [_json_float(x) for x in self.losses]
+        data["derived"] = {
+            "median_step_time": self.median_step_time,
+            "samples_per_second": self.samples_per_second,
+            "mfu": self.mfu,
+            "peak_memory": self.peak_memory,
+        }
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        data = {k: v for k, v in data.items() if k != "derived"}
+        data["losses"] = [float(x) if x is not None else math.nan for x in data.get("losses", [])]
+        return cls(**data)
+
+
+def _json_float(x: float) -> float | str:
+    """JSON has no NaN/inf: keep them as strings so a report stays valid JSON."""
+    if math.isfinite(x):
+        return x
+    return str(x)

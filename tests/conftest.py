@@ -1,0 +1,108 @@
+"""Fixtures for the plugin's own tests: a tiny real JAX task and a suite writer.
+
+Inner sessions run in-process where they can (the outer session already asked XLA for 8
+virtual CPU devices, the default) and in a subprocess where they need another device count.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TINYTASK = '''
+"""A linear regression in JAX: real training, compiled in well under a second."""
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec as P
+
+from pytest_accelperf.backends.jax import JaxTask
+
+
+def make_task(case, lr=0.05, nan_at=None, sleep=0.0):
+    dim, out = case.params.get("dim", 32), case.params.get("out", 8)
+    rng = np.random.default_rng(0)
+    true_w = rng.normal(size=(dim, out)).astype(np.float32)
+
+    def init_params(key):
+        import jax
+        return {"w": jax.random.normal(key, (dim, out)) * 0.01, "b": jax.numpy.zeros((out,))}
+
+    def loss_fn(params, batch):
+        import jax.numpy as jnp
+        pred = batch["x"] @ params["w"] + params["b"]
+        loss = jnp.mean((pred - batch["y"]) ** 2)
+        return loss * batch["scale"][0]
+
+    def make_batch(step):
+        r = np.random.default_rng(step)
+        x = r.normal(size=(case.batch, dim)).astype(np.float32)
+        y = x @ true_w + 0.01 * r.normal(size=(case.batch, out)).astype(np.float32)
+        scale = np.full((case.batch,), np.nan if step == nan_at else 1.0, np.float32)
+        if sleep:
+            import time
+            time.sleep(sleep)
+        return {"x": x, "y": y, "scale": scale}
+
+    return JaxTask(init_params=init_params, loss_fn=loss_fn, make_batch=make_batch,
+                   optimizer=optax.sgd(lr),
+                   param_specs=lambda p: {"w": P(None, "model"), "b": P("model")})
+'''
+
+SUITE = '''
+from tinytask import make_task
+from pytest_accelperf import Case, cases
+
+@cases(backend="jax", mesh=[None, (4, 2)], batch=[16], steps=12, warmup=1)
+def test_sweep(accelperf):
+    accelperf.train(make_task(accelperf.case))
+'''
+
+
+class Suite:
+    """A pytester project with the tiny task, a suite module, and baseline helpers."""
+
+    def __init__(self, pytester: pytest.Pytester) -> None:
+        self.pytester = pytester
+        pytester.makepyfile(tinytask=TINYTASK)
+
+    def write(self, body: str = SUITE, name: str = "test_suite") -> Path:
+        return self.pytester.makepyfile(**{name: textwrap.dedent(body)})
+
+    def run(self, *args: str, subprocess: bool = False) -> pytest.RunResult:
+        runner: Callable[..., pytest.RunResult] = (
+            self.pytester.runpytest_subprocess if subprocess else self.pytester.runpytest
+        )
+        return runner("-p", "no:cacheprovider", *args)
+
+    def baseline_path(self, module: str = "test_suite", platform: str = "cpu-x8") -> Path:
+        return self.pytester.path / "baselines" / platform / f"{module}.json"
+
+    def load(self, module: str = "test_suite") -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.baseline_path(module).read_text())
+        return data
+
+    def edit(self, fn: Callable[[dict[str, Any]], None], module: str = "test_suite") -> None:
+        data = self.load(module)
+        for block in data["cases"].values():
+            fn(block)
+        self.baseline_path(module).write_text(json.dumps(data, indent=2, sort_keys=True))
+
+    def report(self, path: str = "report.json") -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.pytester.path / path).read_text())
+        return data
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> Suite:
+    return Suite(pytester)
+
+
+def verdicts(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """``{case id: {metric: verdict}}`` of a JSON report."""
+    return {c["nodeid"].split("::")[-1]: {k["metric"]: k["verdict"] for k in c["checks"]}
+            for c in report["cases"]}

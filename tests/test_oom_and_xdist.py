@@ -1,0 +1,100 @@
+"""A predicted out-of-memory is an outcome; xdist gives the same verdicts as one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import Suite, verdicts
+
+OOM_SUITE = '''
+from tinytask import make_task
+from pytest_accelperf import Case, cases
+
+@cases(Case(backend="jax", batch=4096, memory_capacity={capacity}, params={{"dim": 512}}),
+       Case(backend="jax", batch=4096, mesh=(8, 1), steps=3, warmup=0,
+            memory_capacity={capacity}, params={{"dim": 512}}))
+def test_big(accelperf):
+    result = accelperf.train(make_task(accelperf.case))
+'''
+
+
+def test_predicted_oom_is_recorded_and_compared(suite: Suite) -> None:
+    # batch 4096 x dim 512 floats is 8 MiB of input: over 6 MiB on one device, under it on 8.
+    suite.write(OOM_SUITE.format(capacity=6 * 2**20))
+    result = suite.run("--accelperf-update", "--accelperf-json=report.json")
+    result.assert_outcomes(passed=2)
+    block = suite.load()["cases"]["test_big[jax-nomesh-b4096]"]
+    assert block["outcome"] == "oom"
+    assert block["oom"]["required_bytes"] > block["oom"]["capacity_bytes"] == 6 * 2**20
+    assert "predicted out of memory" in block["message"]
+    assert suite.load()["cases"]["test_big[jax-mesh8x1-b4096]"]["outcome"] == "ok"
+
+    result = suite.run("--accelperf-json=report.json")
+    result.assert_outcomes(passed=2)
+    v = verdicts(suite.report())
+    assert v["test_big[jax-nomesh-b4096]"] == {"outcome": "pass", "memory": "pass"}
+    result.stdout.fnmatch_lines(["*test_big?jax-nomesh-b4096?*outcome*pass*"])
+
+
+def test_new_oom_against_an_ok_baseline_is_a_regression(suite: Suite) -> None:
+    suite.write(OOM_SUITE.format(capacity=64 * 2**30))
+    suite.run("--accelperf-update").assert_outcomes(passed=2)
+    suite.write(OOM_SUITE.format(capacity=6 * 2**20))
+    result = suite.run()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_big?jax-nomesh-b4096?: 1 regression(s)*",
+                                 "*outcome: *out of memory*"])
+
+
+def _verdicts_without_throughput(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+    # Throughput verdicts depend on the machine's load at the moment; the rest must not.
+    return {case: {m: v for m, v in checks.items() if m != "throughput"}
+            for case, checks in verdicts(report).items()}
+
+
+XDIST_SUITE = '''
+from tinytask import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", mesh=[None, (4, 2), (8, 1)], batch=[16, 32], steps=6, warmup=1)
+def test_sweep(accelperf):
+    accelperf.train(make_task(accelperf.case))
+'''
+
+
+def test_xdist_update_writes_once_on_the_controller(suite: Suite) -> None:
+    suite.write(XDIST_SUITE)
+    result = suite.run("-n", "2", "--accelperf-update", "--accelperf-json=report.json",
+                       "--accelperf-throughput-tolerance=10")
+    result.assert_outcomes(passed=6)
+    data = suite.load()
+    assert len(data["cases"]) == 6
+    report = suite.report()
+    assert {c["worker"] for c in report["cases"]} == {"gw0", "gw1"}
+    assert report["baselines_written"] == ["baselines/cpu-x8/test_suite.json"]
+    result.stdout.fnmatch_lines(["*accelperf: 6 case(s) on cpu-x8*",
+                                 "*baselines written to baselines/cpu-x8/test_suite.json*"])
+
+
+@pytest.mark.parametrize("mode", [["-n", "2"], ["-p", "no:xdist"], ["-n", "0"]])
+def test_same_verdicts_with_and_without_xdist(suite: Suite, mode: list[str]) -> None:
+    suite.write(XDIST_SUITE)
+    suite.run("--accelperf-update").assert_outcomes(passed=6)
+    # Make one case regress in memory, so the comparison covers a failing verdict too.
+    data = suite.load()
+    mem = data["cases"]["test_sweep[jax-mesh4x2-b32]"]["memory"]
+    mem["per_device"] = {k: v // 4 for k, v in mem["per_device"].items()}
+    import json
+    suite.baseline_path().write_text(json.dumps(data, indent=2, sort_keys=True))
+
+    base = suite.run("--accelperf-json=plain.json", "--accelperf-throughput-tolerance=10")
+    base.assert_outcomes(passed=5, failed=1)
+    other = suite.run(*mode, "--accelperf-json=other.json",
+                      "--accelperf-throughput-tolerance=10")
+    other.assert_outcomes(passed=5, failed=1)
+    assert other.ret == base.ret == 1
+    assert (_verdicts_without_throughput(suite.report("other.json"))
+            == _verdicts_without_throughput(suite.report("plain.json")))
+    assert (verdicts(suite.report("other.json"))["test_sweep[jax-mesh4x2-b32]"]["memory"]
+            == "regression")
