@@ -12,7 +12,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,19 +64,24 @@ def peak_flops(device_kind: str) -> float | None:
     return None
 
 
-def prepare_environment(accel: str, cpu_devices: int, env: dict[str, str] | None = None) -> None:
+def prepare_environment(accel: str, cpu_devices: int,
+                        env: MutableMapping[str, str] | None = None) -> None:
     """Set the device environment before any framework initializes.
 
     For ``cpu`` this asks XLA for ``cpu_devices`` virtual host devices and pins JAX to the
     CPU platform. Existing ``XLA_FLAGS`` are kept; a different device count in them is
     replaced, not duplicated.
     """
-    env = os.environ if env is None else env
+    env = _env(env)
     flags = env.get("XLA_FLAGS", "")
     flags = re.sub(rf"{_COUNT_FLAG}=\S+", "", flags).strip()
     env["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={cpu_devices}".strip()
     if accel == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
+
+
+def _env(env: MutableMapping[str, str] | None) -> MutableMapping[str, str]:
+    return os.environ if env is None else env
 
 
 def jax_initialized_too_early(cpu_devices: int) -> str | None:
@@ -119,14 +124,14 @@ def worker_visible_devices(total: int, worker_index: int, worker_count: int) -> 
 
 
 def assign_worker_devices(accel: str, worker_id: str, worker_count: int,
-                          env: dict[str, str] | None = None) -> list[int] | None:
+                          env: MutableMapping[str, str] | None = None) -> list[int] | None:
     """Give an xdist worker (``gw0``...) its own accelerators by environment.
 
     CPU needs nothing: each worker process has its own virtual devices. For GPUs the
     visible devices (``CUDA_VISIBLE_DEVICES``, else ``nvidia-smi -L``) are split into
     disjoint slices. Returns the indices assigned, or None when nothing was changed.
     """
-    env = os.environ if env is None else env
+    env = _env(env)
     if accel != "gpu" or worker_count <= 1:
         return None
     visible = env.get("CUDA_VISIBLE_DEVICES")

@@ -162,7 +162,8 @@ def cases(*explicit: Case | Sequence[Case], **grid_kwargs: Any) -> pytest.MarkDe
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ValueError(f"duplicate case ids {dupes}: give the cases distinct labels")
-    return getattr(pytest.mark, MARKER)(cases=tuple(collected))
+    mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)(cases=tuple(collected))
+    return mark
 
 
 def with_overrides(case: Case, **changes: Any) -> Case:

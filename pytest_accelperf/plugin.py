@@ -182,6 +182,18 @@ def accelperf(request: pytest.FixtureRequest, accelperf_case: Case,
     yield CaseRunner(session, request.node, accelperf_case, accelerator)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A case whose test failed after training is not recorded as a baseline."""
+    report = yield
+    if report.when == "call" and report.failed:
+        state = item.config.stash.get(SESSION_KEY, None)
+        for record in state.report.records if state else []:
+            if record.nodeid == item.nodeid:
+                record.block = None
+    return report
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = config.stash.get(SESSION_KEY, None)

@@ -12,7 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jax  # noqa: F401 - see below
 import pytest
+
+# jax is imported once here, in the outer process: pytester's in-process runs restore
+# sys.modules afterwards, and a second import of jaxlib in one process aborts it. Importing
+# it does not initialize a backend, so the plugin's XLA_FLAGS still apply.
 
 TINYTASK = '''
 """A linear regression in JAX: real training, compiled in well under a second."""
@@ -57,7 +62,9 @@ SUITE = '''
 from tinytask import make_task
 from pytest_accelperf import Case, cases
 
-@cases(backend="jax", mesh=[None, (4, 2)], batch=[16], steps=12, warmup=1)
+# 256 x 512 x 512 matmuls: ~10 ms a step, long enough for step times to mean something.
+@cases(backend="jax", mesh=[None, (4, 2)], batch=[256], steps=30, warmup=2,
+       params={"dim": 512, "out": 512})
 def test_sweep(accelperf):
     accelperf.train(make_task(accelperf.case))
 '''

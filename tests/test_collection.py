@@ -66,8 +66,8 @@ def test_missing_framework_skips_with_install_hint(suite: Suite,
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines([
         "*backend 'fancy' needs fancy_framework_not_installed, which is not installed: "
-        "pip install 'pytest-accelperf[fancy]'*",
-        "*unknown backend 'nosuch'; available: jax*",
+        "pip install 'pytest-accelperf?fancy?'*",
+        "*unknown backend 'nosuch'; available: *jax*",
     ])
 
 

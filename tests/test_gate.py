@@ -24,11 +24,11 @@ def test_no_baseline_fails_with_the_fix(suite: Suite) -> None:
     result.assert_outcomes(failed=2)
     assert result.ret == 1
     result.stdout.fnmatch_lines([
-        "*test_sweep?jax-nomesh-b16?: no baseline; run with --accelperf-update to record it*",
-        "*pytest 'test_suite.py::test_sweep?jax-nomesh-b16?' --accel=cpu --accelperf-update*",
+        "*test_sweep?jax-nomesh-b256?: no baseline; run with --accelperf-update to record it*",
+        "*pytest 'test_suite.py::test_sweep?jax-nomesh-b256?' --accel=cpu --accelperf-update*",
     ])
     assert not suite.baseline_path().exists()
-    assert set(verdicts(suite.report())["test_sweep[jax-nomesh-b16]"].values()) == {"new"}
+    assert set(verdicts(suite.report())["test_sweep[jax-nomesh-b256]"].values()) == {"new"}
 
 
 def test_update_then_rerun_passes_and_file_is_diffable(recorded: Suite) -> None:
@@ -36,11 +36,12 @@ def test_update_then_rerun_passes_and_file_is_diffable(recorded: Suite) -> None:
     data = json.loads(text)
     assert data["schema_version"] == 1
     assert data["platform"] == "cpu-x8"
-    assert sorted(data["cases"]) == ["test_sweep[jax-mesh4x2-b16]", "test_sweep[jax-nomesh-b16]"]
+    assert sorted(data["cases"]) == [
+        "test_sweep[jax-mesh4x2-b256]", "test_sweep[jax-nomesh-b256]"]
     # sorted keys and one key per line: a refresh reads as a diff
     assert text == json.dumps(data, indent=2, sort_keys=True) + "\n"
-    block = data["cases"]["test_sweep[jax-mesh4x2-b16]"]
-    assert len(block["step_time"]["samples"]) == 12
+    block = data["cases"]["test_sweep[jax-mesh4x2-b256]"]
+    assert len(block["step_time"]["samples"]) == 30
     assert len(block["memory"]["per_device"]) == 8
     assert block["memory"]["source"] == "memory_analysis"
     assert block["environment"]["device_count"] == 8
@@ -50,7 +51,8 @@ def test_update_then_rerun_passes_and_file_is_diffable(recorded: Suite) -> None:
     result.stdout.fnmatch_lines([
         "*= accelperf =*",
         "*case*metric*baseline*now*change*verdict*",
-        "*test_sweep?jax-mesh4x2-b16?*throughput*",
+        "*test_sweep?jax-mesh4x2-b256?*outcome*pass*",
+        "*throughput*",
         "*accelperf: 2 case(s) on cpu-x8:*",
     ])
     v = verdicts(recorded.report())
@@ -62,19 +64,22 @@ def test_update_then_rerun_passes_and_file_is_diffable(recorded: Suite) -> None:
         assert metrics["throughput"] in ("pass", "inconclusive")
 
 
-def test_throughput_claimed_twice_as_fast_fails(recorded: Suite) -> None:
-    def halve(block: dict[str, Any]) -> None:
+def test_throughput_claimed_much_faster_fails(recorded: Suite) -> None:
+    # A baseline edited to claim 4x the throughput. (4x, not 2x: under -n 2 the other
+    # worker's load can make recording and checking differ by 2x on this 2-core machine;
+    # the 2x case is covered with controlled samples in test_checks.py.)
+    def quarter(block: dict[str, Any]) -> None:
         st = block["step_time"]
-        st["samples"] = [t / 2 for t in st["samples"]]
-        st["median"] /= 2
-        block["samples_per_second"] *= 2
+        st["samples"] = [t / 4 for t in st["samples"]]
+        st["median"] /= 4
+        block["samples_per_second"] *= 4
 
-    recorded.edit(halve)
+    recorded.edit(quarter)
     result = recorded.run("--accelperf-throughput-tolerance=0.5")
     assert result.ret == 1
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([
-        "*test_sweep?jax-nomesh-b16?: 1 regression(s) against the cpu-x8 baseline:*",
+        "*test_sweep?jax-nomesh-b256?: 1 regression(s) against the cpu-x8 baseline:*",
         "*throughput: *slower*",
         "*If this change is intended, accept it with:*",
         "*--accelperf-update*",
@@ -143,6 +148,7 @@ def test_nan_loss_fails_naming_the_step(suite: Suite) -> None:
     assert not suite.baseline_path().exists(), "a NaN run must not become a baseline"
 
 
+@pytest.mark.filterwarnings("default::pytest_accelperf.AccelperfWarning")
 def test_foreign_fingerprint_makes_throughput_incomparable(recorded: Suite) -> None:
     def foreign(block: dict[str, Any]) -> None:
         block["environment"]["host_cpu"] = "Some Other CPU @ 9.99GHz"

@@ -49,7 +49,7 @@ def test_unknown_tool_accelperf_key(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_x(): pass")
     result = pytester.runpytest()
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*unknown key(s) throughput_tol in [tool.accelperf]; valid:*"])
+    result.stderr.fnmatch_lines(["*unknown key(s) throughput_tol in ?tool.accelperf?; valid:*"])
 
 
 def test_precedence_flag_over_ini_over_pyproject(suite: Suite) -> None:
@@ -83,10 +83,12 @@ def test_per_case_tolerance_override(suite: Suite) -> None:
                tolerances={"throughput_tolerance": 0.0001})
         def test_tight(accelperf):
             r = accelperf.train(make_task(accelperf.case))
-            assert r.check("throughput").data["tolerance"] == 0.0001
+            if r.check("throughput").verdict.value != "new":
+                assert r.check("throughput").data["tolerance"] == 0.0001
+                assert r.check("throughput").verdict.value == "inconclusive"
     ''')
     suite.run("--accelperf-update").assert_outcomes(passed=1)
-    suite.run().assert_outcomes(passed=1)
+    suite.run("--accelperf-throughput-tolerance=0.5").assert_outcomes(passed=1)
 
 
 def test_cpu_devices_option(suite: Suite) -> None:

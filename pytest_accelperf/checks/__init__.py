@@ -1,0 +1,86 @@
+"""The checks: a run (and its baseline block) against the stored baseline block.
+
+:func:`run_checks` is the one entry point. It returns one :class:`CheckResult` per metric
+that applies to the run, in a fixed order:
+
+``outcome``
+    did it finish as the baseline did (:mod:`.outcome`);
+``throughput``
+    median step time, with a bootstrap interval (:mod:`.throughput`);
+``loss``
+    the loss curve within a band (:mod:`.convergence`);
+``memory``
+    peak bytes per device (:mod:`.memory`);
+``numerics``
+    the parameter fingerprint (:mod:`.numerics`);
+``reference``
+    the parameters against a single-device reference run, when the case has one.
+
+A run that did not finish gets the ``outcome`` check, ``memory`` where there are numbers,
+and, for a non-finite loss, a ``loss`` regression naming the step. With no baseline every
+applicable metric is ``new`` (except that a failed run never passes); ``reference`` needs
+no baseline. Checks never modify their inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.convergence import check_convergence, nan_result
+from pytest_accelperf.checks.memory import check_memory
+from pytest_accelperf.checks.numerics import check_numerics, check_reference
+from pytest_accelperf.checks.outcome import NO_BASELINE, check_outcome
+from pytest_accelperf.checks.throughput import check_throughput
+from pytest_accelperf.run import Run
+from pytest_accelperf.summary import summarize
+
+__all__ = [
+    "NO_BASELINE",
+    "CheckResult",
+    "Tolerances",
+    "Verdict",
+    "check_convergence",
+    "check_memory",
+    "check_numerics",
+    "check_outcome",
+    "check_reference",
+    "check_throughput",
+    "run_checks",
+]
+
+
+def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] | None,
+               tol: Tolerances, *, comparable: bool,
+               reference_params: Mapping[str, Any] | None = None,
+               params: Mapping[str, Any] | None = None) -> list[CheckResult]:
+    """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
+
+    ``block`` is ``summarize(run)`` (computed here when None). ``comparable`` is False when
+    the baseline was recorded in another environment: throughput is then ``incomparable``
+    and the other checks still apply. ``params``/``reference_params`` are flat
+    ``{path: array}`` dicts of final parameters; with a reference the ``reference`` check
+    runs, baseline or not.
+    """
+    if block is None:
+        block = summarize(run)
+    results: list[CheckResult] = [check_outcome(run, block, baseline)]
+    optional: list[CheckResult | None]
+    if run.outcome == "ok":
+        optional = [
+            check_throughput(run, block, baseline, tol, comparable=comparable),
+            check_convergence(run, block, baseline, tol),
+            check_memory(block, baseline, tol),
+            check_numerics(block, baseline, tol),
+        ]
+        if reference_params is not None:
+            optional.append(check_reference(params, reference_params, tol))
+    else:
+        optional = [
+            nan_result(run, baseline) if run.outcome == "nan" else None,
+            check_memory(block, baseline, tol) if baseline is None or baseline.get("memory")
+            else None,
+        ]
+    results.extend(r for r in optional if r is not None)
+    return results

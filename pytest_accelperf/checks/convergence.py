@@ -1,0 +1,150 @@
+"""The convergence check: does the loss curve stay within a band around the baseline's?
+
+The curve is compared at the baseline block's checkpoints (the mean loss of each window of
+steps, see :func:`pytest_accelperf.summary.loss_checkpoints`) and at the final loss. At
+each point the band is
+
+    |now - baseline| <= loss_atol + loss_rtol * |baseline|
+
+A point *above* the band (higher loss) is a regression, reported at the first checkpoint
+where it happens; a final loss *below* the band is an improvement; anything else passes.
+A lower loss part-way that ends within the band is still a pass: only the end result
+counts in the run's favour, any step counts against it.
+
+A loss that is not finite never passes: a run whose outcome is ``nan`` is a regression
+that names the step, with or without a baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.run import Run
+from pytest_accelperf.units import fmt_num, fmt_signed_percent, fmt_tolerance
+
+METRIC = "loss"
+UNIT = "loss"
+_REMEDY = "re-record with --accelperf-update"
+
+
+def band(base: float, tol: Tolerances) -> float:
+    """The allowed absolute deviation from a baseline loss."""
+    return tol.loss_atol + tol.loss_rtol * abs(base)
+
+
+def _band_text(tol: Tolerances) -> str:
+    return f"rtol {fmt_tolerance(tol.loss_rtol)}, atol {fmt_num(tol.loss_atol)}"
+
+
+def _step(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else fmt_num(x)
+
+
+def nan_result(run: Run, baseline: dict[str, Any] | None) -> CheckResult:
+    """The regression for a run whose loss became non-finite, naming the step."""
+    value = math.nan
+    step = run.nan_step
+    if step is not None and step in run.loss_steps:
+        recorded = run.losses[run.loss_steps.index(step)]
+        value = recorded if not math.isfinite(recorded) else math.nan  # inf stays inf
+    elif step is None:
+        for i, loss in enumerate(run.losses):
+            if not math.isfinite(loss):
+                value = loss
+                step = run.loss_steps[i] if i < len(run.loss_steps) else i
+                break
+    shown = "nan" if math.isnan(value) else fmt_num(value)
+    detail = f"loss is {shown} at step {step}" if step is not None else f"loss is {shown}"
+    base_final = ((baseline or {}).get("loss") or {}).get("final")
+    return CheckResult(METRIC, Verdict.REGRESSION, detail, baseline=base_final, now=value,
+                       unit=UNIT, data={"nan_step": step})
+
+
+def _points(block: dict[str, Any] | None) -> list[tuple[float, float]]:
+    loss = (block or {}).get("loss") or {}
+    return [(float(s), float(v)) for s, v in loss.get("checkpoints") or []]
+
+
+def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
+                      tol: Tolerances) -> CheckResult | None:
+    """The loss curve of ``block`` against ``baseline``'s; None with no curve on either side."""
+    if run.outcome == "nan":
+        return nan_result(run, baseline)
+    now_loss: dict[str, Any] = block.get("loss") or {}
+    now_points = _points(block)
+    now_final: float | None = now_loss.get("final")
+    base_points = _points(baseline)
+    if not now_points and not base_points:
+        return None
+    if baseline is None:
+        return new_result(METRIC, now=now_final, unit=UNIT,
+                          data={"checkpoints": [[s, v] for s, v in now_points]})
+    base_loss: dict[str, Any] = baseline.get("loss") or {}
+    if not base_points:
+        return missing_in_baseline(METRIC, "loss curve", baseline, now=now_final, unit=UNIT)
+    base_final: float | None = base_loss.get("final")
+
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_final, now=now_final,
+                         unit=UNIT)
+    if now_final is not None and base_final:
+        result.change = now_final / base_final - 1
+    result.data = {"rtol": tol.loss_rtol, "atol": tol.loss_atol}
+
+    now_steps = [s for s, _ in now_points]
+    base_steps = [s for s, _ in base_points]
+    if now_steps != base_steps:
+        result.verdict = Verdict.INCOMPARABLE
+        n, m = now_loss.get("steps", len(now_points)), base_loss.get("steps", len(base_points))
+        if n != m:
+            result.detail = f"loss curve has {n} steps, baseline {m}; {_REMEDY}"
+        else:
+            result.detail = (f"loss checkpoints at steps {[_step(s) for s in now_steps]} differ "
+                             f"from the baseline's {[_step(s) for s in base_steps]}; {_REMEDY}")
+        result.data.update({"steps": n, "baseline_steps": m})
+        return result
+
+    rows: list[list[float]] = []
+    worst: tuple[float, float] | None = None  # (relative deviation, step)
+    for (step, now_v), (_, base_v) in zip(now_points, base_points, strict=True):
+        b = band(base_v, tol)
+        rows.append([step, base_v, now_v, b])
+        if not math.isfinite(base_v):
+            result.verdict = Verdict.INCOMPARABLE
+            result.detail = f"the baseline's loss at step {_step(step)} is {base_v}; {_REMEDY}"
+            result.data["checkpoints"] = rows
+            return result
+        if not math.isfinite(now_v) or now_v - base_v > b:
+            result.verdict = Verdict.REGRESSION
+            result.detail = (f"loss at step {_step(step)} is {fmt_num(now_v)}, above the "
+                             f"baseline's {fmt_num(base_v)} ± {fmt_num(b, 3)} "
+                             f"({_band_text(tol)})")
+            result.data.update({"checkpoints": rows, "step": step})
+            return result
+        dev = (now_v - base_v) / base_v if base_v else now_v - base_v
+        if worst is None or abs(dev) > abs(worst[0]):
+            worst = (dev, step)
+    result.data["checkpoints"] = rows
+
+    if now_final is not None and base_final is not None:
+        b = band(base_final, tol)
+        result.data["final"] = {"baseline": base_final, "now": now_final, "band": b}
+        if not math.isfinite(now_final) or now_final - base_final > b:
+            result.verdict = Verdict.REGRESSION
+            result.detail = (f"final loss is {fmt_num(now_final)}, above the baseline's "
+                             f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)})")
+            return result
+        if base_final - now_final > b:
+            result.verdict = Verdict.IMPROVEMENT
+            result.detail = (f"final loss is {fmt_num(now_final)}, below the baseline's "
+                             f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)}); "
+                             f"run with --accelperf-update to record the new baseline")
+            return result
+
+    result.detail = f"all {len(rows)} checkpoints within the band ({_band_text(tol)})"
+    if worst is not None:
+        result.detail += (f"; largest deviation {fmt_signed_percent(worst[0])} at step "
+                          f"{_step(worst[1])}")
+    return result

@@ -1,0 +1,132 @@
+"""The memory check: peak device memory, device by device, against the baseline's.
+
+Peak bytes are compared per device label present in both runs, as the ratio
+``now / baseline``. Any device above ``1 + memory_tolerance`` is a regression (the worst
+device is named, with its numbers); every device below ``1 - memory_tolerance`` is an
+improvement; anything else passes. A sharded run that grows on one device only is caught:
+the maximum over devices could hide it behind a larger, unchanged one.
+
+The numbers are only comparable when both runs cover the same devices and counted memory
+the same way (``memory_stats`` at run time or ``memory_analysis`` from the compiler);
+otherwise the verdict is ``incomparable``. The check applies to runs that did not finish
+too: an out-of-memory run still reports what it would have needed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.units import fmt_bytes, fmt_percent, fmt_signed_percent, fmt_tolerance
+
+METRIC = "memory"
+UNIT = "bytes"
+_REMEDY = "re-record with --accelperf-update"
+#: Devices named in a sentence before the rest are counted.
+_MAX_NAMED = 4
+
+
+def device_order(label: str) -> list[Any]:
+    """Sort key that puts ``cpu:2`` before ``cpu:10``."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
+
+
+def _names(labels: list[str]) -> str:
+    shown = ", ".join(labels[:_MAX_NAMED])
+    return shown + (f", … ({len(labels)} in all)" if len(labels) > _MAX_NAMED else "")
+
+
+def _ratio(now: int, base: int) -> float:
+    if base > 0:
+        return now / base
+    return 1.0 if now == 0 else float("inf")
+
+
+def _memory(block: dict[str, Any] | None) -> dict[str, Any]:
+    mem: dict[str, Any] = (block or {}).get("memory") or {}
+    return mem
+
+
+def check_memory(block: dict[str, Any], baseline: dict[str, Any] | None,
+                 tol: Tolerances) -> CheckResult | None:
+    """Peak memory per device of ``block`` against ``baseline``'s; None without any."""
+    now_mem, base_mem = _memory(block), _memory(baseline)
+    now_dev: dict[str, int] = {k: int(v) for k, v in (now_mem.get("per_device") or {}).items()}
+    base_dev: dict[str, int] = {k: int(v) for k, v in (base_mem.get("per_device") or {}).items()}
+    now_peak = float(max(now_dev.values())) if now_dev else None
+    if not now_dev and not base_dev:
+        return None
+    if baseline is None:
+        return new_result(METRIC, now=now_peak, unit=UNIT,
+                          data={"per_device": now_dev, "source": now_mem.get("source", "")})
+    if not base_dev:
+        return missing_in_baseline(METRIC, "memory record", baseline, now=now_peak, unit=UNIT)
+
+    base_peak = float(max(base_dev.values()))
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_peak, now=now_peak, unit=UNIT)
+    if now_peak is not None and base_peak:
+        result.change = now_peak / base_peak - 1
+    tolerance = tol.memory_tolerance
+    now_src, base_src = now_mem.get("source", ""), base_mem.get("source", "")
+    result.data = {"tolerance": tolerance, "source": now_src, "baseline_source": base_src}
+
+    if not now_dev:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = f"this run recorded no device memory, the baseline did; {_REMEDY}"
+        return result
+    if set(now_dev) != set(base_dev):
+        only_now = sorted(set(now_dev) - set(base_dev), key=device_order)
+        only_base = sorted(set(base_dev) - set(now_dev), key=device_order)
+        parts = []
+        if only_now:
+            parts.append(f"only now: {_names(only_now)}")
+        if only_base:
+            parts.append(f"only in the baseline: {_names(only_base)}")
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = (f"devices differ from the baseline's ({'; '.join(parts)}); {_REMEDY}")
+        result.data.update({"devices": sorted(now_dev, key=device_order),
+                            "baseline_devices": sorted(base_dev, key=device_order)})
+        return result
+    if now_src and base_src and now_src != base_src:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = (f"memory counted by {now_src}, the baseline's by {base_src}; "
+                         f"{_REMEDY}")
+        return result
+
+    labels = sorted(now_dev, key=device_order)
+    ratios = {d: _ratio(now_dev[d], base_dev[d]) for d in labels}
+    result.data["per_device"] = {d: {"baseline": base_dev[d], "now": now_dev[d],
+                                     "ratio": ratios[d]} for d in labels}
+    worst_up = max(labels, key=lambda d: ratios[d])  # first of the largest, in device order
+
+    def numbers(d: str) -> str:
+        return f"{fmt_bytes(now_dev[d])}, baseline {fmt_bytes(base_dev[d])}"
+
+    def change(d: str) -> str:
+        return f"{fmt_signed_percent(ratios[d] - 1)}, tolerance {fmt_tolerance(tolerance)}"
+
+    over = [d for d in labels if ratios[d] > 1 + tolerance]
+    if over:
+        result.verdict = Verdict.REGRESSION
+        result.detail = f"peak memory on {worst_up} is {numbers(worst_up)} ({change(worst_up)})"
+        if len(labels) > 1:
+            result.detail += f"; {len(over)} of {len(labels)} devices over: {_names(over)}"
+        result.data["device"] = worst_up
+        return result
+    if all(r < 1 - tolerance for r in ratios.values()):
+        result.verdict = Verdict.IMPROVEMENT
+        least = max(labels, key=lambda d: ratios[d])
+        scope = f"all {len(labels)} devices" if len(labels) > 1 else labels[0]
+        result.detail = (f"peak memory down by at least {fmt_percent(1 - ratios[least])} on "
+                         f"{scope} (least on {least}: {numbers(least)}; tolerance "
+                         f"{fmt_tolerance(tolerance)}); run with --accelperf-update to record "
+                         f"the new baseline")
+        return result
+    worst = max(labels, key=lambda d: abs(ratios[d] - 1))
+    scope = f"on all {len(labels)} devices" if len(labels) > 1 else f"on {labels[0]}"
+    result.detail = (f"peak memory within {fmt_tolerance(tolerance)} {scope} (largest change "
+                     f"{fmt_signed_percent(ratios[worst] - 1)} on {worst})")
+    result.data["device"] = worst
+    return result

@@ -1,0 +1,145 @@
+"""The outcome check: did the case finish as its baseline did?
+
+A run ends ``ok``, or ``oom`` (it does not fit in device memory), ``nan`` (the loss
+became non-finite), ``error`` or ``timeout``. Out of memory is an expected, recordable
+outcome (a sweep's largest batch may not fit); the other three are failures and never a
+baseline. The rule, baseline outcome against this run's:
+
+========== ==================== =============
+baseline   now                  verdict
+========== ==================== =============
+(none)     ok / oom             new
+(none)     nan / error / timeout regression
+same       same                 pass
+ok         anything else        regression
+not ok     ok                   improvement
+oom        nan / error / timeout regression
+========== ==================== =============
+
+This module also holds what every check shares about a missing baseline: the ``new``
+result and its sentence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.run import Run
+from pytest_accelperf.units import fmt_bytes
+
+METRIC = "outcome"
+
+#: The sentence of every ``new`` verdict: what to run to record the baseline.
+NO_BASELINE = "no baseline; run with --accelperf-update to record it"
+
+#: Outcomes that are failures: never stored, never a pass.
+FAILED_OUTCOMES: tuple[str, ...] = ("nan", "error", "timeout")
+
+
+def new_result(metric: str, *, now: float | None = None, unit: str = "",
+               data: dict[str, Any] | None = None, detail: str = NO_BASELINE) -> CheckResult:
+    """The ``new`` verdict of ``metric``: nothing stored to compare with, ``now`` shown."""
+    return CheckResult(metric=metric, verdict=Verdict.NEW, detail=detail, now=now, unit=unit,
+                       data=dict(data or {}))
+
+
+def missing_in_baseline(metric: str, what: str, baseline: dict[str, Any], *,
+                        now: float | None = None, unit: str = "") -> CheckResult:
+    """``new`` for a metric the stored baseline lacks (e.g. no loss curve in an OOM baseline)."""
+    outcome = baseline.get("outcome", "ok")
+    why = "the baseline" if outcome == "ok" else f"the baseline ({_describe(outcome, None)})"
+    return new_result(metric, now=now, unit=unit, data={"baseline_outcome": outcome},
+                      detail=f"{why} has no {what}; run with --accelperf-update to record it")
+
+
+def oom_sentence(oom: dict[str, Any] | None) -> str:
+    """``"needs 20.93 GiB of 15.48 GiB"`` from an ``oom`` record, or ``""`` without one."""
+    if not oom:
+        return ""
+    required, capacity = oom.get("required_bytes"), oom.get("capacity_bytes")
+    if required is None or capacity is None:
+        return ""
+    return f"needs {fmt_bytes(required)} of {fmt_bytes(capacity)}"
+
+
+def _describe(outcome: str, oom: dict[str, Any] | None, nan_step: int | None = None) -> str:
+    """An outcome in words, with the numbers that go with it."""
+    if outcome == "oom":
+        need = oom_sentence(oom)
+        return f"out of memory: {need}" if need else "out of memory"
+    if outcome == "nan":
+        return f"loss became nan at step {nan_step}" if nan_step is not None else "loss became nan"
+    return {"ok": "finished", "error": "failed with an error", "timeout": "timed out"}.get(
+        outcome, outcome)
+
+
+def _with_message(sentence: str, message: str) -> str:
+    message = message.strip()
+    if not message or message in sentence:
+        return sentence
+    return f"{sentence} ({message})"
+
+
+def _required(oom: dict[str, Any] | None) -> float | None:
+    value = (oom or {}).get("required_bytes")
+    return float(value) if value is not None else None
+
+
+def check_outcome(run: Run, block: dict[str, Any],
+                  baseline: dict[str, Any] | None) -> CheckResult:
+    """This run's outcome against the baseline's (see the table in the module docstring).
+
+    Where either side ran out of memory, ``baseline``/``now`` are the bytes the case
+    needs (unit ``bytes``), so the table shows how far from fitting it is.
+    """
+    now_oom: dict[str, Any] | None = block.get("oom", run.oom)
+    data: dict[str, Any] = {"now": run.outcome, "message": run.message}
+    if now_oom:
+        data["oom"] = dict(now_oom)
+    now_desc = _describe(run.outcome, now_oom, run.nan_step)
+    unit = "bytes" if now_oom else ""
+
+    if baseline is None:
+        if run.outcome in FAILED_OUTCOMES:
+            return CheckResult(METRIC, Verdict.REGRESSION,
+                               _with_message(f"{now_desc}; a failed run never passes",
+                                             run.message),
+                               now=_required(now_oom), unit=unit, data=data)
+        return new_result(METRIC, now=_required(now_oom), unit=unit, data=data)
+
+    base_outcome = str(baseline.get("outcome", "ok"))
+    base_oom: dict[str, Any] | None = baseline.get("oom")
+    data["baseline"] = base_outcome
+    if base_oom:
+        data["baseline_oom"] = dict(base_oom)
+        unit = "bytes"
+    base_desc = _describe(base_outcome, base_oom)
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=_required(base_oom),
+                         now=_required(now_oom), unit=unit, data=data)
+    if result.baseline and result.now:
+        result.change = result.now / result.baseline - 1
+
+    if run.outcome == base_outcome:
+        result.detail = ("finished as in the baseline" if run.outcome == "ok"
+                         else f"{now_desc}, as in the baseline")
+        if run.outcome == "oom" and now_oom:
+            result.detail = f"out of memory as in the baseline: {oom_sentence(now_oom)}"
+    elif run.outcome == "ok":
+        result.verdict = Verdict.IMPROVEMENT
+        result.detail = (f"finished where the baseline did not ({base_desc}); "
+                         f"run with --accelperf-update to record the new baseline")
+    elif base_outcome == "ok":
+        result.verdict = Verdict.REGRESSION
+        where = "fit in memory" if run.outcome == "oom" else "finished"
+        result.detail = _with_message(f"{now_desc} where the baseline {where}", run.message)
+    elif run.outcome in FAILED_OUTCOMES:
+        result.verdict = Verdict.REGRESSION
+        result.detail = _with_message(f"{now_desc}; the baseline: {base_desc}", run.message)
+    else:
+        # Now out of memory, baseline a failure: failures are never stored, so the file
+        # was edited by hand or written by another version.
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = (f"{now_desc}; the baseline records a failure ({base_desc}), which "
+                         f"is never a baseline: re-record with --accelperf-update")
+    return result

@@ -1,0 +1,111 @@
+"""The throughput check: is this run's step time slower than the baseline's, beyond noise?
+
+The comparison is of median step times with a bootstrap confidence interval on their
+ratio (:mod:`pytest_accelperf.stats` documents the statistic and the verdict rule). It is
+shown as throughput, ``samples_per_step / median step time`` in samples/s, because that is
+the number people track; ``change`` is the relative change of that throughput.
+
+Throughput is only compared on the machine the baseline was recorded on: when the
+environment fingerprints differ the verdict is ``incomparable`` (the caller passes
+``comparable=False`` and may name the differing keys in the detail).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.run import Run
+from pytest_accelperf.stats import RatioEstimate, step_time_ratio, throughput_verdict
+from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
+
+METRIC = "throughput"
+UNIT = "samples/s"
+#: Shown instead of throughput when a case does not say how many samples a step takes.
+STEP_UNIT = "s"
+
+INCOMPARABLE_ENV = "baseline recorded in another environment; throughput not compared"
+
+
+def _rate(samples_per_step: int, median: float) -> float:
+    """Samples per second, or the median step time itself when the batch is unknown."""
+    return samples_per_step / median if samples_per_step else median
+
+
+def _ci_text(est: RatioEstimate, tolerance: float) -> str:
+    return (f"{est.confidence * 100:.0f}% CI of step-time ratio {fmt_ratio(est.low)}\u2013"
+            f"{fmt_ratio(est.high)}, tolerance {fmt_tolerance(tolerance)}")
+
+
+def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
+    """The sentence for a throughput verdict, e.g.
+    ``"12.3% slower (95% CI of step-time ratio 1.10-1.15, tolerance 10%)"`` (with an en
+    dash between the bounds)."""
+    ci = _ci_text(est, tolerance)
+    if verdict is Verdict.INCONCLUSIVE:
+        return (f"noise too large to resolve ±{fmt_tolerance(tolerance)}: smallest detectable "
+                f"change here is ±{fmt_percent(est.mdc)} (step time "
+                f"{fmt_signed_percent(est.ratio - 1)}, {ci}); measure more steps or use a "
+                f"quieter machine")
+    if verdict is Verdict.REGRESSION:
+        return f"{fmt_percent(est.ratio - 1)} slower ({ci})"
+    if verdict is Verdict.IMPROVEMENT:
+        return (f"step time {fmt_percent(1 - est.ratio)} shorter, throughput "
+                f"{fmt_signed_percent(1 / est.ratio - 1)} ({ci}); run with --accelperf-update "
+                f"to record the new baseline")
+    return f"within tolerance: step time {fmt_signed_percent(est.ratio - 1)} ({ci})"
+
+
+def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
+                     tol: Tolerances, *, comparable: bool = True) -> CheckResult | None:
+    """Step times of ``run`` against ``baseline["step_time"]["samples"]``.
+
+    None when the run measured no step times and there is nothing stored to compare with.
+    """
+    unit = UNIT if run.samples_per_step else STEP_UNIT
+    now_median = run.median_step_time
+    now = _rate(run.samples_per_step, now_median) if now_median else None
+    base_samples: list[float] = list(((baseline or {}).get("step_time") or {})
+                                     .get("samples") or [])
+    if not run.step_times and not base_samples:
+        return None
+    if baseline is None:
+        return new_result(METRIC, now=now, unit=unit, data={"n": {"now": len(run.step_times)}})
+    if not base_samples:
+        return missing_in_baseline(METRIC, "step times", baseline, now=now, unit=unit)
+
+    base_batch = int(baseline.get("samples_per_step") or 0)
+    base_median = statistics.median(base_samples)
+    base = _rate(base_batch if run.samples_per_step else 0, base_median)
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=unit)
+    if now is not None and base:
+        result.change = now / base - 1
+    tolerance = tol.throughput_tolerance
+    result.data = {"tolerance": tolerance,
+                   "n": {"now": len(run.step_times), "baseline": len(base_samples)},
+                   "median_step_time": {"now": now_median, "baseline": base_median}}
+
+    if not comparable:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = INCOMPARABLE_ENV
+        return result
+    if base_batch != run.samples_per_step:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = (f"the baseline took {base_batch} samples per step, this run "
+                         f"{run.samples_per_step}; re-record with --accelperf-update")
+        return result
+    try:
+        est = step_time_ratio(run.step_times, base_samples)
+    except ValueError as exc:
+        result.verdict = Verdict.INCONCLUSIVE
+        result.detail = f"step times cannot be compared: {exc}"
+        return result
+
+    verdict = throughput_verdict(est, tolerance)
+    result.verdict = verdict
+    result.detail = describe(est, verdict, tolerance)
+    result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
+                        "confidence": est.confidence})
+    return result

@@ -1,0 +1,152 @@
+"""The statistic behind throughput verdicts: a bootstrap interval on the step-time ratio.
+
+Step times on a shared machine are noisy and skewed: most steps take about the same time,
+and a few are slow because something else ran (garbage collection, another process, a
+clock change). So the throughput check compares *medians*, which a few slow steps cannot
+move, and asks how precisely the data pin the change down before calling it.
+
+The statistic is the ratio of median step times,
+
+    ratio = median(now) / median(baseline)        (> 1 means this run is slower)
+
+and its uncertainty is a 95% percentile-bootstrap confidence interval ``[low, high]``:
+both samples are resampled independently with replacement (2000 times, with a fixed seed
+so that the same data always give the same verdict), the ratio is computed for every
+resample, and the 2.5th and 97.5th percentiles of those ratios bound the interval. The
+*minimum detectable change* is the interval's half-width relative to the ratio,
+``mdc = (high - low) / (2 * ratio)``: a change smaller than that is indistinguishable from
+noise in this data. (Relative, so that the same noise gives the same resolution whether the
+run is unchanged or twice as slow.)
+
+With a relative ``tolerance`` (e.g. 0.10 for 10%), the verdict is:
+
+* ``inconclusive`` when ``mdc > tolerance``: the noise is too large to resolve a change
+  of the size the tolerance allows, so no verdict either way. Measure more steps or run
+  on a quieter machine.
+* ``regression`` when ``ratio > 1 + tolerance`` and ``low > 1``: slower by more than the
+  tolerance, and the whole interval says slower.
+* ``improvement`` when ``ratio < 1 - tolerance`` and ``high < 1``: faster by more than the
+  tolerance, and the whole interval says faster.
+* ``pass`` otherwise.
+
+Degenerate data are handled without a warning: when every step time of both runs is the
+same, every resample gives the same ratio and the interval collapses to it
+(``low == ratio == high``, ``mdc == 0``). Each run needs at least 3 positive, finite step
+times; fewer, or a zero/negative/non-finite time, is a ``ValueError`` (a device step never
+takes zero seconds, so such a value is a broken measurement, not data).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from scipy import stats as _scipy_stats
+
+from pytest_accelperf.checks.base import Verdict
+
+#: The fewest step times per run for which a bootstrap interval means anything.
+MIN_SAMPLES = 3
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """The ratio of median step times with its bootstrap confidence interval.
+
+    ``ratio`` is ``median(now) / median(base)`` (> 1: slower); ``low``/``high`` bound its
+    ``confidence`` interval; ``mdc`` (minimum detectable change) is
+    ``(high - low) / (2 * ratio)``.
+    """
+
+    ratio: float
+    low: float
+    high: float
+    mdc: float
+    n_now: int
+    n_base: int
+    confidence: float = 0.95
+
+
+def _as_samples(values: Sequence[float], name: str) -> FloatArray:
+    arr = np.asarray(values, dtype=np.float64).ravel()
+    if arr.size < MIN_SAMPLES:
+        raise ValueError(
+            f"{name} has {arr.size} step time(s); at least {MIN_SAMPLES} are needed to "
+            f"estimate a confidence interval (measure more steps)"
+        )
+    bad = ~np.isfinite(arr) | (arr <= 0)
+    if bad.any():
+        first = int(np.argmax(bad))
+        raise ValueError(
+            f"{name} step time #{first} is {float(arr[first])!r}; step times must be positive and "
+            f"finite seconds"
+        )
+    return arr
+
+
+def _median_ratio(now: FloatArray, base: FloatArray, axis: int = -1) -> Any:
+    """The statistic, vectorized over resamples along ``axis``."""
+    return np.median(now, axis=axis) / np.median(base, axis=axis)
+
+
+def step_time_ratio(now: Sequence[float], base: Sequence[float], *, confidence: float = 0.95,
+                    n_resamples: int = 2000, seed: int = 0) -> RatioEstimate:
+    """Estimate ``median(now) / median(base)`` with a percentile-bootstrap interval.
+
+    The two samples are independent (unpaired) and resampled separately; ``seed`` makes
+    the interval, and so the verdict, reproducible. See the module docstring for the rule.
+
+    >>> est = step_time_ratio([1.0, 1.0, 1.0], [0.5, 0.5, 0.5])
+    >>> est.ratio, est.low, est.high, est.mdc
+    (2.0, 2.0, 2.0, 0.0)
+    """
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
+    x = _as_samples(now, "the new run")
+    y = _as_samples(base, "the baseline")
+    ratio = float(_median_ratio(x, y))
+    if np.ptp(x) == 0 and np.ptp(y) == 0:
+        # Every resample gives the same ratio: the interval is that point.
+        return RatioEstimate(ratio, ratio, ratio, 0.0, x.size, y.size, confidence)
+    with warnings.catch_warnings():
+        # A bootstrap distribution that is (nearly) one value makes scipy warn that the
+        # data are degenerate; the percentile interval is still right (it is that value),
+        # and pytest's filterwarnings=error must not turn it into a failure.
+        warnings.simplefilter("ignore", _scipy_stats.DegenerateDataWarning)
+        res = _scipy_stats.bootstrap(
+            (x, y), _median_ratio, n_resamples=n_resamples, vectorized=True, paired=False,
+            confidence_level=confidence, method="percentile",
+            rng=np.random.default_rng(seed),
+        )
+    low = float(res.confidence_interval.low)
+    high = float(res.confidence_interval.high)
+    if not (math.isfinite(low) and math.isfinite(high)):  # pragma: no cover - defensive
+        low = high = ratio
+    return RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), x.size, y.size,
+                         confidence)
+
+
+def throughput_verdict(est: RatioEstimate, tolerance: float) -> Verdict:
+    """The verdict for a step-time ratio estimate under a relative ``tolerance``.
+
+    >>> throughput_verdict(RatioEstimate(1.3, 1.2, 1.4, 0.1, 30, 30), tolerance=0.1)
+    <Verdict.REGRESSION: 'regression'>
+    >>> throughput_verdict(RatioEstimate(1.3, 0.9, 1.7, 0.4, 30, 30), tolerance=0.1)
+    <Verdict.INCONCLUSIVE: 'inconclusive'>
+    """
+    if est.mdc > tolerance:
+        return Verdict.INCONCLUSIVE
+    if est.ratio > 1 + tolerance and est.low > 1:
+        return Verdict.REGRESSION
+    if est.ratio < 1 - tolerance and est.high < 1:
+        return Verdict.IMPROVEMENT
+    return Verdict.PASS

@@ -1,0 +1,107 @@
+"""Formatting of the numbers that checks and reports show: bytes, percentages, ratios.
+
+Every sentence a check writes goes through these helpers, so the terminal table, the JSON
+report and a failing test's message spell the same quantity the same way. They are pure
+functions of plain numbers and never raise on ``nan``/``inf``: a broken measurement should
+still produce a readable message, not a ``ValueError`` from a format string.
+
+>>> fmt_bytes(20.93 * 2**30)
+'20.93 GiB'
+>>> fmt_percent(0.123)
+'12.3%'
+>>> fmt_signed_percent(-0.05)
+'-5.0%'
+>>> fmt_num(1.23456789e-6)
+'1.235e-06'
+"""
+
+from __future__ import annotations
+
+import math
+
+#: Binary prefixes, smallest first; ``fmt_bytes`` picks the largest that keeps the value >= 1.
+_BYTE_UNITS: tuple[str, ...] = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def fmt_bytes(n: float) -> str:
+    """A byte count with a binary prefix and two decimals.
+
+    >>> fmt_bytes(0)
+    '0 B'
+    >>> fmt_bytes(512)
+    '512 B'
+    >>> fmt_bytes(1536)
+    '1.50 KiB'
+    >>> fmt_bytes(16_620_000_000)
+    '15.48 GiB'
+    >>> fmt_bytes(-3 * 2**20)
+    '-3.00 MiB'
+    """
+    if not math.isfinite(n):
+        return f"{n} B"
+    sign = "-" if n < 0 else ""
+    value = abs(float(n))
+    if value < 1024:
+        return f"{sign}{value:.0f} B"
+    exp = min(int(math.log(value, 1024)), len(_BYTE_UNITS) - 1)
+    scaled = value / 1024**exp
+    if scaled >= 1023.995 and exp < len(_BYTE_UNITS) - 1:  # 1023.999 MiB would print 1024.00
+        exp += 1
+        scaled = value / 1024**exp
+    return f"{sign}{scaled:.2f} {_BYTE_UNITS[exp]}"
+
+
+def fmt_percent(x: float, digits: int = 1) -> str:
+    """A fraction as a percentage, no sign added: ``0.1 -> '10.0%'``.
+
+    >>> fmt_percent(0.1, digits=0)
+    '10%'
+    """
+    if not math.isfinite(x):
+        return f"{x}%"
+    return f"{x * 100:.{digits}f}%"
+
+
+def fmt_signed_percent(x: float, digits: int = 1) -> str:
+    """A relative change with its sign: ``0.25 -> '+25.0%'``.
+
+    >>> fmt_signed_percent(0.25)
+    '+25.0%'
+    """
+    if not math.isfinite(x):
+        return f"{x}%"
+    return f"{x * 100:+.{digits}f}%"
+
+
+def fmt_tolerance(x: float) -> str:
+    """A relative tolerance as the user wrote it: whole percentages without decimals.
+
+    >>> fmt_tolerance(0.1)
+    '10%'
+    >>> fmt_tolerance(0.025)
+    '2.5%'
+    >>> fmt_tolerance(0.0001)
+    '0.01%'
+    """
+    pct = x * 100
+    return f"{pct:.4g}%"
+
+
+def fmt_num(x: float, digits: int = 4) -> str:
+    """A plain number with ``digits`` significant digits (``nan``/``inf`` spelled out).
+
+    >>> fmt_num(2.0)
+    '2'
+    >>> fmt_num(float("nan"))
+    'nan'
+    """
+    return f"{x:.{digits}g}"
+
+
+def fmt_ratio(x: float) -> str:
+    """A ratio near one, with two decimals: ``1.1234 -> '1.12'``.
+
+    >>> fmt_ratio(1.1234)
+    '1.12'
+    """
+    return f"{x:.2f}"

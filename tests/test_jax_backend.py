@@ -1,0 +1,183 @@
+"""The JAX backend trained directly (no pytester): the char-LM of the suite on 8 CPU devices.
+
+Compiles dominate here (seconds each on a small host), so the runs are module fixtures
+shared by the tests: one no-mesh run, and one 4x2 run whose single-device reference run
+is the no-mesh run repeated from scratch, which doubles as the determinism check.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from pytest_accelperf.accel import prepare_environment
+
+# Before jax is imported anywhere: 8 virtual CPU devices for the (4, 2) and (8, 1) meshes.
+prepare_environment("cpu", 8)
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
+from pytest_accelperf.backends.base import TrainResult, get_backend  # noqa: E402
+from pytest_accelperf.backends.jax import (  # noqa: E402
+    BACKEND,
+    JaxTask,
+    fingerprint,
+    predict_memory,
+)
+from pytest_accelperf.cases import Case  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "jax"))
+from charlm import make_task  # noqa: E402
+
+GIB = 2**30
+STEPS, WARMUP, BATCH = 8, 2, 32
+
+
+@pytest.fixture(scope="module")
+def accel() -> Accelerator:
+    return provision("cpu", 8)
+
+
+def small(mesh: tuple[int, ...] | None, **kw: Any) -> Case:
+    return Case(backend="jax", batch=BATCH, mesh=mesh, steps=STEPS, warmup=WARMUP, **kw)
+
+
+@pytest.fixture(scope="module")
+def nomesh(accel: Accelerator) -> TrainResult:
+    case = small(None)
+    return BACKEND.train(case, make_task(case), accel)
+
+
+@pytest.fixture(scope="module")
+def sharded(accel: Accelerator) -> TrainResult:
+    case = small((4, 2), reference=True)
+    return BACKEND.train(case, make_task(case), accel)
+
+
+def test_registry_loads_this_backend() -> None:
+    assert get_backend("jax").load() is BACKEND
+    assert BACKEND.unavailable_reason() is None
+
+
+@pytest.mark.parametrize("which, n_devices", [("nomesh", 1), ("sharded", 8)])
+def test_small_case_trains_and_is_measured(request: pytest.FixtureRequest, which: str,
+                                           n_devices: int) -> None:
+    run = request.getfixturevalue(which).run
+    assert run.outcome == "ok", run.message
+    assert run.n_devices == n_devices
+    assert len(run.step_times) == STEPS and all(t > 0 for t in run.step_times)
+    assert len(run.losses) == STEPS + WARMUP and run.loss_steps == list(range(STEPS + WARMUP))
+    assert run.losses[-1] < run.losses[0] - 0.5, run.losses
+    assert run.compile_time is not None and run.compile_time > 0
+    assert run.memory_source == "memory_analysis"
+    assert sorted(run.memory_per_device) == sorted(f"cpu:{i}" for i in range(n_devices))
+    assert all(b > 0 for b in run.memory_per_device.values())
+    assert run.flops_per_step is not None and run.flops_per_step > 0
+    assert run.samples_per_step == BATCH and run.tokens_per_step == BATCH * 32
+    leaf = run.params_fingerprint["params/block0/qkv/kernel"]
+    assert leaf["shape"] == [64, 192] and leaf["dtype"] == "float32"
+    assert len(leaf["sample"]) == 16 and leaf["rms"] > 0
+
+
+def test_sharding_splits_memory(nomesh: TrainResult, sharded: TrainResult) -> None:
+    one = nomesh.run.peak_memory
+    per_device = sharded.run.peak_memory
+    assert one is not None and per_device is not None and per_device < one / 2
+
+
+def test_reference_matches_sharded_run(sharded: TrainResult) -> None:
+    ref = sharded.reference_params
+    assert ref is not None and ref.keys() == sharded.params.keys()
+    for key, value in sharded.params.items():
+        np.testing.assert_allclose(value, ref[key], atol=5e-3, rtol=0, err_msg=key)
+
+
+def test_training_is_deterministic(nomesh: TrainResult, sharded: TrainResult) -> None:
+    # The reference of the 4x2 case is the no-mesh case compiled and trained again.
+    ref = sharded.reference_params
+    assert ref is not None
+    assert fingerprint(ref) == nomesh.run.params_fingerprint
+    for key, value in nomesh.params.items():
+        np.testing.assert_array_equal(value, ref[key], err_msg=key)
+
+
+def test_full_size_without_mesh_is_predicted_out_of_memory(accel: Accelerator) -> None:
+    case = Case(backend="jax", batch=4096, label="full", memory_capacity=16 * GIB,
+                params={"size": "full"})
+    run = BACKEND.train(case, make_task(case), accel).run
+    assert run.outcome == "oom", run.message
+    assert run.oom is not None
+    assert run.oom["required_bytes"] > run.oom["capacity_bytes"] == 16 * GIB
+    assert run.oom["exceeded_by_bytes"] == run.oom["required_bytes"] - 16 * GIB
+    assert run.oom["source"] == "memory_analysis"
+    assert run.message.startswith("predicted out of memory: program needs ")
+    assert "of 16.00 GiB capacity (exceeded by " in run.message
+    assert run.memory_per_device == {"cpu:0": run.oom["required_bytes"]}
+    assert run.losses == [] and run.step_times == []  # nothing was trained
+
+
+def test_full_size_on_mesh_4x2_is_predicted_to_fit(accel: Accelerator) -> None:
+    case = Case(backend="jax", batch=4096, mesh=(4, 2), params={"size": "full"})
+    planned = predict_memory(case, make_task(case), accel)
+    assert planned["required_bytes"] < 12 * GIB, planned
+    assert planned["required_bytes"] == (planned["argument_bytes"] + planned["output_bytes"]
+                                         + planned["temp_bytes"] - planned["alias_bytes"])
+
+
+def linear_task(batch: int, nan_at: int | None = None) -> JaxTask:
+    """A linear regression: compiles in a fraction of the char-LM's time. ``nan_at`` sets a
+    batch flag that turns the loss into NaN at that step."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from jax.sharding import PartitionSpec
+
+    dim, out = 64, 32
+    true_w = np.random.default_rng(0).normal(size=(dim, out)).astype(np.float32)
+
+    def init_params(key: Any) -> Any:
+        return {"w": jax.random.normal(key, (dim, out)) * 0.01, "b": jnp.zeros((out,))}
+
+    def loss_fn(params: Any, b: Any) -> Any:
+        pred = b["x"] @ params["w"] + params["b"]
+        return jnp.mean((pred - b["y"]) ** 2) * b["scale"][0]
+
+    def make_batch(step: int) -> dict[str, np.ndarray]:
+        r = np.random.default_rng(step)
+        x = r.normal(size=(batch, dim)).astype(np.float32)
+        scale = np.full((batch,), math.nan if step == nan_at else 1.0, np.float32)
+        return {"x": x, "y": x @ true_w, "scale": scale}
+
+    spec: Any = PartitionSpec  # untyped in jax
+    return JaxTask(init_params=init_params, loss_fn=loss_fn, make_batch=make_batch,
+                   optimizer=optax.adam(0.05),
+                   param_specs=lambda p: {"w": spec(None, "model"), "b": spec("model")})
+
+
+def test_nan_loss_stops_training(accel: Accelerator) -> None:
+    case = Case(backend="jax", batch=16, steps=6, warmup=1)
+    run = BACKEND.train(case, linear_task(16, nan_at=3), accel).run
+    assert run.outcome == "nan"
+    assert run.nan_step == 3
+    assert run.message == "loss is nan at step 3"
+    assert len(run.losses) == 4 and math.isnan(run.losses[-1])
+    assert all(math.isfinite(x) for x in run.losses[:3])
+
+
+def test_reference_skipped_when_one_device_cannot_hold_it(accel: Accelerator) -> None:
+    batch = 4096
+    one = predict_memory(Case(backend="jax", batch=batch), linear_task(batch), accel)
+    case = Case(backend="jax", batch=batch, mesh=(8, 1), steps=2, warmup=0, reference=True)
+    eight = predict_memory(case, linear_task(batch), accel)
+    assert eight["required_bytes"] < one["required_bytes"]
+    capacity = (one["required_bytes"] + eight["required_bytes"]) // 2
+    result = BACKEND.train(replace(case, memory_capacity=capacity), linear_task(batch), accel)
+    assert result.run.outcome == "ok", result.run.message
+    assert result.reference_params is None
+    assert result.run.extra["reference"].startswith(
+        "single-device reference not run: predicted out of memory")
