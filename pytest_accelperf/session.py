@@ -8,12 +8,17 @@ baseline, records the result, and fails the test with a message that names the f
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 import warnings
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from filelock import FileLock
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import TrainResult, get_backend
@@ -119,7 +124,8 @@ class CaseRunner:
         __tracebackhide__ = True
         backend = get_backend(self.case.backend).load()
         try:
-            result = backend.train(self.case, task, self.accelerator)
+            with exclusive_host(self.accelerator):
+                result = backend.train(self.case, task, self.accelerator)
         except Exception as exc:
             run = Run(case_id=self.case.id, outcome="error",
                       message=f"{type(exc).__name__}: {exc}",
@@ -196,6 +202,20 @@ class CaseRunner:
     def accept_command(self) -> str:
         accel = self.settings.accel
         return f"pytest '{self._item.nodeid}' --accel={accel} --accelperf-update"
+
+
+def exclusive_host(accelerator: Accelerator) -> AbstractContextManager[object]:
+    """A host-wide lock around the training of a case where devices share the host's cores.
+
+    Virtual CPU devices are not independent hardware: two xdist workers (or two sessions)
+    training at once would each measure half a machine, and their step times would not be
+    comparable with a baseline recorded alone. So on ``cpu`` cases train one at a time per
+    host; on GPUs and TPUs each worker owns its devices and no lock is taken.
+    """
+    if accelerator.name != "cpu":
+        return contextlib.nullcontext()
+    path = os.path.join(tempfile.gettempdir(), "accelperf-cpu-host.lock")
+    return FileLock(path)
 
 
 def _worker_id(config: pytest.Config) -> str:
