@@ -255,7 +255,8 @@ def test_twice_as_slow_is_a_regression_at_tolerance_half() -> None:
     low, high = r.data["ci"]
     assert 1 < low <= r.data["ratio"] <= high
     assert r.change is not None and r.change == pytest.approx(-0.5, abs=0.1)
-    pct = f"{(r.data['ratio'] - 1) * 100:.1f}% slower"
+    tp = (1 / r.data["ratio"] - 1) * 100
+    pct = f"slower: step time {(r.data['ratio'] - 1) * 100:.1f}% longer, throughput {tp:+.1f}%"
     assert r.detail == (f"{pct} (95% CI of step-time ratio {low:.2f}\u2013{high:.2f}, "
                         f"tolerance 50%)")
 

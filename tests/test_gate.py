@@ -83,7 +83,7 @@ def test_throughput_claimed_much_faster_fails(recorded: Suite) -> None:
         "*throughput: *slower*",
         "*If this change is intended, accept it with:*",
         "*--accelperf-update*",
-        "*THROUGHPUT*REGRESSION*",
+        "*throughput*REGRESSION*",
     ])
 
 

@@ -41,8 +41,8 @@ def _ci_text(est: RatioEstimate, tolerance: float) -> str:
 
 def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
     """The sentence for a throughput verdict, e.g.
-    ``"12.3% slower (95% CI of step-time ratio 1.10-1.15, tolerance 10%)"`` (with an en
-    dash between the bounds)."""
+    ``"slower: step time 12.3% longer, throughput -11.0% (95% CI of step-time ratio
+    1.10-1.15, tolerance 10%)"`` (with an en dash between the bounds)."""
     ci = _ci_text(est, tolerance)
     if verdict is Verdict.INCONCLUSIVE:
         return (f"noise too large to resolve ±{fmt_tolerance(tolerance)}: smallest detectable "
@@ -50,7 +50,8 @@ def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
                 f"{fmt_signed_percent(est.ratio - 1)}, {ci}); measure more steps or use a "
                 f"quieter machine")
     if verdict is Verdict.REGRESSION:
-        return f"{fmt_percent(est.ratio - 1)} slower ({ci})"
+        return (f"slower: step time {fmt_percent(est.ratio - 1)} longer, throughput "
+                f"{fmt_signed_percent(1 / est.ratio - 1)} ({ci})")
     if verdict is Verdict.IMPROVEMENT:
         return (f"step time {fmt_percent(1 - est.ratio)} shorter, throughput "
                 f"{fmt_signed_percent(1 / est.ratio - 1)} ({ci}); run with --accelperf-update "
