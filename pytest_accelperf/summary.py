@@ -12,16 +12,10 @@ import math
 from typing import Any
 
 from pytest_accelperf.run import Run
+from pytest_accelperf.units import round_sig as _round
 
 #: Loss checkpoints kept per case (the seed logs every 20 steps of ~400).
 N_CHECKPOINTS = 10
-
-
-def _round(x: float, digits: int = 6) -> float:
-    """Round to significant digits so that a diff shows measurement, not float noise."""
-    if x == 0 or not math.isfinite(x):
-        return x
-    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
 
 
 def loss_checkpoints(losses: list[float], steps: list[int] | None = None,

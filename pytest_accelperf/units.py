@@ -105,3 +105,14 @@ def fmt_ratio(x: float) -> str:
     '1.12'
     """
     return f"{x:.2f}"
+
+
+def round_sig(x: float, digits: int = 6) -> float:
+    """Round to significant digits, so a baseline diff shows measurement, not float noise.
+
+    >>> round_sig(0.0633551987, 6)
+    0.0633552
+    """
+    if x == 0 or not math.isfinite(x):
+        return x
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))

@@ -89,8 +89,8 @@ class Suite:
     def baseline_path(self, module: str = "test_suite", platform: str = "cpu-x8") -> Path:
         return self.pytester.path / "baselines" / platform / f"{module}.json"
 
-    def load(self, module: str = "test_suite") -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.baseline_path(module).read_text())
+    def load(self, module: str = "test_suite", platform: str = "cpu-x8") -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.baseline_path(module, platform).read_text())
         return data
 
     def edit(self, fn: Callable[[dict[str, Any]], None], module: str = "test_suite") -> None:

@@ -25,7 +25,7 @@ from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import TrainResult
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
-from pytest_accelperf.summary import _round
+from pytest_accelperf.units import round_sig
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -229,8 +229,8 @@ def fingerprint(flat: dict[str, np.ndarray]) -> dict[str, Any]:
         n, k = values.size, min(N_SAMPLES, values.size)
         rms = float(np.sqrt(np.mean(np.square(values)))) if n else 0.0
         idx = (np.arange(k) * n) // k if k else np.zeros(0, dtype=int)  # evenly strided
-        out[key] = {"shape": list(arr.shape), "dtype": str(arr.dtype), "rms": _round(rms, 7),
-                    "sample": [_round(float(v), 7) for v in values[idx]]}
+        out[key] = {"shape": list(arr.shape), "dtype": str(arr.dtype), "rms": round_sig(rms, 7),
+                    "sample": [round_sig(float(v), 7) for v in values[idx]]}
     return out
 
 
