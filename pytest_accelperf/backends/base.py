@@ -69,6 +69,11 @@ BACKENDS: dict[str, _LazyBackend] = {
         "jax", "pytest_accelperf.backends.jax", ("jax", "flax", "optax"),
         "pip install 'pytest-accelperf[jax]'",
     ),
+    "torch": _LazyBackend(
+        "torch", "pytest_accelperf.backends.torch", ("torch",),
+        "pip install 'pytest-accelperf[torch]' (install torch first: pip install torch==2.13.0 "
+        "for CPU)",
+    ),
 }
 
 

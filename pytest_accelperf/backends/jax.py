@@ -23,9 +23,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import TrainResult
+
+# Re-exported: both lived here before the torch backend needed them without jax.
+from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
+from pytest_accelperf.backends.common import fingerprint as fingerprint
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
-from pytest_accelperf.units import round_sig
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -33,8 +36,6 @@ P: Any = PartitionSpec
 _ShapeDtypeStruct: Any = jax.ShapeDtypeStruct
 _block_until_ready: Any = jax.block_until_ready
 GIB = 2**30
-#: Values per leaf sampled into the numerics fingerprint.
-N_SAMPLES = 16
 
 
 @dataclass
@@ -219,19 +220,6 @@ def _flat(tree: PyTree) -> dict[str, np.ndarray]:
     leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))
     return {jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf)
             for path, leaf in leaves}
-
-
-def fingerprint(flat: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Shape, dtype, RMS and 16 fixed samples per leaf, rounded to 7 significant digits."""
-    out: dict[str, Any] = {}
-    for key, arr in flat.items():
-        values = np.asarray(arr, dtype=np.float64).ravel()
-        n, k = values.size, min(N_SAMPLES, values.size)
-        rms = float(np.sqrt(np.mean(np.square(values)))) if n else 0.0
-        idx = (np.arange(k) * n) // k if k else np.zeros(0, dtype=int)  # evenly strided
-        out[key] = {"shape": list(arr.shape), "dtype": str(arr.dtype), "rms": round_sig(rms, 7),
-                    "sample": [round_sig(float(v), 7) for v in values[idx]]}
-    return out
 
 
 @dataclass

@@ -1,0 +1,314 @@
+"""The PyTorch backend: one process, one device (CPU or one CUDA GPU), eager or compiled.
+
+It follows the JAX backend's rules: compile time is kept apart from step times, every
+measured step is synchronized, the loss of every step is recorded, a NaN/inf ends the run
+as the outcome ``nan``, and running out of memory is an outcome, not a crash.
+
+Memory: on CUDA the caching allocator's peak (``max_memory_allocated``) over the real
+training. On CPU, where there is no allocator counter (and RSS is neither per-case nor
+deterministic), the peak is counted by ``MemTracker`` (a dispatch mode that sums the
+storage bytes of live tensors) over two eager training steps of a *fresh* copy of the model
+built before the measured run: parameters, gradients, optimizer state and activations, the
+same bytes every run. A CPU case whose peak exceeds its declared ``memory_capacity`` is
+recorded as ``oom`` before the measured model is built, as the JAX backend predicts it.
+
+FLOPs per step come from ``FlopCounterMode`` over one untimed forward and backward of step
+0's batch on the measured model, before its optimizer exists; the gradients are dropped and
+the buffers and the RNG restored afterwards, so training is unchanged by it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.backends.base import TrainResult
+from pytest_accelperf.backends.common import fingerprint
+from pytest_accelperf.cases import Case
+from pytest_accelperf.run import Run
+
+GIB = 2**30
+#: Eager training steps of the throwaway model that CPU memory is counted over: the first
+#: creates the optimizer state, the second is the steady state with it.
+MEMORY_STEPS = 2
+
+
+@dataclass
+class TorchTask:
+    """What to train, independent of the device.
+
+    ``make_model()`` is called after ``torch.manual_seed(seed)`` and builds the model on
+    the CPU (the backend moves it). ``loss_fn(model, batch)`` returns a scalar loss;
+    ``make_batch(step)`` returns the batch of a step (tensors on the CPU, in any nesting of
+    dicts, lists and tuples; the backend moves them to the device, outside the timer).
+    ``compile`` wraps the model in ``torch.compile``; ``grad_clip`` clips the global
+    gradient norm before every optimizer step.
+    """
+
+    make_model: Callable[[], torch.nn.Module]
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
+    make_batch: Callable[[int], Any]
+    make_optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    compile: bool = False
+    grad_clip: float | None = None
+    tokens_per_sample: int | None = None
+    seed: int = 0
+
+
+def _device(accel: Accelerator) -> torch.device:
+    if accel.name == "cpu":
+        return torch.device("cpu")
+    if accel.name == "gpu":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "--accel=gpu but torch sees no CUDA device (torch.cuda.is_available() is "
+                f"False; torch {torch.__version__}): install a CUDA build of torch")
+        return torch.device("cuda", 0)
+    raise ValueError(f"the torch backend runs on cpu or gpu, not {accel.name!r}: "
+                     f"declare the case with accels=('cpu', 'gpu')")
+
+
+def _label(device: torch.device) -> str:
+    return f"{device.type}:{device.index or 0}"
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor moved to ``device`` (dicts, lists and tuples kept)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _build(task: TorchTask, device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(task.seed)
+    return task.make_model().to(device)
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: TorchTask,
+          batch: Any) -> torch.Tensor:
+    """One training step; returns the loss tensor (not synchronized)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = task.loss_fn(model, batch)
+    loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
+    if task.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), task.grad_clip)
+    optimizer.step()
+    return loss
+
+
+def count_flops(model: torch.nn.Module, task: TorchTask, batch: Any) -> float | None:
+    """FLOPs of one forward + backward of ``batch`` (the optimizer's are not counted).
+
+    Leaves ``model`` as it found it: gradients dropped, buffers (batch-norm statistics)
+    restored, and the global RNG state restored (dropout draws nothing from training's).
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    rng = torch.random.get_rng_state()
+    cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    counter = FlopCounterMode(display=False)
+    try:
+        with counter:
+            task.loss_fn(model, batch).backward()  # type: ignore[no-untyped-call]
+    finally:
+        model.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+        torch.random.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+    flops = float(counter.get_total_flops())
+    return flops if flops > 0 else None
+
+
+def _mem_tracker_peak(task: TorchTask, device: torch.device, steps: int) -> int:
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    model = _build(task, device)
+    optimizer = task.make_optimizer(model.parameters())
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer)
+    with tracker:
+        for i in range(steps):
+            _step(model, optimizer, task, to_device(task.make_batch(i), device)).item()
+            tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
+    snapshot = tracker.get_tracker_snapshot("peak")
+    totals = [int(s.get("Total", sum(s.values()))) for dev, s in snapshot.items()
+              if torch.device(dev).type == device.type]
+    if not totals:
+        raise RuntimeError(f"MemTracker saw no tensor on {device}")
+    return max(totals)
+
+
+def _profiler_peak(task: TorchTask, device: torch.device, steps: int) -> int:
+    """Fallback where MemTracker fails: the peak of the profiler's allocations net of frees."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = _build(task, device)
+    optimizer = task.make_optimizer(model.parameters())
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    params += sum(b.numel() * b.element_size() for b in model.buffers())
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        for i in range(steps):
+            _step(model, optimizer, task, to_device(task.make_batch(i), device)).item()
+    # Each op's *self* allocations minus frees (children excluded, so each byte counts
+    # once), summed in start order: the live bytes over time at op granularity.
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    current = peak = 0
+    for event in events:
+        current += int(event.self_cpu_memory_usage)
+        peak = max(peak, current)
+    if peak <= 0:
+        raise RuntimeError("the profiler recorded no allocation")
+    return params + peak  # parameters were allocated before the profiler started
+
+
+def cpu_peak_memory(task: TorchTask, device: torch.device) -> tuple[int, str]:
+    """Peak bytes of :data:`MEMORY_STEPS` eager steps of a fresh model, and their source."""
+    try:
+        return _mem_tracker_peak(task, device, MEMORY_STEPS), "mem_tracker"
+    except (ImportError, AttributeError, RuntimeError, TypeError, NotImplementedError):
+        return _profiler_peak(task, device, MEMORY_STEPS), "profiler"
+
+
+@dataclass
+class _Trained:
+    losses: list[float]
+    step_times: list[float]
+    compile_time: float | None = None
+    nan_step: int | None = None
+
+
+def _execute(model: torch.nn.Module, case: Case, task: TorchTask,
+             device: torch.device) -> _Trained:
+    optimizer = task.make_optimizer(model.parameters())
+    runnable: torch.nn.Module = model
+    warmup = case.warmup
+    if task.compile:
+        runnable = torch.compile(model)  # type: ignore[assignment]
+        warmup = max(warmup, 1)  # step 0 compiles and is never a measured step
+    out = _Trained(losses=[], step_times=[])
+    for i in range(warmup + case.steps):
+        batch = to_device(task.make_batch(i), device)  # the copy is outside the timer
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = _step(runnable, optimizer, task, batch)
+        _sync(device)
+        t1 = time.perf_counter()
+        value = float(loss.item())  # after the timer: on CPU the step is already done
+        out.losses.append(value)
+        if task.compile and i == 0:
+            # The whole wall time of the first step: tracing + compiling forward and
+            # backward, plus one execution (milliseconds against seconds of compile).
+            out.compile_time = t1 - t0
+        elif i >= warmup:
+            out.step_times.append(t1 - t0)
+        if not math.isfinite(value):
+            out.nan_step = i
+            break
+    return out
+
+
+def _oom_record(required: int, capacity: int, source: str) -> dict[str, Any]:
+    return {"required_bytes": required, "capacity_bytes": capacity,
+            "exceeded_by_bytes": required - capacity, "source": source}
+
+
+def _oom_message(oom: dict[str, Any]) -> str:
+    return (f"out of memory: a training step needs {oom['required_bytes'] / GIB:.2f} GiB "
+            f"({oom['source']}) of {oom['capacity_bytes'] / GIB:.2f} GiB capacity "
+            f"(exceeded by {oom['exceeded_by_bytes'] / GIB:.2f} GiB)")
+
+
+class TorchBackend:
+    """Trains a :class:`TorchTask` in this process on the CPU or one CUDA device."""
+
+    name = "torch"
+
+    def unavailable_reason(self) -> str | None:
+        if importlib.util.find_spec("torch") is None:
+            return ("pip install torch==2.13.0 (CPU) or a CUDA build, then "
+                    "pip install 'pytest-accelperf[torch]'")
+        return None
+
+    def train(self, case: Case, task: TorchTask, accel: Accelerator) -> TrainResult:
+        if case.reference:
+            raise ValueError(
+                "reference runs are implemented for the jax backend; the torch backend "
+                f"trains on one device only, so {case.id} has nothing to compare against: "
+                "drop reference=True")
+        if case.n_devices != 1:
+            raise ValueError(f"the torch backend trains on one device; {case.id} asks for a "
+                             f"mesh of {case.mesh}")
+        device = _device(accel)
+        label = _label(device)
+        run = Run(case_id=case.id, samples_per_step=case.batch,
+                  tokens_per_step=(case.batch * task.tokens_per_sample
+                                   if task.tokens_per_sample else None),
+                  n_devices=1, peak_flops_per_device=accel.peak_flops)
+        capacity = case.memory_capacity
+        if device.type == "cpu":
+            peak, source = cpu_peak_memory(task, device)
+            run.memory_per_device, run.memory_source = {label: peak}, source
+            if capacity and peak > capacity:
+                run.oom = _oom_record(peak, int(capacity), source)
+                run.outcome, run.message = "oom", _oom_message(run.oom)
+                return TrainResult(run=run)  # the measured model was never built
+
+        model: torch.nn.Module | None = None
+        try:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(device)
+            model = _build(task, device)
+            run.flops_per_step = count_flops(model, task, to_device(task.make_batch(0), device))
+            torch.manual_seed(task.seed)  # training draws the same numbers with or without
+            trained = _execute(model, case, task, device)
+        except torch.OutOfMemoryError as exc:
+            run.outcome = "oom"
+            run.message = f"out of memory: {str(exc).splitlines()[0]}"
+            if device.type == "cuda":
+                run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
+                run.memory_source = "cuda_allocator"
+            return TrainResult(run=run)
+        if device.type == "cuda":
+            peak = int(torch.cuda.max_memory_allocated(device))
+            run.memory_per_device, run.memory_source = {label: peak}, "cuda_allocator"
+            if capacity and peak > capacity:
+                run.oom = _oom_record(peak, int(capacity), "cuda_allocator")
+                run.outcome, run.message = "oom", _oom_message(run.oom)
+
+        run.compile_time = trained.compile_time
+        run.losses = trained.losses
+        run.loss_steps = list(range(len(trained.losses)))
+        run.step_times = trained.step_times
+        params: dict[str, np.ndarray] = {
+            name: p.detach().cpu().numpy() for name, p in model.named_parameters()}
+        run.params_fingerprint = fingerprint(params)
+        if trained.nan_step is not None and run.outcome == "ok":
+            run.outcome = "nan"
+            run.nan_step = trained.nan_step
+            run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
+        return TrainResult(run=run, params=params)
+
+
+BACKEND = TorchBackend()
