@@ -16,6 +16,14 @@ from pytest_accelperf.accel import Accelerator, host_cpu
 #: Packages whose versions go into the fingerprint when installed.
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "deepspeed")
 
+#: The packages whose versions matter to a backend's step time. A package outside
+#: ``PACKAGES`` (added through the ``pytest_accelperf_environment`` hook) always matters.
+BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
+    "jax": ("jax", "jaxlib", "flax", "optax", "numpy"),
+    "torch": ("torch", "numpy"),
+    "deepspeed": ("torch", "deepspeed", "numpy"),
+}
+
 #: Keys that must match for step times to be comparable.
 THROUGHPUT_KEYS = ("platform", "device_kind", "device_count", "host_cpu", "python", "packages")
 
@@ -38,17 +46,28 @@ def environment(accel: Accelerator) -> dict[str, Any]:
     }
 
 
-def differences(now: dict[str, Any], base: dict[str, Any]) -> list[str]:
+def differences(now: dict[str, Any], base: dict[str, Any],
+                backend: str | None = None) -> list[str]:
     """Human-readable differences that make throughput incomparable, empty when comparable.
+
+    With ``backend``, only the packages that backend runs on are compared: installing torch
+    beside jax does not change a jax step.
 
     >>> differences({"python": "3.11.7"}, {"python": "3.12.1"})
     ['python: 3.12.1 -> 3.11.7']
+    >>> differences({"packages": {"torch": "2.13.0"}}, {"packages": {}}, backend="jax")
+    []
+    >>> differences({"packages": {"torch": "2.13.0"}}, {"packages": {}}, backend="torch")
+    ['torch: absent -> 2.13.0']
     """
     out: list[str] = []
     for key in THROUGHPUT_KEYS:
         a, b = base.get(key), now.get(key)
         if key == "packages" and isinstance(a, dict) and isinstance(b, dict):
+            relevant = BACKEND_PACKAGES.get(backend or "")
             for name in sorted(set(a) | set(b)):
+                if relevant is not None and name in PACKAGES and name not in relevant:
+                    continue
                 if a.get(name) != b.get(name):
                     out.append(f"{name}: {a.get(name, 'absent')} -> {b.get(name, 'absent')}")
         elif a != b:

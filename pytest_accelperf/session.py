@@ -149,7 +149,8 @@ class CaseRunner:
             # Report the run (nothing lost) but never store over a broken file.
             self._record(run, [], error=str(exc))
             pytest.fail(str(exc), pytrace=False)
-        diffs = differences(run.environment, baseline["environment"]) if baseline else []
+        diffs = (differences(run.environment, baseline["environment"], case.backend)
+                 if baseline else [])
         tol = self.settings.tolerances.merged(dict(case.tolerances))
         checks = run_checks(run, block, baseline, tol, comparable=not diffs,
                             reference_params=result.reference_params, params=result.params)
