@@ -179,7 +179,11 @@ class Settings:
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
-                rootdir: Path, table: Mapping[str, Any] | None = None) -> Settings:
+                rootdir: Path, table: Mapping[str, Any] | None = None,
+                invocation_dir: Path | None = None) -> Settings:
+        """Resolve every option. Paths from ini/pyproject are relative to the rootdir; a
+        ``--accelperf-json`` given on the command line is relative to ``invocation_dir``
+        (where pytest was started), as pytest's own ``--junitxml`` is."""
         table = read_pyproject_table(rootdir) if table is None else table
         values: dict[str, Any] = {}
         for opt in OPTIONS:
@@ -193,12 +197,14 @@ class Settings:
             values[opt.key] = value
         tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
         json_path = values["json"]
+        json_base = invocation_dir if getoption(BY_KEY["json"].dest) and invocation_dir \
+            else rootdir
         return cls(
             accel=values["accel"],
             cpu_devices=values["cpu_devices"],
             update=bool(values["update"]),
             baselines=(rootdir / values["baselines"]).resolve(),
-            json=(rootdir / json_path).resolve() if json_path else None,
+            json=(json_base / json_path).resolve() if json_path else None,
             platform=values["platform"],
             tolerances=tol,
         )

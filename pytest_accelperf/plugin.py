@@ -54,25 +54,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{MARKER}(cases): training cases of a test; use pytest_accelperf.cases(...) to set it",
     )
-    settings = Settings.resolve(
-        config.getoption, config.getini, config.rootpath,
-    )
-    if settings.json is not None and config.getoption("accelperf_json"):
-        # A path given on the command line is relative to where pytest was invoked.
-        settings = _replace_json(settings, config)
+    settings = Settings.resolve(config.getoption, config.getini, config.rootpath,
+                                invocation_dir=config.invocation_params.dir)
     prepare_environment(settings.accel, settings.cpu_devices)
     if _is_worker(config):
         workerinput: Any = getattr(config, "workerinput")
         assign_worker_devices(settings.accel, str(workerinput["workerid"]),
                               int(workerinput.get("workercount", 1)))
     config.stash[SESSION_KEY] = AccelperfSession(settings=settings, config=config)
-
-
-def _replace_json(settings: Settings, config: pytest.Config) -> Settings:
-    from dataclasses import replace
-
-    raw = str(config.getoption("accelperf_json"))
-    return replace(settings, json=(config.invocation_params.dir / raw).resolve())
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
