@@ -9,8 +9,9 @@ Public API::
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.cases import Case, cases, grid
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.maxbatch import MaxBatch
 from pytest_accelperf.run import Run
-from pytest_accelperf.session import AccelperfWarning, CaseResult, CaseRunner
+from pytest_accelperf.session import AccelperfWarning, CaseResult, CaseRunner, MaxBatchSearch
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,8 @@ __all__ = [
     "CaseResult",
     "CaseRunner",
     "CheckResult",
+    "MaxBatch",
+    "MaxBatchSearch",
     "Run",
     "Tolerances",
     "Verdict",

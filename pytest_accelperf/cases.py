@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 MARKER = "accelperf"
+#: Where DeepSpeed's ZeRO may offload to the CPU: nothing, optimizer state, parameters, both.
+OFFLOADS = ("none", "optimizer", "param", "all")
 
 #: Tolerance names a case (or ``[tool.accelperf]``) may override.
 TOLERANCE_KEYS = (
@@ -39,6 +41,13 @@ class Case:
     predicted out-of-memory. ``reference=True`` also trains the case on one device and
     checks the parameters against that run (the check of seed 004). ``params`` is free-form
     configuration for the test's model builder.
+
+    Multi-process cases (``torch`` with DDP, ``deepspeed``): ``world_size`` is the number of
+    processes the plugin launches, one per device (gloo on CPU, nccl on GPU);
+    ``zero_stage`` (0-3) and ``offload`` (``none``, ``optimizer``, ``param`` or ``all``)
+    configure DeepSpeed's ZeRO. ``grad_clip`` is the gradient-norm clipping every backend
+    applies before the optimizer step (None: no clipping; DeepSpeed's own default of 1.0 is
+    never used implicitly).
     """
 
     backend: str
@@ -54,6 +63,10 @@ class Case:
     accels: tuple[str, ...] = ("cpu", "gpu", "tpu", "neuron")
     tolerances: Mapping[str, float] = field(default_factory=dict)
     params: Mapping[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    zero_stage: int | None = None
+    offload: str = "none"
+    grad_clip: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch <= 0:
@@ -67,6 +80,20 @@ class Case:
                 raise ValueError(
                     f"mesh {self.mesh} has more axes than axis_names {self.axis_names}"
                 )
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.offload not in OFFLOADS:
+            raise ValueError(f"offload must be one of {', '.join(OFFLOADS)}, got "
+                             f"{self.offload!r}")
+        if self.offload != "none" and self.zero_stage is None:
+            raise ValueError(f"offload={self.offload!r} needs a ZeRO stage: set zero_stage")
+        if self.offload in ("param", "all") and self.zero_stage != 3:
+            raise ValueError(f"offload={self.offload!r} offloads parameters, which only ZeRO "
+                             f"stage 3 partitions: set zero_stage=3 or offload='optimizer'")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
         unknown = set(self.tolerances) - set(TOLERANCE_KEYS)
         if unknown:
             raise ValueError(
@@ -76,13 +103,14 @@ class Case:
     @property
     def mesh_label(self) -> str:
         if self.mesh is None:
-            return "nomesh"
+            return f"w{self.world_size}" if self.world_size > 1 else "nomesh"
         return "mesh" + "x".join(str(n) for n in self.mesh)
 
     @property
     def n_devices(self) -> int:
+        """Devices the case trains on: the mesh's size, or one per process."""
         if self.mesh is None:
-            return 1
+            return self.world_size
         n = 1
         for size in self.mesh:
             n *= size
@@ -93,7 +121,12 @@ class Case:
         parts = [self.backend]
         if self.model:
             parts.append(self.model)
-        parts += [self.mesh_label, f"b{self.batch}"]
+        parts.append(self.mesh_label)
+        if self.zero_stage is not None:
+            parts.append(f"zero{self.zero_stage}")
+        if self.offload != "none":
+            parts.append(f"offload_{self.offload}")
+        parts.append(f"b{self.batch}")
         if self.label:
             parts.append(self.label)
         return "-".join(parts)
@@ -112,6 +145,10 @@ class Case:
             "reference": self.reference,
             "tolerances": dict(self.tolerances),
             "params": dict(self.params),
+            "world_size": self.world_size,
+            "zero_stage": self.zero_stage,
+            "offload": self.offload,
+            "grad_clip": self.grad_clip,
         }
 
 

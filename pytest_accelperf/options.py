@@ -31,7 +31,7 @@ class Option:
     key: str  # [tool.accelperf] key; the ini key is "accelperf_" + key
     flag: str
     help: str
-    kind: str  # "str" | "int" | "float" | "bool" | "choice" | "path"
+    kind: str  # "str" | "int" | "count" | "float" | "bool" | "choice" | "path"
     default: Any
     choices: tuple[str, ...] = ()
 
@@ -60,6 +60,13 @@ OPTIONS: tuple[Option, ...] = (
            "README) to this path.", "path", None),
     Option("platform", "--accelperf-platform", "override the platform key baselines are stored "
            "under (default: derived, e.g. cpu-x8, tpu-v4-x8).", "str", None),
+    Option("timeout", "--accelperf-timeout", "seconds one case may train (compile and steps) "
+           "before it is stopped and recorded as outcome timeout; multi-process cases are "
+           "killed, in-process ones stop at the next step boundary. 0 disables. Default: 900.",
+           "float", 900.0),
+    Option("confirm", "--accelperf-confirm", "re-measure a case whose throughput looks like a "
+           "regression this many times; the regression stands only if every re-measurement "
+           "confirms it. 0 disables. Default: 1.", "count", 1),
     Option("throughput_tolerance", "--accelperf-throughput-tolerance",
            "relative change of the median step time that counts as a regression or "
            f"improvement. Default: {_TOL.throughput_tolerance}.", "float",
@@ -116,13 +123,15 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         if value not in opt.choices:
             raise bad(f"one of: {', '.join(opt.choices)}")
         return value
-    if opt.kind == "int":
+    if opt.kind in ("int", "count"):
+        least = 1 if opt.kind == "int" else 0
+        expect = "a positive integer" if least else "a non-negative integer"
         try:
             value_i = int(raw)
         except (TypeError, ValueError):
-            raise bad("a positive integer") from None
-        if value_i <= 0:
-            raise bad("a positive integer")
+            raise bad(expect) from None
+        if value_i < least:
+            raise bad(expect)
         return value_i
     if opt.kind == "float":
         try:
@@ -176,6 +185,8 @@ class Settings:
     json: Path | None
     platform: str | None
     tolerances: Tolerances
+    timeout: float | None = None
+    confirm: int = 1
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
@@ -207,4 +218,6 @@ class Settings:
             json=(json_base / json_path).resolve() if json_path else None,
             platform=values["platform"],
             tolerances=tol,
+            timeout=float(values["timeout"]) or None,
+            confirm=int(values["confirm"]),
         )

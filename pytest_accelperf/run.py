@@ -23,6 +23,13 @@ class Run:
     (``memory_analysis``). ``flops_per_step`` is summed over devices. When the case did
     not finish, ``outcome`` says why and ``message`` holds what was seen; a predicted
     out-of-memory carries ``oom = {"required_bytes", "capacity_bytes"}``.
+
+    ``probe_times`` are the times of a fixed reference workload (``probe_kind`` names it)
+    run right after each measured step, outside its timer: what the machine's speed was at
+    that moment. The throughput check compares step times relative to them, which cancels
+    drift that slows both (see :mod:`pytest_accelperf.checks.throughput`). ``max_batch``
+    is the result of a maximum-batch search (:mod:`pytest_accelperf.maxbatch`), when the
+    test ran one.
     """
 
     case_id: str
@@ -44,6 +51,9 @@ class Run:
     nan_step: int | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    probe_times: list[float] = field(default_factory=list)
+    probe_kind: str = ""
+    max_batch: dict[str, Any] | None = None
 
     # -- derived --------------------------------------------------------------------------
     @property

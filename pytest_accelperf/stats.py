@@ -18,6 +18,18 @@ resample, and the 2.5th and 97.5th percentiles of those ratios bound the interva
 noise in this data. (Relative, so that the same noise gives the same resolution whether the
 run is unchanged or twice as slow.)
 
+Drift correction: when both runs timed the same reference probe after their steps
+(:mod:`pytest_accelperf.backends.probe`), the statistic becomes
+
+    ratio = [median(now) / median(probe_now)] / [median(base) / median(probe_base)]
+
+i.e. each run's step time in units of what the machine gave that run. A machine that is
+30 % slower today (another job on the cores, a slower runner) slows the probe as much as
+the step and leaves the ratio alone; a step that got slower by itself does not. The probe
+medians are resampled too, so their own noise widens the interval honestly. (Per-step
+pairing, ``step_i / probe_i``, was measured and rejected: a sub-millisecond probe's
+scheduler jitter then adds to every sample, and the interval of a small step widened 2-3x.)
+
 With a relative ``tolerance`` (e.g. 0.10 for 10%), the verdict is:
 
 * ``inconclusive`` when ``mdc > tolerance``: the noise is too large to resolve a change
@@ -96,16 +108,28 @@ def _median_ratio(now: FloatArray, base: FloatArray, axis: int = -1) -> Any:
     return np.median(now, axis=axis) / np.median(base, axis=axis)
 
 
+def _corrected_ratio(now: FloatArray, now_probe: FloatArray, base: FloatArray,
+                     base_probe: FloatArray, axis: int = -1) -> Any:
+    """The drift-corrected statistic, vectorized over resamples along ``axis``."""
+    return ((np.median(now, axis=axis) / np.median(now_probe, axis=axis))
+            / (np.median(base, axis=axis) / np.median(base_probe, axis=axis)))
+
+
 def step_time_ratio(now: Sequence[float], base: Sequence[float], *, confidence: float = 0.95,
-                    n_resamples: int = 2000, seed: int = 0) -> RatioEstimate:
+                    n_resamples: int = 2000, seed: int = 0,
+                    probes: tuple[Sequence[float], Sequence[float]] | None = None,
+                    ) -> RatioEstimate:
     """Estimate ``median(now) / median(base)`` with a percentile-bootstrap interval.
 
-    The two samples are independent (unpaired) and resampled separately; ``seed`` makes
-    the interval, and so the verdict, reproducible. See the module docstring for the rule.
+    The samples are independent (unpaired) and resampled separately; ``seed`` makes the
+    interval, and so the verdict, reproducible. With ``probes=(now_probe, base_probe)``
+    the ratio is drift-corrected by the probes' medians. See the module docstring.
 
     >>> est = step_time_ratio([1.0, 1.0, 1.0], [0.5, 0.5, 0.5])
     >>> est.ratio, est.low, est.high, est.mdc
     (2.0, 2.0, 2.0, 0.0)
+    >>> step_time_ratio([2.0] * 3, [1.0] * 3, probes=([2.0] * 3, [1.0] * 3)).ratio
+    1.0
     """
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -113,8 +137,18 @@ def step_time_ratio(now: Sequence[float], base: Sequence[float], *, confidence: 
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     x = _as_samples(now, "the new run")
     y = _as_samples(base, "the baseline")
-    ratio = float(_median_ratio(x, y))
-    if np.ptp(x) == 0 and np.ptp(y) == 0:
+    if probes is not None:
+        samples = (x, _as_samples(probes[0], "the new run's probe"), y,
+                   _as_samples(probes[1], "the baseline's probe"))
+        return _bootstrap(samples, _corrected_ratio, confidence, n_resamples, seed)
+    return _bootstrap((x, y), _median_ratio, confidence, n_resamples, seed)
+
+
+def _bootstrap(samples: tuple[FloatArray, ...], statistic: Any, confidence: float,
+               n_resamples: int, seed: int) -> RatioEstimate:
+    x, y = samples[0], samples[-2 if len(samples) == 4 else 1]
+    ratio = float(statistic(*samples))
+    if all(np.ptp(a) == 0 for a in samples):
         # Every resample gives the same ratio: the interval is that point.
         return RatioEstimate(ratio, ratio, ratio, 0.0, x.size, y.size, confidence)
     with warnings.catch_warnings():
@@ -123,7 +157,7 @@ def step_time_ratio(now: Sequence[float], base: Sequence[float], *, confidence: 
         # and pytest's filterwarnings=error must not turn it into a failure.
         warnings.simplefilter("ignore", _scipy_stats.DegenerateDataWarning)
         res = _scipy_stats.bootstrap(
-            (x, y), _median_ratio, n_resamples=n_resamples, vectorized=True, paired=False,
+            samples, statistic, n_resamples=n_resamples, vectorized=True, paired=False,
             confidence_level=confidence, method="percentile",
             rng=np.random.default_rng(seed),
         )

@@ -60,6 +60,9 @@ def summarize(run: Run) -> dict[str, Any]:
             "median": _round(med) if med is not None else None,
             "samples": [_round(t) for t in run.step_times],
         }
+        if run.probe_times and run.probe_kind:
+            block["probe"] = {"kind": run.probe_kind,
+                              "samples": [_round(t) for t in run.probe_times]}
         block["samples_per_second"] = _round(sps) if sps is not None else None
         block["compile_time"] = _round(run.compile_time) if run.compile_time else None
         block["loss"] = {
@@ -70,6 +73,8 @@ def summarize(run: Run) -> dict[str, Any]:
         block["numerics"] = run.params_fingerprint
         block["flops_per_step"] = _round(run.flops_per_step) if run.flops_per_step else None
         block["mfu"] = _round(run.mfu) if run.mfu is not None else None
+    if run.max_batch is not None:
+        block["max_batch"] = run.max_batch
     if run.memory_per_device:
         block["memory"] = {
             "per_device": dict(sorted(run.memory_per_device.items())),

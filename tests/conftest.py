@@ -17,7 +17,14 @@ import pytest
 
 # jax is imported once here, in the outer process: pytester's in-process runs restore
 # sys.modules afterwards, and a second import of jaxlib in one process aborts it. Importing
-# it does not initialize a backend, so the plugin's XLA_FLAGS still apply.
+# it does not initialize a backend, so the plugin's XLA_FLAGS still apply. The same goes for
+# the torch modules the torch backend imports lazily: a second import of
+# torch.distributed re-registers kernels (a UserWarning, an error under filterwarnings).
+try:
+    import torch.distributed._tools.mem_tracker
+    import torch.utils.flop_counter  # noqa: F401
+except ImportError:  # torch is optional
+    pass
 
 TINYTASK = '''
 """A linear regression in JAX: real training, compiled in well under a second."""

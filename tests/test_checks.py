@@ -595,3 +595,52 @@ def test_reference_structure_and_missing_params() -> None:
 def test_reference_is_skipped_for_a_run_that_did_not_finish() -> None:
     got = checks(oom_run(), None, params={}, reference_params=params())
     assert "reference" not in got
+
+
+# -- drift correction -----------------------------------------------------------------------
+
+PROBE = "jax-cpu-matmul256x8"
+
+
+def probed(step: float, probe: float, probe_noise: float = 0.02, seed: int = 0) -> Run:
+    return make_run(step_times=noisy(30, step, 0.02, seed=seed),
+                    probe_times=noisy(30, probe, probe_noise, seed=seed + 100), probe_kind=PROBE)
+
+
+def test_a_machine_slower_for_everything_passes_when_drift_corrected() -> None:
+    base, now = probed(0.010, 0.004), probed(0.020, 0.008, seed=1)  # both 2x: the machine
+    r = checks(now, stored(base), Tolerances(throughput_tolerance=0.1))["throughput"]
+    assert r.verdict is Verdict.PASS, r.detail
+    assert r.data["drift_corrected"] is True
+    assert r.data["ratio"] == pytest.approx(1.0, abs=0.05)
+    assert r.data["raw_ratio"] == pytest.approx(2.0, rel=0.05)
+    assert r.change == pytest.approx(0.0, abs=0.05)
+    assert "[drift-corrected by the jax-cpu-matmul256x8 probe; raw step time +" in r.detail
+
+
+def test_a_slower_step_on_a_steady_machine_is_a_regression_when_drift_corrected() -> None:
+    base, now = probed(0.010, 0.004), probed(0.020, 0.004, seed=1)
+    r = checks(now, stored(base), Tolerances(throughput_tolerance=0.1))["throughput"]
+    assert r.verdict is Verdict.REGRESSION
+    assert r.data["ratio"] == pytest.approx(2.0, rel=0.05)
+
+
+def test_an_unsteady_probe_is_not_used() -> None:
+    base = probed(0.010, 0.004)
+    now = probed(0.020, 0.008, probe_noise=1.0, seed=1)  # a probe all over the place
+    r = checks(now, stored(base), Tolerances(throughput_tolerance=0.1))["throughput"]
+    assert r.data["drift_corrected"] is False
+    assert "[raw step times: the jax-cpu-matmul256x8 probe was too unsteady" in r.detail
+    assert r.verdict is Verdict.REGRESSION  # raw: twice as slow
+
+
+def test_a_baseline_without_the_same_probe_compares_raw() -> None:
+    base = make_run()
+    now = make_run(step_times=list(base.step_times), probe_times=[0.004] * 30, probe_kind=PROBE)
+    r = checks(now, stored(base))["throughput"]
+    assert r.data["drift_corrected"] is False
+    assert r.detail.endswith("[raw step times: the baseline has no matching probe]")
+    other = stored(probed(0.010, 0.004))
+    other["probe"]["kind"] = "torch-cpu-matmul256x8"
+    r = checks(probed(0.010, 0.004, seed=1), other)["throughput"]
+    assert r.data["drift_corrected"] is False

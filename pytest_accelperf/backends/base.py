@@ -28,6 +28,21 @@ class TrainResult:
     reference_params: dict[str, Any] | None = None
 
 
+@dataclass
+class Fit:
+    """Whether one batch size fits on the device: the answer of :meth:`Backend.fits`.
+
+    ``required_bytes`` is the peak per device (the largest over devices/ranks) that the case
+    needs, when it could be measured or predicted; ``capacity_bytes`` what it was compared
+    with; ``message`` what was seen (an out-of-memory error's first line, say).
+    """
+
+    fits: bool
+    required_bytes: int | None = None
+    capacity_bytes: int | None = None
+    message: str = ""
+
+
 class Backend(Protocol):
     """What the plugin needs of a framework."""
 
@@ -36,8 +51,22 @@ class Backend(Protocol):
     def unavailable_reason(self) -> str | None:
         """None when usable here, else a sentence naming what to install."""
 
-    def train(self, case: Case, task: Any, accel: Accelerator) -> TrainResult:
-        """Train ``task`` as ``case`` on ``accel`` and measure it."""
+    def train(self, case: Case, task: Any, accel: Accelerator, *,
+              timeout: float | None = None) -> TrainResult:
+        """Train ``task`` as ``case`` on ``accel`` and measure it.
+
+        ``timeout`` (seconds, None for no limit) bounds the whole training; when it runs
+        out the backend returns a run with outcome ``timeout`` and what it measured so far
+        (it never raises for it). Backends that train in subprocesses kill them; in-process
+        backends stop at the next step boundary.
+        """
+
+    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        """Whether ``case`` (at ``case.batch``) fits in device memory: against the runtime's
+        capacity, or ``case.memory_capacity`` where the runtime has no counter (CPU). Used
+        by the maximum-batch search; as cheap as the backend can make it (a compile and a
+        memory analysis, or a step or two)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +102,11 @@ BACKENDS: dict[str, _LazyBackend] = {
         "torch", "pytest_accelperf.backends.torch", ("torch",),
         "pip install 'pytest-accelperf[torch]' (install torch first: pip install torch==2.13.0 "
         "for CPU)",
+    ),
+    "deepspeed": _LazyBackend(
+        "deepspeed", "pytest_accelperf.backends.deepspeed", ("torch", "deepspeed", "cloudpickle"),
+        "pip install 'pytest-accelperf[deepspeed]' (install torch first: pip install "
+        "torch==2.13.0 for CPU)",
     ),
 }
 

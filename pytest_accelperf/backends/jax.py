@@ -22,11 +22,12 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import TrainResult
+from pytest_accelperf.backends.base import Fit, TrainResult
 
 # Re-exported: both lived here before the torch backend needed them without jax.
 from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
 from pytest_accelperf.backends.common import fingerprint as fingerprint
+from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
 
@@ -222,16 +223,44 @@ def _flat(tree: PyTree) -> dict[str, np.ndarray]:
             for path, leaf in leaves}
 
 
+def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
+    """The drift-cancelling reference workload (see :mod:`.probe`): ``reps`` float32
+    ``n x n`` products, jitted, on ``device``, blocked until done."""
+    key_a, key_b = jax.random.split(jax.random.key(0))
+    a = jax.device_put(jax.random.normal(key_a, (n, n), np.float32), device)
+    b = jax.device_put(jax.random.normal(key_b, (n, n), np.float32), device)
+
+    def work(x: Any, y: Any) -> Any:
+        for _ in range(reps):
+            x = jax.numpy.tanh(x @ y)
+        return x
+
+    fn = jax.jit(work)
+    _block_until_ready(fn(a, b))  # compile outside any timing
+
+    def run() -> None:
+        _block_until_ready(fn(a, b))
+
+    return Probe(f"jax-{device.platform}-matmul{n}x{reps}", run)
+
+
 @dataclass
 class _Trained:
     params: PyTree
     losses: list[float]
     step_times: list[float]
+    probe_times: list[float] = field(default_factory=list)
     nan_step: int | None = None
+    timed_out: bool = False
 
 
-def _execute(program: _Program, case: Case, task: JaxTask) -> _Trained:
-    """Initialize on the program's shardings and run warmup + measured steps."""
+def _execute(program: _Program, case: Case, task: JaxTask, probe: Probe | None = None,
+             deadline: float | None = None) -> _Trained:
+    """Initialize on the program's shardings and run warmup + measured steps.
+
+    After each measured step (outside its timer) ``probe`` runs and is timed; past
+    ``deadline`` (``time.monotonic()``) the run stops at the next step boundary.
+    """
     params = jax.jit(task.init_params, out_shardings=program.param_shardings)(
         jax.random.key(task.seed))
     opt_state = jax.jit(task.optimizer.init, out_shardings=program.opt_shardings)(params)
@@ -250,8 +279,13 @@ def _execute(program: _Program, case: Case, task: JaxTask) -> _Trained:
         out.losses.append(value)
         if i >= case.warmup:
             out.step_times.append(t1 - t0)
+            if probe is not None:
+                out.probe_times.append(probe.time())
         if not math.isfinite(value):
             out.nan_step = i
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            out.timed_out = True
             break
     out.params = params
     return out
@@ -269,7 +303,27 @@ class JaxBackend:
                     f"pip install 'pytest-accelperf[jax]'")
         return None
 
-    def train(self, case: Case, task: JaxTask, accel: Accelerator) -> TrainResult:
+    def fits(self, case: Case, task: JaxTask, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        """Compile only: the planned bytes per device against the capacity (the runtime's,
+        or ``case.memory_capacity``); a compile that itself runs out of memory does not fit."""
+        capacity = accel.memory_capacity or case.memory_capacity
+        if not capacity:
+            raise ValueError(f"{case.id}: no device capacity to search a maximum batch against; "
+                             f"declare memory_capacity on the case")
+        try:
+            planned = _analysis_bytes(_compile(case, task, accel, case.mesh).compiled)
+        except _OutOfMemory as exc:
+            return Fit(False, None, int(capacity), str(exc).splitlines()[0])
+        need = planned.get("required_bytes")
+        if need is None:
+            raise ValueError(f"{case.id}: this runtime gives no memory analysis to search a "
+                             f"maximum batch with")
+        return Fit(need <= capacity, need, int(capacity), "memory_analysis per device")
+
+    def train(self, case: Case, task: JaxTask, accel: Accelerator, *,
+              timeout: float | None = None) -> TrainResult:
+        deadline = time.monotonic() + timeout if timeout else None
         run = Run(case_id=case.id, samples_per_step=case.batch,
                   tokens_per_step=(case.batch * task.tokens_per_sample
                                    if task.tokens_per_sample else None),
@@ -293,8 +347,9 @@ class JaxBackend:
             run.message = _oom_message(oom)
             return TrainResult(run=run)  # no parameter was ever allocated
 
+        probe = jax_probe(mesh.devices.flat[0])
         try:
-            trained = _execute(program, case, task)
+            trained = _execute(program, case, task, probe, deadline)
         except RuntimeError as exc:
             if _is_oom(exc):
                 return TrainResult(run=_oom_run(run, str(exc)))
@@ -302,6 +357,7 @@ class JaxBackend:
         run.losses = trained.losses
         run.loss_steps = list(range(len(trained.losses)))
         run.step_times = trained.step_times
+        run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         # GPU/TPU runtimes count the real peak (since process start: an earlier, larger
         # case in the same process raises it); XLA:CPU has no counter, so the plan stays.
         stats = [d.memory_stats() for d in mesh.devices.flat]
@@ -315,6 +371,12 @@ class JaxBackend:
             run.outcome = "nan"
             run.nan_step = trained.nan_step
             run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
+            return TrainResult(run=run, params=params)
+        if trained.timed_out:
+            run.outcome = "timeout"
+            run.message = (f"exceeded the {timeout:g} s timeout after {len(trained.losses)} of "
+                           f"{case.warmup + case.steps} steps (raise --accelperf-timeout, or "
+                           f"give the case fewer steps)")
             return TrainResult(run=run, params=params)
 
         reference = _reference(case, task, accel, capacity, run) if case.reference else None

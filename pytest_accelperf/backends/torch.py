@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import TrainResult
+from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import fingerprint
+from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
 
@@ -94,6 +95,28 @@ def to_device(batch: Any, device: torch.device) -> Any:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def torch_probe(device: torch.device, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
+    """The drift-cancelling reference workload on ``device`` (see :mod:`.probe`): ``reps``
+    float32 ``n x n`` products through torch's own kernels and threads, synchronized."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device)
+    b = torch.randn(n, n, generator=gen).to(device)
+
+    def run() -> None:
+        with torch.no_grad():
+            x = a
+            for _ in range(reps):
+                x = torch.tanh(x @ b)
+        _sync(device)
+
+    return Probe(f"torch-{device.type}-matmul{n}x{reps}", run)
+
+
+def deadline_after(timeout: float | None) -> float | None:
+    """The ``time.monotonic()`` at which a run of ``timeout`` seconds must stop."""
+    return time.monotonic() + timeout if timeout else None
 
 
 def _build(task: TorchTask, device: torch.device) -> torch.nn.Module:
@@ -194,19 +217,21 @@ def cpu_peak_memory(task: TorchTask, device: torch.device) -> tuple[int, str]:
 class _Trained:
     losses: list[float]
     step_times: list[float]
+    probe_times: list[float]
     compile_time: float | None = None
     nan_step: int | None = None
+    timed_out: bool = False
 
 
-def _execute(model: torch.nn.Module, case: Case, task: TorchTask,
-             device: torch.device) -> _Trained:
+def _execute(model: torch.nn.Module, case: Case, task: TorchTask, device: torch.device,
+             probe: Probe | None = None, deadline: float | None = None) -> _Trained:
     optimizer = task.make_optimizer(model.parameters())
     runnable: torch.nn.Module = model
     warmup = case.warmup
     if task.compile:
         runnable = torch.compile(model)  # type: ignore[assignment]
         warmup = max(warmup, 1)  # step 0 compiles and is never a measured step
-    out = _Trained(losses=[], step_times=[])
+    out = _Trained(losses=[], step_times=[], probe_times=[])
     for i in range(warmup + case.steps):
         batch = to_device(task.make_batch(i), device)  # the copy is outside the timer
         _sync(device)
@@ -222,8 +247,13 @@ def _execute(model: torch.nn.Module, case: Case, task: TorchTask,
             out.compile_time = t1 - t0
         elif i >= warmup:
             out.step_times.append(t1 - t0)
+            if probe is not None:
+                out.probe_times.append(probe.time())
         if not math.isfinite(value):
             out.nan_step = i
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            out.timed_out = True
             break
     return out
 
@@ -250,7 +280,37 @@ class TorchBackend:
                     "pip install 'pytest-accelperf[torch]'")
         return None
 
-    def train(self, case: Case, task: TorchTask, accel: Accelerator) -> TrainResult:
+    def fits(self, case: Case, task: TorchTask, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        """CPU: the MemTracker peak of two eager steps against ``case.memory_capacity``.
+        CUDA: two real steps, caught out-of-memory or an allocator peak over capacity."""
+        device = _device(accel)
+        capacity = case.memory_capacity
+        if device.type == "cpu":
+            if not capacity:
+                raise ValueError(f"{case.id}: the CPU has no memory counter to search a maximum "
+                                 f"batch against; declare memory_capacity on the case")
+            peak, source = cpu_peak_memory(task, device)
+            return Fit(peak <= capacity, peak, int(capacity), f"{source} peak")
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        total = int(torch.cuda.get_device_properties(device).total_memory)
+        limit = int(capacity) if capacity else total
+        try:
+            model = _build(task, device)
+            optimizer = task.make_optimizer(model.parameters())
+            for i in range(MEMORY_STEPS):
+                _step(model, optimizer, task, to_device(task.make_batch(i), device)).item()
+        except torch.OutOfMemoryError as exc:
+            return Fit(False, None, limit, f"out of memory: {str(exc).splitlines()[0]}")
+        finally:
+            model = optimizer = None  # type: ignore[assignment]
+            torch.cuda.empty_cache()
+        peak = int(torch.cuda.max_memory_allocated(device))
+        return Fit(peak <= limit, peak, limit, "cuda allocator peak")
+
+    def train(self, case: Case, task: TorchTask, accel: Accelerator, *,
+              timeout: float | None = None) -> TrainResult:
         if case.reference:
             raise ValueError(
                 "reference runs are implemented for the jax backend; the torch backend "
@@ -259,6 +319,7 @@ class TorchBackend:
         if case.n_devices != 1:
             raise ValueError(f"the torch backend trains on one device; {case.id} asks for a "
                              f"mesh of {case.mesh}")
+        deadline = deadline_after(timeout)  # memory counting and compiling count too
         device = _device(accel)
         label = _label(device)
         run = Run(case_id=case.id, samples_per_step=case.batch,
@@ -282,7 +343,8 @@ class TorchBackend:
             model = _build(task, device)
             run.flops_per_step = count_flops(model, task, to_device(task.make_batch(0), device))
             torch.manual_seed(task.seed)  # training draws the same numbers with or without
-            trained = _execute(model, case, task, device)
+            probe = torch_probe(device)
+            trained = _execute(model, case, task, device, probe, deadline)
         except torch.OutOfMemoryError as exc:
             run.outcome = "oom"
             run.message = f"out of memory: {str(exc).splitlines()[0]}"
@@ -301,6 +363,7 @@ class TorchBackend:
         run.losses = trained.losses
         run.loss_steps = list(range(len(trained.losses)))
         run.step_times = trained.step_times
+        run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         params: dict[str, np.ndarray] = {
             name: p.detach().cpu().numpy() for name, p in model.named_parameters()}
         run.params_fingerprint = fingerprint(params)
@@ -308,7 +371,16 @@ class TorchBackend:
             run.outcome = "nan"
             run.nan_step = trained.nan_step
             run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
+        if trained.timed_out and run.outcome == "ok":
+            run.outcome = "timeout"
+            run.message = timeout_message(timeout, len(trained.losses), case)
         return TrainResult(run=run, params=params)
+
+
+def timeout_message(timeout: float | None, done: int, case: Case) -> str:
+    """What a run that hit ``--accelperf-timeout`` reports."""
+    return (f"exceeded the {timeout:g} s timeout after {done} of {case.warmup + case.steps} "
+            f"steps (raise --accelperf-timeout, or give the case fewer steps)")
 
 
 BACKEND = TorchBackend()

@@ -14,7 +14,9 @@ that applies to the run, in a fixed order:
 ``numerics``
     the parameter fingerprint (:mod:`.numerics`);
 ``reference``
-    the parameters against a single-device reference run, when the case has one.
+    the parameters against a single-device reference run, when the case has one;
+``max_batch``
+    the largest batch that fits, when the test searched for it (:mod:`.max_batch`).
 
 A run that did not finish gets the ``outcome`` check, ``memory`` where there are numbers,
 and, for a non-finite loss, a ``loss`` regression naming the step. With no baseline every
@@ -29,6 +31,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import check_convergence, nan_result
+from pytest_accelperf.checks.max_batch import check_max_batch
 from pytest_accelperf.checks.memory import check_memory
 from pytest_accelperf.checks.numerics import check_numerics, check_reference
 from pytest_accelperf.checks.outcome import NO_BASELINE, check_outcome
@@ -42,6 +45,7 @@ __all__ = [
     "Tolerances",
     "Verdict",
     "check_convergence",
+    "check_max_batch",
     "check_memory",
     "check_numerics",
     "check_outcome",
@@ -82,5 +86,6 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
             check_memory(block, baseline, tol) if baseline is None or baseline.get("memory")
             else None,
         ]
+    optional.append(check_max_batch(block, baseline))
     results.extend(r for r in optional if r is not None)
     return results

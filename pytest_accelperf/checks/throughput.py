@@ -5,6 +5,14 @@ ratio (:mod:`pytest_accelperf.stats` documents the statistic and the verdict rul
 shown as throughput, ``samples_per_step / median step time`` in samples/s, because that is
 the number people track; ``change`` is the relative change of that throughput.
 
+Drift correction: when both runs timed the same reference probe after their measured steps
+(:mod:`pytest_accelperf.backends.probe`), each run's median step time is taken relative to
+its median probe time (:func:`pytest_accelperf.stats.step_time_ratio`), so a machine that is
+30 % slower today (another job on the cores, a slower CI runner) leaves the verdict alone,
+while a step that got slower by itself does not. The table's ``change`` is then the
+corrected change of throughput, and the detail also gives the raw one. Without matching
+probes (an older baseline) raw step times are compared and the detail says so.
+
 Throughput is only compared on the machine the baseline was recorded on: when the
 environment fingerprints differ the verdict is ``incomparable`` (the caller passes
 ``comparable=False`` and may name the differing keys in the detail).
@@ -12,6 +20,7 @@ environment fingerprints differ the verdict is ``incomparable`` (the caller pass
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -37,6 +46,36 @@ def _rate(samples_per_step: int, median: float) -> float:
 def _ci_text(est: RatioEstimate, tolerance: float) -> str:
     return (f"{est.confidence * 100:.0f}% CI of step-time ratio {fmt_ratio(est.low)}\u2013"
             f"{fmt_ratio(est.high)}, tolerance {fmt_tolerance(tolerance)}")
+
+
+#: The largest spread (interquartile range over median) of a run's probe times for which the
+#: probe is trusted to measure the machine. A machine so contended that a fixed matrix
+#: product takes 1.5 ms one moment and 100 ms the next (two processes fighting over two
+#: cores with spinning OpenMP threads) has no one speed to correct for.
+MAX_PROBE_SPREAD = 0.25
+
+
+def spread(samples: list[float]) -> float:
+    """Interquartile range over median: a robust relative dispersion."""
+    if len(samples) < 2:
+        return 0.0
+    q1, med, q3 = statistics.quantiles(samples, n=4)
+    return (q3 - q1) / med if med > 0 else math.inf
+
+
+def _probes(run: Run, baseline: dict[str, Any]) -> tuple[tuple[list[float], list[float]] | None,
+                                                         str]:
+    """Both runs' probe times when they timed the same, steady probe; else None and why."""
+    probe = baseline.get("probe") or {}
+    base_probe = [float(t) for t in probe.get("samples") or []]
+    if not run.probe_kind or probe.get("kind") != run.probe_kind or not run.probe_times \
+            or not base_probe:
+        return None, "the baseline has no matching probe"
+    worst = max(spread(list(run.probe_times)), spread(base_probe))
+    if worst > MAX_PROBE_SPREAD:
+        return None, (f"the {run.probe_kind} probe was too unsteady to correct with "
+                      f"(IQR {worst:.0%} of its median)")
+    return (list(run.probe_times), base_probe), ""
 
 
 def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
@@ -97,8 +136,9 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
         result.detail = (f"the baseline took {base_batch} samples per step, this run "
                          f"{run.samples_per_step}; re-record with --accelperf-update")
         return result
+    pair, why_raw = _probes(run, baseline)
     try:
-        est = step_time_ratio(run.step_times, base_samples)
+        est = step_time_ratio(run.step_times, base_samples, probes=pair)
     except ValueError as exc:
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = f"step times cannot be compared: {exc}"
@@ -106,7 +146,18 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
 
     verdict = throughput_verdict(est, tolerance)
     result.verdict = verdict
-    result.detail = describe(est, verdict, tolerance)
+    raw_ratio = now_median / base_median if now_median and base_median else None
+    if pair is not None:
+        result.change = 1 / est.ratio - 1
+        raw = (f"; raw step time {fmt_signed_percent(raw_ratio - 1)}"
+               if raw_ratio is not None else "")
+        result.detail = (describe(est, verdict, tolerance)
+                         + f" [drift-corrected by the {run.probe_kind} probe{raw}]")
+    elif run.probe_kind:
+        result.detail = describe(est, verdict, tolerance) + f" [raw step times: {why_raw}]"
+    else:
+        result.detail = describe(est, verdict, tolerance)
     result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
-                        "confidence": est.confidence})
+                        "confidence": est.confidence, "drift_corrected": pair is not None,
+                        "raw_ratio": raw_ratio})
     return result
