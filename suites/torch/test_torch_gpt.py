@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpt import make_task
 
-from pytest_accelperf import Case, CaseRunner, cases
+from pytest_accelperf import Case, CaseRunner, MaxBatchSearch, cases
 
 
 @cases(backend="torch", batch=[8, 32], steps=20, warmup=2, accels=("cpu", "gpu"))
@@ -27,3 +27,13 @@ def test_torch_gpt_compiled(accelperf: CaseRunner) -> None:
     result = accelperf.train(make_task(accelperf.case))
     assert result.run.outcome == "ok"
     assert result.run.compile_time is not None
+
+
+# Seed 002's "max batch size" column, on one process: the largest batch whose MemTracker-
+# counted peak (parameters, gradients, AdamW state, activations) fits a declared 64 MiB.
+@cases(Case(backend="torch", batch=8, steps=10, warmup=1, label="maxbatch", accels=("cpu",),
+            memory_capacity=64 * 2**20))
+def test_torch_gpt_max_batch(accelperf: CaseRunner) -> None:
+    result = accelperf.train(make_task(accelperf.case),
+                             max_batch=MaxBatchSearch(make_task, limit=4096))
+    assert result.run.max_batch is not None and result.run.max_batch["value"] >= 8
