@@ -26,6 +26,8 @@ TOLERANCE_KEYS = (
     "memory_tolerance",
     "numerics_rtol",
     "numerics_atol",
+    "numerics_cross_rtol",
+    "numerics_cross_atol",
     "reference_atol",
     "reference_rtol",
 )

@@ -83,6 +83,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("numerics_atol", "--accelperf-numerics-atol", "atol of parameters against the "
            f"baseline's fingerprint. Default: {_TOL.numerics_atol}.", "float",
            _TOL.numerics_atol),
+    Option("numerics_cross_rtol", "--accelperf-numerics-cross-rtol", "rtol of parameters "
+           "against a baseline recorded in another environment (host CPU, framework "
+           f"version). Default: {_TOL.numerics_cross_rtol}.", "float", _TOL.numerics_cross_rtol),
+    Option("numerics_cross_atol", "--accelperf-numerics-cross-atol", "atol of parameters "
+           "against a baseline recorded in another environment. Default: "
+           f"{_TOL.numerics_cross_atol}.", "float", _TOL.numerics_cross_atol),
     Option("reference_atol", "--accelperf-reference-atol", "atol of parameters against a "
            f"single-device reference run. Default: {_TOL.reference_atol}.", "float",
            _TOL.reference_atol),

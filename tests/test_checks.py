@@ -528,6 +528,26 @@ def test_changed_structure_is_a_regression(edit: Callable[[dict[str, Any]], None
     assert words in r.detail
 
 
+def test_another_environment_compares_numerics_at_the_cross_tolerance() -> None:
+    """Intel vs AMD kernels: 1.9e-3 apart after 42 Adam steps. Within the cross-environment
+    tolerance when the baseline came from another host; a real change still fails."""
+    def drift(block: dict[str, Any]) -> None:
+        block["numerics"]["params/w"]["sample"][0] += 1.9e-3
+
+    def change(block: dict[str, Any]) -> None:
+        block["numerics"]["params/w"]["sample"][0] += 0.05
+
+    same = checks(make_run(), edited(make_run(), drift))["numerics"]
+    assert same.verdict is Verdict.REGRESSION
+    cross = checks(make_run(), edited(make_run(), drift), comparable=False)["numerics"]
+    assert cross.verdict is Verdict.PASS
+    assert "cross-environment tolerance" in cross.detail
+    assert cross.data["atol"] == TOL.numerics_cross_atol
+    real = checks(make_run(), edited(make_run(), change), comparable=False)["numerics"]
+    assert real.verdict is Verdict.REGRESSION
+    assert "cross-environment tolerance" in real.detail
+
+
 def test_a_different_sample_size_is_incomparable() -> None:
     r = numerics(edited(make_run(), lambda b: b["numerics"]["params/w"]["sample"].pop()))
     assert r.verdict is Verdict.INCOMPARABLE

@@ -1,5 +1,8 @@
 """The PyTorch backend: one process, one device (CPU or one CUDA GPU), eager or compiled.
 
+(A case with ``world_size > 1`` trains with DistributedDataParallel in that many processes
+instead: :mod:`pytest_accelperf.backends.ddp`.)
+
 It follows the JAX backend's rules: compile time is kept apart from step times, every
 measured step is synchronized, the loss of every step is recorded, a NaN/inf ends the run
 as the outcome ``nan``, and running out of memory is an outcome, not a crash.
@@ -283,7 +286,12 @@ class TorchBackend:
     def fits(self, case: Case, task: TorchTask, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """CPU: the MemTracker peak of two eager steps against ``case.memory_capacity``.
-        CUDA: two real steps, caught out-of-memory or an allocator peak over capacity."""
+        CUDA: two real steps, caught out-of-memory or an allocator peak over capacity.
+        ``world_size > 1``: the same in each DDP rank (:mod:`.ddp`), the largest rank."""
+        if case.world_size > 1:
+            from pytest_accelperf.backends.ddp import fits_ddp
+
+            return fits_ddp(case, task, accel, timeout=timeout)
         device = _device(accel)
         capacity = case.memory_capacity
         if device.type == "cpu":
@@ -311,6 +319,11 @@ class TorchBackend:
 
     def train(self, case: Case, task: TorchTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
+        if case.world_size > 1:
+            # DistributedDataParallel in world_size processes launched by the plugin.
+            from pytest_accelperf.backends.ddp import train_ddp
+
+            return train_ddp(case, task, accel, timeout=timeout)
         if case.reference:
             raise ValueError(
                 "reference runs are implemented for the jax backend; the torch backend "

@@ -63,9 +63,9 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
 
     ``block`` is ``summarize(run)`` (computed here when None). ``comparable`` is False when
     the baseline was recorded in another environment: throughput is then ``incomparable``
-    and the other checks still apply. ``params``/``reference_params`` are flat
-    ``{path: array}`` dicts of final parameters; with a reference the ``reference`` check
-    runs, baseline or not.
+    and the other checks still apply (numerics at its cross-environment tolerance).
+    ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
+    with a reference the ``reference`` check runs, baseline or not.
     """
     if block is None:
         block = summarize(run)
@@ -76,7 +76,7 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
             check_throughput(run, block, baseline, tol, comparable=comparable),
             check_convergence(run, block, baseline, tol),
             check_memory(block, baseline, tol),
-            check_numerics(block, baseline, tol),
+            check_numerics(block, baseline, tol, same_environment=comparable),
         ]
         if reference_params is not None:
             optional.append(check_reference(params, reference_params, tol))

@@ -99,8 +99,15 @@ def _fingerprint_values(leaf: Mapping[str, Any]) -> list[float]:
 
 
 def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
-                   tol: Tolerances) -> CheckResult | None:
-    """The parameter fingerprint of ``block`` against ``baseline``'s; None without any."""
+                   tol: Tolerances, *, same_environment: bool = True) -> CheckResult | None:
+    """The parameter fingerprint of ``block`` against ``baseline``'s; None without any.
+
+    ``same_environment=False`` (the baseline came from another host CPU or framework
+    version) compares at ``numerics_cross_rtol/atol`` instead, and says so: other kernels
+    round differently, and a bitwise-tight tolerance would fail every such run.
+    """
+    rtol, atol = ((tol.numerics_rtol, tol.numerics_atol) if same_environment
+                  else (tol.numerics_cross_rtol, tol.numerics_cross_atol))
     now_fp: dict[str, Any] = block.get("numerics") or {}
     base_fp: dict[str, Any] = (baseline or {}).get("numerics") or {}
     if not now_fp and not base_fp:
@@ -111,7 +118,7 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
         return missing_in_baseline(METRIC, "parameter fingerprint", baseline, unit=UNIT)
 
     result = CheckResult(METRIC, Verdict.PASS, "", unit=UNIT,
-                         data={"rtol": tol.numerics_rtol, "atol": tol.numerics_atol,
+                         data={"rtol": rtol, "atol": atol,
                                "leaves": len(now_fp)})
     changes = structure_changes(
         {p: (leaf.get("shape", ()), str(leaf.get("dtype", ""))) for p, leaf in now_fp.items()},
@@ -132,13 +139,14 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
                              f"the baseline's {len(base_v) - 1}; re-record with "
                              f"--accelperf-update")
             return result
-        diffs.append(compare_leaf(path, now_v, base_v, rtol=tol.numerics_rtol,
-                                  atol=tol.numerics_atol))
+        diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol, atol=atol))
     worst = max(diffs, key=_rank)
     failing = [d for d in diffs if d.mismatched]
     result.now = worst.max_abs
     result.data.update({"max_abs": {d.path: d.max_abs for d in diffs}, "worst": worst.path})
-    tols = f"rtol {fmt_num(tol.numerics_rtol)}, atol {fmt_num(tol.numerics_atol)}"
+    tols = f"rtol {fmt_num(rtol)}, atol {fmt_num(atol)}"
+    if not same_environment:
+        tols += ", the cross-environment tolerance: the baseline is from another environment"
     if failing:
         bad = max(failing, key=_rank)
         result.verdict = Verdict.REGRESSION

@@ -29,6 +29,31 @@ def fmt_change(check: CheckResult) -> str:
     return "-" if check.change is None else f"{check.change * 100:+.1f}%"
 
 
+#: Most devices listed one row each under a ``memory`` row (seed 002's eight GPU columns).
+MAX_DEVICE_ROWS = 8
+
+
+def device_rows(check: CheckResult) -> list[tuple[str, ...]]:
+    """Per-device sub-rows of a ``memory`` check: one per device (or rank) when their peaks
+    differ, up to :data:`MAX_DEVICE_ROWS`; none when every device holds the same bytes (the
+    check's own row already says it) or when there are more devices than that."""
+    per = check.data.get("per_device") or {}
+    if check.metric != "memory" or not 1 < len(per) <= MAX_DEVICE_ROWS:
+        return []
+    rows: list[tuple[str, ...]] = []
+    seen: set[tuple[object, object]] = set()
+    for label, value in per.items():
+        if isinstance(value, dict):
+            base, now, ratio = value.get("baseline"), value.get("now"), value.get("ratio")
+        else:
+            base, now, ratio = None, value, None
+        seen.add((base, now))
+        change = "-" if not isinstance(ratio, float) else f"{(ratio - 1) * 100:+.1f}%"
+        rows.append(("", f"  {label}", fmt_value(base, "bytes"), fmt_value(now, "bytes"),
+                     change, ""))
+    return rows if len(seen) > 1 else []
+
+
 def table_lines(report: SessionReport) -> list[str]:
     rows: list[tuple[str, ...]] = []
     for record in report.sorted_records():
@@ -44,6 +69,7 @@ def table_lines(report: SessionReport) -> list[str]:
                 fmt_change(check),
                 check.verdict.value.upper() if check.failed else check.verdict.value,
             ))
+            rows.extend(device_rows(check))
     if not rows:
         return []
     lines = tabulate(rows, headers=HEADERS, tablefmt="simple", disable_numparse=True).splitlines()

@@ -1,0 +1,328 @@
+"""Run a function in N processes, one per device, and turn whatever happens into an outcome.
+
+The multi-process backends (DeepSpeed, torch DDP) train in ranks that this module starts,
+watches and stops; the pytest process never joins the process group, so nothing a rank does
+can hang or crash the session.
+
+How a launch goes:
+
+* The rank function and its arguments are serialized with ``cloudpickle`` into a payload
+  file; ``N`` interpreters run ``python -m pytest_accelperf.backends._rank`` on it, each in
+  its own session (process group), with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+  ``MASTER_ADDR``/``MASTER_PORT`` (a free local port), ``PYTHONPATH`` = this process's
+  ``sys.path`` (so the test's own modules, like ``gpt``, import in the ranks),
+  ``OMP_NUM_THREADS`` = cores / N unless set (N ranks must not each take every core), and
+  ``TORCH_EXTENSIONS_DIR``: the user's, or by default a persistent cache,
+  ``~/.cache/pytest-accelperf/torch_extensions`` (``$XDG_CACHE_HOME`` honoured), so that
+  DeepSpeed's C++ ops compile once per machine rather than once per run.
+* Each rank appends JSON lines to its own file: ``progress`` (the phase, the last step it
+  finished, its peak memory so far), then ``result`` or ``error`` (exception type, message,
+  traceback tail, whether it was an out-of-memory). Its stdout and stderr go to a log file.
+* The parent polls. All ranks exiting 0 is ``ok``. The first rank to exit non-zero (or be
+  killed by a signal) ends the launch at once: the survivors, which would otherwise wait in
+  a collective forever, are killed (``SIGKILL`` to their process groups) and the outcome is
+  ``error`` (or ``oom`` when that rank reported running out of memory), with a message that
+  names the rank, the exit code or signal, the last step it reported, and the tail of its
+  traceback or stderr. Past the timeout every rank is killed and the outcome is ``timeout``
+  with the steps each rank had reported.
+
+A rank reports running out of memory by raising ``torch.OutOfMemoryError`` (CUDA) or
+:class:`CapacityExceeded` (a declared CPU capacity overrun); before its first training step
+that is, in the words of DeepSpeed's own benchmarks, "cannot even initialize model".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+#: Seconds between polls of the ranks.
+POLL_S = 0.02
+#: Characters of a failed rank's stderr (or traceback) quoted in the message.
+TAIL_CHARS = 1200
+#: Exit code a rank uses for an exception it reported in its file.
+EXIT_RAISED = 17
+#: Environment variable naming the persistent torch extensions cache.
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+
+LaunchOutcome = Literal["ok", "oom", "error", "timeout"]
+
+
+class CapacityExceeded(MemoryError):
+    """Raised in a rank whose counted peak memory exceeds the case's declared capacity: the
+    CPU's stand-in for a CUDA out-of-memory error. Reported as the outcome ``oom``."""
+
+    def __init__(self, required: int, capacity: int, source: str) -> None:
+        self.required, self.capacity, self.source = required, capacity, source
+        super().__init__(f"needs {required / 2**30:.3f} GiB ({source}) of "
+                         f"{capacity / 2**30:.3f} GiB declared capacity")
+
+
+def default_extensions_dir() -> Path:
+    """Where torch C++ extensions (DeepSpeed's ops) are built and cached: ``$TORCH_EXTENSIONS_DIR``
+    when set, else ``~/.cache/pytest-accelperf/torch_extensions``."""
+    if os.environ.get(EXTENSIONS_ENV):
+        return Path(os.environ[EXTENSIONS_ENV])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "pytest-accelperf" / "torch_extensions"
+
+
+def free_port() -> int:
+    """A TCP port that was free on localhost a moment ago (the rendezvous port)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RankReport:
+    """What one rank left behind: its exit status, its last progress, its result or error."""
+
+    rank: int
+    returncode: int | None = None
+    progress: dict[str, Any] = field(default_factory=dict)
+    result: Any = None
+    error: dict[str, Any] | None = None
+    log_tail: str = ""
+    #: Every progress event that named a step, in order (what a killed rank had done).
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def step(self) -> int | None:
+        """The last step this rank reported finished (None before its first)."""
+        step = self.progress.get("step")
+        return int(step) if step is not None else None
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.returncode is None or self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    @property
+    def is_oom(self) -> bool:
+        return bool(self.error and self.error.get("oom"))
+
+    def where(self) -> str:
+        """``"in step 3 (steps 0-2 had finished)"``, or ``"while initializing"`` before the
+        first reported step (steps count from 0, warm-up included)."""
+        if self.step is None:
+            phase = self.progress.get("phase", "starting")
+            return ("while starting (before initializing)" if phase == "starting"
+                    else "while initializing (before step 0)")
+        done = "step 0" if self.step == 0 else f"steps 0-{self.step}"
+        return f"in step {self.step + 1} ({done} had finished)"
+
+
+@dataclass
+class LaunchResult:
+    """The outcome of a launch: one report per rank and, unless ``ok``, why not."""
+
+    outcome: LaunchOutcome
+    message: str
+    ranks: list[RankReport]
+    failed_rank: int | None = None
+    elapsed: float = 0.0
+
+    @property
+    def failed(self) -> RankReport | None:
+        return self.ranks[self.failed_rank] if self.failed_rank is not None else None
+
+
+def _tail(text: str, n: int = TAIL_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _child_env(rank: int, world_size: int, port: int, device: str) -> dict[str, str]:
+    env = dict(os.environ)
+    paths = [p if p else os.getcwd() for p in sys.path]
+    env.update({
+        "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join(paths),
+        EXTENSIONS_ENV: str(default_extensions_dir()), "PYTHONUNBUFFERED": "1",
+        "ACCELPERF_DEVICE": device,
+    })
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    return env
+
+
+def _read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut off by a kill
+    return events
+
+
+def _collect(rank: int, workdir: Path, returncode: int | None) -> RankReport:
+    report = RankReport(rank=rank, returncode=returncode)
+    for event in _read_events(workdir / f"rank{rank}.jsonl"):
+        kind = event.pop("event", None)
+        if kind == "progress":
+            report.progress.update(event)
+            if "step" in event:
+                report.steps.append(event)
+        elif kind == "error":
+            report.error = event
+    result_file = workdir / f"rank{rank}.result.pkl"
+    if returncode == 0 and result_file.exists():
+        with result_file.open("rb") as f:
+            report.result = pickle.load(f)
+    log = workdir / f"rank{rank}.log"
+    if log.exists():
+        report.log_tail = _tail(log.read_text(encoding="utf-8", errors="replace"))
+    return report
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _looks_secondary(report: RankReport) -> bool:
+    """Whether a rank's failure looks like the consequence of another's (a peer's socket
+    closing under a collective) rather than the cause."""
+    text = " ".join(str(report.error.get(k, "")) for k in ("type", "message")) \
+        if report.error else report.log_tail[-400:]
+    hints = ("Connection closed by peer", "Connection reset", "Broken pipe", "gloo",
+             "DistBackendError", "NCCL", "Socket Timeout", "connection refused")
+    return any(h.lower() in text.lower() for h in hints)
+
+
+def _culprit(failed: list[RankReport]) -> RankReport:
+    """Of the ranks seen failing at the same poll, the one most likely to be the cause."""
+    def order(r: RankReport) -> tuple[int, int, int, int]:
+        return (0 if r.signal_name else 1, 0 if r.is_oom else 1,
+                1 if _looks_secondary(r) else 0, r.rank)
+    return min(failed, key=order)
+
+
+def describe_failure(report: RankReport, total_steps: int | None = None) -> str:
+    """A sentence on why rank ``report.rank`` failed, for the run's message."""
+    where = report.where()
+    if total_steps is not None and report.step is not None:
+        where = where.replace(" had finished)", f" of {total_steps} had finished)")
+    rank = f"rank {report.rank}"
+    if report.is_oom and report.error:
+        what = ("ran out of memory while initializing (cannot even initialize model)"
+                if report.step is None else f"ran out of memory {where}")
+        return f"{rank} {what}: {report.error.get('message', '')}"
+    if report.error:
+        tb = _tail(report.error.get("traceback", ""), TAIL_CHARS)
+        return (f"{rank} raised {report.error.get('type')}: {report.error.get('message')} "
+                f"({where}); the other rank(s) were stopped. Traceback (last lines):\n{tb}")
+    if report.signal_name:
+        how = f"was killed by {report.signal_name}"
+        if report.signal_name == "SIGKILL":
+            how += " (the kernel's out-of-memory killer, or someone, killed it)"
+    else:
+        how = f"exited with code {report.returncode}"
+    tail = report.log_tail or "(nothing on stdout/stderr)"
+    return (f"{rank} {how} {where}; the other rank(s) were stopped. Its output ended "
+            f"with:\n{tail}")
+
+
+def launch(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, *,
+           device: str = "cpu", timeout: float | None = None,
+           total_steps: int | None = None, keep_dir: Path | None = None) -> LaunchResult:
+    """Run ``fn(ctx, *args)`` in ``world_size`` processes and report how it went.
+
+    ``fn`` gets a :class:`pytest_accelperf.backends._rank.RankContext` (rank, world size,
+    ``progress(**fields)`` to report) and returns a picklable result (rank ``r``'s is
+    ``ranks[r].result``). ``device`` is ``"cpu"`` or ``"cuda"`` (ranks use ``LOCAL_RANK`` as
+    the CUDA device index). ``timeout`` bounds the whole launch, process start included.
+    ``total_steps`` only makes messages read "after step 3 of 12". The temporary directory
+    is removed afterwards unless ``keep_dir`` names one to use instead.
+    """
+    try:
+        cloudpickle: Any = importlib.import_module("cloudpickle")  # untyped
+    except ImportError:
+        raise ImportError("multi-process cases ship their task to the ranks with cloudpickle, "
+                          "which is not installed: pip install 'pytest-accelperf[torch]' "
+                          "(or pip install cloudpickle)") from None
+
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if keep_dir is not None:
+        keep_dir.mkdir(parents=True, exist_ok=True)
+        return _launch_in(keep_dir, cloudpickle.dumps((fn, args)), world_size, device,
+                          timeout, total_steps)
+    with tempfile.TemporaryDirectory(prefix="accelperf-launch-") as tmp:
+        return _launch_in(Path(tmp), cloudpickle.dumps((fn, args)), world_size, device,
+                          timeout, total_steps)
+
+
+def _launch_in(workdir: Path, payload: bytes, world_size: int, device: str,
+               timeout: float | None, total_steps: int | None) -> LaunchResult:
+    (workdir / "payload.pkl").write_bytes(payload)
+    default_extensions_dir().mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    deadline = start + timeout if timeout else None
+    port = free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for rank in range(world_size):
+            with (workdir / f"rank{rank}.log").open("wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "pytest_accelperf.backends._rank",
+                     str(workdir), str(rank)],
+                    env=_child_env(rank, world_size, port, device), stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        failed: list[int] = []
+        timed_out = False
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            if failed or all(c == 0 for c in codes):
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                break
+            time.sleep(POLL_S)
+    finally:
+        for p in procs:
+            _kill_group(p)
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL not delivered
+                p.wait(timeout=10)
+    elapsed = time.monotonic() - start
+    # Codes as first seen: the survivors' SIGKILL is ours, not their failure.
+    reports = [_collect(r, workdir, codes[r]) for r in range(world_size)]
+    if timed_out:
+        steps = ", ".join(f"rank {r.rank}: {r.where()}" for r in reports)
+        return LaunchResult("timeout", f"exceeded the {timeout:g} s timeout ({steps}); all "
+                            f"{world_size} ranks were killed", reports, elapsed=elapsed)
+    if failed:
+        culprit = _culprit([reports[r] for r in failed])
+        outcome: LaunchOutcome = "oom" if culprit.is_oom else "error"
+        return LaunchResult(outcome, describe_failure(culprit, total_steps), reports,
+                            failed_rank=culprit.rank, elapsed=elapsed)
+    return LaunchResult("ok", "", reports, elapsed=elapsed)
