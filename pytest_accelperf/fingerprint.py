@@ -22,6 +22,12 @@ BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
     "jax": ("jax", "jaxlib", "flax", "optax", "numpy"),
     "torch": ("torch", "numpy"),
     "deepspeed": ("torch", "deepspeed", "numpy"),
+    "neuron": ("torch", "numpy"),
+    "alpa": ("jax", "jaxlib", "flax", "optax", "numpy"),
+    "jax-pipeline": ("jax", "jaxlib", "flax", "optax", "numpy"),
+    # An ingested log: this machine's packages say nothing about it; its own versions
+    # (compiler, runtime) come with the log under other names and always count.
+    "external": (),
 }
 
 #: Keys that must match for step times to be comparable.

@@ -12,7 +12,7 @@ import contextlib
 import os
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ from pytest_accelperf.baselines import BaselineError, BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPoint
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
@@ -49,6 +50,7 @@ class AccelperfSession:
     report: SessionReport = field(default_factory=SessionReport)
     accelerator: Accelerator | None = None
     environment: dict[str, Any] = field(default_factory=dict)
+    scaling: ScalingCollector = field(default_factory=ScalingCollector)
     _stores: dict[tuple[Path, str], BaselineStore] = field(default_factory=dict)
 
     def store(self, platform: str) -> BaselineStore:
@@ -194,6 +196,73 @@ class CaseRunner:
         __tracebackhide__ = True
         return self._finish(self._evaluate(result))
 
+    def ingest(self, source: str | os.PathLike[str] | Sequence[str], *,
+               parser: str | Callable[[str, str], list[Run]], section: str | None = None,
+               log: str | os.PathLike[str] | None = None) -> CaseResult:
+        """Check a run measured outside the plugin, as :meth:`train` checks its own.
+
+        ``source`` is a log file, or a command (a list of arguments) that is run first,
+        holding the host like a training case; its stdout+stderr is the log unless ``log``
+        names the file it writes. ``parser`` is ``"neuron"``, ``"hf-trainer"``,
+        ``"cerebras"`` (:mod:`pytest_accelperf.ingest`) or a ``(text, source) -> runs``
+        function; ``section`` picks one run of a log that holds several. The environment
+        compared for throughput is the log's (its platform, device and compiler versions),
+        not this machine's. A log that cannot be read fails the test naming file and line.
+        """
+        __tracebackhide__ = True
+        from pytest_accelperf.ingest import IngestError, parse_file, run_command, select_run
+
+        path: str | os.PathLike[str]
+        if isinstance(source, str | os.PathLike):
+            path = source
+        else:
+            workdir = Path(tempfile.mkdtemp(prefix="accelperf-ingest-"))
+            with exclusive_host(self.accelerator):
+                path, status, tail = run_command(source, log, workdir, self.settings.timeout)
+            if status != 0:
+                why = ("timed out" if status == -1 else f"exited with status {status}")
+                run = Run(case_id=self.case.id, outcome="error",
+                          message=f"command {list(source)} {why}")
+                self._record(run, [], error=run.message)
+                pytest.fail(f"{self._item.nodeid}: {run.message}; its output ends:\n{tail}",
+                            pytrace=False)
+        try:
+            run = select_run(parse_file(path, parser), section, str(path))
+        except IngestError as exc:
+            self._record(Run(case_id=self.case.id, outcome="error", message=str(exc)), [],
+                         error=str(exc))
+            pytest.fail(f"{self._item.nodeid}: cannot ingest the log: {exc}", pytrace=False)
+        run.case_id = self.case.id
+        environment = {"source": "ingested", **run.environment}
+        return self._finish(self._evaluate(TrainResult(run=run), environment=environment))
+
+    def scaling(self, group: str, result: CaseResult | Run, *, x: float | None = None,
+                expect: Scaling | None = None, points: int) -> CheckResult | None:
+        """Add this case's throughput to the scaling series ``group`` (``points`` long).
+
+        ``x`` defaults to the case's batch (``expect.axis == "batch"``) or its device count.
+        When the group's last point arrives its shape is checked against ``expect``
+        (:mod:`pytest_accelperf.checks.scaling`; default: linear, efficiency >= 0.8): the
+        verdict joins this case's checks in the report, and a bent curve fails this test
+        (except under ``--accelperf-update``). Returns that verdict, or None before.
+        """
+        __tracebackhide__ = True
+        expect = expect or Scaling()
+        run = result.run if isinstance(result, CaseResult) else result
+        if x is None:
+            x = self.case.batch if expect.axis == "batch" else self.case.n_devices
+        point = ScalingPoint.from_run(x, run, self.case.id)
+        verdict = self._session.scaling.add(group, point, expect, points)
+        if verdict is None:
+            return None
+        for record in reversed(self._session.report.records):
+            if record.nodeid == self._item.nodeid:
+                record.checks.append(verdict)
+                break
+        if verdict.failed and not self.settings.update:
+            pytest.fail(f"{self._item.nodeid}: scaling group {verdict.detail}", pytrace=False)
+        return verdict
+
     def _train_once(self, task: Any, found: MaxBatch | None) -> TrainResult:
         __tracebackhide__ = True
         backend = get_backend(self.case.backend).load()
@@ -212,11 +281,12 @@ class CaseRunner:
             result.run.max_batch = found.to_json()
         return result
 
-    def _evaluate(self, result: TrainResult) -> _Evaluated:
+    def _evaluate(self, result: TrainResult,
+                  environment: dict[str, Any] | None = None) -> _Evaluated:
         __tracebackhide__ = True
         session, case = self._session, self.case
         run = result.run
-        run.environment = dict(session.environment)
+        run.environment = dict(session.environment if environment is None else environment)
         block = summarize(run)
         nodeid = self._item.nodeid
         platform = self.accelerator.platform

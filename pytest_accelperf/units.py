@@ -116,3 +116,43 @@ def round_sig(x: float, digits: int = 6) -> float:
     if x == 0 or not math.isfinite(x):
         return x
     return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+# -- parsing quantities that outside tools print (pytest_accelperf.ingest) -----------------
+class UnitError(ValueError):
+    """A unit this table does not know: never guessed, so never a silently wrong number."""
+
+
+#: Unit -> (dimension, factor to the base unit). Bytes are binary as the Neuron profiler
+#: prints them; "KB"/"MB"/"GB" are left out on purpose (tools disagree on 1000 vs 1024).
+#: FLOP counts are decimal (the profiler's "GFLOPS" is a count despite the S).
+QUANTITY_UNITS: dict[str, tuple[str, float]] = {
+    "B": ("bytes", 1.0), "KiB": ("bytes", 2.0**10), "MiB": ("bytes", 2.0**20),
+    "GiB": ("bytes", 2.0**30), "TiB": ("bytes", 2.0**40),
+    "ns": ("seconds", 1e-9), "us": ("seconds", 1e-6), "µs": ("seconds", 1e-6),
+    "ms": ("seconds", 1e-3), "s": ("seconds", 1.0),
+    "FLOPS": ("flops", 1.0), "KFLOPS": ("flops", 1e3), "MFLOPS": ("flops", 1e6),
+    "GFLOPS": ("flops", 1e9), "TFLOPS": ("flops", 1e12), "PFLOPS": ("flops", 1e15),
+    "%": ("percent", 1.0),
+    "flops/byte": ("flops/byte", 1.0),
+    "samples/sec": ("samples/s", 1.0), "samples/s": ("samples/s", 1.0),
+}
+
+
+def to_base_unit(value: float, unit: str) -> tuple[float, str]:
+    """``value`` in ``unit`` converted to its dimension's base unit, and the dimension.
+
+    >>> to_base_unit(4.334, "GiB")
+    (4653597065.216, 'bytes')
+    >>> to_base_unit(322.1, "us")[1]
+    'seconds'
+    >>> to_base_unit(1.0, "furlongs")
+    Traceback (most recent call last):
+    ...
+    pytest_accelperf.units.UnitError: unknown unit 'furlongs'; known: B, KiB, MiB, ...
+    """
+    try:
+        dimension, factor = QUANTITY_UNITS[unit]
+    except KeyError:
+        raise UnitError(f"unknown unit {unit!r}; known: {', '.join(QUANTITY_UNITS)}") from None
+    return value * factor, dimension

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -108,6 +109,25 @@ BACKENDS: dict[str, _LazyBackend] = {
         "pip install 'pytest-accelperf[deepspeed]' (install torch first: pip install "
         "torch==2.13.0 for CPU)",
     ),
+    # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
+    # (the PyPI name is a placeholder).
+    "neuron": _LazyBackend(
+        "neuron", "pytest_accelperf.backends.neuron", ("torch", "torch_xla", "torch_neuronx"),
+        "pip install torch-neuronx --extra-index-url https://pip.repos.neuron.amazonaws.com "
+        "(on a Trainium/Inferentia instance with the Neuron driver)",
+    ),
+    "alpa": _LazyBackend(
+        "alpa", "pytest_accelperf.backends.alpa", ("alpa", "jax", "flax", "optax", "ray"),
+        "Alpa needs Python <= 3.9 and jax 0.3.x (this is Python "
+        f"{sys.version_info.major}.{sys.version_info.minor}): in a Python 3.9 environment, "
+        "pip install alpa and its jaxlib build (https://alpa.ai/install.html)",
+    ),
+    "jax-pipeline": _LazyBackend(
+        "jax-pipeline", "pytest_accelperf.backends.pipeline", ("jax", "flax", "optax"),
+        "pip install 'pytest-accelperf[jax]'",
+    ),
+    # Measurements taken outside the plugin (accelperf.ingest): nothing to import.
+    "external": _LazyBackend("external", "pytest_accelperf.backends.external", (), ""),
 }
 
 
