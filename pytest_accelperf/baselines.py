@@ -156,6 +156,28 @@ class BaselineStore:
             raise BaselineError("\n".join(str(e) for e in errors))
         return written
 
+    def remove(self, nodeids: list[str]) -> list[Path]:
+        """Drop the blocks of ``nodeids`` (``accelperf baselines prune``), one atomic write
+        per module file; a file left with no case is deleted. The files changed."""
+        by_path: dict[Path, set[str]] = {}
+        for nodeid in nodeids:
+            by_path.setdefault(self.path_for(nodeid), set()).add(case_key(nodeid))
+        changed: list[Path] = []
+        for path, keys in sorted(by_path.items()):
+            with FileLock(_lock_path(path), timeout=60):
+                self._cache.pop(path, None)
+                current = self._load(path)
+                kept = {k: v for k, v in current.cases.items() if k not in keys}
+                if len(kept) == len(current.cases):
+                    continue
+                if kept:
+                    atomic_write(path, BaselineFile(path, self.platform, kept).to_text())
+                else:
+                    path.unlink()
+                self._cache.pop(path, None)
+                changed.append(path)
+        return changed
+
     def _write_one(self, path: Path, new_cases: dict[str, dict[str, Any]]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(_lock_path(path), timeout=60):

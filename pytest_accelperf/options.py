@@ -58,6 +58,16 @@ OPTIONS: tuple[Option, ...] = (
            "the rootdir. Default: baselines/.", "path", "baselines"),
     Option("json", "--accelperf-json", "write the machine-readable report (schema in the "
            "README) to this path.", "path", None),
+    Option("markdown", "--accelperf-markdown", "write a Markdown summary for a pull-request "
+           "comment to this path (regressions first, passes folded); also appended to "
+           "$GITHUB_STEP_SUMMARY when that is set.", "path", None),
+    Option("html", "--accelperf-html", "write one self-contained HTML report with plots (loss "
+           "against the baseline's band, step times, memory per device, throughput across "
+           "batch sizes and meshes, the history's trend) to this path. Needs matplotlib: pip "
+           "install 'pytest-accelperf[report]'.", "path", None),
+    Option("history", "--accelperf-history", "directory of the run history: each session "
+           "appends its runs, with the git commit and the environment fingerprint, as JSON "
+           "lines to <dir>/<platform>.jsonl.", "path", None),
     Option("platform", "--accelperf-platform", "override the platform key baselines are stored "
            "under (default: derived, e.g. cpu-x8, tpu-v4-x8).", "str", None),
     Option("timeout", "--accelperf-timeout", "seconds one case may train (compile and steps) "
@@ -193,6 +203,9 @@ class Settings:
     tolerances: Tolerances
     timeout: float | None = None
     confirm: int = 1
+    markdown: Path | None = None
+    html: Path | None = None
+    history: Path | None = None
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
@@ -226,4 +239,19 @@ class Settings:
             tolerances=tol,
             timeout=float(values["timeout"]) or None,
             confirm=int(values["confirm"]),
+            markdown=_output_path("markdown", values["markdown"], getoption, rootdir,
+                                  invocation_dir),
+            html=_output_path("html", values["html"], getoption, rootdir, invocation_dir),
+            history=_output_path("history", values["history"], getoption, rootdir,
+                                 invocation_dir),
         )
+
+
+def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir: Path,
+                 invocation_dir: Path | None) -> Path | None:
+    """A report path: relative to where pytest was started when given as a flag (like
+    ``--junitxml``), else to the rootdir."""
+    if not value:
+        return None
+    base = invocation_dir if getoption(BY_KEY[key].dest) and invocation_dir else rootdir
+    return (base / str(value)).resolve()

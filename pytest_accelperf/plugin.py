@@ -29,7 +29,11 @@ from pytest_accelperf.baselines import atomic_write
 from pytest_accelperf.cases import MARKER, Case
 from pytest_accelperf.fingerprint import environment
 from pytest_accelperf.options import Settings, add_options
+from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
+from pytest_accelperf.report.html import ReportDependencyError, require_matplotlib
+from pytest_accelperf.report.junit import junit_properties
+from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_outputs
 from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.session import AccelperfSession, CaseRunner
 
@@ -61,6 +65,11 @@ def pytest_configure(config: pytest.Config) -> None:
         workerinput: Any = getattr(config, "workerinput")
         assign_worker_devices(settings.accel, str(workerinput["workerid"]),
                               int(workerinput.get("workercount", 1)))
+    if settings.html is not None and not _is_worker(config):
+        try:
+            require_matplotlib()
+        except ReportDependencyError as exc:
+            raise pytest.UsageError(f"--accelperf-html: {exc}") from None
     config.stash[SESSION_KEY] = AccelperfSession(settings=settings, config=config)
 
 
@@ -173,7 +182,17 @@ def accelperf(request: pytest.FixtureRequest, accelperf_case: Case,
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """A case whose test failed after training is not recorded as a baseline."""
+    """A case whose test failed after training is not recorded as a baseline.
+
+    Before the report is built, the case's metrics and verdicts become the item's
+    ``user_properties``: pytest's ``--junitxml`` writes them as ``<property>`` entries, and
+    under xdist they travel to the controller inside the serialized report.
+    """
+    if call.when == "call":
+        state = item.config.stash.get(SESSION_KEY, None)
+        mine = [r for r in state.report.records if r.nodeid == item.nodeid] if state else []
+        if mine:
+            item.user_properties.extend(junit_properties(mine[-1]))
     report = yield
     if report.when == "call" and report.failed:
         state = item.config.stash.get(SESSION_KEY, None)
@@ -181,6 +200,17 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             if record.nodeid == item.nodeid:
                 record.block = None
     return report
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    """Show the progress of a training case on the terminal line while it runs."""
+    sink = (progress.terminal_progress(item.config)
+            if "accelperf" in getattr(item, "fixturenames", ()) else None)
+    if sink is None:
+        return (yield)
+    with progress.reporting(sink):
+        return (yield)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -200,6 +230,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state.report.update = state.settings.update
     if state.settings.update:
         state.write_baselines()
+    if state.report.records or state.report.errors:
+        config.stash[OUTPUT_LINES_KEY] = write_outputs(state.report, state.settings,
+                                                       config.rootpath)
     if state.report.errors and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if state.settings.json is not None and (state.report.records or state.report.errors):
@@ -242,3 +275,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         terminalreporter.write_line(f"accelperf: ERROR: {err}", red=True)
     if state.settings.json is not None:
         terminalreporter.write_line(f"accelperf: JSON report written to {state.settings.json}")
+    for line in config.stash.get(OUTPUT_LINES_KEY, []):
+        terminalreporter.write_line(line)

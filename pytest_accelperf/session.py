@@ -31,7 +31,7 @@ from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPo
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
-from pytest_accelperf.report.data import CaseRecord, SessionReport
+from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.run import Run
 from pytest_accelperf.summary import summarize
 
@@ -355,16 +355,18 @@ class CaseRunner:
                 f"--accelperf-update"), stacklevel=3)
         storable = ev.run.outcome not in _UNRECORDABLE
         self._record(ev.run, ev.checks,
-                     block=ev.block if self.settings.update and storable else None)
+                     block=ev.block if self.settings.update and storable else None,
+                     baseline=ev.baseline)
         self._gate(ev.run, ev.checks, ev.baseline, storable)
         return CaseResult(run=ev.run, checks=ev.checks)
 
     def _record(self, run: Run, checks: list[CheckResult], *, block: dict[str, Any] | None = None,
-                error: str | None = None) -> None:
+                error: str | None = None, baseline: dict[str, Any] | None = None) -> None:
         self._session.report.add(CaseRecord(
             nodeid=self._item.nodeid, case_id=self.case.id, platform=self.accelerator.platform,
             run=run.to_json(), checks=checks, block=block, case=self.case.to_json(),
             error=error, worker=_worker_id(self._item.config),
+            baseline=baseline_view(baseline),
         ))
 
     def _gate(self, run: Run, checks: list[CheckResult], baseline: dict[str, Any] | None,

@@ -29,6 +29,7 @@ from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
 from pytest_accelperf.backends.common import fingerprint as fingerprint
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
+from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 
 PyTree = Any
@@ -281,6 +282,7 @@ def _execute(program: _Program, case: Case, task: JaxTask, probe: Probe | None =
             out.step_times.append(t1 - t0)
             if probe is not None:
                 out.probe_times.append(probe.time())
+        progress.step(i + 1, case.warmup + case.steps, value, t1 - t0)  # outside the timer
         if not math.isfinite(value):
             out.nan_step = i
             break

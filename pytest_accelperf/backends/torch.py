@@ -37,6 +37,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import fingerprint
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
+from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 
 GIB = 2**30
@@ -252,6 +253,7 @@ def _execute(model: torch.nn.Module, case: Case, task: TorchTask, device: torch.
             out.step_times.append(t1 - t0)
             if probe is not None:
                 out.probe_times.append(probe.time())
+        progress.step(i + 1, warmup + case.steps, value, t1 - t0)  # outside the timer
         if not math.isfinite(value):
             out.nan_step = i
             break

@@ -1,4 +1,4 @@
-"""Reports: the session's data (data.py) and its renderings (terminal, JSON)."""
+"""Reports: the session data (data.py); terminal, Markdown, JUnit, HTML and history views."""
 
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 

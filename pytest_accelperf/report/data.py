@@ -29,6 +29,9 @@ class CaseRecord:
     case: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     worker: str = "main"
+    #: The stored baseline the run was checked against, as :func:`baseline_view` trims it
+    #: (what the HTML plots need: step times, loss checkpoints, memory); None: none stored.
+    baseline: dict[str, Any] | None = None
 
     @property
     def regressed(self) -> bool:
@@ -47,6 +50,7 @@ class CaseRecord:
             "checks": [c.to_json() for c in self.checks],
             "run": self.run,
             "block": self.block,
+            "baseline": self.baseline,
         }
 
     @property
@@ -72,6 +76,7 @@ class CaseRecord:
             case=data.get("case", {}),
             error=data.get("error"),
             worker=data.get("worker", "main"),
+            baseline=data.get("baseline"),
         )
 
 
@@ -112,3 +117,30 @@ class SessionReport:
             "errors": self.errors,
             "cases": [r.to_json() for r in self.sorted_records()],
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SessionReport:
+        """The report of a saved ``--accelperf-json`` file (see ``report.loading`` for the
+        checked read of a file)."""
+        return cls(
+            accel=str(data.get("accel", "")),
+            platform=str(data.get("platform", "")),
+            update=bool(data.get("update", False)),
+            environment=dict(data.get("environment") or {}),
+            records=[CaseRecord.from_json(c) for c in data.get("cases", [])],
+            written=list(data.get("baselines_written") or []),
+            errors=list(data.get("errors") or []),
+        )
+
+
+#: Keys of a stored block that a report keeps beside the run (numerics and environment are
+#: left out: large, and already summarized by the checks).
+_BASELINE_VIEW_KEYS = ("outcome", "samples_per_step", "samples_per_second", "step_time", "probe",
+                       "loss", "memory", "compile_time", "mfu", "recorded_at", "max_batch")
+
+
+def baseline_view(block: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The part of a stored baseline block that a report carries for its plots."""
+    if block is None:
+        return None
+    return {k: block[k] for k in _BASELINE_VIEW_KEYS if k in block}

@@ -1,0 +1,495 @@
+"""``accelperf``: the baseline store and saved reports, from the command line.
+
+::
+
+    accelperf baselines show [PATTERN ...]          what is stored, one row per case
+    accelperf baselines diff OLD NEW                two stores, or a JSON report against a store
+    accelperf baselines accept REPORT --case PAT    store cases of a CI report without re-running
+    accelperf baselines prune [PYTEST ARGS ...]     drop cases that are no longer collected
+    accelperf report REPORT --markdown/--html PATH  render a saved JSON report
+
+Paths are relative to the current directory, which should be the pytest rootdir (node ids
+and baseline files are keyed relative to it). The store defaults to ``[tool.accelperf]
+baselines`` of ``./pyproject.toml``, else ``baselines/``. Exit status: 0 done, 1 an error
+(the message names the fix), 2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import pytest
+from tabulate import tabulate
+
+from pytest_accelperf.baselines import (
+    BaselineError,
+    BaselineStore,
+    case_key,
+    module_key,
+    parse,
+)
+from pytest_accelperf.options import BY_KEY, read_pyproject_table
+from pytest_accelperf.report.data import CaseRecord
+from pytest_accelperf.report.history import HistoryError, read_history
+from pytest_accelperf.report.html import ReportDependencyError, html_report
+from pytest_accelperf.report.loading import ReportFileError, load_report
+from pytest_accelperf.report.markdown import markdown
+from pytest_accelperf.report.terminal import fmt_value
+from pytest_accelperf.run import Run
+from pytest_accelperf.summary import summarize
+
+#: Outcomes never stored as a baseline (as with --accelperf-update).
+UNRECORDABLE = ("nan", "error", "timeout")
+
+
+class CliError(Exception):
+    """A failure to report as ``accelperf: error: ...`` with exit status 1."""
+
+
+# -- shared helpers ----------------------------------------------------------------------------
+def default_store() -> Path:
+    """``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines``."""
+    try:
+        table = read_pyproject_table(Path.cwd())
+    except pytest.UsageError as exc:
+        raise CliError(str(exc)) from None
+    return Path(str(table.get("baselines") or BY_KEY["baselines"].default))
+
+
+def _store_root(arg: Path | None) -> Path:
+    root = arg if arg is not None else default_store()
+    if not root.is_dir():
+        raise CliError(f"no baseline store at {root}: pass --baselines DIR (the directory of "
+                       f"pytest --accelperf-baselines, relative to the rootdir), or record "
+                       f"one with pytest --accelperf-update")
+    return root
+
+
+def _platforms(root: Path, only: str | None) -> list[str]:
+    names = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if only is None:
+        return names
+    if only not in names:
+        raise CliError(f"no platform {only!r} in {root}; it has: {', '.join(names) or 'none'}")
+    return [only]
+
+
+def store_blocks(root: Path, platform: str | None = None
+                 ) -> dict[tuple[str, str], dict[str, Any]]:
+    """``{(platform, nodeid): block}`` of every baseline file under ``root``."""
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for name in _platforms(root, platform):
+        base = root / name
+        for path in sorted(base.rglob("*.json")):
+            try:
+                bf = parse(path, path.read_text(encoding="utf-8"))
+            except BaselineError as exc:
+                raise CliError(str(exc)) from None
+            module = path.relative_to(base).with_suffix("").as_posix()
+            for key, block in bf.cases.items():
+                out[(name, f"{module}.py::{key}")] = block
+    return out
+
+
+def compile_pattern(pattern: str) -> re.Pattern[str]:
+    """``*`` and ``?`` are wildcards; everything else, brackets included, is literal (case
+    ids are full of ``[``)."""
+    parts = [".*" if ch == "*" else "." if ch == "?" else re.escape(ch) for ch in pattern]
+    return re.compile("".join(parts) + r"\Z")
+
+
+def matches(pattern: re.Pattern[str], nodeid: str) -> bool:
+    """A pattern matches a node id, its ``test[case]`` part, or the case id alone."""
+    name = case_key(nodeid)
+    case_id = name[name.find("[") + 1:-1] if name.endswith("]") and "[" in name else name
+    return any(pattern.match(s) for s in (nodeid, name, case_id))
+
+
+def _block_of(record: CaseRecord) -> dict[str, Any]:
+    """What --accelperf-update would have stored for this record: its ``block`` when the
+    session was an update, else ``summarize`` of the run the report carries in full."""
+    if record.block is not None:
+        return record.block
+    try:
+        return summarize(Run.from_json(record.run))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CliError(f"{record.nodeid}: the report's run cannot be read back ({exc!r}); "
+                       f"re-run the case with --accelperf-update instead") from None
+
+
+def _load(path: Path) -> list[CaseRecord]:
+    try:
+        return load_report(path)[0].records
+    except ReportFileError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+#: The headline numbers of a block, shown by `show` and compared by `diff`.
+def _headline(block: dict[str, Any]) -> list[tuple[str, float | str | None, str]]:
+    step = block.get("step_time") or {}
+    loss = block.get("loss") or {}
+    memory = block.get("memory") or {}
+    max_batch = block.get("max_batch") or {}
+    return [
+        ("outcome", block.get("outcome"), ""),
+        ("throughput", _num(block.get("samples_per_second")), "samples/s"),
+        ("step time", _num(step.get("median")), "s"),
+        ("final loss", _num(loss.get("final")), ""),
+        ("peak memory", _num(memory.get("peak")), "bytes"),
+        ("compile", _num(block.get("compile_time")), "sec"),
+        ("max batch", _num(max_batch.get("value")), ""),
+    ]
+
+
+def _fmt(value: float | str | None, unit: str) -> str:
+    if isinstance(value, str):
+        return value
+    if unit == "sec":  # seconds of compile, not milliseconds of a step
+        return "-" if value is None else f"{value:.2f} s"
+    return fmt_value(value, unit)
+
+
+# -- baselines show ----------------------------------------------------------------------------
+def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    root = _store_root(args.baselines)
+    blocks = store_blocks(root, args.platform)
+    patterns = [compile_pattern(p) for p in args.patterns]
+    rows = []
+    for (platform, nodeid), block in sorted(blocks.items()):
+        if patterns and not any(matches(p, nodeid) for p in patterns):
+            continue
+        head = {label: _fmt(value, unit) for label, value, unit in _headline(block)}
+        rows.append((platform, nodeid, head["outcome"], head["throughput"], head["step time"],
+                     head["final loss"], head["peak memory"],
+                     str(block.get("recorded_at", "-"))))
+    if not rows:
+        wanted = f" matching {' '.join(args.patterns)}" if args.patterns else ""
+        raise CliError(f"no baseline{wanted} in {root}")
+    out.write(tabulate(rows, headers=("platform", "case", "outcome", "throughput", "step time",
+                                      "final loss", "peak memory", "recorded"),
+                       disable_numparse=True) + "\n")
+    out.write(f"{len(rows)} case(s) in {root}\n")
+    return 0
+
+
+# -- baselines diff ----------------------------------------------------------------------------
+def _side(path: Path, platform: str | None) -> tuple[dict[tuple[str, str], dict[str, Any]], bool]:
+    """The blocks of a store directory or of a JSON report; True when it is a report."""
+    if path.is_dir():
+        return store_blocks(path, platform), False
+    if not path.exists():
+        raise CliError(f"{path}: neither a baseline store directory nor a JSON report")
+    blocks = {(r.platform, r.nodeid): _block_of(r) for r in _load(path)
+              if platform is None or r.platform == platform}
+    return blocks, True
+
+
+def diff_rows(old: dict[tuple[str, str], dict[str, Any]],
+              new: dict[tuple[str, str], dict[str, Any]], *, show_removed: bool
+              ) -> tuple[list[tuple[str, ...]], int]:
+    """Table rows of what differs between two sets of blocks, and how many were equal."""
+    rows: list[tuple[str, ...]] = []
+    same = 0
+    for key in sorted(set(old) | set(new)):
+        platform, nodeid = key
+        name = f"{platform}:{nodeid}"
+        if key not in old:
+            rows.append((name, "(added)", "-", "-", ""))
+            continue
+        if key not in new:
+            if show_removed:
+                rows.append((name, "(removed)", "-", "-", ""))
+            continue
+        changed = False
+        for (label, a, unit), (_, b, _) in zip(_headline(old[key]), _headline(new[key]),
+                                               strict=True):
+            if _fmt(a, unit) == _fmt(b, unit):
+                continue
+            change = ""
+            if isinstance(a, float) and isinstance(b, float) and a:
+                change = f"{(b / a - 1) * 100:+.1f}%"
+            rows.append((name if not changed else "", label, _fmt(a, unit), _fmt(b, unit),
+                         change))
+            changed = True
+        same += not changed
+    return rows, same
+
+
+def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
+    old, old_is_report = _side(args.old, args.platform)
+    new, new_is_report = _side(args.new, args.platform)
+    # A report covers only the cases that ran: the store's others are not "removed".
+    rows, same = diff_rows(old, new, show_removed=not (old_is_report or new_is_report))
+    if old_is_report and not new_is_report:
+        rows = [r for r in rows if r[1] != "(added)"]
+    if rows:
+        out.write(tabulate(rows, headers=("case", "metric", str(args.old), str(args.new),
+                                          "change"), disable_numparse=True) + "\n")
+    out.write(f"{len({r[0] for r in rows if r[0]})} case(s) differ, {same} equal\n")
+    return 0
+
+
+# -- baselines accept --------------------------------------------------------------------------
+def select(records: list[CaseRecord], patterns: Sequence[str], report: Path
+           ) -> list[CaseRecord]:
+    """The records matched by ``patterns``; an unmatched pattern is an error listing what
+    the report holds."""
+    chosen: dict[str, CaseRecord] = {}
+    for text in patterns:
+        pattern = compile_pattern(text)
+        hits = [r for r in records if matches(pattern, r.nodeid)]
+        if not hits:
+            have = ", ".join(case_key(r.nodeid) for r in records[:12])
+            more = f" (and {len(records) - 12} more)" if len(records) > 12 else ""
+            raise CliError(f"no case in {report} matches --case {text!r}; it has: "
+                           f"{have or 'no cases'}{more}")
+        chosen.update((r.nodeid, r) for r in hits)
+    return [chosen[k] for k in sorted(chosen)]
+
+
+def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
+    records = _load(args.report)
+    if not args.case and not args.all:
+        raise CliError("choose the cases to accept: --case PATTERN (repeatable; * and ? are "
+                       "wildcards) or --all")
+    chosen = records if args.all else select(records, args.case, args.report)
+    root = _store_root(args.baselines)
+    by_platform: dict[str, dict[str, dict[str, Any]]] = {}
+    for record in chosen:
+        outcome = record.run.get("outcome")
+        if outcome in UNRECORDABLE:
+            raise CliError(f"{record.nodeid}: outcome {outcome} is never stored as a baseline "
+                           f"({record.run.get('message') or record.error or 'no message'}); "
+                           f"fix the run, or leave the case out of --case")
+        block = _block_of(record)
+        by_platform.setdefault(record.platform, {})[record.nodeid] = block
+        verdicts = ", ".join(f"{c.metric} {c.verdict.value}" for c in record.checks
+                             if c.verdict.value != "pass") or "all pass"
+        throughput = _fmt(_num(block.get("samples_per_second")), "samples/s")
+        out.write(f"accept {record.nodeid} [{record.platform}]: {verdicts}; stores throughput "
+                  f"{throughput}, outcome {block.get('outcome')}\n")
+    if args.dry_run:
+        out.write(f"dry run: {len(chosen)} case(s) not written\n")
+        return 0
+    for platform, blocks in sorted(by_platform.items()):
+        try:
+            paths = BaselineStore(root, platform).write(blocks)
+        except BaselineError as exc:
+            raise CliError(str(exc)) from None
+        for path in paths:
+            out.write(f"written {path}\n")
+    out.write(f"accepted {len(chosen)} case(s); review and commit the diff (git diff "
+              f"{root})\n")
+    return 0
+
+
+# -- baselines prune ---------------------------------------------------------------------------
+def collected_nodeids(pytest_args: Sequence[str]) -> set[str]:
+    """Node ids that ``pytest --collect-only -q`` lists here."""
+    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+           *pytest_args]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode not in (0, 5):  # 5: nothing collected
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise CliError(f"collection failed (exit {done.returncode}) for {' '.join(cmd[1:])}; "
+                       f"nothing was pruned. Fix it, or pass --nodeids FILE.\n{tail}")
+    return parse_nodeids(done.stdout)
+
+
+def parse_nodeids(text: str) -> set[str]:
+    """Node ids in ``pytest --collect-only -q`` output (or one per line)."""
+    return {line.strip() for line in text.splitlines() if "::" in line and " " not in
+            line.strip()}
+
+
+def stale_cases(root: Path, platform: str | None, collected: set[str]
+                ) -> tuple[dict[str, list[str]], list[str]]:
+    """``({platform: [stale nodeids]}, [modules left alone])``. A case is stale when its
+    module was collected but it was not, or when its module's file no longer exists; a
+    module that exists but was not collected (outside the given paths) is left alone."""
+    modules = {module_key(n) for n in collected}
+    stale: dict[str, list[str]] = {}
+    untouched: set[str] = set()
+    for (plat, nodeid) in sorted(store_blocks(root, platform)):
+        module = module_key(nodeid)
+        if module in modules:
+            if nodeid not in collected:
+                stale.setdefault(plat, []).append(nodeid)
+        elif not Path(f"{module}.py").exists():
+            stale.setdefault(plat, []).append(nodeid)
+        else:
+            untouched.add(module)
+    return stale, sorted(untouched)
+
+
+def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
+    root = _store_root(args.baselines)
+    if args.nodeids is not None:
+        text = sys.stdin.read() if str(args.nodeids) == "-" else _read(args.nodeids)
+        collected = parse_nodeids(text)
+    else:
+        collected = collected_nodeids(args.pytest_args)
+    if not collected:
+        raise CliError("no node ids collected: pass the test paths (accelperf baselines prune "
+                       "suites/) or a --nodeids file from pytest --collect-only -q; nothing "
+                       "was pruned")
+    stale, untouched = stale_cases(root, args.platform, collected)
+    for module in untouched:
+        out.write(f"left alone (not collected here): {module}.py\n")
+    count = sum(len(v) for v in stale.values())
+    for platform, nodeids in sorted(stale.items()):
+        for nodeid in nodeids:
+            out.write(f"{'would drop' if args.dry_run else 'drop'} {nodeid} [{platform}]\n")
+        if not args.dry_run:
+            for path in BaselineStore(root, platform).remove(nodeids):
+                state = "rewritten" if path.exists() else "deleted (no case left)"
+                out.write(f"{state} {path}\n")
+    verb = "would drop" if args.dry_run else "dropped"
+    out.write(f"{verb} {count} case(s) no longer collected; {len(collected)} collected\n")
+    return 0
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot read {path}: {exc}") from None
+
+
+# -- report ------------------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        report, _ = load_report(args.report)
+    except ReportFileError as exc:
+        raise CliError(str(exc)) from None
+    hint = None
+    if report.regressions:
+        cases = " ".join(f"--case '{case_key(r.nodeid)}'" for r in report.regressions[:5])
+        hint = f"accelperf baselines accept {args.report} {cases}"
+    wrote = False
+    if args.markdown is not None:
+        text = markdown(report, accept_hint=hint)
+        if str(args.markdown) == "-":
+            out.write(text)
+        else:
+            _write(args.markdown, text)
+            out.write(f"Markdown summary written to {args.markdown}\n")
+        wrote = True
+    if args.html is not None:
+        history: list[dict[str, Any]] = []
+        try:
+            if args.history is not None:
+                history = read_history(args.history, report.platform or None)
+            text = html_report(report, history=history, threshold=args.threshold)
+        except (HistoryError, ReportDependencyError) as exc:
+            raise CliError(str(exc)) from None
+        _write(args.html, text)
+        out.write(f"HTML report written to {args.html}\n")
+        wrote = True
+    if not wrote:
+        out.write(markdown(report, accept_hint=hint))
+    return 0
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"cannot write {path}: {exc}") from None
+
+
+# -- argument parsing --------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="accelperf",
+        description="pytest-accelperf: inspect, compare, accept and prune baselines; render "
+                    "saved reports. Run it in the pytest rootdir.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def store_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--baselines", type=Path, metavar="DIR",
+                       help="the baseline store (default: [tool.accelperf] baselines of "
+                            "./pyproject.toml, else baselines/)")
+
+    base = sub.add_parser("baselines", help="show, diff, accept or prune stored baselines")
+    bsub = base.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    show = bsub.add_parser("show", help="list stored cases with their headline numbers")
+    store_arg(show)
+    show.add_argument("--platform", help="only this platform (e.g. cpu-x8)")
+    show.add_argument("patterns", nargs="*", metavar="PATTERN",
+                      help="only cases matching (node id, test[case] or case id; * and ? "
+                           "are wildcards)")
+    show.set_defaults(func=cmd_show)
+
+    diff = bsub.add_parser("diff", help="compare two stores, or a JSON report with a store")
+    diff.add_argument("old", type=Path, metavar="OLD", help="a store directory or JSON report")
+    diff.add_argument("new", type=Path, metavar="NEW", help="a store directory or JSON report")
+    diff.add_argument("--platform", help="only this platform")
+    diff.set_defaults(func=cmd_diff)
+
+    accept = bsub.add_parser("accept", help="store cases of a JSON report as baselines, "
+                                            "without re-running them")
+    accept.add_argument("report", type=Path, metavar="REPORT",
+                        help="a report written by pytest --accelperf-json")
+    accept.add_argument("--case", action="append", default=[], metavar="PATTERN",
+                        help="a case to accept (repeatable; node id, test[case] or case id; "
+                             "* and ? are wildcards)")
+    accept.add_argument("--all", action="store_true", help="accept every case of the report")
+    accept.add_argument("--dry-run", action="store_true", help="say what would be written")
+    store_arg(accept)
+    accept.set_defaults(func=cmd_accept)
+
+    prune = bsub.add_parser("prune", help="drop stored cases that pytest no longer collects")
+    store_arg(prune)
+    prune.add_argument("--platform", help="only this platform")
+    prune.add_argument("--nodeids", type=Path, metavar="FILE",
+                       help="node ids, one a line (pytest --collect-only -q output; - for "
+                            "stdin), instead of collecting")
+    prune.add_argument("--dry-run", action="store_true", help="say what would be dropped")
+    prune.add_argument("pytest_args", nargs="*", metavar="PYTEST_ARG",
+                       help="passed to pytest --collect-only -q (e.g. suites/)")
+    prune.set_defaults(func=cmd_prune)
+
+    report = sub.add_parser("report", help="render a saved JSON report as Markdown or HTML")
+    report.add_argument("report", type=Path, metavar="REPORT",
+                        help="a report written by pytest --accelperf-json")
+    report.add_argument("--markdown", type=Path, metavar="PATH",
+                        help="write the Markdown summary here (- for stdout)")
+    report.add_argument("--html", type=Path, metavar="PATH",
+                        help="write the HTML report with plots here (needs matplotlib)")
+    report.add_argument("--history", type=Path, metavar="DIR",
+                        help="the --accelperf-history directory, for the trend plots")
+    report.add_argument("--threshold", type=float, default=0.1, metavar="REL",
+                        help="relative throughput change listed as a step change in the "
+                             "history (default 0.1)")
+    report.set_defaults(func=cmd_report)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Entry point of the ``accelperf`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    stream = out if out is not None else sys.stdout
+    try:
+        status: int = args.func(args, stream)
+    except CliError as exc:
+        print(f"accelperf: error: {exc}", file=sys.stderr)
+        return 1
+    return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

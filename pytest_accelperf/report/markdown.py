@@ -1,0 +1,127 @@
+"""The Markdown summary for a pull-request comment and the CI job summary.
+
+Ordered by what a reviewer must act on: regressions (and errors) first, then improvements
+(which ask for a baseline refresh), then checks that could not decide (inconclusive, new,
+incomparable), then a folded ``<details>`` list of the cases that passed. Text only; the
+plugin and ``accelperf report`` decide where it goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.report.data import CaseRecord, SessionReport
+from pytest_accelperf.report.terminal import fmt_change, fmt_value
+from pytest_accelperf.units import fmt_bytes
+
+#: Longest detail shown in a table cell; the JSON report has the rest.
+MAX_DETAIL = 240
+
+_CHECK_HEADERS = ("case", "metric", "baseline", "now", "change", "detail")
+
+
+def cell(text: str) -> str:
+    """``text`` made safe for one Markdown table cell (pipes escaped, one line)."""
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def _short(text: str, limit: int = MAX_DETAIL) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def case_name(record: CaseRecord) -> str:
+    """The test name with its case id, without the module path (``test_x[jax-nomesh-b8]``)."""
+    return record.nodeid.split("::", 1)[-1]
+
+
+def _table(headers: Iterable[str], rows: list[list[str]]) -> list[str]:
+    headers = list(headers)
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def _check_row(record: CaseRecord, check: CheckResult) -> list[str]:
+    return [f"`{case_name(record)}`", check.metric, fmt_value(check.baseline, check.unit),
+            fmt_value(check.now, check.unit), fmt_change(check), _short(check.detail)]
+
+
+def _checks_with(report: SessionReport, verdicts: tuple[Verdict, ...]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for record in report.sorted_records():
+        rows += [_check_row(record, c) for c in record.checks if c.verdict in verdicts]
+    return rows
+
+
+def _metric(record: CaseRecord, key: str) -> float | None:
+    derived = record.run.get("derived") or {}
+    value = derived.get(key)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _pass_row(record: CaseRecord) -> list[str]:
+    sps = _metric(record, "samples_per_second")
+    peak = _metric(record, "peak_memory")
+    losses = [x for x in record.run.get("losses") or [] if isinstance(x, (int, float))]
+    return [f"`{case_name(record)}`", str(record.run.get("outcome", "-")),
+            f"{sps:,.1f}/s" if sps is not None else "-",
+            f"{losses[-1]:.4g}" if losses else "-",
+            fmt_bytes(int(peak)) if peak is not None else "-",
+            ", ".join(c.metric for c in record.checks)]
+
+
+def headline(report: SessionReport) -> str:
+    """One line: how many cases, on what, and the counts of check verdicts."""
+    counts = report.counts()
+    regressions = len(report.regressions) + len(report.errors) + sum(
+        1 for r in report.records if r.error and not r.checks)
+    status = ("❌ regression" if regressions else "✅ no regression")
+    parts = [f"**{n} {v}**" if v == "regression" else f"{n} {v}"
+             for v, n in counts.items() if n]
+    return (f"{status} · {len(report.records)} case(s) on `{report.platform or '?'}` · "
+            f"checks: {', '.join(parts) or 'none'}")
+
+
+def markdown(report: SessionReport, *, title: str = "accelperf",
+             accept_hint: str | None = None) -> str:
+    """The whole summary as Markdown text (ends with a newline).
+
+    ``accept_hint`` is the command that accepts a regression (shown under the regressions),
+    e.g. ``accelperf baselines accept accelperf.json --case PATTERN``.
+    """
+    lines = [f"## {title}", "", headline(report), ""]
+    regression_rows = _checks_with(report, (Verdict.REGRESSION,))
+    errors = [r for r in report.sorted_records() if r.error and not r.checks]
+    if regression_rows or errors or report.errors:
+        lines += ["### ❌ Regressions", ""]
+        rows = regression_rows + [
+            [f"`{case_name(r)}`", "error", "-", "-", "-", _short(r.error or "")] for r in errors]
+        if rows:
+            lines += [*_table(_CHECK_HEADERS, rows), ""]
+        lines += [f"- session error: {_short(e)}" for e in report.errors]
+        if report.errors:
+            lines.append("")
+        if accept_hint and regression_rows:
+            lines += [f"If a change is intended, accept it: `{accept_hint}`", ""]
+    sections = (
+        ("### 🚀 Improvements", (Verdict.IMPROVEMENT,),
+         "Faster or leaner than the baseline: refresh the baseline to lock the gain in."),
+        ("### ❔ Inconclusive", (Verdict.INCONCLUSIVE,),
+         "The noise was larger than the tolerance can resolve; nothing failed."),
+        ("### 🆕 Not compared", (Verdict.NEW, Verdict.INCOMPARABLE),
+         "No baseline yet, or one recorded in another environment."),
+    )
+    for heading, verdicts, note in sections:
+        rows = _checks_with(report, verdicts)
+        if rows:
+            lines += [heading, "", note, "", *_table(_CHECK_HEADERS, rows), ""]
+    passed = [r for r in report.sorted_records() if r.checks and r.verdict is Verdict.PASS]
+    if passed:
+        lines += [f"<details><summary>✅ {len(passed)} case(s) passed every check</summary>",
+                  "",
+                  *_table(("case", "outcome", "throughput", "final loss", "peak memory",
+                           "checks"), [_pass_row(r) for r in passed]),
+                  "", "</details>", ""]
+    return "\n".join(lines).rstrip("\n") + "\n"
