@@ -384,6 +384,11 @@ class CaseRunner:
                      f"{self.accelerator.platform} baseline:"]
             lines += [f"  {c.metric}: {c.detail}" for c in failed]
             lines.append(f"If this change is intended, accept it with:\n  {accept}")
+            if self.settings.json is not None:
+                case = self._item.nodeid.split("::", 1)[-1]
+                lines.append(f"or, without re-running, from this session's report:\n"
+                             f"  accelperf baselines accept {self.settings.json} "
+                             f"--case '{case}'")
             pytest.fail("\n".join(lines), pytrace=False)
         if baseline is None:
             pytest.fail(

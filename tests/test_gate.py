@@ -75,7 +75,7 @@ def test_throughput_claimed_much_faster_fails(recorded: Suite) -> None:
         block["samples_per_second"] *= 4
 
     recorded.edit(quarter)
-    result = recorded.run("--accelperf-throughput-tolerance=0.5")
+    result = recorded.run("--accelperf-throughput-tolerance=0.5", "--accelperf-json=report.json")
     assert result.ret == 1
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([
@@ -83,6 +83,8 @@ def test_throughput_claimed_much_faster_fails(recorded: Suite) -> None:
         "*throughput: *slower*",
         "*If this change is intended, accept it with:*",
         "*--accelperf-update*",
+        "*or, without re-running, from this session's report:*",
+        "*accelperf baselines accept *report.json --case 'test_sweep?jax-nomesh-b256?'*",
         "*throughput*REGRESSION*",
     ])
 
