@@ -245,7 +245,9 @@ def provision(accel: str, cpu_devices: int, platform_override: str | None = None
         ) from exc
     kind = devices[0].device_kind
     capacity: int | None = None
-    stats = devices[0].memory_stats()
+    # This process's own device: under jax.distributed the first may be another host's.
+    mine = [d for d in devices if d.process_index == jax.process_index()] or devices
+    stats = mine[0].memory_stats()
     if stats and stats.get("bytes_limit"):
         capacity = int(stats["bytes_limit"])
     key = platform_override or platform_key(accel, kind, len(devices))

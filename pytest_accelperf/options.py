@@ -105,6 +105,13 @@ OPTIONS: tuple[Option, ...] = (
     Option("reference_rtol", "--accelperf-reference-rtol", "rtol of parameters against a "
            f"single-device reference run. Default: {_TOL.reference_rtol}.", "float",
            _TOL.reference_rtol),
+    Option("cluster", "--accelperf-cluster", "train each case in a Ray worker that holds its "
+           "devices: local (start a Ray cluster on this machine for the session and stop it "
+           "at the end) or HOST:PORT of a running cluster (needs pip install "
+           "'pytest-accelperf[ray]'). Default: train in the pytest process.", "str", None),
+    Option("cluster_wait", "--accelperf-cluster-wait", "seconds a case waits for a Ray "
+           "cluster that does not have the resources it asks for before it fails (a busy "
+           "cluster is waited for). Default: 60.", "float", 60.0),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
 TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerances))
@@ -206,6 +213,8 @@ class Settings:
     markdown: Path | None = None
     html: Path | None = None
     history: Path | None = None
+    cluster: str | None = None
+    cluster_wait: float = 60.0
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
@@ -244,6 +253,8 @@ class Settings:
             html=_output_path("html", values["html"], getoption, rootdir, invocation_dir),
             history=_output_path("history", values["history"], getoption, rootdir,
                                  invocation_dir),
+            cluster=values["cluster"],
+            cluster_wait=float(values["cluster_wait"]),
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_accelperf import hookspecs
+from pytest_accelperf import cluster, hookspecs
 from pytest_accelperf.accel import (
     Accelerator,
     AcceleratorUnavailable,
@@ -73,7 +73,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = AccelperfSession(settings=settings, config=config)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``--accelperf-cluster=local``: the controller starts the session's Ray cluster
+    before xdist starts its workers, which all submit to it (see :mod:`.cluster`)."""
+    state = session.config.stash.get(SESSION_KEY, None)
+    if state is not None:
+        cluster.session_start(session.config, state.settings.cluster,
+                              _is_worker(session.config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: give each worker the address of the session's Ray cluster."""
+    cluster.configure_node(node.config, node)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
+    cluster.session_finish(config)  # a backstop: normally done in pytest_sessionfinish
     if SESSION_KEY in config.stash:
         del config.stash[SESSION_KEY]
 
@@ -215,6 +232,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    cluster.session_finish(config)  # every case has trained: stop or disconnect Ray
     state = config.stash.get(SESSION_KEY, None)
     if state is None:
         return

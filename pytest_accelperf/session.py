@@ -28,6 +28,8 @@ from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPoint
+from pytest_accelperf.cluster import cluster_for
+from pytest_accelperf.cluster_dispatch import train as train_on_cluster
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
@@ -266,10 +268,19 @@ class CaseRunner:
     def _train_once(self, task: Any, found: MaxBatch | None) -> TrainResult:
         __tracebackhide__ = True
         backend = get_backend(self.case.backend).load()
+        settings = self.settings
         try:
-            with exclusive_host(self.accelerator):
-                result = backend.train(self.case, task, self.accelerator,
-                                       timeout=self.settings.timeout)
+            ray_cluster = cluster_for(self._item.config, settings.cluster)
+            if ray_cluster is not None:
+                # The cluster's resources, not the host lock, keep cases apart there.
+                result = train_on_cluster(self.case, task, self.accelerator,
+                                          cpu_devices=settings.cpu_devices,
+                                          platform=settings.platform,
+                                          timeout=settings.timeout, wait=settings.cluster_wait)
+            else:
+                with exclusive_host(self.accelerator):
+                    result = backend.train(self.case, task, self.accelerator,
+                                           timeout=settings.timeout)
         except Exception as exc:
             run = Run(case_id=self.case.id, outcome="error",
                       message=f"{type(exc).__name__}: {exc}",

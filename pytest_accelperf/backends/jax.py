@@ -219,6 +219,10 @@ def _labels(mesh: Any) -> list[str]:
 
 def _flat(tree: PyTree) -> dict[str, np.ndarray]:
     """``{"params/Block_0/Dense_0/kernel": host array}`` of a pytree (gathers shards)."""
+    if jax.process_count() > 1:  # a case spanning processes: every process gathers
+        from jax.experimental import multihost_utils
+
+        tree = multihost_utils.process_allgather(tree, tiled=True)
     leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))
     return {jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf)
             for path, leaf in leaves}
@@ -325,6 +329,11 @@ class JaxBackend:
 
     def train(self, case: Case, task: JaxTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
+        if case.world_size > 1 and jax.process_count() == 1:
+            # A case spanning processes, launched here (inside them process_count > 1).
+            from pytest_accelperf.backends.jax_multihost import train_processes
+
+            return train_processes(case, task, accel, timeout=timeout)
         deadline = time.monotonic() + timeout if timeout else None
         run = Run(case_id=case.id, samples_per_step=case.batch,
                   tokens_per_step=(case.batch * task.tokens_per_sample
@@ -349,7 +358,9 @@ class JaxBackend:
             run.message = _oom_message(oom)
             return TrainResult(run=run)  # no parameter was ever allocated
 
-        probe = jax_probe(mesh.devices.flat[0])
+        # This process's first device (with jax.distributed, others belong to other hosts).
+        probe = jax_probe(next(d for d in mesh.devices.flat
+                               if d.process_index == jax.process_index()))
         try:
             trained = _execute(program, case, task, probe, deadline)
         except RuntimeError as exc:
@@ -362,7 +373,9 @@ class JaxBackend:
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         # GPU/TPU runtimes count the real peak (since process start: an earlier, larger
         # case in the same process raises it); XLA:CPU has no counter, so the plan stays.
-        stats = [d.memory_stats() for d in mesh.devices.flat]
+        here = jax.process_index()  # other hosts' devices have no counter in this process
+        stats: list[Any] = [d.memory_stats() if d.process_index == here else None
+                            for d in mesh.devices.flat]
         if all(s and "peak_bytes_in_use" in s for s in stats):
             run.memory_per_device = {label: int(s["peak_bytes_in_use"])
                                      for label, s in zip(_labels(mesh), stats, strict=True)}

@@ -1,0 +1,107 @@
+"""A JAX case over several processes ("hosts"): ``world_size`` processes joined by
+``jax.distributed.initialize``, each with ``1 / world_size`` of the platform's devices, all
+running the JAX backend's own training on the global mesh (multi-controller JAX).
+
+Without a cluster the processes are launched on this machine by
+:mod:`pytest_accelperf.backends.launch` (coordinator on 127.0.0.1); on a Ray cluster
+(:mod:`pytest_accelperf.cluster`) they are actors, one per host. Either way each process
+runs :func:`join` and then ``JaxBackend.train``, so a baseline recorded one way is compared
+with a run taken the other. On ``cpu`` the collectives between processes go over gloo
+(``jax_cpu_collectives_implementation``), and the virtual devices are split:
+``--accelperf-cpu-devices=8`` at ``world_size=2`` is 4 per process, 8 in the mesh.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.backends.base import TrainResult
+from pytest_accelperf.cases import Case
+from pytest_accelperf.run import Outcome, Run
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends._rank import RankContext
+
+_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+def check_case(case: Case, accel: Accelerator) -> None:
+    """Refuse what a multi-process JAX case cannot be, with the fix."""
+    if case.reference:
+        raise ValueError(f"{case.id}: the single-device reference of a JAX case spanning "
+                         f"{case.world_size} processes has no device every process shares; "
+                         f"drop reference=True or world_size")
+    if accel.device_count % case.world_size:
+        raise ValueError(f"{case.id}: the {accel.device_count} devices of {accel.platform} "
+                         f"do not split over {case.world_size} processes; pass "
+                         f"--accelperf-cpu-devices as a multiple of {case.world_size}")
+
+
+def local_xla_flags(flags: str, devices: int) -> str:
+    """``flags`` with this process's virtual CPU device count.
+
+    >>> local_xla_flags("--xla_force_host_platform_device_count=8 --foo", 4)
+    '--foo --xla_force_host_platform_device_count=4'
+    """
+    kept = re.sub(rf"{_COUNT_FLAG}=\S+", "", flags).split()
+    return " ".join([*kept, f"{_COUNT_FLAG}={devices}"])
+
+
+def join(coordinator: str, n_processes: int, process_id: int, accel: str,
+         local_devices: int) -> None:
+    """Make this (fresh) process ``process_id`` of ``n_processes``: its share of virtual
+    devices on ``cpu``, gloo collectives, and ``jax.distributed.initialize``. Must run
+    before anything initializes a jax backend in this process."""
+    if accel == "cpu":
+        os.environ["XLA_FLAGS"] = local_xla_flags(os.environ.get("XLA_FLAGS", ""),
+                                                  local_devices)
+        os.environ["JAX_PLATFORMS"] = "cpu"
+    jax: Any = importlib.import_module("jax")  # untyped calls below
+    if accel == "cpu":
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=n_processes,
+                               process_id=process_id)
+
+
+def train_here(case: Case, task: Any, accel: str, cpu_devices: int, platform: str | None,
+               timeout: float | None) -> tuple[str, TrainResult]:
+    """After :func:`join`: the JAX backend's training over the global devices, and the
+    platform key this process sees."""
+    from pytest_accelperf.accel import provision
+    from pytest_accelperf.backends.jax import BACKEND
+
+    acc = provision(accel, cpu_devices, platform)
+    return acc.platform, BACKEND.train(case, task, acc, timeout=timeout)
+
+
+def rank_main(ctx: RankContext, case: Case, task: Any, accel: str, cpu_devices: int,
+              platform: str, timeout: float | None) -> TrainResult | None:
+    """One launched process (see :mod:`.launch`); process 0's result is the run."""
+    coordinator = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    ctx.progress(phase="init")
+    join(coordinator, ctx.world_size, ctx.rank, accel, cpu_devices // ctx.world_size)
+    _, result = train_here(case, task, accel, cpu_devices, platform, timeout)
+    ctx.progress(phase="done", step=len(result.run.losses) - 1)
+    return result if ctx.rank == 0 else None
+
+
+def train_processes(case: Case, task: Any, accel: Accelerator, *,
+                    timeout: float | None = None) -> TrainResult:
+    """Train ``case`` in ``case.world_size`` processes launched on this machine."""
+    from pytest_accelperf.backends.launch import launch
+
+    check_case(case, accel)
+    launched = launch(rank_main, (case, task, accel.name, accel.device_count, accel.platform,
+                                  timeout), case.world_size, timeout=timeout)
+    if launched.outcome != "ok":
+        outcome: Outcome = "timeout" if launched.outcome == "timeout" else "error"
+        return TrainResult(run=Run(case_id=case.id, outcome=outcome, message=launched.message,
+                                   samples_per_step=case.batch, n_devices=case.n_devices))
+    result = launched.ranks[0].result
+    assert isinstance(result, TrainResult)
+    result.run.extra["processes"] = case.world_size
+    return result

@@ -1,0 +1,252 @@
+"""Ray dispatch: the training of each case runs in a Ray worker that holds its devices.
+
+With ``--accelperf-cluster=local|ADDRESS`` the runner hands the training of a case to a
+Ray cluster (:func:`.cluster_dispatch.train`) instead of running it in the pytest process;
+the run comes back and is checked, recorded and reported on the controller exactly as a
+local run.
+
+Resources. A case asks the cluster for the devices of the session's platform, as Ray
+resources, through a placement group (so all processes of a case are scheduled at once, or
+none, and two cases never deadlock holding half of each other's devices):
+
+* ``--accel=gpu``: ``GPU`` (the platform's device count), ``--accel=tpu``: ``TPU``,
+  ``--accel=neuron``: ``neuron_cores``;
+* ``--accel=cpu``: the custom resource ``accelperf_cpu_host: 1``. Virtual CPU devices are
+  the host's cores, so a case holds the whole host: no two timing-sensitive cases share
+  one, whichever xdist worker or session submitted them. ``local`` declares it on the
+  node it starts; on a cluster of your own, start each node with
+  ``ray start ... --resources='{"accelperf_cpu_host": 1}'``.
+
+Every xdist worker submits to the same cluster (``local`` is started once, by the
+controller, and its address handed to the workers), so Ray's resource accounting is what
+keeps two workers off the same devices.
+
+Processes. Each case trains in fresh actors (:class:`~.cluster_worker.CaseWorker`),
+killed afterwards. Cases that span hosts have one actor per process: a multi-process torch
+case (DeepSpeed, DDP) runs the ranks of :func:`~.backends.ddp.rank_main` as actors, one per
+"host", with ``MASTER_ADDR``/``MASTER_PORT`` on rank 0's node; a JAX case with
+``world_size > 1`` runs ``world_size`` processes joined by ``jax.distributed.initialize``
+(CPU collectives over gloo on ``--accel=cpu``), each with ``cpu_devices / world_size``
+virtual devices. On one machine the "hosts" are actors on one node; the code path is the
+multi-host one.
+
+Faults. A case whose resources no node set of the cluster has is failed after
+``--accelperf-cluster-wait`` seconds with what it asked for and what each node has. A
+worker that dies fails its case (outcome ``error``) naming the host, and the session goes
+on. Ctrl-C (or any exception on the controller) kills the case's actors and frees its
+placement group. ``local`` is a cluster of this session alone: it is started with its own
+temporary directory and authentication token, and shut down (``ray.shutdown``) at the end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+#: The custom resource of a host whose CPU runs virtual devices (one per host).
+HOST_RESOURCE = "accelperf_cpu_host"
+#: Object store of a ``local`` cluster: runs and parameters are small.
+LOCAL_OBJECT_STORE = 256 * 2**20
+#: workerinput key (xdist) carrying the controller's cluster address.
+WORKERINPUT_KEY = "accelperf_cluster_address"
+_TOKEN_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+
+
+class ClusterError(Exception):
+    """The cluster cannot run a case (infeasible resources, a platform mismatch, Ray
+    missing); the message says what was asked, what exists, and what to do."""
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or a ClusterError naming the extra to install."""
+    try:
+        return importlib.import_module("ray")
+    except ImportError:
+        raise ClusterError("--accelperf-cluster needs Ray, which is not installed: "
+                           "pip install 'pytest-accelperf[ray]'") from None
+
+
+def check_address(value: str) -> str:
+    """``local``, ``auto`` or ``HOST:PORT`` (a GCS address); Ray Client (``ray://``) is
+    refused: it is deprecated and drops connections under long calls."""
+    value = value.strip()
+    if value in ("local", "auto"):
+        return value
+    if value.startswith("ray://"):
+        raise pytest.UsageError(
+            f"--accelperf-cluster={value}: Ray Client (ray://) is not supported; pass the "
+            f"cluster's GCS address (HOST:6379, what `ray start --head` prints) so pytest "
+            f"connects as a driver")
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit():
+        raise pytest.UsageError(
+            f"--accelperf-cluster={value}: expected local (start a Ray cluster on this "
+            f"machine for the session), auto, or HOST:PORT of a running cluster")
+    return value
+
+
+@dataclass
+class Cluster:
+    """This process's connection to a Ray cluster (and the cluster, when it started it)."""
+
+    address: str
+    owned: bool = False
+    connected: bool = False
+    temp_dir: str | None = None
+    start_seconds: float = 0.0
+    _env_before: dict[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def start_local(cls) -> Cluster:
+        """Start a Ray cluster on this machine for this session: no dashboard, its own
+        temporary directory, one ``accelperf_cpu_host``, and (unless ``RAY_AUTH_MODE`` is
+        set) token authentication with a fresh token in ``RAY_AUTH_TOKEN``, which this
+        process's children (xdist workers) inherit and nothing is written to ``~/.ray``."""
+        ray = import_ray()
+        before = {k: os.environ.get(k) for k in _TOKEN_VARS}
+        if "RAY_AUTH_MODE" not in os.environ:
+            os.environ["RAY_AUTH_MODE"] = "token"
+            os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+            _refresh_ray_config()
+        temp_dir = tempfile.mkdtemp(prefix="accelperf-ray-")
+        t0 = time.perf_counter()
+        try:
+            ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count(),
+                     resources={HOST_RESOURCE: 1}, object_store_memory=LOCAL_OBJECT_STORE,
+                     log_to_driver=False, configure_logging=False, _temp_dir=temp_dir)
+        except BaseException:
+            _restore_env(before)
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            raise
+        address = str(ray.get_runtime_context().gcs_address)
+        return cls(address=address, owned=True, connected=True, temp_dir=temp_dir,
+                   start_seconds=time.perf_counter() - t0, _env_before=before)
+
+    @classmethod
+    def connect(cls, address: str) -> Cluster:
+        """Connect to a running cluster as a driver (``auto``: the one ``ray start``
+        started on this machine). A process already connected to it is reused as is."""
+        ray = import_ray()
+        if ray.is_initialized():
+            current = str(ray.get_runtime_context().gcs_address)
+            if address in ("auto", current):
+                return cls(address=current)
+            raise ClusterError(f"this process is already connected to the Ray cluster at "
+                               f"{current}, not {address}")
+        t0 = time.perf_counter()
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            hint = ""
+            if "auth" in str(exc).lower() or "token" in str(exc).lower():
+                hint = (" The cluster uses token authentication: give this process its token "
+                        "as RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token; "
+                        "`ray get-auth-token` on the head prints it).")
+            raise ClusterError(f"cannot connect to the Ray cluster at {address}: {first}."
+                               f"{hint}") from exc
+        return cls(address=str(ray.get_runtime_context().gcs_address), connected=True,
+                   start_seconds=time.perf_counter() - t0)
+
+    def stop(self) -> None:
+        """Disconnect; a cluster this process started is shut down with it (exactly that
+        one: its processes are this process's children), and its directory removed."""
+        if self.connected:
+            ray = import_ray()
+            ray.shutdown()
+            self.connected = False
+        if self.owned:
+            _restore_env(self._env_before)
+            if self.temp_dir:
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.owned = False
+
+
+def _refresh_ray_config() -> None:
+    """Ray reads ``RAY_AUTH_MODE`` into its C++ config when imported; a process that
+    imported it before the mode was set must reload that config (what Ray's own
+    ``_enable_token_auth`` does)."""
+    raylet: Any = importlib.import_module("ray._raylet")
+    raylet.Config.initialize("")
+
+
+def _restore_env(before: dict[str, str | None]) -> None:
+    changed = False
+    for key, value in before.items():
+        if os.environ.get(key) != value:
+            changed = True
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    if changed and "ray" in sys.modules:
+        _refresh_ray_config()
+
+
+# -- session wiring (called from plugin.py) -----------------------------------------------
+CLUSTER_KEY = pytest.StashKey[Cluster]()
+
+
+def session_start(config: pytest.Config, setting: str | None, is_worker: bool) -> None:
+    """Controller: start ``local`` (so that every xdist worker shares it); an address is
+    connected to lazily, by whichever process trains a case first."""
+    if not setting or is_worker:
+        return
+    check_address(setting)
+    try:
+        import_ray()  # a missing Ray is a usage error now, not a failure of every case
+        if setting == "local" and not config.option.collectonly:
+            config.stash[CLUSTER_KEY] = Cluster.start_local()
+    except ClusterError as exc:
+        raise pytest.UsageError(str(exc)) from None
+
+
+def worker_address(config: pytest.Config, setting: str | None) -> str | None:
+    """The address this process should connect to (the controller's ``local`` cluster
+    under xdist), or None without a cluster."""
+    if not setting:
+        return None
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get(WORKERINPUT_KEY):
+        return str(workerinput[WORKERINPUT_KEY])
+    return check_address(setting)
+
+
+def cluster_for(config: pytest.Config, setting: str | None) -> Cluster | None:
+    """This process's cluster connection, made on first use; None without a cluster."""
+    __tracebackhide__ = True
+    if not setting:
+        return None
+    cluster = config.stash.get(CLUSTER_KEY, None)
+    if cluster is None:
+        address = worker_address(config, setting)
+        if address == "local":  # the controller starts it in pytest_sessionstart
+            raise ClusterError("--accelperf-cluster=local: no cluster was started for this "
+                               "session (pytest_sessionstart did not run)")
+        assert address is not None
+        cluster = Cluster.connect(address)
+        config.stash[CLUSTER_KEY] = cluster
+    return cluster
+
+
+def session_finish(config: pytest.Config) -> None:
+    cluster = config.stash.get(CLUSTER_KEY, None)
+    if cluster is not None:
+        cluster.stop()
+        del config.stash[CLUSTER_KEY]
+
+
+def configure_node(config: pytest.Config, node: Any) -> None:
+    """xdist controller: hand the workers the address of the cluster it started."""
+    cluster = config.stash.get(CLUSTER_KEY, None)
+    if cluster is not None:
+        node.workerinput[WORKERINPUT_KEY] = cluster.address

@@ -1,0 +1,401 @@
+"""Dispatching a case to the Ray cluster (see :mod:`pytest_accelperf.cluster` for the
+picture): what it asks for (:func:`placement`), whether the cluster could ever hold it
+(:func:`feasible`), its fresh actors, and the run that comes back (:func:`train`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.backends.base import TrainResult
+from pytest_accelperf.cases import Case
+from pytest_accelperf.cluster import HOST_RESOURCE, ClusterError, import_ray
+
+#: Ray resource names of the accelerators (``--accel``).
+DEVICE_RESOURCES = {"gpu": "GPU", "tpu": "TPU", "neuron": "neuron_cores"}
+#: Seconds a worker may take beyond the case's own timeout (process start, imports,
+#: compile) before it is killed; the backend itself stops at a step boundary first.
+GRACE_S = 120.0
+_MULTIPROCESS_TORCH = ("deepspeed", "torch")
+
+
+# -- what a case asks for -----------------------------------------------------------------
+def process_count(case: Case) -> int:
+    """Processes (hosts) a case spans: its ranks (multi-process torch, JAX with
+    ``world_size > 1``), else one."""
+    return case.world_size if case.world_size > 1 else 1
+
+
+def placement(case: Case, accel: Accelerator,
+              nodes: Sequence[dict[str, Any]]) -> tuple[list[dict[str, float]], str]:
+    """The placement-group bundles (one per process) and strategy of ``case``.
+
+    A case holds all the devices of the session's platform: on ``cpu`` the whole host
+    (one ``accelperf_cpu_host``: shared by its processes when the cluster has fewer hosts
+    than processes, else one host each), elsewhere the platform's device count split over
+    its processes."""
+    procs = process_count(case)
+    if accel.name == "cpu":
+        hosts = sum(1 for n in nodes if n.get("Resources", {}).get(HOST_RESOURCE, 0) >= 1)
+        if procs > 1 and hosts >= procs:
+            return [{HOST_RESOURCE: 1.0} for _ in range(procs)], "STRICT_SPREAD"
+        return [{HOST_RESOURCE: round(1.0 / procs, 4)} for _ in range(procs)], "PACK"
+    name = DEVICE_RESOURCES.get(accel.name)
+    if name is None:
+        raise ClusterError(f"--accel={accel.name} has no Ray resource; use cpu, gpu, tpu or "
+                           f"neuron with --accelperf-cluster")
+    if accel.device_count % procs:
+        raise ClusterError(f"{case.id}: {procs} processes cannot split the "
+                           f"{accel.device_count} devices of {accel.platform} evenly")
+    per = float(accel.device_count // procs)
+    return [{name: per} for _ in range(procs)], "PACK" if procs == 1 else "SPREAD"
+
+
+def _shown(resources: dict[str, float]) -> str:
+    return ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) or "nothing"
+
+
+def describe_nodes(nodes: Sequence[dict[str, Any]]) -> str:
+    """``node 10.0.0.2 (id 3f2a9c1d): CPU: 2, accelperf_cpu_host: 1`` per alive node."""
+    lines = []
+    for n in nodes:
+        res = {k: float(v) for k, v in n.get("Resources", {}).items()
+               if not k.startswith(("node:", "accelerator_type:"))
+               and k not in ("memory", "object_store_memory")}
+        lines.append(f"node {n.get('NodeManagerAddress')} (id {str(n.get('NodeID'))[:8]}): "
+                     f"{_shown(res)}")
+    return "; ".join(lines) or "no alive node"
+
+
+def feasible(bundles: Sequence[dict[str, float]], strategy: str,
+             nodes: Sequence[dict[str, Any]]) -> bool:
+    """Whether the alive ``nodes`` could ever hold ``bundles`` (not whether they are free
+    now): every bundle fits a node, the totals fit the cluster, and ``STRICT_SPREAD`` has
+    a distinct node per bundle."""
+    totals = [{k: float(v) for k, v in n.get("Resources", {}).items()} for n in nodes]
+
+    def fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
+        return all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
+
+    if not all(any(fits(b, t) for t in totals) for b in bundles):
+        return False
+    if strategy == "STRICT_SPREAD":
+        return sum(1 for t in totals if fits(bundles[0], t)) >= len(bundles)
+    if strategy == "PACK" and len(bundles) > 1:
+        merged: dict[str, float] = {}
+        for b in bundles:
+            for k, v in b.items():
+                merged[k] = merged.get(k, 0.0) + v
+        return any(fits(merged, t) for t in totals) or all(
+            sum(t.get(k, 0.0) for t in totals) + 1e-9 >= v for k, v in merged.items())
+    return True
+
+
+# -- running actors -----------------------------------------------------------------------
+@dataclass
+class _Gang:
+    """The actors of one case, in one placement group, and where each runs."""
+
+    actors: list[Any]
+    hosts: list[dict[str, Any]]
+
+    def host(self, index: int) -> str:
+        h = self.hosts[index] if index < len(self.hosts) else {}
+        return (f"host {h.get('hostname', '?')} (node {h.get('node_ip', '?')}, id "
+                f"{str(h.get('node_id', '?'))[:8]}, pid {h.get('pid', '?')})")
+
+
+def _worker_env(extra: dict[str, str]) -> dict[str, str]:
+    """The runtime environment of a case's workers: the suite's import path and the
+    session's device environment (``XLA_FLAGS``, ``JAX_PLATFORMS``), plus ``extra``."""
+    from pytest_accelperf.backends.launch import EXTENSIONS_ENV, default_extensions_dir
+    from pytest_accelperf.cluster_worker import THREADS_ENV
+
+    paths = [p if p else os.getcwd() for p in sys.path]
+    env = {"PYTHONPATH": os.pathsep.join(paths), EXTENSIONS_ENV: str(default_extensions_dir()),
+           "PYTHONUNBUFFERED": "1"}
+    for key in ("XLA_FLAGS", "JAX_PLATFORMS", "OMP_NUM_THREADS"):
+        if os.environ.get(key):
+            env[key] = os.environ[key]
+    if "OMP_NUM_THREADS" in env:
+        env[THREADS_ENV] = env["OMP_NUM_THREADS"]
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def _gang(case: Case, accel: Accelerator, wait: float,
+          envs: Sequence[dict[str, str]]) -> Iterator[_Gang]:
+    """Reserve the case's resources (failing after ``wait`` s when the cluster cannot ever
+    hold them), start one fresh actor per process with ``envs[i]``, and kill them all and
+    free the reservation on the way out, whatever happened (Ctrl-C included)."""
+    __tracebackhide__ = True
+    ray = import_ray()
+    pg_mod: Any = importlib.import_module("ray.util.placement_group")
+    strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
+    from pytest_accelperf.cluster_worker import CaseWorker
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    bundles, strategy = placement(case, accel, nodes)
+    pg = pg_mod.placement_group(bundles, strategy=strategy,
+                                name=f"accelperf:{case.id}"[:100])
+    actors: list[Any] = []
+    try:
+        _await_placement(ray, pg, case, bundles, strategy, wait)
+        remote = ray.remote(CaseWorker)
+        for i, bundle in enumerate(bundles):
+            gpus = bundle.get("GPU", 0.0)
+            custom = {k: v for k, v in bundle.items() if k != "GPU"}
+            actors.append(remote.options(
+                num_cpus=0, num_gpus=gpus, resources=custom, max_restarts=0,
+                runtime_env={"env_vars": _worker_env(envs[i])},
+                scheduling_strategy=strategies.PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i),
+            ).remote())
+        hosts = ray.get([a.where.remote() for a in actors], timeout=GRACE_S)
+        yield _Gang(actors, hosts)
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        pg_mod.remove_placement_group(pg)
+
+
+def _await_placement(ray: Any, pg: Any, case: Case, bundles: list[dict[str, float]],
+                     strategy: str, wait: float) -> None:
+    __tracebackhide__ = True
+    start = time.monotonic()
+    ready = pg.ready()
+    while True:
+        done, _ = ray.wait([ready], timeout=1.0)
+        if done:
+            return
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if feasible(bundles, strategy, nodes):
+            start = time.monotonic()  # busy, not impossible: other cases hold it
+            continue
+        if time.monotonic() - start > wait:
+            asked = " + ".join(f"{{{_shown(b)}}}" for b in bundles)
+            fix = (f"start nodes with --resources='{{\"{HOST_RESOURCE}\": 1}}'"
+                   if any(HOST_RESOURCE in b for b in bundles)
+                   else "add a node that has them (Ray detects GPU and TPU itself)")
+            raise ClusterError(
+                f"{case.id} asks the Ray cluster for {asked} ({strategy}), which it does not "
+                f"have after waiting {wait:g} s; the cluster has: {describe_nodes(nodes)}. "
+                f"{fix[0].upper()}{fix[1:]} (or raise --accelperf-cluster-wait)")
+
+
+@dataclass
+class _Failed:
+    index: int
+    died: bool
+    error: BaseException
+
+
+def _gather(ray: Any, refs: list[Any], deadline: float | None) -> tuple[list[Any], _Failed | None,
+                                                                        bool]:
+    """Results of ``refs`` in order; stops at the first failure (an actor that died or a
+    task that raised) or at ``deadline``. Returns (results, failure, timed out)."""
+    exceptions: Any = importlib.import_module("ray.exceptions")
+    pending = list(refs)
+    results: dict[int, Any] = {}
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, pending = ray.wait(pending, num_returns=1,
+                                 timeout=None if left is None else min(left, 1.0))
+        for ref in done:
+            index = refs.index(ref)
+            try:
+                results[index] = ray.get(ref)
+            except exceptions.RayActorError as exc:
+                return [], _Failed(index, True, exc), False
+            except exceptions.RayTaskError as exc:
+                return [], _Failed(index, False, exc), False
+        if pending and deadline is not None and time.monotonic() > deadline:
+            return [], None, True
+    return [results[i] for i in range(len(refs))], None, False
+
+
+def _death(gang: _Gang, failed: _Failed, what: str) -> str:
+    text = " ".join(str(failed.error).split())
+    kind = re.search(r"[Ww]orker exit type: (\w+)", text)
+    said = re.search(r"[Ww]orker exit detail: (.*?)(?: Some common causes|$)", text)
+    if kind or said:
+        detail = (f"Ray: exit type {kind.group(1) if kind else '?'}, "
+                  f"{said.group(1).strip() if said else ''}").rstrip(", ")
+    else:
+        lines = str(failed.error).strip().splitlines()
+        detail = next((line.strip() for line in lines if "died" in line.lower()),
+                      lines[0] if lines else "")
+    return (f"the Ray worker of {what} died on {gang.host(failed.index)} while training "
+            f"({detail[:300]}); this case failed, the session goes on")
+
+
+def _cause(error: BaseException) -> BaseException:
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(cause, BaseException) else error
+
+
+# -- the entry point ----------------------------------------------------------------------
+def train(case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
+          platform: str | None, timeout: float | None, wait: float) -> TrainResult:
+    """Train ``case`` on the connected cluster and return its run, as ``backend.train``
+    would locally. A worker that dies gives the outcome ``error`` naming its host."""
+    __tracebackhide__ = True
+    cloudpickle: Any = importlib.import_module("cloudpickle")
+    if case.backend in _MULTIPROCESS_TORCH and case.world_size > 1:
+        return _train_torch_ranks(case, task, accel, cloudpickle, timeout=timeout, wait=wait)
+    if case.backend == "jax" and case.world_size > 1:
+        return _train_jax_processes(case, task, accel, cloudpickle, cpu_devices=cpu_devices,
+                                    platform=platform, timeout=timeout, wait=wait)
+    ray = import_ray()
+    payload = cloudpickle.dumps((case, task))
+    deadline = time.monotonic() + timeout + GRACE_S if timeout else None
+    with _gang(case, accel, wait, [{}]) as gang:
+        ref = gang.actors[0].train.remote(payload, accel.name, cpu_devices, platform, timeout)
+        results, failed, timed_out = _gather(ray, [ref], deadline)
+        if failed is not None and not failed.died:
+            raise failed.error  # the task's own exception, with the worker's traceback
+        if failed is not None or timed_out:
+            return TrainResult(run=_failed_run(case, gang, failed, timeout, "this case"))
+    where, result = results[0]
+    _check_platform(where, accel, platform)
+    result.run.extra["cluster"] = gang.hosts[0]
+    assert isinstance(result, TrainResult)
+    return result
+
+
+def _failed_run(case: Case, gang: _Gang, failed: _Failed | None, timeout: float | None,
+                what: str) -> Any:
+    from pytest_accelperf.run import Run
+
+    if failed is None:
+        return Run(case_id=case.id, outcome="timeout",
+                   message=f"exceeded the {timeout:g} s timeout by {GRACE_S:g} s on "
+                           f"{gang.host(0)}; its Ray worker(s) were killed")
+    return Run(case_id=case.id, outcome="error", message=_death(gang, failed, what))
+
+
+def _check_platform(worker_platform: str, accel: Accelerator, platform: str | None) -> None:
+    __tracebackhide__ = True
+    if platform is None and worker_platform != accel.platform:
+        raise ClusterError(
+            f"the Ray worker's devices are {worker_platform}, but this session's baselines "
+            f"are those of {accel.platform} (what pytest sees here): run pytest where the "
+            f"devices match, or pass --accelperf-platform={worker_platform}")
+
+
+def _train_jax_processes(case: Case, task: Any, accel: Accelerator, cloudpickle: Any, *,
+                         cpu_devices: int, platform: str | None, timeout: float | None,
+                         wait: float) -> TrainResult:
+    """A JAX case over ``world_size`` processes joined by ``jax.distributed``."""
+    __tracebackhide__ = True
+    from pytest_accelperf.backends.jax_multihost import check_case
+
+    ray = import_ray()
+    n = case.world_size
+    check_case(case, accel)
+    env: dict[str, str] = {}  # each process sets its share of devices itself
+    payload = cloudpickle.dumps((case, task))
+    deadline = time.monotonic() + timeout + GRACE_S if timeout else None
+    with _gang(case, accel, wait, [env] * n) as gang:
+        port = ray.get(gang.actors[0].free_port.remote())
+        coordinator = f"{gang.hosts[0]['node_ip']}:{port}"
+        refs = [a.jax_process.remote(payload, accel.name, cpu_devices, platform, timeout,
+                                     coordinator, n, i) for i, a in enumerate(gang.actors)]
+        results, failed, timed_out = _gather(ray, refs, deadline)
+        if failed is not None and not failed.died:
+            raise failed.error
+        if failed is not None or timed_out:
+            what = f"JAX process {failed.index} of {n}" if failed else "this case"
+            return TrainResult(run=_failed_run(case, gang, failed, timeout, what))
+    where, result = results[0]
+    _check_platform(where, accel, platform)
+    assert isinstance(result, TrainResult)
+    result.run.extra["cluster"] = {"processes": gang.hosts, "coordinator": coordinator}
+    return result
+
+
+def _train_torch_ranks(case: Case, task: Any, accel: Accelerator, cloudpickle: Any, *,
+                       timeout: float | None, wait: float) -> TrainResult:
+    """A DeepSpeed / DDP case whose ranks are Ray actors, one per host (see module doc)."""
+    __tracebackhide__ = True
+    import json
+
+    from pytest_accelperf.backends.ddp import build_run, make_plan
+    from pytest_accelperf.backends.launch import LaunchResult, RankReport, describe_failure
+
+    ray = import_ray()
+    kind = "deepspeed" if case.backend == "deepspeed" else "ddp"
+    plan = make_plan(kind, case, task, accel)
+    payload = cloudpickle.dumps(plan)
+    n = case.world_size
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // n))
+    from pytest_accelperf.cluster_worker import THREADS_ENV
+
+    env = {THREADS_ENV: threads, "ACCELPERF_DEVICE": plan.device}
+    start = time.monotonic()
+    deadline = start + timeout + GRACE_S if timeout else None
+    reference = None
+    with _gang(case, accel, wait, [env] * n) as gang:
+        port = ray.get(gang.actors[0].free_port.remote())
+        master = str(gang.hosts[0]["node_ip"])
+        refs = [a.torch_rank.remote(payload, r, n, master, port)
+                for r, a in enumerate(gang.actors)]
+        results, failed, timed_out = _gather(ray, refs, deadline)
+        reports = [RankReport(rank=r) for r in range(n)]
+        for r, res in enumerate(results):
+            report = reports[r]
+            report.returncode, report.result = 0, res["result"]
+            for line in res["events"]:
+                event = json.loads(line)
+                if event.pop("event", None) == "progress":
+                    report.progress.update(event)
+                    if "step" in event:
+                        report.steps.append(event)
+        if timed_out:
+            launched = LaunchResult("timeout", f"exceeded the {timeout:g} s timeout by "
+                                    f"{GRACE_S:g} s; all {n} rank actors were killed", reports)
+        elif failed is not None and failed.died:
+            launched = LaunchResult("error", _death(gang, failed, f"rank {failed.index}"),
+                                    reports, failed_rank=failed.index)
+        elif failed is not None:
+            report = reports[failed.index]
+            report.returncode = 17
+            report.error = _error_event(_cause(failed.error))
+            message = describe_failure(report, plan.total_steps)
+            launched = LaunchResult("oom" if report.is_oom else "error",
+                                    f"{message} (on {gang.host(failed.index)})", reports,
+                                    failed_rank=failed.index)
+        else:
+            launched = LaunchResult("ok", "", reports)
+            if case.reference:
+                reference = ray.get(gang.actors[0].torch_reference.remote(payload))
+        launched.elapsed = time.monotonic() - start
+    run, params = build_run(case, task, accel, plan, launched, timeout)
+    run.extra["cluster"] = {"ranks": gang.hosts, "master": f"{master}:{port}"}
+    return TrainResult(run=run, params=params, reference_params=reference)
+
+
+def _error_event(exc: BaseException) -> dict[str, Any]:
+    """What a launched rank would have reported for ``exc`` (see ``_rank.main``)."""
+    import traceback
+
+    from pytest_accelperf.backends._rank import _is_oom
+
+    event: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc).strip()[:2000],
+                             "oom": _is_oom(exc),
+                             "traceback": "".join(traceback.format_exception(exc))[-4000:]}
+    for key in ("required", "capacity", "source"):
+        value = getattr(exc, key, None)
+        if isinstance(value, int | str):
+            event[key] = value
+    return event

@@ -1,0 +1,128 @@
+"""The Ray side of :mod:`pytest_accelperf.cluster`: what runs inside a Ray worker process.
+
+One :class:`CaseWorker` actor is created per case (or per rank / JAX process of a case
+that spans hosts) and killed after it, so every case trains in a process that has run
+nothing before: no compile cache, allocator state or imported model from an earlier case.
+The controller gives the actor its environment (``XLA_FLAGS`` with the virtual device
+count, ``JAX_PLATFORMS``, ``PYTHONPATH`` so the suite's own modules import, the torch
+extensions cache) through Ray's ``runtime_env``; the case and its task arrive as
+cloudpickle bytes, so lambdas and closures travel and a task that cannot be pickled fails
+on the controller, before anything is scheduled.
+
+This module imports no framework at import time: the actor's methods import the backend
+they need, after the environment is in place.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Environment variable carrying the thread count the controller chose for torch
+#: (``OMP_NUM_THREADS`` itself is overwritten by Ray in its workers).
+THREADS_ENV = "ACCELPERF_THREADS"
+
+
+def host_info() -> dict[str, Any]:
+    """Where this worker runs: node IP and id (Ray's), host name, process id."""
+    ray: Any = importlib.import_module("ray")
+
+    return {"node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "hostname": socket.gethostname(), "pid": os.getpid()}
+
+
+def _threads() -> None:
+    """Give torch the thread count a local run would have. Ray sets ``OMP_NUM_THREADS``
+    (to 1 in workers that hold no ``CPU``) where the driver did not; a case timed that way
+    would not be comparable with a baseline recorded by a plain run. The controller passes
+    the count it wants (its own ``OMP_NUM_THREADS``, or cores / ranks) as
+    ``ACCELPERF_THREADS``; without it, torch picks its default as in a plain run."""
+    threads = os.environ.get(THREADS_ENV)
+    if threads:
+        os.environ["OMP_NUM_THREADS"] = threads
+    else:
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+class CaseWorker:
+    """A Ray actor (wrapped by ``ray.remote`` on the controller) that trains one case, one
+    rank of a multi-process torch case, or one process of a multi-host JAX case."""
+
+    def __init__(self) -> None:
+        _threads()
+
+    def where(self) -> dict[str, Any]:
+        return host_info()
+
+    def free_port(self) -> int:
+        """A TCP port free on this node (the rendezvous of a case spanning hosts)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port: int = s.getsockname()[1]
+            return port
+
+    def train(self, payload: bytes, accel: str, cpu_devices: int, platform: str | None,
+              timeout: float | None) -> tuple[str, Any]:
+        """Train a single-process case with its backend, on this worker's devices.
+
+        Returns ``(platform key here, TrainResult)``: the controller checks that the
+        worker's devices are the platform the baselines are stored under."""
+        from pytest_accelperf.accel import provision
+        from pytest_accelperf.backends.base import get_backend
+
+        case, task = pickle.loads(payload)
+        if case.backend == "jax" and case.world_size > 1:
+            raise ValueError(f"{case.id} spans {case.world_size} processes: jax_process, "
+                             f"not train")
+        acc = provision(accel, cpu_devices, platform)
+        result = get_backend(case.backend).load().train(case, task, acc, timeout=timeout)
+        return acc.platform, result
+
+    def jax_process(self, payload: bytes, accel: str, cpu_devices: int, platform: str | None,
+                    timeout: float | None, coordinator: str, n_processes: int,
+                    process_id: int) -> tuple[str, Any]:
+        """One process of a JAX case spanning hosts (:mod:`.backends.jax_multihost`):
+        ``jax.distributed.initialize`` with the others, then the JAX backend's training
+        over the global devices; every process runs the same program."""
+        from pytest_accelperf.backends.jax_multihost import join, train_here
+
+        case, task = pickle.loads(payload)
+        join(coordinator, n_processes, process_id, accel, cpu_devices // n_processes)
+        return train_here(case, task, accel, cpu_devices, platform, timeout)
+
+    def torch_rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
+                   master_port: int) -> dict[str, Any]:
+        """Rank ``rank`` of a multi-process torch case (DeepSpeed or DDP): the rank loop of
+        :func:`pytest_accelperf.backends.ddp.rank_main`, one rank per host (so its local
+        rank is 0). Returns its result and the progress events it reported."""
+        from pytest_accelperf.backends._rank import RankContext
+        from pytest_accelperf.backends.launch import default_extensions_dir
+
+        os.environ.update({
+            "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port)})
+        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
+        from pytest_accelperf.backends.ddp import rank_main
+
+        fn_plan = pickle.loads(payload)
+        workdir = Path(tempfile.mkdtemp(prefix=f"accelperf-rank{rank}-"))
+        ctx = RankContext(rank=rank, world_size=world_size, local_rank=0,
+                          device=fn_plan.device, workdir=workdir)
+        ctx.progress(phase="starting")
+        result = rank_main(ctx, fn_plan)
+        return {"result": result,
+                "events": ctx.events.read_text(encoding="utf-8").splitlines()}
+
+    def torch_reference(self, payload: bytes) -> Any:
+        """The single-process reference of a multi-process torch case, on this host."""
+        from pytest_accelperf.backends.ddp import train_reference
+
+        plan = pickle.loads(payload)
+        return train_reference(plan.case, plan.task, plan)

@@ -1,0 +1,327 @@
+"""--accelperf-cluster: cases trained in Ray workers, on a real local Ray cluster.
+
+One cluster serves the module (a module-scoped fixture, started in this process; inner
+sessions run in-process and connect to it by address). The lifecycle of ``local`` itself
+(started by the controller, shared by xdist workers, stopped at the end) runs once in a
+subprocess session.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Suite, verdicts
+
+# Imported here, in the outer process, once: pytester's in-process runs restore
+# sys.modules afterwards, and a second import of Ray's C extension in one process fails.
+ray = pytest.importorskip("ray")
+pytest.importorskip("cloudpickle")
+#: Checked without importing it: DeepSpeed is imported in its ranks only, never in pytest.
+HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
+
+from pytest_accelperf.accel import Accelerator  # noqa: E402
+from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.cluster import (  # noqa: E402
+    HOST_RESOURCE,
+    Cluster,
+    ClusterError,
+    check_address,
+)
+from pytest_accelperf.cluster_dispatch import (  # noqa: E402
+    describe_nodes,
+    feasible,
+    placement,
+)
+from pytest_accelperf.cluster_dispatch import train as cluster_train  # noqa: E402
+
+#: The suites' small GPT (it reads the corpus next to it, so it is imported from there).
+TORCH_SUITE = Path(__file__).resolve().parents[1] / "suites" / "torch"
+
+SUITE = '''
+from gpt import make_task as make_gpt
+from tinytask import make_task
+from pytest_accelperf import Case, cases
+
+BUCKETS = {"zero_optimization": {"reduce_bucket_size": 50_000,
+                                 "allgather_bucket_size": 50_000,
+                                 "stage3_prefetch_bucket_size": 50_000,
+                                 "stage3_param_persistence_threshold": 1_000}}
+JAX = {"batch": 256, "steps": 12, "warmup": 2, "params": {"dim": 512, "out": 512}}
+
+@cases(Case(backend="jax", mesh=(4, 2), **JAX))
+def test_sweep(accelperf):
+    accelperf.train(make_task(accelperf.case))
+
+# Two processes ("hosts") joined by jax.distributed: launched here, or Ray actors.
+@cases(Case(backend="jax", mesh=(4, 2), world_size=2, label="2proc", **JAX))
+def test_two_hosts(accelperf):
+    accelperf.train(make_task(accelperf.case))
+
+@cases(Case(backend="deepspeed", zero_stage=2, model="gpt", batch=8, steps=4, warmup=2,
+            world_size=2, accels=("cpu",), params={"ds_config": BUCKETS}))
+def test_zero(accelperf):
+    accelperf.train(make_gpt(accelperf.case))
+'''
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[Cluster]:
+    cluster = Cluster.start_local()
+    yield cluster
+    cluster.stop()
+
+
+def _marked_processes(mark: str) -> dict[int, str]:
+    """pid -> command line of every process whose environment carries ``mark``: a session
+    started with it, and everything it started (Ray's daemons and workers inherit it)."""
+    out = {}
+    needle = f"ACCELPERF_TEST_MARK={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(
+                    b"\0", b" ").decode().strip()
+        except OSError:
+            continue
+    return out
+
+
+def _no_processes_left(mark: str) -> None:
+    deadline = time.monotonic() + 15
+    while _marked_processes(mark) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _marked_processes(mark), json.dumps(_marked_processes(mark), indent=1)
+
+
+def test_address_values() -> None:
+    assert check_address("local") == "local"
+    assert check_address("10.0.0.2:6379") == "10.0.0.2:6379"
+    with pytest.raises(pytest.UsageError, match=r"Ray Client \(ray://\) is not supported"):
+        check_address("ray://10.0.0.2:10001")
+    with pytest.raises(pytest.UsageError, match="expected local"):
+        check_address("somewhere")
+
+
+def test_each_process_of_a_multihost_jax_case_gets_its_share_of_devices() -> None:
+    from pytest_accelperf.backends.jax_multihost import check_case, local_xla_flags
+
+    flags = "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8"
+    assert local_xla_flags(flags, 4) == ("--xla_cpu_foo=1 "
+                                         "--xla_force_host_platform_device_count=4")
+    cpu = Accelerator(name="cpu", platform="cpu-x8", device_kind="cpu", device_count=8)
+    with pytest.raises(ValueError, match="drop reference=True"):
+        check_case(Case(backend="jax", batch=8, world_size=2, reference=True), cpu)
+    with pytest.raises(ValueError, match="do not split over 3 processes"):
+        check_case(Case(backend="jax", batch=8, world_size=3), cpu)
+
+
+def test_placement_holds_the_whole_host_or_the_platform_devices() -> None:
+    one_host = [{"Resources": {"CPU": 2.0, HOST_RESOURCE: 1.0}}]
+    cpu = Accelerator(name="cpu", platform="cpu-x8", device_kind="cpu", device_count=8)
+    assert placement(Case(backend="jax", batch=8), cpu, one_host) == (
+        [{HOST_RESOURCE: 1.0}], "PACK")
+    two = Case(backend="deepspeed", zero_stage=0, batch=8, world_size=2)
+    # one host: the two ranks share it, and hold all of it
+    assert placement(two, cpu, one_host) == ([{HOST_RESOURCE: 0.5}] * 2, "PACK")
+    assert placement(two, cpu, one_host * 2) == ([{HOST_RESOURCE: 1.0}] * 2, "STRICT_SPREAD")
+    gpu = Accelerator(name="gpu", platform="gpu-h100-x8", device_kind="H100", device_count=8)
+    assert placement(two, gpu, []) == ([{"GPU": 4.0}] * 2, "SPREAD")
+    assert feasible([{HOST_RESOURCE: 0.5}] * 2, "PACK", one_host)
+    assert not feasible([{"GPU": 8.0}], "PACK", one_host)
+    assert not feasible([{HOST_RESOURCE: 1.0}] * 2, "STRICT_SPREAD", one_host)
+
+
+@pytest.mark.skipif(not HAS_DEEPSPEED, reason="needs deepspeed: pip install "
+                    "'pytest-accelperf[deepspeed]'")
+def test_same_verdicts_on_the_cluster(suite: Suite, ray_cluster: Cluster) -> None:
+    suite.pytester.syspathinsert(TORCH_SUITE)
+    suite.write(SUITE)
+    suite.run("--accelperf-update").assert_outcomes(passed=3)
+    suite.run("--accelperf-json=local.json").assert_outcomes(passed=3)
+    on_ray = suite.run(f"--accelperf-cluster={ray_cluster.address}",
+                       "--accelperf-json=ray.json")
+    on_ray.assert_outcomes(passed=3)
+
+    def without_throughput(report: dict[str, Any]) -> dict[str, dict[str, str]]:
+        return {case: {m: v for m, v in checks.items() if m != "throughput"}
+                for case, checks in verdicts(report).items()}
+
+    expected = without_throughput(suite.report("local.json"))
+    assert without_throughput(suite.report("ray.json")) == expected
+    assert all(v == "pass" for checks in expected.values() for v in checks.values())
+    for case in suite.report("ray.json")["cases"]:
+        where = case["run"]["extra"]["cluster"]
+        hosts = where.get("ranks") or where.get("processes") or [where]
+        # trained in Ray workers, not in this process; multi-host cases in one per host
+        assert {h["pid"] for h in hosts}.isdisjoint({os.getpid()})
+        assert len({h["pid"] for h in hosts}) == len(hosts)
+        if "2proc" in case["nodeid"] or "deepspeed" in case["nodeid"]:
+            assert len(hosts) == 2
+
+
+KILL_SUITE = '''
+import os, time
+from tinytask import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", batch=[64], steps=40, warmup=0, label="victim")
+def test_victim(accelperf):
+    task = make_task(accelperf.case)
+    inner = task.make_batch
+
+    def make_batch(step):
+        if step == 3:
+            with open(PIDFILE + ".tmp", "w") as f:
+                f.write(str(os.getpid()))
+            os.rename(PIDFILE + ".tmp", PIDFILE)
+        if step >= 3:
+            time.sleep(0.5)
+        return inner(step)
+
+    task.make_batch = make_batch
+    accelperf.train(task)
+
+@cases(backend="jax", batch=[64], steps=5, warmup=0, label="bystander")
+def test_bystander(accelperf):
+    assert accelperf.train(make_task(accelperf.case)).run.outcome == "ok"
+'''
+
+
+def test_killed_worker_fails_only_its_case(suite: Suite, ray_cluster: Cluster) -> None:
+    pidfile = suite.pytester.path / "victim.pid"
+    suite.write(f"PIDFILE = {str(pidfile)!r}\n" + KILL_SUITE)
+    killed: list[int] = []
+    done = threading.Event()
+
+    def kill_when_training() -> None:
+        while not pidfile.exists() and not done.wait(0.1):
+            pass
+        if pidfile.exists():
+            pid = int(pidfile.read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+
+    watcher = threading.Thread(target=kill_when_training, daemon=True)
+    watcher.start()
+    result = suite.run(f"--accelperf-cluster={ray_cluster.address}", "--accelperf-update",
+                       "--accelperf-json=report.json")
+    done.set()
+    watcher.join(timeout=5)
+    assert killed and killed[0] != os.getpid()
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([
+        "*test_victim?jax-nomesh-b64-victim?: not recorded as a baseline: the Ray worker of "
+        f"this case died on host * (node *, id *, pid {killed[0]}) while training*"
+        "this case failed, the session goes on*",
+    ])
+    runs = {c["case_id"]: c["run"] for c in suite.report()["cases"]}
+    assert runs["jax-nomesh-b64-victim"]["outcome"] == "error"
+    assert runs["jax-nomesh-b64-bystander"]["outcome"] == "ok"
+
+
+def test_infeasible_case_fails_after_the_wait(ray_cluster: Cluster) -> None:
+    gpus = Accelerator(name="gpu", platform="gpu-h100-x8", device_kind="H100", device_count=8)
+    case = Case(backend="jax", batch=8)
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        cluster_train(case, {"task": "never trained"}, gpus, cpu_devices=8, platform=None,
+                      timeout=60, wait=2)
+    waited = time.monotonic() - t0
+    message = str(info.value)
+    assert "jax-nomesh-b8 asks the Ray cluster for {GPU: 8} (PACK)" in message
+    assert "after waiting 2 s" in message
+    assert f"{HOST_RESOURCE}: 1" in message and "raise --accelperf-cluster-wait" in message
+    assert 2 <= waited < 30
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert describe_nodes(nodes) in message
+    # nothing stays reserved or pending
+    table = ray.util.placement_group_table()
+    assert all(pg["state"] == "REMOVED" for pg in table.values())
+
+
+XDIST_SUITE = '''
+import os, time
+from tinytask import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", batch=[64, 128], steps=10, warmup=0)
+def test_pair(accelperf):
+    task = make_task(accelperf.case)
+    inner = task.make_batch
+
+    def make_batch(step):
+        with open(LOG, "a") as f:
+            f.write(f"{os.getpid()} {time.time()}\\n")
+        return inner(step)
+
+    task.make_batch = make_batch
+    assert accelperf.train(task).run.outcome == "ok"
+'''
+
+
+def test_local_cluster_under_xdist_no_double_booking_no_leftovers(
+        suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A session of its own: the controller starts `local` with a fresh token (none
+    # inherited), both xdist workers submit to it, and it is gone afterwards.
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("ACCELPERF_TEST_MARK", mark)
+    log = suite.pytester.path / "steps.log"
+    suite.write(f"LOG = {str(log)!r}\n" + XDIST_SUITE)
+    result = suite.run("--accelperf-cluster=local", "-n", "2", "--accelperf-update",
+                       subprocess=True)
+    result.assert_outcomes(passed=2)
+    spans: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines():
+        pid, t = line.split()
+        spans.setdefault(pid, []).append(float(t))
+    assert len(spans) == 2, spans  # two fresh worker processes
+    first, second = sorted((min(t), max(t)) for t in spans.values())
+    assert first[1] <= second[0], "the two cases trained at the same time on one accelperf_cpu_host"
+    _no_processes_left(mark)
+
+
+def test_ctrl_c_stops_the_case_and_the_cluster(suite: Suite,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    mark = uuid.uuid4().hex
+    monkeypatch.setenv("ACCELPERF_TEST_MARK", mark)
+    pidfile = suite.pytester.path / "victim.pid"
+    suite.write(f"PIDFILE = {str(pidfile)!r}\n" + KILL_SUITE)
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--accelperf-cluster=local",
+         "--accelperf-update", "test_suite.py"], cwd=suite.pytester.path,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        worker = int(pidfile.read_text())
+        running = _marked_processes(mark)  # the detector sees the cluster and the worker
+        assert worker in running and any("raylet" in c for c in running.values()), running
+        session.send_signal(signal.SIGINT)
+        out, _ = session.communicate(timeout=60)
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+    assert session.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert "KeyboardInterrupt" in out
+    _no_processes_left(mark)
+    assert not Path(f"/proc/{worker}").exists(), "the case's Ray worker survived Ctrl-C"
