@@ -47,6 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,9 +121,16 @@ class Cluster:
         temp_dir = tempfile.mkdtemp(prefix="accelperf-ray-")
         t0 = time.perf_counter()
         try:
-            ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count(),
-                     resources={HOST_RESOURCE: 1}, object_store_memory=LOCAL_OBJECT_STORE,
-                     log_to_driver=False, configure_logging=False, _temp_dir=temp_dir)
+            with warnings.catch_warnings():
+                # Ray starts its daemons with subprocess + preexec_fn, which runs JAX's
+                # at-fork hook when JAX is already imported: its "os.fork() was called"
+                # warning is about a fork that execs at once, and under -W error (pytest's
+                # filterwarnings) it would surface as an unraisable exception.
+                warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
+                                        category=RuntimeWarning)
+                ray.init(address="local", include_dashboard=False, num_cpus=os.cpu_count(),
+                         resources={HOST_RESOURCE: 1}, object_store_memory=LOCAL_OBJECT_STORE,
+                         log_to_driver=False, configure_logging=False, _temp_dir=temp_dir)
         except BaseException:
             _restore_env(before)
             shutil.rmtree(temp_dir, ignore_errors=True)

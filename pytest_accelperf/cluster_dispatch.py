@@ -117,13 +117,14 @@ class _Gang:
 def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     """The runtime environment of a case's workers: the suite's import path and the
     session's device environment (``XLA_FLAGS``, ``JAX_PLATFORMS``), plus ``extra``."""
+    from pytest_accelperf.backends.common import INJECT_ENV
     from pytest_accelperf.backends.launch import EXTENSIONS_ENV, default_extensions_dir
     from pytest_accelperf.cluster_worker import THREADS_ENV
 
     paths = [p if p else os.getcwd() for p in sys.path]
     env = {"PYTHONPATH": os.pathsep.join(paths), EXTENSIONS_ENV: str(default_extensions_dir()),
            "PYTHONUNBUFFERED": "1"}
-    for key in ("XLA_FLAGS", "JAX_PLATFORMS", "OMP_NUM_THREADS"):
+    for key in ("XLA_FLAGS", "JAX_PLATFORMS", "OMP_NUM_THREADS", INJECT_ENV):
         if os.environ.get(key):
             env[key] = os.environ[key]
     if "OMP_NUM_THREADS" in env:

@@ -109,6 +109,20 @@ OPTIONS: tuple[Option, ...] = (
            "devices: local (start a Ray cluster on this machine for the session and stop it "
            "at the end) or HOST:PORT of a running cluster (needs pip install "
            "'pytest-accelperf[ray]'). Default: train in the pytest process.", "str", None),
+    Option("compare", "--accelperf-compare", "A/B mode for a pull request: measure each "
+           "case's step time on this git revision (e.g. origin/main) and on the working tree "
+           "in alternation, two long-lived worker processes taking turns, and gate "
+           "throughput on their paired ratio; loss, memory and numerics are still checked "
+           "against the stored baselines. Default: off.", "str", None),
+    Option("compare_tolerance", "--accelperf-compare-tolerance", "relative change of the "
+           "paired step-time ratio that counts in A/B mode. Default: 0.01.", "float", 0.01),
+    Option("compare_rounds", "--accelperf-compare-rounds", "fewest alternating rounds per "
+           "case in A/B mode. Default: 10.", "int", 10),
+    Option("compare_block", "--accelperf-compare-block", "steps of each revision per round "
+           "in A/B mode. Default: 5.", "int", 5),
+    Option("compare_budget", "--accelperf-compare-budget", "seconds of A/B measurement per "
+           "case: rounds continue past the fewest while the interval is wider than half the "
+           "tolerance, until this budget. Default: 20.", "float", 20.0),
     Option("cluster_wait", "--accelperf-cluster-wait", "seconds a case waits for a Ray "
            "cluster that does not have the resources it asks for before it fails (a busy "
            "cluster is waited for). Default: 60.", "float", 60.0),
@@ -215,6 +229,11 @@ class Settings:
     history: Path | None = None
     cluster: str | None = None
     cluster_wait: float = 60.0
+    compare: str | None = None
+    compare_tolerance: float = 0.01
+    compare_rounds: int = 10
+    compare_block: int = 5
+    compare_budget: float = 20.0
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
@@ -255,6 +274,11 @@ class Settings:
                                  invocation_dir),
             cluster=values["cluster"],
             cluster_wait=float(values["cluster_wait"]),
+            compare=values["compare"],
+            compare_tolerance=float(values["compare_tolerance"]),
+            compare_rounds=int(values["compare_rounds"]),
+            compare_block=int(values["compare_block"]),
+            compare_budget=float(values["compare_budget"]),
         )
 
 

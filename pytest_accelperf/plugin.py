@@ -27,6 +27,7 @@ from pytest_accelperf.accel import (
 from pytest_accelperf.backends.base import BACKENDS
 from pytest_accelperf.baselines import atomic_write
 from pytest_accelperf.cases import MARKER, Case
+from pytest_accelperf.compare import resolve
 from pytest_accelperf.fingerprint import environment
 from pytest_accelperf.options import Settings, add_options
 from pytest_accelperf.report import progress
@@ -79,8 +80,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     before xdist starts its workers, which all submit to it (see :mod:`.cluster`)."""
     state = session.config.stash.get(SESSION_KEY, None)
     if state is not None:
-        cluster.session_start(session.config, state.settings.cluster,
-                              _is_worker(session.config))
+        settings = state.settings
+        if settings.compare:
+            if settings.cluster:
+                raise pytest.UsageError(
+                    "--accelperf-compare and --accelperf-cluster cannot be combined: A/B mode "
+                    "alternates two revisions on this machine; drop one of them")
+            resolve(session.config.rootpath, settings.compare)  # a bad ref stops here
+        cluster.session_start(session.config, settings.cluster, _is_worker(session.config))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -236,6 +243,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = config.stash.get(SESSION_KEY, None)
     if state is None:
         return
+    state.close()  # A/B workers
     if _is_worker(config):
         workeroutput: Any = getattr(config, "workeroutput")
         workeroutput[_WORKER_KEY] = json.dumps({

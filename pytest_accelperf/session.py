@@ -23,6 +23,7 @@ from filelock import FileLock
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult, get_backend
+from pytest_accelperf.backends.common import INJECT_ENV, injected_slowdown
 from pytest_accelperf.baselines import BaselineError, BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
@@ -30,6 +31,14 @@ from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPoint
 from pytest_accelperf.cluster import cluster_for
 from pytest_accelperf.cluster_dispatch import train as train_on_cluster
+from pytest_accelperf.compare import (
+    CompareError,
+    Comparison,
+    ab_check,
+    new_in_head,
+    node_location,
+    not_compared,
+)
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
@@ -54,6 +63,21 @@ class AccelperfSession:
     environment: dict[str, Any] = field(default_factory=dict)
     scaling: ScalingCollector = field(default_factory=ScalingCollector)
     _stores: dict[tuple[Path, str], BaselineStore] = field(default_factory=dict)
+    _comparison: Comparison | None = None
+
+    def comparison(self) -> Comparison:
+        """The session's A/B setup (``--accelperf-compare``), made on first use."""
+        if self._comparison is None:
+            s = self.settings
+            self._comparison = Comparison(str(s.compare), self.config.rootpath, s.accel,
+                                          s.cpu_devices, s.platform)
+        return self._comparison
+
+    def close(self) -> None:
+        """Stop what the session started (A/B workers)."""
+        if self._comparison is not None:
+            self._comparison.close()
+            self._comparison = None
 
     def store(self, platform: str) -> BaselineStore:
         key = (self.settings.baselines, platform)
@@ -172,10 +196,50 @@ class CaseRunner:
         fails the test.
         """
         __tracebackhide__ = True
+        if self.settings.update and injected_slowdown():
+            pytest.fail(f"{INJECT_ENV} is set: a baseline recorded with an injected "
+                        f"slowdown would be wrong; unset it to run --accelperf-update",
+                        pytrace=False)
         found = self.search_max_batch(max_batch) if max_batch is not None else None
         evaluated = self._evaluate(self._train_once(task, found))
-        evaluated = self._confirm(task, found, evaluated)
+        if self.settings.compare and not self.settings.update:
+            self._compare(evaluated)
+        else:
+            evaluated = self._confirm(task, found, evaluated)
         return self._finish(evaluated)
+
+    def _compare(self, evaluated: _Evaluated) -> None:
+        """A/B mode: the throughput check becomes the paired comparison with the base
+        revision (:mod:`pytest_accelperf.compare`)."""
+        __tracebackhide__ = True
+        if evaluated.run.outcome != "ok":
+            return
+        settings = self.settings
+        comparison = self._session.comparison()
+        stored = evaluated.throughput
+        rel_file, qualname = node_location(self._item, comparison.root)
+        try:
+            with exclusive_host(self.accelerator):
+                status, why, measured = comparison.measure(
+                    self.case, rel_file, qualname, rounds=settings.compare_rounds,
+                    block=settings.compare_block, budget=settings.compare_budget,
+                    tolerance=settings.compare_tolerance)
+        except CompareError as exc:
+            self._record(evaluated.run, evaluated.checks, error=str(exc))
+            pytest.fail(f"{self._item.nodeid}: A/B comparison with {comparison.label} "
+                        f"failed: {exc}", pytrace=False)
+        if status == "ready":
+            check: CheckResult | None = ab_check(
+                comparison.label, measured, evaluated.run.samples_per_step,
+                settings.compare_tolerance, settings.compare_block)
+        elif status == "absent":
+            check = new_in_head(comparison.label, why, stored)
+        else:
+            check = not_compared(comparison.label, why, stored)
+        checks = [c for c in evaluated.checks if c.metric != "throughput"]
+        if check is not None:
+            checks.insert(0, check)
+        evaluated.checks[:] = checks
 
     def search_max_batch(self, search: MaxBatchSearch | Callable[[Case], Any]) -> MaxBatch:
         """The largest batch of this case that fits (see :mod:`pytest_accelperf.maxbatch`);
@@ -290,6 +354,8 @@ class CaseRunner:
             raise
         if found is not None:
             result.run.max_batch = found.to_json()
+        if injected_slowdown():
+            result.run.extra["injected_slowdown"] = injected_slowdown()
         return result
 
     def _evaluate(self, result: TrainResult,
@@ -394,6 +460,10 @@ class CaseRunner:
             lines = [f"{self._item.nodeid}: {len(failed)} regression(s) against the "
                      f"{self.accelerator.platform} baseline:"]
             lines += [f"  {c.metric}: {c.detail}" for c in failed]
+            if all(c.data.get("mode") == "ab" for c in failed):
+                pytest.fail("\n".join(lines) + "\nA/B verdicts are not stored: if this "
+                            "slowdown is intended, the base revision is what changes it.",
+                            pytrace=False)
             lines.append(f"If this change is intended, accept it with:\n  {accept}")
             if self.settings.json is not None:
                 case = self._item.nodeid.split("::", 1)[-1]
@@ -401,7 +471,7 @@ class CaseRunner:
                              f"  accelperf baselines accept {self.settings.json} "
                              f"--case '{case}'")
             pytest.fail("\n".join(lines), pytrace=False)
-        if baseline is None:
+        if baseline is None and not self.settings.compare:
             pytest.fail(
                 f"{self._item.nodeid}: no baseline; run with --accelperf-update to record it:\n"
                 f"  {accept}", pytrace=False)

@@ -32,9 +32,12 @@ scheduler jitter then adds to every sample, and the interval of a small step wid
 
 With a relative ``tolerance`` (e.g. 0.10 for 10%), the verdict is:
 
-* ``inconclusive`` when ``mdc > tolerance``: the noise is too large to resolve a change
-  of the size the tolerance allows, so no verdict either way. Measure more steps or run
-  on a quieter machine.
+* ``regression`` (``improvement``) when the whole interval lies beyond the tolerance,
+  ``low > 1 + tolerance`` (``high < 1 - tolerance``), however wide it is: a step twice
+  as slow is a regression on the noisiest machine.
+* ``inconclusive`` otherwise when ``mdc > tolerance``: the noise is too large to resolve a
+  change of the size the tolerance allows, so no verdict either way. Measure more steps
+  or run on a quieter machine.
 * ``regression`` when ``ratio > 1 + tolerance`` and ``low > 1``: slower by more than the
   tolerance, and the whole interval says slower.
 * ``improvement`` when ``ratio < 1 - tolerance`` and ``high < 1``: faster by more than the
@@ -177,6 +180,10 @@ def throughput_verdict(est: RatioEstimate, tolerance: float) -> Verdict:
     >>> throughput_verdict(RatioEstimate(1.3, 0.9, 1.7, 0.4, 30, 30), tolerance=0.1)
     <Verdict.INCONCLUSIVE: 'inconclusive'>
     """
+    if est.low > 1 + tolerance:
+        return Verdict.REGRESSION  # however wide, the whole interval is past the tolerance
+    if est.high < 1 - tolerance:
+        return Verdict.IMPROVEMENT
     if est.mdc > tolerance:
         return Verdict.INCONCLUSIVE
     if est.ratio > 1 + tolerance and est.low > 1:
@@ -184,3 +191,50 @@ def throughput_verdict(est: RatioEstimate, tolerance: float) -> Verdict:
     if est.ratio < 1 - tolerance and est.high < 1:
         return Verdict.IMPROVEMENT
     return Verdict.PASS
+
+
+#: Share of rounds cut from each end before averaging paired log-ratios: one round that
+#: another job disturbed in one arm only cannot move the estimate.
+TRIM = 0.1
+
+
+def _trimmed_mean(logs: FloatArray, axis: int = -1) -> Any:
+    return _scipy_stats.trim_mean(logs, TRIM, axis=axis)
+
+
+def paired_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Sequence[float]],
+                 *, confidence: float = 0.95, n_resamples: int = 2000, seed: int = 0,
+                 ) -> RatioEstimate:
+    """The step-time ratio of two revisions measured in alternation (A/B mode).
+
+    Round ``i`` timed a block of steps of each revision back to back, so both saw the same
+    machine; its ratio is ``median(now_i) / median(base_i)``. The estimate is the
+    geometric 10 %-trimmed mean of the rounds' ratios, with a percentile-bootstrap
+    interval over rounds (resampled as pairs). Drift slower than a round cancels within
+    every pair, which is why this resolves changes of a few percent where two runs
+    hours apart cannot.
+
+    >>> est = paired_ratio([[1.1] * 3] * 4, [[1.0] * 3] * 4)
+    >>> round(est.ratio, 6), round(est.mdc, 6)
+    (1.1, 0.0)
+    """
+    if len(now_blocks) != len(base_blocks):
+        raise ValueError(f"{len(now_blocks)} rounds of the new revision against "
+                         f"{len(base_blocks)} of the base: rounds must be paired")
+    if len(now_blocks) < MIN_SAMPLES:
+        raise ValueError(f"{len(now_blocks)} round(s); at least {MIN_SAMPLES} are needed")
+    logs = np.array([math.log(float(np.median(_as_samples(a, "the new revision"))) /
+                              float(np.median(_as_samples(b, "the base revision"))))
+                     for a, b in zip(now_blocks, base_blocks, strict=True)])
+    ratio = math.exp(float(_trimmed_mean(logs)))
+    if np.ptp(logs) == 0:
+        return RatioEstimate(ratio, ratio, ratio, 0.0, len(logs), len(logs), confidence)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", _scipy_stats.DegenerateDataWarning)
+        res = _scipy_stats.bootstrap(
+            (logs,), _trimmed_mean, n_resamples=n_resamples, vectorized=True,
+            confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+    low = math.exp(float(res.confidence_interval.low))
+    high = math.exp(float(res.confidence_interval.high))
+    return RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), len(logs), len(logs),
+                         confidence)

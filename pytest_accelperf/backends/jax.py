@@ -27,6 +27,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 # Re-exported: both lived here before the torch backend needed them without jax.
 from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
 from pytest_accelperf.backends.common import fingerprint as fingerprint
+from pytest_accelperf.backends.common import injected_slowdown, stretch
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
 from pytest_accelperf.report import progress
@@ -259,6 +260,52 @@ class _Trained:
     timed_out: bool = False
 
 
+def _timed_step(program: _Program, params: PyTree, opt_state: PyTree, batch: PyTree,
+                slower: float) -> tuple[PyTree, PyTree, Any, float]:
+    """One step of the compiled program, timed and synchronized: (params, opt_state, loss,
+    seconds)."""
+    t0 = time.perf_counter()
+    params, opt_state, loss = program.compiled(params, opt_state, batch)
+    # Block on every step: besides honest timing, XLA:CPU collectives across virtual
+    # devices can deadlock when many unblocked steps are queued.
+    _block_until_ready((params, opt_state, loss))
+    return params, opt_state, loss, stretch(t0, time.perf_counter(), slower) - t0
+
+
+def _init_state(program: _Program, task: JaxTask) -> tuple[PyTree, PyTree]:
+    params = jax.jit(task.init_params, out_shardings=program.param_shardings)(
+        jax.random.key(task.seed))
+    opt_state = jax.jit(task.optimizer.init, out_shardings=program.opt_shardings)(params)
+    return params, opt_state
+
+
+class JaxStepper:
+    """The compiled train step of a case, run on demand in blocks of steps: what the A/B
+    comparison (:mod:`pytest_accelperf.compare`) alternates between two revisions. Steps
+    are timed exactly as in a run (:func:`_timed_step`)."""
+
+    def __init__(self, case: Case, task: JaxTask, accel: Accelerator) -> None:
+        self._program = _compile(case, task, accel, case.mesh)
+        self._task = task
+        self._cycle = max(1, case.warmup + case.steps)  # the batches a run would see
+        self._params, self._opt_state = _init_state(self._program, task)
+        self._step = 0
+        self._slower = injected_slowdown()
+
+    def run(self, n: int) -> list[float]:
+        """Train ``n`` more steps; their step times in seconds."""
+        times = []
+        for _ in range(n):
+            batch = jax.device_put(self._task.make_batch(self._step % self._cycle),
+                                   self._program.batch_sharding)
+            _block_until_ready(batch)
+            self._params, self._opt_state, _, seconds = _timed_step(
+                self._program, self._params, self._opt_state, batch, self._slower)
+            times.append(seconds)
+            self._step += 1
+        return times
+
+
 def _execute(program: _Program, case: Case, task: JaxTask, probe: Probe | None = None,
              deadline: float | None = None) -> _Trained:
     """Initialize on the program's shardings and run warmup + measured steps.
@@ -266,27 +313,22 @@ def _execute(program: _Program, case: Case, task: JaxTask, probe: Probe | None =
     After each measured step (outside its timer) ``probe`` runs and is timed; past
     ``deadline`` (``time.monotonic()``) the run stops at the next step boundary.
     """
-    params = jax.jit(task.init_params, out_shardings=program.param_shardings)(
-        jax.random.key(task.seed))
-    opt_state = jax.jit(task.optimizer.init, out_shardings=program.opt_shardings)(params)
+    params, opt_state = _init_state(program, task)
     out = _Trained(params=None, losses=[], step_times=[])
+    slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
     for i in range(case.warmup + case.steps):
         # Transfer outside the timer: the step time is device work, not host->device copy.
         batch = jax.device_put(task.make_batch(i), program.batch_sharding)
         _block_until_ready(batch)
-        t0 = time.perf_counter()
-        params, opt_state, loss = program.compiled(params, opt_state, batch)
-        # Block on every step: besides honest timing, XLA:CPU collectives across virtual
-        # devices can deadlock when many unblocked steps are queued.
-        _block_until_ready((params, opt_state, loss))
-        t1 = time.perf_counter()
+        params, opt_state, loss, seconds = _timed_step(program, params, opt_state, batch,
+                                                       slower)
         value = float(loss)
         out.losses.append(value)
         if i >= case.warmup:
-            out.step_times.append(t1 - t0)
+            out.step_times.append(seconds)
             if probe is not None:
                 out.probe_times.append(probe.time())
-        progress.step(i + 1, case.warmup + case.steps, value, t1 - t0)  # outside the timer
+        progress.step(i + 1, case.warmup + case.steps, value, seconds)  # outside the timer
         if not math.isfinite(value):
             out.nan_step = i
             break
@@ -326,6 +368,10 @@ class JaxBackend:
             raise ValueError(f"{case.id}: this runtime gives no memory analysis to search a "
                              f"maximum batch with")
         return Fit(need <= capacity, need, int(capacity), "memory_analysis per device")
+
+    def stepper(self, case: Case, task: JaxTask, accel: Accelerator) -> JaxStepper:
+        """The case's compiled step, run in blocks (A/B comparison)."""
+        return JaxStepper(case, task, accel)
 
     def train(self, case: Case, task: JaxTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:

@@ -34,7 +34,7 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import fingerprint
+from pytest_accelperf.backends.common import fingerprint, injected_slowdown, stretch
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
 from pytest_accelperf.report import progress
@@ -227,6 +227,50 @@ class _Trained:
     timed_out: bool = False
 
 
+def _timed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: TorchTask,
+                batch: Any, device: torch.device, slower: float) -> tuple[torch.Tensor, float]:
+    """One training step, synchronized before and after: (loss, seconds)."""
+    _sync(device)
+    t0 = time.perf_counter()
+    loss = _step(model, optimizer, task, batch)
+    _sync(device)
+    return loss, stretch(t0, time.perf_counter(), slower) - t0
+
+
+class TorchStepper:
+    """A case's model and optimizer on its device, trained on demand in blocks of steps
+    (the A/B comparison of :mod:`pytest_accelperf.compare`), timed as in a run."""
+
+    def __init__(self, case: Case, task: TorchTask, accel: Accelerator) -> None:
+        if case.world_size > 1 or case.n_devices != 1:
+            raise ValueError(f"{case.id}: A/B comparison runs single-process torch cases "
+                             f"only")
+        self._device = _device(accel)
+        self._model = _build(task, self._device)
+        self._optimizer = task.make_optimizer(self._model.parameters())
+        self._runnable: torch.nn.Module = (torch.compile(self._model)  # type: ignore[assignment]
+                                           if task.compile else self._model)
+        self._task = task
+        self._cycle = max(1, case.warmup + case.steps)
+        self._step = 0
+        self._slower = injected_slowdown()
+        torch.manual_seed(task.seed)
+        if task.compile:
+            self.run(1)  # compiles
+
+    def run(self, n: int) -> list[float]:
+        """Train ``n`` more steps; their step times in seconds."""
+        times = []
+        for _ in range(n):
+            batch = to_device(self._task.make_batch(self._step % self._cycle), self._device)
+            loss, seconds = _timed_step(self._runnable, self._optimizer, self._task, batch,
+                                        self._device, self._slower)
+            loss.item()
+            times.append(seconds)
+            self._step += 1
+        return times
+
+
 def _execute(model: torch.nn.Module, case: Case, task: TorchTask, device: torch.device,
              probe: Probe | None = None, deadline: float | None = None) -> _Trained:
     optimizer = task.make_optimizer(model.parameters())
@@ -236,24 +280,21 @@ def _execute(model: torch.nn.Module, case: Case, task: TorchTask, device: torch.
         runnable = torch.compile(model)  # type: ignore[assignment]
         warmup = max(warmup, 1)  # step 0 compiles and is never a measured step
     out = _Trained(losses=[], step_times=[], probe_times=[])
+    slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
     for i in range(warmup + case.steps):
         batch = to_device(task.make_batch(i), device)  # the copy is outside the timer
-        _sync(device)
-        t0 = time.perf_counter()
-        loss = _step(runnable, optimizer, task, batch)
-        _sync(device)
-        t1 = time.perf_counter()
+        loss, seconds = _timed_step(runnable, optimizer, task, batch, device, slower)
         value = float(loss.item())  # after the timer: on CPU the step is already done
         out.losses.append(value)
         if task.compile and i == 0:
             # The whole wall time of the first step: tracing + compiling forward and
             # backward, plus one execution (milliseconds against seconds of compile).
-            out.compile_time = t1 - t0
+            out.compile_time = seconds
         elif i >= warmup:
-            out.step_times.append(t1 - t0)
+            out.step_times.append(seconds)
             if probe is not None:
                 out.probe_times.append(probe.time())
-        progress.step(i + 1, warmup + case.steps, value, t1 - t0)  # outside the timer
+        progress.step(i + 1, warmup + case.steps, value, seconds)  # outside the timer
         if not math.isfinite(value):
             out.nan_step = i
             break
@@ -318,6 +359,10 @@ class TorchBackend:
             torch.cuda.empty_cache()
         peak = int(torch.cuda.max_memory_allocated(device))
         return Fit(peak <= limit, peak, limit, "cuda allocator peak")
+
+    def stepper(self, case: Case, task: TorchTask, accel: Accelerator) -> TorchStepper:
+        """The case's model, trained in blocks of steps (A/B comparison)."""
+        return TorchStepper(case, task, accel)
 
     def train(self, case: Case, task: TorchTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:

@@ -1,0 +1,215 @@
+"""One arm of an A/B comparison (:mod:`pytest_accelperf.compare`): a long-lived process that
+imports the suites of one revision, builds the step of each case it is asked for, and
+trains blocks of steps when told to.
+
+It is started as ``python -m pytest_accelperf.compare_worker`` with the controller's
+connection details in the environment, so the plugin itself is the working tree's in both
+arms (its modules are imported before anything else); then ``sys.path`` becomes the
+controller's, with every entry inside the repository moved to this arm's tree. What differs
+between the arms is what the suites import from the repository's files: the model, the
+training code, the suite itself.
+
+A case's task is built by calling the test function itself with a stand-in ``accelperf``
+fixture whose ``train(task)`` captures the task and stops the function there: the same
+``make_task(...)`` the test runs under pytest, at this arm's revision.
+
+This module imports no ML framework at import time (the device environment is in place
+first: the controller's ``XLA_FLAGS`` and ``JAX_PLATFORMS`` are inherited).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection
+from pathlib import Path
+from typing import Any
+
+#: Environment of a worker: the controller's address and key, and its arm's setup (JSON).
+ADDRESS_ENV = "ACCELPERF_AB_ADDRESS"
+AUTHKEY_ENV = "ACCELPERF_AB_AUTHKEY"
+SETUP_ENV = "ACCELPERF_AB_SETUP"
+
+
+class Captured(BaseException):
+    """Raised by the stand-in fixture's ``train`` to stop the test function there (a
+    BaseException so that a test's own ``except Exception`` cannot swallow it)."""
+
+    def __init__(self, task: Any) -> None:
+        super().__init__("task captured")
+        self.task = task
+
+
+class CaptureRunner:
+    """The ``accelperf`` fixture as an A/B worker gives it to a test function: ``case``
+    and ``accelerator`` are real; ``train(task)`` captures ``task``."""
+
+    def __init__(self, case: Any, accelerator: Any) -> None:
+        self.case = case
+        self.accelerator = accelerator
+
+    def train(self, task: Any, **_: Any) -> Any:
+        raise Captured(task)
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"A/B comparison builds a case's task by running the test function up to "
+            f"accelperf.train(task); this test used accelperf.{name} before that, which "
+            f"only a real session has")
+
+
+@dataclass
+class Setup:
+    """What the controller tells a worker about its arm."""
+
+    arm: str  # "base" or "head"
+    tree: str  # the root of this arm's files
+    head_root: str  # the repository's working tree (the controller's)
+    sys_path: list[str]  # the controller's sys.path, entries already moved to ``tree``
+    accel: str
+    cpu_devices: int
+    platform: str | None
+
+
+def _foreign_modules(setup: Setup) -> list[str]:
+    """Modules this base worker imported from the working tree instead of its own files
+    (an editable install's import hook, a hard-coded path): the comparison would be of
+    the working tree against itself."""
+    if setup.arm != "base":
+        return []
+    head = Path(setup.head_root).resolve()
+    plugin = Path(__file__).resolve().parent
+    out = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        path = Path(file).resolve()
+        if path.is_relative_to(head) and not path.is_relative_to(plugin):
+            out.append(f"{name} ({path})")
+    return out
+
+
+class Worker:
+    def __init__(self, setup: Setup) -> None:
+        self.setup = setup
+        self.steppers: dict[str, Any] = {}
+        self._accelerator: Any = None
+
+    def accelerator(self) -> Any:
+        if self._accelerator is None:
+            from pytest_accelperf.accel import provision
+
+            s = self.setup
+            self._accelerator = provision(s.accel, s.cpu_devices, s.platform)
+        return self._accelerator
+
+    def prepare(self, key: str, rel_file: str, qualname: str, case: Any) -> tuple[str, str]:
+        """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
+        why)`` when this revision has no such test, or ``("unsupported", why)``."""
+        from pytest_accelperf.backends.base import get_backend
+
+        path = Path(self.setup.tree) / rel_file
+        if not path.is_file():
+            return "absent", f"{rel_file} does not exist"
+        module = self._import(path)
+        target: Any = module
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+            if target is None:
+                return "absent", f"{rel_file} has no {qualname}"
+        if "." in qualname:  # a method of a test class: call it on an instance
+            owner_name, method = qualname.rsplit(".", 1)
+            owner: Any = module
+            for part in owner_name.split("."):
+                owner = getattr(owner, part)
+            target = getattr(owner(), method)
+        backend = get_backend(case.backend).load()
+        if not hasattr(backend, "stepper"):
+            return "unsupported", (f"the {case.backend} backend cannot train a case in "
+                                   f"blocks of steps")
+        task = self._capture(target, case)
+        foreign = _foreign_modules(self.setup)
+        if foreign:
+            raise RuntimeError(
+                "the base revision's worker imported these modules from the working tree, "
+                "not from the base revision's files, so the comparison would be of the "
+                "working tree with itself: " + ", ".join(foreign[:5]) + ". Import the "
+                "code under test through sys.path (e.g. a src/ directory pytest adds with "
+                "pythonpath=src), not an editable install's import hook")
+        stepper = backend.stepper(case, task, self.accelerator())
+        stepper.run(max(case.warmup, 2))  # warm caches, allocators, the first compile
+        self.steppers[key] = stepper
+        return "ready", ""
+
+    def _import(self, path: Path) -> Any:
+        name = f"_accelperf_ab_{self.setup.arm}_{abs(hash(str(path)))}_{path.stem}"
+        if name in sys.modules:
+            return sys.modules[name]
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    def _capture(self, function: Any, case: Any) -> Any:
+        params = inspect.signature(function).parameters
+        missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
+                   and n != "accelperf"]
+        if missing:
+            raise TypeError(f"A/B comparison runs the test function with the accelperf "
+                            f"fixture only; it also asks for {', '.join(missing)}")
+        try:
+            function(accelperf=CaptureRunner(case, self.accelerator()))
+        except Captured as captured:
+            return captured.task
+        raise RuntimeError("the test function returned without calling accelperf.train(task)")
+
+    def run(self, key: str, n: int) -> list[float]:
+        times: list[float] = self.steppers[key].run(n)
+        return times
+
+    def drop(self, key: str) -> None:
+        self.steppers.pop(key, None)
+
+
+def serve(conn: Connection, worker: Worker) -> None:
+    """Answer the controller's requests until it says stop or goes away."""
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        op, args = request[0], request[1:]
+        if op == "stop":
+            conn.send(("ok", None))
+            return
+        try:
+            conn.send(("ok", getattr(worker, op)(*args)))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}",
+                       "".join(traceback.format_exception(exc))[-4000:]))
+
+
+def main() -> None:
+    setup = Setup(**json.loads(os.environ[SETUP_ENV]))
+    sys.path[:] = setup.sys_path
+    address = os.environ[ADDRESS_ENV]
+    conn = Client(address, authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
+    try:
+        serve(conn, Worker(setup))
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()

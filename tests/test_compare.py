@@ -1,0 +1,146 @@
+"""--accelperf-compare=GIT_REF: A/B mode, the base revision and the working tree measured in
+alternation by two worker processes (real git repositories, real JAX steps)."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import Suite, verdicts
+
+from pytest_accelperf.compare import moved_path
+from pytest_accelperf.stats import paired_ratio, throughput_verdict
+
+pytest.importorskip("jax")
+
+MODEL = '''
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec as P
+
+from pytest_accelperf.backends.jax import JaxTask
+
+HIDDEN = 256
+
+
+def make_task(case):
+    dim = 256
+    true_w = np.random.default_rng(0).normal(size=(dim, 8)).astype(np.float32)
+
+    def init_params(key):
+        import jax
+        k1, k2 = jax.random.split(key)
+        return {"w1": jax.random.normal(k1, (dim, HIDDEN)) * 0.05,
+                "w2": jax.random.normal(k2, (HIDDEN, 8)) * 0.05}
+
+    def loss_fn(params, batch):
+        import jax.numpy as jnp
+        h = jnp.tanh(batch["x"] @ params["w1"])
+        return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+    def make_batch(step):
+        x = np.random.default_rng(step).normal(size=(case.batch, dim)).astype(np.float32)
+        return {"x": x, "y": x @ true_w}
+
+    return JaxTask(init_params=init_params, loss_fn=loss_fn, make_batch=make_batch,
+                   optimizer=optax.sgd(0.01), param_specs=lambda p: {"w1": P(), "w2": P()})
+'''
+
+SUITE = '''
+from model import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", batch=[512], steps=10, warmup=2)
+def test_step(accelperf):
+    accelperf.train(make_task(accelperf.case))
+'''
+
+FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=6",
+        "--accelperf-compare-budget=4", "--accelperf-json=report.json")
+
+
+def _git(path: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],
+                   cwd=path, check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(suite: Suite) -> Suite:
+    """A git repository whose first commit has the suite and its model."""
+    path = suite.pytester.path
+    (path / "model.py").write_text(textwrap.dedent(MODEL))
+    suite.write(SUITE)
+    _git(path, "init", "-q")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "base")
+    return suite
+
+
+def _throughput(suite: Suite) -> dict[str, object]:
+    case = suite.report()["cases"][0]
+    check: dict[str, object] = next(c for c in case["checks"] if c["metric"] == "throughput")
+    return check
+
+
+def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> None:
+    model = repo.pytester.path / "model.py"
+    model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 2048"))
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", subprocess=True)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*throughput: A/B slower than HEAD (*): step time *% longer (95% CI of the paired "
+        "step-time ratio *alternating rounds of 5 steps*",
+        "*A/B verdicts are not stored*",
+    ])
+    check = _throughput(repo)
+    assert check["verdict"] == "regression"
+    data = check["data"]
+    assert isinstance(data, dict) and data["mode"] == "ab" and data["ratio"] > 1.5
+    assert len(data["blocks"]["base"]) == len(data["blocks"]["head"]) >= 6
+    # the stored-baseline checks still ran (no baseline here: new, and not a failure)
+    assert verdicts(repo.report())["test_step[jax-nomesh-b512]"]["loss"] == "new"
+
+
+def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", "--accelperf-compare-tolerance=0.1",
+                      subprocess=True)
+    result.assert_outcomes(passed=1)
+    check = _throughput(repo)
+    assert check["verdict"] in ("pass", "inconclusive"), check["detail"]
+    data = check["data"]
+    assert isinstance(data, dict) and 0.7 < data["ratio"] < 1.4
+
+
+def test_a_test_the_base_lacks_is_new_and_a_bad_ref_is_a_usage_error(repo: Suite) -> None:
+    repo.write(SUITE.replace("def test_step", "def test_added"), name="test_more")
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", "-k", "test_added", subprocess=True)
+    result.assert_outcomes(passed=1)
+    check = _throughput(repo)
+    assert check["verdict"] == "new"
+    assert "test_more.py does not exist" in str(check["detail"])
+
+    bad = repo.run("--accelperf-compare=no-such-branch", subprocess=True)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--accelperf-compare=no-such-branch: git cannot resolve "
+                              "'no-such-branch' to a commit*"])
+
+
+def test_paired_ratio_and_its_verdict() -> None:
+    base = [[1.0, 1.01, 0.99]] * 8
+    slower = [[1.05, 1.06, 1.04]] * 8
+    est = paired_ratio(slower, base)
+    assert est.ratio == pytest.approx(1.05, rel=1e-3)
+    assert throughput_verdict(est, 0.01).value == "regression"
+    # a shared slowdown of some rounds (drift) hits both arms and cancels
+    drift = [[t * (1 + 0.3 * (i % 2)) for t in b] for i, b in enumerate(base)]
+    drifted = [[t * (1 + 0.3 * (i % 2)) for t in b] for i, b in enumerate(base)]
+    assert paired_ratio(drifted, drift).ratio == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="rounds must be paired"):
+        paired_ratio(base[:3], base[:4])
+
+
+def test_moved_path_keeps_outside_entries() -> None:
+    assert moved_path(["/repo/suites/jax", "/usr/lib", "/repo"], Path("/repo"),
+                      Path("/tmp/base")) == ["/tmp/base/suites/jax", "/usr/lib", "/tmp/base"]
