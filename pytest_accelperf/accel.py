@@ -284,3 +284,26 @@ def host_cpu() -> str:
     import platform
 
     return platform.processor() or platform.machine()
+
+
+#: CPU features that select different kernels in oneDNN, MKL, XLA:CPU and Eigen, and so
+#: different floating-point results: two hosts that both say "AMD EPYC" (a VM's masked
+#: model name) but differ here train to parameters ~1e-4 apart.
+ISA_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw",
+             "avx512dq", "avx512vl", "avx512cd", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+             "avx512ifma", "avx512vbmi", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve",
+             "sve2")
+
+
+def cpu_isa() -> str | None:
+    """The host's kernel-relevant CPU features (:data:`ISA_FLAGS`), sorted, space-separated;
+    None where ``/proc/cpuinfo`` has no flags (not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith(("flags", "Features")):
+                    have = set(line.split(":", 1)[1].split())
+                    return " ".join(sorted(have & set(ISA_FLAGS)))
+    except OSError:
+        pass
+    return None

@@ -11,7 +11,7 @@ import platform as _platform
 from importlib import metadata
 from typing import Any
 
-from pytest_accelperf.accel import Accelerator, host_cpu
+from pytest_accelperf.accel import Accelerator, cpu_isa, host_cpu
 
 #: Packages whose versions go into the fingerprint when installed.
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "deepspeed")
@@ -31,7 +31,8 @@ BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
 }
 
 #: Keys that must match for step times to be comparable.
-THROUGHPUT_KEYS = ("platform", "device_kind", "device_count", "host_cpu", "python", "packages")
+THROUGHPUT_KEYS = ("platform", "device_kind", "device_count", "host_cpu", "cpu_isa", "python",
+                   "packages")
 
 
 def environment(accel: Accelerator) -> dict[str, Any]:
@@ -47,6 +48,7 @@ def environment(accel: Accelerator) -> dict[str, Any]:
         "device_kind": accel.device_kind,
         "device_count": accel.device_count,
         "host_cpu": host_cpu(),
+        "cpu_isa": cpu_isa(),
         "python": _platform.python_version(),
         "packages": packages,
     }
