@@ -101,14 +101,22 @@ def test_faster_is_an_improvement_and_passes(recorded: Suite) -> None:
 
 
 def test_noise_beyond_tolerance_is_inconclusive_not_a_failure(recorded: Suite) -> None:
+    # A baseline whose step times scatter over 0.4x-2.5x around the same median: the
+    # interval of the ratio is far wider than a 5 % tolerance, and straddles it.
+    def scatter(block: dict[str, Any]) -> None:
+        st = block["step_time"]
+        st["samples"] = [t * (0.4, 1.0, 2.5)[i % 3] for i, t in enumerate(st["samples"])]
+        block.pop("probe", None)  # raw step times: the probe cannot narrow it
+
+    recorded.edit(scatter)
     result = recorded.run("--accelperf-json=report.json",
-                          "--accelperf-throughput-tolerance=0.0001")
+                          "--accelperf-throughput-tolerance=0.05")
     result.assert_outcomes(passed=2)
     checks = recorded.report()["cases"][0]["checks"]
     tp = next(c for c in checks if c["metric"] == "throughput")
     assert tp["verdict"] == "inconclusive"
     assert "smallest detectable change" in tp["detail"]
-    assert tp["data"]["mdc"] > 0.0001
+    assert tp["data"]["mdc"] > 0.05
 
 
 def test_memory_regression_names_device(recorded: Suite) -> None:

@@ -121,6 +121,10 @@ def test_confidence_widens_the_interval() -> None:
     (est(0.85, 0.80, 1.01), 0.20, Verdict.PASS),  # faster, but not beyond tolerance
     (est(0.85, 0.82, 1.01), 0.10, Verdict.PASS),  # interval reaches 1
     (est(1.00, 1.00, 1.00), 0.00, Verdict.PASS),
+    # wide, but wholly past the tolerance: a regression (improvement) however noisy
+    (est(2.00, 1.40, 2.60), 0.10, Verdict.REGRESSION),
+    (est(0.50, 0.30, 0.80), 0.10, Verdict.IMPROVEMENT),
+    (est(2.00, 1.05, 2.95), 0.10, Verdict.INCONCLUSIVE),  # wide and reaching the tolerance
 ])
 def test_verdict_rule(estimate: RatioEstimate, tolerance: float, verdict: Verdict) -> None:
     assert throughput_verdict(estimate, tolerance) is verdict
