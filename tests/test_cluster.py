@@ -150,10 +150,13 @@ def test_placement_holds_the_whole_host_or_the_platform_devices() -> None:
 def test_same_verdicts_on_the_cluster(suite: Suite, ray_cluster: Cluster) -> None:
     suite.pytester.syspathinsert(TORCH_SUITE)
     suite.write(SUITE)
+    # Throughput verdicts are not compared (the cores are shared with other tests under
+    # -n 2: a ZeRO step measured 2.7x slower in one of the runs); the others must match.
+    loose = "--accelperf-throughput-tolerance=100"
     suite.run("--accelperf-update").assert_outcomes(passed=3)
-    suite.run("--accelperf-json=local.json").assert_outcomes(passed=3)
+    suite.run("--accelperf-json=local.json", loose).assert_outcomes(passed=3)
     on_ray = suite.run(f"--accelperf-cluster={ray_cluster.address}",
-                       "--accelperf-json=ray.json")
+                       "--accelperf-json=ray.json", loose)
     on_ray.assert_outcomes(passed=3)
 
     def without_throughput(report: dict[str, Any]) -> dict[str, dict[str, str]]:

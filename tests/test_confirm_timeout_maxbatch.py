@@ -76,8 +76,10 @@ TOLERANCE = "--accelperf-throughput-tolerance=2.0"
 
 
 def faster_baseline(block: dict[str, Any]) -> None:
-    """A baseline 10x faster than anything this machine does now: every run regresses."""
-    block["step_time"]["samples"] = [t / 10 for t in block["step_time"]["samples"]]
+    """A baseline 100x faster than anything this machine does now: every run regresses
+    (10x was not enough: a baseline recorded while other jobs held the cores measured a
+    step 5x slower than the check's run did, and the claimed 10x shrank to 2x)."""
+    block["step_time"]["samples"] = [t / 100 for t in block["step_time"]["samples"]]
 
 
 def slow_flag(suite: Suite, seconds: float, calls: int = -1) -> None:
