@@ -79,16 +79,18 @@ def test_per_case_tolerance_override(suite: Suite) -> None:
         from tinytask import make_task
         from pytest_accelperf import cases
 
+        # The case's own tolerance wins over the command line's: 1000x passes anything
+        # this machine does (a 0.01 % one would fail on the 20-50 % between sessions).
         @cases(backend="jax", batch=[16], steps=12, warmup=1,
-               tolerances={"throughput_tolerance": 0.0001})
-        def test_tight(accelperf):
+               tolerances={"throughput_tolerance": 1000.0})
+        def test_loose(accelperf):
             r = accelperf.train(make_task(accelperf.case))
             if r.check("throughput").verdict.value != "new":
-                assert r.check("throughput").data["tolerance"] == 0.0001
-                assert r.check("throughput").verdict.value == "inconclusive"
+                assert r.check("throughput").data["tolerance"] == 1000.0
+                assert r.check("throughput").verdict.value == "pass"
     ''')
     suite.run("--accelperf-update").assert_outcomes(passed=1)
-    suite.run("--accelperf-throughput-tolerance=0.5").assert_outcomes(passed=1)
+    suite.run("--accelperf-throughput-tolerance=0.0001").assert_outcomes(passed=1)
 
 
 def test_cpu_devices_option(suite: Suite) -> None:
