@@ -70,16 +70,17 @@ def torch_suite(suite: Suite, params: dict[str, Any] | None = None) -> Suite:
     return suite
 
 
-# A 100 ms sleep makes a ~3 ms step 30x slower; on a machine shared with other work, unchanged
-# step times still move 2x, so these tests gate at 3x (tolerance 2.0).
-TOLERANCE = "--accelperf-throughput-tolerance=2.0"
+# On a 2-core machine shared with other work (-n 2, other sessions) unchanged step times
+# have moved 9x between a quiet recording and a loaded check, so these tests gate at 16x
+# (tolerance 15) and make their slow steps slower than that.
+TOLERANCE = "--accelperf-throughput-tolerance=15.0"
 
 
 def faster_baseline(block: dict[str, Any]) -> None:
-    """A baseline 100x faster than anything this machine does now: every run regresses
+    """A baseline 1000x faster than anything this machine does now: every run regresses
     (10x was not enough: a baseline recorded while other jobs held the cores measured a
     step 5x slower than the check's run did, and the claimed 10x shrank to 2x)."""
-    block["step_time"]["samples"] = [t / 100 for t in block["step_time"]["samples"]]
+    block["step_time"]["samples"] = [t / 1000 for t in block["step_time"]["samples"]]
 
 
 def slow_flag(suite: Suite, seconds: float, calls: int = -1) -> None:
@@ -96,9 +97,9 @@ def throughput(suite: Suite) -> dict[str, Any]:
 def test_unconfirmed_slowdown_passes_with_a_note(suite: Suite) -> None:
     torch_suite(suite)
     suite.run("--accelperf-update").assert_outcomes(passed=1)
-    # The first training is slow, the re-measurement is not. 250 ms a step: even a step
-    # that a loaded machine stretched to 80 ms looks 4x slower.
-    slow_flag(suite, 0.25, calls=24)
+    # The first training is slow, the re-measurement is not. 500 ms a step: ~100x a
+    # normal step, and still 20x one that a loaded machine stretched to 25 ms.
+    slow_flag(suite, 0.5, calls=24)
     result = suite.run("--accelperf-json=report.json", TOLERANCE)
     result.assert_outcomes(passed=1)
     tp = throughput(suite)
