@@ -1,0 +1,1045 @@
+#!/usr/bin/env python
+"""A benchmark of the throughput gate itself: false alarms, detections and cost.
+
+Gate mode (the default)::
+
+    python benchmarks/gate.py --runs 10 [--slowdowns 0,0.02,0.05,0.10] [--load none,cpu]
+                              [--tolerance 0.03] [--out DIR]
+
+copies the suite of ``benchmarks/suite/`` (one accelperf case of a ~10 ms jitted JAX train
+step, and a pytest-benchmark test of the same compiled step) to a scratch directory,
+records both tools' baselines there in one quiet session, then runs ``--runs`` sessions of
+every condition (competing load x injected slowdown), interleaved round-robin so that slow
+drift of the machine reaches every condition alike. A slowdown is injected inside every
+measured step (``ACCELPERF_INJECT_SLOWDOWN``: the step spins until it has taken
+``1 + slowdown`` times as long), in both arms. Each session is one pytest process that runs
+every arm's test; per run it records accelperf's throughput verdict (from its JSON report),
+whether pytest-benchmark's ``--benchmark-compare-fail`` fired (from its own output), and the
+wall time of the session and of each arm's test. It prints one table per load condition,
+with rates and 95 % Clopper-Pearson intervals, and writes every raw result to
+``DIR/gate-<time>.json`` (and the tables to ``DIR/gate-<time>.md``).
+
+Overhead mode::
+
+    python benchmarks/gate.py overhead [--blocks 10] [--block-steps 50]
+
+times, in one process, the JAX backend's measured loop (``_execute``, the source of the
+``run.step_times`` the gate compares, with the drift probe after every step as in a real
+run) against a hand-written loop of the same compiled step with the same
+``block_until_ready`` per step, in alternating blocks, and reports the ratio of median step
+times (plugin / hand loop) with a bootstrap confidence interval.
+
+Arms: a gate under test is an :class:`Arm` (a function per arm builds it; see ``ARMS``).
+Arms that share a ``group`` run in the same pytest session; the per-run driver
+(:func:`run_session`) only takes test ids, extra pytest arguments and environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import datetime as _dt
+import importlib.util
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+HERE = Path(__file__).resolve().parent
+SUITE = HERE / "suite"
+SUITE_MODULE = "test_gate_case.py"
+#: Where pytest-benchmark is installed for the benchmark's sessions when the interpreter
+#: does not have it (see :func:`pytest_benchmark_path`). Ignored by git.
+DEPS = HERE / ".deps"
+#: pytest-benchmark 5.2.x fails under pytest 9 (``Function._nodeid`` is gone); 5.3.1 works.
+PB_REQUIREMENT = "pytest-benchmark==5.3.1"
+INJECT_ENV = "ACCELPERF_INJECT_SLOWDOWN"  # pytest_accelperf.backends.common.INJECT_ENV
+STEPS_ENV = "ACCELPERF_GATE_STEPS"  # read by benchmarks/suite/steptask.py
+DEFAULT_SLOWDOWNS = (0.0, 0.02, 0.05, 0.10)
+#: accelperf's throughput tolerance in the benchmark. Below the 5 % the issue asks the gate
+#: to catch, above the 2 % it should let pass: a 5 % slowdown is then past the tolerance,
+#: while a gate with a 5 % threshold (pytest-benchmark's median:5%) calls a 5 % slowdown
+#: a coin flip at best.
+DEFAULT_TOLERANCE = 0.03
+DEFAULT_PB_FAIL = "median:5%"
+SESSION_TIMEOUT = 600.0
+
+
+# --------------------------------------------------------------------------------------
+# Running one pytest session
+
+
+@dataclass
+class Session:
+    """One pytest process: its exit status, wall time, output and per-test wall times."""
+
+    rc: int | None
+    wall_s: float
+    output: str
+    run_dir: Path
+    test_wall_s: dict[str, float] = field(default_factory=dict)  # junit time per test name
+    timed_out: bool = False
+
+
+def junit_times(path: Path) -> dict[str, float]:
+    """``{test name: seconds}`` from a JUnit XML file (setup + call + teardown)."""
+    if not path.is_file():
+        return {}
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError:
+        return {}
+    return {case.get("name", ""): float(case.get("time", "nan")) for case in root.iter("testcase")}
+
+
+def run_session(workdir: Path, run_dir: Path, tests: Sequence[str], args: Sequence[str],
+                env: dict[str, str], timeout: float = SESSION_TIMEOUT) -> Session:
+    """Run ``pytest TESTS ARGS`` in ``workdir`` with exactly ``env``; its output, JUnit XML
+    and whatever the arms write go to ``run_dir``. Never raises for a failing session."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    junit = run_dir / "junit.xml"
+    cmd = [sys.executable, "-m", "pytest", *tests, "-q", f"--junitxml={junit}", *args]
+    (run_dir / "command.txt").write_text(shlex.join(cmd) + "\n", encoding="utf-8")
+    log = run_dir / "output.txt"
+    t0 = time.perf_counter()
+    timed_out = False
+    with log.open("w", encoding="utf-8") as out:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out, rc = True, None
+            _stop(proc)
+        except BaseException:  # Ctrl-C: do not leave the session running
+            _stop(proc)
+            raise
+    wall = time.perf_counter() - t0
+    return Session(rc=rc, wall_s=wall, output=log.read_text(encoding="utf-8", errors="replace"),
+                   run_dir=run_dir, test_wall_s=junit_times(junit), timed_out=timed_out)
+
+
+def _stop(proc: subprocess.Popen[Any], grace: float = 5.0) -> None:
+    """Terminate ``proc``, then kill it if it has not exited within ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+# --------------------------------------------------------------------------------------
+# Arms: the gates under test
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the arms of one benchmark share: the scratch suite and the settings."""
+
+    workdir: Path
+    tolerance: float
+    pb_fail: str
+    confirm: int | None
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A gate under test.
+
+    ``tests``: the test ids (relative to the suite) whose outcome is this arm's;
+    ``record_args``: pytest arguments that record its baseline (None: nothing to record);
+    ``run_args(ctx, run_dir)``: arguments of a gated run that writes into ``run_dir``;
+    ``parse(ctx, session)``: the run's outcome, a dict with at least ``alarm`` (True,
+    False, or None when the arm produced no verdict), ``verdict`` and ``wall_s``;
+    ``setup(install)``: what the arm's sessions need in their environment (e.g.
+    ``PYTHONPATH``), or None when the arm cannot run here.
+    Arms of the same ``group`` run in one pytest session.
+    """
+
+    name: str
+    group: str
+    tests: tuple[str, ...]
+    record_args: Callable[[Context], list[str] | None]
+    run_args: Callable[[Context, Path], list[str]]
+    parse: Callable[[Context, Session], dict[str, Any]]
+    #: Whether the arm can say "inconclusive" (a third outcome, counted apart).
+    has_inconclusive: bool = False
+    setup: Callable[[bool], dict[str, str] | None] = lambda install: {}
+
+
+ACCELPERF_TEST = f"{SUITE_MODULE}::test_step"
+PB_TEST = f"{SUITE_MODULE}::test_step_benchmark"
+
+
+def accelperf_arm() -> Arm:
+    """accelperf against its stored baseline (``--accelperf-update``, then plain runs):
+    alarm = the throughput verdict is ``regression`` (after ``--accelperf-confirm``)."""
+
+    def record(ctx: Context) -> list[str]:
+        return ["--accelperf-update", f"--accelperf-json={ctx.workdir / 'record-accelperf.json'}"]
+
+    def run(ctx: Context, run_dir: Path) -> list[str]:
+        args = [f"--accelperf-json={run_dir / 'accelperf.json'}",
+                f"--accelperf-throughput-tolerance={ctx.tolerance:g}"]
+        if ctx.confirm is not None:
+            args.append(f"--accelperf-confirm={ctx.confirm}")
+        return args
+
+    def parse(ctx: Context, session: Session) -> dict[str, Any]:
+        return parse_accelperf(session.run_dir / "accelperf.json", session)
+
+    return Arm("accelperf", "stored", (ACCELPERF_TEST,), record, run, parse,
+               has_inconclusive=True)
+
+
+def pytest_benchmark_arm() -> Arm:
+    """pytest-benchmark's own gate: ``--benchmark-save`` once, then every run
+    ``--benchmark-compare=0001 --benchmark-compare-fail=median:5%`` (``--pb-fail``):
+    alarm = it printed "Performance has regressed" naming the test."""
+
+    def storage(ctx: Context) -> str:
+        return f"--benchmark-storage=file://{ctx.workdir / 'pb-storage'}"
+
+    def record(ctx: Context) -> list[str]:
+        return [storage(ctx), "--benchmark-save=baseline",
+                f"--benchmark-json={ctx.workdir / 'record-pb.json'}"]
+
+    def run(ctx: Context, run_dir: Path) -> list[str]:
+        return [storage(ctx), "--benchmark-compare=0001",
+                f"--benchmark-compare-fail={ctx.pb_fail}",
+                f"--benchmark-json={run_dir / 'pb.json'}"]
+
+    def parse(ctx: Context, session: Session) -> dict[str, Any]:
+        return parse_pytest_benchmark(session, ctx.workdir / "record-pb.json")
+
+    def setup(install: bool) -> dict[str, str] | None:
+        path = pytest_benchmark_path(install)
+        return None if path is None else {"PYTHONPATH": path} if path else {}
+
+    return Arm("pytest-benchmark", "stored", (PB_TEST,), record, run, parse, setup=setup)
+
+
+#: The arms, by name, in table order. The A/B arm (``--accelperf-compare=GIT_REF``: the
+#: base revision and the working tree measured in alternation) goes here as a third entry,
+#: in a group of its own, since its session gates the same test differently.
+ARMS: dict[str, Callable[[], Arm]] = {
+    "accelperf": accelperf_arm,
+    "pytest-benchmark": pytest_benchmark_arm,
+}
+
+
+def _round(x: float | None, digits: int = 7) -> float | None:
+    if x is None or not math.isfinite(x) or x == 0:
+        return x
+    return round(x, digits - 1 - math.floor(math.log10(abs(x))))
+
+
+def parse_accelperf(report_path: Path, session: Session) -> dict[str, Any]:
+    """The accelperf arm's outcome from its JSON report."""
+    out: dict[str, Any] = {"alarm": None, "verdict": "error",
+                           "wall_s": test_wall(session, ACCELPERF_TEST)}
+    if not report_path.is_file():
+        out["error"] = "no accelperf JSON report (the session did not get that far)"
+        return out
+    report = json.loads(report_path.read_text(encoding="utf-8"))
+    cases = report.get("cases") or []
+    if len(cases) != 1:
+        out["error"] = f"expected 1 case in the report, found {len(cases)}"
+        return out
+    case = cases[0]
+    run = case.get("run") or {}
+    checks = {c["metric"]: c for c in case.get("checks") or []}
+    tp = checks.get("throughput")
+    others = sorted(m for m, c in checks.items() if m != "throughput"
+                    and c.get("verdict") == "regression")
+    if case.get("error") or tp is None:
+        out["error"] = case.get("error") or "no throughput check"
+        return out
+    data = tp.get("data") or {}
+    trainings = (len(data["confirmations"]) if data.get("confirmations")
+                 else len(data.get("unconfirmed") or []) + 1)
+    steps = [float(t) for t in run.get("step_times") or []]
+    probes = [float(t) for t in run.get("probe_times") or []]
+    out.update({
+        "verdict": tp["verdict"],
+        "alarm": tp["verdict"] == "regression",
+        "ratio": data.get("ratio"), "ci": data.get("ci"), "mdc": data.get("mdc"),
+        "raw_ratio": data.get("raw_ratio"), "drift_corrected": data.get("drift_corrected"),
+        "confirmations": data.get("confirmations"), "unconfirmed": data.get("unconfirmed"),
+        "detail": tp.get("detail"),
+        "trainings": trainings,
+        # Seconds of steps and probes of one training, times the trainings the verdict took.
+        "measure_s": _round((sum(steps) + sum(probes)) * trainings, 4),
+        "compile_s": run.get("compile_time"),
+        "median_step_s": _round(statistics.median(steps)) if steps else None,
+        "other_regressions": others,
+        "injected_slowdown": (run.get("extra") or {}).get("injected_slowdown", 0.0),
+        "step_times": [_round(t) for t in steps],
+        "probe_times": [_round(t) for t in probes],
+    })
+    return out
+
+
+_REGRESSED = re.compile(r"^Performance has regressed:\n((?:\t.*\n?)*)", re.MULTILINE)
+
+
+def pb_alarms(output: str) -> list[str]:
+    """The lines of pytest-benchmark's "Performance has regressed:" block, e.g.
+    ``test_step_benchmark (0001_baseline) - Field 'median' has failed
+    PercentageRegressionCheck: 41.7 > 5.0``; empty when it did not fire."""
+    return [line.strip() for m in _REGRESSED.finditer(output)
+            for line in m.group(1).splitlines() if line.strip()]
+
+
+def _pb_bench(path: Path, name: str) -> dict[str, Any] | None:
+    """The entry of test ``name`` in a ``--benchmark-json`` file."""
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    for bench in data.get("benchmarks") or []:
+        if bench.get("name") == name:
+            found: dict[str, Any] = bench
+            return found
+    return None
+
+
+def parse_pytest_benchmark(session: Session, baseline_json: Path) -> dict[str, Any]:
+    """The pytest-benchmark arm's outcome: its own compare-fail message, plus the medians."""
+    name = PB_TEST.split("::")[-1]
+    out: dict[str, Any] = {"alarm": None, "verdict": "error",
+                           "wall_s": test_wall(session, PB_TEST)}
+    bench = _pb_bench(session.run_dir / "pb.json", name)
+    if bench is None:
+        out["error"] = "no pytest-benchmark result for the test (it did not run or failed)"
+        return out
+    stats = bench["stats"]
+    fired = [line for line in pb_alarms(session.output) if line.startswith(name)]
+    base = _pb_bench(baseline_json, name)
+    base_median = float(base["stats"]["median"]) if base else None
+    out.update({
+        "alarm": bool(fired),
+        "verdict": "regression" if fired else "pass",
+        "message": fired[0] if fired else None,
+        "median_s": _round(float(stats["median"])),
+        "baseline_median_s": _round(base_median),
+        "ratio": (_round(float(stats["median"]) / base_median) if base_median else None),
+        "rounds": stats.get("rounds"),
+        "iterations": stats.get("iterations"),
+        "measure_s": _round(float(stats.get("total") or 0.0), 4),
+        # Waiting for the host lock that accelperf's training also takes (other sessions).
+        "lock_wait_s": _round((bench.get("extra_info") or {}).get("lock_wait_s"), 4),
+        "times": [_round(float(t)) for t in stats.get("data") or []],
+    })
+    return out
+
+
+def test_wall(session: Session, test_id: str) -> float | None:
+    """The JUnit wall time of the one item of ``test_id`` (a function, or the single case
+    of a parametrized one); None when it did not run."""
+    name = test_id.split("::")[-1]
+    times = [t for n, t in session.test_wall_s.items() if n == name or n.startswith(name + "[")]
+    return times[0] if len(times) == 1 else None
+
+
+# --------------------------------------------------------------------------------------
+# pytest-benchmark: kept out of the project's environment
+
+
+def pytest_benchmark_path(install: bool) -> str | None:
+    """The directory to put on ``PYTHONPATH`` for pytest-benchmark ("" when the interpreter
+    already has a working one); None when there is none and ``install`` is False.
+
+    It is not a dependency of the project's environment on purpose: installed there, its
+    plugin loads into every pytest session, and under ``-n`` its "benchmarks are
+    automatically disabled because xdist plugin is active" warning becomes an INTERNALERROR
+    with the project's ``filterwarnings = error``. So the benchmark installs it into
+    ``benchmarks/.deps`` (``pip install --no-deps --target``) and adds that only to its
+    own sessions' ``PYTHONPATH``.
+    """
+    spec = importlib.util.find_spec("pytest_benchmark")
+    if spec is not None:
+        from importlib.metadata import version
+
+        if not version("pytest-benchmark").startswith("5.2."):
+            return ""
+    if (DEPS / "pytest_benchmark" / "__init__.py").is_file():
+        return str(DEPS)
+    if not install:
+        return None
+    packages = [PB_REQUIREMENT]
+    if importlib.util.find_spec("cpuinfo") is None:
+        packages.append("py-cpuinfo")
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(DEPS),
+           *packages]
+    print(f"installing {' '.join(packages)} for the benchmark's sessions only: "
+          f"{shlex.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True)
+    return str(DEPS)
+
+
+# --------------------------------------------------------------------------------------
+# Competing load
+
+#: A single-threaded numpy matrix-product loop: another job's compute on one core.
+LOAD_CODE = """
+import os, sys
+import numpy as np
+cpus = sorted(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpus[-1]})
+rng = np.random.default_rng(0)
+a = rng.standard_normal((256, 256), dtype=np.float32)
+b = rng.standard_normal((256, 256), dtype=np.float32)
+print("ready", flush=True)
+while True:
+    a = np.tanh(a @ b)
+"""
+
+LOADS = ("none", "cpu")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the child (the load, a session) gets SIGTERM when the benchmark dies, even
+    by SIGKILL."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def competing_load(kind: str) -> Iterator[int | None]:
+    """Run the competing ``kind`` of load (``cpu``: :data:`LOAD_CODE`, pinned to the last
+    core, one thread) while the block runs; yields its pid (None for ``none``). The load
+    is stopped however the block ends (exception, Ctrl-C), and dies with this process."""
+    if kind == "none":
+        yield None
+        return
+    if kind != "cpu":
+        raise ValueError(f"unknown load {kind!r}; have {', '.join(LOADS)}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", LOAD_CODE], env=env, stdout=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True,
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the competing load did not start (exit {proc.wait()})")
+        yield proc.pid
+    finally:
+        _stop(proc)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+# --------------------------------------------------------------------------------------
+# The gate benchmark
+
+
+@dataclass(frozen=True)
+class Condition:
+    load: str
+    slowdown: float
+
+    @property
+    def label(self) -> str:
+        return f"load={self.load} slowdown={self.slowdown:g}"
+
+
+def schedule(conditions: Sequence[Condition], runs: int) -> list[tuple[int, Condition]]:
+    """``runs`` repetitions of every condition, interleaved: repetition ``r`` runs all
+    conditions once, in an order rotated by ``r``, so no condition always follows the
+    same one and drift of the machine is spread over all of them.
+
+    >>> [(r, c.slowdown) for r, c in schedule([Condition("none", 0), Condition("none", 1)], 2)]
+    [(0, 0), (0, 1), (1, 1), (1, 0)]
+    """
+    out: list[tuple[int, Condition]] = []
+    for r in range(runs):
+        k = r % len(conditions)
+        out.extend((r, c) for c in [*conditions[k:], *conditions[:k]])
+    return out
+
+
+def session_env(slowdown: float, arm_env: dict[str, str], steps: int | None) -> dict[str, str]:
+    """The environment of one session: this one, with the injected slowdown (or none) and
+    what the arms asked for (``PYTHONPATH`` entries go first)."""
+    # Not an xdist worker's variables (a test of this benchmark may run under -n):
+    # pytest-benchmark disables itself when it sees PYTEST_XDIST_WORKER.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTEST_XDIST_", "PYTEST_CURRENT_TEST")) and k != INJECT_ENV}
+    if slowdown:
+        env[INJECT_ENV] = repr(slowdown)
+    for key, value in arm_env.items():
+        if key == "PYTHONPATH":
+            value = os.pathsep.join(p for p in (value, env.get(key)) if p)
+        env[key] = value
+    if steps is not None:
+        env[STEPS_ENV] = str(steps)
+    return env
+
+
+def rate_ci(k: int, n: int) -> tuple[float, float]:
+    """95 % Clopper-Pearson interval of a rate ``k / n``."""
+    from scipy.stats import binomtest
+
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    return float(ci.low), float(ci.high)
+
+
+def _rate_text(k: int, n: int) -> str:
+    if n == 0:
+        return "-"
+    lo, hi = rate_ci(k, n)
+    return f"{k}/{n} {k / n:.0%} [{lo:.0%}, {hi:.0%}]"
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    clean = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(clean) if clean else None
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def summarize(results: Sequence[dict[str, Any]], conditions: Sequence[Condition],
+              arms: Sequence[Arm]) -> list[dict[str, Any]]:
+    """Per condition and arm: runs, alarms (rate and interval), inconclusive, errors,
+    median ratio, median wall seconds of the arm's test and of accelperf's measurement."""
+    rows = []
+    for cond in conditions:
+        mine = [r for r in results if r["load"] == cond.load and r["slowdown"] == cond.slowdown]
+        for arm in arms:
+            outs = [r["arms"][arm.name] for r in mine if arm.name in r["arms"]]
+            decided = [o for o in outs if o.get("alarm") is not None]
+            alarms = sum(1 for o in decided if o["alarm"])
+            inconclusive = sum(1 for o in outs if o.get("verdict") == "inconclusive")
+            row: dict[str, Any] = {
+                "load": cond.load, "slowdown": cond.slowdown, "arm": arm.name,
+                "runs": len(outs), "alarms": alarms, "errors": len(outs) - len(decided),
+                "inconclusive": inconclusive,
+                "alarm_rate": alarms / len(decided) if decided else None,
+                "alarm_ci": list(rate_ci(alarms, len(decided))) if decided else None,
+                "median_ratio": _median([o.get("ratio") for o in outs]),
+                "median_wall_s": _median([o.get("wall_s") for o in outs]),
+                "median_measure_s": _median([o.get("measure_s") for o in outs]),
+                "median_session_wall_s": _median([r["session_wall_s"] for r in mine]),
+            }
+            rows.append(row)
+    return rows
+
+
+def tables(summary: Sequence[dict[str, Any]], loads: Sequence[str], arms: Sequence[Arm],
+           tolerance: float, pb_fail: str) -> str:
+    """One table per load condition (Markdown pipe tables)."""
+    parts = []
+    for load in loads:
+        rows = []
+        for slowdown in sorted({s["slowdown"] for s in summary if s["load"] == load}):
+            cells = [s for s in summary if s["load"] == load and s["slowdown"] == slowdown]
+            by_arm = {c["arm"]: c for c in cells}
+            row: list[Any] = [f"{slowdown:.0%}", max(c["runs"] for c in cells)]
+            for arm in arms:
+                c = by_arm[arm.name]
+                decided = c["runs"] - c["errors"]
+                row.append(_rate_text(c["alarms"], decided))
+                if arm.has_inconclusive:
+                    row.append(_rate_text(c["inconclusive"], c["runs"]))
+                row.append(_fmt(c["median_ratio"], ".3f"))
+                row.append(f"{_fmt(c['median_wall_s'], '.1f')} "
+                           f"({_fmt(c['median_measure_s'], '.1f')})")
+                if c["errors"]:
+                    row[-1] = f"{row[-1]} ({c['errors']} errors)"
+            row.append(_fmt(cells[0]["median_session_wall_s"], ".1f"))
+            rows.append(row)
+        headers = ["slowdown", "runs"]
+        for arm in arms:
+            headers.append(f"{arm.name} alarms [95% CI]")
+            if arm.has_inconclusive:
+                headers.append(f"{arm.name} inconclusive")
+            headers += [f"{arm.name} median ratio", f"{arm.name} s/case (measuring)"]
+        headers.append("session s")
+        parts.append(f"load: {load}  (accelperf tolerance {tolerance:g}, pytest-benchmark "
+                     f"--benchmark-compare-fail={pb_fail})\n\n"
+                     + tabulate(rows, headers=headers, tablefmt="github"))
+    return "\n\n".join(parts)
+
+
+def parse_floats(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}") from None
+    if not values or any(not (math.isfinite(v) and 0 <= v <= 10) for v in values):
+        raise argparse.ArgumentTypeError(f"slowdowns are fractions between 0 and 10: {text!r}")
+    return values
+
+
+def parse_names(choices: Sequence[str]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        bad = [n for n in names if n not in choices]
+        if not names or bad:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected a comma-separated subset of {', '.join(choices)}")
+        return names
+    return parse
+
+
+def _machine() -> dict[str, Any]:
+    info: dict[str, Any] = {"cpus": os.cpu_count(), "platform": platform.platform(),
+                            "python": platform.python_version()}
+    with contextlib.suppress(OSError):
+        info["loadavg"] = list(os.getloadavg())
+    return info
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def prepare_workdir(workdir: Path) -> None:
+    """A fresh copy of ``benchmarks/suite`` (its own rootdir: pyproject.toml inside)."""
+    shutil.copytree(SUITE, workdir, ignore=shutil.ignore_patterns("__pycache__", "baselines",
+                                                                  ".pytest_cache"))
+
+
+def run_gate(ns: argparse.Namespace, argv: Sequence[str]) -> int:
+    arms: list[Arm] = []
+    arm_env: dict[str, str] = {}
+    for arm in (ARMS[name]() for name in ns.arms):
+        wanted = arm.setup(not ns.no_install)
+        if wanted is None:
+            print(f"{arm.name} cannot run here (not installed, and --no-install): leaving "
+                  f"that arm out", file=sys.stderr)
+            continue
+        arms.append(arm)
+        for key, value in wanted.items():
+            arm_env[key] = (os.pathsep.join(p for p in (arm_env.get(key), value) if p)
+                            if key == "PYTHONPATH" else value)
+    if not arms:
+        print("no arm to run", file=sys.stderr)
+        return 2
+    conditions = [Condition(load, s) for load in ns.load for s in ns.slowdowns]
+    out_dir = Path(ns.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    json_path = out_dir / f"gate-{stamp}.json"
+    md_path = out_dir / f"gate-{stamp}.md"
+    workdir = Path(tempfile.mkdtemp(prefix="accelperf-gate-")) / "suite"
+    prepare_workdir(workdir)
+    ctx = Context(workdir=workdir, tolerance=ns.tolerance, pb_fail=ns.pb_fail,
+                  confirm=ns.confirm)
+    extra = shlex.split(ns.pytest_args or "")
+    command = shlex.join([Path(sys.executable).name, *argv])
+    doc: dict[str, Any] = {
+        "command": command, "argv": list(argv), "cwd": os.getcwd(),
+        "started": _dt.datetime.now().isoformat(timespec="seconds"),
+        "config": {"runs": ns.runs, "slowdowns": ns.slowdowns, "loads": ns.load,
+                   "tolerance": ns.tolerance, "pb_compare_fail": ns.pb_fail,
+                   "confirm": ns.confirm, "steps": ns.steps, "arms": [a.name for a in arms],
+                   "pytest_args": extra, "workdir": str(workdir)},
+        "machine": _machine(), "record": {}, "runs": [], "summary": [],
+    }
+    keep = ns.keep
+    print(f"gate benchmark: {len(conditions)} conditions x {ns.runs} runs, arms "
+          f"{', '.join(a.name for a in arms)}; scratch suite {workdir}", flush=True)
+    try:
+        groups: dict[str, list[Arm]] = {}
+        for arm in arms:
+            groups.setdefault(arm.group, []).append(arm)
+        # Record every baseline in one quiet session per group (no load, no injection).
+        for group, members in groups.items():
+            recording = [(a, a.record_args(ctx)) for a in members]
+            tests = [t for a, r in recording if r is not None for t in a.tests]
+            if not tests:
+                continue
+            args = [x for _, r in recording if r is not None for x in r] + extra
+            rec = run_session(workdir, workdir / "runs" / f"record-{group}", tests, args,
+                              session_env(0.0, arm_env, ns.steps))
+            doc["record"][group] = {"rc": rec.rc, "wall_s": round(rec.wall_s, 3),
+                                    "test_wall_s": rec.test_wall_s}
+            print(f"recorded baselines ({group}): {rec.wall_s:.1f} s, exit {rec.rc}",
+                  flush=True)
+            if rec.rc != 0:
+                keep = True  # for the output named below
+                print(rec.output[-4000:], file=sys.stderr)
+                print(f"recording the baselines failed (exit {rec.rc}); output in "
+                      f"{rec.run_dir}", file=sys.stderr)
+                return 1
+        plan = schedule(conditions, ns.runs)
+        for i, (rep, cond) in enumerate(plan):
+            record: dict[str, Any] = {"index": i, "rep": rep, "load": cond.load,
+                                      "slowdown": cond.slowdown, "arms": {}, "sessions": {}}
+            walls = []
+            for group, members in groups.items():
+                run_dir = workdir / "runs" / f"{i:04d}-{group}"
+                args = [x for a in members for x in a.run_args(ctx, run_dir)] + extra
+                tests = [t for a in members for t in a.tests]
+                with competing_load(cond.load):
+                    sess = run_session(workdir, run_dir, tests, args,
+                                       session_env(cond.slowdown, arm_env, ns.steps))
+                walls.append(sess.wall_s)
+                record["sessions"][group] = {"rc": sess.rc, "wall_s": round(sess.wall_s, 3),
+                                             "timed_out": sess.timed_out,
+                                             "dir": str(run_dir)}
+                for arm in members:
+                    record["arms"][arm.name] = arm.parse(ctx, sess)
+                if any(record["arms"][a.name]["alarm"] is None for a in members):
+                    record["sessions"][group]["output_tail"] = sess.output[-3000:]
+            record["session_wall_s"] = round(sum(walls), 3)
+            doc["runs"].append(record)
+            _write(json_path, doc)
+            brief = "  ".join(
+                f"{name}={o['verdict']}"
+                + (f"({o['ratio']:.3f})" if isinstance(o.get("ratio"), float) else "")
+                for name, o in record["arms"].items())
+            print(f"[{i + 1}/{len(plan)}] {cond.label}: {brief}  "
+                  f"{record['session_wall_s']:.1f} s", flush=True)
+    finally:
+        doc["finished"] = _dt.datetime.now().isoformat(timespec="seconds")
+        doc["summary"] = summarize(doc["runs"], conditions, arms)
+        _write(json_path, doc)
+        text = tables(doc["summary"], ns.load, arms, ns.tolerance, ns.pb_fail)
+        md_path.write_text(f"`{command}`\n\n{text}\n", encoding="utf-8")
+        print(f"\n{command}\n\n{text}\n\nraw results: {json_path}\ntables: {md_path}")
+        if not keep:
+            shutil.rmtree(workdir.parent, ignore_errors=True)
+        else:
+            print(f"scratch suite kept: {workdir}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# Overhead: the plugin's measured step against a hand-written loop
+
+
+def _load_steptask() -> Any:
+    """``benchmarks/suite/steptask.py``, the suite's task, as a module."""
+    spec = importlib.util.spec_from_file_location("steptask", SUITE / "steptask.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Part 4: plugin-measured step times against a hand loop, in one process."""
+    from pytest_accelperf.accel import prepare_environment, provision
+
+    if os.environ.get(INJECT_ENV):
+        print(f"{INJECT_ENV} is set: unset it to measure the overhead", file=sys.stderr)
+        return 2
+    prepare_environment("cpu", 1)  # before jax initializes: one CPU device, as the suite
+    import jax
+    import numpy as np
+
+    from pytest_accelperf.backends.jax import _compile, _execute, _init_state, jax_probe
+    from pytest_accelperf.cases import with_overrides
+    from pytest_accelperf.stats import paired_ratio, step_time_ratio
+
+    steptask = _load_steptask()
+    block_until_ready: Any = jax.block_until_ready  # untyped in jax
+    CASE, make_task = steptask.CASE, steptask.make_task
+    accel = provision("cpu", 1)
+    case = with_overrides(CASE, steps=ns.block_steps)
+    task = make_task(case)
+    program = _compile(case, task, accel, None)
+    probe = jax_probe(accel.devices[0])
+
+    def plugin(with_probe: bool) -> list[float]:
+        # Exactly what BACKEND.train runs after compiling: init, warmup, measured steps
+        # (each followed by the probe, outside the step's timer), on the same program.
+        return list(_execute(program, case, task, probe if with_probe else None).step_times)
+
+    def hand() -> list[float]:
+        params, opt_state = _init_state(program, task)
+        times = []
+        for i in range(case.warmup + case.steps):
+            batch = jax.device_put(task.make_batch(i), program.batch_sharding)
+            block_until_ready(batch)
+            t0 = time.perf_counter()
+            params, opt_state, loss = program.compiled(params, opt_state, batch)
+            block_until_ready((params, opt_state, loss))
+            if i >= case.warmup:
+                times.append(time.perf_counter() - t0)
+        return times
+
+    arms: dict[str, Callable[[], list[float]]] = {
+        "plugin": lambda: plugin(True), "plugin-no-probe": lambda: plugin(False), "hand": hand}
+    blocks: dict[str, list[list[float]]] = {name: [] for name in arms}
+    names = list(arms)
+    # Every order of the arms in turn (6 for 3 arms), so each runs first, second and last
+    # equally often over a multiple of 6 blocks: position in a block biases none.
+    orders = list(itertools.permutations(names))
+    hand()  # one untimed pass: first-touch allocations, caches
+    t_start = time.perf_counter()
+    for b in range(ns.blocks):
+        for name in orders[b % len(orders)]:
+            blocks[name].append(arms[name]())
+    wall = time.perf_counter() - t_start
+
+    hand_all = [t for blk in blocks["hand"] for t in blk]
+    rows = []
+    result: dict[str, Any] = {"command": shlex.join([Path(sys.executable).name, *argv]),
+                              "machine": _machine(), "blocks": ns.blocks,
+                              "block_steps": ns.block_steps, "wall_s": round(wall, 2),
+                              "median_step_s": {}, "ratios": {}, "raw": blocks}
+    for name in names:
+        pooled = [t for blk in blocks[name] for t in blk]
+        result["median_step_s"][name] = float(np.median(pooled))
+        if name == "hand":
+            continue
+        est = step_time_ratio(pooled, hand_all)
+        paired = paired_ratio(blocks[name], blocks["hand"])
+        result["ratios"][name] = {"ratio": est.ratio, "ci": [est.low, est.high],
+                                  "paired_ratio": paired.ratio,
+                                  "paired_ci": [paired.low, paired.high]}
+        rows.append([f"{name} / hand", f"{paired.ratio:.4f}",
+                     f"{paired.low:.4f}-{paired.high:.4f}", f"{est.ratio:.4f}",
+                     f"{est.low:.4f}-{est.high:.4f}"])
+    text = tabulate(rows, headers=["ratio of median step times", "paired by block",
+                                   "95% CI", "pooled", "95% CI (assumes no drift)"],
+                    tablefmt="github")
+    meds = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in result["median_step_s"].items())
+    print(f"{result['command']}\n\n{ns.blocks} alternating blocks of {ns.block_steps} steps "
+          f"(+{case.warmup} warmup) per arm, {wall:.1f} s; medians: {meds}\n\n{text}\n"
+          f"(target: plugin / hand <= 1.02. Paired: the trimmed geometric mean of each "
+          f"block's ratio of medians, bootstrap over blocks, which cancels drift slower "
+          f"than a block; pooled: all steps of each arm, resampled as independent)")
+    out_dir = Path(ns.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"overhead-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    _write(path, result)
+    print(f"raw results: {path}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+
+
+AB_TEST = '''
+"""A/B cases of the gate benchmark: one case per (slowdown, repetition). The working
+tree's slowdowns.py makes the step of each case that much slower (the backend spins inside
+the step's timer); the base revision's has every slowdown at 0."""
+import dataclasses
+import os
+
+from slowdowns import ORDER, REPS, SLOWDOWN
+from steptask import CASE, make_task
+
+from pytest_accelperf import cases
+
+CASES = [dataclasses.replace(CASE, label=f"{name}-r{r}") for r in range(REPS) for name in ORDER]
+
+
+@cases(*CASES)
+def test_ab(accelperf):
+    name = accelperf.case.label.split("-")[0]
+    os.environ["ACCELPERF_INJECT_SLOWDOWN"] = repr(SLOWDOWN[name])
+    accelperf.train(make_task(accelperf.case))
+'''
+
+
+def _slowdown_name(fraction: float) -> str:
+    return f"s{round(fraction * 1000):04d}"
+
+
+def _git(path: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=bench@example.com", "-c", "user.name=bench",
+                    *args], cwd=path, check=True, capture_output=True)
+
+
+def _ab_repo(root: Path, slowdowns: Sequence[float], reps: int) -> None:
+    """A git repository: the base commit with every slowdown 0, the working tree with
+    ``slowdowns``."""
+    root.mkdir(parents=True)
+    for name in ("steptask.py", "pyproject.toml"):
+        shutil.copy(SUITE / name, root / name)
+    (root / "test_ab.py").write_text(AB_TEST)
+    names = [_slowdown_name(f) for f in slowdowns]
+
+    def module(values: Sequence[float]) -> str:
+        table = ", ".join(f"{n!r}: {v!r}" for n, v in zip(names, values, strict=True))
+        return f"ORDER = {names!r}\nREPS = {reps}\nSLOWDOWN = {{{table}}}\n"
+
+    (root / "slowdowns.py").write_text(module([0.0] * len(slowdowns)))
+    _git(root, "init", "-q")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-qm", "base: no slowdown")
+    (root / "slowdowns.py").write_text(module(slowdowns))
+
+
+def run_ab(ns: argparse.Namespace, argv: Sequence[str]) -> int:
+    """A/B mode (``--accelperf-compare``): per load condition, one session whose cases are
+    every slowdown x ``--runs`` repetitions, interleaved; the working tree is slower by the
+    case's slowdown, the base revision is not."""
+    out_dir = Path(ns.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    scratch = Path(tempfile.mkdtemp(prefix="accelperf-ab-bench-"))
+    results: list[dict[str, Any]] = []
+    sessions: list[dict[str, Any]] = []
+    try:
+        for load in ns.load:
+            repo = scratch / load
+            _ab_repo(repo, ns.slowdowns, ns.runs)
+            report = repo / "report.json"
+            cmd = [sys.executable, "-m", "pytest", "test_ab.py", "-q",
+                   "--accelperf-compare=HEAD", f"--accelperf-json={report}",
+                   f"--accelperf-compare-tolerance={ns.ab_tolerance:g}",
+                   f"--accelperf-compare-budget={ns.ab_budget:g}"]
+            env = {**os.environ, STEPS_ENV: "10"}  # the stored-baseline run: short
+            env.pop(INJECT_ENV, None)
+            t0 = time.monotonic()
+            with competing_load(load):
+                proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
+                                      check=False)
+            wall = time.monotonic() - t0
+            if not report.exists():
+                print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"the A/B session under load {load} wrote no report")
+            cases = json.loads(report.read_text())["cases"]
+            sessions.append({"load": load, "wall_s": wall, "cases": len(cases),
+                             "exit": proc.returncode})
+            for case in cases:
+                name = case["case_id"].rsplit("-", 2)[-2]
+                fraction = dict(zip((_slowdown_name(f) for f in ns.slowdowns), ns.slowdowns,
+                                    strict=True))[name]
+                check = next(c for c in case["checks"] if c["metric"] == "throughput")
+                data = check.get("data") or {}
+                results.append({"load": load, "slowdown": fraction, "case": case["case_id"],
+                                "verdict": check["verdict"], "ratio": data.get("ratio"),
+                                "ci": data.get("ci"), "rounds": data.get("rounds"),
+                                "seconds": data.get("seconds")})
+    finally:
+        if not ns.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+    rows = []
+    for load in ns.load:
+        for fraction in ns.slowdowns:
+            mine = [r for r in results if r["load"] == load and r["slowdown"] == fraction]
+            n = len(mine)
+            alarms = sum(r["verdict"] == "regression" for r in mine)
+            unsure = sum(r["verdict"] == "inconclusive" for r in mine)
+            rows.append({"load": load, "slowdown": f"{fraction:.0%}", "runs": n,
+                         "A/B alarms [95% CI]": _rate_text(alarms, n),
+                         "inconclusive": _rate_text(unsure, n),
+                         "median ratio": _fmt(_median([r["ratio"] for r in mine]), ".3f"),
+                         "median s/case": _fmt(_median([r["seconds"] for r in mine]), ".1f")})
+    table = tabulate(rows, headers="keys", tablefmt="github")
+    header = (f"`python {' '.join(argv)}`\n\nA/B mode: --accelperf-compare=HEAD, tolerance "
+              f"{ns.ab_tolerance:g}, budget {ns.ab_budget:g} s per case; sessions: "
+              + ", ".join(f"{s['load']} {s['wall_s']:.0f} s" for s in sessions) + "\n")
+    print(header)
+    print(table)
+    _write(out_dir / f"ab-{stamp}.json", {"command": f"python {' '.join(argv)}",
+                                          "machine": _machine(), "sessions": sessions,
+                                          "results": results, "summary": rows})
+    (out_dir / f"ab-{stamp}.md").write_text(header + "\n" + table + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="benchmarks/gate.py", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="See benchmarks/README.md for what each number means.")
+    p.add_argument("mode", nargs="?", choices=("gate", "overhead", "ab"), default="gate",
+                   help="gate: false alarms and detections against stored baselines "
+                        "(default); ab: the same in A/B mode (--accelperf-compare); "
+                        "overhead: the plugin's measured step against a hand-written loop")
+    g = p.add_argument_group("gate mode")
+    g.add_argument("--runs", type=int, default=10, metavar="K",
+                   help="sessions per condition (default 10)")
+    g.add_argument("--slowdowns", type=parse_floats, default=list(DEFAULT_SLOWDOWNS),
+                   help="injected slowdowns, fractions of the step time (default "
+                        "0,0.02,0.05,0.10)")
+    g.add_argument("--load", type=parse_names(LOADS), default=list(LOADS),
+                   help="competing load conditions: none, cpu (a one-thread numpy loop "
+                        "pinned to one core, started by the benchmark) (default none,cpu)")
+    g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help=f"accelperf's --accelperf-throughput-tolerance (default "
+                        f"{DEFAULT_TOLERANCE})")
+    g.add_argument("--pb-fail", default=DEFAULT_PB_FAIL,
+                   help=f"pytest-benchmark's --benchmark-compare-fail (default "
+                        f"{DEFAULT_PB_FAIL.replace('%', '%%')}, the issue's)")
+    g.add_argument("--confirm", type=int, default=None,
+                   help="--accelperf-confirm (default: the plugin's, 1)")
+    g.add_argument("--steps", type=int, default=None,
+                   help="measured steps of the accelperf case (default: the suite's, 100)")
+    g.add_argument("--arms", type=parse_names(list(ARMS)), default=list(ARMS),
+                   help=f"gates to measure (default {','.join(ARMS)})")
+    g.add_argument("--pytest-args", default="",
+                   help="extra arguments for every session (one shell-quoted string)")
+    g.add_argument("--no-install", action="store_true",
+                   help="do not pip-install pytest-benchmark into benchmarks/.deps when "
+                        "missing (its arm is left out)")
+    g.add_argument("--keep", action="store_true", help="keep the scratch suite and outputs")
+    a = p.add_argument_group("ab mode (also --runs, --slowdowns, --load, --keep)")
+    a.add_argument("--ab-tolerance", type=float, default=0.01,
+                   help="--accelperf-compare-tolerance (default 0.01)")
+    a.add_argument("--ab-budget", type=float, default=10.0,
+                   help="--accelperf-compare-budget, seconds per case (default 10)")
+    o = p.add_argument_group("overhead mode")
+    o.add_argument("--blocks", type=int, default=18,
+                   help="alternating blocks per arm; a multiple of 6 balances the arms' "
+                        "order (default 18)")
+    o.add_argument("--block-steps", type=int, default=30,
+                   help="measured steps per block (default 30)")
+    p.add_argument("--out", default=str(HERE / "results"),
+                   help="directory for the JSON and Markdown results (default "
+                        "benchmarks/results)")
+    return p
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM ends the benchmark as Ctrl-C does: sessions and load stopped, results
+    written."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    signal.signal(signal.SIGTERM, _terminated)
+    ns = build_parser().parse_args(argv)
+    shown = ["benchmarks/gate.py", *argv]
+    if ns.mode == "overhead":
+        return run_overhead(ns, shown)
+    if ns.mode == "ab":
+        return run_ab(ns, shown)
+    if ns.runs < 1:
+        build_parser().error("--runs must be at least 1")
+    try:
+        return run_gate(ns, shown)
+    except KeyboardInterrupt:
+        print("interrupted: the runs so far are in the results above", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""The gate benchmark (benchmarks/gate.py) end to end, and the fault injection it relies on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_accelperf.backends.common import INJECT_ENV, injected_slowdown, stretch
+
+ROOT = Path(__file__).resolve().parents[1]
+GATE = ROOT / "benchmarks" / "gate.py"
+
+
+def _gate_module() -> Any:
+    spec = importlib.util.spec_from_file_location("accelperf_gate_benchmark", GATE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+gate = _gate_module()
+
+
+# -- fault injection -------------------------------------------------------------------
+
+
+def test_stretch_makes_a_step_longer_by_the_fraction() -> None:
+    for fraction in (0.0, 0.5, 1.0):
+        t0 = time.perf_counter()
+        time.sleep(0.05)
+        t1 = time.perf_counter()
+        end = stretch(t0, t1, fraction)
+        # At least the asked-for length (it spins until then), and not much more (the
+        # margin is for a descheduled spin on a busy machine), as the clock says too.
+        assert end - t0 >= (t1 - t0) * (1 + fraction)
+        assert end - t0 <= (t1 - t0) * (1 + fraction) + 0.03
+        assert time.perf_counter() >= end
+    t0 = time.perf_counter()
+    assert stretch(t0, t0 + 1.0, 0.0) == t0 + 1.0  # no injection: the end time as given
+
+
+@pytest.mark.parametrize("value", ["abc", "-0.1", "nan", "inf", "11", "5%"])
+def test_injected_slowdown_rejects_garbage(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv(INJECT_ENV, value)
+    with pytest.raises(ValueError, match=INJECT_ENV) as info:
+        injected_slowdown()
+    assert repr(value) in str(info.value)
+    assert "unset it" in str(info.value)
+
+
+def test_injected_slowdown_reads_the_fraction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(INJECT_ENV, raising=False)
+    assert injected_slowdown() == 0.0
+    monkeypatch.setenv(INJECT_ENV, " 0.05 ")
+    assert injected_slowdown() == 0.05
+    monkeypatch.setenv(INJECT_ENV, "")
+    assert injected_slowdown() == 0.0
+
+
+# -- the benchmark's pieces --------------------------------------------------------------
+
+
+def test_schedule_interleaves_conditions() -> None:
+    conds = [gate.Condition("none", s) for s in (0.0, 0.1, 0.5)]
+    plan = gate.schedule(conds, 3)
+    assert [r for r, _ in plan] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [c.slowdown for _, c in plan] == [0.0, 0.1, 0.5, 0.1, 0.5, 0.0, 0.5, 0.0, 0.1]
+
+
+def test_pytest_benchmark_alarm_is_read_from_its_output() -> None:
+    output = ("----\nPerformance has regressed:\n\ttest_step_benchmark (0001_baseline) - Field "
+              "'median' has failed PercentageRegressionCheck: 41.7 > 5.0\n----\n")
+    assert gate.pb_alarms(output) == [
+        "test_step_benchmark (0001_baseline) - Field 'median' has failed "
+        "PercentageRegressionCheck: 41.7 > 5.0"]
+    assert gate.pb_alarms("2 passed in 9.86s\n") == []
+
+
+def test_pytest_benchmark_outcome(tmp_path: Path) -> None:
+    def bench_json(path: Path, median: float) -> None:
+        stats = {"median": median, "rounds": 3, "iterations": 1, "total": 3 * median,
+                 "data": [median] * 3}
+        path.write_text(json.dumps({"benchmarks": [
+            {"name": "test_step_benchmark", "stats": stats, "extra_info": {"lock_wait_s": 0.5}}]}))
+
+    bench_json(tmp_path / "base.json", 0.010)
+    bench_json(tmp_path / "pb.json", 0.012)
+    fired = ("Performance has regressed:\n\ttest_step_benchmark (0001_baseline) - Field "
+             "'median' has failed PercentageRegressionCheck: 20.0 > 5.0\n")
+    session = gate.Session(rc=1, wall_s=9.0, output=fired, run_dir=tmp_path,
+                           test_wall_s={"test_step_benchmark": 4.0})
+    out = gate.parse_pytest_benchmark(session, tmp_path / "base.json")
+    assert out["alarm"] is True and out["verdict"] == "regression"
+    assert out["ratio"] == 1.2 and out["wall_s"] == 4.0 and out["lock_wait_s"] == 0.5
+    session.output = "1 passed"
+    assert gate.parse_pytest_benchmark(session, tmp_path / "base.json")["alarm"] is False
+    (tmp_path / "pb.json").unlink()  # the test did not run: no verdict, not "no alarm"
+    out = gate.parse_pytest_benchmark(session, tmp_path / "base.json")
+    assert out["alarm"] is None and out["verdict"] == "error"
+
+
+def test_clopper_pearson_interval() -> None:
+    lo, hi = gate.rate_ci(0, 10)
+    assert lo == 0.0 and 0.30 < hi < 0.31  # 1 - 0.025 ** (1 / 10)
+    lo, hi = gate.rate_ci(10, 10)
+    assert 0.69 < lo < 0.70 and hi == 1.0
+
+
+def test_competing_load_is_stopped_on_error() -> None:
+    with pytest.raises(RuntimeError, match="boom"), gate.competing_load("cpu") as pid:
+        assert pid is not None
+        os.kill(pid, 0)  # running
+        raise RuntimeError("boom")
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the load process {pid} is still running")
+
+
+# -- end to end ------------------------------------------------------------------------
+
+
+def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
+    """One run each of no slowdown and a 4x slowdown, no load: the JSON has every run's
+    outcome, and accelperf flags the 4x slowdown (50 % flaked twice in ~27 runs on a
+    loaded machine: a stored baseline is hours, and machine states, away). The accelperf
+    arm only: the project's environment has no pytest-benchmark (see
+    gate.pytest_benchmark_path), and three sessions of one arm stay under a minute; the
+    other arm's parsing is tested above."""
+    arms = ["accelperf"]
+    env = {k: v for k, v in os.environ.items() if k != INJECT_ENV}
+    proc = subprocess.run(
+        [sys.executable, str(GATE), "--runs", "1", "--slowdowns", "0,3", "--load", "none",
+         "--steps", "40", "--arms", ",".join(arms), "--no-install", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = tmp_path.glob("gate-*.json")
+    doc = json.loads(path.read_text())
+    assert "benchmarks/gate.py --runs 1" in doc["command"]
+    assert doc["config"]["arms"] == arms
+    assert doc["record"]["stored"]["rc"] == 0
+    runs = doc["runs"]
+    assert [(r["load"], r["slowdown"]) for r in runs] == [("none", 0.0), ("none", 3.0)]
+    for run in runs:
+        assert set(run["arms"]) == set(arms)
+        assert run["session_wall_s"] > 0
+        ap = run["arms"]["accelperf"]
+        assert ap["verdict"] in ("pass", "regression", "inconclusive", "improvement"), ap
+        assert ap["injected_slowdown"] == run["slowdown"]
+        assert ap["wall_s"] > 0 and ap["measure_s"] > 0 and len(ap["step_times"]) == 40
+    flagged = runs[1]["arms"]["accelperf"]
+    assert flagged["verdict"] == "regression" and flagged["alarm"] is True, (
+        flagged["detail"], flagged["unconfirmed"], flagged["raw_ratio"])
+    assert flagged["ratio"] > 1.5
+    rows = {(s["slowdown"], s["arm"]): s for s in doc["summary"]}
+    assert rows[(3.0, "accelperf")]["alarms"] == 1
+    assert rows[(3.0, "accelperf")]["alarm_ci"][1] == 1.0
+    assert "load: none" in proc.stdout and "accelperf alarms [95% CI]" in proc.stdout
+    assert "benchmarks/gate.py --runs 1" in next(tmp_path.glob("gate-*.md")).read_text()
+
+
+def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
+    """The A/B mode of the benchmark: a git repository whose working tree makes one case's
+    step twice as slow as the base revision's, measured with --accelperf-compare."""
+    env = {k: v for k, v in os.environ.items() if k != INJECT_ENV}
+    proc = subprocess.run(
+        [sys.executable, str(GATE), "ab", "--runs", "1", "--slowdowns", "0,1", "--load",
+         "none", "--ab-budget", "2", "--ab-tolerance", "0.2", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = tmp_path.glob("ab-*.json")
+    results = {r["slowdown"]: r for r in json.loads(path.read_text())["results"]}
+    assert results[1.0]["verdict"] == "regression", results
+    assert 1.6 < results[1.0]["ratio"] < 2.5
+    assert results[0.0]["verdict"] != "regression", results
+    assert "A/B alarms [95% CI]" in proc.stdout
