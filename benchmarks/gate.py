@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import datetime as _dt
 import importlib.util
 import itertools
@@ -122,8 +121,8 @@ def run_session(workdir: Path, run_dir: Path, tests: Sequence[str], args: Sequen
     t0 = time.perf_counter()
     timed_out = False
     with log.open("w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        proc = subprocess.Popen(_dies_with_parent(cmd), cwd=workdir, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
         try:
             rc: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -416,14 +415,29 @@ while True:
 """
 
 LOADS = ("none", "cpu")
-_PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the child (the load, a session) gets SIGTERM when the benchmark dies, even
-    by SIGKILL."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+_DEATH_WRAPPER = """
+import ctypes, os, signal, sys
+parent = int(sys.argv[1])
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass
+if os.getppid() != parent:  # the benchmark died before prctl
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def _dies_with_parent(cmd: Sequence[str]) -> list[str]:
+    """Linux: ``cmd`` wrapped so that it gets SIGTERM when the benchmark dies, even by
+    SIGKILL. The death signal is set in the child itself and kept across ``execv``: a
+    ``preexec_fn`` would run the parent's at-fork handlers, and JAX's warns (an error under
+    ``-W error``) once jax is imported."""
+    if not sys.platform.startswith("linux"):
+        return list(cmd)
+    return [sys.executable, "-c", _DEATH_WRAPPER, str(os.getpid()), *cmd]
 
 
 @contextlib.contextmanager
@@ -438,9 +452,8 @@ def competing_load(kind: str) -> Iterator[int | None]:
         raise ValueError(f"unknown load {kind!r}; have {', '.join(LOADS)}")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-c", LOAD_CODE], env=env, stdout=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True,
-                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+    proc = subprocess.Popen(_dies_with_parent([sys.executable, "-c", LOAD_CODE]), env=env,
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "ready":

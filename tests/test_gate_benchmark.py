@@ -117,6 +117,11 @@ def test_clopper_pearson_interval() -> None:
 
 
 def test_competing_load_is_stopped_on_error() -> None:
+    """Also with JAX's backends up (its at-fork handler installed, as in any xdist worker
+    that ran a JAX case): starting the load runs no at-fork handler, which warns under
+    ``-W error`` (the CI failure a ``preexec_fn`` caused)."""
+    jax = pytest.importorskip("jax")
+    jax.devices()
     with pytest.raises(RuntimeError, match="boom"), gate.competing_load("cpu") as pid:
         assert pid is not None
         os.kill(pid, 0)  # running
@@ -130,6 +135,31 @@ def test_competing_load_is_stopped_on_error() -> None:
         time.sleep(0.05)
     else:
         pytest.fail(f"the load process {pid} is still running")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_competing_load_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
+    """SIGKILL the benchmark (no finally runs): the kernel still stops its load."""
+    code = (f"import importlib.util, os, signal, sys\n"
+            f"spec = importlib.util.spec_from_file_location('g', {str(GATE)!r})\n"
+            f"g = importlib.util.module_from_spec(spec); sys.modules['g'] = g\n"
+            f"spec.loader.exec_module(g)\n"
+            f"with g.competing_load('cpu') as pid:\n"
+            f"    print(pid, flush=True)\n"
+            f"    os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == -9, proc.stderr
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    pytest.fail(f"the load process {pid} outlived the killed benchmark")
 
 
 # -- end to end ------------------------------------------------------------------------
