@@ -126,3 +126,60 @@ def test_hung_rank_times_out_and_everything_is_killed() -> None:
     assert result.message.startswith("exceeded the 3 s timeout (rank 0: ")
     assert "rank 1: in step 3 (steps 0-2 had finished)" in result.message
     assert not any(_alive(r.progress["pid"]) for r in result.ranks)
+
+
+def training_fn(ctx: RankContext, steps: int) -> None:
+    """Ranks that train ``steps`` "steps" of 50 ms each, reporting each as DDP's do."""
+    for step in range(steps):
+        time.sleep(0.05)
+        ctx.progress(phase="train", step=step, loss=10.0 - step + ctx.rank, time=0.05)
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.updates: list[tuple[int, int, float, float]] = []
+        self.closed = False
+
+    def update(self, done: int, total: int, loss: float, step_time: float) -> None:
+        self.updates.append((done, total, loss, step_time))
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_rank_zero_progress_reaches_the_terminal_line() -> None:
+    """A multi-process case shows its progress live, as a single-process one does: rank
+    0's steps, in order, while the ranks run (the last may land after they exit)."""
+    from pytest_accelperf.report import progress
+
+    with progress.reporting(RecordingSink()) as sink:
+        assert isinstance(sink, RecordingSink)
+        result = launch(training_fn, (20,), 2, timeout=60, total_steps=20)
+    assert result.outcome == "ok", result.message
+    assert sink.updates, "no progress was shown while the ranks trained"
+    done = [u[0] for u in sink.updates]
+    assert done == sorted(done) and done[0] >= 1 and done[-1] <= 20
+    assert all(total == 20 for _, total, _, _ in sink.updates)
+    assert all(loss == 10.0 - (d - 1) for d, _, loss, _ in sink.updates)  # rank 0's loss
+
+
+def test_progress_follower_keeps_a_half_written_line(tmp_path: Any) -> None:
+    from pytest_accelperf.backends.launch import _ProgressFollower
+    from pytest_accelperf.report import progress
+
+    events = tmp_path / "rank0.jsonl"
+    follower = _ProgressFollower(events, total_steps=8)
+    with progress.reporting(RecordingSink()) as sink:
+        assert isinstance(sink, RecordingSink)
+        follower.poll()  # no file yet: nothing, no error
+        events.write_text('{"event": "progress", "phase": "init"}\n'
+                          '{"event": "progress", "step": 2, "loss": 1.5, "time": 0.2}\n'
+                          '{"event": "progress", "step": 3, "lo')
+        follower.poll()
+        assert sink.updates == [(3, 8, 1.5, 0.2)]
+        with events.open("a") as f:
+            f.write('ss": 1.25, "time": 0.25}\n')
+        follower.poll()
+        assert sink.updates[-1] == (4, 8, 1.25, 0.25)
+        follower.poll()  # nothing new: nothing shown again
+        assert len(sink.updates) == 2

@@ -18,12 +18,15 @@ How a launch goes:
 * Each rank appends JSON lines to its own file: ``progress`` (the phase, the last step it
   finished, its peak memory so far), then ``result`` or ``error`` (exception type, message,
   traceback tail, whether it was an out-of-memory). Its stdout and stderr go to a log file.
-* The parent polls. All ranks exiting 0 is ``ok``. The first rank to exit non-zero (or be
-  killed by a signal) ends the launch at once: the survivors, which would otherwise wait in
-  a collective forever, are killed (``SIGKILL`` to their process groups) and the outcome is
-  ``error`` (or ``oom`` when that rank reported running out of memory), with a message that
-  names the rank, the exit code or signal, the last step it reported, and the tail of its
-  traceback or stderr. Past the timeout every rank is killed and the outcome is ``timeout``
+* The parent polls. While it waits it follows rank 0's progress lines and shows them on
+  pytest's terminal line (:mod:`pytest_accelperf.report.progress`), as a single-process
+  backend does; only when that line is shown at all. All ranks exiting 0 is ``ok``. The
+  first rank to exit non-zero (or be killed by a signal) ends the launch at once: the
+  survivors, which would otherwise wait in a collective forever, are killed (``SIGKILL``
+  to their process groups) and the outcome is ``error`` (or ``oom`` when that rank
+  reported running out of memory), with a message that names the rank, the exit code or
+  signal, the last step it reported, and the tail of its traceback or stderr. Past the
+  timeout every rank is killed and the outcome is ``timeout``
   with the steps each rank had reported.
 
 A rank reports running out of memory by raising ``torch.OutOfMemoryError`` (CUDA) or
@@ -48,6 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from pytest_accelperf.report import progress as live_progress
 
 #: Seconds between polls of the ranks.
 POLL_S = 0.02
@@ -178,6 +183,43 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+class _ProgressFollower:
+    """Reads the lines a rank appended since the last call and forwards its latest
+    training step to the terminal progress line. A line still being written is kept for
+    the next call."""
+
+    def __init__(self, path: Path, total_steps: int | None) -> None:
+        self._path = path
+        self._total = total_steps
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> None:
+        if not self._total or not live_progress.active():
+            return
+        try:
+            with self._path.open("rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return  # not created yet
+        self._offset += len(chunk)
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        latest: dict[str, Any] | None = None
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if (isinstance(event, dict) and event.get("event") == "progress"
+                    and isinstance(event.get("step"), int)):
+                latest = event
+        if latest is not None:
+            with contextlib.suppress(TypeError, ValueError):
+                live_progress.step(latest["step"] + 1, self._total, float(latest["loss"]),
+                                   float(latest["time"]))
+
+
 def _collect(rank: int, workdir: Path, returncode: int | None) -> RankReport:
     report = RankReport(rank=rank, returncode=returncode)
     for event in _read_events(workdir / f"rank{rank}.jsonl"):
@@ -298,7 +340,9 @@ def _launch_in(workdir: Path, payload: bytes, world_size: int, device: str,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         failed: list[int] = []
         timed_out = False
+        follower = _ProgressFollower(workdir / "rank0.jsonl", total_steps)
         while True:
+            follower.poll()
             codes = [p.poll() for p in procs]
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed or all(c == 0 for c in codes):

@@ -41,6 +41,12 @@ def step(done: int, total: int, loss: float, step_time: float) -> None:
         sink.update(done, total, loss, step_time)
 
 
+def active() -> bool:
+    """Whether a sink is installed (a caller that must do work to learn its progress, like
+    reading another process's file, can skip it when nobody is watching)."""
+    return _sink is not None
+
+
 @contextlib.contextmanager
 def reporting(sink: ProgressSink) -> Iterator[ProgressSink]:
     """Install ``sink`` for the duration of the block (one test), then close it."""
