@@ -1016,8 +1016,9 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument_group("ab mode (also --runs, --slowdowns, --load, --keep)")
     a.add_argument("--ab-tolerance", type=float, default=0.01,
                    help="--accelperf-compare-tolerance (default 0.01)")
-    a.add_argument("--ab-budget", type=float, default=10.0,
-                   help="--accelperf-compare-budget, seconds per case (default 10)")
+    a.add_argument("--ab-budget", type=float, default=20.0,
+                   help="--accelperf-compare-budget, seconds per case (default 20, the "
+                        "plugin's)")
     o = p.add_argument_group("overhead mode")
     o.add_argument("--blocks", type=int, default=18,
                    help="alternating blocks per arm; a multiple of 6 balances the arms' "
