@@ -160,6 +160,8 @@ class Context:
     tolerance: float
     pb_fail: str
     confirm: int | None
+    #: Sessions the stored baselines are recorded over (``--baseline-sessions``).
+    baseline_sessions: int = 1
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,9 @@ class Arm:
     #: Whether the arm can say "inconclusive" (a third outcome, counted apart).
     has_inconclusive: bool = False
     setup: Callable[[bool], dict[str, str] | None] = lambda install: {}
+    #: Arguments of a session that adds one more recorded session to the baseline (None:
+    #: the arm has no such thing).
+    add_session_args: Callable[[Context], list[str]] | None = None
 
 
 ACCELPERF_TEST = f"{SUITE_MODULE}::test_step"
@@ -208,8 +213,11 @@ def accelperf_arm() -> Arm:
     def parse(ctx: Context, session: Session) -> dict[str, Any]:
         return parse_accelperf(session.run_dir / "accelperf.json", session)
 
+    def add_session(ctx: Context) -> list[str]:
+        return ["--accelperf-add-session"]
+
     return Arm("accelperf", "stored", (ACCELPERF_TEST,), record, run, parse,
-               has_inconclusive=True)
+               has_inconclusive=True, add_session_args=add_session)
 
 
 def pytest_benchmark_arm() -> Arm:
@@ -666,6 +674,7 @@ def run_gate(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="accelperf-gate-")) / "suite"
     prepare_workdir(workdir)
     ctx = Context(workdir=workdir, tolerance=ns.tolerance, pb_fail=ns.pb_fail,
+                  baseline_sessions=ns.baseline_sessions,
                   confirm=ns.confirm)
     extra = shlex.split(ns.pytest_args or "")
     command = shlex.join([Path(sys.executable).name, *argv])
@@ -674,7 +683,8 @@ def run_gate(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
         "config": {"runs": ns.runs, "slowdowns": ns.slowdowns, "loads": ns.load,
                    "tolerance": ns.tolerance, "pb_compare_fail": ns.pb_fail,
-                   "confirm": ns.confirm, "steps": ns.steps, "arms": [a.name for a in arms],
+                   "confirm": ns.confirm, "steps": ns.steps,
+                   "baseline_sessions": ns.baseline_sessions, "arms": [a.name for a in arms],
                    "pytest_args": extra, "workdir": str(workdir)},
         "machine": _machine(), "record": {}, "runs": [], "summary": [],
     }
@@ -698,6 +708,23 @@ def run_gate(ns: argparse.Namespace, argv: Sequence[str]) -> int:
                                     "test_wall_s": rec.test_wall_s}
             print(f"recorded baselines ({group}): {rec.wall_s:.1f} s, exit {rec.rc}",
                   flush=True)
+            adders = [a for a in members if a.add_session_args is not None]
+            for k in range(1, ctx.baseline_sessions if rec.rc == 0 and adders else 1):
+                # Each more session of the baseline is a fresh process, as a user's
+                # `pytest --accelperf-add-session` in CI would be.
+                add = run_session(
+                    workdir, workdir / "runs" / f"record-{group}-session{k + 1}",
+                    [t for a in adders for t in a.tests],
+                    [x for a in adders if a.add_session_args is not None
+                     for x in a.add_session_args(ctx)] + extra,
+                    session_env(0.0, arm_env, ns.steps))
+                doc["record"][f"{group}-session{k + 1}"] = {"rc": add.rc,
+                                                            "wall_s": round(add.wall_s, 3)}
+                print(f"added baseline session {k + 1} ({group}): {add.wall_s:.1f} s, exit "
+                      f"{add.rc}", flush=True)
+                if add.rc != 0:
+                    rec = add
+                    break
             if rec.rc != 0:
                 keep = True  # for the output named below
                 print(rec.output[-4000:], file=sys.stderr)
@@ -1003,6 +1030,10 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{DEFAULT_PB_FAIL.replace('%', '%%')}, the issue's)")
     g.add_argument("--confirm", type=int, default=None,
                    help="--accelperf-confirm (default: the plugin's, 1)")
+    g.add_argument("--baseline-sessions", type=int, default=1, metavar="N",
+                   help="record accelperf's baseline over N quiet sessions (--accelperf-update "
+                        "once, then --accelperf-add-session), so its throughput interval "
+                        "includes the spread between sessions (default 1)")
     g.add_argument("--steps", type=int, default=None,
                    help="measured steps of the accelperf case (default: the suite's, 100)")
     g.add_argument("--arms", type=parse_names(list(ARMS)), default=list(ARMS),
@@ -1048,6 +1079,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_ab(ns, shown)
     if ns.runs < 1:
         build_parser().error("--runs must be at least 1")
+    if ns.baseline_sessions < 1:
+        build_parser().error("--baseline-sessions must be at least 1")
     try:
         return run_gate(ns, shown)
     except KeyboardInterrupt:

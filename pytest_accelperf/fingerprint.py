@@ -54,6 +54,16 @@ def environment(accel: Accelerator) -> dict[str, Any]:
     }
 
 
+def _isa_change(base: str, now: str) -> str:
+    """What a host's CPU features lack or add against the baseline's (only the difference:
+    the whole list is a line of 15 flags)."""
+    lacks = sorted(set(base.split()) - set(now.split()))
+    adds = sorted(set(now.split()) - set(base.split()))
+    parts = ([f"this host lacks {' '.join(lacks)}"] if lacks else []) + \
+        ([f"this host adds {' '.join(adds)}"] if adds else [])
+    return "; ".join(parts) or f"{base} -> {now}"
+
+
 def differences(now: dict[str, Any], base: dict[str, Any],
                 backend: str | None = None) -> list[str]:
     """Human-readable differences that make throughput incomparable, empty when comparable.
@@ -67,6 +77,8 @@ def differences(now: dict[str, Any], base: dict[str, Any],
     []
     >>> differences({"packages": {"torch": "2.13.0"}}, {"packages": {}}, backend="torch")
     ['torch: absent -> 2.13.0']
+    >>> differences({"cpu_isa": "avx avx2 fma"}, {"cpu_isa": "avx avx2 avx512f avx512bw fma"})
+    ['cpu_isa: this host lacks avx512bw avx512f']
     """
     out: list[str] = []
     for key in THROUGHPUT_KEYS:
@@ -78,6 +90,8 @@ def differences(now: dict[str, Any], base: dict[str, Any],
                     continue
                 if a.get(name) != b.get(name):
                     out.append(f"{name}: {a.get(name, 'absent')} -> {b.get(name, 'absent')}")
+        elif key == "cpu_isa" and isinstance(a, str) and isinstance(b, str) and a != b:
+            out.append(f"{key}: {_isa_change(a, b)}")
         elif a != b:
             out.append(f"{key}: {a} -> {b}")
     return out

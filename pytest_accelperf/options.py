@@ -54,6 +54,11 @@ OPTIONS: tuple[Option, ...] = (
            "(XLA's --xla_force_host_platform_device_count). Default: 8.", "int", 8),
     Option("update", "--accelperf-update", "write or refresh the baselines of the cases that "
            "ran; regressions are reported but do not fail.", "bool", False),
+    Option("add_session", "--accelperf-add-session", "measure the cases again on unchanged "
+           "code and add this session's step-time level to their stored baselines (nothing "
+           "else in them changes); from 3 sessions on, the throughput check widens its "
+           "interval by the spread between sessions. Implies --accelperf-update.", "bool",
+           False),
     Option("baselines", "--accelperf-baselines", "directory of the baseline store, relative to "
            "the rootdir. Default: baselines/.", "path", "baselines"),
     Option("json", "--accelperf-json", "write the machine-readable report (schema in the "
@@ -234,6 +239,7 @@ class Settings:
     compare_rounds: int = 10
     compare_block: int = 5
     compare_budget: float = 20.0
+    add_session: bool = False
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
@@ -260,7 +266,8 @@ class Settings:
         return cls(
             accel=values["accel"],
             cpu_devices=values["cpu_devices"],
-            update=bool(values["update"]),
+            update=bool(values["update"]) or bool(values["add_session"]),
+            add_session=bool(values["add_session"]),
             baselines=(rootdir / values["baselines"]).resolve(),
             json=(json_base / json_path).resolve() if json_path else None,
             platform=values["platform"],

@@ -172,6 +172,66 @@ def _bootstrap(samples: tuple[FloatArray, ...], statistic: Any, confidence: floa
                          confidence)
 
 
+#: The fewest recorded sessions of a baseline from which a between-session spread is
+#: estimated (two give a standard deviation with one degree of freedom: t = 12.7).
+MIN_SESSIONS = 3
+
+
+@dataclass(frozen=True)
+class SessionSpread:
+    """What a baseline's recorded sessions say about session-to-session noise.
+
+    ``sd`` is the standard deviation of the sessions' log step-time levels; ``n`` how many
+    sessions gave it."""
+
+    sd: float
+    n: int
+
+
+def widen_by_sessions(est: RatioEstimate, now_level: float, levels: Sequence[float],
+                      ) -> tuple[RatioEstimate, SessionSpread]:
+    """Re-center ``est`` on the mean of the baseline's sessions and widen it by their spread.
+
+    A bootstrap interval sees only the noise within one session; on a shared machine whole
+    sessions differ (another job, a different core, the process's memory layout), by far
+    more than that. With ``levels``, one step-time level per recorded session of the
+    baseline (median step time, or median step time over median probe time when
+    drift-corrected), the ratio becomes ``now_level / geometric mean(levels)`` and its
+    interval, in log space, has the half-width
+
+        sqrt(w**2 + (t[n-1] * sd * sqrt(1 + 1/n))**2)
+
+    where ``w`` is the bootstrap interval's half-width (the noise within this session),
+    ``sd`` the standard deviation of the sessions' log levels and ``t[n-1]`` Student's
+    quantile for ``n - 1`` degrees of freedom: a prediction interval for a new session from
+    ``n`` earlier ones. Sessions that agree leave the interval as it was; sessions 20 %
+    apart make a 3 % tolerance ``inconclusive`` instead of a coin toss.
+
+    >>> est = RatioEstimate(1.0, 0.99, 1.01, 0.01, 30, 30)
+    >>> wide, spread = widen_by_sessions(est, 1.0, [1.0, 1.0, 1.0])
+    >>> round(wide.low, 4), round(wide.high, 4), spread.sd
+    (0.99, 1.0101, 0.0)
+    >>> wide, spread = widen_by_sessions(est, 1.0, [0.9, 1.0, 1.1])
+    >>> round(wide.mdc, 2), round(spread.sd, 3)
+    (0.52, 0.1)
+    """
+    logs = np.log(np.asarray(levels, dtype=np.float64))
+    n = int(logs.size)
+    if n < MIN_SESSIONS or not np.all(np.isfinite(logs)) or not now_level > 0:
+        raise ValueError(f"{n} session level(s); at least {MIN_SESSIONS} positive ones are "
+                         f"needed")
+    sd = float(np.std(logs, ddof=1))
+    center = math.log(now_level) - float(np.mean(logs))
+    within = (math.log(est.high) - math.log(est.low)) / 2
+    q = float(_scipy_stats.t.ppf(0.5 + est.confidence / 2, n - 1))
+    half = math.hypot(within, q * sd * math.sqrt(1 + 1 / n))
+    ratio = math.exp(center)
+    low, high = math.exp(center - half), math.exp(center + half)
+    return (RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), est.n_now, est.n_base,
+                          est.confidence),
+            SessionSpread(sd, n))
+
+
 def throughput_verdict(est: RatioEstimate, tolerance: float) -> Verdict:
     """The verdict for a step-time ratio estimate under a relative ``tolerance``.
 

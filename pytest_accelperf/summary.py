@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import statistics
 from typing import Any
 
 from pytest_accelperf.run import Run
@@ -40,6 +41,17 @@ def loss_checkpoints(losses: list[float], steps: list[int] | None = None,
     return out
 
 
+def session_entry(run: Run) -> dict[str, float | None] | None:
+    """This session's step-time level for ``step_time.sessions``: the median step time and,
+    when a probe was timed, the probe's median (the throughput check divides the two when it
+    corrects for drift). None without step times."""
+    med = run.median_step_time
+    if med is None:
+        return None
+    probe = statistics.median(run.probe_times) if run.probe_times and run.probe_kind else None
+    return {"median": _round(med), "probe_median": _round(probe) if probe else None}
+
+
 def summarize(run: Run) -> dict[str, Any]:
     """The baseline block for ``run``."""
     block: dict[str, Any] = {
@@ -60,6 +72,9 @@ def summarize(run: Run) -> dict[str, Any]:
             "median": _round(med) if med is not None else None,
             "samples": [_round(t) for t in run.step_times],
         }
+        entry = session_entry(run)
+        if entry is not None:
+            block["step_time"]["sessions"] = [entry]
         if run.probe_times and run.probe_kind:
             block["probe"] = {"kind": run.probe_kind,
                               "samples": [_round(t) for t in run.probe_times]}

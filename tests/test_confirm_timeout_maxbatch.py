@@ -97,9 +97,11 @@ def throughput(suite: Suite) -> dict[str, Any]:
 def test_unconfirmed_slowdown_passes_with_a_note(suite: Suite) -> None:
     torch_suite(suite)
     suite.run("--accelperf-update").assert_outcomes(passed=1)
-    # The first training is slow, the re-measurement is not. 500 ms a step: ~100x a
-    # normal step, and still 20x one that a loaded machine stretched to 25 ms.
-    slow_flag(suite, 0.5, calls=24)
+    # The first training is slow, the re-measurement is not: at least 30x the recorded step
+    # (500 ms is ~100x a quiet step; a baseline recorded while another xdist worker held
+    # the cores measured 39 ms, and 500 ms was then only 13x, under the 16x gate).
+    recorded = suite.load()["cases"]["test_mlp[torch-nomesh-b128]"]["step_time"]["median"]
+    slow_flag(suite, max(0.5, 30 * recorded), calls=24)
     result = suite.run("--accelperf-json=report.json", TOLERANCE)
     result.assert_outcomes(passed=1)
     tp = throughput(suite)

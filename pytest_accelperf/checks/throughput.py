@@ -13,6 +13,15 @@ while a step that got slower by itself does not. The table's ``change`` is then 
 corrected change of throughput, and the detail also gives the raw one. Without matching
 probes (an older baseline) raw step times are compared and the detail says so.
 
+Session spread: a bootstrap interval only sees the noise within one session, and on a
+shared machine whole sessions differ. A baseline recorded over several sessions
+(``--accelperf-update`` once, then ``--accelperf-add-session`` in new sessions on unchanged
+code) keeps one step-time level per session in ``step_time.sessions``; with
+:data:`~pytest_accelperf.stats.MIN_SESSIONS` or more, the ratio is taken against their
+geometric mean and the interval widened by their spread
+(:func:`pytest_accelperf.stats.widen_by_sessions`), so a machine whose sessions differ by
+more than the tolerance says ``inconclusive`` instead of guessing.
+
 Throughput is only compared on the machine the baseline was recorded on: when the
 environment fingerprints differ the verdict is ``incomparable`` (the caller passes
 ``comparable=False`` and may name the differing keys in the detail).
@@ -27,7 +36,14 @@ from typing import Any
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.run import Run
-from pytest_accelperf.stats import RatioEstimate, step_time_ratio, throughput_verdict
+from pytest_accelperf.stats import (
+    MIN_SESSIONS,
+    RatioEstimate,
+    SessionSpread,
+    step_time_ratio,
+    throughput_verdict,
+    widen_by_sessions,
+)
 from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 
 METRIC = "throughput"
@@ -76,6 +92,35 @@ def _probes(run: Run, baseline: dict[str, Any]) -> tuple[tuple[list[float], list
         return None, (f"the {run.probe_kind} probe was too unsteady to correct with "
                       f"(IQR {worst:.0%} of its median)")
     return (list(run.probe_times), base_probe), ""
+
+
+def session_levels(baseline: dict[str, Any], *, drift_corrected: bool) -> list[float]:
+    """One step-time level per session recorded in ``baseline["step_time"]["sessions"]``
+    (``--accelperf-add-session``): the median step time, or median step time over median
+    probe time when ``drift_corrected``. Empty when a session has no probe to correct with.
+    A malformed entry is a ``ValueError`` that names it."""
+    sessions = (baseline.get("step_time") or {}).get("sessions") or []
+    if not isinstance(sessions, list):
+        raise ValueError("the baseline's step_time.sessions is not a list")
+    levels: list[float] = []
+    for i, entry in enumerate(sessions):
+        med = entry.get("median") if isinstance(entry, dict) else None
+        probe = entry.get("probe_median") if isinstance(entry, dict) else None
+        if not isinstance(med, (int, float)) or not math.isfinite(med) or med <= 0:
+            raise ValueError(f"the baseline's step_time.sessions[{i}] has no positive median "
+                             f"step time: {entry!r}")
+        if drift_corrected:
+            if not isinstance(probe, (int, float)) or not probe > 0:
+                return []
+            levels.append(float(med) / float(probe))
+        else:
+            levels.append(float(med))
+    return levels
+
+
+def _spread_text(spread: SessionSpread) -> str:
+    return (f"{spread.n} baseline sessions, between-session SD "
+            f"{fmt_percent(math.expm1(spread.sd))}: interval widened by it")
 
 
 def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
@@ -144,6 +189,18 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
         result.detail = f"step times cannot be compared: {exc}"
         return result
 
+    spread: SessionSpread | None = None
+    try:
+        levels = session_levels(baseline, drift_corrected=pair is not None)
+    except ValueError as exc:
+        result.verdict = Verdict.INCONCLUSIVE
+        result.detail = f"{exc}; fix it or re-record with --accelperf-update"
+        return result
+    if len(levels) >= MIN_SESSIONS and now_median:
+        now_level = (now_median / statistics.median(run.probe_times) if pair is not None
+                     else now_median)
+        est, spread = widen_by_sessions(est, now_level, levels)
+
     verdict = throughput_verdict(est, tolerance)
     result.verdict = verdict
     raw_ratio = now_median / base_median if now_median and base_median else None
@@ -157,7 +214,11 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
         result.detail = describe(est, verdict, tolerance) + f" [raw step times: {why_raw}]"
     else:
         result.detail = describe(est, verdict, tolerance)
+    if spread is not None:
+        result.change = 1 / est.ratio - 1
+        result.detail += f" [{_spread_text(spread)}]"
     result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
                         "confidence": est.confidence, "drift_corrected": pair is not None,
-                        "raw_ratio": raw_ratio})
+                        "raw_ratio": raw_ratio, "sessions": len(levels),
+                        "session_sd": spread.sd if spread is not None else None})
     return result

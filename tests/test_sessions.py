@@ -1,0 +1,175 @@
+"""Baselines recorded over several sessions: the throughput interval widened by the spread
+between sessions (``--accelperf-add-session``), so that a machine whose sessions differ by
+more than the tolerance says ``inconclusive`` instead of failing or passing blindly."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import Suite, verdicts
+
+from pytest_accelperf.checks.base import Tolerances, Verdict
+from pytest_accelperf.checks.throughput import check_throughput
+from pytest_accelperf.run import Run
+from pytest_accelperf.session import MAX_SESSIONS, with_added_session
+from pytest_accelperf.stats import RatioEstimate, widen_by_sessions
+from pytest_accelperf.summary import summarize
+
+TOL = Tolerances(throughput_tolerance=0.03)
+
+
+def steady(median: float, seed: int, n: int = 40) -> list[float]:
+    """Step times with 0.5 % noise: within one session, the interval is tight."""
+    rng = np.random.default_rng(seed)
+    return [float(x) for x in median * (1 + 0.005 * rng.standard_normal(n))]
+
+
+def run_at(median: float, seed: int = 0) -> Run:
+    return Run(case_id="jax-nomesh-b64", samples_per_step=64, n_devices=1,
+               step_times=steady(median, seed), environment={"host_cpu": "Test CPU"})
+
+
+def baseline_with_sessions(levels: list[float]) -> dict[str, Any]:
+    """A baseline whose samples are the first session's, with ``levels`` as its sessions."""
+    block = summarize(run_at(levels[0]))
+    block["step_time"]["sessions"] = [{"median": lv, "probe_median": None} for lv in levels]
+    return block
+
+
+def test_one_session_is_what_a_fresh_baseline_records() -> None:
+    block = summarize(run_at(0.010))
+    sessions = block["step_time"]["sessions"]
+    assert len(sessions) == 1
+    assert sessions[0]["median"] == pytest.approx(0.010, rel=0.01)
+    assert sessions[0]["probe_median"] is None
+
+
+def test_sessions_that_disagree_make_a_small_change_inconclusive() -> None:
+    # This session is 6 % slower than the first recorded one, with a tight interval of its
+    # own: against that one session alone it is a confident regression at 3 %.
+    now = run_at(0.0106, seed=9)
+    alone = check_throughput(now, summarize(now), summarize(run_at(0.010)), TOL)
+    assert alone is not None and alone.verdict is Verdict.REGRESSION
+    # The same baseline recorded over three sessions that differed by up to 20 %:
+    r = check_throughput(now, summarize(now), baseline_with_sessions([0.010, 0.012, 0.0095]),
+                         TOL)
+    assert r is not None
+    assert r.verdict is Verdict.INCONCLUSIVE, r.detail
+    assert "3 baseline sessions, between-session SD" in r.detail
+    assert r.data["sessions"] == 3 and r.data["mdc"] > 0.2
+    # the step-time ratio is taken against the sessions' geometric mean (10.45 ms), not
+    # against the first session (10 ms)
+    assert r.data["ratio"] == pytest.approx(0.0106 / (0.010 * 0.012 * 0.0095) ** (1 / 3),
+                                            rel=0.01)
+
+
+def test_sessions_that_agree_keep_the_gate_sharp() -> None:
+    levels = [0.0100, 0.01002, 0.00998, 0.01001, 0.00999]
+    slower = run_at(0.0120, seed=3)  # 20 % slower
+    r = check_throughput(slower, summarize(slower), baseline_with_sessions(levels), TOL)
+    assert r is not None and r.verdict is Verdict.REGRESSION, r.detail
+    same = run_at(0.0100, seed=4)
+    r = check_throughput(same, summarize(same), baseline_with_sessions(levels), TOL)
+    assert r is not None and r.verdict is Verdict.PASS, r.detail
+    assert r.data["mdc"] < 0.03
+
+
+def test_fewer_than_three_sessions_change_nothing() -> None:
+    now = run_at(0.0106, seed=9)
+    r = check_throughput(now, summarize(now), baseline_with_sessions([0.010, 0.012]), TOL)
+    assert r is not None and r.verdict is Verdict.REGRESSION
+    assert "baseline sessions" not in r.detail and r.data["session_sd"] is None
+
+
+def test_a_malformed_session_is_named() -> None:
+    base = baseline_with_sessions([0.010, 0.011, 0.012])
+    base["step_time"]["sessions"][1] = {"median": "fast"}
+    now = run_at(0.010)
+    r = check_throughput(now, summarize(now), base, TOL)
+    assert r is not None and r.verdict is Verdict.INCONCLUSIVE
+    assert "step_time.sessions[1] has no positive median step time" in r.detail
+    assert "--accelperf-update" in r.detail
+
+
+def test_the_widening_is_a_prediction_interval() -> None:
+    est = RatioEstimate(1.0, 0.99, 1.01, 0.01, 30, 30)
+    # identical sessions: only the within-session half-width remains
+    wide, spread = widen_by_sessions(est, 1.0, [2.0, 2.0, 2.0])
+    assert spread.sd == 0 and wide.ratio == pytest.approx(0.5)
+    assert wide.high / wide.ratio == pytest.approx(1.01, rel=1e-3)
+    # more sessions with the same spread give a narrower interval (Student's t shrinks)
+    few, _ = widen_by_sessions(est, 1.0, [0.9, 1.0, 1.1])
+    many, _ = widen_by_sessions(est, 1.0, [0.9, 1.0, 1.1] * 4)
+    assert many.mdc < few.mdc
+    with pytest.raises(ValueError, match="at least 3"):
+        widen_by_sessions(est, 1.0, [1.0, 1.0])
+
+
+def test_adding_a_session_keeps_the_rest_of_the_baseline() -> None:
+    base = summarize(run_at(0.010))
+    del base["step_time"]["sessions"]  # a baseline recorded before sessions were kept
+    merged = with_added_session(base, run_at(0.011, seed=1), [])
+    assert [round(s["median"], 4) for s in merged["step_time"]["sessions"]] == [0.010, 0.011]
+    assert merged["step_time"]["samples"] == base["step_time"]["samples"]
+    assert "sessions" not in base["step_time"]  # the stored block is not modified in place
+    for _ in range(MAX_SESSIONS + 5):
+        merged = with_added_session(merged, run_at(0.011, seed=1), [])
+    assert len(merged["step_time"]["sessions"]) == MAX_SESSIONS
+
+
+@pytest.mark.parametrize(("baseline", "diffs", "run", "message"), [
+    (None, [], run_at(0.01), "no baseline to add it to; record one first with "
+                             "--accelperf-update"),
+    (summarize(run_at(0.01)), ["host_cpu: A != B"], run_at(0.01),
+     "recorded in another environment (host_cpu: A != B)"),
+    (summarize(run_at(0.01)), [], Run(case_id="x", samples_per_step=32, n_devices=1,
+                                      step_times=steady(0.01, 0)),
+     "took 64 samples per step, this run 32"),
+])
+def test_a_session_that_cannot_be_added_says_why(baseline: dict[str, Any] | None,
+                                                 diffs: list[str], run: Run,
+                                                 message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        with_added_session(baseline, run, diffs)
+
+
+def test_add_session_end_to_end(suite: Suite) -> None:
+    suite.write()
+    result = suite.run("--accelperf-add-session")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*no session added: there is no baseline to add it to; "
+                                 "record one first with --accelperf-update*"])
+    assert not suite.baseline_path().exists()
+
+    suite.run("--accelperf-update").assert_outcomes(passed=2)
+    first = suite.load()
+    suite.run("--accelperf-add-session").assert_outcomes(passed=2)
+    suite.run("--accelperf-add-session").assert_outcomes(passed=2)
+    data = suite.load()
+    for case, block in data["cases"].items():
+        before = first["cases"][case]
+        assert len(block["step_time"]["sessions"]) == 3
+        assert block["step_time"]["sessions"][0] == before["step_time"]["sessions"][0]
+        # nothing but the sessions changed
+        block["step_time"].pop("sessions")
+        before["step_time"].pop("sessions")
+        assert block == before
+
+    result = suite.run("--accelperf-json=report.json", "--accelperf-throughput-tolerance=0.5")
+    result.assert_outcomes(passed=2)
+    checks = {c["nodeid"]: c for c in _throughput(suite.report())}
+    assert len(checks) == 2
+    for check in checks.values():
+        assert check["data"]["sessions"] == 3
+        assert "3 baseline sessions, between-session SD" in check["detail"]
+    assert set(v["throughput"] for v in verdicts(suite.report()).values()) <= {
+        "pass", "inconclusive"}
+
+
+def _throughput(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**check, "nodeid": case["nodeid"]} for case in report["cases"]
+            for check in case["checks"] if check["metric"] == "throughput"]
+
