@@ -216,6 +216,9 @@ def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     [path] = tmp_path.glob("ab-*.json")
     results = {r["slowdown"]: r for r in json.loads(path.read_text())["results"]}
     assert results[1.0]["verdict"] == "regression", results
-    assert 1.6 < results[1.0]["ratio"] < 2.5
+    # A 100 % slowdown: the paired ratio is about 2. Under xdist the other worker shares the
+    # two cores and the injected work stretches with it (2.78 seen in CI), so the upper bound
+    # only catches a ratio counted twice.
+    assert 1.6 < results[1.0]["ratio"] < 4.0
     assert results[0.0]["verdict"] != "regression", results
     assert "A/B alarms [95% CI]" in proc.stdout
