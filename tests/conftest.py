@@ -83,9 +83,10 @@ class Suite:
     def __init__(self, pytester: pytest.Pytester) -> None:
         self.pytester = pytester
         pytester.makepyfile(tinytask=TINYTASK)
-        # Step times on a shared 2-core machine move 20-50% between sessions: tests that are
-        # not about throughput must not depend on it (tests about it pass their own flag).
-        pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 0.5\n")
+        # Step times on a shared 2-core machine move 20-50% between sessions, and up to 2x
+        # when the other xdist worker starts a DeepSpeed case: tests that are not about
+        # throughput must not depend on it (tests about it pass their own flag).
+        pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n")
 
     def write(self, body: str = SUITE, name: str = "test_suite") -> Path:
         return self.pytester.makepyfile(**{name: textwrap.dedent(body)})

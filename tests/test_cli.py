@@ -57,7 +57,8 @@ def test_regression_writes_every_report_and_accept_makes_the_next_run_pass(
     suite.edit(_claim_four_times_the_throughput)
     result = suite.run("--accelperf-json=report.json", "--accelperf-markdown=pr.md",
                        "--accelperf-html=report.html", "--accelperf-history=history",
-                       "--junitxml=junit.xml", "--accelperf-confirm=0")
+                       "--junitxml=junit.xml", "--accelperf-confirm=0",
+                       "--accelperf-throughput-tolerance=0.5")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*throughput*REGRESSION*",
                                  "accelperf: history appended to history/cpu-x8.jsonl",

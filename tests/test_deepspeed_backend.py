@@ -270,7 +270,9 @@ def test_a_hung_rank_times_out(suite: Suite) -> None:
     suite.write(HANG)
     t0 = time.monotonic()
     result = suite.run("--accelperf-json=report.json", "--accelperf-timeout=25")
-    assert time.monotonic() - t0 < 45
+    # Stopped soon after the 25 s timeout, far from the hang's forever; starting two ranks
+    # and killing them took up to 24 s more when the other xdist worker held both cores.
+    assert time.monotonic() - t0 < 85
     result.assert_outcomes(failed=1)
     run = _runs(suite)["hang"]
     assert run["outcome"] == "timeout"

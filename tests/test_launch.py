@@ -80,7 +80,7 @@ def test_results_and_environment_of_every_rank() -> None:
 def test_sigkilled_rank_is_an_error_and_the_survivors_are_killed() -> None:
     t0 = time.monotonic()
     result = launch(ranks_fn, ("kill",), 2, timeout=60, total_steps=5)
-    assert time.monotonic() - t0 < 20  # not the timeout: the death ends the launch
+    assert time.monotonic() - t0 < 40  # not the 60 s timeout: the death ends the launch
     assert result.outcome == "error"
     assert result.failed_rank == 1
     assert result.message.startswith("rank 1 was killed by SIGKILL")
@@ -121,7 +121,7 @@ def test_oom_before_the_first_step_cannot_even_initialize() -> None:
 def test_hung_rank_times_out_and_everything_is_killed() -> None:
     t0 = time.monotonic()
     result = launch(ranks_fn, ("hang",), 2, timeout=3)
-    assert 3 <= time.monotonic() - t0 < 10
+    assert 3 <= time.monotonic() - t0 < 20  # the timeout, plus a loaded machine's kill
     assert result.outcome == "timeout"
     assert result.message.startswith("exceeded the 3 s timeout (rank 0: ")
     assert "rank 1: in step 3 (steps 0-2 had finished)" in result.message
