@@ -22,7 +22,7 @@ import pytest
 
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.options import Settings
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.report.history import (
@@ -37,6 +37,7 @@ from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.outputs import write_outputs
 from pytest_accelperf.report.progress import LineProgress, progress_text, reporting, step
+from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.run import Run
 from pytest_accelperf.summary import summarize
 
@@ -401,3 +402,23 @@ def test_progress_is_quiet_when_not_a_tty_or_quiet(pytester: pytest.Pytester) ->
     pytester.makepyfile("def test_x(): pass")
     # pytester's output is a pipe, not a terminal
     pytester.runpytest("-s").stdout.fnmatch_lines(["*SINK None*"])
+
+
+def test_terminal_marks_a_change_that_is_not_now_over_baseline() -> None:
+    """A drift-corrected or session-centred throughput change is starred, with a footnote;
+    a plain one (and A/B, and other metrics) is not."""
+    def tp(**data: object) -> CheckResult:
+        return CheckResult("throughput", Verdict.PASS, "d", baseline=900.0, now=980.0,
+                           unit="samples/s", change=-0.013, data=dict(data))
+
+    def lines(*checks: CheckResult) -> list[str]:
+        record = CaseRecord(nodeid="m.py::t[x]", case_id="x", platform=PLATFORM, run={},
+                            checks=list(checks))
+        return table_lines(SessionReport(accel="cpu", platform=PLATFORM, records=[record]))
+
+    plain = lines(tp(drift_corrected=False, sessions=1), tp(mode="ab", drift_corrected=True))
+    assert not any("*" in line for line in plain), plain
+    for check in (tp(drift_corrected=True), tp(drift_corrected=False, sessions=3)):
+        out = lines(check)
+        assert any(line.split()[-2:] == ["-1.3%*", "pass"] for line in out), out
+        assert any(line.startswith("* the gate's estimate") for line in out), out

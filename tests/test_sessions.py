@@ -146,8 +146,16 @@ def test_add_session_end_to_end(suite: Suite) -> None:
 
     suite.run("--accelperf-update").assert_outcomes(passed=2)
     first = suite.load()
-    suite.run("--accelperf-add-session").assert_outcomes(passed=2)
-    suite.run("--accelperf-add-session").assert_outcomes(passed=2)
+    second = suite.run("--accelperf-add-session")
+    second.assert_outcomes(passed=2)
+    second.stdout.fnmatch_lines([
+        "accelperf: 2 case(s) now hold 2 baseline sessions; 2 hold fewer than the 3 from "
+        "which their spread counts: run --accelperf-add-session again in a new session"])
+    third = suite.run("--accelperf-add-session")
+    third.assert_outcomes(passed=2)
+    third.stdout.fnmatch_lines([
+        "accelperf: 2 case(s) now hold 3 baseline sessions; their spread now widens the "
+        "throughput interval"])
     data = suite.load()
     for case, block in data["cases"].items():
         before = first["cases"][case]
@@ -160,6 +168,7 @@ def test_add_session_end_to_end(suite: Suite) -> None:
 
     result = suite.run("--accelperf-json=report.json", "--accelperf-throughput-tolerance=0.5")
     result.assert_outcomes(passed=2)
+    assert "baseline sessions" not in result.stdout.str()  # nothing written, nothing to say
     checks = {c["nodeid"]: c for c in _throughput(suite.report())}
     assert len(checks) == 2
     for check in checks.values():

@@ -6,6 +6,7 @@ from tabulate import tabulate
 
 from pytest_accelperf.checks.base import CheckResult
 from pytest_accelperf.report.data import SessionReport
+from pytest_accelperf.stats import MIN_SESSIONS
 from pytest_accelperf.units import fmt_bytes
 
 HEADERS = ("case", "metric", "baseline", "now", "change", "verdict")
@@ -27,6 +28,20 @@ def fmt_value(value: float | None, unit: str) -> str:
 
 def fmt_change(check: CheckResult) -> str:
     return "-" if check.change is None else f"{check.change * 100:+.1f}%"
+
+
+#: Marks a throughput change that is not simply now / baseline (see :func:`adjusted`).
+ADJUSTED = "*"
+
+
+def adjusted(check: CheckResult) -> bool:
+    """Whether a throughput check's change is the statistic's estimate rather than now over
+    the baseline column: corrected by the drift probe, or taken against the mean level of
+    the baseline's sessions."""
+    if check.metric != "throughput" or check.change is None or check.data.get("mode") == "ab":
+        return False
+    return bool(check.data.get("drift_corrected")) or int(
+        check.data.get("sessions") or 0) >= MIN_SESSIONS
 
 
 #: Most devices listed one row each under a ``memory`` row (seed 002's eight GPU columns).
@@ -66,16 +81,39 @@ def table_lines(report: SessionReport) -> list[str]:
                 check.metric,
                 fmt_value(check.baseline, check.unit),
                 fmt_value(check.now, check.unit),
-                fmt_change(check),
+                fmt_change(check) + (ADJUSTED if adjusted(check) else ""),
                 check.verdict.value.upper() if check.failed else check.verdict.value,
             ))
             rows.extend(device_rows(check))
     if not rows:
         return []
     lines = tabulate(rows, headers=HEADERS, tablefmt="simple", disable_numparse=True).splitlines()
+    if any(adjusted(c) for r in report.records for c in r.checks):
+        lines.append(f"{ADJUSTED} the gate's estimate (drift-corrected and/or against the "
+                     f"baseline's session mean), not now/baseline: see the check's detail")
     counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
     lines.append("")
     lines.append(f"accelperf: {len(report.records)} case(s) on {report.platform}: {counts}")
     for path in report.written:
         lines.append(f"accelperf: baselines written to {path}")
+    lines.extend(session_lines(report))
     return lines
+
+
+def session_lines(report: SessionReport) -> list[str]:
+    """After ``--accelperf-add-session``: how many sessions the written baselines now hold,
+    and whether that is enough for the between-session spread to count (3)."""
+    counts = sorted(len(sessions) for r in report.records if r.block is not None
+                    for sessions in [(r.block.get("step_time") or {}).get("sessions") or []]
+                    if len(sessions) > 1)
+    if not counts:
+        return []
+    held = str(counts[0]) if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
+    line = f"accelperf: {len(counts)} case(s) now hold {held} baseline sessions"
+    short = sum(1 for n in counts if n < MIN_SESSIONS)
+    if short:
+        line += (f"; {short} hold fewer than the {MIN_SESSIONS} from which their spread "
+                 f"counts: run --accelperf-add-session again in a new session")
+    else:
+        line += "; their spread now widens the throughput interval"
+    return [line]
