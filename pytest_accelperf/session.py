@@ -9,9 +9,7 @@ baseline, records the result, and fails the test with a message that names the f
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
-import statistics
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -46,8 +44,7 @@ from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.run import Run
-from pytest_accelperf.summary import session_entry, summarize
-from pytest_accelperf.units import round_sig
+from pytest_accelperf.summary import summarize, with_added_session
 
 #: Outcomes never stored as a baseline: they are failures, not expectations.
 _UNRECORDABLE = ("nan", "error", "timeout")
@@ -111,40 +108,6 @@ class AccelperfSession:
                 except ValueError:
                     shown = str(p)
                 self.report.written.append(shown)
-
-
-#: Sessions kept in a baseline's ``step_time.sessions`` (the oldest are dropped).
-MAX_SESSIONS = 20
-
-
-def with_added_session(baseline: dict[str, Any] | None, run: Run,
-                       diffs: Sequence[str]) -> dict[str, Any]:
-    """``baseline`` with ``run``'s step-time level appended to ``step_time.sessions``
-    (``--accelperf-add-session``); everything else stays as recorded. A baseline from before
-    sessions were kept gets its own level as the first session. A ``ValueError`` says why no
-    session can be added (no baseline, another environment, another batch)."""
-    if baseline is None:
-        raise ValueError("there is no baseline to add it to; record one first with "
-                         "--accelperf-update")
-    entry = session_entry(run)
-    step = baseline.get("step_time")
-    if entry is None or not isinstance(step, dict):
-        return baseline  # no step times (an out-of-memory outcome, a max-batch case)
-    if diffs:
-        raise ValueError(f"the baseline was recorded in another environment "
-                         f"({'; '.join(diffs)}); re-record it here with --accelperf-update")
-    if int(baseline.get("samples_per_step") or 0) != run.samples_per_step:
-        raise ValueError(f"the baseline took {baseline.get('samples_per_step')} samples per "
-                         f"step, this run {run.samples_per_step}; re-record it with "
-                         f"--accelperf-update")
-    sessions = step.get("sessions")
-    if not isinstance(sessions, list):
-        probe = (baseline.get("probe") or {}).get("samples") or []
-        sessions = [{"median": step.get("median"),
-                     "probe_median": round_sig(statistics.median(probe)) if probe else None}]
-    merged = copy.deepcopy(baseline)
-    merged["step_time"]["sessions"] = [*sessions, entry][-MAX_SESSIONS:]
-    return merged
 
 
 @dataclass

@@ -7,9 +7,11 @@ check compares a new run against. Keep it stable: a field renamed here is a sche
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_accelperf.run import Run
@@ -41,15 +43,55 @@ def loss_checkpoints(losses: list[float], steps: list[int] | None = None,
     return out
 
 
+#: Sessions kept in a baseline's ``step_time.sessions`` (the oldest are dropped).
+MAX_SESSIONS = 20
+
+
+def _session(median: float, probes: Sequence[float]) -> dict[str, float | None]:
+    """One ``step_time.sessions`` entry: the median step time and the probe's median (the
+    throughput check divides the two when it corrects for drift), None without a probe."""
+    return {"median": _round(median),
+            "probe_median": _round(statistics.median(probes)) if probes else None}
+
+
 def session_entry(run: Run) -> dict[str, float | None] | None:
-    """This session's step-time level for ``step_time.sessions``: the median step time and,
-    when a probe was timed, the probe's median (the throughput check divides the two when it
-    corrects for drift). None without step times."""
+    """This session's step-time level for ``step_time.sessions``; None without step times."""
     med = run.median_step_time
     if med is None:
         return None
-    probe = statistics.median(run.probe_times) if run.probe_times and run.probe_kind else None
-    return {"median": _round(med), "probe_median": _round(probe) if probe else None}
+    return _session(med, run.probe_times if run.probe_kind else [])
+
+
+def with_added_session(baseline: dict[str, Any] | None, run: Run,
+                       diffs: Sequence[str]) -> dict[str, Any]:
+    """``baseline`` with ``run``'s step-time level appended to ``step_time.sessions``
+    (``--accelperf-add-session``); everything else stays as recorded. A baseline from before
+    sessions were kept gets its own level as the first session. A ``ValueError`` says why no
+    session can be added (no baseline, another environment, another batch)."""
+    if baseline is None:
+        raise ValueError("there is no baseline to add it to; record one first with "
+                         "--accelperf-update")
+    entry = session_entry(run)
+    step = baseline.get("step_time")
+    if entry is None or not isinstance(step, dict):
+        return baseline  # no step times (an out-of-memory outcome, a max-batch case)
+    if diffs:
+        raise ValueError(f"the baseline was recorded in another environment "
+                         f"({'; '.join(diffs)}); re-record it here with --accelperf-update")
+    if int(baseline.get("samples_per_step") or 0) != run.samples_per_step:
+        raise ValueError(f"the baseline took {baseline.get('samples_per_step')} samples per "
+                         f"step, this run {run.samples_per_step}; re-record it with "
+                         f"--accelperf-update")
+    sessions = step.get("sessions")
+    if not isinstance(sessions, list):
+        median = step.get("median")
+        if not isinstance(median, (int, float)) or not median > 0:
+            raise ValueError("the baseline's step_time has no median to start its sessions "
+                             "with; re-record it with --accelperf-update")
+        sessions = [_session(median, (baseline.get("probe") or {}).get("samples") or [])]
+    merged = copy.deepcopy(baseline)
+    merged["step_time"]["sessions"] = [*sessions, entry][-MAX_SESSIONS:]
+    return merged
 
 
 def summarize(run: Run) -> dict[str, Any]:

@@ -416,9 +416,11 @@ def test_terminal_marks_a_change_that_is_not_now_over_baseline() -> None:
                             checks=list(checks))
         return table_lines(SessionReport(accel="cpu", platform=PLATFORM, records=[record]))
 
-    plain = lines(tp(drift_corrected=False, sessions=1), tp(mode="ab", drift_corrected=True))
+    plain = lines(tp(drift_corrected=False, sessions=1, session_sd=None),
+                  tp(mode="ab", drift_corrected=True))
     assert not any("*" in line for line in plain), plain
-    for check in (tp(drift_corrected=True), tp(drift_corrected=False, sessions=3)):
+    for check in (tp(drift_corrected=True),
+                  tp(drift_corrected=False, sessions=3, session_sd=0.05)):
         out = lines(check)
         assert any(line.split()[-2:] == ["-1.3%*", "pass"] for line in out), out
         assert any(line.startswith("* the gate's estimate") for line in out), out

@@ -14,9 +14,8 @@ from conftest import Suite, verdicts
 from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.run import Run
-from pytest_accelperf.session import MAX_SESSIONS, with_added_session
 from pytest_accelperf.stats import RatioEstimate, widen_by_sessions
-from pytest_accelperf.summary import summarize
+from pytest_accelperf.summary import MAX_SESSIONS, summarize, with_added_session
 
 TOL = Tolerances(throughput_tolerance=0.03)
 
@@ -128,6 +127,8 @@ def test_adding_a_session_keeps_the_rest_of_the_baseline() -> None:
     (summarize(run_at(0.01)), [], Run(case_id="x", samples_per_step=32, n_devices=1,
                                       step_times=steady(0.01, 0)),
      "took 64 samples per step, this run 32"),
+    ({**summarize(run_at(0.01)), "step_time": {"samples": [0.01]}}, [], run_at(0.01),
+     "step_time has no median to start its sessions with; re-record it"),
 ])
 def test_a_session_that_cannot_be_added_says_why(baseline: dict[str, Any] | None,
                                                  diffs: list[str], run: Run,

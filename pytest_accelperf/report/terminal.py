@@ -40,8 +40,7 @@ def adjusted(check: CheckResult) -> bool:
     the baseline's sessions."""
     if check.metric != "throughput" or check.change is None or check.data.get("mode") == "ab":
         return False
-    return bool(check.data.get("drift_corrected")) or int(
-        check.data.get("sessions") or 0) >= MIN_SESSIONS
+    return bool(check.data.get("drift_corrected")) or check.data.get("session_sd") is not None
 
 
 #: Most devices listed one row each under a ``memory`` row (seed 002's eight GPU columns).
