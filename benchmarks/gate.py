@@ -189,7 +189,7 @@ class Arm:
     setup: Callable[[bool], dict[str, str] | None] = lambda install: {}
     #: Arguments of a session that adds one more recorded session to the baseline (None:
     #: the arm has no such thing).
-    add_session_args: Callable[[Context], list[str]] | None = None
+    add_session_args: tuple[str, ...] | None = None
 
 
 ACCELPERF_TEST = f"{SUITE_MODULE}::test_step"
@@ -213,11 +213,8 @@ def accelperf_arm() -> Arm:
     def parse(ctx: Context, session: Session) -> dict[str, Any]:
         return parse_accelperf(session.run_dir / "accelperf.json", session)
 
-    def add_session(ctx: Context) -> list[str]:
-        return ["--accelperf-add-session"]
-
     return Arm("accelperf", "stored", (ACCELPERF_TEST,), record, run, parse,
-               has_inconclusive=True, add_session_args=add_session)
+               has_inconclusive=True, add_session_args=("--accelperf-add-session",))
 
 
 def pytest_benchmark_arm() -> Arm:
@@ -715,8 +712,7 @@ def run_gate(ns: argparse.Namespace, argv: Sequence[str]) -> int:
                 add = run_session(
                     workdir, workdir / "runs" / f"record-{group}-session{k + 1}",
                     [t for a in adders for t in a.tests],
-                    [x for a in adders if a.add_session_args is not None
-                     for x in a.add_session_args(ctx)] + extra,
+                    [x for a in adders for x in a.add_session_args or ()] + extra,
                     session_env(0.0, arm_env, ns.steps))
                 doc["record"][f"{group}-session{k + 1}"] = {"rc": add.rc,
                                                             "wall_s": round(add.wall_s, 3)}

@@ -176,7 +176,8 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != INJECT_ENV}
     proc = subprocess.run(
         [sys.executable, str(GATE), "--runs", "1", "--slowdowns", "0,3", "--load", "none",
-         "--steps", "40", "--arms", ",".join(arms), "--no-install", "--out", str(tmp_path)],
+         "--steps", "40", "--arms", ",".join(arms), "--no-install", "--baseline-sessions",
+         "2", "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [path] = tmp_path.glob("gate-*.json")
@@ -184,6 +185,10 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     assert "benchmarks/gate.py --runs 1" in doc["command"]
     assert doc["config"]["arms"] == arms
     assert doc["record"]["stored"]["rc"] == 0
+    # --baseline-sessions 2: the baseline is recorded, then one more session is added to it
+    assert doc["config"]["baseline_sessions"] == 2
+    assert doc["record"]["stored-session2"]["rc"] == 0
+    assert "added baseline session 2 (stored)" in proc.stdout
     runs = doc["runs"]
     assert [(r["load"], r["slowdown"]) for r in runs] == [("none", 0.0), ("none", 3.0)]
     for run in runs:
