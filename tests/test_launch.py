@@ -120,10 +120,13 @@ def test_oom_before_the_first_step_cannot_even_initialize() -> None:
 
 def test_hung_rank_times_out_and_everything_is_killed() -> None:
     t0 = time.monotonic()
-    result = launch(ranks_fn, ("hang",), 2, timeout=3)
-    assert 3 <= time.monotonic() - t0 < 20  # the timeout, plus a loaded machine's kill
+    # The timeout bounds the launch from process start: 3 s was too short for two Python
+    # starts while the other xdist worker compiled DeepSpeed ops (neither rank had reached
+    # step 0), so it leaves the ranks room to reach the hang first.
+    result = launch(ranks_fn, ("hang",), 2, timeout=12)
+    assert 12 <= time.monotonic() - t0 < 45  # the timeout, plus a loaded machine's kill
     assert result.outcome == "timeout"
-    assert result.message.startswith("exceeded the 3 s timeout (rank 0: ")
+    assert result.message.startswith("exceeded the 12 s timeout (rank 0: ")
     assert "rank 1: in step 3 (steps 0-2 had finished)" in result.message
     assert not any(_alive(r.progress["pid"]) for r in result.ranks)
 
