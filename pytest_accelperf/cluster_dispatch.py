@@ -1,6 +1,7 @@
 """Dispatching a case to the Ray cluster (see :mod:`pytest_accelperf.cluster` for the
 picture): what it asks for (:func:`placement`), whether the cluster could ever hold it
-(:func:`feasible`), its fresh actors, and the run that comes back (:func:`train`).
+(:func:`feasible`), its fresh actors, their progress while they train (:class:`_Follow`),
+and the run that comes back (:func:`train`).
 """
 
 from __future__ import annotations
@@ -11,20 +12,24 @@ import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import TrainResult
+from pytest_accelperf.backends.launch import RankReport
 from pytest_accelperf.cases import Case
 from pytest_accelperf.cluster import HOST_RESOURCE, ClusterError, import_ray
+from pytest_accelperf.report import progress as live_progress
 
 #: Ray resource names of the accelerators (``--accel``).
 DEVICE_RESOURCES = {"gpu": "GPU", "tpu": "TPU", "neuron": "neuron_cores"}
 #: Seconds a worker may take beyond the case's own timeout (process start, imports,
 #: compile) before it is killed; the backend itself stops at a step boundary first.
 GRACE_S = 120.0
+#: Seconds between reads of a running case's progress (and checks of its deadline).
+POLL_S = 0.5
 _MULTIPROCESS_TORCH = ("deepspeed", "torch")
 
 
@@ -143,7 +148,7 @@ def _gang(case: Case, accel: Accelerator, wait: float,
     ray = import_ray()
     pg_mod: Any = importlib.import_module("ray.util.placement_group")
     strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
-    from pytest_accelperf.cluster_worker import CaseWorker
+    from pytest_accelperf.cluster_worker import PROGRESS_GROUP, CaseWorker
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     bundles, strategy = placement(case, accel, nodes)
@@ -152,7 +157,7 @@ def _gang(case: Case, accel: Accelerator, wait: float,
     actors: list[Any] = []
     try:
         _await_placement(ray, pg, case, bundles, strategy, wait)
-        remote = ray.remote(CaseWorker)
+        remote = ray.remote(concurrency_groups={PROGRESS_GROUP: 1})(CaseWorker)
         for i, bundle in enumerate(bundles):
             gpus = bundle.get("GPU", 0.0)
             custom = {k: v for k, v in bundle.items() if k != "GPU"}
@@ -194,6 +199,70 @@ def _await_placement(ray: Any, pg: Any, case: Case, bundles: list[dict[str, floa
                 f"{fix[0].upper()}{fix[1:]} (or raise --accelperf-cluster-wait)")
 
 
+class _Follow:
+    """The progress of a case's actors while they train. One ``progress`` request is in
+    flight per actor at a time and read once answered, so an actor is asked no faster
+    than it answers. The first actor's steps (rank or process 0) go to the terminal line,
+    as a local case's do; every actor's events are kept, so a worker that dies or is killed
+    at the timeout leaves behind the steps it had reported."""
+
+    def __init__(self, ray: Any, actors: list[Any], total_steps: int | None = None) -> None:
+        self._ray = ray
+        self._actors = actors
+        self._total = total_steps
+        self._errors: Any = importlib.import_module("ray.exceptions").RayError
+        self.events: list[list[dict[str, Any]]] = [[] for _ in actors]
+        self._pending: list[Any] = [None] * len(actors)
+
+    def _ask(self, i: int) -> Any:
+        from pytest_accelperf.cluster_worker import PROGRESS_GROUP
+
+        method = self._actors[i].progress.options(concurrency_group=PROGRESS_GROUP)
+        return method.remote(len(self.events[i]))
+
+    def _take(self, i: int, ref: Any, timeout: float | None) -> bool:
+        """Add what ``ref`` answered; whether it was anything new."""
+        # An actor that died, or did not answer in time, keeps what was read of it.
+        with suppress(self._errors):
+            new = self._ray.get(ref, timeout=timeout)
+            self.events[i].extend(new)
+            return bool(new)
+        return False
+
+    def poll(self) -> None:
+        for i in range(len(self._actors)):
+            ref = self._pending[i]
+            if ref is None:
+                self._pending[i] = self._ask(i)
+            elif self._ray.wait([ref], timeout=0)[0]:
+                self._pending[i] = None
+                if self._take(i, ref, timeout=None) and i == 0:
+                    self._show()
+
+    def finish(self, timeout: float = 2.0) -> None:
+        """One last read of every actor still answering, before they are killed."""
+        for i in range(len(self._actors)):
+            if self._pending[i] is not None:
+                self._take(i, self._pending[i], timeout)
+                self._pending[i] = None
+            self._take(i, self._ask(i), timeout)
+
+    def _show(self) -> None:
+        steps = [e for e in self.events[0] if isinstance(e.get("step"), int)]
+        total = self._total or (steps[-1].get("total") if steps else None)
+        if steps and total and live_progress.active():
+            last = steps[-1]
+            with suppress(TypeError, ValueError):
+                live_progress.step(last["step"] + 1, int(total), float(last["loss"]),
+                                   float(last["time"]))
+
+    def report(self, index: int) -> RankReport:
+        """What actor ``index`` had reported, as a launched rank's report."""
+        report = RankReport(rank=index)
+        report.add_progress(self.events[index])
+        return report
+
+
 @dataclass
 class _Failed:
     index: int
@@ -201,31 +270,38 @@ class _Failed:
     error: BaseException
 
 
-def _gather(ray: Any, refs: list[Any], deadline: float | None) -> tuple[list[Any], _Failed | None,
-                                                                        bool]:
-    """Results of ``refs`` in order; stops at the first failure (an actor that died or a
-    task that raised) or at ``deadline``. Returns (results, failure, timed out)."""
+def _gather(ray: Any, refs: list[Any], deadline: float | None,
+            follow: _Follow) -> tuple[list[Any], _Failed | None, bool]:
+    """Results of ``refs`` in order, following the actors' progress while they run; stops
+    at the first failure (an actor that died or a task that raised) or at ``deadline``,
+    after a last read of the progress of the actors still alive. Returns (results,
+    failure, timed out)."""
     exceptions: Any = importlib.import_module("ray.exceptions")
     pending = list(refs)
     results: dict[int, Any] = {}
     while pending:
+        follow.poll()
         left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        done, pending = ray.wait(pending, num_returns=1,
-                                 timeout=None if left is None else min(left, 1.0))
+        done, pending = ray.wait(pending, num_returns=1, timeout=min(
+            POLL_S, POLL_S if left is None else left))
         for ref in done:
             index = refs.index(ref)
             try:
                 results[index] = ray.get(ref)
             except exceptions.RayActorError as exc:
+                follow.finish()
                 return [], _Failed(index, True, exc), False
             except exceptions.RayTaskError as exc:
+                follow.finish()
                 return [], _Failed(index, False, exc), False
         if pending and deadline is not None and time.monotonic() > deadline:
+            follow.finish()
             return [], None, True
     return [results[i] for i in range(len(refs))], None, False
 
 
-def _death(gang: _Gang, failed: _Failed, what: str) -> str:
+def _death(gang: _Gang, failed: _Failed, what: str, report: RankReport,
+           total_steps: int | None = None) -> str:
     text = " ".join(str(failed.error).split())
     kind = re.search(r"[Ww]orker exit type: (\w+)", text)
     said = re.search(r"[Ww]orker exit detail: (.*?)(?: Some common causes|$)", text)
@@ -236,7 +312,8 @@ def _death(gang: _Gang, failed: _Failed, what: str) -> str:
         lines = str(failed.error).strip().splitlines()
         detail = next((line.strip() for line in lines if "died" in line.lower()),
                       lines[0] if lines else "")
-    return (f"the Ray worker of {what} died on {gang.host(failed.index)} while training "
+    where = report.where(total_steps or _total(report))
+    return (f"the Ray worker of {what} died on {gang.host(failed.index)} {where} "
             f"({detail[:300]}); this case failed, the session goes on")
 
 
@@ -262,11 +339,13 @@ def train(case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
     deadline = time.monotonic() + timeout + GRACE_S if timeout else None
     with _gang(case, accel, wait, [{}]) as gang:
         ref = gang.actors[0].train.remote(payload, accel.name, cpu_devices, platform, timeout)
-        results, failed, timed_out = _gather(ray, [ref], deadline)
+        follow = _Follow(ray, gang.actors)
+        results, failed, timed_out = _gather(ray, [ref], deadline, follow)
         if failed is not None and not failed.died:
             raise failed.error  # the task's own exception, with the worker's traceback
         if failed is not None or timed_out:
-            return TrainResult(run=_failed_run(case, gang, failed, timeout, "this case"))
+            return TrainResult(run=_failed_run(case, gang, failed, timeout, "this case",
+                                               follow))
     where, result = results[0]
     _check_platform(where, accel, platform)
     result.run.extra["cluster"] = gang.hosts[0]
@@ -275,14 +354,28 @@ def train(case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
 
 
 def _failed_run(case: Case, gang: _Gang, failed: _Failed | None, timeout: float | None,
-                what: str) -> Any:
+                what: str, follow: _Follow) -> Any:
+    """The run of a case whose worker died (``failed``) or was killed at the timeout,
+    with the losses its first process had reported."""
     from pytest_accelperf.run import Run
 
+    report = follow.report(0)
+    where = report.where(_total(report))
     if failed is None:
-        return Run(case_id=case.id, outcome="timeout",
-                   message=f"exceeded the {timeout:g} s timeout by {GRACE_S:g} s on "
-                           f"{gang.host(0)}; its Ray worker(s) were killed")
-    return Run(case_id=case.id, outcome="error", message=_death(gang, failed, what))
+        run = Run(case_id=case.id, outcome="timeout",
+                  message=f"exceeded the {timeout:g} s timeout by {GRACE_S:g} s on "
+                          f"{gang.host(0)}, {where}; its Ray worker(s) were killed")
+    else:
+        run = Run(case_id=case.id, outcome="error",
+                  message=_death(gang, failed, what, follow.report(failed.index)))
+    run.losses = [float(s["loss"]) for s in report.steps if "loss" in s]
+    run.loss_steps = [int(s["step"]) for s in report.steps if "loss" in s]
+    return run
+
+
+def _total(report: RankReport) -> int | None:
+    total = report.progress.get("total")
+    return int(total) if isinstance(total, int) else None
 
 
 def _check_platform(worker_platform: str, accel: Accelerator, platform: str | None) -> None:
@@ -312,12 +405,13 @@ def _train_jax_processes(case: Case, task: Any, accel: Accelerator, cloudpickle:
         coordinator = f"{gang.hosts[0]['node_ip']}:{port}"
         refs = [a.jax_process.remote(payload, accel.name, cpu_devices, platform, timeout,
                                      coordinator, n, i) for i, a in enumerate(gang.actors)]
-        results, failed, timed_out = _gather(ray, refs, deadline)
+        follow = _Follow(ray, gang.actors)
+        results, failed, timed_out = _gather(ray, refs, deadline, follow)
         if failed is not None and not failed.died:
             raise failed.error
         if failed is not None or timed_out:
             what = f"JAX process {failed.index} of {n}" if failed else "this case"
-            return TrainResult(run=_failed_run(case, gang, failed, timeout, what))
+            return TrainResult(run=_failed_run(case, gang, failed, timeout, what, follow))
     where, result = results[0]
     _check_platform(where, accel, platform)
     assert isinstance(result, TrainResult)
@@ -332,7 +426,7 @@ def _train_torch_ranks(case: Case, task: Any, accel: Accelerator, cloudpickle: A
     import json
 
     from pytest_accelperf.backends.ddp import build_run, make_plan
-    from pytest_accelperf.backends.launch import LaunchResult, RankReport, describe_failure
+    from pytest_accelperf.backends.launch import LaunchResult, describe_failure
 
     ray = import_ray()
     kind = "deepspeed" if case.backend == "deepspeed" else "ddp"
@@ -351,22 +445,22 @@ def _train_torch_ranks(case: Case, task: Any, accel: Accelerator, cloudpickle: A
         master = str(gang.hosts[0]["node_ip"])
         refs = [a.torch_rank.remote(payload, r, n, master, port)
                 for r, a in enumerate(gang.actors)]
-        results, failed, timed_out = _gather(ray, refs, deadline)
-        reports = [RankReport(rank=r) for r in range(n)]
+        follow = _Follow(ray, gang.actors, plan.total_steps)
+        results, failed, timed_out = _gather(ray, refs, deadline, follow)
+        # What each rank reported: all of it when it returned, else what was followed.
+        reports = [follow.report(r) for r in range(n)]
         for r, res in enumerate(results):
-            report = reports[r]
-            report.returncode, report.result = 0, res["result"]
-            for line in res["events"]:
-                event = json.loads(line)
-                if event.pop("event", None) == "progress":
-                    report.progress.update(event)
-                    if "step" in event:
-                        report.steps.append(event)
+            report = reports[r] = RankReport(rank=r, returncode=0, result=res["result"])
+            report.add_progress([event for event in map(json.loads, res["events"])
+                                 if event.pop("event", None) == "progress"])
         if timed_out:
+            steps = ", ".join(f"rank {r.rank}: {r.where(plan.total_steps)}" for r in reports)
             launched = LaunchResult("timeout", f"exceeded the {timeout:g} s timeout by "
-                                    f"{GRACE_S:g} s; all {n} rank actors were killed", reports)
+                                    f"{GRACE_S:g} s ({steps}); all {n} rank actors were "
+                                    f"killed", reports)
         elif failed is not None and failed.died:
-            launched = LaunchResult("error", _death(gang, failed, f"rank {failed.index}"),
+            launched = LaunchResult("error", _death(gang, failed, f"rank {failed.index}",
+                                                    reports[failed.index], plan.total_steps),
                                     reports, failed_rank=failed.index)
         elif failed is not None:
             report = reports[failed.index]

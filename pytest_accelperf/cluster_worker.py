@@ -9,6 +9,11 @@ extensions cache) through Ray's ``runtime_env``; the case and its task arrive as
 cloudpickle bytes, so lambdas and closures travel and a task that cannot be pickled fails
 on the controller, before anything is scheduled.
 
+While a case trains, the controller asks its actors for their progress (:meth:`CaseWorker.
+progress`, in its own concurrency group so that it is answered while ``train`` runs): the
+steps show on the terminal line as a local case's do, and a worker that dies or is killed
+at the timeout leaves behind the steps it had reported.
+
 This module imports no framework at import time: the actor's methods import the backend
 they need, after the environment is in place.
 """
@@ -26,6 +31,9 @@ from typing import Any
 #: Environment variable carrying the thread count the controller chose for torch
 #: (``OMP_NUM_THREADS`` itself is overwritten by Ray in its workers).
 THREADS_ENV = "ACCELPERF_THREADS"
+#: The actor's concurrency group for :meth:`CaseWorker.progress` (one thread beside the
+#: default group's, which runs the training).
+PROGRESS_GROUP = "progress"
 
 
 def host_info() -> dict[str, Any]:
@@ -50,12 +58,38 @@ def _threads() -> None:
         os.environ.pop("OMP_NUM_THREADS", None)
 
 
+class _StepLog:
+    """A progress sink (:mod:`pytest_accelperf.report.progress`) that keeps every step the
+    backend reported, as the launched ranks' ``progress`` events read."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+
+    def update(self, done: int, total: int, loss: float, step_time: float) -> None:
+        self.events.append({"phase": "train", "step": done - 1, "total": total,
+                            "loss": loss, "time": step_time})
+
+    def close(self) -> None:
+        pass
+
+
 class CaseWorker:
     """A Ray actor (wrapped by ``ray.remote`` on the controller) that trains one case, one
     rank of a multi-process torch case, or one process of a multi-host JAX case."""
 
     def __init__(self) -> None:
         _threads()
+        self._steps = _StepLog()
+        self._events_file: Path | None = None
+
+    def progress(self, since: int) -> list[dict[str, Any]]:
+        """The progress events reported since the first ``since`` (the controller calls
+        it in :data:`PROGRESS_GROUP` while a training method runs)."""
+        if self._events_file is not None:
+            from pytest_accelperf.backends.launch import read_progress
+
+            return read_progress(self._events_file)[since:]
+        return self._steps.events[since:]
 
     def where(self) -> dict[str, Any]:
         return host_info()
@@ -80,8 +114,11 @@ class CaseWorker:
         if case.backend == "jax" and case.world_size > 1:
             raise ValueError(f"{case.id} spans {case.world_size} processes: jax_process, "
                              f"not train")
+        from pytest_accelperf.report import progress
+
         acc = provision(accel, cpu_devices, platform)
-        result = get_backend(case.backend).load().train(case, task, acc, timeout=timeout)
+        with progress.reporting(self._steps):
+            result = get_backend(case.backend).load().train(case, task, acc, timeout=timeout)
         return acc.platform, result
 
     def jax_process(self, payload: bytes, accel: str, cpu_devices: int, platform: str | None,
@@ -93,8 +130,11 @@ class CaseWorker:
         from pytest_accelperf.backends.jax_multihost import join, train_here
 
         case, task = pickle.loads(payload)
+        from pytest_accelperf.report import progress
+
         join(coordinator, n_processes, process_id, accel, cpu_devices // n_processes)
-        return train_here(case, task, accel, cpu_devices, platform, timeout)
+        with progress.reporting(self._steps):
+            return train_here(case, task, accel, cpu_devices, platform, timeout)
 
     def torch_rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
                    master_port: int) -> dict[str, Any]:
@@ -115,6 +155,7 @@ class CaseWorker:
         workdir = Path(tempfile.mkdtemp(prefix=f"accelperf-rank{rank}-"))
         ctx = RankContext(rank=rank, world_size=world_size, local_rank=0,
                           device=fn_plan.device, workdir=workdir)
+        self._events_file = ctx.events
         ctx.progress(phase="starting")
         result = rank_main(ctx, fn_plan)
         return {"result": result,

@@ -214,6 +214,9 @@ def test_killed_worker_fails_only_its_case(suite: Suite, ray_cluster: Cluster) -
         while not pidfile.exists() and not done.wait(0.1):
             pass
         if pidfile.exists():
+            # Steps 0-2 have finished; in the 3 s before the kill the controller has read
+            # them (it asks every 0.5 s), so the run keeps them.
+            time.sleep(3)
             pid = int(pidfile.read_text())
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
@@ -228,12 +231,53 @@ def test_killed_worker_fails_only_its_case(suite: Suite, ray_cluster: Cluster) -
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([
         "*test_victim?jax-nomesh-b64-victim?: not recorded as a baseline: the Ray worker of "
-        f"this case died on host * (node *, id *, pid {killed[0]}) while training*"
-        "this case failed, the session goes on*",
+        f"this case died on host * (node *, id *, pid {killed[0]}) in step * (steps 0-* of "
+        "40 had finished) (Ray: *this case failed, the session goes on*",
     ])
     runs = {c["case_id"]: c["run"] for c in suite.report()["cases"]}
-    assert runs["jax-nomesh-b64-victim"]["outcome"] == "error"
+    victim = runs["jax-nomesh-b64-victim"]
+    assert victim["outcome"] == "error"
+    # the steps it had reported before it died are kept, in order
+    assert len(victim["losses"]) >= 3
+    assert victim["loss_steps"] == list(range(len(victim["losses"])))
     assert runs["jax-nomesh-b64-bystander"]["outcome"] == "ok"
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.updates: list[tuple[int, int, float, float]] = []
+
+    def update(self, done: int, total: int, loss: float, step_time: float) -> None:
+        self.updates.append((done, total, loss, step_time))
+
+    def close(self) -> None:
+        pass
+
+
+def test_progress_of_a_case_on_the_cluster_reaches_the_terminal_line(
+        suite: Suite, ray_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The steps of a case training in a Ray worker show on the terminal line while it
+    runs, as a local case's do (the worker answers the controller's progress requests
+    from a thread of their own while it trains)."""
+    from pytest_accelperf.report import progress
+
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+    suite.pytester.syspathinsert()
+    from tinytask import make_task
+
+    case = Case(backend="jax", batch=64, steps=10, warmup=2)
+    cpu = Accelerator(name="cpu", platform="cpu-x8", device_kind="cpu", device_count=8)
+    with progress.reporting(RecordingSink()) as sink:
+        assert isinstance(sink, RecordingSink)
+        result = cluster_train(case, make_task(case, sleep=0.3), cpu, cpu_devices=8,
+                               platform=None, timeout=120, wait=60)
+    assert result.run.outcome == "ok", result.run.message
+    assert len(sink.updates) >= 3, "the steps did not reach the line while the case ran"
+    done = [u[0] for u in sink.updates]
+    assert done == sorted(done) and set(done) <= set(range(1, 13))
+    assert {u[1] for u in sink.updates} == {12}
+    # the losses shown are the run's own
+    assert all(u[2] == pytest.approx(result.run.losses[u[0] - 1]) for u in sink.updates)
 
 
 def test_infeasible_case_fails_after_the_wait(ray_cluster: Cluster) -> None:

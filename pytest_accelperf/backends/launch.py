@@ -125,15 +125,24 @@ class RankReport:
     def is_oom(self) -> bool:
         return bool(self.error and self.error.get("oom"))
 
-    def where(self) -> str:
-        """``"in step 3 (steps 0-2 had finished)"``, or ``"while initializing"`` before the
-        first reported step (steps count from 0, warm-up included)."""
+    def where(self, total_steps: int | None = None) -> str:
+        """``"in step 3 (steps 0-2 had finished)"`` (``"of 5"`` after the range with
+        ``total_steps``), or ``"while initializing"`` before the first reported step
+        (steps count from 0, warm-up included)."""
         if self.step is None:
             phase = self.progress.get("phase", "starting")
             return ("while starting (before initializing)" if phase == "starting"
                     else "while initializing (before step 0)")
         done = "step 0" if self.step == 0 else f"steps 0-{self.step}"
-        return f"in step {self.step + 1} ({done} had finished)"
+        of = f" of {total_steps}" if total_steps is not None else ""
+        return f"in step {self.step + 1} ({done}{of} had finished)"
+
+    def add_progress(self, events: list[dict[str, Any]]) -> None:
+        """Take in ``progress`` events (as :func:`read_progress` returns them)."""
+        for event in events:
+            self.progress.update(event)
+            if "step" in event:
+                self.steps.append(event)
 
 
 @dataclass
@@ -183,6 +192,13 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
+def read_progress(path: Path) -> list[dict[str, Any]]:
+    """The ``progress`` events a rank has appended to ``path`` so far (``phase``, ``step``,
+    ``loss``, ...), in order; a line still being written is left for the next read."""
+    return [{k: v for k, v in event.items() if k != "event"} for event in _read_events(path)
+            if isinstance(event, dict) and event.get("event") == "progress"]
+
+
 class _ProgressFollower:
     """Reads the lines a rank appended since the last call and forwards its latest
     training step to the terminal progress line. A line still being written is kept for
@@ -225,9 +241,7 @@ def _collect(rank: int, workdir: Path, returncode: int | None) -> RankReport:
     for event in _read_events(workdir / f"rank{rank}.jsonl"):
         kind = event.pop("event", None)
         if kind == "progress":
-            report.progress.update(event)
-            if "step" in event:
-                report.steps.append(event)
+            report.add_progress([event])
         elif kind == "error":
             report.error = event
     result_file = workdir / f"rank{rank}.result.pkl"
@@ -269,9 +283,7 @@ def _culprit(failed: list[RankReport]) -> RankReport:
 
 def describe_failure(report: RankReport, total_steps: int | None = None) -> str:
     """A sentence on why rank ``report.rank`` failed, for the run's message."""
-    where = report.where()
-    if total_steps is not None and report.step is not None:
-        where = where.replace(" had finished)", f" of {total_steps} had finished)")
+    where = report.where(total_steps)
     rank = f"rank {report.rank}"
     if report.is_oom and report.error:
         what = ("ran out of memory while initializing (cannot even initialize model)"
