@@ -65,6 +65,44 @@ def make_task(case, lr=0.05, nan_at=None, sleep=0.0):
                    param_specs=lambda p: {"w": P(None, "model"), "b": P("model")})
 '''
 
+# A small torch MLP for multi-process cases (DeepSpeed, DDP); params["fail"] makes rank 1
+# misbehave at step 3: tests/test_deepspeed_backend.py and tests/test_cluster.py.
+DSTASK = '''
+import os
+import signal
+import time
+
+import torch
+
+from pytest_accelperf.backends.torch import TorchTask
+
+
+def make_task(case):
+    """A small MLP regression; params["fail"] makes rank 1 misbehave at step 3."""
+    fail = case.params.get("fail")
+
+    def make_batch(step):
+        if fail and step == 3 and os.environ.get("RANK") == "1":
+            if fail == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fail == "raise":
+                raise RuntimeError("rank one's batch is broken")
+            if fail == "hang":
+                time.sleep(3600)
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(case.batch, 16, generator=g)
+        return {"x": x, "y": x.sum(dim=1, keepdim=True)}
+
+    def loss_fn(model, batch):
+        return ((model(batch["x"]) - batch["y"]) ** 2).mean()
+
+    return TorchTask(
+        make_model=lambda: torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(),
+                                               torch.nn.Linear(32, 1)),
+        loss_fn=loss_fn, make_batch=make_batch,
+        make_optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+'''
+
 SUITE = '''
 from tinytask import make_task
 from pytest_accelperf import Case, cases

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Suite, verdicts
+from conftest import DSTASK, Suite, verdicts
 
 # Imported here, in the outer process, once: pytester's in-process runs restore
 # sys.modules afterwards, and a second import of Ray's C extension in one process fails.
@@ -241,6 +241,38 @@ def test_killed_worker_fails_only_its_case(suite: Suite, ray_cluster: Cluster) -
     assert len(victim["losses"]) >= 3
     assert victim["loss_steps"] == list(range(len(victim["losses"])))
     assert runs["jax-nomesh-b64-bystander"]["outcome"] == "ok"
+
+
+DDP_RAISE = '''
+from dstask import make_task
+from pytest_accelperf import Case, cases
+
+@cases(Case(backend="torch", batch=8, steps=4, warmup=2, world_size=2, label="raise",
+            accels=("cpu",), params={"fail": "raise"}))
+def test_ddp(accelperf):
+    accelperf.train(make_task(accelperf.case))
+'''
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+def test_a_rank_that_raises_on_the_cluster_says_in_which_step(suite: Suite,
+                                                             ray_cluster: Cluster) -> None:
+    """A DDP rank actor that raises: its exception and where it was, read from the steps
+    it had reported while it trained (its task returned nothing)."""
+    suite.pytester.makepyfile(dstask=DSTASK)
+    suite.write(DDP_RAISE)
+    result = suite.run(f"--accelperf-cluster={ray_cluster.address}",
+                       "--accelperf-json=report.json")
+    result.assert_outcomes(failed=1)
+    run = suite.report()["cases"][0]["run"]
+    assert run["outcome"] == "error"
+    assert run["message"].startswith(
+        "rank 1 raised RuntimeError: rank one's batch is broken (in step 3 (steps 0-2 of 6 "
+        "had finished)); the other rank(s) were stopped."), run["message"]
+    assert "(on host " in run["message"]
+    # rank 0's, as far as it got: steps 0-2, unless the controller read it in the moment
+    # between the loss all-reduce of step 2 (which rank 1 had joined) and its report
+    assert 2 <= len(run["losses"]) <= 3
 
 
 class RecordingSink:
