@@ -33,7 +33,7 @@ from pytest_accelperf.options import Settings, add_options
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.html import ReportDependencyError, require_matplotlib
-from pytest_accelperf.report.junit import junit_properties
+from pytest_accelperf.report.junit import add_suite_properties, junit_properties
 from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_outputs
 from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.session import AccelperfSession, CaseRunner
@@ -237,6 +237,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         return (yield)
 
 
+@pytest.hookimpl(tryfirst=True)  # before --junitxml writes its file (suite properties)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     cluster.session_finish(config)  # every case has trained: stop or disconnect Ray
@@ -257,6 +258,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state.settings.update:
         state.write_baselines()
     if state.report.records or state.report.errors:
+        add_suite_properties(config, state.report)
         config.stash[OUTPUT_LINES_KEY] = write_outputs(state.report, state.settings,
                                                        config.rootpath)
     if state.report.errors and session.exitstatus == pytest.ExitCode.OK:

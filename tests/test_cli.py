@@ -8,6 +8,7 @@ stores the measured run; the next run passes.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -21,6 +22,7 @@ from pytest_accelperf.baselines import BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.cli import main
 from pytest_accelperf.options import tomllib  # tomllib, or tomli on Python 3.10
+from pytest_accelperf.report.history import fingerprint_hash
 from pytest_accelperf.summary import summarize
 
 
@@ -118,7 +120,8 @@ def test_small(accelperf):
 
 def test_junit_properties_survive_xdist(suite: Suite) -> None:
     suite.write(TWO_SMALL)
-    result = suite.run("-n", "2", "--accelperf-update", "--junitxml=junit.xml")
+    result = suite.run("-n", "2", "--accelperf-update", "--junitxml=junit.xml",
+                       "--accelperf-json=report.json")
     result.assert_outcomes(passed=2)
     props = _junit_props(suite.pytester.path / "junit.xml")
     assert sorted(props) == ["test_small[jax-mesh4x2-b16]", "test_small[jax-nomesh-b16]"]
@@ -127,6 +130,29 @@ def test_junit_properties_survive_xdist(suite: Suite) -> None:
         assert values["accelperf.outcome"] == "ok"
         assert values["accelperf.platform"] == "cpu-x8"
         assert float(values["accelperf.samples_per_second"]) > 0
+    # The session's own properties, once, on the <testsuite>: written by the controller
+    # after it merged both workers' cases.
+    suite_props = _suite_props(suite.pytester.path / "junit.xml")
+    assert suite_props["accelperf.platform"] == "cpu-x8"
+    assert suite_props["accelperf.accel"] == "cpu"
+    assert suite_props["accelperf.cases"] == "2"
+    assert suite_props["accelperf.cases_regressed"] == "0"
+    assert suite_props["accelperf.update"] == "true"
+    assert int(suite_props["accelperf.checks.new"]) >= 2 * 4
+    assert suite_props["accelperf.checks.regression"] == "0"
+    assert suite_props["accelperf.package.jax"] == importlib.metadata.version("jax")
+    # the environment fingerprint's hash, as the history lines carry it
+    environment = suite.report()["environment"]
+    assert suite_props["accelperf.fingerprint"] == fingerprint_hash(environment)
+
+
+def _suite_props(path: Path) -> dict[str, str]:
+    """``{property: value}`` of the ``<testsuite>``'s own ``<properties>``."""
+    suite = ET.parse(path).getroot().find("testsuite")
+    assert suite is not None
+    props = suite.find("properties")
+    assert props is not None, "no <properties> on the <testsuite>"
+    return {p.attrib["name"]: p.attrib["value"] for p in props.iter("property")}
 
 
 def test_console_script_is_declared() -> None:

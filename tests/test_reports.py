@@ -28,11 +28,12 @@ from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_vie
 from pytest_accelperf.report.history import (
     HistoryError,
     append_history,
+    fingerprint_hash,
     read_history,
     step_changes,
 )
 from pytest_accelperf.report.html import html_report
-from pytest_accelperf.report.junit import junit_properties
+from pytest_accelperf.report.junit import junit_properties, suite_properties
 from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.outputs import write_outputs
@@ -192,6 +193,22 @@ def test_junit_properties_carry_metrics_and_verdicts() -> None:
     assert props["accelperf.peak_memory_bytes"] == str((3 << 20) + (1 << 18))
     assert props["accelperf.throughput.detail"].startswith("slower: step time")
     assert all(name.startswith("accelperf.") and isinstance(v, str) for name, v in props.items())
+
+
+
+def test_suite_properties_count_the_session() -> None:
+    report = synthetic_report()
+    props = dict(suite_properties(report))
+    assert (props["accelperf.accel"], props["accelperf.platform"]) == ("cpu", PLATFORM)
+    assert props["accelperf.cases"] == "7"
+    assert props["accelperf.cases_regressed"] == str(len(report.regressions)) != "0"
+    counts = report.counts()
+    assert {k: int(props[f"accelperf.checks.{k}"]) for k in counts} == counts
+    assert props["accelperf.checks.regression"] != "0"
+    assert props["accelperf.package.jax"] == "0.10.2"
+    assert props["accelperf.fingerprint"] == fingerprint_hash(report.environment)
+    assert props["accelperf.update"] == "false"
+    assert "accelperf.errors" not in props  # a case's error is the case's, not the session's
 
 
 # -- history -----------------------------------------------------------------------------------
