@@ -148,7 +148,7 @@ def _gang(case: Case, accel: Accelerator, wait: float,
     ray = import_ray()
     pg_mod: Any = importlib.import_module("ray.util.placement_group")
     strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
-    from pytest_accelperf.cluster_worker import PROGRESS_GROUP, CaseWorker
+    from pytest_accelperf.cluster_worker import CaseWorker
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     bundles, strategy = placement(case, accel, nodes)
@@ -157,7 +157,7 @@ def _gang(case: Case, accel: Accelerator, wait: float,
     actors: list[Any] = []
     try:
         _await_placement(ray, pg, case, bundles, strategy, wait)
-        remote = ray.remote(concurrency_groups={PROGRESS_GROUP: 1})(CaseWorker)
+        remote = ray.remote(CaseWorker)
         for i, bundle in enumerate(bundles):
             gpus = bundle.get("GPU", 0.0)
             custom = {k: v for k, v in bundle.items() if k != "GPU"}
@@ -200,25 +200,27 @@ def _await_placement(ray: Any, pg: Any, case: Case, bundles: list[dict[str, floa
 
 
 class _Follow:
-    """The progress of a case's actors while they train. One ``progress`` request is in
-    flight per actor at a time and read once answered, so an actor is asked no faster
-    than it answers. The first actor's steps (rank or process 0) go to the terminal line,
-    as a local case's do; every actor's events are kept, so a worker that dies or is killed
-    at the timeout leaves behind the steps it had reported."""
+    """The progress of a case's actors while they train, read from the driver's
+    :class:`~pytest_accelperf.cluster_worker.ProgressBoard`, where each actor posts under
+    its key in :attr:`keys`. One read is in flight per actor at a time. The first actor's
+    steps (rank or process 0) go to the terminal line, as a local case's do; every actor's
+    events are kept, so a worker that dies or is killed at the timeout leaves behind the
+    steps it had posted."""
 
-    def __init__(self, ray: Any, actors: list[Any], total_steps: int | None = None) -> None:
+    def __init__(self, ray: Any, n_actors: int, total_steps: int | None = None) -> None:
+        import uuid
+
         self._ray = ray
-        self._actors = actors
         self._total = total_steps
         self._errors: Any = importlib.import_module("ray.exceptions").RayError
-        self.events: list[list[dict[str, Any]]] = [[] for _ in actors]
-        self._pending: list[Any] = [None] * len(actors)
+        self.board = _board(ray)
+        tag = uuid.uuid4().hex[:12]
+        self.keys = [f"{tag}/{i}" for i in range(n_actors)]
+        self.events: list[list[dict[str, Any]]] = [[] for _ in range(n_actors)]
+        self._pending: list[Any] = [None] * n_actors
 
     def _ask(self, i: int) -> Any:
-        from pytest_accelperf.cluster_worker import PROGRESS_GROUP
-
-        method = self._actors[i].progress.options(concurrency_group=PROGRESS_GROUP)
-        return method.remote(len(self.events[i]))
+        return self.board.read.remote(self.keys[i], len(self.events[i]))
 
     def _take(self, i: int, ref: Any, timeout: float | None) -> bool:
         """Add what ``ref`` answered; whether it was anything new."""
@@ -230,22 +232,31 @@ class _Follow:
         return False
 
     def poll(self) -> None:
-        for i in range(len(self._actors)):
+        for i in range(len(self.keys)):
             ref = self._pending[i]
-            if ref is None:
-                self._pending[i] = self._ask(i)
-            elif self._ray.wait([ref], timeout=0)[0]:
+            if ref is not None and self._ray.wait([ref], timeout=0)[0]:
                 self._pending[i] = None
                 if self._take(i, ref, timeout=None) and i == 0:
                     self._show()
+            if self._pending[i] is None:
+                self._pending[i] = self._ask(i)
 
-    def finish(self, timeout: float = 2.0) -> None:
-        """One last read of every actor still answering, before they are killed."""
-        for i in range(len(self._actors)):
+    def finish(self, timeout: float = 5.0) -> None:
+        """One last read of every actor's events (the board keeps a dead one's), after
+        the actors still alive (a rank blocked in a collective) have posted theirs."""
+        from pytest_accelperf.cluster_worker import POST_S
+
+        time.sleep(2 * POST_S)
+        for i in range(len(self.keys)):
             if self._pending[i] is not None:
                 self._take(i, self._pending[i], timeout)
                 self._pending[i] = None
             self._take(i, self._ask(i), timeout)
+
+    def close(self) -> None:
+        """Drop this case's events from the board (fire-and-forget)."""
+        with suppress(self._errors):
+            self.board.drop.remote(self.keys)
 
     def _show(self) -> None:
         steps = [e for e in self.events[0] if isinstance(e.get("step"), int)]
@@ -263,6 +274,22 @@ class _Follow:
         return report
 
 
+#: The progress board of each Ray job (connection) of this process.
+_BOARDS: dict[str, Any] = {}
+
+
+def _board(ray: Any) -> Any:
+    """This driver's :class:`~pytest_accelperf.cluster_worker.ProgressBoard`, started on
+    first use (a small actor holding no resources) and reused while the connection lasts;
+    it ends with the connection, as every actor a driver owns does."""
+    from pytest_accelperf.cluster_worker import ProgressBoard
+
+    job = str(ray.get_runtime_context().get_job_id())
+    if job not in _BOARDS:
+        _BOARDS[job] = ray.remote(ProgressBoard).options(num_cpus=0, max_restarts=0).remote()
+    return _BOARDS[job]
+
+
 @dataclass
 class _Failed:
     index: int
@@ -274,29 +301,34 @@ def _gather(ray: Any, refs: list[Any], deadline: float | None,
             follow: _Follow) -> tuple[list[Any], _Failed | None, bool]:
     """Results of ``refs`` in order, following the actors' progress while they run; stops
     at the first failure (an actor that died or a task that raised) or at ``deadline``,
-    after a last read of the progress of the actors still alive. Returns (results,
-    failure, timed out)."""
+    after a last read of every actor's progress. Returns (results, failure, timed out)."""
     exceptions: Any = importlib.import_module("ray.exceptions")
     pending = list(refs)
     results: dict[int, Any] = {}
-    while pending:
-        follow.poll()
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        done, pending = ray.wait(pending, num_returns=1, timeout=min(
-            POLL_S, POLL_S if left is None else left))
-        for ref in done:
-            index = refs.index(ref)
-            try:
-                results[index] = ray.get(ref)
-            except exceptions.RayActorError as exc:
-                follow.finish()
-                return [], _Failed(index, True, exc), False
-            except exceptions.RayTaskError as exc:
-                follow.finish()
-                return [], _Failed(index, False, exc), False
-        if pending and deadline is not None and time.monotonic() > deadline:
+    failed: _Failed | None = None
+    timed_out = False
+    try:
+        while pending and failed is None and not timed_out:
+            follow.poll()
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done, pending = ray.wait(pending, num_returns=1, timeout=min(
+                POLL_S, POLL_S if left is None else left))
+            for ref in done:
+                index = refs.index(ref)
+                try:
+                    results[index] = ray.get(ref)
+                except exceptions.RayActorError as exc:
+                    failed = _Failed(index, True, exc)
+                except exceptions.RayTaskError as exc:
+                    failed = _Failed(index, False, exc)
+                if failed is not None:
+                    break
+            timed_out = bool(pending) and deadline is not None and time.monotonic() > deadline
+        if failed is not None or timed_out:
             follow.finish()
-            return [], None, True
+            return [], failed, failed is None
+    finally:
+        follow.close()
     return [results[i] for i in range(len(refs))], None, False
 
 
@@ -338,8 +370,9 @@ def train(case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
     payload = cloudpickle.dumps((case, task))
     deadline = time.monotonic() + timeout + GRACE_S if timeout else None
     with _gang(case, accel, wait, [{}]) as gang:
-        ref = gang.actors[0].train.remote(payload, accel.name, cpu_devices, platform, timeout)
-        follow = _Follow(ray, gang.actors)
+        follow = _Follow(ray, 1)
+        ref = gang.actors[0].train.remote(payload, accel.name, cpu_devices, platform, timeout,
+                                          follow.board, follow.keys[0])
         results, failed, timed_out = _gather(ray, [ref], deadline, follow)
         if failed is not None and not failed.died:
             raise failed.error  # the task's own exception, with the worker's traceback
@@ -403,9 +436,10 @@ def _train_jax_processes(case: Case, task: Any, accel: Accelerator, cloudpickle:
     with _gang(case, accel, wait, [env] * n) as gang:
         port = ray.get(gang.actors[0].free_port.remote())
         coordinator = f"{gang.hosts[0]['node_ip']}:{port}"
+        follow = _Follow(ray, n)
         refs = [a.jax_process.remote(payload, accel.name, cpu_devices, platform, timeout,
-                                     coordinator, n, i) for i, a in enumerate(gang.actors)]
-        follow = _Follow(ray, gang.actors)
+                                     coordinator, n, i, follow.board, follow.keys[i])
+                for i, a in enumerate(gang.actors)]
         results, failed, timed_out = _gather(ray, refs, deadline, follow)
         if failed is not None and not failed.died:
             raise failed.error
@@ -443,9 +477,9 @@ def _train_torch_ranks(case: Case, task: Any, accel: Accelerator, cloudpickle: A
     with _gang(case, accel, wait, [env] * n) as gang:
         port = ray.get(gang.actors[0].free_port.remote())
         master = str(gang.hosts[0]["node_ip"])
-        refs = [a.torch_rank.remote(payload, r, n, master, port)
+        follow = _Follow(ray, n, plan.total_steps)
+        refs = [a.torch_rank.remote(payload, r, n, master, port, follow.board, follow.keys[r])
                 for r, a in enumerate(gang.actors)]
-        follow = _Follow(ray, gang.actors, plan.total_steps)
         results, failed, timed_out = _gather(ray, refs, deadline, follow)
         # What each rank reported: all of it when it returned, else what was followed.
         reports = [follow.report(r) for r in range(n)]

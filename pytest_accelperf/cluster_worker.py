@@ -9,10 +9,12 @@ extensions cache) through Ray's ``runtime_env``; the case and its task arrive as
 cloudpickle bytes, so lambdas and closures travel and a task that cannot be pickled fails
 on the controller, before anything is scheduled.
 
-While a case trains, the controller asks its actors for their progress (:meth:`CaseWorker.
-progress`, in its own concurrency group so that it is answered while ``train`` runs): the
-steps show on the terminal line as a local case's do, and a worker that dies or is killed
-at the timeout leaves behind the steps it had reported.
+While a case trains, its actors post the steps they report to the driver's
+:class:`ProgressBoard` (from a thread of their own, every :data:`POST_S` seconds: the
+training itself stays on the actor's main thread, where a plain run has it, signals and
+all), and the driver reads them from there: the steps show on the terminal line as a local
+case's do, and a worker that dies or is killed at the timeout leaves behind the steps it
+had posted.
 
 This module imports no framework at import time: the actor's methods import the backend
 they need, after the environment is in place.
@@ -25,15 +27,16 @@ import os
 import pickle
 import socket
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 #: Environment variable carrying the thread count the controller chose for torch
 #: (``OMP_NUM_THREADS`` itself is overwritten by Ray in its workers).
 THREADS_ENV = "ACCELPERF_THREADS"
-#: The actor's concurrency group for :meth:`CaseWorker.progress` (one thread beside the
-#: default group's, which runs the training).
-PROGRESS_GROUP = "progress"
+#: Seconds between a training actor's posts of its progress to the board.
+POST_S = 0.5
 
 
 def host_info() -> dict[str, Any]:
@@ -73,23 +76,74 @@ class _StepLog:
         pass
 
 
+class ProgressBoard:
+    """A Ray actor, one per pytest process that uses the cluster: the actors of its cases
+    post the progress events they report (``phase``, ``step``, ``loss``, ``time``, as a
+    launched rank's), under a key per actor, and the driver reads them while it waits. It
+    outlives the case's actors, so a killed worker's steps are still there to read."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, list[dict[str, Any]]] = {}
+
+    def post(self, key: str, events: list[dict[str, Any]]) -> None:
+        self._events.setdefault(key, []).extend(events)
+
+    def read(self, key: str, since: int) -> list[dict[str, Any]]:
+        return self._events.get(key, [])[since:]
+
+    def drop(self, keys: list[str]) -> None:
+        for key in keys:
+            self._events.pop(key, None)
+
+
+class _Poster:
+    """Posts the events ``source()`` returns (all so far, in order) to ``board`` under
+    ``key``: the new ones every :data:`POST_S` seconds from a daemon thread, and the rest
+    when the block ends. Posts are fire-and-forget; Ray runs them in the order sent."""
+
+    def __init__(self, board: Any, key: str, source: Callable[[], list[dict[str, Any]]]
+                 ) -> None:
+        self._board, self._key, self._source = board, key, source
+        self._sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="accelperf-progress",
+                                        daemon=True)
+
+    def __enter__(self) -> _Poster:
+        if self._board is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._board is not None:
+            self._stop.set()
+            self._thread.join()
+            # Waited for: the driver reads the board as soon as this method has returned
+            # (or raised), and must find every step there.
+            ref = self._flush()
+            if ref is not None:
+                importlib.import_module("ray").get(ref, timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(POST_S):
+            self._flush()
+
+    def _flush(self) -> Any:
+        new = self._source()[self._sent:]
+        if not new:
+            return None
+        self._sent += len(new)
+        return self._board.post.remote(self._key, new)
+
+
 class CaseWorker:
     """A Ray actor (wrapped by ``ray.remote`` on the controller) that trains one case, one
-    rank of a multi-process torch case, or one process of a multi-host JAX case."""
+    rank of a multi-process torch case, or one process of a multi-host JAX case. The
+    training methods take the driver's :class:`ProgressBoard` and this actor's key on it
+    (``board=None``: nothing is posted)."""
 
     def __init__(self) -> None:
         _threads()
-        self._steps = _StepLog()
-        self._events_file: Path | None = None
-
-    def progress(self, since: int) -> list[dict[str, Any]]:
-        """The progress events reported since the first ``since`` (the controller calls
-        it in :data:`PROGRESS_GROUP` while a training method runs)."""
-        if self._events_file is not None:
-            from pytest_accelperf.backends.launch import read_progress
-
-            return read_progress(self._events_file)[since:]
-        return self._steps.events[since:]
 
     def where(self) -> dict[str, Any]:
         return host_info()
@@ -102,7 +156,7 @@ class CaseWorker:
             return port
 
     def train(self, payload: bytes, accel: str, cpu_devices: int, platform: str | None,
-              timeout: float | None) -> tuple[str, Any]:
+              timeout: float | None, board: Any = None, key: str = "") -> tuple[str, Any]:
         """Train a single-process case with its backend, on this worker's devices.
 
         Returns ``(platform key here, TrainResult)``: the controller checks that the
@@ -117,13 +171,14 @@ class CaseWorker:
         from pytest_accelperf.report import progress
 
         acc = provision(accel, cpu_devices, platform)
-        with progress.reporting(self._steps):
+        steps = _StepLog()
+        with progress.reporting(steps), _Poster(board, key, lambda: steps.events):
             result = get_backend(case.backend).load().train(case, task, acc, timeout=timeout)
         return acc.platform, result
 
     def jax_process(self, payload: bytes, accel: str, cpu_devices: int, platform: str | None,
                     timeout: float | None, coordinator: str, n_processes: int,
-                    process_id: int) -> tuple[str, Any]:
+                    process_id: int, board: Any = None, key: str = "") -> tuple[str, Any]:
         """One process of a JAX case spanning hosts (:mod:`.backends.jax_multihost`):
         ``jax.distributed.initialize`` with the others, then the JAX backend's training
         over the global devices; every process runs the same program."""
@@ -133,16 +188,17 @@ class CaseWorker:
         from pytest_accelperf.report import progress
 
         join(coordinator, n_processes, process_id, accel, cpu_devices // n_processes)
-        with progress.reporting(self._steps):
+        steps = _StepLog()
+        with progress.reporting(steps), _Poster(board, key, lambda: steps.events):
             return train_here(case, task, accel, cpu_devices, platform, timeout)
 
     def torch_rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
-                   master_port: int) -> dict[str, Any]:
+                   master_port: int, board: Any = None, key: str = "") -> dict[str, Any]:
         """Rank ``rank`` of a multi-process torch case (DeepSpeed or DDP): the rank loop of
         :func:`pytest_accelperf.backends.ddp.rank_main`, one rank per host (so its local
         rank is 0). Returns its result and the progress events it reported."""
         from pytest_accelperf.backends._rank import RankContext
-        from pytest_accelperf.backends.launch import default_extensions_dir
+        from pytest_accelperf.backends.launch import default_extensions_dir, read_progress
 
         os.environ.update({
             "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
@@ -155,9 +211,9 @@ class CaseWorker:
         workdir = Path(tempfile.mkdtemp(prefix=f"accelperf-rank{rank}-"))
         ctx = RankContext(rank=rank, world_size=world_size, local_rank=0,
                           device=fn_plan.device, workdir=workdir)
-        self._events_file = ctx.events
         ctx.progress(phase="starting")
-        result = rank_main(ctx, fn_plan)
+        with _Poster(board, key, lambda: read_progress(ctx.events)):
+            result = rank_main(ctx, fn_plan)
         return {"result": result,
                 "events": ctx.events.read_text(encoding="utf-8").splitlines()}
 
