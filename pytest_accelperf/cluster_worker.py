@@ -62,15 +62,23 @@ def _threads() -> None:
 
 
 class _StepLog:
-    """A progress sink (:mod:`pytest_accelperf.report.progress`) that keeps every step the
-    backend reported, as the launched ranks' ``progress`` events read."""
+    """A progress sink (:mod:`pytest_accelperf.report.progress`) that keeps the steps the
+    backend reports, as a launched rank's ``progress`` events read, until taken."""
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self._events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
 
     def update(self, done: int, total: int, loss: float, step_time: float) -> None:
-        self.events.append({"phase": "train", "step": done - 1, "total": total,
-                            "loss": loss, "time": step_time})
+        with self._lock:
+            self._events.append({"phase": "train", "step": done - 1, "total": total,
+                                 "loss": loss, "time": step_time})
+
+    def take(self) -> list[dict[str, Any]]:
+        """The steps reported since the last call."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
 
     def close(self) -> None:
         pass
@@ -97,14 +105,14 @@ class ProgressBoard:
 
 
 class _Poster:
-    """Posts the events ``source()`` returns (all so far, in order) to ``board`` under
-    ``key``: the new ones every :data:`POST_S` seconds from a daemon thread, and the rest
-    when the block ends. Posts are fire-and-forget; Ray runs them in the order sent."""
+    """Posts what ``new()`` returns (the events reported since its last call) to ``board``
+    under ``key``: every :data:`POST_S` seconds from a daemon thread, and the rest when the
+    block ends. Each post costs the training thread little (``new`` reads only what was
+    appended); posts are fire-and-forget, and Ray runs them in the order sent."""
 
-    def __init__(self, board: Any, key: str, source: Callable[[], list[dict[str, Any]]]
+    def __init__(self, board: Any, key: str, new: Callable[[], list[dict[str, Any]]]
                  ) -> None:
-        self._board, self._key, self._source = board, key, source
-        self._sent = 0
+        self._board, self._key, self._new = board, key, new
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accelperf-progress",
                                         daemon=True)
@@ -129,11 +137,8 @@ class _Poster:
             self._flush()
 
     def _flush(self) -> Any:
-        new = self._source()[self._sent:]
-        if not new:
-            return None
-        self._sent += len(new)
-        return self._board.post.remote(self._key, new)
+        new = self._new()
+        return self._board.post.remote(self._key, new) if new else None
 
 
 class CaseWorker:
@@ -172,7 +177,7 @@ class CaseWorker:
 
         acc = provision(accel, cpu_devices, platform)
         steps = _StepLog()
-        with progress.reporting(steps), _Poster(board, key, lambda: steps.events):
+        with progress.reporting(steps), _Poster(board, key, steps.take):
             result = get_backend(case.backend).load().train(case, task, acc, timeout=timeout)
         return acc.platform, result
 
@@ -189,7 +194,7 @@ class CaseWorker:
 
         join(coordinator, n_processes, process_id, accel, cpu_devices // n_processes)
         steps = _StepLog()
-        with progress.reporting(steps), _Poster(board, key, lambda: steps.events):
+        with progress.reporting(steps), _Poster(board, key, steps.take):
             return train_here(case, task, accel, cpu_devices, platform, timeout)
 
     def torch_rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
@@ -198,7 +203,7 @@ class CaseWorker:
         :func:`pytest_accelperf.backends.ddp.rank_main`, one rank per host (so its local
         rank is 0). Returns its result and the progress events it reported."""
         from pytest_accelperf.backends._rank import RankContext
-        from pytest_accelperf.backends.launch import default_extensions_dir, read_progress
+        from pytest_accelperf.backends.launch import ProgressTail, default_extensions_dir
 
         os.environ.update({
             "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",
@@ -212,7 +217,7 @@ class CaseWorker:
         ctx = RankContext(rank=rank, world_size=world_size, local_rank=0,
                           device=fn_plan.device, workdir=workdir)
         ctx.progress(phase="starting")
-        with _Poster(board, key, lambda: read_progress(ctx.events)):
+        with _Poster(board, key, ProgressTail(ctx.events).new):
             result = rank_main(ctx, fn_plan)
         return {"result": result,
                 "events": ctx.events.read_text(encoding="utf-8").splitlines()}

@@ -138,7 +138,7 @@ class RankReport:
         return f"in step {self.step + 1} ({done}{of} had finished)"
 
     def add_progress(self, events: list[dict[str, Any]]) -> None:
-        """Take in ``progress`` events (as :func:`read_progress` returns them)."""
+        """Take in ``progress`` events (as :meth:`ProgressTail.new` returns them)."""
         for event in events:
             self.progress.update(event)
             if "step" in event:
@@ -192,46 +192,52 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
     return events
 
 
-def read_progress(path: Path) -> list[dict[str, Any]]:
-    """The ``progress`` events a rank has appended to ``path`` so far (``phase``, ``step``,
-    ``loss``, ...), in order; a line still being written is left for the next read."""
-    return [{k: v for k, v in event.items() if k != "event"} for event in _read_events(path)
-            if isinstance(event, dict) and event.get("event") == "progress"]
+class ProgressTail:
+    """The ``progress`` events a rank appends to its file (``phase``, ``step``, ``loss``,
+    ...), read incrementally: each call parses only what was appended since the last, and
+    a line still being written is kept for the next."""
 
-
-class _ProgressFollower:
-    """Reads the lines a rank appended since the last call and forwards its latest
-    training step to the terminal progress line. A line still being written is kept for
-    the next call."""
-
-    def __init__(self, path: Path, total_steps: int | None) -> None:
+    def __init__(self, path: Path) -> None:
         self._path = path
-        self._total = total_steps
         self._offset = 0
         self._partial = b""
 
-    def poll(self) -> None:
-        if not self._total or not live_progress.active():
-            return
+    def new(self) -> list[dict[str, Any]]:
+        """The events appended since the last call, in order."""
         try:
             with self._path.open("rb") as f:
                 f.seek(self._offset)
                 chunk = f.read()
         except OSError:
-            return  # not created yet
+            return []  # not created yet
         self._offset += len(chunk)
         *lines, self._partial = (self._partial + chunk).split(b"\n")
-        latest: dict[str, Any] | None = None
+        events = []
         for line in lines:
             try:
                 event = json.loads(line)
             except ValueError:
                 continue
-            if (isinstance(event, dict) and event.get("event") == "progress"
-                    and isinstance(event.get("step"), int)):
-                latest = event
-        if latest is not None:
-            with contextlib.suppress(TypeError, ValueError):
+            if isinstance(event, dict) and event.pop("event", None) == "progress":
+                events.append(event)
+        return events
+
+
+class _ProgressFollower:
+    """Forwards the latest training step a rank appended to its file to the terminal
+    progress line (only while one is shown)."""
+
+    def __init__(self, path: Path, total_steps: int | None) -> None:
+        self._tail = ProgressTail(path)
+        self._total = total_steps
+
+    def poll(self) -> None:
+        if not self._total or not live_progress.active():
+            return
+        steps = [e for e in self._tail.new() if isinstance(e.get("step"), int)]
+        if steps:
+            latest = steps[-1]
+            with contextlib.suppress(TypeError, ValueError, KeyError):
                 live_progress.step(latest["step"] + 1, self._total, float(latest["loss"]),
                                    float(latest["time"]))
 
