@@ -11,6 +11,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -18,10 +19,9 @@ from typing import Any
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import TrainResult
-from pytest_accelperf.backends.launch import RankReport
+from pytest_accelperf.backends.launch import RankReport, show_latest_step
 from pytest_accelperf.cases import Case
 from pytest_accelperf.cluster import HOST_RESOURCE, ClusterError, import_ray
-from pytest_accelperf.report import progress as live_progress
 
 #: Ray resource names of the accelerators (``--accel``).
 DEVICE_RESOURCES = {"gpu": "GPU", "tpu": "TPU", "neuron": "neuron_cores"}
@@ -208,8 +208,6 @@ class _Follow:
     steps it had posted."""
 
     def __init__(self, ray: Any, n_actors: int, total_steps: int | None = None) -> None:
-        import uuid
-
         self._ray = ray
         self._total = total_steps
         self._errors: Any = importlib.import_module("ray.exceptions").RayError
@@ -222,22 +220,23 @@ class _Follow:
     def _ask(self, i: int) -> Any:
         return self.board.read.remote(self.keys[i], len(self.events[i]))
 
-    def _take(self, i: int, ref: Any, timeout: float | None) -> bool:
-        """Add what ``ref`` answered; whether it was anything new."""
+    def _take(self, i: int, ref: Any, timeout: float | None) -> list[dict[str, Any]]:
+        """Add what ``ref`` answered, and return it."""
         # An actor that died, or did not answer in time, keeps what was read of it.
         with suppress(self._errors):
-            new = self._ray.get(ref, timeout=timeout)
+            new: list[dict[str, Any]] = self._ray.get(ref, timeout=timeout)
             self.events[i].extend(new)
-            return bool(new)
-        return False
+            return new
+        return []
 
     def poll(self) -> None:
         for i in range(len(self.keys)):
             ref = self._pending[i]
             if ref is not None and self._ray.wait([ref], timeout=0)[0]:
                 self._pending[i] = None
-                if self._take(i, ref, timeout=None) and i == 0:
-                    self._show()
+                new = self._take(i, ref, timeout=None)
+                if i == 0:
+                    show_latest_step(new, self._total)
             if self._pending[i] is None:
                 self._pending[i] = self._ask(i)
 
@@ -257,15 +256,6 @@ class _Follow:
         """Drop this case's events from the board (fire-and-forget)."""
         with suppress(self._errors):
             self.board.drop.remote(self.keys)
-
-    def _show(self) -> None:
-        steps = [e for e in self.events[0] if isinstance(e.get("step"), int)]
-        total = self._total or (steps[-1].get("total") if steps else None)
-        if steps and total and live_progress.active():
-            last = steps[-1]
-            with suppress(TypeError, ValueError):
-                live_progress.step(last["step"] + 1, int(total), float(last["loss"]),
-                                   float(last["time"]))
 
     def report(self, index: int) -> RankReport:
         """What actor ``index`` had reported, as a launched rank's report."""

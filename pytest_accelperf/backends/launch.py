@@ -223,6 +223,23 @@ class ProgressTail:
         return events
 
 
+def show_latest_step(events: list[dict[str, Any]], total_steps: int | None) -> None:
+    """Put the last training step among ``events`` (``progress`` events, as a rank reports
+    them) on the terminal progress line; ``total_steps`` defaults to the event's own
+    ``total``. Nothing happens while no line is shown."""
+    if not live_progress.active():
+        return
+    steps = [e for e in events if isinstance(e.get("step"), int)]
+    if not steps:
+        return
+    latest = steps[-1]
+    total = total_steps or latest.get("total")
+    if total:
+        with contextlib.suppress(TypeError, ValueError, KeyError):
+            live_progress.step(latest["step"] + 1, int(total), float(latest["loss"]),
+                               float(latest["time"]))
+
+
 class _ProgressFollower:
     """Forwards the latest training step a rank appended to its file to the terminal
     progress line (only while one is shown)."""
@@ -232,14 +249,8 @@ class _ProgressFollower:
         self._total = total_steps
 
     def poll(self) -> None:
-        if not self._total or not live_progress.active():
-            return
-        steps = [e for e in self._tail.new() if isinstance(e.get("step"), int)]
-        if steps:
-            latest = steps[-1]
-            with contextlib.suppress(TypeError, ValueError, KeyError):
-                live_progress.step(latest["step"] + 1, self._total, float(latest["loss"]),
-                                   float(latest["time"]))
+        if self._total and live_progress.active():
+            show_latest_step(self._tail.new(), self._total)
 
 
 def _collect(rank: int, workdir: Path, returncode: int | None) -> RankReport:
