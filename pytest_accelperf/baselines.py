@@ -11,32 +11,108 @@ Layout: ``<store>/<platform>/<module path without .py>.json``, e.g.
       "schema_version": 1
     }
 
-Keys are sorted and indented so a refresh reads as a diff in a pull request. Writes are
-atomic (a temporary file in the same directory, then ``os.replace``) under a file lock, so
-two sessions never interleave. A file that does not parse, or whose schema is wrong, raises
-:class:`BaselineError` naming the file and line; it is never overwritten by an update: the
-user fixes or deletes it.
+Keys are sorted and indented so a refresh reads as a diff in a pull request. What the store
+promises:
+
+* Every write is atomic (a temporary file in the same directory, then ``os.replace``) and
+  leaves the file with the permissions the umask gives; the temporary files of a write that
+  was killed are deleted by the next write of that file.
+* Writers take one lock inside the store (``<store>/.lock``, ignored by the ``.gitignore``
+  the store writes beside it), so every process that writes the same store waits for the
+  others, whatever its environment.
+* Every path it writes resolves inside the store: the platform must be one safe path
+  component (:func:`validate_platform`), a node id must name a module under the rootdir.
+* Every block is validated by the schema (:mod:`pytest_accelperf.schema`), when it is read
+  and before it is written. A file that does not parse (bad JSON, a repeated key, another
+  schema version) raises :class:`BaselineError` naming the file and line, and is never
+  overwritten: the user fixes or deletes it. A block that does not validate in a file that
+  parses raises :class:`InvalidBlockError` naming the file, line, case and field; an update
+  replaces that block and keeps everything else in the file as it was.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
-import os
-import tempfile
-from collections.abc import Mapping
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
+from pydantic import ValidationError
+
+from pytest_accelperf import jsonfile
+from pytest_accelperf.jsonfile import atomic_write
+from pytest_accelperf.schema import BaselineHeader, error_lines, validate_block
+
+__all__ = [
+    "LOCK_NAME",
+    "SCHEMA_VERSION",
+    "BaselineError",
+    "BaselineFile",
+    "BaselineStore",
+    "InvalidBlockError",
+    "atomic_write",
+    "case_key",
+    "check_block",
+    "module_key",
+    "parse",
+    "read",
+    "validate_platform",
+]
 
 SCHEMA_VERSION = 1
-_REQUIRED_BLOCK_KEYS = ("outcome", "environment")
+#: The store's write lock, in its root.
+LOCK_NAME = ".lock"
+#: Seconds a writer waits for the lock before giving up with an error.
+LOCK_TIMEOUT = 120.0
+_GITIGNORE = """\
+# Written by pytest-accelperf: the baseline store's write lock and the temporary files of
+# an interrupted write are not baselines. (This file ignores itself; commit it or not.)
+.lock
+.*.tmp
+.gitignore
+"""
 
 
 class BaselineError(Exception):
-    """A baseline file that cannot be used. The message names the file, the line and the fix."""
+    """A baseline that cannot be used. The message names the file, the line and the fix.
+
+    ``replaceable`` is True when only a block is invalid and the file around it parsed:
+    ``--accelperf-update`` may store a new block over it. ``written`` lists the files a
+    :meth:`BaselineStore.write` wrote before raising (for the other cases).
+    """
+
+    replaceable = False
+
+    def __init__(self, message: str, written: list[Path] | None = None) -> None:
+        super().__init__(message)
+        self.written = written or []
+
+
+class InvalidBlockError(BaselineError):
+    """A case's block does not validate; the file around it parsed."""
+
+    replaceable = True
+
+
+_PLATFORM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def validate_platform(name: str) -> str:
+    """``name`` if it can be a platform key: one safe path component (letters, digits,
+    ``.``, ``_``, ``+``, ``-``; not starting with a dot; no ``..``), else BaselineError.
+
+    The platform is a directory of the store, so ``../x`` or ``/x`` would write outside it.
+    """
+    if not _PLATFORM_RE.fullmatch(name) or ".." in name:
+        raise BaselineError(
+            f"invalid platform {name!r}: a platform key is one path component of letters, "
+            f"digits, '.', '_', '+' and '-' (e.g. cpu-x8, gpu-h100-80gb-x8), not starting with "
+            f"a dot and without '..'; pass such a name to --accelperf-platform")
+    return name
 
 
 def module_key(nodeid: str) -> str:
@@ -50,10 +126,36 @@ def case_key(nodeid: str) -> str:
     return nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
 
 
-def _line_of(text: str, needle: str) -> int:
-    """1-based line of the first occurrence of ``needle`` in ``text`` (1 if absent)."""
-    index = text.find(needle)
-    return text.count("\n", 0, index) + 1 if index >= 0 else 1
+def _check_module(nodeid: str) -> str:
+    """The module key of ``nodeid`` if it is a relative path under the rootdir."""
+    module = module_key(nodeid)
+    if not module:
+        raise BaselineError(
+            f"{nodeid}: not stored: the test module is outside the pytest rootdir (pytest "
+            f"names its tests '::name', without a module path), and its baseline would go to "
+            f"a file shared by every such module. Move the module under the rootdir, or run "
+            f"pytest with --rootdir set to a directory that contains it")
+    parts = module.split("/")
+    if module.startswith("/") or any(p in ("", ".", "..") for p in parts) \
+            or "\\" in module or "\0" in module:
+        raise BaselineError(
+            f"{nodeid}: not stored: the module path {module!r} is not a relative path under "
+            f"the rootdir (it is absolute, or has '..', '.' or an empty component), so its "
+            f"baseline would be written outside the store. Run the tests with a rootdir that "
+            f"contains their modules; a report edited by hand cannot be accepted")
+    return module
+
+
+# -- one baseline file -------------------------------------------------------------------------
+_UNTOUCHED = "It was left untouched"
+
+
+@dataclass
+class InvalidBlock:
+    """A block that did not validate: kept as it was, with the error that names it."""
+
+    raw: Any
+    message: str
 
 
 @dataclass
@@ -61,99 +163,235 @@ class BaselineFile:
     path: Path
     platform: str
     cases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Blocks that did not validate, kept as they were until replaced.
+    invalid: dict[str, InvalidBlock] = field(default_factory=dict)
+    #: Top-level keys this version does not know (a newer one wrote them): kept.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_text(self) -> str:
-        data = {"schema_version": SCHEMA_VERSION, "platform": self.platform, "cases": self.cases}
-        return json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        cases: dict[str, Any] = {k: v.raw for k, v in self.invalid.items()}
+        cases.update(self.cases)
+        data = {**self.extra, "schema_version": SCHEMA_VERSION, "platform": self.platform,
+                "cases": cases}
+        # Valid blocks hold finite numbers only (the schema); an invalid block is written
+        # back exactly as it was read, NaN included.
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def _field_errors(exc: ValidationError, text: str, path: list[str | int],
+                  start: int | None = None) -> tuple[int, str]:
+    """``(position of the first error's field, "field: what is wrong; ...")``; ``path``
+    leads to the validated value (from ``start``, its position, when given)."""
+    lines = error_lines(exc)
+    first = lines[0][0] if lines else ()
+    pos = jsonfile.position(text, [*path, *first], start=start)
+    return pos, _shown(lines)
+
+
+def _shown(lines: list[tuple[tuple[str | int, ...], str]]) -> str:
+    return "; ".join(f"{jsonfile.field_path(loc) or 'the block'}: {msg}" if loc else msg
+                     for loc, msg in lines)
 
 
 def parse(path: Path, text: str) -> BaselineFile:
-    """Parse and validate the text of a baseline file."""
+    """Parse and validate the text of a baseline file.
+
+    A file that does not parse raises :class:`BaselineError`; blocks that do not validate
+    are kept in :attr:`BaselineFile.invalid` with their error (raised when the case is read).
+    """
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = jsonfile.loads(text)
+    except jsonfile.JsonFileError as exc:
         raise BaselineError(
-            f"{path}:{exc.lineno}:{exc.colno}: corrupt baseline file: {exc.msg}. "
-            f"It was left untouched: fix it, restore it (git checkout -- {path}), or delete it "
+            f"{path}:{exc.line}:{exc.column}: corrupt baseline file: {exc.msg}. "
+            f"{_UNTOUCHED}: fix it, restore it (git checkout -- {path}), or delete it "
             f"and re-record with --accelperf-update"
         ) from None
     if not isinstance(data, dict):
-        raise BaselineError(f"{path}:1: baseline file must hold a JSON object")
+        raise BaselineError(f"{path}:1: baseline file must hold a JSON object; {_UNTOUCHED}: "
+                            f"restore it (git checkout -- {path}) or delete it and re-record "
+                            f"with --accelperf-update")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
-        line = _line_of(text, '"schema_version"')
+    if version != SCHEMA_VERSION or type(version) is not int:
+        line = jsonfile.locate(text, ["schema_version"])
         raise BaselineError(
             f"{path}:{line}: schema_version is {version!r}, this "
             f"pytest-accelperf reads {SCHEMA_VERSION}: re-record with --accelperf-update after "
             f"moving the file away, or upgrade pytest-accelperf"
         )
-    cases = data.get("cases")
-    if not isinstance(cases, dict):
-        line = _line_of(text, '"cases"')
-        raise BaselineError(f"{path}:{line}: 'cases' must be an object of case blocks")
-    for key, block in cases.items():
-        line = _line_of(text, json.dumps(key))
-        if not isinstance(block, dict):
-            raise BaselineError(f"{path}:{line}: case {key!r} must be an object")
-        missing = [k for k in _REQUIRED_BLOCK_KEYS if k not in block]
-        if missing:
-            raise BaselineError(
-                f"{path}:{line}: case {key!r} lacks {', '.join(missing)}; re-record it with "
-                f"--accelperf-update"
-            )
-    return BaselineFile(path=path, platform=str(data.get("platform", "")), cases=cases)
+    try:
+        header = BaselineHeader.model_validate(data)
+    except ValidationError as exc:
+        pos, shown = _field_errors(exc, text, [])
+        line = jsonfile.line_column(text, pos)[0]
+        raise BaselineError(f"{path}:{line}: not a baseline file: {shown}. {_UNTOUCHED}: "
+                            f"restore it (git checkout -- {path}) or fix it") from None
+    raw_cases: dict[str, Any] = data["cases"]
+    cases: dict[str, dict[str, Any]] = {}
+    bad: list[tuple[str, ValidationError]] = []
+    for key, block in raw_cases.items():
+        try:
+            validate_block(block)
+        except ValidationError as exc:
+            bad.append((key, exc))
+            continue
+        cases[key] = block
+    invalid: dict[str, InvalidBlock] = {}
+    if bad:  # lines are only computed for errors, in one pass over the file
+        starts = jsonfile.members(text, ["cases"])
+        located = [(key, *_field_errors(exc, text, [] if key in starts else ["cases", key],
+                                        starts.get(key)))
+                   for key, exc in bad]
+        lines = jsonfile.lines_of(text, (pos for _, pos, _ in located))
+        for key, pos, shown in located:
+            invalid[key] = InvalidBlock(raw_cases[key], (
+                f"{path}:{lines[pos]}: case {key!r}: invalid baseline block: {shown}. Fix the "
+                f"block, or re-record the case with --accelperf-update (which replaces an "
+                f"invalid block and keeps the file's other cases)"))
+    extra = {k: v for k, v in data.items() if k not in ("schema_version", "platform", "cases")}
+    return BaselineFile(path=path, platform=header.platform, cases=cases, invalid=invalid,
+                        extra=extra)
 
 
+def read(path: Path, platform: str = "") -> BaselineFile:
+    """The baseline file at ``path`` (an empty one if there is none). A file that cannot be
+    read or does not parse is a :class:`BaselineError` naming it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return BaselineFile(path=path, platform=platform)
+    except IsADirectoryError:
+        raise BaselineError(f"{path}: a directory where the baseline file should be; move "
+                            f"it away (the store writes this file for a test module)") from None
+    except OSError as exc:
+        raise BaselineError(f"{path}: cannot read the baseline file: {exc.strerror or exc}; "
+                            f"{_UNTOUCHED}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise BaselineError(
+            f"{path}:{line}: corrupt baseline file: not UTF-8 (byte 0x{data[exc.start]:02x} "
+            f"at offset {exc.start}). {_UNTOUCHED}: restore it (git checkout -- {path}), or "
+            f"delete it and re-record with --accelperf-update") from None
+    return parse(path, text)
+
+
+def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
+    """``block`` as the store writes it (its JSON form), validated by the schema exactly as
+    a block read back; a :class:`BaselineError` naming the case and the field if it is not
+    a baseline. Used by every write (``--accelperf-update`` and ``accelperf baselines
+    accept``)."""
+    try:
+        text = json.dumps(block, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise BaselineError(f"{nodeid}: not stored: the block is not JSON ({exc})") from None
+    clean: dict[str, Any] = json.loads(text)
+    try:
+        validate_block(clean)
+    except ValidationError as exc:
+        raise BaselineError(f"{nodeid}: not stored as a baseline: invalid block: "
+                            f"{_shown(error_lines(exc))}. A baseline records a finished run "
+                            f"(outcome ok or oom) with finite numbers: fix the run and "
+                            f"record it again") from None
+    return clean
+
+
+# -- the store ---------------------------------------------------------------------------------
 class BaselineStore:
     """Reads are cached per file; writes merge into whatever is on disk at write time."""
 
     def __init__(self, root: Path, platform: str) -> None:
         self.root = root
-        self.platform = platform
+        self.platform = validate_platform(platform)
         self._cache: dict[Path, BaselineFile | BaselineError] = {}
 
     def path_for(self, nodeid: str) -> Path:
-        return self.root / self.platform / f"{module_key(nodeid)}.json"
+        """The file of ``nodeid``'s module; a :class:`BaselineError` if it would not be
+        inside the store."""
+        module = _check_module(nodeid)
+        path = self.root / self.platform / f"{module}.json"
+        root = self.root.resolve()
+        resolved = path.resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            raise BaselineError(
+                f"{nodeid}: not stored: {path} resolves to {resolved}, outside the baseline "
+                f"store {root} (a symbolic link in the store points out of it); replace the "
+                f"link with a directory")
+        return path
 
     def _load(self, path: Path) -> BaselineFile:
         if path not in self._cache:
             try:
-                text = path.read_text(encoding="utf-8")
-            except FileNotFoundError:
-                self._cache[path] = BaselineFile(path=path, platform=self.platform)
-            else:
-                try:
-                    self._cache[path] = parse(path, text)
-                except BaselineError as exc:
-                    self._cache[path] = exc
+                self._cache[path] = read(path, self.platform)
+            except BaselineError as exc:
+                self._cache[path] = exc
         entry = self._cache[path]
         if isinstance(entry, BaselineError):
             raise entry
         return entry
 
     def get(self, nodeid: str) -> dict[str, Any] | None:
-        """The stored block of a case, None if there is none; BaselineError if unreadable."""
-        return self._load(self.path_for(nodeid)).cases.get(case_key(nodeid))
+        """The stored block of a case, None if there is none; :class:`BaselineError` if its
+        file is unreadable, :class:`InvalidBlockError` if its block is invalid."""
+        path = self.path_for(nodeid)
+        loaded = self._load(path)
+        key = case_key(nodeid)
+        if key in loaded.invalid:
+            raise InvalidBlockError(loaded.invalid[key].message)
+        return loaded.cases.get(key)
 
-    def write(self, blocks: Mapping[str, dict[str, Any]]) -> list[Path]:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The store's write lock (``<store>/.lock``), with the ``.gitignore`` that keeps it
+        out of ``git status``."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            ignore = self.root / ".gitignore"
+            if not ignore.exists():
+                atomic_write(ignore, _GITIGNORE)
+        except OSError as exc:
+            raise BaselineError(f"cannot create the baseline store {self.root}: {exc}") \
+                from None
+        lock = FileLock(str(self.root / LOCK_NAME), timeout=LOCK_TIMEOUT)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise BaselineError(
+                f"{self.root / LOCK_NAME}: another session or accelperf command has been "
+                f"writing this baseline store for {LOCK_TIMEOUT:.0f} s; nothing was written. "
+                f"Retry when it is done") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def write(self, blocks: Mapping[str, Mapping[str, Any]]) -> list[Path]:
         """Merge ``{nodeid: block}`` into the store, one atomic write per module file.
 
-        Files that are corrupt are not touched; their errors are raised after the others
-        were written, so nothing else is lost.
+        Every block is validated first (:func:`check_block`). Invalid blocks, node ids
+        outside the store and files that do not parse are not written; their errors are
+        raised after the others were written, so nothing else is lost.
         """
         by_path: dict[Path, dict[str, dict[str, Any]]] = {}
-        for nodeid, block in blocks.items():
-            by_path.setdefault(self.path_for(nodeid), {})[case_key(nodeid)] = block
-        written: list[Path] = []
         errors: list[BaselineError] = []
-        for path, new_cases in sorted(by_path.items()):
+        for nodeid, block in blocks.items():
             try:
-                self._write_one(path, new_cases)
-                written.append(path)
+                path = self.path_for(nodeid)
+                by_path.setdefault(path, {})[case_key(nodeid)] = check_block(nodeid, block)
             except BaselineError as exc:
                 errors.append(exc)
+        written: list[Path] = []
+        if by_path:
+            with self._locked():
+                for path, new_cases in sorted(by_path.items()):
+                    try:
+                        self._write_one(path, new_cases)
+                        written.append(path)
+                    except BaselineError as exc:
+                        errors.append(exc)
         if errors:
-            raise BaselineError("\n".join(str(e) for e in errors))
+            raise BaselineError("\n".join(str(e) for e in errors), written=written)
         return written
 
     def remove(self, nodeids: list[str]) -> list[Path]:
@@ -163,15 +401,20 @@ class BaselineStore:
         for nodeid in nodeids:
             by_path.setdefault(self.path_for(nodeid), set()).add(case_key(nodeid))
         changed: list[Path] = []
-        for path, keys in sorted(by_path.items()):
-            with FileLock(_lock_path(path), timeout=60):
+        if not by_path:
+            return changed
+        with self._locked():
+            for path, keys in sorted(by_path.items()):
+                jsonfile.remove_leftovers(path)
                 self._cache.pop(path, None)
                 current = self._load(path)
                 kept = {k: v for k, v in current.cases.items() if k not in keys}
-                if len(kept) == len(current.cases):
+                invalid = {k: v for k, v in current.invalid.items() if k not in keys}
+                if len(kept) + len(invalid) == len(current.cases) + len(current.invalid):
                     continue
-                if kept:
-                    atomic_write(path, BaselineFile(path, self.platform, kept).to_text())
+                if kept or invalid:
+                    updated = BaselineFile(path, self.platform, kept, invalid, current.extra)
+                    atomic_write(path, updated.to_text())
                 else:
                     path.unlink()
                 self._cache.pop(path, None)
@@ -179,31 +422,21 @@ class BaselineStore:
         return changed
 
     def _write_one(self, path: Path, new_cases: dict[str, dict[str, Any]]) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(_lock_path(path), timeout=60):
-            self._cache.pop(path, None)
-            current = self._load(path)  # re-read under the lock: another session may have written
-            merged = BaselineFile(path=path, platform=self.platform,
-                                  cases={**current.cases, **new_cases})
+        """Under the lock: merge into what is on disk now (another session may have
+        written), after deleting what an interrupted write of this file left."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BaselineError(f"{path}: cannot create its directory: {exc}") from None
+        jsonfile.remove_leftovers(path)
+        self._cache.pop(path, None)
+        current = self._load(path)  # a file that does not parse raises: never overwritten
+        invalid = {k: v for k, v in current.invalid.items() if k not in new_cases}
+        merged = BaselineFile(path=path, platform=self.platform,
+                              cases={**current.cases, **new_cases}, invalid=invalid,
+                              extra=current.extra)
+        try:
             atomic_write(path, merged.to_text())
-            self._cache[path] = merged
-
-
-def _lock_path(path: Path) -> str:
-    """A lock beside the temp dir, not the store, so no lock file shows up in git status."""
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"accelperf-{digest}.lock")
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        except OSError as exc:
+            raise BaselineError(f"{path}: cannot write the baseline file: {exc}") from None
+        self._cache[path] = merged

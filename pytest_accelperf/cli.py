@@ -7,22 +7,29 @@
     accelperf baselines accept REPORT --case PAT    store cases of a CI report without re-running
     accelperf baselines prune [PYTEST ARGS ...]     drop cases that are no longer collected
     accelperf report REPORT --markdown/--html PATH  render a saved JSON report
+    accelperf schema baseline|report                the JSON Schema of a block or a report
 
-Paths are relative to the current directory, which should be the pytest rootdir (node ids
-and baseline files are keyed relative to it). The store defaults to ``[tool.accelperf]
-baselines`` of ``./pyproject.toml``, else ``baselines/``. Exit status: 0 done, 1 an error
-(the message names the fix), 2 a usage error.
+Paths are relative to the current directory. Node ids and baseline files are keyed relative
+to the pytest rootdir; ``prune`` takes the node ids and that rootdir from a collection it runs
+(``pytest --collect-only``), so it works from any directory. The store defaults to
+``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines/``. Everything
+written goes through the store (:mod:`pytest_accelperf.baselines`): validated by the schema,
+locked, atomic, inside the store. Exit status: 0 done, 1 an error (the message names the
+file, line, case and fix), 2 a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO, cast
 
 import pytest
 from tabulate import tabulate
@@ -31,17 +38,20 @@ from pytest_accelperf.baselines import (
     BaselineError,
     BaselineStore,
     case_key,
+    check_block,
     module_key,
-    parse,
+    read,
 )
+from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.history import HistoryError, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report
-from pytest_accelperf.report.loading import ReportFileError, load_report
+from pytest_accelperf.report.loading import ReportFileError, case_line, load_report
 from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.terminal import fmt_value
 from pytest_accelperf.run import Run
+from pytest_accelperf.schema import json_schema
 from pytest_accelperf.summary import summarize
 
 #: Outcomes never stored as a baseline (as with --accelperf-update).
@@ -80,21 +90,42 @@ def _platforms(root: Path, only: str | None) -> list[str]:
     return [only]
 
 
-def store_blocks(root: Path, platform: str | None = None
-                 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """``{(platform, nodeid): block}`` of every baseline file under ``root``."""
-    out: dict[tuple[str, str], dict[str, Any]] = {}
+def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool = False
+                ) -> list[tuple[str, str, dict[str, Any]]]:
+    """``[(platform, module key, {case key: block})]`` of every baseline file under
+    ``root``; a CliError that lists every file that does not parse and every invalid block
+    (each naming its file, line, case and field), or, with ``invalid_blocks``, those blocks
+    as they are."""
+    out: list[tuple[str, str, dict[str, Any]]] = []
+    errors: list[str] = []
     for name in _platforms(root, platform):
         base = root / name
         for path in sorted(base.rglob("*.json")):
+            if not path.is_file():
+                continue
             try:
-                bf = parse(path, path.read_text(encoding="utf-8"))
+                bf = read(path, name)
             except BaselineError as exc:
-                raise CliError(str(exc)) from None
-            module = path.relative_to(base).with_suffix("").as_posix()
-            for key, block in bf.cases.items():
-                out[(name, f"{module}.py::{key}")] = block
+                errors.append(str(exc))
+                continue
+            if not invalid_blocks:
+                errors.extend(b.message for b in bf.invalid.values())
+            module = path.relative_to(base).as_posix().removesuffix(".json")
+            blocks = {k: b.raw for k, b in bf.invalid.items()}
+            blocks.update(bf.cases)
+            out.append((name, module, blocks))
+    if errors:
+        raise CliError("\n".join(errors))
     return out
+
+
+def store_blocks(root: Path, platform: str | None = None
+                 ) -> dict[tuple[str, str], dict[str, Any]]:
+    """``{(platform, nodeid): block}`` of every baseline file under ``root`` (a CliError
+    naming every file or block that is invalid)."""
+    return {(name, f"{module}.py::{key}"): block
+            for name, module, blocks in store_files(root, platform)
+            for key, block in blocks.items()}
 
 
 def compile_pattern(pattern: str) -> re.Pattern[str]:
@@ -257,6 +288,19 @@ def select(records: list[CaseRecord], patterns: Sequence[str], report: Path
     return [chosen[k] for k in sorted(chosen)]
 
 
+def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
+    """The block ``record`` would store, checked as the store checks what it writes: a
+    recorded outcome, a platform that is one safe path component, a node id under the
+    rootdir, a block the schema accepts. A BaselineError or CliError says what is wrong."""
+    outcome = record.run.get("outcome")
+    if outcome in UNRECORDABLE:
+        raise CliError(f"outcome {outcome} is never stored as a baseline "
+                       f"({record.run.get('message') or record.error or 'no message'}); "
+                       f"fix the run, or leave the case out of --case")
+    BaselineStore(root, record.platform).path_for(record.nodeid)
+    return check_block(record.nodeid, _block_of(record))
+
+
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
     records = _load(args.report)
     if not args.case and not args.all:
@@ -264,15 +308,23 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
                        "wildcards) or --all")
     chosen = records if args.all else select(records, args.case, args.report)
     root = _store_root(args.baselines)
+    index = {id(r): i for i, r in enumerate(records)}
     by_platform: dict[str, dict[str, dict[str, Any]]] = {}
+    errors: list[str] = []
     for record in chosen:
-        outcome = record.run.get("outcome")
-        if outcome in UNRECORDABLE:
-            raise CliError(f"{record.nodeid}: outcome {outcome} is never stored as a baseline "
-                           f"({record.run.get('message') or record.error or 'no message'}); "
-                           f"fix the run, or leave the case out of --case")
-        block = _block_of(record)
+        try:
+            block = _acceptable(record, root)
+        except (BaselineError, CliError) as exc:
+            line = case_line(args.report, index[id(record)])
+            why = str(exc).removeprefix(f"{record.nodeid}: ")
+            errors.append(f"{args.report}:{line}: case {record.nodeid!r} "
+                          f"[{record.platform}]: {why}")
+            continue
         by_platform.setdefault(record.platform, {})[record.nodeid] = block
+    if errors:
+        raise CliError("\n".join(errors) + f"\nnothing was written to {root}")
+    for record in chosen:
+        block = by_platform[record.platform][record.nodeid]
         verdicts = ", ".join(f"{c.metric} {c.verdict.value}" for c in record.checks
                              if c.verdict.value != "pass") or "all pass"
         throughput = _fmt(_num(block.get("samples_per_second")), "samples/s")
@@ -285,6 +337,8 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
         try:
             paths = BaselineStore(root, platform).write(blocks)
         except BaselineError as exc:
+            for path in exc.written:
+                out.write(f"written {path}\n")
             raise CliError(str(exc)) from None
         for path in paths:
             out.write(f"written {path}\n")
@@ -294,56 +348,89 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- baselines prune ---------------------------------------------------------------------------
-def collected_nodeids(pytest_args: Sequence[str]) -> set[str]:
-    """Node ids that ``pytest --collect-only -q`` lists here."""
-    cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-           *pytest_args]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode not in (0, 5):  # 5: nothing collected
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise CliError(f"collection failed (exit {done.returncode}) for {' '.join(cmd[1:])}; "
-                       f"nothing was pruned. Fix it, or pass --nodeids FILE.\n{tail}")
-    return parse_nodeids(done.stdout)
+def collected_nodeids(pytest_args: Sequence[str]) -> tuple[set[str], Path]:
+    """The node ids ``pytest --collect-only`` collects here (deselected ones included) and
+    pytest's rootdir, which they are relative to (:mod:`pytest_accelperf.nodeids`)."""
+    with tempfile.TemporaryDirectory(prefix="accelperf-prune-") as tmp:
+        listing = Path(tmp) / "nodeids.json"
+        cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+               "-p", "pytest_accelperf.nodeids", *pytest_args]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False,
+                              env={**os.environ, OUTPUT_ENV: str(listing)})
+        if done.returncode not in (0, 5):  # 5: nothing collected
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+            raise CliError(f"collection failed (exit {done.returncode}) for "
+                           f"{' '.join(cmd[1:])}; nothing was pruned. Fix it, or pass "
+                           f"--nodeids FILE.\n{tail}")
+        try:
+            data = json.loads(listing.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CliError(f"the collection by {' '.join(cmd[1:])} listed no node ids "
+                           f"({exc}); nothing was pruned") from None
+    return set(data["nodeids"]), Path(data["rootdir"])
+
+
+#: Lines of ``pytest --collect-only -q`` output that are not node ids, though they may
+#: hold ``::`` (a warning's location, an error's summary).
+_NOT_A_NODEID = re.compile(r"\s|=|-|(ERROR|FAILED|XFAIL|XPASS|SKIPPED|PASSED|E) ")
 
 
 def parse_nodeids(text: str) -> set[str]:
-    """Node ids in ``pytest --collect-only -q`` output (or one per line)."""
-    return {line.strip() for line in text.splitlines() if "::" in line and " " not in
-            line.strip()}
+    """Node ids in ``pytest --collect-only -q`` output (or one per line): the lines that
+    hold ``::``, less those indented or starting with a word of pytest's summaries. A node
+    id may hold spaces (a case id such as ``test_x[a b]``)."""
+    return {line.rstrip() for line in text.splitlines()
+            if "::" in line and not _NOT_A_NODEID.match(line)}
 
 
-def stale_cases(root: Path, platform: str | None, collected: set[str]
-                ) -> tuple[dict[str, list[str]], list[str]]:
-    """``({platform: [stale nodeids]}, [modules left alone])``. A case is stale when its
-    module was collected but it was not, or when its module's file no longer exists; a
-    module that exists but was not collected (outside the given paths) is left alone."""
-    modules = {module_key(n) for n in collected}
+def stale_cases(stored: Sequence[tuple[str, str, Sequence[str]]], collected: set[str],
+                rootdir: Path | None) -> tuple[dict[str, list[str]], list[str]]:
+    """``({platform: [stale nodeids]}, [modules left alone])`` of the stored
+    ``(platform, module key, case keys)``.
+
+    A case is stale when its module was collected but the case was not. With the
+    ``rootdir`` the node ids are relative to (known when prune collected them itself), a
+    case is also stale when its module's file is not there any more. Any other module that
+    was not collected is left alone: the collection did not cover it.
+    """
+    pairs = {(module_key(n), case_key(n)) for n in collected}
+    modules = {module for module, _ in pairs}
     stale: dict[str, list[str]] = {}
     untouched: set[str] = set()
-    for (plat, nodeid) in sorted(store_blocks(root, platform)):
-        module = module_key(nodeid)
+    for platform, module, keys in sorted(stored):
         if module in modules:
-            if nodeid not in collected:
-                stale.setdefault(plat, []).append(nodeid)
-        elif not Path(f"{module}.py").exists():
-            stale.setdefault(plat, []).append(nodeid)
+            gone = [k for k in keys if (module, k) not in pairs]
+        elif rootdir is not None and not any(
+                (rootdir / p).exists() for p in (f"{module}.py", module)):
+            gone = list(keys)
         else:
             untouched.add(module)
-    return stale, sorted(untouched)
+            continue
+        stale.setdefault(platform, []).extend(f"{module}.py::{k}" for k in sorted(gone))
+    return {k: v for k, v in stale.items() if v}, sorted(untouched)
 
 
 def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
     root = _store_root(args.baselines)
+    rootdir: Path | None = None
     if args.nodeids is not None:
         text = sys.stdin.read() if str(args.nodeids) == "-" else _read(args.nodeids)
         collected = parse_nodeids(text)
     else:
-        collected = collected_nodeids(args.pytest_args)
+        collected, rootdir = collected_nodeids(args.pytest_args)
+        if not root.resolve().is_relative_to(rootdir.resolve()):
+            out.write(f"note: the store {root} is not under pytest's rootdir {rootdir}: only "
+                      f"cases of collected modules are dropped, not those of modules whose "
+                      f"file is gone\n")
+            rootdir = None
     if not collected:
         raise CliError("no node ids collected: pass the test paths (accelperf baselines prune "
                        "suites/) or a --nodeids file from pytest --collect-only -q; nothing "
                        "was pruned")
-    stale, untouched = stale_cases(root, args.platform, collected)
+    stored = [(platform, module, list(blocks))
+              for platform, module, blocks in store_files(root, args.platform,
+                                                          invalid_blocks=True)]
+    stale, untouched = stale_cases(stored, collected, rootdir)
     for module in untouched:
         out.write(f"left alone (not collected here): {module}.py\n")
     count = sum(len(v) for v in stale.values())
@@ -351,7 +438,11 @@ def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
         for nodeid in nodeids:
             out.write(f"{'would drop' if args.dry_run else 'drop'} {nodeid} [{platform}]\n")
         if not args.dry_run:
-            for path in BaselineStore(root, platform).remove(nodeids):
+            try:
+                changed = BaselineStore(root, platform).remove(nodeids)
+            except BaselineError as exc:
+                raise CliError(str(exc)) from None
+            for path in changed:
                 state = "rewritten" if path.exists() else "deleted (no case left)"
                 out.write(f"{state} {path}\n")
     verb = "would drop" if args.dry_run else "dropped"
@@ -407,6 +498,13 @@ def _write(path: Path, text: str) -> None:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise CliError(f"cannot write {path}: {exc}") from None
+
+
+# -- schema ------------------------------------------------------------------------------------
+def cmd_schema(args: argparse.Namespace, out: TextIO) -> int:
+    kind = cast(Literal["baseline", "report"], args.kind)
+    out.write(json.dumps(json_schema(kind), indent=2, sort_keys=True) + "\n")
+    return 0
 
 
 # -- argument parsing --------------------------------------------------------------------------
@@ -475,6 +573,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="relative throughput change listed as a step change in the "
                              "history (default 0.1)")
     report.set_defaults(func=cmd_report)
+
+    schema = sub.add_parser("schema", help="print the JSON Schema of a baseline block or of "
+                                           "a JSON report")
+    schema.add_argument("kind", choices=("baseline", "report"),
+                        help="baseline: one case's block in a baseline file; report: a "
+                             "--accelperf-json report")
+    schema.set_defaults(func=cmd_schema)
     return parser
 
 

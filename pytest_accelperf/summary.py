@@ -110,13 +110,14 @@ def summarize(run: Run) -> dict[str, Any]:
     if run.outcome == "ok":
         med = run.median_step_time
         sps = run.samples_per_second
-        block["step_time"] = {
-            "median": _round(med) if med is not None else None,
-            "samples": [_round(t) for t in run.step_times],
-        }
-        entry = session_entry(run)
-        if entry is not None:
-            block["step_time"]["sessions"] = [entry]
+        if med is not None:  # no step times (an ingested log without them): no step_time
+            block["step_time"] = {
+                "median": _round(med),
+                "samples": [_round(t) for t in run.step_times],
+            }
+            entry = session_entry(run)
+            if entry is not None:
+                block["step_time"]["sessions"] = [entry]
         if run.probe_times and run.probe_kind:
             block["probe"] = {"kind": run.probe_kind,
                               "samples": [_round(t) for t in run.probe_times]}

@@ -51,12 +51,36 @@ def test_block_without_required_keys(tmp_path: Path) -> None:
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"schema_version": 1, "cases": {"a": {"outcome": "ok"}}},
                                indent=2))
-    with pytest.raises(BaselineError, match=r"m.json:4: case 'a' lacks environment"):
+    with pytest.raises(BaselineError, match=r"m.json:4: case 'a': invalid baseline block: "
+                                            r"environment: missing \(a required field\)"):
         BaselineStore(tmp_path, "p").get("m.py::a")
 
 
 def test_nan_is_refused_rather_than_written_as_invalid_json(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path, "p")
-    with pytest.raises(ValueError):
-        store.write({"m.py::a": {"outcome": "ok", "environment": {}, "x": float("nan")}})
+    with pytest.raises(BaselineError, match=r"m.py::a: not stored as a baseline: invalid "
+                                            r"block: x: Input should be a finite number"):
+        store.write({"m.py::a": {"outcome": "ok", "environment": {}, "x": float("nan")},
+                     "m.py::b": block(1)})
+    # the other case was written: one invalid block loses nothing else
+    assert json.loads((tmp_path / "p" / "m.json").read_text())["cases"] == {"b": block(1)}
+
+
+def test_a_block_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BaselineError, match=r"m.py::a: not stored: the block is not JSON"):
+        BaselineStore(tmp_path, "p").write({"m.py::a": {"outcome": "ok", "environment": {},
+                                                        "when": object()}})
     assert not (tmp_path / "p" / "m.json").exists()
+
+
+def test_removing_every_case_deletes_the_file_and_keeps_invalid_blocks_of_others(
+        tmp_path: Path) -> None:
+    path = tmp_path / "p" / "m.json"
+    path.parent.mkdir(parents=True)
+    broken = {"outcome": "banana", "environment": {}}
+    path.write_text(json.dumps({"schema_version": 1, "cases": {"a": block(1), "z": broken}}))
+    store = BaselineStore(tmp_path, "p")
+    assert store.remove(["m.py::a"]) == [path]
+    assert json.loads(path.read_text())["cases"] == {"z": broken}
+    assert store.remove(["m.py::z"]) == [path]
+    assert not path.exists()

@@ -1,0 +1,296 @@
+"""The schema of the files pytest-accelperf writes: the baseline block, the baseline file's
+header, and the JSON report. Described once, as pydantic models.
+
+The baseline block is what :func:`pytest_accelperf.summary.summarize` makes of a run and
+what the checks (:mod:`pytest_accelperf.checks`) read. Every field a check reads is typed,
+and a value that would make a check crash or silently switch it off is refused: a NaN or
+negative step time, an empty list of step times, a NaN loss checkpoint, an outcome that is
+not a recorded one. Unknown keys are kept (a newer version may add some), as JSON values
+without NaN or infinity (a baseline file is strict JSON). Scalars are strict: ``"0.1"``
+is not a number, ``1.0`` is not an integer (an integer is a number, though).
+
+The store (:mod:`pytest_accelperf.baselines`) validates every block it reads and every
+block it writes with :func:`validate_block`; ``accelperf baselines accept`` goes through
+the same write. The report loader (:mod:`pytest_accelperf.report.loading`) validates a
+report with :class:`ReportFile`. ``accelperf schema baseline|report`` prints the JSON
+Schema of either (:func:`json_schema`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    Strict,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    model_validator,
+)
+
+from pytest_accelperf.checks.base import Verdict
+
+#: Outcomes that a baseline records: the outcomes of a run (:data:`pytest_accelperf.run.OUTCOMES`)
+#: less the failures (``nan``, ``error``, ``timeout``), which are never a baseline.
+RECORDED_OUTCOMES: tuple[str, ...] = ("ok", "oom")
+RecordedOutcome = Literal["ok", "oom"]
+RunOutcome = Literal["ok", "oom", "nan", "error", "timeout"]
+
+Int = Annotated[int, Field(ge=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Number = float  # finite (allow_inf_nan=False); an integer is accepted
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    """Strict JSON types, finite numbers, unknown keys kept as JSON values."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
+                              validate_default=False)
+    __pydantic_extra__: dict[str, JsonValue]
+
+
+# -- the baseline block ------------------------------------------------------------------------
+class Environment(_Strict):
+    """The environment fingerprint (:mod:`pytest_accelperf.fingerprint`); the keys that
+    decide whether throughput is comparable are typed, hooks may add others."""
+
+    platform: str | None = None
+    accel: str | None = None
+    device_kind: str | None = None
+    device_count: Int | None = None
+    host_cpu: str | None = None
+    cpu_isa: str | None = None
+    python: str | None = None
+    packages: dict[str, JsonValue] | None = None
+
+
+class StepSession(_Strict):
+    """One session's step-time level (``--accelperf-add-session``)."""
+
+    median: Positive
+    probe_median: Positive | None = None
+
+
+class StepTime(_Strict):
+    """Seconds per measured step: the median and every sample (at least one)."""
+
+    median: Positive
+    samples: Annotated[list[Positive], Field(min_length=1)]
+    sessions: list[StepSession] | None = None
+
+
+class Probe(_Strict):
+    """Times of the reference workload run after each measured step (drift correction)."""
+
+    kind: Annotated[str, Field(min_length=1)]
+    samples: Annotated[list[Positive], Field(min_length=1)]
+
+
+Checkpoint = Annotated[tuple[NonNegative, Number], Strict(False)]  # [step, mean loss]
+
+
+class Loss(_Strict):
+    """The loss curve: ``[step, mean loss]`` checkpoints, the final loss, the step count."""
+
+    checkpoints: list[Checkpoint]
+    final: Number | None
+    steps: Int
+
+    @model_validator(mode="after")
+    def _curve_when_steps(self) -> Loss:
+        if self.steps and not self.checkpoints:
+            raise ValueError(f"loss.steps is {self.steps} but loss.checkpoints is empty: the "
+                             f"loss check would have nothing to compare")
+        return self
+
+
+class Memory(_Strict):
+    """Peak bytes per device label, their maximum, and how they were counted."""
+
+    per_device: Annotated[dict[str, NonNegative], Field(min_length=1)]
+    peak: NonNegative | None = None
+    source: str = ""
+
+
+class Leaf(_Strict):
+    """The fingerprint of one parameter leaf
+    (:func:`pytest_accelperf.backends.common.fingerprint`)."""
+
+    shape: list[Int]
+    dtype: str
+    rms: NonNegative
+    sample: list[Number]
+
+
+MaxBatchProbe = Annotated[tuple[StrictInt, StrictBool, NonNegative | None], Strict(False)]
+
+
+class MaxBatch(_Strict):
+    """A maximum-batch search (:mod:`pytest_accelperf.maxbatch`)."""
+
+    value: PositiveInt | None
+    capacity_bytes: NonNegative | None = None
+    multiple_of: PositiveInt = 1
+    limit: PositiveInt | None = None
+    probes: list[MaxBatchProbe] = []
+
+
+class Oom(_Strict):
+    """What an out-of-memory outcome needed and had."""
+
+    required_bytes: NonNegative | None = None
+    capacity_bytes: NonNegative | None = None
+
+
+class Block(_Strict):
+    """The baseline block of one case (:func:`pytest_accelperf.summary.summarize`)."""
+
+    outcome: RecordedOutcome
+    environment: Environment
+    message: str = ""
+    samples_per_step: Int = 0
+    tokens_per_step: Int | None = None
+    n_devices: PositiveInt = 1
+    recorded_at: str | None = None
+    oom: Oom | None = None
+    step_time: StepTime | None = None
+    probe: Probe | None = None
+    samples_per_second: Positive | None = None
+    compile_time: NonNegative | None = None
+    loss: Loss | None = None
+    numerics: dict[str, Leaf] | None = None
+    flops_per_step: NonNegative | None = None
+    mfu: NonNegative | None = None
+    max_batch: MaxBatch | None = None
+    memory: Memory | None = None
+
+
+class BaselineHeader(_Strict):
+    """A baseline file around its blocks (the blocks are validated one by one, so that one
+    invalid block names its case and an update can replace it)."""
+
+    schema_version: Literal[1]
+    platform: str = ""
+    cases: dict[str, Any]
+
+
+# -- the JSON report ---------------------------------------------------------------------------
+class _Report(BaseModel):
+    """Reports may hold NaN (a non-finite loss is reported as such)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class ReportRun(_Report):
+    """A run as :meth:`pytest_accelperf.run.Run.to_json` writes it."""
+
+    case_id: str
+    outcome: RunOutcome = "ok"
+    message: str = ""
+    samples_per_step: int = 0
+    tokens_per_step: int | None = None
+    n_devices: int = 1
+    step_times: list[float] = []
+    compile_time: float | None = None
+    losses: list[float | str | None] = []
+    loss_steps: list[int] = []
+    memory_per_device: dict[str, float] = {}
+    memory_source: str = ""
+    flops_per_step: float | None = None
+    peak_flops_per_device: float | None = None
+    params_fingerprint: dict[str, Any] = {}
+    oom: dict[str, Any] | None = None
+    nan_step: int | None = None
+    environment: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    probe_times: list[float] = []
+    probe_kind: str = ""
+    max_batch: dict[str, Any] | None = None
+
+
+class ReportCheck(_Report):
+    """A :class:`pytest_accelperf.checks.base.CheckResult` as ``to_json`` writes it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    metric: str
+    verdict: Annotated[Verdict, Strict(False)]
+    detail: str
+    baseline: float | None = None
+    now: float | None = None
+    unit: str = ""
+    change: float | None = None
+    data: dict[str, Any] = {}
+
+
+class ReportCase(_Report):
+    """One case of a report (:class:`pytest_accelperf.report.data.CaseRecord`)."""
+
+    nodeid: str
+    case_id: str
+    platform: str
+    run: ReportRun
+    checks: list[ReportCheck]
+    block: dict[str, Any] | None = None
+    case: dict[str, Any] = {}
+    error: str | None = None
+    worker: str = "main"
+    baseline: dict[str, Any] | None = None
+
+
+class ReportFile(_Report):
+    """A ``--accelperf-json`` report (:class:`pytest_accelperf.report.data.SessionReport`)."""
+
+    schema_version: Literal[1]
+    cases: list[ReportCase]
+    accel: str = ""
+    platform: str = ""
+    update: bool = False
+    environment: dict[str, Any] = {}
+    baselines_written: list[str] = []
+    errors: list[str] = []
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def validate_block(data: Any) -> Block:
+    """``data`` as a :class:`Block`; :class:`pydantic.ValidationError` if it is not one."""
+    return Block.model_validate(data)
+
+
+def error_lines(exc: ValidationError, *, limit: int = 5) -> list[tuple[tuple[str | int, ...],
+                                                                        str]]:
+    """``[(location, "what is wrong (found ...)")]`` of a validation error, the first
+    ``limit`` of them (and a last one that counts the rest)."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    errors = exc.errors(include_url=False)
+    for err in errors[:limit]:
+        loc = tuple(err["loc"])
+        if err["type"] == "finite_number" and loc and loc[-1] == "float":
+            loc = loc[:-1]  # the branch of a JSON value, not a key
+        if err["type"] == "missing":
+            msg = "missing (a required field)"
+        elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg = f"should be a JSON object (found {_short(err.get('input'))})"
+        else:
+            msg = f"{err['msg']} (found {_short(err.get('input'))})"
+        out.append((loc, msg))
+    if len(errors) > limit:
+        out.append(((), f"and {len(errors) - limit} more error(s)"))
+    return out
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 4] + " ..."
+
+
+def json_schema(kind: Literal["baseline", "report"]) -> dict[str, Any]:
+    """The JSON Schema of a baseline block (``baseline``) or of a report (``report``)."""
+    model: type[BaseModel] = Block if kind == "baseline" else ReportFile
+    return model.model_json_schema()
