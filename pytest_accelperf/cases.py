@@ -8,11 +8,14 @@ baseline, so it must not depend on the order of the grid or on its siblings.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
+
+from pytest_accelperf.checks.base import non_negative_number
 
 MARKER = "accelperf"
 #: Where DeepSpeed's ZeRO may offload to the CPU: nothing, optimizer state, parameters, both.
@@ -94,13 +97,22 @@ class Case:
         if self.offload in ("param", "all") and self.zero_stage != 3:
             raise ValueError(f"offload={self.offload!r} offloads parameters, which only ZeRO "
                              f"stage 3 partitions: set zero_stage=3 or offload='optimizer'")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be positive or None, got {self.grad_clip!r}")
+        if self.grad_clip is not None and not (0 < self.grad_clip < math.inf):
+            raise ValueError(f"grad_clip must be a finite positive number or None (no "
+                             f"clipping), got {self.grad_clip!r}")
         unknown = set(self.tolerances) - set(TOLERANCE_KEYS)
         if unknown:
             raise ValueError(
                 f"unknown tolerance(s) {sorted(unknown)}; valid: {', '.join(TOLERANCE_KEYS)}"
             )
+        for key, value in self.tolerances.items():
+            # The check of --accelperf-loss-rtol and its ini/pyproject mirrors.
+            try:
+                non_negative_number(value)
+            except ValueError as exc:
+                raise ValueError(
+                    f"tolerances[{key!r}]: {exc} (NaN or inf would pass any change, a "
+                    f"negative tolerance fails every run)") from None
 
     @property
     def mesh_label(self) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from pytest_accelperf.accel import ACCELS
-from pytest_accelperf.checks.base import Tolerances
+from pytest_accelperf.baselines import BaselineError, validate_platform
+from pytest_accelperf.checks.base import NON_NEGATIVE, Tolerances, non_negative_number
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +35,11 @@ class Option:
     kind: str  # "str" | "int" | "count" | "float" | "bool" | "choice" | "path"
     default: Any
     choices: tuple[str, ...] = ()
+    #: The largest value of an "int" or "count" option.
+    maximum: int | None = None
+    #: Checks a "str" option's value: returns it, or raises ValueError (or BaselineError)
+    #: with a message that names the fix.
+    check: Callable[[str], str] | None = None
 
     @property
     def ini(self) -> str:
@@ -45,13 +51,17 @@ class Option:
 
 
 _TOL = Tolerances()
+#: The most virtual CPU devices: XLA:CPU takes 6 s to start 4096 of them on one core,
+#: 16 s for 8192, and aborts (after minutes) or hangs far beyond that.
+MAX_CPU_DEVICES = 4096
 
 OPTIONS: tuple[Option, ...] = (
     Option("accel", "--accel", "accelerator to run cases on: cpu (JAX with virtual CPU devices), "
            "gpu, tpu, neuron, or auto (the first of tpu, gpu found, else cpu). Default: cpu.",
            "choice", "cpu", ACCELS),
     Option("cpu_devices", "--accelperf-cpu-devices", "number of virtual devices for --accel=cpu "
-           "(XLA's --xla_force_host_platform_device_count). Default: 8.", "int", 8),
+           f"(XLA's --xla_force_host_platform_device_count), 1 to {MAX_CPU_DEVICES}. "
+           "Default: 8.", "int", 8, maximum=MAX_CPU_DEVICES),
     Option("update", "--accelperf-update", "write or refresh the baselines of the cases that "
            "ran; regressions are reported but do not fail.", "bool", False),
     Option("add_session", "--accelperf-add-session", "measure the cases again on unchanged "
@@ -74,11 +84,13 @@ OPTIONS: tuple[Option, ...] = (
            "appends its runs, with the git commit and the environment fingerprint, as JSON "
            "lines to <dir>/<platform>.jsonl.", "path", None),
     Option("platform", "--accelperf-platform", "override the platform key baselines are stored "
-           "under (default: derived, e.g. cpu-x8, tpu-v4-x8).", "str", None),
+           "under: one path component of letters, digits, '.', '_', '+' and '-' (default: "
+           "derived, e.g. cpu-x8, tpu-v4-x8).", "str", None, check=validate_platform),
     Option("timeout", "--accelperf-timeout", "seconds one case may train (compile and steps) "
            "before it is stopped and recorded as outcome timeout; multi-process cases are "
-           "killed, in-process ones stop at the next step boundary. 0 disables. Default: 900.",
-           "float", 900.0),
+           "killed, in-process ones stop at the next step boundary, or are interrupted a few "
+           "seconds past the timeout where a step blocks (in the pytest process's main "
+           "thread). 0 disables. Default: 900.", "float", 900.0),
     Option("confirm", "--accelperf-confirm", "re-measure a case whose throughput looks like a "
            "regression this many times; the regression stands only if every re-measurement "
            "confirms it. 0 disables. Default: 1.", "count", 1),
@@ -131,6 +143,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("cluster_wait", "--accelperf-cluster-wait", "seconds a case waits for a Ray "
            "cluster that does not have the resources it asks for before it fails (a busy "
            "cluster is waited for). Default: 60.", "float", 60.0),
+    Option("host_lock_timeout", "--accelperf-host-lock-timeout", "seconds a CPU case waits "
+           "for the host-wide lock that makes CPU cases of all sessions on this machine train "
+           "one at a time, before it fails naming the process that holds it. 0 waits "
+           "forever. Default: 1800.", "float", 1800.0),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
 TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerances))
@@ -168,21 +184,23 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
     if opt.kind in ("int", "count"):
         least = 1 if opt.kind == "int" else 0
         expect = "a positive integer" if least else "a non-negative integer"
+        if opt.maximum is not None:
+            expect = f"an integer from {least} to {opt.maximum}"
+        # Only an integer or its digits: a TOML `true` is not 1, and 8.9 is not 8.
+        if isinstance(raw, bool) or not isinstance(raw, int | str):
+            raise bad(expect)
         try:
             value_i = int(raw)
-        except (TypeError, ValueError):
+        except ValueError:
             raise bad(expect) from None
-        if value_i < least:
+        if value_i < least or (opt.maximum is not None and value_i > opt.maximum):
             raise bad(expect)
         return value_i
     if opt.kind == "float":
         try:
-            value_f = float(raw)
-        except (TypeError, ValueError):
-            raise bad("a non-negative number") from None
-        if not value_f >= 0:
-            raise bad("a non-negative number")
-        return value_f
+            return non_negative_number(raw)
+        except ValueError:
+            raise bad(NON_NEGATIVE) from None
     if opt.kind == "bool":
         if isinstance(raw, bool):
             return raw
@@ -192,6 +210,11 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
         if text in ("0", "false", "no", "off", ""):
             return False
         raise bad("true or false")
+    if opt.check is not None:
+        try:
+            return opt.check(str(raw))
+        except (ValueError, BaselineError) as exc:
+            raise pytest.UsageError(f"{source}: {exc}") from None
     return str(raw)
 
 
@@ -240,6 +263,7 @@ class Settings:
     compare_block: int = 5
     compare_budget: float = 20.0
     add_session: bool = False
+    host_lock_timeout: float | None = 1800.0
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
@@ -259,6 +283,12 @@ class Settings:
             if value is None:
                 value = opt.default
             values[opt.key] = value
+        if values["compare"] and (values["update"] or values["add_session"]):
+            which = "--accelperf-add-session" if values["add_session"] else "--accelperf-update"
+            raise pytest.UsageError(
+                f"{which} and --accelperf-compare cannot be combined: A/B mode measures "
+                f"against a git revision and never stores baselines; record baselines in a "
+                f"run without --accelperf-compare")
         tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
         json_path = values["json"]
         json_base = invocation_dir if getoption(BY_KEY["json"].dest) and invocation_dir \
@@ -286,6 +316,7 @@ class Settings:
             compare_rounds=int(values["compare_rounds"]),
             compare_block=int(values["compare_block"]),
             compare_budget=float(values["compare_budget"]),
+            host_lock_timeout=float(values["host_lock_timeout"]) or None,
         )
 
 

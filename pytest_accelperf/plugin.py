@@ -9,7 +9,11 @@ or writes baselines and the JSON report; ``pytest_terminal_summary`` prints the 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,7 +29,7 @@ from pytest_accelperf.accel import (
     provision,
 )
 from pytest_accelperf.backends.base import BACKENDS
-from pytest_accelperf.baselines import atomic_write
+from pytest_accelperf.baselines import BaselineError, atomic_write, validate_platform
 from pytest_accelperf.cases import MARKER, Case
 from pytest_accelperf.compare import resolve
 from pytest_accelperf.fingerprint import environment
@@ -71,7 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
             require_matplotlib()
         except ReportDependencyError as exc:
             raise pytest.UsageError(f"--accelperf-html: {exc}") from None
-    config.stash[SESSION_KEY] = AccelperfSession(settings=settings, config=config)
+    config.stash[SESSION_KEY] = AccelperfSession(settings=settings, config=config,
+                                                 abort=functools.partial(_abort, config))
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -103,10 +108,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def _skip_reason(case: Case, accel: str) -> str | None:
-    entry = BACKENDS.get(case.backend)
-    if entry is None:
-        return f"unknown backend {case.backend!r}; available: {', '.join(sorted(BACKENDS))}"
-    reason = entry.unavailable_reason()
+    """Why ``case`` cannot run here (a framework not installed, another accelerator), or
+    None. An unknown backend is not a reason to skip: it is an error in the suite."""
+    reason = BACKENDS[case.backend].unavailable_reason()
     if reason:
         return reason
     if accel != "auto" and accel not in case.accels:
@@ -124,6 +128,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             f"{metafunc.definition.nodeid}: @cases needs the test to use the 'accelperf' fixture"
         )
     accel = metafunc.config.stash[SESSION_KEY].settings.accel
+    unknown = sorted({c.backend for c in marker.kwargs["cases"] if c.backend not in BACKENDS})
+    if unknown:
+        # A typo must not pass as a skip with exit status 0: a collection error (exit 2),
+        # shown without a traceback.
+        pytest.fail(f"{metafunc.definition.nodeid}: unknown backend(s) "
+                    f"{', '.join(map(repr, unknown))} in @cases; known: "
+                    f"{', '.join(sorted(BACKENDS))}", pytrace=False)
     params = []
     for case in marker.kwargs["cases"]:
         reason = _skip_reason(case, accel)
@@ -158,7 +169,11 @@ def accelerator(pytestconfig: pytest.Config) -> Accelerator:
             custom = pytestconfig.hook.pytest_accelperf_platform(config=pytestconfig,
                                                                  accelerator=acc)
             if custom:
-                acc.platform = str(custom)
+                try:
+                    acc.platform = validate_platform(str(custom))
+                except BaselineError as exc:
+                    pytest.fail(f"the pytest_accelperf_platform hook returned {custom!r}: {exc}",
+                                pytrace=False)
         env = environment(acc)
         for extra in pytestconfig.hook.pytest_accelperf_environment(config=pytestconfig,
                                                                     accelerator=acc):
@@ -254,6 +269,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "environment": state.report.environment,
         })
         return
+    session.exitstatus = _write_results(config, state, session.exitstatus)
+
+
+def _write_results(config: pytest.Config, state: AccelperfSession, exitstatus: int) -> int:
+    """Controller: write the baselines (``--accelperf-update``) and the reports; the exit
+    status, made a failure when the session has errors of its own."""
     state.report.update = state.settings.update
     if state.settings.update:
         state.write_baselines()
@@ -261,13 +282,45 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         add_suite_properties(config, state.report)
         config.stash[OUTPUT_LINES_KEY] = write_outputs(state.report, state.settings,
                                                        config.rootpath)
-    if state.report.errors and session.exitstatus == pytest.ExitCode.OK:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if state.report.errors and exitstatus == pytest.ExitCode.OK:
+        exitstatus = pytest.ExitCode.TESTS_FAILED
     if state.settings.json is not None and (state.report.records or state.report.errors):
         path = state.settings.json
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(state.report.to_json(int(session.exitstatus)),
+        atomic_write(path, json.dumps(state.report.to_json(int(exitstatus)),
                                       indent=2, sort_keys=True, default=str) + "\n")
+    return exitstatus
+
+
+def _abort(config: pytest.Config, message: str) -> None:
+    """End the process after a case got stuck where it cannot be interrupted (called from
+    the watchdog thread of :func:`pytest_accelperf.hangs.case_alarm` while the main thread
+    is still stuck): say why, write what was recorded (baselines under
+    ``--accelperf-update``, the reports, the summary table), exit with status 2
+    (interrupted). pytest's own end of session cannot run: its thread is the stuck one."""
+    status = pytest.ExitCode.INTERRUPTED
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is not None:
+        with contextlib.suppress(Exception):  # ending anyway: say what we can
+            capture.suspend_global_capture(in_=True)
+    lines = [f"accelperf: ERROR: {message}"]
+    try:
+        state = config.stash.get(SESSION_KEY, None)
+        if state is not None and not _is_worker(config):
+            state.close()
+            _write_results(config, state, status)
+            lines += table_lines(state.report)
+            if state.settings.json is not None:
+                lines.append(f"accelperf: JSON report written to {state.settings.json}")
+            written: list[str] = config.stash.get(OUTPUT_LINES_KEY, [])
+            lines.extend(written)
+    except Exception as exc:  # ending anyway: say what went wrong
+        lines.append(f"accelperf: could not write the reports: {type(exc).__name__}: {exc}")
+    finally:
+        sys.stderr.write("\n" + "\n".join(lines) + "\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(int(status))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -9,17 +9,19 @@ baseline, records the result, and fails the test with a message that names the f
 from __future__ import annotations
 
 import contextlib
+import math
 import os
+import sys
 import tempfile
+import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from filelock import FileLock
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult, get_backend
@@ -28,6 +30,7 @@ from pytest_accelperf.baselines import BaselineError, BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPoint
 from pytest_accelperf.cluster import cluster_for
 from pytest_accelperf.cluster_dispatch import train as train_on_cluster
@@ -40,14 +43,25 @@ from pytest_accelperf.compare import (
     not_compared,
 )
 from pytest_accelperf.fingerprint import differences
+from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, host_lock, watchdog
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
+from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.run import Run
 from pytest_accelperf.summary import summarize, with_added_session
 
 #: Outcomes never stored as a baseline: they are failures, not expectations.
 _UNRECORDABLE = ("nan", "error", "timeout")
+
+#: Seconds the devices get to become idle after a case was interrupted mid-step.
+SETTLE_S = 5.0
+#: Why an interrupted case could not be stopped (see ``CaseRunner._stuck``).
+_STUCK_NATIVE = ("it is inside a native call (a compile, a device wait, a C extension) that "
+                 "does not return to Python, where it cannot be interrupted")
+_STUCK_FIRED = "it went on after the interrupt (something caught CaseTimeout)"
+_STUCK_DEVICE = ("a device computation of it, which cannot be cancelled, was still running "
+                 "(the next case would wait behind it)")
 
 
 class AccelperfWarning(UserWarning):
@@ -64,6 +78,9 @@ class AccelperfSession:
     scaling: ScalingCollector = field(default_factory=ScalingCollector)
     _stores: dict[tuple[Path, str], BaselineStore] = field(default_factory=dict)
     _comparison: Comparison | None = None
+    #: Ends the process after a case got stuck where it cannot be interrupted (set by the
+    #: plugin: writes what was recorded, says why, exits); called from a watchdog thread.
+    abort: Callable[[str], None] | None = None
 
     def comparison(self) -> Comparison:
         """The session's A/B setup (``--accelperf-compare``), made on first use."""
@@ -219,7 +236,7 @@ class CaseRunner:
         stored = evaluated.throughput
         rel_file, qualname = node_location(self._item, comparison.root)
         try:
-            with exclusive_host(self.accelerator):
+            with self._host():
                 status, why, measured = comparison.measure(
                     self.case, rel_file, qualname, rounds=settings.compare_rounds,
                     block=settings.compare_block, budget=settings.compare_budget,
@@ -250,7 +267,7 @@ class CaseRunner:
         make_task = search.make_task
 
         def fits(case: Case) -> Fit:
-            with exclusive_host(self.accelerator):
+            with self._host():
                 return backend.fits(case, make_task(case), self.accelerator,
                                     timeout=self.settings.timeout)
 
@@ -283,7 +300,7 @@ class CaseRunner:
             path = source
         else:
             workdir = Path(tempfile.mkdtemp(prefix="accelperf-ingest-"))
-            with exclusive_host(self.accelerator):
+            with self._host():
                 path, status, tail = run_command(source, log, workdir, self.settings.timeout)
             if status != 0:
                 why = ("timed out" if status == -1 else f"exited with status {status}")
@@ -342,9 +359,8 @@ class CaseRunner:
                                           platform=settings.platform,
                                           timeout=settings.timeout, wait=settings.cluster_wait)
             else:
-                with exclusive_host(self.accelerator):
-                    result = backend.train(self.case, task, self.accelerator,
-                                           timeout=settings.timeout)
+                with self._host():
+                    result = self._train_here(backend, task)
         except Exception as exc:
             run = Run(case_id=self.case.id, outcome="error",
                       message=f"{type(exc).__name__}: {exc}",
@@ -358,6 +374,88 @@ class CaseRunner:
             result.run.extra["injected_slowdown"] = injected_slowdown()
         return result
 
+    def _host(self) -> AbstractContextManager[object]:
+        """The host lock around this case's training (CPU only); a wait past
+        ``--accelperf-host-lock-timeout`` fails the test naming the lock's holder."""
+        return _failing_on_lock_timeout(self, exclusive_host(
+            self.accelerator, case=self._item.nodeid, timeout=self.settings.host_lock_timeout,
+            notify=lambda text: say(self._item.config, text)))
+
+    def _train_here(self, backend: Any, task: Any) -> TrainResult:
+        """Train in this process; a case that trains here and blocks past its timeout is
+        interrupted (:func:`pytest_accelperf.hangs.case_alarm`) and recorded as ``timeout``
+        with the steps it reported before. Where the interrupted work goes on regardless
+        (a device computation that cannot be cancelled, a native call that never returns
+        to Python), the session cannot go on measuring: the process is ended cleanly."""
+        __tracebackhide__ = True
+        timeout = self.settings.timeout
+        if not get_backend(self.case.backend).trains_in_process(self.case):
+            # Launched ranks: the launcher kills them at the timeout itself.
+            launched: TrainResult = backend.train(self.case, task, self.accelerator,
+                                                  timeout=timeout)
+            return launched
+        started = time.monotonic()
+        with progress.recording() as steps:
+            try:
+                with case_alarm(timeout, lambda alarm: self._stuck(
+                        steps, started, _STUCK_FIRED if alarm.fired else _STUCK_NATIVE)):
+                    result: TrainResult = backend.train(self.case, task, self.accelerator,
+                                                        timeout=timeout)
+                    return result
+            except CaseTimeout as exc:
+                where = exc.where
+        run = self._interrupted_run(steps, where, time.monotonic() - started)
+        settle = getattr(backend, "settle", None)
+        if settle is not None:
+            with watchdog(SETTLE_S + 2, lambda: self._stuck(steps, started, _STUCK_DEVICE)):
+                idle = settle(self.accelerator, SETTLE_S)
+            if not idle:
+                self._stuck(steps, started, _STUCK_DEVICE)
+        return TrainResult(run=run)
+
+    def _interrupted_run(self, steps: progress.StepRecord, where: str, elapsed: float) -> Run:
+        """The ``timeout`` run of a case interrupted mid-step: the losses and step times
+        it reported before (the backend never returned its own run)."""
+        case = self.case
+        done = steps.first_training()
+        # The backend's own count of steps (some warm up longer than the case asks).
+        total = done[0][1] if done else case.warmup + case.steps
+        warmup = total - case.steps
+        timeout = self.settings.timeout or 0.0
+        return Run(
+            case_id=case.id, outcome="timeout", samples_per_step=case.batch,
+            n_devices=case.n_devices, peak_flops_per_device=self.accelerator.peak_flops,
+            losses=[loss for _, _, loss, _ in done], loss_steps=[n - 1 for n, _, _, _ in done],
+            step_times=[t for n, _, _, t in done if n > warmup],
+            message=(f"exceeded the {timeout:g} s timeout after {len(done)} of {total} steps: "
+                     f"a step blocked and was interrupted after {elapsed:.0f} s, in {where} "
+                     f"(raise --accelperf-timeout, or give the case fewer steps; a step "
+                     f"waiting on something that never comes needs fixing)"),
+            environment=self._session.environment)
+
+    def _stuck(self, steps: progress.StepRecord, started: float, why: str) -> None:
+        """The case could not be stopped (``why``): record it and end the process with
+        what was recorded; the cases after it cannot be measured on a busy machine.
+        Called from a watchdog thread while the main thread is stuck, or from the main
+        thread when the devices stayed busy."""
+        elapsed = time.monotonic() - started
+        timeout = self.settings.timeout or 0.0
+        done = steps.first_training()
+        run = self._interrupted_run(steps, "", elapsed)
+        total = done[0][1] if done else self.case.warmup + self.case.steps
+        run.message = (
+            f"exceeded the {timeout:g} s timeout after {len(done)} of {total} steps and "
+            f"could not be stopped: {why}, "
+            f"{elapsed:.0f} s in. The pytest process was ended with what was recorded; the "
+            f"cases after this one did not run (raise --accelperf-timeout, or give the case "
+            f"fewer or shorter steps)")
+        self._record(run, [], error=run.message)
+        message = f"{self._item.nodeid}: {run.message}"
+        if self._session.abort is not None:
+            self._session.abort(message)
+        say_on_stderr(f"accelperf: {message}")
+        os._exit(int(pytest.ExitCode.INTERRUPTED))
+
     def _evaluate(self, result: TrainResult,
                   environment: dict[str, Any] | None = None) -> _Evaluated:
         __tracebackhide__ = True
@@ -367,12 +465,16 @@ class CaseRunner:
         block = summarize(run)
         nodeid = self._item.nodeid
         platform = self.accelerator.platform
+        broken: BaselineError | None = None
         try:
             baseline = session.store(platform).get(nodeid)
         except BaselineError as exc:
+            # An invalid block in a file that parsed: an update replaces it.
+            broken, baseline = exc, None
+        if broken is not None and not (self.settings.update and broken.replaceable):
             # Report the run (nothing lost) but never store over a broken file.
-            self._record(run, [], error=str(exc))
-            pytest.fail(str(exc), pytrace=False)
+            self._record(run, [], error=str(broken))
+            pytest.fail(str(broken), pytrace=False)
         diffs = (differences(run.environment, baseline["environment"], case.backend)
                  if baseline else [])
         tol = self.settings.tolerances.merged(dict(case.tolerances))
@@ -430,8 +532,9 @@ class CaseRunner:
                 f"{self._item.nodeid}: baseline from another environment ({note}); throughput "
                 f"not compared, other checks still apply. Re-record on this machine with "
                 f"--accelperf-update"), stacklevel=3)
-        storable = ev.run.outcome not in _UNRECORDABLE
-        block: dict[str, Any] | None = ev.block if self.settings.update and storable else None
+        unstorable = _unstorable(ev)
+        block: dict[str, Any] | None = (ev.block if self.settings.update and unstorable is None
+                                        else None)
         refused = ""
         if self.settings.add_session and block is not None:
             try:
@@ -441,7 +544,7 @@ class CaseRunner:
         self._record(ev.run, ev.checks, block=block, baseline=ev.baseline)
         if refused:
             pytest.fail(f"{self._item.nodeid}: no session added: {refused}", pytrace=False)
-        self._gate(ev.run, ev.checks, ev.baseline, storable)
+        self._gate(ev.run, ev.checks, ev.baseline, unstorable)
         return CaseResult(run=ev.run, checks=ev.checks)
 
     def _record(self, run: Run, checks: list[CheckResult], *, block: dict[str, Any] | None = None,
@@ -454,12 +557,12 @@ class CaseRunner:
         ))
 
     def _gate(self, run: Run, checks: list[CheckResult], baseline: dict[str, Any] | None,
-              storable: bool) -> None:
+              unstorable: str | None) -> None:
         __tracebackhide__ = True
         accept = self.accept_command()
         if self.settings.update:
-            if not storable:
-                pytest.fail(f"{self._item.nodeid}: not recorded as a baseline: {run.message}",
+            if unstorable is not None:
+                pytest.fail(f"{self._item.nodeid}: not recorded as a baseline: {unstorable}",
                             pytrace=False)
             return
         failed = [c for c in checks if c.failed]
@@ -488,18 +591,79 @@ class CaseRunner:
         return f"pytest '{self._item.nodeid}' --accel={accel} --accelperf-update"
 
 
-def exclusive_host(accelerator: Accelerator) -> AbstractContextManager[object]:
+def _unstorable(ev: _Evaluated) -> str | None:
+    """Why a run must not become a baseline (None: it may). A run that did not finish, a
+    failed correctness check (the single-device reference) and a non-finite loss or
+    parameter are failures, not the intended change that ``--accelperf-update`` records."""
+    run = ev.run
+    if run.outcome in _UNRECORDABLE:
+        return run.message or f"the run ended with outcome {run.outcome}"
+    for check in ev.checks:
+        if check.metric == REFERENCE_METRIC and check.failed:
+            return (f"the reference check failed: {check.detail}. A correctness failure is "
+                    f"not an intended change: fix it, then record the baseline")
+    for step, loss in zip(run.loss_steps or range(len(run.losses)), run.losses, strict=False):
+        if not math.isfinite(loss):
+            return f"loss is {loss} at step {step}"
+    for path, leaf in (ev.block.get("numerics") or {}).items():
+        values = [leaf.get("rms"), *(leaf.get("sample") or [])]
+        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+            return f"parameter {path} is not finite after training"
+    return None
+
+
+def exclusive_host(accelerator: Accelerator, *, case: str = "", timeout: float | None = None,
+                   notify: Callable[[str], None] | None = None,
+                   ) -> AbstractContextManager[object]:
     """A host-wide lock around the training of a case where devices share the host's cores.
 
     Virtual CPU devices are not independent hardware: two xdist workers (or two sessions)
     training at once would each measure half a machine, and their step times would not be
     comparable with a baseline recorded alone. So on ``cpu`` cases train one at a time per
-    host; on GPUs and TPUs each worker owns its devices and no lock is taken.
+    host; on GPUs and TPUs each worker owns its devices and no lock is taken. A wait says
+    whom it waits for and ends after ``timeout`` seconds (:func:`pytest_accelperf.hangs.
+    host_lock`).
     """
     if accelerator.name != "cpu":
         return contextlib.nullcontext()
-    path = os.path.join(tempfile.gettempdir(), "accelperf-cpu-host.lock")
-    return FileLock(path)
+    return host_lock(case or f"pid {os.getpid()}", timeout, notify or say_on_stderr)
+
+
+@contextlib.contextmanager
+def _failing_on_lock_timeout(runner: CaseRunner,
+                             lock: AbstractContextManager[object]) -> Iterator[None]:
+    """Take ``lock``; when the wait for it times out, record the case as an error and fail
+    the test with the message (which names the holder), without a traceback."""
+    __tracebackhide__ = True
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(lock)
+        except HostLockTimeout as exc:
+            runner._record(Run(case_id=runner.case.id, outcome="error", message=str(exc),
+                               environment=runner._session.environment), [], error=str(exc))
+            pytest.fail(str(exc), pytrace=False)
+        yield
+
+
+def say_on_stderr(text: str) -> None:
+    """Write ``text`` as one line on stderr, now."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def say(config: pytest.Config, text: str) -> None:
+    """Show ``text`` on a line of its own now, while a test runs: on pytest's terminal
+    (output capture suspended), or on stderr where there is no terminal reporter (an
+    xdist worker)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    with (capture.global_and_fixture_disabled() if capture is not None
+          else contextlib.nullcontext()):
+        if reporter is None or hasattr(config, "workerinput"):
+            say_on_stderr(text)
+        else:
+            reporter.ensure_newline()
+            reporter.write_line(text, yellow=True)
 
 
 def _worker_id(config: pytest.Config) -> str:

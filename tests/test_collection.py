@@ -1,6 +1,9 @@
-"""Case grids become items with stable ids; absent backends and accelerators skip clearly."""
+"""Case grids become items with stable ids; absent frameworks and accelerators skip clearly,
+unknown backends and bad tolerances are errors."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from conftest import Suite
@@ -57,18 +60,36 @@ def test_missing_framework_skips_with_install_hint(suite: Suite,
         @cases(backend="fancy", batch=[8])
         def test_fancy(accelperf):
             pass
-
-        @cases(backend="nosuch", batch=[8])
-        def test_unknown(accelperf):
-            pass
     ''')
     result = suite.run("-rs")
-    result.assert_outcomes(skipped=2)
+    result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([
         "*backend 'fancy' needs fancy_framework_not_installed, which is not installed: "
         "pip install 'pytest-accelperf?fancy?'*",
-        "*unknown backend 'nosuch'; available: *jax*",
     ])
+
+
+def test_unknown_backend_is_a_collection_error_listing_the_known_ones(suite: Suite) -> None:
+    """A typo in a backend name is an error in the suite, not a skip that exits 0."""
+    suite.write('''
+        from pytest_accelperf import Case, cases
+
+        @cases(Case(backend="jax", batch=8), Case(backend="jaxx", batch=8))
+        def test_typo(accelperf):
+            pass
+
+        def test_other():
+            pass
+    ''')
+    result = suite.run()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([
+        "*ERROR collecting test_suite.py*",
+        "test_suite.py::test_typo: unknown backend(s) 'jaxx' in @cases; known: alpa, "
+        "deepspeed, external, jax, jax-pipeline, neuron, torch",
+    ])
+    assert "Traceback" not in result.stdout.str()
 
 
 def test_case_for_another_accelerator_skips_naming_the_flag(suite: Suite) -> None:
@@ -102,3 +123,34 @@ def test_cases_need_the_fixture(suite: Suite) -> None:
     result = suite.run()
     result.stdout.fnmatch_lines(["*@cases needs the test to use the 'accelperf' fixture*"])
     assert result.ret != 0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.05, True, "lots", None])
+def test_case_tolerances_are_checked_like_the_flags(value: object) -> None:
+    """A NaN band passes any loss change (every comparison with NaN is false), inf too, and
+    a negative one fails every run: a case's tolerances get the flags' check."""
+    bad: dict[str, Any] = {"loss_rtol": value}
+    with pytest.raises(ValueError, match=r"tolerances\['loss_rtol'\]: expected a finite "
+                                         r"number >= 0"):
+        Case(backend="jax", batch=1, tolerances=bad)
+    with pytest.raises(ValueError, match=r"tolerances\['loss_rtol'\]"):
+        cases(backend="jax", batch=[1], tolerances=bad)
+
+
+def test_grad_clip_refuses_inf_too() -> None:
+    with pytest.raises(ValueError, match="grad_clip must be a finite positive number or None"):
+        Case(backend="jax", batch=1, grad_clip=float("inf"))
+    assert Case(backend="jax", batch=1, grad_clip=1.0).grad_clip == 1.0
+
+
+def test_tolerances_themselves_refuse_what_the_flags_refuse() -> None:
+    from pytest_accelperf.checks.base import Tolerances
+
+    with pytest.raises(ValueError, match="tolerance loss_rtol: expected a finite number"):
+        Tolerances(loss_rtol=float("nan"))
+    with pytest.raises(ValueError, match="tolerance memory_tolerance: expected a finite"):
+        Tolerances().merged({"memory_tolerance": True})
+    text: dict[str, Any] = {"loss_rtol": "0.5"}  # as a case's tolerances may hold it
+    assert Tolerances().merged(text).loss_rtol == 0.5
+    assert Case(backend="jax", batch=1, tolerances={"loss_rtol": 0.0}).tolerances == {
+        "loss_rtol": 0.0}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import Suite
 
-from pytest_accelperf.options import OPTIONS
+from pytest_accelperf.options import BY_KEY, OPTIONS, _convert
 
 
 def test_help_lists_every_option(pytester: pytest.Pytester) -> None:
@@ -34,6 +34,104 @@ def test_bad_numbers_are_usage_errors(pytester: pytest.Pytester, flag: str) -> N
     result = pytester.runpytest(flag)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*command line --accelperf-*: invalid value*"])
+
+
+@pytest.mark.parametrize("flag, expected", [
+    ("--accelperf-loss-rtol=nan", "a finite number >= 0"),
+    ("--accelperf-loss-rtol=inf", "a finite number >= 0"),
+    ("--accelperf-timeout=inf", "a finite number >= 0"),
+    ("--accelperf-compare-budget=-inf", "a finite number >= 0"),
+    ("--accelperf-host-lock-timeout=-1", "a finite number >= 0"),
+    # 100000 virtual devices hang XLA's start-up; 32768 abort it after a minute.
+    ("--accelperf-cpu-devices=100000", "an integer from 1 to 4096"),
+])
+def test_non_finite_and_out_of_range_numbers_are_refused(pytester: pytest.Pytester, flag: str,
+                                                         expected: str) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(flag)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    name, value = flag.split("=")
+    result.stderr.fnmatch_lines([
+        f"*command line {name}: invalid value '{value}' for {name}; expected {expected}"])
+
+
+@pytest.mark.parametrize("toml, expected", [
+    ("loss_rtol = true", "invalid value True for --accelperf-loss-rtol; expected a finite "
+                         "number >= 0"),
+    ("loss_atol = inf", "invalid value inf for --accelperf-loss-atol; expected a finite"),
+    ("numerics_rtol = nan", "invalid value nan for --accelperf-numerics-rtol; expected a"),
+    ("cpu_devices = 8.9", "invalid value 8.9 for --accelperf-cpu-devices; expected an "
+                          "integer from 1 to 4096"),
+    ("cpu_devices = true", "invalid value True for --accelperf-cpu-devices; expected an "
+                           "integer"),
+    ("confirm = 1.5", "invalid value 1.5 for --accelperf-confirm; expected a non-negative "
+                      "integer"),
+    ("update = 2.5", "invalid value 2.5 for --accelperf-update; expected true or false"),
+])
+def test_pyproject_numbers_are_typed(pytester: pytest.Pytester, toml: str,
+                                     expected: str) -> None:
+    """TOML has types: `true` is not 1.0 and 8.9 devices are not 8."""
+    pytester.makepyprojecttoml(f"[tool.accelperf]\n{toml}\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    key = toml.split(" =")[0]
+    result.stderr.fnmatch_lines([f"*?tool.accelperf? {key}: {expected}*"])
+
+
+def test_integral_numbers_from_every_source_still_work(pytester: pytest.Pytester) -> None:
+    pytester.makepyprojecttoml("[tool.accelperf]\nconfirm = 3\nloss_rtol = 1\n"
+                               "host_lock_timeout = 0\n")
+    pytester.makeconftest('''
+        from pytest_accelperf.plugin import SESSION_KEY
+
+        def pytest_sessionfinish(session):
+            s = session.config.stash[SESSION_KEY].settings
+            print("SETTINGS", s.confirm, s.tolerances.loss_rtol, s.host_lock_timeout,
+                  s.cpu_devices)
+    ''')
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-s")
+    result.stdout.fnmatch_lines(["*SETTINGS 3 1.0 None 8*"])
+    # The bound itself is allowed (not run: XLA would start 4096 devices).
+    assert _convert(BY_KEY["cpu_devices"], "4096", "command line") == 4096
+    assert _convert(BY_KEY["cpu_devices"], 4096, "[tool.accelperf]") == 4096
+
+
+@pytest.mark.parametrize("source", ["flag", "ini", "pyproject"])
+def test_platform_must_be_one_path_component(pytester: pytest.Pytester, source: str) -> None:
+    """`--accelperf-platform=../../x` would store baselines outside the store."""
+    args: list[str] = []
+    if source == "flag":
+        args.append("--accelperf-platform=../../x")
+        where = "command line --accelperf-platform"
+    elif source == "ini":
+        pytester.makeini("[pytest]\naccelperf_platform = ../../x\n")
+        where = "ini option accelperf_platform"
+    else:
+        pytester.makepyprojecttoml('[tool.accelperf]\nplatform = "../../x"\n')
+        where = "?tool.accelperf? platform"
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("--accelperf-update", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{where}: invalid platform '../../x': a platform key is "
+                                 f"one path component*--accelperf-platform*"])
+
+
+@pytest.mark.parametrize("args, ini, which", [
+    (["--accelperf-update", "--accelperf-compare=HEAD"], "", "--accelperf-update"),
+    (["--accelperf-add-session"], "accelperf_compare = HEAD", "--accelperf-add-session"),
+])
+def test_update_and_compare_cannot_be_combined(pytester: pytest.Pytester, args: list[str],
+                                               ini: str, which: str) -> None:
+    """A/B mode never stores baselines: with --accelperf-update, compare was dropped."""
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{which} and --accelperf-compare cannot be combined: A/B "
+                                 f"mode*never stores baselines*without --accelperf-compare*"])
 
 
 def test_bad_ini_value_names_its_source(pytester: pytest.Pytester) -> None:

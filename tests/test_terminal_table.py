@@ -1,12 +1,14 @@
-"""The terminal table: per-device memory rows under a ``memory`` check (seed 002's columns)."""
+"""The terminal table: per-device memory rows under a ``memory`` check (seed 002's columns),
+and the summary line's counts."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pytest_accelperf.checks.base import Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.memory import check_memory
-from pytest_accelperf.report.terminal import MAX_DEVICE_ROWS, device_rows
+from pytest_accelperf.report.data import CaseRecord, SessionReport
+from pytest_accelperf.report.terminal import MAX_DEVICE_ROWS, device_rows, table_lines
 
 
 def _block(per_device: dict[str, int]) -> dict[str, Any]:
@@ -39,3 +41,27 @@ def test_uniform_or_too_many_devices_stay_one_row() -> None:
     many = {f"cpu:{i}": 1_000_000 + i for i in range(MAX_DEVICE_ROWS + 1)}
     check = check_memory(_block(many), _block(many), Tolerances())
     assert check is not None and device_rows(check) == []
+
+
+def _errored(name: str) -> CaseRecord:
+    return CaseRecord(nodeid=f"test_suite.py::test_x[{name}]", case_id=name, platform="cpu-x8",
+                      run={"outcome": "error"}, error="RuntimeError: the batch is broken")
+
+
+def test_a_session_where_every_case_errored_says_so() -> None:
+    """The summary line counted verdicts only, and read `3 case(s) on cpu-x8: ` when no
+    case got as far as a check."""
+    report = SessionReport(platform="cpu-x8", records=[_errored(n) for n in "abc"])
+    lines = table_lines(report)
+    assert lines[-1] == "accelperf: 3 case(s) on cpu-x8: 3 errors"
+    report.records[1:] = []
+    assert table_lines(report)[-1] == "accelperf: 1 case(s) on cpu-x8: 1 error"
+
+
+def test_errors_are_counted_beside_verdicts() -> None:
+    ok = CaseRecord(nodeid="test_suite.py::test_x[ok]", case_id="ok", platform="cpu-x8",
+                    run={"outcome": "ok"},
+                    checks=[CheckResult("outcome", Verdict.NEW, ""),
+                            CheckResult("loss", Verdict.PASS, "")])
+    report = SessionReport(platform="cpu-x8", records=[ok, _errored("bad")])
+    assert table_lines(report)[-1] == "accelperf: 2 case(s) on cpu-x8: 1 pass, 1 new, 1 error"

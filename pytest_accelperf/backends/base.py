@@ -78,6 +78,14 @@ class _LazyBackend:
     module: str
     requires: tuple[str, ...]
     install: str
+    #: Whether every case trains in processes the backend launches (DeepSpeed), not only
+    #: those with ``world_size > 1``.
+    launches_ranks: bool = False
+
+    def trains_in_process(self, case: Case) -> bool:
+        """Whether ``case`` trains in the calling process, where a blocked step blocks
+        the caller; launched ranks are killed at the timeout by the launcher itself."""
+        return case.world_size == 1 and not self.launches_ranks
 
     def unavailable_reason(self) -> str | None:
         missing = [p for p in self.requires if importlib.util.find_spec(p) is None]
@@ -107,7 +115,7 @@ BACKENDS: dict[str, _LazyBackend] = {
     "deepspeed": _LazyBackend(
         "deepspeed", "pytest_accelperf.backends.deepspeed", ("torch", "deepspeed", "cloudpickle"),
         "pip install 'pytest-accelperf[deepspeed]' (install torch first: pip install "
-        "torch==2.13.0 for CPU)",
+        "torch==2.13.0 for CPU)", launches_ranks=True,
     ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
     # (the PyPI name is a placeholder).

@@ -369,6 +369,19 @@ class JaxBackend:
                              f"maximum batch with")
         return Fit(need <= capacity, need, int(capacity), "memory_analysis per device")
 
+    def settle(self, accel: Accelerator, within: float) -> bool:
+        """After a case was interrupted mid-step: whether every device of this process
+        finishes a trivial computation within ``within`` seconds. XLA cannot cancel a
+        computation once dispatched; one of the interrupted case that is still running
+        holds its device, and anything measured after it would wait behind it."""
+        deadline = time.monotonic() + within
+        probes = [jax.device_put(np.zeros((), np.float32), d) + 1 for d in jax.local_devices()]
+        while not all(p.is_ready() for p in probes):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def stepper(self, case: Case, task: JaxTask, accel: Accelerator) -> JaxStepper:
         """The case's compiled step, run in blocks (A/B comparison)."""
         return JaxStepper(case, task, accel)

@@ -43,6 +43,7 @@ from pytest_accelperf.backends.torch import (
     to_device,
 )
 from pytest_accelperf.cases import Case
+from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 
 #: Warm-up steps at least: step 0 compiles forward+backward, step 1 the optimizer's update
@@ -151,6 +152,7 @@ def _loop(model: torch.nn.Module, case: Case, task: TorchTask, dev: LazyDevice,
             after = dev.compile_count()
             if before is not None and after is not None and after > before:
                 out.recompiles.append(i)
+        progress.step(i + 1, warmup + case.steps, value, t1 - t0)  # outside the timer
         if not math.isfinite(value):
             out.nan_step = i
             break

@@ -146,6 +146,9 @@ class PipelineBackend:
         return JAX_BACKEND.fits(case, task.bind(accel.mesh(case.mesh, case.axis_names)),
                                 accel, timeout=timeout)
 
+    def settle(self, accel: Accelerator, within: float) -> bool:
+        return JAX_BACKEND.settle(accel, within)
+
     def train(self, case: Case, task: PipelineTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         if case.mesh is None:

@@ -360,6 +360,20 @@ class TorchBackend:
         peak = int(torch.cuda.max_memory_allocated(device))
         return Fit(peak <= limit, peak, limit, "cuda allocator peak")
 
+    def settle(self, accel: Accelerator, within: float) -> bool:
+        """After a case was interrupted mid-step: whether the device is idle within
+        ``within`` seconds (CPU ops finish before Python gets control back; a CUDA kernel
+        that was queued goes on running after an interrupt)."""
+        device = _device(accel)
+        if device.type != "cuda":
+            return True
+        deadline = time.monotonic() + within
+        while not torch.cuda.current_stream(device).query():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
     def stepper(self, case: Case, task: TorchTask, accel: Accelerator) -> TorchStepper:
         """The case's model, trained in blocks of steps (A/B comparison)."""
         return TorchStepper(case, task, accel)

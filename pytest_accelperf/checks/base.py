@@ -2,9 +2,37 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+import numbers
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
+
+#: What :func:`non_negative_number` accepts, in the words of its errors.
+NON_NEGATIVE = "a finite number >= 0"
+
+
+def non_negative_number(raw: object) -> float:
+    """``raw`` as a finite float >= 0, else ValueError saying what was wrong.
+
+    The one check behind every numeric setting: flags and ini values (strings),
+    ``[tool.accelperf]`` values (TOML numbers) and a case's ``tolerances``. A boolean is
+    refused (``true`` is not 1.0), and so are NaN (every comparison with it is false, so a
+    NaN tolerance passes any change), infinities and negative numbers (a negative band
+    fails every run).
+
+    >>> non_negative_number("0.25"), non_negative_number(3)
+    (0.25, 3.0)
+    """
+    if isinstance(raw, bool) or not isinstance(raw, str | numbers.Real):
+        raise ValueError(f"expected {NON_NEGATIVE}, got {type(raw).__name__} {raw!r}")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"expected {NON_NEGATIVE}, got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"expected {NON_NEGATIVE}, got {raw!r}")
+    return value
 
 
 class Verdict(str, Enum):
@@ -49,9 +77,20 @@ class Tolerances:
     reference_rtol: float = 0.0
     reference_atol: float = 5e-3
 
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            try:
+                non_negative_number(getattr(self, f.name))
+            except ValueError as exc:
+                raise ValueError(f"tolerance {f.name}: {exc}") from None
+
     def merged(self, overrides: dict[str, float]) -> Tolerances:
         data = asdict(self)
-        data.update({k: float(v) for k, v in overrides.items()})
+        for key, value in overrides.items():
+            try:
+                data[key] = non_negative_number(value)
+            except ValueError as exc:
+                raise ValueError(f"tolerance {key}: {exc}") from None
         return Tolerances(**data)
 
 

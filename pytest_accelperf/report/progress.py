@@ -42,9 +42,13 @@ def step(done: int, total: int, loss: float, step_time: float) -> None:
 
 
 def active() -> bool:
-    """Whether a sink is installed (a caller that must do work to learn its progress, like
-    reading another process's file, can skip it when nobody is watching)."""
-    return _sink is not None
+    """Whether a sink that shows progress is installed (a caller that must do work to learn
+    its progress, like reading another process's file, can skip it when nobody is
+    watching); a :class:`StepRecord` alone shows nothing."""
+    sink = _sink
+    while isinstance(sink, StepRecord):
+        sink = sink.inner
+    return sink is not None
 
 
 @contextlib.contextmanager
@@ -57,6 +61,48 @@ def reporting(sink: ProgressSink) -> Iterator[ProgressSink]:
     finally:
         _sink = previous
         sink.close()
+
+
+class StepRecord:
+    """A sink that keeps every step reported while it is installed (:func:`recording`) and
+    passes it on to the sink that was installed before, if any: what the plugin keeps of a
+    case that it had to interrupt mid-step, when the backend never got to return a run."""
+
+    def __init__(self, inner: ProgressSink | None) -> None:
+        self.inner = inner
+        #: ``(done, total, loss, step_time)`` of each step, in the order reported.
+        self.steps: list[tuple[int, int, float, float]] = []
+
+    def update(self, done: int, total: int, loss: float, step_time: float) -> None:
+        self.steps.append((done, total, loss, step_time))
+        if self.inner is not None:
+            self.inner.update(done, total, loss, step_time)
+
+    def close(self) -> None:
+        pass  # the inner sink is closed by the reporting() that installed it
+
+    def first_training(self) -> list[tuple[int, int, float, float]]:
+        """The steps of the first training reported (a backend that trains again, like
+        the JAX backend's single-device reference run, starts over at step 1)."""
+        out: list[tuple[int, int, float, float]] = []
+        for entry in self.steps:
+            if out and entry[0] <= out[-1][0]:
+                break
+            out.append(entry)
+        return out
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[StepRecord]:
+    """Keep the steps reported in the block (they still reach the installed sink)."""
+    global _sink
+    previous = _sink
+    record = StepRecord(previous)
+    _sink = record
+    try:
+        yield record
+    finally:
+        _sink = previous
 
 
 def progress_text(done: int, total: int, loss: float, step_time: float) -> str:

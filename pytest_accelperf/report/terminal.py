@@ -90,13 +90,23 @@ def table_lines(report: SessionReport) -> list[str]:
     if any(adjusted(c) for r in report.records for c in r.checks):
         lines.append(f"{ADJUSTED} the gate's estimate (drift-corrected and/or against the "
                      f"baseline's session mean), not now/baseline: see the check's detail")
-    counts = ", ".join(f"{n} {v}" for v, n in report.counts().items() if n)
     lines.append("")
-    lines.append(f"accelperf: {len(report.records)} case(s) on {report.platform}: {counts}")
+    lines.append(f"accelperf: {len(report.records)} case(s) on {report.platform}: "
+                 f"{count_text(report)}")
     for path in report.written:
         lines.append(f"accelperf: baselines written to {path}")
     lines.extend(session_lines(report))
     return lines
+
+
+def count_text(report: SessionReport) -> str:
+    """The verdicts of the session's checks and its errored cases, counted: ``2 pass,
+    1 new, 1 error``; what happened when no check ran at all (every case errored)."""
+    parts = [f"{n} {v}" for v, n in report.counts().items() if n]
+    errors = sum(1 for r in report.records if r.error)
+    if errors:
+        parts.append(f"{errors} error" + ("s" if errors > 1 else ""))
+    return ", ".join(parts) or "no checks ran"
 
 
 def session_lines(report: SessionReport) -> list[str]:

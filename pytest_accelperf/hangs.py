@@ -1,0 +1,279 @@
+"""Bounds on the two ways one case can hold up a whole session.
+
+**A step that blocks.** In-process backends check ``--accelperf-timeout`` at step
+boundaries, so a step that never ends (a ``make_batch`` waiting on a dead data server, a
+``time.sleep`` in the loss) would hang the session. :func:`case_alarm` arms ``SIGALRM`` a
+little past the timeout, as pytest-timeout's ``signal`` method does: its handler raises
+:class:`CaseTimeout` in the main thread, wherever Python code is running, and the case is
+recorded as a ``timeout``. A handler can only run when the interpreter gets control back;
+a native call that never returns (an XLA computation that spins, a C extension) does not
+give it, so a watchdog thread ends the process cleanly a few seconds later (the caller's
+``on_stuck``: write what was recorded, say why, exit). The alarm is armed only in the main
+thread (Ray actors and A/B workers call backends elsewhere), never over an alarm that goes
+off sooner (pytest-timeout's), and the handler and timer that were there are put back.
+
+**The host lock.** CPU cases of every session on a machine train one at a time
+(:func:`host_lock`). A session that waits says for whom (pid and case, from a sidecar file
+its holder writes) after :data:`NOTICE_AFTER_S`, and gives up after a bound
+(``--accelperf-host-lock-timeout``) with an error naming the holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+import filelock
+
+#: Seconds past ``--accelperf-timeout`` at which a blocked step is interrupted: the
+#: backend's own check at the next step boundary comes first for a step that merely ends
+#: late, and keeps everything it measured (parameters, memory) in the run.
+ALARM_GRACE_S = 2.0
+#: Seconds past the alarm after which a case still running is taken to be stuck in a
+#: native call that the alarm cannot interrupt, and the process is ended.
+NATIVE_GRACE_S = 5.0
+
+
+class CaseTimeout(BaseException):
+    """Raised by the alarm in the main thread when a case runs past its timeout.
+
+    A ``BaseException``, as ``KeyboardInterrupt`` is, so that an ``except Exception`` in a
+    task or a backend does not swallow it. ``where`` names the function (file:line) that
+    was running when it was raised.
+    """
+
+    def __init__(self, timeout: float, where: str) -> None:
+        super().__init__(f"ran past the {timeout:g} s timeout, interrupted in {where}")
+        self.timeout = timeout
+        self.where = where
+
+
+@dataclass
+class Alarm:
+    """The state of one :func:`case_alarm`: whether it was armed, whether it went off."""
+
+    timeout: float
+    armed: bool = False
+    fired: bool = False
+    started: float = field(default_factory=time.monotonic)
+    #: Why it was not armed, when it was not.
+    skipped: str = ""
+    _active: bool = False
+
+
+def _frame_text(frame: FrameType | None) -> str:
+    if frame is None:
+        return "native code"
+    code = frame.f_code
+    return f"{code.co_name} ({Path(code.co_filename).name}:{frame.f_lineno})"
+
+
+def _why_not_arm(delay: float) -> str:
+    if not hasattr(signal, "setitimer"):
+        return "this platform has no SIGALRM interval timer"
+    if threading.current_thread() is not threading.main_thread():
+        return "not in the main thread, where signal handlers run"
+    if signal.getsignal(signal.SIGALRM) is None:
+        return "a SIGALRM handler not installed from Python is in place"
+    pending, _ = signal.getitimer(signal.ITIMER_REAL)
+    if pending and pending <= delay:
+        return f"another alarm (pytest-timeout's?) goes off sooner, in {pending:.0f} s"
+    return ""
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float, on_stuck: Callable[[], None] | None) -> Iterator[None]:
+    """Call ``on_stuck()`` from a daemon thread if the block is still running after
+    ``seconds``; the block's end waits for an ``on_stuck`` already running (which is
+    expected to end the process). It runs only while the stuck call has released the GIL,
+    as native waits (a device computation, I/O) do; nothing in Python can stop a call that
+    holds it."""
+    if on_stuck is None:
+        yield
+        return
+    lock = threading.Lock()
+    active = True
+
+    def fire() -> None:
+        with lock:
+            if active:
+                on_stuck()
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.name = "accelperf-watchdog"
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            active = False
+
+
+@contextlib.contextmanager
+def case_alarm(timeout: float | None, on_stuck: Callable[[Alarm], None] | None = None, *,
+               grace: float = ALARM_GRACE_S,
+               native_grace: float = NATIVE_GRACE_S) -> Iterator[Alarm]:
+    """Raise :class:`CaseTimeout` in the block once it has run ``timeout + grace`` seconds.
+
+    Does nothing (``Alarm.armed`` is False, ``Alarm.skipped`` says why) without a timeout,
+    outside the main thread, where the platform has no ``setitimer``, or when an alarm
+    already set goes off sooner. Otherwise the SIGALRM handler and interval timer that were
+    set are restored when the block ends, the timer with the time it has left.
+    ``on_stuck(alarm)``, when given, runs in a watchdog thread if the block is still
+    running ``native_grace`` seconds after the alarm: it is expected to end the process.
+    """
+    state = Alarm(timeout or 0.0)
+    if not timeout:
+        state.skipped = "no timeout"
+        yield state
+        return
+    delay = timeout + grace
+    state.skipped = _why_not_arm(delay)
+    if state.skipped:
+        yield state
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if state._active and not state.fired:
+            state.fired = True
+            raise CaseTimeout(timeout, _frame_text(frame))
+
+    previous = signal.getsignal(signal.SIGALRM)
+    old_delay, old_interval = signal.getitimer(signal.ITIMER_REAL)
+    state.started = time.monotonic()
+    signal.signal(signal.SIGALRM, handler)
+    state.armed = state._active = True
+    stuck = functools.partial(on_stuck, state) if on_stuck is not None else None
+    try:
+        with watchdog(delay + native_grace, stuck):
+            signal.setitimer(signal.ITIMER_REAL, delay)
+            try:
+                yield state
+            finally:
+                state._active = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+        if old_delay:
+            left = old_delay - (time.monotonic() - state.started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), old_interval)
+
+
+# -- the host lock ---------------------------------------------------------------------------
+
+#: The directory of the host lock: ``/tmp`` itself, not ``$TMPDIR``. The lock must be one
+#: file for every process on the machine, and sessions on one machine do run with different
+#: ``$TMPDIR`` (a CI job's own, tox's, a user's shell): each would lock a file of its own
+#: and train at the same time as the others. ``$TMPDIR`` only where ``/tmp`` is not
+#: writable (or does not exist).
+HOST_LOCK_DIR = (Path("/tmp") if os.access("/tmp", os.W_OK | os.X_OK)
+                 else Path(tempfile.gettempdir()))
+HOST_LOCK_NAME = "accelperf-cpu-host.lock"
+#: Seconds a case waits for the host lock before it says whom it waits for.
+NOTICE_AFTER_S = 5.0
+
+
+class HostLockTimeout(Exception):
+    """The host lock was not free within ``--accelperf-host-lock-timeout``."""
+
+
+def holder_path(lock_path: Path) -> Path:
+    """The sidecar file where the holder of a lock writes its pid and case."""
+    return lock_path.with_name(lock_path.name + ".holder")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def describe_holder(lock_path: Path) -> str:
+    """Who holds the lock, as its sidecar file says: ``pid 123 (case ..., for 2 min)``."""
+    try:
+        data = json.loads(holder_path(lock_path).read_text(encoding="utf-8"))
+        pid, case = int(data["pid"]), str(data["case"])
+        since, host = float(data["since"]), str(data.get("host", ""))
+    except (OSError, ValueError, KeyError, TypeError):
+        return ("a process that did not say who it is (a session of an older pytest-accelperf, "
+                "or one that has only just taken the lock)")
+    if host == socket.gethostname() and not _alive(pid):
+        return (f"a process that did not say who it is (the last holder recorded, pid {pid}, "
+                f"has exited)")
+    held = max(0.0, time.time() - since)
+    for_ = f"{held:.0f} s" if held < 120 else f"{held / 60:.0f} min"
+    return f"pid {pid} (case {case}, holding it for {for_})"
+
+
+@contextlib.contextmanager
+def host_lock(case: str, timeout: float | None, notify: Callable[[str], None], *,
+              directory: Path | None = None) -> Iterator[Path]:
+    """Hold the host-wide lock for the block; yields its path.
+
+    After :data:`NOTICE_AFTER_S` of waiting, ``notify`` gets one line naming the holder;
+    past ``timeout`` seconds (None: wait forever) :class:`HostLockTimeout` is raised. While
+    held, the sidecar file names this process and ``case``.
+    """
+    path = (directory or HOST_LOCK_DIR) / HOST_LOCK_NAME
+    # mode 0o666: the lock is shared by every user's sessions on the machine.
+    lock = filelock.FileLock(path, mode=0o666)
+    started = time.monotonic()
+
+    def give_up() -> HostLockTimeout:
+        return HostLockTimeout(
+            f"{case}: gave up waiting for the CPU host lock {path} after {timeout:g} s: it is "
+            f"held by {describe_holder(path)}. CPU cases of all sessions on this machine "
+            f"train one at a time so that their step times are comparable. Wait for that "
+            f"session, stop it if it is stuck, or raise --accelperf-host-lock-timeout (0 waits "
+            f"forever)")
+
+    first = NOTICE_AFTER_S if timeout is None else min(NOTICE_AFTER_S, timeout)
+    try:
+        lock.acquire(timeout=first)
+    except filelock.Timeout:
+        notify(f"accelperf: {case} is waiting for the CPU host lock {path}, held by "
+               f"{describe_holder(path)}"
+               + (f"; giving up after {timeout:g} s" if timeout else ""))
+        left = -1.0 if timeout is None else timeout - (time.monotonic() - started)
+        if timeout is not None and left <= 0:
+            raise give_up() from None
+        try:
+            lock.acquire(timeout=left)
+        except filelock.Timeout:
+            raise give_up() from None
+    sidecar = holder_path(path)
+    try:
+        with contextlib.suppress(OSError):
+            _write_holder(sidecar, case)
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            sidecar.unlink()
+        lock.release()
+
+
+def _write_holder(sidecar: Path, case: str) -> None:
+    text = json.dumps({"pid": os.getpid(), "case": case, "since": time.time(),
+                       "host": socket.gethostname()})
+    with contextlib.suppress(FileNotFoundError):
+        sidecar.unlink()  # one left behind by a holder that was killed
+    fd = os.open(sidecar, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)

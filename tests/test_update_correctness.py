@@ -1,0 +1,66 @@
+"""--accelperf-update records intended changes only: a run that fails a correctness check
+(the single-device reference) or goes NaN never becomes a baseline, and its test fails."""
+
+from __future__ import annotations
+
+from conftest import Suite
+
+# A sharded case with a single-device reference whose data differ from the sharded run's:
+# the reference check fails, as it would for a sharding bug.
+REFERENCE_SUITE = '''
+import dataclasses
+from tinytask import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", mesh=[(4, 2)], batch=[16], steps=6, warmup=1, reference=True)
+def test_sharded(accelperf):
+    task = make_task(accelperf.case)
+    inner, last = task.make_batch, accelperf.case.warmup + accelperf.case.steps - 1
+    seen_last = []
+
+    def make_batch(step):
+        batch = inner(step)
+        if seen_last:  # the reference run, after the sharded one: other data
+            batch["x"] = batch["x"] * 3
+        if step == last:
+            seen_last.append(step)
+        return batch
+
+    accelperf.train(dataclasses.replace(task, make_batch=make_batch))
+
+@cases(backend="jax", batch=[16], steps=6, warmup=1, label="fine")
+def test_fine(accelperf):
+    accelperf.train(make_task(accelperf.case))
+'''
+
+NAN_SUITE = '''
+from tinytask import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", batch=[16], steps=6, warmup=1)
+def test_nan(accelperf):
+    accelperf.train(make_task(accelperf.case, nan_at=3))
+'''
+
+
+def test_failed_reference_is_not_recorded_and_fails(suite: Suite) -> None:
+    suite.write(REFERENCE_SUITE)
+    result = suite.run("--accelperf-update", "--accelperf-json=report.json")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([
+        "*test_sharded?jax-mesh4x2-b16?: not recorded as a baseline: the reference check "
+        "failed: * differs from the single-device reference*A correctness failure is not "
+        "an intended change*"])
+    stored = suite.load()["cases"]
+    assert list(stored) == ["test_fine[jax-nomesh-b16-fine]"]  # the other case is recorded
+    case = next(c for c in suite.report()["cases"] if c["case_id"] == "jax-mesh4x2-b16")
+    assert case["block"] is None
+    assert {c["metric"]: c["verdict"] for c in case["checks"]}["reference"] == "regression"
+
+
+def test_nan_is_not_recorded_and_fails(suite: Suite) -> None:
+    suite.write(NAN_SUITE)
+    result = suite.run("--accelperf-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*not recorded as a baseline: loss is nan at step 3*"])
+    assert not suite.baseline_path().exists()
