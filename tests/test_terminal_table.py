@@ -65,3 +65,14 @@ def test_errors_are_counted_beside_verdicts() -> None:
                             CheckResult("loss", Verdict.PASS, "")])
     report = SessionReport(platform="cpu-x8", records=[ok, _errored("bad")])
     assert table_lines(report)[-1] == "accelperf: 2 case(s) on cpu-x8: 1 pass, 1 new, 1 error"
+
+
+def test_the_markdown_headline_counts_errors_too() -> None:
+    """The pull-request summary's headline, like the terminal's count line, says that every
+    case errored instead of 'checks: none'."""
+    from pytest_accelperf.report.markdown import headline
+
+    report = SessionReport(platform="cpu-x8", records=[_errored(n) for n in "abc"])
+    text = headline(report)
+    assert text.startswith("❌ regression")
+    assert text.endswith("checks: **3 errors**")

@@ -80,8 +80,11 @@ def headline(report: SessionReport) -> str:
     status = ("❌ regression" if regressions else "✅ no regression")
     parts = [f"**{n} {v}**" if v == "regression" else f"{n} {v}"
              for v, n in counts.items() if n]
+    errored = sum(1 for r in report.records if r.error)
+    if errored:  # as the terminal's count line: a session of errors says so
+        parts.append(f"**{errored} error{'s' if errored > 1 else ''}**")
     return (f"{status} · {len(report.records)} case(s) on `{report.platform or '?'}` · "
-            f"checks: {', '.join(parts) or 'none'}")
+            f"checks: {', '.join(parts) or 'none ran'}")
 
 
 def markdown(report: SessionReport, *, title: str = "accelperf",
