@@ -567,13 +567,21 @@ class CaseRunner:
             return
         failed = [c for c in checks if c.failed]
         if failed:
+            platform = self.accelerator.platform
             lines = [f"{self._item.nodeid}: {len(failed)} regression(s) against the "
-                     f"{self.accelerator.platform} baseline:"]
+                     f"{platform} baseline:" if baseline is not None else
+                     f"{self._item.nodeid}: {len(failed)} failure(s) on {platform} (no "
+                     f"baseline yet):"]
             lines += [f"  {c.metric}: {c.detail}" for c in failed]
             if all(c.data.get("mode") == "ab" for c in failed):
                 pytest.fail("\n".join(lines) + "\nA/B verdicts are not stored: if this "
                             "slowdown is intended, the base revision is what changes it.",
                             pytrace=False)
+            if unstorable is not None:
+                # Accepting cannot clear a failure that is never stored: say so, not "accept".
+                pytest.fail("\n".join(lines) + "\nThis run cannot become a baseline: fix "
+                            "the failure (--accelperf-update and accelperf baselines accept "
+                            "refuse to record it).", pytrace=False)
             lines.append(f"If this change is intended, accept it with:\n  {accept}")
             if self.settings.json is not None:
                 case = self._item.nodeid.split("::", 1)[-1]

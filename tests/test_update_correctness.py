@@ -64,3 +64,17 @@ def test_nan_is_not_recorded_and_fails(suite: Suite) -> None:
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*not recorded as a baseline: loss is nan at step 3*"])
     assert not suite.baseline_path().exists()
+
+
+def test_a_failure_that_cannot_be_stored_does_not_offer_to_accept_it(suite: Suite) -> None:
+    """A failing reference check is not a change to accept: the message says to fix it
+    instead of naming --accelperf-update or accelperf baselines accept, which would refuse."""
+    suite.write(REFERENCE_SUITE)
+    result = suite.run("--accelperf-json=report.json", "-k", "sharded")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*test_sharded?jax-mesh4x2-b16?: * failure(s) on cpu-x8 (no baseline yet):",
+        "*reference: *",
+        "This run cannot become a baseline: fix the failure*"])
+    assert "If this change is intended" not in result.stdout.str()
+    assert "accelperf baselines accept report.json" not in result.stdout.str()
