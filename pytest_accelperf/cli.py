@@ -44,6 +44,7 @@ from pytest_accelperf.baselines import (
 )
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
+from pytest_accelperf.recordable import unrecordable
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.history import HistoryError, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report
@@ -53,9 +54,6 @@ from pytest_accelperf.report.terminal import fmt_value
 from pytest_accelperf.run import Run
 from pytest_accelperf.schema import json_schema
 from pytest_accelperf.summary import summarize
-
-#: Outcomes never stored as a baseline (as with --accelperf-update).
-UNRECORDABLE = ("nan", "error", "timeout")
 
 
 class CliError(Exception):
@@ -289,16 +287,23 @@ def select(records: list[CaseRecord], patterns: Sequence[str], report: Path
 
 
 def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
-    """The block ``record`` would store, checked as the store checks what it writes: a
-    recorded outcome, a platform that is one safe path component, a node id under the
-    rootdir, a block the schema accepts. A BaselineError or CliError says what is wrong."""
-    outcome = record.run.get("outcome")
-    if outcome in UNRECORDABLE:
-        raise CliError(f"outcome {outcome} is never stored as a baseline "
-                       f"({record.run.get('message') or record.error or 'no message'}); "
-                       f"fix the run, or leave the case out of --case")
+    """The block ``record`` would store, checked as the plugin checks what it records
+    (:func:`pytest_accelperf.recordable.unrecordable`: no failed outcome, reference check or
+    non-finite loss) and as the store checks what it writes: a platform that is one safe
+    path component, a node id under the rootdir, a block the schema accepts. A
+    BaselineError or CliError says what is wrong."""
+    try:
+        run = Run.from_json(record.run)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CliError(f"{record.nodeid}: the report's run cannot be read back ({exc!r}); "
+                       f"re-run the case with --accelperf-update instead") from None
+    block = _block_of(record)
+    why = unrecordable(run, record.checks, block)
+    if why is not None:
+        raise CliError(f"never stored as a baseline: {why}; fix the run, or leave the case "
+                       f"out of --case")
     BaselineStore(root, record.platform).path_for(record.nodeid)
-    return check_block(record.nodeid, _block_of(record))
+    return check_block(record.nodeid, block)
 
 
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:

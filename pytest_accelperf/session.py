@@ -9,7 +9,6 @@ baseline, records the result, and fails the test with a message that names the f
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import sys
 import tempfile
@@ -30,7 +29,6 @@ from pytest_accelperf.baselines import BaselineError, BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Verdict
-from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPoint
 from pytest_accelperf.cluster import cluster_for
 from pytest_accelperf.cluster_dispatch import train as train_on_cluster
@@ -46,13 +44,11 @@ from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, host_lock, watchdog
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
+from pytest_accelperf.recordable import unrecordable
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.run import Run
 from pytest_accelperf.summary import summarize, with_added_session
-
-#: Outcomes never stored as a baseline: they are failures, not expectations.
-_UNRECORDABLE = ("nan", "error", "timeout")
 
 #: Seconds the devices get to become idle after a case was interrupted mid-step.
 SETTLE_S = 5.0
@@ -532,7 +528,7 @@ class CaseRunner:
                 f"{self._item.nodeid}: baseline from another environment ({note}); throughput "
                 f"not compared, other checks still apply. Re-record on this machine with "
                 f"--accelperf-update"), stacklevel=3)
-        unstorable = _unstorable(ev)
+        unstorable = unrecordable(ev.run, ev.checks, ev.block)
         block: dict[str, Any] | None = (ev.block if self.settings.update and unstorable is None
                                         else None)
         refused = ""
@@ -597,27 +593,6 @@ class CaseRunner:
     def accept_command(self) -> str:
         accel = self.settings.accel
         return f"pytest '{self._item.nodeid}' --accel={accel} --accelperf-update"
-
-
-def _unstorable(ev: _Evaluated) -> str | None:
-    """Why a run must not become a baseline (None: it may). A run that did not finish, a
-    failed correctness check (the single-device reference) and a non-finite loss or
-    parameter are failures, not the intended change that ``--accelperf-update`` records."""
-    run = ev.run
-    if run.outcome in _UNRECORDABLE:
-        return run.message or f"the run ended with outcome {run.outcome}"
-    for check in ev.checks:
-        if check.metric == REFERENCE_METRIC and check.failed:
-            return (f"the reference check failed: {check.detail}. A correctness failure is "
-                    f"not an intended change: fix it, then record the baseline")
-    for step, loss in zip(run.loss_steps or range(len(run.losses)), run.losses, strict=False):
-        if not math.isfinite(loss):
-            return f"loss is {loss} at step {step}"
-    for path, leaf in (ev.block.get("numerics") or {}).items():
-        values = [leaf.get("rms"), *(leaf.get("sample") or [])]
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            return f"parameter {path} is not finite after training"
-    return None
 
 
 def exclusive_host(accelerator: Accelerator, *, case: str = "", timeout: float | None = None,

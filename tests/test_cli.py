@@ -251,7 +251,8 @@ def test_accept_needs_a_choice_and_names_unknown_patterns(
         in err
     status, _, err = _run(capsys, "baselines", "accept", "r.json", "--case", "*broken*")
     assert status == 1
-    assert "outcome error is never stored as a baseline (RuntimeError: boom | bang)" in err
+    assert ("never stored as a baseline: the run ended with outcome error (RuntimeError: "
+            "boom | bang)") in err
     assert not any((workdir / "baselines").iterdir())
 
 

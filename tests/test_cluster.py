@@ -230,7 +230,8 @@ def test_killed_worker_fails_only_its_case(suite: Suite, ray_cluster: Cluster) -
     assert killed and killed[0] != os.getpid()
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([
-        "*test_victim?jax-nomesh-b64-victim?: not recorded as a baseline: the Ray worker of "
+        "*test_victim?jax-nomesh-b64-victim?: not recorded as a baseline: the run ended "
+        "with outcome error (the Ray worker of "
         f"this case died on host * (node *, id *, pid {killed[0]}) in step * (steps 0-* of "
         "40 had finished) (Ray: *this case failed, the session goes on*",
     ])

@@ -150,7 +150,8 @@ def test_a_step_blocked_in_python_times_out_and_the_session_goes_on(suite: Suite
     assert time.monotonic() - start < 100
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([
-        "*not recorded as a baseline: exceeded the 3 s timeout after 3 of 11 steps: a step "
+        "*not recorded as a baseline: the run ended with outcome timeout (exceeded the 3 s "
+        "timeout after 3 of 11 steps: a step "
         "blocked and was interrupted after * s, in make_batch (test_suite.py:13)*"])
     elapsed = re.search(r"interrupted after (\d+) s", result.stdout.str())
     assert elapsed is not None and 3 <= int(elapsed.group(1)) <= 3 + hangs.ALARM_GRACE_S + 3

@@ -144,11 +144,28 @@ def test_accept_validates_blocks_as_the_plugin_does(
            "(found 'timeout')" in err
     assert "invalid block: environment: missing (a required field)" in err
     assert "invalid block: loss.final: Input should be a finite number (found nan)" in err
-    assert "outcome nan is never stored as a baseline" in err
+    assert "never stored as a baseline: the run ended with outcome nan" in err
     assert "nothing was written" in err
     assert module.read_text() == before
     status, out, _ = _run(capsys, "baselines", "show")  # the module file is still readable
     assert status == 0 and "1 case(s) in baselines" in out
+
+
+def test_accept_refuses_a_failed_reference_check_as_update_does(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A correctness failure is not an intended change: accept refuses it exactly as
+    --accelperf-update does (pytest_accelperf.recordable), and writes nothing."""
+    data = json.loads(json.dumps(synthetic_report().to_json(1), default=str))
+    case = data["cases"][0]
+    case["checks"].append({"metric": "reference", "verdict": "regression",
+                           "detail": "max |delta| 0.2 differs from the single-device "
+                                     "reference", "data": {}})
+    (workdir / "r.json").write_text(json.dumps(data, indent=2))
+    status, _, err = _run(capsys, "baselines", "accept", "r.json", "--case", case["nodeid"])
+    assert status == 1
+    assert "never stored as a baseline: the reference check failed: max |delta| 0.2" in err
+    assert "nothing was written" in err
+    assert _json_files(workdir / "baselines") == []
 
 
 def test_accept_refuses_a_block_that_is_not_an_object(
