@@ -31,7 +31,7 @@ def unrecordable(run: Run, checks: Sequence[CheckResult],
     for check in checks:
         if check.metric == REFERENCE_METRIC and check.failed:
             return (f"the reference check failed: {check.detail}. A correctness failure is "
-                    f"not an intended change: fix it, then record the baseline")
+                    f"not an intended change")
     for step, loss in zip(run.loss_steps or range(len(run.losses)), run.losses, strict=False):
         if not math.isfinite(loss):
             return f"loss is {loss} at step {step}"

@@ -558,8 +558,8 @@ class CaseRunner:
         accept = self.accept_command()
         if self.settings.update:
             if unstorable is not None:
-                pytest.fail(f"{self._item.nodeid}: not recorded as a baseline: {unstorable}",
-                            pytrace=False)
+                pytest.fail(f"{self._item.nodeid}: not recorded as a baseline: {unstorable}; "
+                            f"fix the run, then record it", pytrace=False)
             return
         failed = [c for c in checks if c.failed]
         if failed:

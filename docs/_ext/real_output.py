@@ -63,7 +63,7 @@ def _pytest_help_group() -> str:
 
 
 CLI_COMMANDS = ("", "baselines show", "baselines diff", "baselines accept", "baselines prune",
-                "report")
+                "report", "schema")
 
 
 def _accelperf_help() -> str:
