@@ -810,17 +810,17 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     def plugin(with_probe: bool) -> list[float]:
         # Exactly what BACKEND.train runs after compiling: init, warmup, measured steps
         # (each followed by the probe, outside the step's timer), on the same program.
-        return list(_execute(program, case, task, probe if with_probe else None).step_times)
+        return list(_execute(program, case, probe if with_probe else None).step_times)
 
     def hand() -> list[float]:
-        params, opt_state = _init_state(program, task)
+        state = _init_state(program)
         times = []
         for i in range(case.warmup + case.steps):
-            batch = jax.device_put(task.make_batch(i), program.batch_sharding)
+            batch = jax.device_put(task.make_batch(i), program.batch_shardings)
             block_until_ready(batch)
             t0 = time.perf_counter()
-            params, opt_state, loss = program.compiled(params, opt_state, batch)
-            block_until_ready((params, opt_state, loss))
+            state, metrics = program.compiled(state, batch)
+            block_until_ready((state, metrics))
             if i >= case.warmup:
                 times.append(time.perf_counter() - t0)
         return times

@@ -20,6 +20,8 @@ from typing import Any
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import TrainResult
 from pytest_accelperf.backends.launch import RankReport, show_latest_step
+from pytest_accelperf.backends.registry import get_backend
+from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.cluster import HOST_RESOURCE, ClusterError, import_ray
 
@@ -30,13 +32,11 @@ DEVICE_RESOURCES = {"gpu": "GPU", "tpu": "TPU", "neuron": "neuron_cores"}
 GRACE_S = 120.0
 #: Seconds between reads of a running case's progress (and checks of its deadline).
 POLL_S = 0.5
-_MULTIPROCESS_TORCH = ("deepspeed", "torch")
 
 
 # -- what a case asks for -----------------------------------------------------------------
 def process_count(case: Case) -> int:
-    """Processes (hosts) a case spans: its ranks (multi-process torch, JAX with
-    ``world_size > 1``), else one."""
+    """Processes (hosts) a case spans: its ranks (``world_size > 1``), else one."""
     return case.world_size if case.world_size > 1 else 1
 
 
@@ -346,18 +346,25 @@ def _cause(error: BaseException) -> BaseException:
 
 # -- the entry point ----------------------------------------------------------------------
 def train(case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
-          platform: str | None, timeout: float | None, wait: float) -> TrainResult:
+          platform: str | None, timeout: float | None, wait: float,
+          spec: BackendSpec | None = None) -> TrainResult:
     """Train ``case`` on the connected cluster and return its run, as ``backend.train``
-    would locally. A worker that dies gives the outcome ``error`` naming its host."""
+    would locally: in one worker, or, when it spans processes and its backend declares
+    ``ranks``, in one worker per rank. ``spec`` is the case's backend as the session
+    registered it (default: the built-in of that name); the workers import it by its
+    module. A worker that dies gives the outcome ``error`` naming its host."""
     __tracebackhide__ = True
+    spec = spec if spec is not None else get_backend(case.backend)
+    try:
+        spec.check_importable("a Ray worker")
+    except BackendSpecError as exc:
+        raise ClusterError(str(exc)) from None
     cloudpickle: Any = importlib.import_module("cloudpickle")
-    if case.backend in _MULTIPROCESS_TORCH and case.world_size > 1:
-        return _train_torch_ranks(case, task, accel, cloudpickle, timeout=timeout, wait=wait)
-    if case.backend == "jax" and case.world_size > 1:
-        return _train_jax_processes(case, task, accel, cloudpickle, cpu_devices=cpu_devices,
-                                    platform=platform, timeout=timeout, wait=wait)
+    if spec.spans_ranks(case.world_size):
+        return _train_ranks(spec, case, task, accel, cloudpickle, cpu_devices=cpu_devices,
+                            platform=platform, timeout=timeout, wait=wait)
     ray = import_ray()
-    payload = cloudpickle.dumps((case, task))
+    payload = cloudpickle.dumps((case, task, spec))
     deadline = time.monotonic() + timeout + GRACE_S if timeout else None
     with _gang(case, accel, wait, [{}]) as gang:
         follow = _Follow(ray, 1)
@@ -410,65 +417,33 @@ def _check_platform(worker_platform: str, accel: Accelerator, platform: str | No
             f"devices match, or pass --accelperf-platform={worker_platform}")
 
 
-def _train_jax_processes(case: Case, task: Any, accel: Accelerator, cloudpickle: Any, *,
-                         cpu_devices: int, platform: str | None, timeout: float | None,
-                         wait: float) -> TrainResult:
-    """A JAX case over ``world_size`` processes joined by ``jax.distributed``."""
-    __tracebackhide__ = True
-    from pytest_accelperf.backends.jax_multihost import check_case
-
-    ray = import_ray()
-    n = case.world_size
-    check_case(case, accel)
-    env: dict[str, str] = {}  # each process sets its share of devices itself
-    payload = cloudpickle.dumps((case, task))
-    deadline = time.monotonic() + timeout + GRACE_S if timeout else None
-    with _gang(case, accel, wait, [env] * n) as gang:
-        port = ray.get(gang.actors[0].free_port.remote())
-        coordinator = f"{gang.hosts[0]['node_ip']}:{port}"
-        follow = _Follow(ray, n)
-        refs = [a.jax_process.remote(payload, accel.name, cpu_devices, platform, timeout,
-                                     coordinator, n, i, follow.board, follow.keys[i])
-                for i, a in enumerate(gang.actors)]
-        results, failed, timed_out = _gather(ray, refs, deadline, follow)
-        if failed is not None and not failed.died:
-            raise failed.error
-        if failed is not None or timed_out:
-            what = f"JAX process {failed.index} of {n}" if failed else "this case"
-            return TrainResult(run=_failed_run(case, gang, failed, timeout, what, follow))
-    where, result = results[0]
-    _check_platform(where, accel, platform)
-    assert isinstance(result, TrainResult)
-    result.run.extra["cluster"] = {"processes": gang.hosts, "coordinator": coordinator}
-    return result
-
-
-def _train_torch_ranks(case: Case, task: Any, accel: Accelerator, cloudpickle: Any, *,
-                       timeout: float | None, wait: float) -> TrainResult:
-    """A DeepSpeed / DDP case whose ranks are Ray actors, one per host (see module doc)."""
+def _train_ranks(spec: BackendSpec, case: Case, task: Any, accel: Accelerator,
+                 cloudpickle: Any, *, cpu_devices: int, platform: str | None,
+                 timeout: float | None, wait: float) -> TrainResult:
+    """A case whose ranks are Ray actors, one per host: its backend's
+    :class:`~pytest_accelperf.backends.ranks.RankTrainer` says what each runs and makes the
+    run of what they returned or reported, as it does for ranks launched locally."""
     __tracebackhide__ = True
     import json
 
-    from pytest_accelperf.backends.ddp import build_run, make_plan
     from pytest_accelperf.backends.launch import LaunchResult, describe_failure
-
-    ray = import_ray()
-    kind = "deepspeed" if case.backend == "deepspeed" else "ddp"
-    plan = make_plan(kind, case, task, accel)
-    payload = cloudpickle.dumps(plan)
-    n = case.world_size
-    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // n))
     from pytest_accelperf.cluster_worker import THREADS_ENV
 
-    env = {THREADS_ENV: threads, "ACCELPERF_DEVICE": plan.device}
+    ray = import_ray()
+    trainer = spec.load_ranks()
+    job = trainer.job(case, task, accel, cpu_devices=cpu_devices, platform=platform,
+                      timeout=timeout)
+    payload = cloudpickle.dumps((job.fn, job.args, job.device))
+    n = case.world_size
+    threads = os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // n))
+    env = {THREADS_ENV: threads, "ACCELPERF_DEVICE": job.device}
     start = time.monotonic()
     deadline = start + timeout + GRACE_S if timeout else None
-    reference = None
     with _gang(case, accel, wait, [env] * n) as gang:
         port = ray.get(gang.actors[0].free_port.remote())
         master = str(gang.hosts[0]["node_ip"])
-        follow = _Follow(ray, n, plan.total_steps)
-        refs = [a.torch_rank.remote(payload, r, n, master, port, follow.board, follow.keys[r])
+        follow = _Follow(ray, n, job.total_steps)
+        refs = [a.rank.remote(payload, r, n, master, port, follow.board, follow.keys[r])
                 for r, a in enumerate(gang.actors)]
         results, failed, timed_out = _gather(ray, refs, deadline, follow)
         # What each rank reported: all of it when it returned, else what was followed.
@@ -478,30 +453,35 @@ def _train_torch_ranks(case: Case, task: Any, accel: Accelerator, cloudpickle: A
             report.add_progress([event for event in map(json.loads, res["events"])
                                  if event.pop("event", None) == "progress"])
         if timed_out:
-            steps = ", ".join(f"rank {r.rank}: {r.where(plan.total_steps)}" for r in reports)
+            steps = ", ".join(f"rank {r.rank}: {r.where(job.total_steps)}" for r in reports)
             launched = LaunchResult("timeout", f"exceeded the {timeout:g} s timeout by "
                                     f"{GRACE_S:g} s ({steps}); all {n} rank actors were "
                                     f"killed", reports)
         elif failed is not None and failed.died:
             launched = LaunchResult("error", _death(gang, failed, f"rank {failed.index}",
-                                                    reports[failed.index], plan.total_steps),
+                                                    reports[failed.index], job.total_steps),
                                     reports, failed_rank=failed.index)
         elif failed is not None:
             report = reports[failed.index]
             report.returncode = 17
             report.error = _error_event(_cause(failed.error))
-            message = describe_failure(report, plan.total_steps)
+            message = describe_failure(report, job.total_steps)
             launched = LaunchResult("oom" if report.is_oom else "error",
                                     f"{message} (on {gang.host(failed.index)})", reports,
                                     failed_rank=failed.index)
         else:
             launched = LaunchResult("ok", "", reports)
-            if case.reference:
-                reference = ray.get(gang.actors[0].torch_reference.remote(payload))
         launched.elapsed = time.monotonic() - start
-    run, params = build_run(case, task, accel, plan, launched, timeout)
-    run.extra["cluster"] = {"ranks": gang.hosts, "master": f"{master}:{port}"}
-    return TrainResult(run=run, params=params, reference_params=reference)
+        seen = trainer.platform(launched)
+        if seen is not None:
+            _check_platform(seen, accel, platform)
+        result = trainer.result(case, task, accel, job, launched, timeout=timeout)
+        if case.reference and result.run.outcome == "ok":
+            # Where rank 0 ran: the controller may have neither the framework nor a device.
+            result.reference_params = ray.get(gang.actors[0].reference.remote(
+                cloudpickle.dumps((spec, case, task, job))))
+    result.run.extra["cluster"] = {"ranks": gang.hosts, "master": f"{master}:{port}"}
+    return result
 
 
 def _error_event(exc: BaseException) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The Ray side of :mod:`pytest_accelperf.cluster`: what runs inside a Ray worker process.
 
-One :class:`CaseWorker` actor is created per case (or per rank / JAX process of a case
-that spans hosts) and killed after it, so every case trains in a process that has run
+One :class:`CaseWorker` actor is created per case (or per rank of a case that spans
+hosts) and killed after it, so every case trains in a process that has run
 nothing before: no compile cache, allocator state or imported model from an earlier case.
 The controller gives the actor its environment (``XLA_FLAGS`` with the virtual device
 count, ``JAX_PLATFORMS``, ``PYTHONPATH`` so the suite's own modules import, the torch
@@ -164,44 +164,28 @@ class CaseWorker:
               timeout: float | None, board: Any = None, key: str = "") -> tuple[str, Any]:
         """Train a single-process case with its backend, on this worker's devices.
 
-        Returns ``(platform key here, TrainResult)``: the controller checks that the
-        worker's devices are the platform the baselines are stored under."""
+        ``payload`` holds the case, its task and its backend's spec (whose module this
+        worker imports). Returns ``(platform key here, TrainResult)``: the controller
+        checks that the worker's devices are the platform the baselines are stored under."""
         from pytest_accelperf.accel import provision
-        from pytest_accelperf.backends.base import get_backend
 
-        case, task = pickle.loads(payload)
-        if case.backend == "jax" and case.world_size > 1:
-            raise ValueError(f"{case.id} spans {case.world_size} processes: jax_process, "
-                             f"not train")
+        case, task, spec = pickle.loads(payload)
+        if spec.spans_ranks(case.world_size):
+            raise ValueError(f"{case.id} spans {case.world_size} processes: rank, not train")
         from pytest_accelperf.report import progress
 
         acc = provision(accel, cpu_devices, platform)
         steps = _StepLog()
         with progress.reporting(steps), _Poster(board, key, steps.take):
-            result = get_backend(case.backend).load().train(case, task, acc, timeout=timeout)
+            result = spec.load().train(case, task, acc, timeout=timeout)
         return acc.platform, result
 
-    def jax_process(self, payload: bytes, accel: str, cpu_devices: int, platform: str | None,
-                    timeout: float | None, coordinator: str, n_processes: int,
-                    process_id: int, board: Any = None, key: str = "") -> tuple[str, Any]:
-        """One process of a JAX case spanning hosts (:mod:`.backends.jax_multihost`):
-        ``jax.distributed.initialize`` with the others, then the JAX backend's training
-        over the global devices; every process runs the same program."""
-        from pytest_accelperf.backends.jax_multihost import join, train_here
-
-        case, task = pickle.loads(payload)
-        from pytest_accelperf.report import progress
-
-        join(coordinator, n_processes, process_id, accel, cpu_devices // n_processes)
-        steps = _StepLog()
-        with progress.reporting(steps), _Poster(board, key, steps.take):
-            return train_here(case, task, accel, cpu_devices, platform, timeout)
-
-    def torch_rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
-                   master_port: int, board: Any = None, key: str = "") -> dict[str, Any]:
-        """Rank ``rank`` of a multi-process torch case (DeepSpeed or DDP): the rank loop of
-        :func:`pytest_accelperf.backends.ddp.rank_main`, one rank per host (so its local
-        rank is 0). Returns its result and the progress events it reported."""
+    def rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
+             master_port: int, board: Any = None, key: str = "") -> dict[str, Any]:
+        """Rank ``rank`` of a case that spans hosts: ``fn(ctx, *args)`` of its backend's
+        :class:`~pytest_accelperf.backends.ranks.RankJob`, as a launched rank runs it, one
+        rank per host (so its local rank is 0). Returns its result and the progress events
+        it reported."""
         from pytest_accelperf.backends._rank import RankContext
         from pytest_accelperf.backends.launch import ProgressTail, default_extensions_dir
 
@@ -210,21 +194,18 @@ class CaseWorker:
             "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": master_addr,
             "MASTER_PORT": str(master_port)})
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(default_extensions_dir()))
-        from pytest_accelperf.backends.ddp import rank_main
-
-        fn_plan = pickle.loads(payload)
+        fn, args, device = pickle.loads(payload)
         workdir = Path(tempfile.mkdtemp(prefix=f"accelperf-rank{rank}-"))
-        ctx = RankContext(rank=rank, world_size=world_size, local_rank=0,
-                          device=fn_plan.device, workdir=workdir)
+        ctx = RankContext(rank=rank, world_size=world_size, local_rank=0, device=device,
+                          workdir=workdir)
         ctx.progress(phase="starting")
         with _Poster(board, key, ProgressTail(ctx.events).new):
-            result = rank_main(ctx, fn_plan)
+            result = fn(ctx, *args)
         return {"result": result,
                 "events": ctx.events.read_text(encoding="utf-8").splitlines()}
 
-    def torch_reference(self, payload: bytes) -> Any:
-        """The single-process reference of a multi-process torch case, on this host."""
-        from pytest_accelperf.backends.ddp import train_reference
-
-        plan = pickle.loads(payload)
-        return train_reference(plan.case, plan.task, plan)
+    def reference(self, payload: bytes) -> Any:
+        """The single-process reference of a case that trained in ranks, on this host (its
+        backend's trainer says what it is)."""
+        spec, case, task, job = pickle.loads(payload)
+        return spec.load_ranks().reference(case, task, job)

@@ -51,9 +51,11 @@ from typing import Any
 import pytest
 
 import pytest_accelperf
+from pytest_accelperf.backends.registry import get_backend
+from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import CheckResult, Verdict
-from pytest_accelperf.compare_worker import ADDRESS_ENV, AUTHKEY_ENV, SETUP_ENV, Setup
+from pytest_accelperf.compare_worker import ADDRESS_ENV, AUTHKEY_ENV, SETUP_ENV, Setup, unsupported
 from pytest_accelperf.stats import RatioEstimate, paired_ratio, throughput_verdict
 from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 
@@ -225,21 +227,33 @@ class Comparison:
             listener.close()
 
     def measure(self, case: Case, rel_file: str, qualname: str, *, rounds: int, block: int,
-                budget: float, tolerance: float) -> tuple[str, str, ABMeasurement]:
+                budget: float, tolerance: float, spec: BackendSpec | None = None
+                ) -> tuple[str, str, ABMeasurement]:
         """Prepare the case in both workers and alternate blocks of steps. Returns
-        ``(status, why, measurement)``; status ``ready`` when measured."""
+        ``(status, why, measurement)``; status ``ready`` when measured. ``spec`` is the
+        case's backend as the session registered it (default: the built-in of that name);
+        the workers, outside pytest, import it by its module."""
         __tracebackhide__ = True
+        out = ABMeasurement()
+        spec = spec if spec is not None else get_backend(case.backend)
+        if spec.ab_blocks:  # else the workers say so, once they know the test exists
+            try:
+                spec.check_importable("an A/B worker")
+            except BackendSpecError as exc:
+                return "unsupported", str(exc), out
+        elif not spec.importable:
+            return "unsupported", unsupported(spec), out
         if not self._arms:
             self._start()
         base, head = self._arms["base"], self._arms["head"]
         key = case.id
-        status, why = base.call(PREPARE_TIMEOUT_S, "prepare", key, rel_file, qualname, case)
-        out = ABMeasurement()
+        status, why = base.call(PREPARE_TIMEOUT_S, "prepare", key, rel_file, qualname, case,
+                                spec)
         if status != "ready":
             return status, why, out
         try:
             status, why = head.call(PREPARE_TIMEOUT_S, "prepare", key, rel_file, qualname,
-                                    case)
+                                    case, spec)
             if status != "ready":
                 return status, why, out
             t0 = time.monotonic()

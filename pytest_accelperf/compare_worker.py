@@ -95,6 +95,13 @@ def _foreign_modules(setup: Setup) -> list[str]:
     return out
 
 
+def unsupported(spec: Any) -> str:
+    """Why a case of backend ``spec`` (a :class:`~pytest_accelperf.backends.spec.BackendSpec`
+    without ``ab_blocks``) is not compared in A/B mode."""
+    return (f"the {spec.name} backend cannot train a case in blocks of steps (its "
+            f"BackendSpec does not declare ab_blocks)")
+
+
 class Worker:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
@@ -109,11 +116,12 @@ class Worker:
             self._accelerator = provision(s.accel, s.cpu_devices, s.platform)
         return self._accelerator
 
-    def prepare(self, key: str, rel_file: str, qualname: str, case: Any) -> tuple[str, str]:
+    def prepare(self, key: str, rel_file: str, qualname: str, case: Any,
+                spec: Any) -> tuple[str, str]:
         """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
-        why)`` when this revision has no such test, or ``("unsupported", why)``."""
-        from pytest_accelperf.backends.base import get_backend
-
+        why)`` when this revision has no such test, or ``("unsupported", why)`` when the
+        backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) does not
+        declare ``ab_blocks`` or the case trains in ranks."""
         path = Path(self.setup.tree) / rel_file
         if not path.is_file():
             return "absent", f"{rel_file} does not exist"
@@ -129,10 +137,12 @@ class Worker:
             for part in owner_name.split("."):
                 owner = getattr(owner, part)
             target = getattr(owner(), method)
-        backend = get_backend(case.backend).load()
-        if not hasattr(backend, "stepper"):
-            return "unsupported", (f"the {case.backend} backend cannot train a case in "
-                                   f"blocks of steps")
+        if not spec.ab_blocks:
+            return "unsupported", unsupported(spec)
+        if spec.spans_ranks(case.world_size):
+            return "unsupported", (f"a case that trains in {case.world_size} ranks is not "
+                                   f"trained in blocks of steps")
+        backend = spec.load()
         task = self._capture(target, case)
         foreign = _foreign_modules(self.setup)
         if foreign:

@@ -8,36 +8,30 @@ about this change, so a differing fingerprint makes the throughput check ``incom
 from __future__ import annotations
 
 import platform as _platform
+from collections.abc import Collection, Iterable
 from importlib import metadata
 from typing import Any
 
 from pytest_accelperf.accel import Accelerator, cpu_isa, host_cpu
+from pytest_accelperf.backends.registry import BACKENDS, UnknownBackend
+from pytest_accelperf.backends.spec import BackendSpec
 
-#: Packages whose versions go into the fingerprint when installed.
-PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "torch", "deepspeed")
-
-#: The packages whose versions matter to a backend's step time. A package outside
-#: ``PACKAGES`` (added through the ``pytest_accelperf_environment`` hook) always matters.
-BACKEND_PACKAGES: dict[str, tuple[str, ...]] = {
-    "jax": ("jax", "jaxlib", "flax", "optax", "numpy"),
-    "torch": ("torch", "numpy"),
-    "deepspeed": ("torch", "deepspeed", "numpy"),
-    "neuron": ("torch", "numpy"),
-    "alpa": ("jax", "jaxlib", "flax", "optax", "numpy"),
-    "jax-pipeline": ("jax", "jaxlib", "flax", "optax", "numpy"),
-    # An ingested log: this machine's packages say nothing about it; its own versions
-    # (compiler, runtime) come with the log under other names and always count.
-    "external": (),
-}
+#: Packages whose versions go into the fingerprint when installed: those the built-in
+#: backends declare (:mod:`pytest_accelperf.backends.builtin`). A session adds those of every
+#: backend it has registered; a package outside them (added through the
+#: ``pytest_accelperf_environment`` hook) always matters.
+PACKAGES = BACKENDS.packages()
 
 #: Keys that must match for step times to be comparable.
 THROUGHPUT_KEYS = ("platform", "device_kind", "device_count", "host_cpu", "cpu_isa", "python",
                    "packages")
 
 
-def environment(accel: Accelerator) -> dict[str, Any]:
+def environment(accel: Accelerator, packages_of: Iterable[str] = PACKAGES) -> dict[str, Any]:
+    """This machine's fingerprint: platform, device, host CPU, Python, and the versions of
+    ``packages_of`` that are installed (the session passes every registered backend's)."""
     packages: dict[str, str] = {}
-    for name in PACKAGES:
+    for name in packages_of:
         try:
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -64,12 +58,24 @@ def _isa_change(base: str, now: str) -> str:
     return "; ".join(parts) or f"{base} -> {now}"
 
 
+def _declared(backend: str | BackendSpec | None) -> tuple[str, ...] | None:
+    """The packages ``backend`` declares (a built-in's by name); None: all of them count."""
+    if isinstance(backend, str):
+        try:
+            backend = BACKENDS[backend]
+        except UnknownBackend:
+            return None
+    return backend.packages if backend is not None else None
+
+
 def differences(now: dict[str, Any], base: dict[str, Any],
-                backend: str | None = None) -> list[str]:
+                backend: str | BackendSpec | None = None, *,
+                known: Collection[str] = PACKAGES) -> list[str]:
     """Human-readable differences that make throughput incomparable, empty when comparable.
 
-    With ``backend``, only the packages that backend runs on are compared: installing torch
-    beside jax does not change a jax step.
+    With ``backend`` (its spec, or a built-in's name), only the packages that backend
+    declares are compared among the ``known`` backend packages: installing torch beside jax
+    does not change a jax step. A package outside ``known`` always counts.
 
     >>> differences({"python": "3.11.7"}, {"python": "3.12.1"})
     ['python: 3.12.1 -> 3.11.7']
@@ -84,9 +90,9 @@ def differences(now: dict[str, Any], base: dict[str, Any],
     for key in THROUGHPUT_KEYS:
         a, b = base.get(key), now.get(key)
         if key == "packages" and isinstance(a, dict) and isinstance(b, dict):
-            relevant = BACKEND_PACKAGES.get(backend or "")
+            relevant = _declared(backend)
             for name in sorted(set(a) | set(b)):
-                if relevant is not None and name in PACKAGES and name not in relevant:
+                if relevant is not None and name in known and name not in relevant:
                     continue
                 if a.get(name) != b.get(name):
                     out.append(f"{name}: {a.get(name, 'absent')} -> {b.get(name, 'absent')}")

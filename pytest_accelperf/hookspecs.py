@@ -8,8 +8,30 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_accelperf.accel import Accelerator
+    from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.checks.base import CheckResult, Tolerances
     from pytest_accelperf.run import Run
+
+
+def pytest_accelperf_backends(config: pytest.Config) -> list[BackendSpec] | None:
+    """Return the backends this conftest or plugin adds: a list of ``BackendSpec``.
+
+    Every implementation's list is registered (the built-in backends come in the same way,
+    from ``pytest_accelperf.backends.builtin``); a name registered twice differently is a
+    usage error. Cases name a backend by its spec's ``name``::
+
+        # conftest.py
+        from pytest_accelperf.backends import BackendSpec
+
+        def pytest_accelperf_backends(config):
+            return [BackendSpec("numpy-sgd", module="numpy_sgd", requires=("numpy",),
+                                install="pip install numpy", packages=("numpy",))]
+
+    ``module`` names the module whose ``BACKEND`` trains (imported only when a case
+    trains). A backend given as an object instead (``BackendSpec("numpy-sgd",
+    backend=NumpySGD())``) trains in pytest's own processes (xdist workers included) but
+    not on a Ray cluster or in A/B mode, whose workers import backends by module.
+    """
 
 
 @pytest.hookspec(firstresult=True)

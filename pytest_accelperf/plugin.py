@@ -28,7 +28,9 @@ from pytest_accelperf.accel import (
     prepare_environment,
     provision,
 )
-from pytest_accelperf.backends.base import BACKENDS
+from pytest_accelperf.backends import builtin
+from pytest_accelperf.backends.registry import BackendRegistry
+from pytest_accelperf.backends.spec import BackendSpecError
 from pytest_accelperf.baselines import BaselineError, atomic_write, validate_platform
 from pytest_accelperf.cases import MARKER, Case
 from pytest_accelperf.compare import resolve
@@ -63,6 +65,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         f"{MARKER}(cases): training cases of a test; use pytest_accelperf.cases(...) to set it",
     )
+    # The built-in backends come in through pytest_accelperf_backends, as a conftest's do.
+    if not config.pluginmanager.is_registered(builtin):
+        config.pluginmanager.register(builtin, "accelperf-builtin-backends")
     settings = Settings.resolve(config.getoption, config.getini, config.rootpath,
                                 invocation_dir=config.invocation_params.dir)
     prepare_environment(settings.accel, settings.cpu_devices)
@@ -85,6 +90,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     before xdist starts its workers, which all submit to it (see :mod:`.cluster`)."""
     state = session.config.stash.get(SESSION_KEY, None)
     if state is not None:
+        try:
+            state.backends()  # the conftests loaded so far: a bad registration stops here
+        except BackendSpecError as exc:
+            raise pytest.UsageError(str(exc)) from None
         settings = state.settings
         if settings.compare:
             if settings.cluster:
@@ -107,10 +116,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         del config.stash[SESSION_KEY]
 
 
-def _skip_reason(case: Case, accel: str) -> str | None:
+def _skip_reason(case: Case, accel: str, backends: BackendRegistry) -> str | None:
     """Why ``case`` cannot run here (a framework not installed, another accelerator), or
     None. An unknown backend is not a reason to skip: it is an error in the suite."""
-    reason = BACKENDS[case.backend].unavailable_reason()
+    reason = backends[case.backend].unavailable_reason()
     if reason:
         return reason
     if accel != "auto" and accel not in case.accels:
@@ -127,17 +136,25 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         raise pytest.UsageError(
             f"{metafunc.definition.nodeid}: @cases needs the test to use the 'accelperf' fixture"
         )
-    accel = metafunc.config.stash[SESSION_KEY].settings.accel
-    unknown = sorted({c.backend for c in marker.kwargs["cases"] if c.backend not in BACKENDS})
+    session = metafunc.config.stash[SESSION_KEY]
+    accel = session.settings.accel
+    try:
+        backends = session.backends()  # the built-in ones and the conftests' loaded by now
+        bad = ""
+    except BackendSpecError as exc:  # a conftest below the rootdir's: a collection error
+        bad = str(exc)
+    if bad:
+        pytest.fail(f"{metafunc.definition.nodeid}: {bad}", pytrace=False)
+    unknown = sorted({c.backend for c in marker.kwargs["cases"] if c.backend not in backends})
     if unknown:
         # A typo must not pass as a skip with exit status 0: a collection error (exit 2),
         # shown without a traceback.
         pytest.fail(f"{metafunc.definition.nodeid}: unknown backend(s) "
                     f"{', '.join(map(repr, unknown))} in @cases; known: "
-                    f"{', '.join(sorted(BACKENDS))}", pytrace=False)
+                    f"{', '.join(sorted(backends))}", pytrace=False)
     params = []
     for case in marker.kwargs["cases"]:
-        reason = _skip_reason(case, accel)
+        reason = _skip_reason(case, accel, backends)
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         params.append(pytest.param(case, id=case.id, marks=marks))
     metafunc.parametrize("accelperf_case", params)
@@ -174,7 +191,7 @@ def accelerator(pytestconfig: pytest.Config) -> Accelerator:
                 except BaselineError as exc:
                     pytest.fail(f"the pytest_accelperf_platform hook returned {custom!r}: {exc}",
                                 pytrace=False)
-        env = environment(acc)
+        env = environment(acc, session.backends().packages())
         for extra in pytestconfig.hook.pytest_accelperf_environment(config=pytestconfig,
                                                                     accelerator=acc):
             for key, value in (extra or {}).items():

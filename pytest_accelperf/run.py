@@ -17,7 +17,9 @@ class Run:
 
     ``step_times`` are seconds per measured step, each step blocked until its outputs are
     ready; compile time is kept apart in ``compile_time``. ``losses`` holds the loss of
-    every training step, warm-up included (``loss_steps`` gives their step numbers).
+    every training step, warm-up included (``loss_steps`` gives their step numbers), and
+    ``metrics`` the other scalars a training step returned (accuracy, gradient norm,
+    learning rate), by name, one value per step of ``loss_steps``.
     ``memory_per_device`` maps a device label to its peak bytes; ``memory_source`` says
     whether the runtime counted it (``memory_stats``) or the compiler predicted it
     (``memory_analysis``). ``flops_per_step`` is summed over devices. When the case did
@@ -42,6 +44,7 @@ class Run:
     compile_time: float | None = None
     losses: list[float] = field(default_factory=list)
     loss_steps: list[int] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
     memory_per_device: dict[str, int] = field(default_factory=dict)
     memory_source: str = ""
     flops_per_step: float | None = None
@@ -87,6 +90,7 @@ class Run:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["losses"] = [_json_float(x) for x in self.losses]
+        data["metrics"] = {k: [_json_float(x) for x in v] for k, v in self.metrics.items()}
         data["derived"] = {
             "median_step_time": self.median_step_time,
             "samples_per_second": self.samples_per_second,
@@ -99,6 +103,8 @@ class Run:
     def from_json(cls, data: dict[str, Any]) -> Run:
         data = {k: v for k, v in data.items() if k != "derived"}
         data["losses"] = [float(x) if x is not None else math.nan for x in data.get("losses", [])]
+        data["metrics"] = {str(k): [float(x) if x is not None else math.nan for x in v]
+                           for k, v in (data.get("metrics") or {}).items()}
         return cls(**data)
 
 

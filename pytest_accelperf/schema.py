@@ -164,6 +164,9 @@ class Block(_Strict):
     samples_per_second: Positive | None = None
     compile_time: NonNegative | None = None
     loss: Loss | None = None
+    #: The other metrics of the training step (accuracy, learning rate), each a curve as
+    #: the loss's.
+    metrics: dict[str, Loss] | None = None
     numerics: dict[str, Leaf] | None = None
     flops_per_step: NonNegative | None = None
     mfu: NonNegative | None = None
@@ -200,6 +203,7 @@ class ReportRun(_Report):
     compile_time: float | None = None
     losses: list[float | str | None] = []
     loss_steps: list[int] = []
+    metrics: dict[str, list[float | str | None]] = {}
     memory_per_device: dict[str, float] = {}
     memory_source: str = ""
     flops_per_step: float | None = None

@@ -23,8 +23,10 @@ from typing import Any
 import pytest
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult, get_backend
-from pytest_accelperf.backends.common import INJECT_ENV, injected_slowdown
+from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.common import INJECT_ENV, TaskError, injected_slowdown
+from pytest_accelperf.backends.registry import BackendRegistry
+from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.baselines import BaselineError, BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
@@ -47,6 +49,8 @@ from pytest_accelperf.options import Settings
 from pytest_accelperf.recordable import unrecordable
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
+from pytest_accelperf.routing import fits as fits_where_it_trains
+from pytest_accelperf.routing import route, train_here
 from pytest_accelperf.run import Run
 from pytest_accelperf.summary import summarize, with_added_session
 
@@ -85,6 +89,15 @@ class AccelperfSession:
             self._comparison = Comparison(str(s.compare), self.config.rootpath, s.accel,
                                           s.cpu_devices, s.platform)
         return self._comparison
+
+    def backends(self) -> BackendRegistry:
+        """The backends of this session: what every ``pytest_accelperf_backends``
+        implementation returns, the built-in ones (:mod:`.backends.builtin`) and those of
+        the conftests loaded so far. Asked afresh each time (a conftest deeper in the tree
+        loads during collection); a registration that cannot be used raises
+        :class:`~pytest_accelperf.backends.spec.BackendSpecError`."""
+        return BackendRegistry.from_hook(
+            self.config.hook.pytest_accelperf_backends(config=self.config))
 
     def close(self) -> None:
         """Stop what the session started (A/B workers)."""
@@ -132,6 +145,7 @@ class _Evaluated:
     baseline: dict[str, Any] | None
     checks: list[CheckResult]
     diffs: list[str]
+    state: Any = None  # the backend's final state of the training, when it returns one
 
     @property
     def throughput(self) -> CheckResult | None:
@@ -162,10 +176,14 @@ class MaxBatchSearch:
 
 @dataclass
 class CaseResult:
-    """What ``accelperf.train`` returns: the run and the verdicts of its checks."""
+    """What ``accelperf.train`` returns: the run and the verdicts of its checks, and the
+    final state of the training where the backend hands it back (the JAX backend: the
+    step's state, or ``JaxStep.final`` of it; None otherwise), for an eval step or the
+    test's own asserts."""
 
     run: Run
     checks: list[CheckResult]
+    state: Any = None
 
     def check(self, metric: str) -> CheckResult:
         for c in self.checks:
@@ -194,6 +212,8 @@ class CaseRunner:
         self._item = item
         self.case = case
         self.accelerator = accelerator
+        #: The case's backend, as registered (``case.backend`` names it).
+        self.spec: BackendSpec = session.backends()[case.backend]
 
     @property
     def settings(self) -> Settings:
@@ -234,7 +254,8 @@ class CaseRunner:
         try:
             with self._host():
                 status, why, measured = comparison.measure(
-                    self.case, rel_file, qualname, rounds=settings.compare_rounds,
+                    self.case, rel_file, qualname, spec=self.spec,
+                    rounds=settings.compare_rounds,
                     block=settings.compare_block, budget=settings.compare_budget,
                     tolerance=settings.compare_tolerance)
         except CompareError as exc:
@@ -259,13 +280,12 @@ class CaseRunner:
         not checked by itself: pass the search to :meth:`train` for that."""
         if not isinstance(search, MaxBatchSearch):
             search = MaxBatchSearch(search)
-        backend = get_backend(self.case.backend).load()
         make_task = search.make_task
 
         def fits(case: Case) -> Fit:
             with self._host():
-                return backend.fits(case, make_task(case), self.accelerator,
-                                    timeout=self.settings.timeout)
+                return fits_where_it_trains(self.spec, case, make_task(case), self.accelerator,
+                                            timeout=self.settings.timeout)
 
         return search_max_batch(self.case, fits, start=search.start, limit=search.limit,
                                 multiple_of=search.multiple_of or self.case.n_devices)
@@ -344,25 +364,33 @@ class CaseRunner:
 
     def _train_once(self, task: Any, found: MaxBatch | None) -> TrainResult:
         __tracebackhide__ = True
-        backend = get_backend(self.case.backend).load()
         settings = self.settings
         try:
             ray_cluster = cluster_for(self._item.config, settings.cluster)
-            if ray_cluster is not None:
+            where = route(self.spec, self.case, cluster=ray_cluster is not None)
+            if where == "ray":
                 # The cluster's resources, not the host lock, keep cases apart there.
                 result = train_on_cluster(self.case, task, self.accelerator,
                                           cpu_devices=settings.cpu_devices,
                                           platform=settings.platform,
-                                          timeout=settings.timeout, wait=settings.cluster_wait)
-            else:
+                                          timeout=settings.timeout, wait=settings.cluster_wait,
+                                          spec=self.spec)
+            elif where == "in-process":
                 with self._host():
-                    result = self._train_here(backend, task)
+                    result = self._train_in_process(task)
+            else:  # ranks, launched: the launcher kills them at the timeout itself
+                with self._host():
+                    result = train_here(self.spec, self.case, task, self.accelerator,
+                                        timeout=settings.timeout)
         except Exception as exc:
             run = Run(case_id=self.case.id, outcome="error",
                       message=f"{type(exc).__name__}: {exc}",
                       environment=self._session.environment,
                       max_batch=found.to_json() if found else None)
             self._record(run, [], error=run.message)
+            if isinstance(exc, TaskError):  # names the user's function and the fix, alone
+                raise pytest.fail.Exception(f"{self._item.nodeid}: {exc}",
+                                            pytrace=False) from None
             raise
         if found is not None:
             result.run.max_batch = found.to_json()
@@ -377,7 +405,7 @@ class CaseRunner:
             self.accelerator, case=self._item.nodeid, timeout=self.settings.host_lock_timeout,
             notify=lambda text: say(self._item.config, text)))
 
-    def _train_here(self, backend: Any, task: Any) -> TrainResult:
+    def _train_in_process(self, task: Any) -> TrainResult:
         """Train in this process; a case that trains here and blocks past its timeout is
         interrupted (:func:`pytest_accelperf.hangs.case_alarm`) and recorded as ``timeout``
         with the steps it reported before. Where the interrupted work goes on regardless
@@ -385,11 +413,7 @@ class CaseRunner:
         to Python), the session cannot go on measuring: the process is ended cleanly."""
         __tracebackhide__ = True
         timeout = self.settings.timeout
-        if not get_backend(self.case.backend).trains_in_process(self.case):
-            # Launched ranks: the launcher kills them at the timeout itself.
-            launched: TrainResult = backend.train(self.case, task, self.accelerator,
-                                                  timeout=timeout)
-            return launched
+        backend = self.spec.load()
         started = time.monotonic()
         with progress.recording() as steps:
             try:
@@ -471,7 +495,8 @@ class CaseRunner:
             # Report the run (nothing lost) but never store over a broken file.
             self._record(run, [], error=str(broken))
             pytest.fail(str(broken), pytrace=False)
-        diffs = (differences(run.environment, baseline["environment"], case.backend)
+        diffs = (differences(run.environment, baseline["environment"], self.spec,
+                             known=self._session.backends().packages())
                  if baseline else [])
         tol = self.settings.tolerances.merged(dict(case.tolerances))
         checks = run_checks(run, block, baseline, tol, comparable=not diffs,
@@ -484,7 +509,8 @@ class CaseRunner:
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
                 run=run, block=block, baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
-        return _Evaluated(run, block, baseline, checks, diffs)
+        return _Evaluated(run, block, baseline, checks, diffs,
+                          state=getattr(result, "state", None))
 
     def _confirm(self, task: Any, found: MaxBatch | None, first: _Evaluated) -> _Evaluated:
         """Re-measure an apparent throughput regression; it stands only if confirmed.
@@ -541,7 +567,7 @@ class CaseRunner:
         if refused:
             pytest.fail(f"{self._item.nodeid}: no session added: {refused}", pytrace=False)
         self._gate(ev.run, ev.checks, ev.baseline, unstorable)
-        return CaseResult(run=ev.run, checks=ev.checks)
+        return CaseResult(run=ev.run, checks=ev.checks, state=ev.state)
 
     def _record(self, run: Run, checks: list[CheckResult], *, block: dict[str, Any] | None = None,
                 error: str | None = None, baseline: dict[str, Any] | None = None) -> None:

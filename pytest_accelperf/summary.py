@@ -94,6 +94,20 @@ def with_added_session(baseline: dict[str, Any] | None, run: Run,
     return merged
 
 
+def metric_curves(run: Run) -> dict[str, dict[str, Any]]:
+    """``{name: {"checkpoints", "final", "steps"}}`` of the step's other metrics, as the
+    loss's curve; a metric with a non-finite value is left out (a baseline is strict JSON,
+    and a NaN learning rate would have made the loss NaN anyway)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in sorted(run.metrics.items()):
+        if not values or not all(math.isfinite(v) for v in values):
+            continue
+        steps = run.loss_steps if len(run.loss_steps) == len(values) else None
+        out[name] = {"checkpoints": loss_checkpoints(values, steps),
+                     "final": _round(values[-1]), "steps": len(values)}
+    return out
+
+
 def summarize(run: Run) -> dict[str, Any]:
     """The baseline block for ``run``."""
     block: dict[str, Any] = {
@@ -128,6 +142,9 @@ def summarize(run: Run) -> dict[str, Any]:
             "final": _round(run.losses[-1]) if run.losses else None,
             "steps": len(run.losses),
         }
+        metrics = metric_curves(run)
+        if metrics:
+            block["metrics"] = metrics
         block["numerics"] = run.params_fingerprint
         block["flops_per_step"] = _round(run.flops_per_step) if run.flops_per_step else None
         block["mfu"] = _round(run.mfu) if run.mfu is not None else None

@@ -103,6 +103,94 @@ def make_task(case):
         make_optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
 '''
 
+# A backend of a suite's own (tests/test_backend_plugins.py, tests/test_cluster.py): linear
+# regression trained by numpy SGD, for real; its Run is built as the built-in backends do.
+NUMPY_SGD = '''
+import time
+
+import numpy as np
+
+from pytest_accelperf.backends import Fit, TrainResult
+from pytest_accelperf.backends.common import fingerprint
+from pytest_accelperf.backends.probe import numpy_probe
+from pytest_accelperf.report import progress
+from pytest_accelperf.run import Run
+
+
+class Steps:
+    """Linear regression ``y = x @ W`` trained by plain SGD, a step at a time; ``task`` is
+    a dict of its sizes and learning rate. ``run(n)`` is what A/B mode alternates."""
+
+    def __init__(self, case, task):
+        self.case, self.lr = case, task["lr"]
+        rng = np.random.default_rng(0)
+        self.true_w = rng.normal(size=(task["dim"], task["out"])).astype(np.float32)
+        self.w = np.zeros_like(self.true_w)
+        self.step, self.nbytes = 0, 0
+
+    def one(self):
+        """One step: (loss, seconds); the batch is made outside the timer."""
+        rng = np.random.default_rng(self.step % (self.case.warmup + self.case.steps))
+        x = rng.normal(size=(self.case.batch, self.w.shape[0])).astype(np.float32)
+        y = x @ self.true_w
+        t0 = time.perf_counter()
+        err = x @ self.w - y
+        self.w -= self.lr * (2.0 / self.case.batch) * (x.T @ err)
+        seconds = time.perf_counter() - t0
+        self.step += 1
+        self.nbytes = max(self.nbytes, x.nbytes + y.nbytes + err.nbytes + self.w.nbytes)
+        return float(np.mean(err ** 2)), seconds
+
+    def run(self, n):
+        return [self.one()[1] for _ in range(n)]
+
+
+class NumpySGD:
+    name = "numpy-sgd"
+
+    def unavailable_reason(self):
+        return None
+
+    def train(self, case, task, accel, *, timeout=None):
+        steps, probe = Steps(case, task), numpy_probe()
+        run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=1,
+                  flops_per_step=6.0 * case.batch * steps.w.size, probe_kind=probe.kind)
+        total = case.warmup + case.steps
+        for step in range(total):
+            loss, seconds = steps.one()
+            run.losses.append(loss)
+            run.loss_steps.append(step)
+            if step >= case.warmup:
+                run.step_times.append(seconds)
+                run.probe_times.append(probe.time())  # outside the step's timer
+            progress.step(step + 1, total, loss, seconds)
+        run.memory_per_device, run.memory_source = {"cpu:0": steps.nbytes}, "numpy nbytes"
+        params = {"w": steps.w}
+        run.params_fingerprint = fingerprint(params)
+        return TrainResult(run=run, params=params)
+
+    def fits(self, case, task, accel, *, timeout=None):
+        need = 4 * (2 * case.batch * task["dim"] + task["dim"] * task["out"])
+        return Fit(need <= case.memory_capacity, need, case.memory_capacity, "numpy nbytes")
+
+    def stepper(self, case, task, accel):
+        return Steps(case, task)
+
+
+BACKEND = NumpySGD()
+'''
+
+# Its registration by module (``numpy_sgd.py`` beside the conftest): what Ray and A/B
+# workers, which import backends by module, can load too.
+NUMPY_SGD_CONFTEST = '''
+from pytest_accelperf.backends import BackendSpec
+
+
+def pytest_accelperf_backends(config):
+    return [BackendSpec("numpy-sgd", module="numpy_sgd", requires=("numpy",),
+                        packages=("numpy",), ab_blocks=True)]
+'''
+
 SUITE = '''
 from tinytask import make_task
 from pytest_accelperf import Case, cases

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import DSTASK, Suite, verdicts
+from conftest import DSTASK, NUMPY_SGD, NUMPY_SGD_CONFTEST, Suite, verdicts
 
 # Imported here, in the outer process, once: pytester's in-process runs restore
 # sys.modules afterwards, and a second import of Ray's C extension in one process fails.
@@ -174,6 +174,27 @@ def test_same_verdicts_on_the_cluster(suite: Suite, ray_cluster: Cluster) -> Non
         assert len({h["pid"] for h in hosts}) == len(hosts)
         if "2proc" in case["nodeid"] or "deepspeed" in case["nodeid"]:
             assert len(hosts) == 2
+
+
+def test_a_conftest_backend_named_by_module_trains_on_the_cluster(
+        suite: Suite, ray_cluster: Cluster) -> None:
+    """A Ray worker imports the case's backend by its spec's module (the conftest's
+    ``numpy_sgd``, on the worker's sys.path); the verdicts come back as from a local run."""
+    suite.pytester.makepyfile(numpy_sgd=NUMPY_SGD)
+    suite.pytester.makeconftest(NUMPY_SGD_CONFTEST)
+    suite.write('''
+        from pytest_accelperf import cases
+
+        @cases(backend="numpy-sgd", batch=[256], steps=10, warmup=2)
+        def test_own(accelperf):
+            accelperf.train({"dim": 128, "out": 32, "lr": 0.05})
+    ''')
+    result = suite.run(f"--accelperf-cluster={ray_cluster.address}", "--accelperf-update",
+                       "--accelperf-json=report.json")
+    result.assert_outcomes(passed=1)
+    case = suite.report()["cases"][0]
+    assert case["run"]["outcome"] == "ok" and len(case["run"]["step_times"]) == 10
+    assert case["run"]["extra"]["cluster"]["pid"] != os.getpid()  # trained in a Ray worker
 
 
 KILL_SUITE = '''

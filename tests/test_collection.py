@@ -47,13 +47,14 @@ def test_collect_only_shows_grid(suite: Suite) -> None:
     ])
 
 
-def test_missing_framework_skips_with_install_hint(suite: Suite,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_accelperf.backends import base
+def test_missing_framework_skips_with_install_hint(suite: Suite) -> None:
+    suite.pytester.makeconftest('''
+        from pytest_accelperf.backends import BackendSpec
 
-    monkeypatch.setitem(base.BACKENDS, "fancy", base._LazyBackend(
-        "fancy", "fancy_backend", ("fancy_framework_not_installed",),
-        "pip install 'pytest-accelperf[fancy]'"))
+        def pytest_accelperf_backends(config):
+            return [BackendSpec("fancy", "fancy_backend", ("fancy_framework_not_installed",),
+                                "pip install 'pytest-accelperf[fancy]'")]
+    ''')
     suite.write('''
         from pytest_accelperf import cases
 

@@ -23,14 +23,14 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("cloudpickle")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
-from pytest_accelperf.backends.base import TrainResult, get_backend  # noqa: E402
+from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
 from pytest_accelperf.backends.ddp import (  # noqa: E402
     make_plan,
     slice_batch,
     train_ddp,
     train_reference,
 )
-from pytest_accelperf.backends.deepspeed import BACKEND, ds_config  # noqa: E402
+from pytest_accelperf.backends.deepspeed import BACKEND, DeepSpeedRankEngine, ds_config  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
@@ -118,7 +118,7 @@ def test_every_stage_matches_single_process_torch(runs: dict[Any, TrainResult],
 def test_a_different_lr_or_model_fails_the_reference(runs: dict[Any, TrainResult]) -> None:
     case = ds_case(3, "all", reference=True)
     task = make_task(case)
-    plan = make_plan("deepspeed", case, task, CPU)
+    plan = make_plan(DeepSpeedRankEngine, case, task, CPU)
     result = runs[3, "all"]
     other_lr = dataclasses.replace(
         task, make_optimizer=lambda p: torch.optim.AdamW(p, lr=6e-3))

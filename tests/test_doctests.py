@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines"]
+MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines", "backends.common"]
 
 
 @pytest.mark.parametrize("name", MODULES)

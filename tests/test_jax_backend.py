@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends.base import TrainResult, get_backend  # noqa: E402
+from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
 from pytest_accelperf.backends.jax import (  # noqa: E402
     BACKEND,
     JaxTask,

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.backends.base import BACKENDS  # noqa: E402
+from pytest_accelperf.backends import BACKENDS  # noqa: E402
 from pytest_accelperf.backends.neuron import MIN_WARMUP, train_lazy  # noqa: E402
 from pytest_accelperf.backends.torch import BACKEND as TORCH  # noqa: E402
 from pytest_accelperf.backends.torch import TorchTask  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
-from pytest_accelperf.backends.base import TrainResult, get_backend  # noqa: E402
+from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
 from pytest_accelperf.backends.torch import BACKEND, TorchTask, count_flops  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 

@@ -37,19 +37,17 @@ def test_step_benchmark(benchmark: Any, accelerator: Any) -> None:
 
     task = make_task(CASE)
     program = _compile(CASE, task, accelerator, CASE.mesh)
-    params, opt_state = _init_state(program, task)
     n_batches = CASE.warmup + CASE.steps  # the batches the accelperf case trains on
-    batches = [jax.device_put(task.make_batch(i), program.batch_sharding)
+    batches = [jax.device_put(task.make_batch(i), program.batch_shardings)
                for i in range(n_batches)]
     jax.block_until_ready(batches)  # transfers outside the timer, as the backend does
     slower = injected_slowdown()
-    state: dict[str, Any] = {"params": params, "opt_state": opt_state, "i": 0}
+    state: dict[str, Any] = {"train": _init_state(program), "i": 0}
 
     def step() -> None:
         batch = batches[state["i"] % n_batches]
         state["i"] += 1
-        state["params"], state["opt_state"], _, _ = _timed_step(
-            program, state["params"], state["opt_state"], batch, slower)
+        state["train"], _, _ = _timed_step(program, state["train"], batch, slower)
 
     t_lock = time.perf_counter()
     with exclusive_host(accelerator):

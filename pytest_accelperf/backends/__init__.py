@@ -1,5 +1,8 @@
-"""Backends: the frameworks that run training steps (jax here; torch, deepspeed, ... later)."""
+"""Backends: the frameworks that run training steps, each described by a BackendSpec."""
 
-from pytest_accelperf.backends.base import BACKENDS, Backend, TrainResult, get_backend
+from pytest_accelperf.backends.base import Backend, Fit, TrainResult
+from pytest_accelperf.backends.registry import BACKENDS, BackendRegistry, get_backend
+from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 
-__all__ = ["BACKENDS", "Backend", "TrainResult", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "BackendRegistry", "BackendSpec", "BackendSpecError", "Fit",
+           "TrainResult", "get_backend"]

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
+import sysconfig
 import time
+from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -63,3 +68,75 @@ def stretch(t0: float, t1: float, fraction: float) -> float:
     while now < end:
         now = time.perf_counter()
     return now
+
+
+class TaskError(ValueError):
+    """A task the backend cannot train as written (a loss that is not a scalar, an axis
+    name nothing binds, a step that returns the wrong thing). The message names the user's
+    function, where it is defined, and what to change; the runner fails the test with the
+    message alone, not a framework's traceback."""
+
+
+#: Path fragments of frames that are not the user's: frameworks and this plugin.
+_NOT_USER = ("/site-packages/", "/dist-packages/", "<frozen ", "<string>",
+             sysconfig.get_paths()["stdlib"] + "/",
+             str(Path(__file__).resolve().parents[1]) + "/")
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory when it is under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def describe(fn: Any) -> str:
+    """How an error names a user's function: ``train_step (suites/flax/test_x.py:57)``.
+
+    Sees through ``functools.partial``, bound methods and wrappers that set ``__wrapped__``
+    (``jax.jit``, ``nnx.jit``, ``functools.wraps``).
+
+    >>> def loss_fn(params, batch): ...
+    >>> describe(functools.partial(loss_fn, batch=None)).split(" (")[0]
+    'loss_fn'
+    """
+    target = fn
+    for _ in range(8):
+        if isinstance(target, functools.partial):
+            target = target.func
+        elif hasattr(target, "__wrapped__"):
+            target = target.__wrapped__
+        elif inspect.ismethod(target):
+            target = target.__func__
+        else:
+            break
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    if name is None:
+        name = type(target).__name__
+    elif "<locals>" in name:  # a function defined in a function: its own name reads better
+        name = getattr(target, "__name__", name)
+    try:
+        source = inspect.getsourcefile(target)
+        line = inspect.getsourcelines(target)[1]
+    except (TypeError, OSError):
+        return str(name)
+    return f"{name} ({_shown(source)}:{line})" if source else str(name)
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """``file:line (in function)`` of the last frame of ``exc``'s traceback (or of its
+    causes') that is the user's code rather than a framework's or this plugin's."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        found = None
+        tb: TracebackType | None = seen.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if not any(part in code.co_filename for part in _NOT_USER):
+                found = f"{_shown(code.co_filename)}:{tb.tb_lineno} (in {code.co_name})"
+            tb = tb.tb_next
+        if found is not None:
+            return found
+        seen = seen.__cause__ or seen.__context__
+    return None

@@ -1,11 +1,13 @@
 """The DeepSpeed backend: ZeRO stages 0-3, optional CPU offload, ``world_size`` ranks.
 
-A ``backend="deepspeed"`` case trains a :class:`~pytest_accelperf.backends.torch.TorchTask`
-(the same task the torch backend trains) with ``deepspeed.initialize`` in
+A ``backend="deepspeed"`` case trains a
+:class:`~pytest_accelperf.backends.torch_task.TorchTask` (the same task the torch backend
+trains) with ``deepspeed.initialize`` in
 ``case.world_size`` processes that the plugin launches itself (no ``deepspeed`` or
 ``torchrun`` launcher: :mod:`pytest_accelperf.backends.launch`; gloo on the CPU, nccl on
-GPUs). The rank loop, what is measured and how, are those of
-:mod:`pytest_accelperf.backends.ddp`; this module builds the engine.
+GPUs), or as Ray actors. The rank loop, what is measured and how, are those of
+:mod:`pytest_accelperf.backends.torch_ranks` (shared with DDP); this module builds the
+engine, and its ``RANKS`` is what the backend's spec names as its ranks.
 
 The DeepSpeed configuration comes from the case (:func:`ds_config`):
 
@@ -52,14 +54,9 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.ddp import (
-    RankPlan,
-    fits_multiprocess,
-    micro_batch,
-    resolve_clip,
-    train_multiprocess,
-)
-from pytest_accelperf.backends.torch import TorchTask
+from pytest_accelperf.backends.ranks import train_in_ranks
+from pytest_accelperf.backends.torch_ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
+from pytest_accelperf.backends.torch_task import TorchTask
 from pytest_accelperf.cases import Case
 
 INSTALL = "pip install 'pytest-accelperf[deepspeed]' (DeepSpeed 0.19; torch first)"
@@ -172,6 +169,10 @@ class DeepSpeedRankEngine:
         self.engine = engine
         self.model: torch.nn.Module = engine
 
+    @staticmethod
+    def init_distributed(backend: str) -> None:
+        import_deepspeed().init_distributed(dist_backend=backend)
+
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)
 
@@ -200,6 +201,23 @@ class DeepSpeedRankEngine:
                 "optimizer": self.optimizer_name, "config": self.config}
 
 
+def _check(case: Case, task: TorchTask) -> None:
+    """Refuse, before any launch, what a DeepSpeed case cannot be (with the fix)."""
+    if case.zero_stage is None:
+        raise ValueError(f"{case.id}: a deepspeed case needs zero_stage (0, 1, 2 or 3)")
+    if case.mesh is not None:
+        raise ValueError(f"{case.id}: deepspeed cases are data parallel over world_size "
+                         f"ranks; drop mesh={case.mesh}")
+    if task.compile:
+        raise ValueError(f"{case.id}: the deepspeed backend trains eagerly; drop "
+                         f"compile=True from the task")
+    ds_config(case, resolve_clip(case, task))  # fail here, not in every rank
+
+
+#: The deepspeed backend's ranks (its spec's ``ranks``): every case, ``world_size`` 1 too.
+RANKS = TorchRanks(DeepSpeedRankEngine, _check)
+
+
 class DeepSpeedBackend:
     """Trains a :class:`TorchTask` with DeepSpeed in ``case.world_size`` launched ranks."""
 
@@ -212,30 +230,18 @@ class DeepSpeedBackend:
             return f"the deepspeed backend needs {', '.join(missing)}: {INSTALL}"
         return None
 
-    def _check(self, case: Case, task: TorchTask) -> None:
-        if case.zero_stage is None:
-            raise ValueError(f"{case.id}: a deepspeed case needs zero_stage (0, 1, 2 or 3)")
-        if case.mesh is not None:
-            raise ValueError(f"{case.id}: deepspeed cases are data parallel over world_size "
-                             f"ranks; drop mesh={case.mesh}")
-        if task.compile:
-            raise ValueError(f"{case.id}: the deepspeed backend trains eagerly; drop "
-                             f"compile=True from the task")
-        ds_config(case, resolve_clip(case, task))  # fail here, not in every rank
-
     def train(self, case: Case, task: TorchTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
-        """Train and measure ``case`` (see :mod:`.ddp` for what is measured). With
-        ``case.reference`` the task is also trained in this process by plain torch on the
-        full global batch, and its parameters are returned for the reference check."""
-        self._check(case, task)
-        return train_multiprocess("deepspeed", case, task, accel, timeout=timeout)
+        """Train and measure ``case`` in ranks launched on this machine (see
+        :mod:`.torch_ranks` for what is measured). With ``case.reference`` the task is also
+        trained in this process by plain torch on the full global batch, and its parameters
+        are returned for the reference check."""
+        return train_in_ranks(RANKS, case, task, accel, timeout=timeout)
 
     def fits(self, case: Case, task: TorchTask, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Two real steps in every rank; the largest rank's peak against the capacity."""
-        self._check(case, task)
-        return fits_multiprocess("deepspeed", case, task, accel, timeout=timeout)
+        return RANKS.fits(case, task, accel, timeout=timeout)
 
 
 BACKEND = DeepSpeedBackend()

@@ -1,10 +1,13 @@
 """The JAX backend: AOT-compile a sharded train step, predict its memory, then time it.
 
-One code path serves every case: no mesh is a one-device mesh, so the single-device
-reference run of a sharded case is the same function called with another mesh. The train
-step is lowered on abstract values and compiled *before* any parameter exists, so a case
-that cannot fit (seed 000's batch 4096 without a mesh) costs one compile and is recorded
-as a predicted out-of-memory instead of allocating, or being killed by the host.
+What it trains is a :class:`~pytest_accelperf.backends.jax_step.JaxStep`: the user's own
+``step(state, batch) -> (state, metrics)`` and its state (a :class:`JaxTask` and an
+:func:`nnx_step` are built on it). One code path serves every case: no mesh is a one-device
+mesh, so the single-device reference run of a sharded case is the same function called
+with another mesh. The step is lowered on abstract values and compiled *before* any state
+exists, so a case that cannot fit (seed 000's batch 4096 without a mesh) costs one compile
+and is recorded as a predicted out-of-memory instead of allocating, or being killed by the
+host.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pytest_accelperf.accel import Accelerator
@@ -26,8 +29,22 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 
 # Re-exported: both lived here before the torch backend needed them without jax.
 from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
+from pytest_accelperf.backends.common import TaskError as TaskError
+from pytest_accelperf.backends.common import describe, injected_slowdown, stretch
 from pytest_accelperf.backends.common import fingerprint as fingerprint
-from pytest_accelperf.backends.common import injected_slowdown, stretch
+
+# The step API lives in jax_step; imported from here as before.
+from pytest_accelperf.backends.jax_step import JaxStep as JaxStep
+from pytest_accelperf.backends.jax_step import JaxTask as JaxTask
+from pytest_accelperf.backends.jax_step import (
+    abstract_state,
+    as_step,
+    check_outputs,
+    explain,
+    full_specs,
+    is_spec,
+)
+from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
 from pytest_accelperf.report import progress
@@ -38,38 +55,35 @@ PyTree = Any
 P: Any = PartitionSpec
 _ShapeDtypeStruct: Any = jax.ShapeDtypeStruct
 _block_until_ready: Any = jax.block_until_ready
+_device_put: Any = jax.device_put
+_eval_shape: Any = jax.eval_shape
+_set_mesh: Any = jax.set_mesh
 GIB = 2**30
 
 
 @dataclass
-class JaxTask:
-    """What to train: a model, its data and its optimizer, independent of the mesh.
+class JaxTrainResult(TrainResult):
+    """A :class:`TrainResult` with the final state of the training (what the test gets
+    back as ``CaseResult.state``: ``JaxStep.final`` of it). The state stays in the process
+    that trained it: pickling (a result sent back from a launched process or a cluster
+    worker) drops it."""
 
-    ``make_batch(step)`` returns the *global* host batch of a step (leading dimension
-    ``case.batch``), the same for a step whatever the mesh, so a sharded run and its
-    single-device reference see identical data. ``param_specs`` maps the abstract params
-    to a ``PartitionSpec`` pytree (None: replicate everything); axes a mesh lacks are
-    dropped, so one spec serves the no-mesh case too.
-    """
+    state: Any = None
 
-    init_params: Callable[[Any], PyTree]
-    loss_fn: Callable[[PyTree, PyTree], Any]
-    make_batch: Callable[[int], PyTree]
-    optimizer: optax.GradientTransformation
-    param_specs: Callable[[PyTree], PyTree] | None = None
-    batch_spec: PartitionSpec = field(default_factory=lambda: P("data"))
-    tokens_per_sample: int | None = None
-    seed: int = 0
+    def __getstate__(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["state"] = None
+        return data
 
 
 @dataclass
 class _Program:
     """A compiled train step and the shardings its inputs must have."""
 
+    step: JaxStep
     mesh: Any
-    param_shardings: PyTree
-    opt_shardings: PyTree
-    batch_sharding: NamedSharding
+    state_shardings: PyTree
+    batch_shardings: PyTree
     compiled: Any
     compile_time: float
 
@@ -84,51 +98,73 @@ def _is_oom(exc: BaseException) -> bool:
         "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower())
 
 
-def _restrict(spec: Any, axes: tuple[str, ...]) -> Any:
-    """``spec`` without the mesh axes this mesh lacks (``"model"`` on a one-device mesh)."""
+def _restrict(spec: Any, axes: tuple[str, ...], rename: Mapping[str, str] | None = None) -> Any:
+    """``spec`` without the mesh axes this mesh lacks (``"model"`` on a one-device mesh),
+    with the axes ``rename`` names renamed (a mesh axis bound to a model's axis name)."""
     if spec is None:
         return P()
+    rename = rename or {}
     out: list[Any] = []
     for entry in spec:
         if isinstance(entry, str):
+            entry = rename.get(entry, entry)
             out.append(entry if entry in axes else None)
         elif isinstance(entry, tuple):
-            kept = tuple(a for a in entry if a in axes)
+            kept = tuple(rename.get(a, a) for a in entry if rename.get(a, a) in axes)
             out.append(kept if kept else None)
         else:
             out.append(entry)  # None or P.UNCONSTRAINED
     return P(*out)
 
 
-def _param_shardings(task: JaxTask, mesh: Any, abstract: PyTree) -> PyTree:
-    """A NamedSharding per param leaf; specs may be a prefix of the params (or None)."""
-    axes = tuple(mesh.axis_names)
-    if task.param_specs is None:
-        return jax.tree.map(lambda _: NamedSharding(mesh, P()), abstract)
-    specs = task.param_specs(abstract)
-    shardings = jax.tree.map(lambda s: NamedSharding(mesh, _restrict(s, axes)), specs,
-                             is_leaf=lambda x: x is None or isinstance(x, P))
-    # Broadcast a prefix tree of shardings over the full params tree.
-    return jax.tree.map(lambda sh, sub: jax.tree.map(lambda _: sh, sub), shardings, abstract)
+def _resolve(specs: Any, tree: PyTree, default: Any, what: str, step: JaxStep) -> Any:
+    """A spec pytree from ``specs`` (a spec tree, or a function of ``tree``)."""
+    if specs is None:
+        return default
+    if callable(specs) and not isinstance(specs, PartitionSpec):
+        try:
+            return specs(tree)
+        except Exception as exc:
+            raise TaskError(f"{what} {describe(specs)} of {step.label} failed: "
+                            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}; it "
+                            f"takes the abstract {what.split('_')[0]} and returns a "
+                            f"PartitionSpec pytree") from exc
+    return specs
 
 
-def _opt_shardings(optimizer: Any, mesh: Any, abstract_state: PyTree,
-                   param_shardings: PyTree) -> PyTree:
-    """Shardings of the optimizer state, derived without allocating it.
-
-    Compiling ``optimizer.init`` and reading ``output_shardings`` does not work: adam's
-    moments are ``zeros_like(params)``, which does not depend on the params' values, so
-    XLA drops the (sharded) inputs and reports single-device outputs. Instead optax's
-    ``tree_map_params`` finds the param-shaped subtrees of the state (moments get their
-    param's sharding); everything else (step counts) is replicated.
-    """
-    replicated = NamedSharding(mesh, P())
+def _shardings(mesh: Any, specs: Any, tree: PyTree, rename: Mapping[str, str], what: str,
+               step: JaxStep) -> PyTree:
+    """A ``NamedSharding`` per leaf of ``tree``; ``specs`` may be one spec or a prefix tree."""
     try:
-        return optax.tree_utils.tree_map_params(
-            optimizer, lambda _, sh: sh, abstract_state, param_shardings,
-            transform_non_params=lambda _: replicated)
-    except Exception:  # an optimizer whose init cannot take optax's placeholder
-        return jax.tree.map(lambda _: replicated, abstract_state)
+        full = full_specs(specs, tree)
+    except (ValueError, TypeError) as exc:
+        raise TaskError(f"{what} of {step.label} does not fit its tree: "
+                        f"{str(exc).strip().splitlines()[0]}; give one PartitionSpec, or a "
+                        f"pytree of them shaped like (a prefix of) {what.split('_')[0]}") from exc
+    axes = tuple(mesh.axis_names)
+    return jax.tree.map(lambda s: NamedSharding(mesh, _restrict(s, axes, rename)), full,
+                        is_leaf=is_spec)
+
+
+def _check_divisible(tree: PyTree, shardings: PyTree, mesh: Any, what: str,
+                     fix: str) -> None:
+    """Every sharded dimension of ``tree`` divides evenly over its mesh axes."""
+    sizes = dict(mesh.shape)
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    for (path, leaf), sharding in zip(flat, jax.tree.leaves(shardings), strict=True):
+        shape, spec = tuple(np.shape(leaf)), tuple(sharding.spec)
+        where = jax.tree_util.keystr(path, simple=True, separator="/") or "(the whole value)"
+        if len(spec) > len(shape):
+            raise TaskError(f"{what} gives leaf {where!r} of shape {list(shape)} the spec "
+                            f"{sharding.spec}, which has more entries than dimensions; {fix}")
+        for dim, entry in enumerate(spec):
+            names = entry if isinstance(entry, tuple) else (entry,) if isinstance(entry, str) \
+                else ()
+            n = math.prod(sizes[a] for a in names)
+            if n > 1 and shape[dim] % n:
+                raise TaskError(f"{what}: leaf {where!r} has {shape[dim]} along dimension {dim}, "
+                                f"split over mesh axes {list(names)} ({n} devices), which does "
+                                f"not divide it; {fix}")
 
 
 def _with_sharding(abstract: PyTree, shardings: PyTree) -> PyTree:
@@ -136,38 +172,113 @@ def _with_sharding(abstract: PyTree, shardings: PyTree) -> PyTree:
                         abstract, shardings)
 
 
-def _compile(case: Case, task: JaxTask, accel: Accelerator,
+def _mesh_renaming(step: JaxStep, case: Case) -> dict[str, str]:
+    """``{mesh axis: the model's axis name}`` of ``step.bind_axes``, checked."""
+    rename: dict[str, str] = {}
+    for model_axis, mesh_axis in step.bind_axes.items():
+        if mesh_axis not in case.axis_names:
+            raise TaskError(f"bind_axes of {step.label} binds {model_axis!r} to mesh axis "
+                            f"{mesh_axis!r}, which the case does not have (its axes: "
+                            f"{', '.join(case.axis_names)}); bind it to one of those")
+        if mesh_axis in rename:
+            raise TaskError(f"bind_axes of {step.label} binds both {rename[mesh_axis]!r} and "
+                            f"{model_axis!r} to mesh axis {mesh_axis!r}; bind one name per axis")
+        clash = model_axis in case.axis_names and model_axis != mesh_axis
+        if clash:
+            raise TaskError(f"bind_axes of {step.label} binds {model_axis!r} to {mesh_axis!r}, "
+                            f"but {model_axis!r} is already another axis of the case's mesh")
+        rename[mesh_axis] = model_axis
+    return rename
+
+
+def _bound(step: JaxStep, mesh: Any, state_sh: PyTree, batch_sh: PyTree) -> Any:
+    """The step as the program runs it: under ``jax.shard_map`` over the bound axes (the
+    others automatic) when ``step.bind_axes`` names any, else the step itself."""
+    if not step.bind_axes:
+        return step.step
+    manual = tuple(a for a in mesh.axis_names if a in step.bind_axes)
+    if not manual:  # the bound axis is not in this (one-device) mesh: nothing to split
+        manual = tuple(step.bind_axes)
+
+    def local(sharding: Any) -> Any:
+        return _restrict(sharding.spec, manual)
+
+    state_specs = jax.tree.map(local, state_sh)
+    batch_specs = jax.tree.map(local, batch_sh)
+    shard_map: Any = jax.shard_map
+    return shard_map(step.step, mesh=mesh, in_specs=(state_specs, batch_specs),
+                     out_specs=(state_specs, P()), axis_names=set(manual))
+
+
+def _compile(case: Case, task: Any, accel: Accelerator,
              shape: tuple[int, ...] | None) -> _Program:
-    """Lower and compile the train step of ``task`` on a mesh of ``shape``; no allocation."""
-    mesh = accel.mesh(shape, case.axis_names)
-    abstract_params = jax.eval_shape(task.init_params, jax.random.key(task.seed))
-    abstract_state = jax.eval_shape(task.optimizer.init, abstract_params)
-    p_sh = _param_shardings(task, mesh, abstract_params)
-    o_sh = _opt_shardings(task.optimizer, mesh, abstract_state, p_sh)
-    b_sh = NamedSharding(mesh, _restrict(task.batch_spec, tuple(mesh.axis_names)))
-    host_batch = task.make_batch(0)  # only its shapes: batches are deterministic per step
+    """Lower and compile the train step of ``task`` on a mesh of ``shape``; no allocation.
+
+    What the user's functions get wrong (a loss that is not a scalar, an unbound axis name,
+    a step that returns the wrong thing, a batch the mesh cannot split) is a
+    :class:`TaskError` naming the function and the fix."""
+    step = as_step(task)
+    rename = _mesh_renaming(step, case)
+    names = tuple(rename.get(a, a) for a in case.axis_names)
+    mesh = accel.mesh(shape, names)
+    if step.bind_axes and not all(a in mesh.axis_names for a in step.bind_axes):
+        raise TaskError(f"bind_axes of {step.label} binds {', '.join(step.bind_axes)}, but the "
+                        f"mesh {shape} only has axes {', '.join(mesh.axis_names)}: bind the "
+                        f"axis the batch is split on (its first, "
+                        f"{case.axis_names[0]!r})")
+    # The mesh in context while the user's code is traced: a step may constrain shardings
+    # with bare PartitionSpecs, and Flax makes annotated variables on the context mesh.
+    with _set_mesh(mesh):
+        return _compile_on(step, mesh, rename)
+
+
+def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program:
+    abstract = abstract_state(step)
+    state_specs = _resolve(step.state_specs, abstract, None, "state_specs", step)
+    if state_specs is None:
+        state_specs = _annotated_specs(abstract)
+    state_sh = _shardings(mesh, state_specs, abstract, rename, "state_specs", step)
+    _check_divisible(abstract, state_sh, mesh, f"state_specs of {step.label}",
+                     "shard that dimension over fewer devices, or replicate it (P())")
+    host_batch = step.make_batch(0)  # only its shapes: batches are deterministic per step
+    batch_specs = _resolve(step.batch_specs, host_batch, P("data"), "batch_specs", step)
+    batch_sh = _shardings(mesh, batch_specs, host_batch, rename, "batch_specs", step)
+    _check_divisible(host_batch, batch_sh, mesh,
+                     f"the batch of make_batch {describe(step.make_batch)}",
+                     "make the case's batch a multiple of the devices it is split over, or "
+                     "replicate that leaf with batch_specs")
     abstract_batch = jax.tree.map(
-        lambda x: _ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=b_sh),
-        host_batch)
-    optimizer, loss_fn = task.optimizer, task.loss_fn
-
-    def step(params: PyTree, opt_state: PyTree, batch: PyTree) -> tuple[PyTree, PyTree, Any]:
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    jitted = jax.jit(step, in_shardings=(p_sh, o_sh, b_sh),
-                     out_shardings=(p_sh, o_sh, NamedSharding(mesh, P())),
-                     donate_argnums=(0, 1))  # params/opt state updated in place
+        lambda x, s: _ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=s),
+        host_batch, batch_sh)
+    abstract_in = _with_sharding(abstract, state_sh)
+    fn = _bound(step, mesh, state_sh, batch_sh)
+    try:
+        out = _eval_shape(fn, abstract_in, abstract_batch)
+    except Exception as exc:
+        raise explain(exc, step, tuple(mesh.axis_names)) from exc
+    check_outputs(step, abstract, out)
+    jitted = jax.jit(fn, in_shardings=(state_sh, batch_sh),
+                     out_shardings=(state_sh, NamedSharding(mesh, P())),
+                     donate_argnums=(0,) if step.donate else ())  # the state updated in place
     t0 = time.perf_counter()
     try:
-        compiled = jitted.lower(_with_sharding(abstract_params, p_sh),
-                                _with_sharding(abstract_state, o_sh), abstract_batch).compile()
+        compiled = jitted.lower(abstract_in, abstract_batch).compile()
     except RuntimeError as exc:
         if _is_oom(exc):
             raise _OutOfMemory(str(exc)) from exc
         raise
-    return _Program(mesh, p_sh, o_sh, b_sh, compiled, time.perf_counter() - t0)
+    return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0)
+
+
+def _annotated_specs(abstract: PyTree) -> PyTree:
+    """The specs a Flax linen state carries (``nn.with_partitioning``), else replicated."""
+    try:
+        import flax.linen as nn
+
+        specs: PyTree = nn.get_partition_spec(abstract)
+        return specs
+    except Exception:
+        return P()
 
 
 def _analysis_bytes(compiled: Any) -> dict[str, int]:
@@ -201,7 +312,7 @@ def _flops(compiled: Any, n_devices: int) -> float | None:
     return flops * n_devices if flops > 0 else None
 
 
-def predict_memory(case: Case, task: JaxTask, accel: Accelerator) -> dict[str, int]:
+def predict_memory(case: Case, task: Any, accel: Accelerator) -> dict[str, int]:
     """Compile ``task`` as ``case`` and return the planned per-device bytes.
 
     Keys: ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` and their
@@ -224,9 +335,18 @@ def _flat(tree: PyTree) -> dict[str, np.ndarray]:
         from jax.experimental import multihost_utils
 
         tree = multihost_utils.process_allgather(tree, tiled=True)
+    tree = jax.tree.map(_key_data, tree)
     leaves, _ = jax.tree_util.tree_flatten_with_path(jax.device_get(tree))
     return {jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf)
             for path, leaf in leaves}
+
+
+def _key_data(leaf: Any) -> Any:
+    """A PRNG key array as its raw integers (numpy cannot hold a key), else the leaf."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
+        return jax.random.key_data(leaf)
+    return leaf
 
 
 def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
@@ -252,31 +372,53 @@ def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
 
 @dataclass
 class _Trained:
-    params: PyTree
+    state: Any
     losses: list[float]
     step_times: list[float]
+    metrics: dict[str, list[float]] = field(default_factory=dict)
     probe_times: list[float] = field(default_factory=list)
     nan_step: int | None = None
     timed_out: bool = False
 
 
-def _timed_step(program: _Program, params: PyTree, opt_state: PyTree, batch: PyTree,
-                slower: float) -> tuple[PyTree, PyTree, Any, float]:
-    """One step of the compiled program, timed and synchronized: (params, opt_state, loss,
+def _timed_step(program: _Program, state: PyTree, batch: PyTree,
+                slower: float) -> tuple[PyTree, Any, float]:
+    """One step of the compiled program, timed and synchronized: (state, metrics,
     seconds)."""
     t0 = time.perf_counter()
-    params, opt_state, loss = program.compiled(params, opt_state, batch)
+    state, metrics = program.compiled(state, batch)
     # Block on every step: besides honest timing, XLA:CPU collectives across virtual
     # devices can deadlock when many unblocked steps are queued.
-    _block_until_ready((params, opt_state, loss))
-    return params, opt_state, loss, stretch(t0, time.perf_counter(), slower) - t0
+    _block_until_ready((state, metrics))
+    return state, metrics, stretch(t0, time.perf_counter(), slower) - t0
 
 
-def _init_state(program: _Program, task: JaxTask) -> tuple[PyTree, PyTree]:
-    params = jax.jit(task.init_params, out_shardings=program.param_shardings)(
-        jax.random.key(task.seed))
-    opt_state = jax.jit(task.optimizer.init, out_shardings=program.opt_shardings)(params)
-    return params, opt_state
+def _init_state(program: _Program) -> PyTree:
+    """The step's initial state on the program's shardings: ``init`` compiled with them,
+    or a ready state copied onto them (a copy: the donated state is never the user's)."""
+    step = program.step
+    if not callable(step.init):
+        # A compiled copy: device_put(may_alias=False) still shares the buffer of a
+        # replicated array's first shard, which the first step's donation would delete.
+        return jax.jit(lambda state: jax.tree.map(jnp.copy, state),
+                       out_shardings=program.state_shardings)(step.init)
+    # Leaves only, put back into the compiled structure: an init that makes its static
+    # parts afresh each call (a TrainState's tx = optax.adam(...) inside init) gives a
+    # structure that compares unequal to the one compiled, with the same leaves.
+    init = step.init
+    treedef: Any = jax.tree.structure(program.state_shardings)
+    with _set_mesh(program.mesh):
+        leaves = jax.jit(lambda key: jax.tree.leaves(init(key)),
+                         out_shardings=jax.tree.leaves(program.state_shardings))(
+            jax.random.key(step.seed))
+    return treedef.unflatten(leaves)
+
+
+def _batch(program: _Program, i: int) -> PyTree:
+    """Batch ``i`` on the program's shardings, transferred (outside any timer)."""
+    batch = _device_put(program.step.make_batch(i), program.batch_shardings)
+    _block_until_ready(batch)
+    return batch
 
 
 class JaxStepper:
@@ -284,11 +426,10 @@ class JaxStepper:
     comparison (:mod:`pytest_accelperf.compare`) alternates between two revisions. Steps
     are timed exactly as in a run (:func:`_timed_step`)."""
 
-    def __init__(self, case: Case, task: JaxTask, accel: Accelerator) -> None:
+    def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
         self._program = _compile(case, task, accel, case.mesh)
-        self._task = task
         self._cycle = max(1, case.warmup + case.steps)  # the batches a run would see
-        self._params, self._opt_state = _init_state(self._program, task)
+        self._state = _init_state(self._program)
         self._step = 0
         self._slower = injected_slowdown()
 
@@ -296,34 +437,36 @@ class JaxStepper:
         """Train ``n`` more steps; their step times in seconds."""
         times = []
         for _ in range(n):
-            batch = jax.device_put(self._task.make_batch(self._step % self._cycle),
-                                   self._program.batch_sharding)
-            _block_until_ready(batch)
-            self._params, self._opt_state, _, seconds = _timed_step(
-                self._program, self._params, self._opt_state, batch, self._slower)
+            batch = _batch(self._program, self._step % self._cycle)
+            self._state, _, seconds = _timed_step(self._program, self._state, batch,
+                                                  self._slower)
             times.append(seconds)
             self._step += 1
         return times
 
 
-def _execute(program: _Program, case: Case, task: JaxTask, probe: Probe | None = None,
+def _execute(program: _Program, case: Case, probe: Probe | None = None,
              deadline: float | None = None) -> _Trained:
     """Initialize on the program's shardings and run warmup + measured steps.
 
     After each measured step (outside its timer) ``probe`` runs and is timed; past
-    ``deadline`` (``time.monotonic()``) the run stops at the next step boundary.
+    ``deadline`` (``time.monotonic()``) the run stops at the next step boundary. The loss
+    and the other metrics of every step are fetched after its timer stopped.
     """
-    params, opt_state = _init_state(program, task)
-    out = _Trained(params=None, losses=[], step_times=[])
+    state = _init_state(program)
+    key = program.step.loss
+    out = _Trained(state=None, losses=[], step_times=[])
     slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
     for i in range(case.warmup + case.steps):
         # Transfer outside the timer: the step time is device work, not host->device copy.
-        batch = jax.device_put(task.make_batch(i), program.batch_sharding)
-        _block_until_ready(batch)
-        params, opt_state, loss, seconds = _timed_step(program, params, opt_state, batch,
-                                                       slower)
-        value = float(loss)
+        batch = _batch(program, i)
+        state, metrics, seconds = _timed_step(program, state, batch, slower)
+        values = jax.device_get(metrics)
+        value = float(values[key])
         out.losses.append(value)
+        for name, v in values.items():
+            if name != key:
+                out.metrics.setdefault(name, []).append(float(v))
         if i >= case.warmup:
             out.step_times.append(seconds)
             if probe is not None:
@@ -335,12 +478,13 @@ def _execute(program: _Program, case: Case, task: JaxTask, probe: Probe | None =
         if deadline is not None and time.monotonic() > deadline:
             out.timed_out = True
             break
-    out.params = params
+    out.state = state
     return out
 
 
 class JaxBackend:
-    """Trains a :class:`JaxTask` on a ``jax.sharding.Mesh`` of the case's shape."""
+    """Trains a :class:`JaxStep` (or a :class:`JaxTask`, or an :func:`nnx_step`) on a
+    ``jax.sharding.Mesh`` of the case's shape."""
 
     name = "jax"
 
@@ -351,7 +495,7 @@ class JaxBackend:
                     f"pip install 'pytest-accelperf[jax]'")
         return None
 
-    def fits(self, case: Case, task: JaxTask, accel: Accelerator, *,
+    def fits(self, case: Case, task: Any, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Compile only: the planned bytes per device against the capacity (the runtime's,
         or ``case.memory_capacity``); a compile that itself runs out of memory does not fit."""
@@ -382,24 +526,20 @@ class JaxBackend:
             time.sleep(0.01)
         return True
 
-    def stepper(self, case: Case, task: JaxTask, accel: Accelerator) -> JaxStepper:
+    def stepper(self, case: Case, task: Any, accel: Accelerator) -> JaxStepper:
         """The case's compiled step, run in blocks (A/B comparison)."""
         return JaxStepper(case, task, accel)
 
-    def train(self, case: Case, task: JaxTask, accel: Accelerator, *,
+    def train(self, case: Case, task: Any, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
-        if case.world_size > 1 and jax.process_count() == 1:
-            # A case spanning processes, launched here (inside them process_count > 1).
-            from pytest_accelperf.backends.jax_multihost import train_processes
-
-            return train_processes(case, task, accel, timeout=timeout)
+        step = as_step(task)
         deadline = time.monotonic() + timeout if timeout else None
         run = Run(case_id=case.id, samples_per_step=case.batch,
-                  tokens_per_step=(case.batch * task.tokens_per_sample
-                                   if task.tokens_per_sample else None),
+                  tokens_per_step=(case.batch * step.tokens_per_sample
+                                   if step.tokens_per_sample else None),
                   n_devices=case.n_devices, peak_flops_per_device=accel.peak_flops)
         try:
-            program = _compile(case, task, accel, case.mesh)
+            program = _compile(case, step, accel, case.mesh)
         except _OutOfMemory as exc:
             return TrainResult(run=_oom_run(run, str(exc)))
         mesh = program.mesh
@@ -421,13 +561,14 @@ class JaxBackend:
         probe = jax_probe(next(d for d in mesh.devices.flat
                                if d.process_index == jax.process_index()))
         try:
-            trained = _execute(program, case, task, probe, deadline)
+            trained = _execute(program, case, probe, deadline)
         except RuntimeError as exc:
             if _is_oom(exc):
                 return TrainResult(run=_oom_run(run, str(exc)))
             raise
         run.losses = trained.losses
         run.loss_steps = list(range(len(trained.losses)))
+        run.metrics = trained.metrics
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         # GPU/TPU runtimes count the real peak (since process start: an earlier, larger
@@ -439,36 +580,39 @@ class JaxBackend:
             run.memory_per_device = {label: int(s["peak_bytes_in_use"])
                                      for label, s in zip(_labels(mesh), stats, strict=True)}
             run.memory_source = "memory_stats"
-        params = _flat(trained.params)
+        params = _flat(step.params_of(trained.state))
         run.params_fingerprint = fingerprint(params)
+        # The final state goes back to the test; a case spanning processes holds shards
+        # of it in each, and no process can hand it over whole.
+        state = step.final_of(trained.state) if jax.process_count() == 1 else None
         if trained.nan_step is not None:
             run.outcome = "nan"
             run.nan_step = trained.nan_step
             run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
-            return TrainResult(run=run, params=params)
+            return JaxTrainResult(run=run, params=params, state=state)
         if trained.timed_out:
             run.outcome = "timeout"
             run.message = (f"exceeded the {timeout:g} s timeout after {len(trained.losses)} of "
                            f"{case.warmup + case.steps} steps (raise --accelperf-timeout, or "
                            f"give the case fewer steps)")
-            return TrainResult(run=run, params=params)
+            return JaxTrainResult(run=run, params=params, state=state)
 
-        reference = _reference(case, task, accel, capacity, run) if case.reference else None
-        return TrainResult(run=run, params=params, reference_params=reference)
+        reference = _reference(case, step, accel, capacity, run) if case.reference else None
+        return JaxTrainResult(run=run, params=params, reference_params=reference, state=state)
 
 
-def _reference(case: Case, task: JaxTask, accel: Accelerator, capacity: int | None,
+def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | None,
                run: Run) -> dict[str, np.ndarray] | None:
     """Flat params of the same task, seed, batches and step count on ONE device: the
     ground truth a sharded run must match (seed 004). Its times are not recorded. When
     one device cannot hold the case, None, with the reason in ``run.extra["reference"]``.
     """
     try:
-        program = _compile(case, task, accel, None)
+        program = _compile(case, step, accel, None)
         oom = _predicted_oom(_analysis_bytes(program.compiled), capacity)
         if oom is not None:
             raise _OutOfMemory(_oom_message(oom))
-        return _flat(_execute(program, case, task).params)
+        return _flat(step.params_of(_execute(program, case).state))
     except (_OutOfMemory, RuntimeError) as exc:
         if not isinstance(exc, _OutOfMemory) and not _is_oom(exc):
             raise

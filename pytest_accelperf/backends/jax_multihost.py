@@ -2,12 +2,16 @@
 ``jax.distributed.initialize``, each with ``1 / world_size`` of the platform's devices, all
 running the JAX backend's own training on the global mesh (multi-controller JAX).
 
+This module is the JAX backend's ranks (``RANKS``, named by its spec): the plugin, not the
+JAX backend, sends a ``world_size > 1`` case here (:mod:`pytest_accelperf.routing`).
 Without a cluster the processes are launched on this machine by
 :mod:`pytest_accelperf.backends.launch` (coordinator on 127.0.0.1); on a Ray cluster
 (:mod:`pytest_accelperf.cluster`) they are actors, one per host. Either way each process
-runs :func:`join` and then ``JaxBackend.train``, so a baseline recorded one way is compared
-with a run taken the other. On ``cpu`` the collectives between processes go over gloo
-(``jax_cpu_collectives_implementation``), and the virtual devices are split:
+runs :func:`rank_main`: :func:`join`, then ``JaxBackend.train``, so a baseline recorded one
+way is compared with a run taken the other. Each process reports its steps as it trains,
+so a process that dies or is killed at the timeout leaves them behind. On ``cpu`` the
+collectives between processes go over gloo (``jax_cpu_collectives_implementation``), and
+the virtual devices are split:
 ``--accelperf-cpu-devices=8`` at ``world_size=2`` is 4 per process, 8 in the mesh.
 """
 
@@ -19,8 +23,11 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import TrainResult
+from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.launch import LaunchResult
+from pytest_accelperf.backends.ranks import RankJob, train_in_ranks
 from pytest_accelperf.cases import Case
+from pytest_accelperf.report import progress
 from pytest_accelperf.run import Outcome, Run
 
 if TYPE_CHECKING:
@@ -78,30 +85,81 @@ def train_here(case: Case, task: Any, accel: str, cpu_devices: int, platform: st
     return acc.platform, BACKEND.train(case, task, acc, timeout=timeout)
 
 
+class _RankSteps:
+    """A progress sink (:mod:`pytest_accelperf.report.progress`) that reports each step the
+    JAX backend trains as a launched rank's ``progress`` event."""
+
+    def __init__(self, ctx: RankContext) -> None:
+        self._ctx = ctx
+
+    def update(self, done: int, total: int, loss: float, step_time: float) -> None:
+        self._ctx.progress(phase="train", step=done - 1, total=total, loss=loss,
+                           time=step_time)
+
+    def close(self) -> None:
+        pass
+
+
 def rank_main(ctx: RankContext, case: Case, task: Any, accel: str, cpu_devices: int,
-              platform: str, timeout: float | None) -> TrainResult | None:
-    """One launched process (see :mod:`.launch`); process 0's result is the run."""
+              platform: str | None, timeout: float | None
+              ) -> tuple[str, TrainResult] | None:
+    """One process of the case, launched here or a Ray actor (see :mod:`.launch`):
+    process 0 returns the platform key it saw and its result, which is the run."""
     coordinator = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     ctx.progress(phase="init")
     join(coordinator, ctx.world_size, ctx.rank, accel, cpu_devices // ctx.world_size)
-    _, result = train_here(case, task, accel, cpu_devices, platform, timeout)
-    ctx.progress(phase="done", step=len(result.run.losses) - 1)
-    return result if ctx.rank == 0 else None
+    with progress.reporting(_RankSteps(ctx)):
+        seen, result = train_here(case, task, accel, cpu_devices, platform, timeout)
+    return (seen, result) if ctx.rank == 0 else None
+
+
+class JaxProcesses:
+    """The JAX backend's :class:`~pytest_accelperf.backends.ranks.RankTrainer`: every
+    process runs :func:`rank_main`; process 0's result is the run."""
+
+    def job(self, case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
+            platform: str | None, timeout: float | None) -> RankJob:
+        check_case(case, accel)
+        return RankJob(rank_main, (case, task, accel.name, cpu_devices, platform, timeout),
+                       total_steps=case.warmup + case.steps)
+
+    def result(self, case: Case, task: Any, accel: Accelerator, job: RankJob,
+               launched: LaunchResult, *, timeout: float | None) -> TrainResult:
+        if launched.outcome != "ok":
+            outcome: Outcome = "timeout" if launched.outcome == "timeout" else "error"
+            run = Run(case_id=case.id, outcome=outcome, message=launched.message,
+                      samples_per_step=case.batch, n_devices=case.n_devices)
+            done = [s for s in launched.ranks[0].steps if "loss" in s]  # what it reported
+            run.losses = [float(s["loss"]) for s in done]
+            run.loss_steps = [int(s["step"]) for s in done]
+            return TrainResult(run=run)
+        _, result = launched.ranks[0].result
+        assert isinstance(result, TrainResult)
+        result.run.extra["processes"] = case.world_size
+        return result
+
+    def reference(self, case: Case, task: Any, job: RankJob) -> dict[str, Any] | None:
+        return None  # check_case refuses reference=True: no device every process shares
+
+    def platform(self, launched: LaunchResult) -> str | None:
+        if launched.outcome != "ok":
+            return None
+        seen, _ = launched.ranks[0].result
+        return str(seen)
+
+    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        """The JAX backend's own answer (a compile and its memory analysis), here."""
+        from pytest_accelperf.backends.jax import BACKEND
+
+        return BACKEND.fits(case, task, accel, timeout=timeout)
+
+
+#: The JAX backend's ranks (its spec's ``ranks``).
+RANKS = JaxProcesses()
 
 
 def train_processes(case: Case, task: Any, accel: Accelerator, *,
                     timeout: float | None = None) -> TrainResult:
     """Train ``case`` in ``case.world_size`` processes launched on this machine."""
-    from pytest_accelperf.backends.launch import launch
-
-    check_case(case, accel)
-    launched = launch(rank_main, (case, task, accel.name, accel.device_count, accel.platform,
-                                  timeout), case.world_size, timeout=timeout)
-    if launched.outcome != "ok":
-        outcome: Outcome = "timeout" if launched.outcome == "timeout" else "error"
-        return TrainResult(run=Run(case_id=case.id, outcome=outcome, message=launched.message,
-                                   samples_per_step=case.batch, n_devices=case.n_devices))
-    result = launched.ranks[0].result
-    assert isinstance(result, TrainResult)
-    result.run.extra["processes"] = case.world_size
-    return result
+    return train_in_ranks(RANKS, case, task, accel, timeout=timeout)

@@ -1,7 +1,8 @@
 """The PyTorch backend: one process, one device (CPU or one CUDA GPU), eager or compiled.
 
 (A case with ``world_size > 1`` trains with DistributedDataParallel in that many processes
-instead: :mod:`pytest_accelperf.backends.ddp`.)
+instead, :mod:`pytest_accelperf.backends.ddp`: this backend's spec names it as its ranks,
+and the plugin, not this module, makes that choice (:mod:`pytest_accelperf.routing`).)
 
 It follows the JAX backend's rules: compile time is kept apart from step times, every
 measured step is synchronized, the loss of every step is recorded, a NaN/inf ends the run
@@ -25,7 +26,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import time
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,13 @@ import torch
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import fingerprint, injected_slowdown, stretch
-from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
+from pytest_accelperf.backends.probe import Probe
+
+# Re-exported: they lived here before DDP and DeepSpeed needed them without this backend.
+from pytest_accelperf.backends.torch_task import TorchTask as TorchTask
+from pytest_accelperf.backends.torch_task import sync
+from pytest_accelperf.backends.torch_task import to_device as to_device
+from pytest_accelperf.backends.torch_task import torch_probe as torch_probe
 from pytest_accelperf.cases import Case
 from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
@@ -44,28 +50,6 @@ GIB = 2**30
 #: Eager training steps of the throwaway model that CPU memory is counted over: the first
 #: creates the optimizer state, the second is the steady state with it.
 MEMORY_STEPS = 2
-
-
-@dataclass
-class TorchTask:
-    """What to train, independent of the device.
-
-    ``make_model()`` is called after ``torch.manual_seed(seed)`` and builds the model on
-    the CPU (the backend moves it). ``loss_fn(model, batch)`` returns a scalar loss;
-    ``make_batch(step)`` returns the batch of a step (tensors on the CPU, in any nesting of
-    dicts, lists and tuples; the backend moves them to the device, outside the timer).
-    ``compile`` wraps the model in ``torch.compile``; ``grad_clip`` clips the global
-    gradient norm before every optimizer step.
-    """
-
-    make_model: Callable[[], torch.nn.Module]
-    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
-    make_batch: Callable[[int], Any]
-    make_optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
-    compile: bool = False
-    grad_clip: float | None = None
-    tokens_per_sample: int | None = None
-    seed: int = 0
 
 
 def _device(accel: Accelerator) -> torch.device:
@@ -83,39 +67,6 @@ def _device(accel: Accelerator) -> torch.device:
 
 def _label(device: torch.device) -> str:
     return f"{device.type}:{device.index or 0}"
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` with every tensor moved to ``device`` (dicts, lists and tuples kept)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def torch_probe(device: torch.device, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
-    """The drift-cancelling reference workload on ``device`` (see :mod:`.probe`): ``reps``
-    float32 ``n x n`` products through torch's own kernels and threads, synchronized."""
-    gen = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=gen).to(device)
-    b = torch.randn(n, n, generator=gen).to(device)
-
-    def run() -> None:
-        with torch.no_grad():
-            x = a
-            for _ in range(reps):
-                x = torch.tanh(x @ b)
-        _sync(device)
-
-    return Probe(f"torch-{device.type}-matmul{n}x{reps}", run)
 
 
 def deadline_after(timeout: float | None) -> float | None:
@@ -230,10 +181,10 @@ class _Trained:
 def _timed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: TorchTask,
                 batch: Any, device: torch.device, slower: float) -> tuple[torch.Tensor, float]:
     """One training step, synchronized before and after: (loss, seconds)."""
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     loss = _step(model, optimizer, task, batch)
-    _sync(device)
+    sync(device)
     return loss, stretch(t0, time.perf_counter(), slower) - t0
 
 
@@ -330,11 +281,8 @@ class TorchBackend:
              timeout: float | None = None) -> Fit:
         """CPU: the MemTracker peak of two eager steps against ``case.memory_capacity``.
         CUDA: two real steps, caught out-of-memory or an allocator peak over capacity.
-        ``world_size > 1``: the same in each DDP rank (:mod:`.ddp`), the largest rank."""
-        if case.world_size > 1:
-            from pytest_accelperf.backends.ddp import fits_ddp
-
-            return fits_ddp(case, task, accel, timeout=timeout)
+        A ``world_size > 1`` case is DDP's (:mod:`.ddp`), not this backend's."""
+        _one_process(case)
         device = _device(accel)
         capacity = case.memory_capacity
         if device.type == "cpu":
@@ -380,11 +328,7 @@ class TorchBackend:
 
     def train(self, case: Case, task: TorchTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
-        if case.world_size > 1:
-            # DistributedDataParallel in world_size processes launched by the plugin.
-            from pytest_accelperf.backends.ddp import train_ddp
-
-            return train_ddp(case, task, accel, timeout=timeout)
+        _one_process(case)
         if case.reference:
             raise ValueError(
                 "reference runs are implemented for the jax backend; the torch backend "
@@ -449,6 +393,16 @@ class TorchBackend:
             run.outcome = "timeout"
             run.message = timeout_message(timeout, len(trained.losses), case)
         return TrainResult(run=run, params=params)
+
+
+def _one_process(case: Case) -> None:
+    """Refuse a case this backend does not train itself: ``world_size > 1`` is DDP's."""
+    if case.world_size > 1:
+        raise ValueError(
+            f"{case.id}: world_size={case.world_size} trains with DDP in launched ranks, "
+            f"not in this process: train it through accelperf.train (the plugin routes it "
+            f"to the torch backend's ranks), or call "
+            f"pytest_accelperf.backends.ddp.train_ddp(case, task, accel)")
 
 
 def timeout_message(timeout: float | None, done: int, case: Case) -> str:

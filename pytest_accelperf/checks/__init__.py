@@ -9,6 +9,8 @@ that applies to the run, in a fixed order:
     median step time, with a bootstrap interval (:mod:`.throughput`);
 ``loss``
     the loss curve within a band (:mod:`.convergence`);
+each metric of the training step (``accuracy``, ``lr``, ...)
+    its curve within a band, when the step returns metrics (:mod:`.metrics`);
 ``memory``
     peak bytes per device (:mod:`.memory`);
 ``numerics``
@@ -33,6 +35,7 @@ from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import check_convergence, nan_result
 from pytest_accelperf.checks.max_batch import check_max_batch
 from pytest_accelperf.checks.memory import check_memory
+from pytest_accelperf.checks.metrics import check_metrics
 from pytest_accelperf.checks.numerics import check_numerics, check_reference
 from pytest_accelperf.checks.outcome import NO_BASELINE, check_outcome
 from pytest_accelperf.checks.throughput import check_throughput
@@ -47,6 +50,7 @@ __all__ = [
     "check_convergence",
     "check_max_batch",
     "check_memory",
+    "check_metrics",
     "check_numerics",
     "check_outcome",
     "check_reference",
@@ -75,6 +79,7 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
         optional = [
             check_throughput(run, block, baseline, tol, comparable=comparable),
             check_convergence(run, block, baseline, tol),
+            *check_metrics(block, baseline, tol),
             check_memory(block, baseline, tol),
             check_numerics(block, baseline, tol, same_environment=comparable),
         ]

@@ -136,7 +136,8 @@ class SessionReport:
 #: Keys of a stored block that a report keeps beside the run (numerics and environment are
 #: left out: large, and already summarized by the checks).
 _BASELINE_VIEW_KEYS = ("outcome", "samples_per_step", "samples_per_second", "step_time", "probe",
-                       "loss", "memory", "compile_time", "mfu", "recorded_at", "max_batch")
+                       "loss", "metrics", "memory", "compile_time", "mfu", "recorded_at",
+                       "max_batch")
 
 
 def baseline_view(block: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -1,0 +1,464 @@
+"""What the JAX backend trains: a state and the user's own training step.
+
+A :class:`JaxStep` is any pytree state and a ``step(state, batch) -> (state, metrics)``,
+written as the user would write it (a Flax ``TrainState`` with ``batch_stats``, a step that
+is already ``jax.jit``-ed); the backend (:mod:`pytest_accelperf.backends.jax`) jits it with
+the case's shardings, compiles it before anything is allocated, and times it. The two
+conveniences are built on it: :class:`JaxTask` (params, a loss and an optax optimizer)
+becomes a step through :meth:`JaxTask.to_step`, and :func:`nnx_step` turns a Flax NNX
+train step (a model, an ``nnx.Optimizer`` and metrics, updated in place) into one.
+
+Whatever the user's function gets wrong is raised here as a
+:class:`~pytest_accelperf.backends.common.TaskError` that names the function, where it is
+defined, and the fix (:func:`explain`, :func:`check_outputs`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec
+
+from pytest_accelperf.backends.common import TaskError, describe, user_frame
+
+PyTree = Any
+# jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
+P: Any = PartitionSpec
+_eval_shape: Any = jax.eval_shape
+
+#: Names of the plugin's own checks: a step metric may not take one (its check would be
+#: confused with the built-in one in reports and in ``CaseResult.check``).
+RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
+                              "reference", "max_batch", "scaling"})
+
+
+@dataclass
+class JaxStep:
+    """A training step the user wrote, and its state: what the JAX backend trains.
+
+    ``init`` is a function of a PRNG key (``jax.random.key(seed)``) that returns the state,
+    or the state itself; any pytree (a dict, a Flax ``TrainState`` with ``batch_stats`` and
+    a dropout ``key``, an NNX ``State``). A function is compiled and its memory predicted
+    before it runs; a ready state is copied onto the case's shardings.
+
+    ``step(state, batch)`` returns ``(new_state, metrics)``: the new state has the same
+    structure, shapes and dtypes as the old, and ``metrics`` is a dict of scalars holding
+    the loss under ``loss`` (default ``"loss"``). Every other metric (accuracy, gradient
+    norm, learning rate) is recorded per step and checked against the baseline like the
+    loss. The step may already be ``jax.jit``-ed; the backend jits it again with the
+    case's shardings (jit of jit is one program).
+
+    ``make_batch(step)`` returns the global host batch of a step, the same whatever the
+    mesh. ``state_specs`` and ``batch_specs`` are ``PartitionSpec`` pytrees (full, or a
+    prefix: one spec for a whole subtree), or functions of the abstract state / host batch
+    that return one; mesh axes a case lacks are dropped. Defaults: the state's own Flax
+    annotations (``nn.with_partitioning``), else replicated; every batch leaf split on
+    ``data`` along its first dimension.
+
+    ``params(state)`` returns the parameters that the numerics fingerprint and the
+    single-device reference compare (default: ``state.params`` or ``state["params"]``, else
+    the whole state). ``bind_axes`` binds a named axis of the user's model to a mesh axis,
+    ``{"batch": "data"}`` for ``BatchNorm(axis_name="batch")`` / ``lax.pmean(x, "batch")``
+    as pmap code writes them: the step then runs under ``jax.shard_map`` over that mesh
+    axis (the others stay automatic), on its share of the batch, as it would under
+    ``pmap``. ``donate`` lets the step update the state in place. ``final(state)`` is what
+    the test gets back as ``CaseResult.state`` (default: the state). ``label`` is how
+    errors name the step (default: the step function, file and line).
+    """
+
+    init: Any
+    step: Callable[[Any, Any], Any]
+    make_batch: Callable[[int], PyTree]
+    state_specs: Any = None
+    batch_specs: Any = None
+    params: Callable[[Any], PyTree] | None = None
+    loss: str = "loss"
+    bind_axes: Mapping[str, str] = field(default_factory=dict)
+    donate: bool = True
+    tokens_per_sample: int | None = None
+    seed: int = 0
+    final: Callable[[Any], Any] | None = None
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if not callable(self.step):
+            raise TaskError(f"JaxStep.step must be the training step, a function "
+                            f"step(state, batch) -> (state, metrics); got "
+                            f"{type(self.step).__name__}")
+        if not callable(self.make_batch):
+            raise TaskError(f"JaxStep.make_batch must be a function of the step number that "
+                            f"returns the global host batch; got {type(self.make_batch).__name__}")
+        if not self.label:
+            self.label = f"the step {describe(self.step)}"
+
+    def params_of(self, state: Any) -> PyTree:
+        """The parameters of ``state`` (the documented accessor, see the class)."""
+        if self.params is not None:
+            try:
+                return self.params(state)
+            except Exception as exc:
+                raise TaskError(f"JaxStep.params {describe(self.params)} failed on the final "
+                                f"state: {type(exc).__name__}: {_first_line(exc)}"
+                                f"{_at(exc)}; it must return the parameters of a state "
+                                f"(e.g. lambda state: state.params)") from exc
+        if isinstance(state, Mapping) and "params" in state:
+            return state["params"]
+        found = getattr(state, "params", None)
+        return state if found is None else found
+
+    def final_of(self, state: Any) -> Any:
+        """What the test gets back for ``state`` (``CaseResult.state``)."""
+        return state if self.final is None else self.final(state)
+
+
+@dataclass
+class JaxTask:
+    """What to train: a model, its data and its optimizer, independent of the mesh.
+
+    A convenience built on :class:`JaxStep` (:meth:`to_step`): the step is
+    ``value_and_grad(loss_fn)``, ``optimizer.update`` and ``optax.apply_updates``, the
+    state ``(params, opt_state)``. ``make_batch(step)`` returns the *global* host batch of
+    a step (leading dimension ``case.batch``), the same for a step whatever the mesh, so a
+    sharded run and its single-device reference see identical data. ``param_specs`` maps
+    the abstract params to a ``PartitionSpec`` pytree (None: replicate everything); axes a
+    mesh lacks are dropped, so one spec serves the no-mesh case too; the optimizer state
+    follows its parameters. ``loss_fn`` returns a scalar loss, or ``(loss, aux)``: scalars
+    in a dict ``aux`` are recorded as metrics, anything else in it is ignored.
+    """
+
+    init_params: Callable[[Any], PyTree]
+    loss_fn: Callable[[PyTree, PyTree], Any]
+    make_batch: Callable[[int], PyTree]
+    optimizer: optax.GradientTransformation
+    param_specs: Callable[[PyTree], PyTree] | None = None
+    batch_spec: Any = field(default_factory=lambda: P("data"))
+    tokens_per_sample: int | None = None
+    seed: int = 0
+
+    def to_step(self) -> JaxStep:
+        """This task as the :class:`JaxStep` the backend trains."""
+        init_params, optimizer, param_specs = self.init_params, self.optimizer, self.param_specs
+        loss = scalar_loss(self.loss_fn, f"JaxTask.loss_fn {describe(self.loss_fn)}")
+
+        def init(key: Any) -> tuple[PyTree, PyTree]:
+            params = init_params(key)
+            return params, optimizer.init(params)
+
+        def step(state: tuple[PyTree, PyTree], batch: PyTree) -> tuple[Any, dict[str, Any]]:
+            params, opt_state = state
+            (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return (optax.apply_updates(params, updates), opt_state), {**metrics, "loss": value}
+
+        def state_specs(abstract: tuple[PyTree, PyTree]) -> tuple[PyTree, PyTree]:
+            params, opt_state = abstract
+            specs = full_specs(param_specs(params) if param_specs else P(), params)
+            try:  # moments get their parameter's spec; step counts are replicated
+                opt_specs = optax.tree_utils.tree_map_params(
+                    optimizer, lambda _, spec: spec, opt_state, specs,
+                    transform_non_params=lambda _: P())
+            except Exception:  # an optimizer whose init cannot take optax's placeholder
+                opt_specs = jax.tree.map(lambda _: P(), opt_state)
+            return specs, opt_specs
+
+        return JaxStep(init=init, step=step, make_batch=self.make_batch,
+                       state_specs=state_specs, batch_specs=self.batch_spec,
+                       params=lambda state: state[0], tokens_per_sample=self.tokens_per_sample,
+                       seed=self.seed, label=f"JaxTask.loss_fn {describe(self.loss_fn)}")
+
+
+def scalar_loss(loss_fn: Callable[[PyTree, PyTree], Any],
+                label: str) -> Callable[[PyTree, PyTree], tuple[Any, dict[str, Any]]]:
+    """``loss_fn`` as ``(params, batch) -> (loss, scalar metrics)`` for
+    ``value_and_grad(..., has_aux=True)``: a loss that is not a scalar is a
+    :class:`TaskError` naming ``label`` (not JAX's ``Gradient only defined for
+    scalar-output functions``)."""
+
+    def wrapped(params: PyTree, batch: PyTree) -> tuple[Any, dict[str, Any]]:
+        out = loss_fn(params, batch)
+        aux: Any = None
+        if isinstance(out, tuple | list) and len(out) == 2:
+            out, aux = out
+        if _shape(out) != ():
+            raise TaskError(
+                f"{label} returns {_value_text(out)}: the loss must be a scalar to take its "
+                f"gradient. Reduce it (jnp.mean(...)), or return (loss, aux) with a scalar "
+                f"loss and a dict of scalar metrics as aux")
+        metrics = ({str(k): v for k, v in aux.items() if _shape(v) == ()}
+                   if isinstance(aux, Mapping) else {})
+        metrics.pop("loss", None)
+        return out, metrics
+
+    return wrapped
+
+
+def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[[int], PyTree],
+             *, params: Callable[[tuple[Any, ...]], PyTree] | None = None, loss: str = "loss",
+             state_specs: Any = None, batch_specs: Any = None,
+             bind_axes: Mapping[str, str] | None = None, donate: bool = True,
+             tokens_per_sample: int | None = None) -> JaxStep:
+    """A Flax NNX training step as a :class:`JaxStep`, written as Flax's docs write it.
+
+    ``train_step(*objects, batch)`` updates ``objects`` in place: typically
+    ``(model, optimizer, metrics)`` with an ``nnx.Optimizer`` and an ``nnx.MultiMetric``,
+    and may be decorated with ``nnx.jit``. ``objects`` are those objects (already made), or
+    a function that makes them, which the backend then compiles and runs on the case's
+    shardings without allocating first, with the case's mesh in context (so variables
+    annotated with ``nnx.with_partitioning`` can be made). The model is the first object.
+
+    Each step, every ``nnx.Metric`` among the objects is reset before the step and computed
+    after it: its values are that step's metrics. What ``train_step`` returns is added: a
+    scalar is the loss, a dict more metrics, None nothing. The loss is the metric ``loss``
+    (``nnx.metrics.Average('loss')`` in a ``MultiMetric``).
+
+    ``params(objects)`` returns the parameters for the numerics (default: the model's
+    ``nnx.Param`` state). ``CaseResult.state`` is the tuple of trained objects. Sharding
+    annotations on the model (``nnx.with_partitioning``) are the default ``state_specs``.
+    """
+    from flax import nnx
+
+    label = f"the NNX train_step {describe(train_step)}"
+    ready = isinstance(objects, tuple | list) or _is_graph_node(nnx, objects)
+    if not ready and not callable(objects):
+        raise TaskError(f"nnx_step: objects must be the objects {label} takes before the batch "
+                        f"(e.g. (model, optimizer, metrics)), or a function that makes them; "
+                        f"got {type(objects).__name__}")
+    # The graph (and where the metrics are) of the objects: known now for ready objects;
+    # for a factory, from its first (abstract) call, which the backend makes with the
+    # case's mesh in context (Flax creates annotated variables on it).
+    known: dict[str, Any] = {}
+
+    def remember(objs: tuple[Any, ...]) -> Any:
+        graphdef, state = nnx.split(objs)
+        known.setdefault("graphdef", graphdef)
+        known.setdefault("metric_at", [i for i, o in enumerate(objs)
+                                       if isinstance(o, nnx.Metric)])
+        return state
+
+    if ready:
+        init: Any = remember(tuple(objects) if isinstance(objects, tuple | list)
+                             else (objects,))
+    else:
+        factory: Callable[[], Any] = objects
+
+        def init(_key: Any) -> Any:
+            out = factory()
+            return remember(tuple(out) if isinstance(out, tuple | list) else (out,))
+
+        init.__wrapped__ = factory  # errors name it
+
+    def merge(state: Any) -> Any:
+        return nnx.merge(known["graphdef"], state)
+
+    def step(state: Any, batch: PyTree) -> tuple[Any, dict[str, Any]]:
+        live = merge(state)
+        for i in known["metric_at"]:
+            live[i].reset()
+        out = train_step(*live, batch)
+        metrics: dict[str, Any] = {}
+        for i in known["metric_at"]:
+            computed = live[i].compute()
+            if isinstance(computed, Mapping):
+                metrics.update({str(k): v for k, v in computed.items()})
+            else:
+                metrics[str(getattr(live[i], "argname", None) or f"metric{i}")] = computed
+        if isinstance(out, Mapping):
+            metrics.update({str(k): v for k, v in out.items()})
+        elif out is not None and _shape(out) == ():
+            metrics[loss] = out
+        elif out is not None:
+            raise TaskError(f"{label} returns {_value_text(out)}: return nothing (metrics in an "
+                            f"nnx.MultiMetric), the scalar loss, or a dict of scalar metrics")
+        return nnx.split(live)[1], metrics
+
+    def default_params(live: tuple[Any, ...]) -> PyTree:
+        return nnx.to_pure_dict(nnx.state(live[0], nnx.Param))
+
+    accessor = params or default_params
+
+    def params_of(state: Any) -> PyTree:
+        return accessor(merge(state))
+
+    params_of.__wrapped__ = accessor  # type: ignore[attr-defined]  # errors name it
+    return JaxStep(
+        init=init, step=step, make_batch=make_batch,
+        state_specs=state_specs if state_specs is not None else nnx.get_partition_spec,
+        batch_specs=batch_specs, params=params_of,
+        loss=loss, bind_axes=dict(bind_axes or {}), donate=donate,
+        tokens_per_sample=tokens_per_sample, final=merge,
+        label=label)
+
+
+def _is_graph_node(nnx: Any, obj: Any) -> bool:
+    is_node: Any = getattr(getattr(nnx, "graph", None), "is_graph_node", None)
+    if is_node is not None:
+        return bool(is_node(obj))
+    return isinstance(obj, nnx.Module | nnx.Optimizer)
+
+
+def as_step(task: Any) -> JaxStep:
+    """``task`` as the :class:`JaxStep` to train: itself, or what its ``to_step()`` gives
+    (:class:`JaxTask`)."""
+    if isinstance(task, JaxStep):
+        return task
+    to_step = getattr(task, "to_step", None)
+    if callable(to_step):
+        step = to_step()
+        if isinstance(step, JaxStep):
+            return step
+    raise TaskError(f"the jax backend trains a JaxStep (your own step), a JaxTask or "
+                    f"nnx_step(...) (pytest_accelperf.backends.jax); got {type(task).__name__}")
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    """The shape of an array or tracer, ``()`` for a Python number, None for anything
+    else (a tuple of arrays is not a scalar)."""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return tuple(shape)
+    return () if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+# -- specs ---------------------------------------------------------------------------------
+def is_spec(x: Any) -> bool:
+    """Whether ``x`` is a leaf of a spec tree: a ``PartitionSpec``, or None (replicated)."""
+    return x is None or isinstance(x, PartitionSpec)
+
+
+def full_specs(specs: Any, tree: PyTree) -> PyTree:
+    """A spec for every leaf of ``tree`` from ``specs``: one spec, or a prefix tree of them
+    (a spec stands for its whole subtree; None for replicated)."""
+    if is_spec(specs):
+        return jax.tree.map(lambda _: specs if specs is not None else P(), tree)
+    return jax.tree.map(lambda spec, sub: jax.tree.map(lambda _: spec or P(), sub),
+                        specs, tree, is_leaf=is_spec)
+
+
+# -- diagnostics ----------------------------------------------------------------------------
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _at(exc: BaseException) -> str:
+    where = user_frame(exc)
+    return f" (at {where})" if where else ""
+
+
+def _value_text(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    dtype = getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"an array of shape {tuple(shape)} ({dtype})"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+_UNBOUND = re.compile(r"unbound axis name:?\s*'?([A-Za-z_]\w*)", re.IGNORECASE)
+
+
+def explain(exc: BaseException, step: JaxStep, mesh_axes: tuple[str, ...]) -> TaskError:
+    """A :class:`TaskError` for ``exc``, raised while tracing ``step``: the user's function,
+    where it failed, what JAX said and what to change."""
+    if isinstance(exc, TaskError):
+        return exc
+    said = f"{type(exc).__name__}: {_first_line(exc)}"
+    head = f"{step.label} cannot be compiled: {said}{_at(exc)}"
+    text = str(exc)
+    unbound = _UNBOUND.search(text)
+    if isinstance(exc, NameError) and unbound:
+        name = unbound.group(1)
+        return TaskError(
+            f"{head}. It reduces over the named axis {name!r} (BatchNorm(axis_name={name!r}), "
+            f"lax.pmean(x, {name!r}), as pmap code does), which nothing binds here: bind it "
+            f"to the mesh axis the batch is split on, JaxStep(..., "
+            f"bind_axes={{{name!r}: 'data'}}) (mesh axes: {', '.join(mesh_axes)})")
+    if "Gradient only defined for scalar-output functions" in text:
+        return TaskError(
+            f"{head}. A function whose gradient the step takes returns more than a scalar: "
+            f"reduce the loss (jnp.mean(...)); to return more, return (loss, aux) and take "
+            f"jax.value_and_grad(loss_fn, has_aux=True)")
+    if "out_specs" in text and ("vary" in text or "replicat" in text):
+        axes = ", ".join(repr(a) for a in step.bind_axes)
+        return TaskError(
+            f"{head}. Under bind_axes each device runs the step on its share of the batch, "
+            f"as pmap does, so what it returns must be the same on every device: average the "
+            f"gradients and the metrics over the bound axis ({axes}) in the step, e.g. "
+            f"grads = lax.pmean(grads, {next(iter(step.bind_axes), 'batch')!r})")
+    return TaskError(f"{head}. Fix it there; the step must be a function of (state, batch) "
+                     f"that jax can trace, returning (state, metrics)")
+
+
+def check_outputs(step: JaxStep, state: PyTree, out: Any) -> None:
+    """Refuse what ``step`` returned for ``state`` (abstract values, from ``eval_shape``)
+    unless it is ``(state of the same structure, shapes and dtypes, dict of scalars with
+    the loss)``."""
+    if not isinstance(out, tuple | list) or len(out) != 2:
+        raise TaskError(
+            f"{step.label} returns {_value_text(out)}, not (state, metrics): return the new "
+            f"state and a dict of scalar metrics holding the loss, e.g. "
+            f"`return state, {{'{step.loss}': loss}}`")
+    new, metrics = out
+    before: Any = jax.tree.structure(state)
+    after: Any = jax.tree.structure(new)
+    if before != after:
+        raise TaskError(
+            f"{step.label} returns a state whose structure differs from the state it takes "
+            f"(it takes {_tree_text(state)}, returns {_tree_text(new)}): the step must return "
+            f"the same kind of state (e.g. state.replace(...), state.apply_gradients(...))")
+    for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state)[0],
+                            jax.tree.leaves(new), strict=True):
+        if np.shape(a) != np.shape(b) or a.dtype != b.dtype:
+            where = jax.tree_util.keystr(path, simple=True, separator="/")
+            raise TaskError(
+                f"{step.label} returns state leaf {where!r} as {b.dtype}{list(np.shape(b))}, "
+                f"but takes it as {a.dtype}{list(np.shape(a))}: a step must keep every "
+                f"leaf's shape and dtype (cast it back, e.g. .astype({a.dtype}))")
+    if not isinstance(metrics, Mapping):
+        raise TaskError(
+            f"{step.label} returns {_value_text(metrics)} as its metrics: return a dict of "
+            f"scalars holding the loss, e.g. `return state, {{'{step.loss}': loss}}`")
+    if step.loss not in metrics:
+        have = ", ".join(repr(k) for k in metrics) or "none"
+        raise TaskError(
+            f"{step.label} returns no metric {step.loss!r} (metrics: {have}): return the loss "
+            f"under {step.loss!r}, or name its key with JaxStep(..., loss='<key>')")
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TaskError(f"{step.label} returns a metric keyed {key!r}: keys must be str")
+        if _shape(value) != ():
+            raise TaskError(
+                f"{step.label} returns metric {key!r} as {_value_text(value)}: metrics are "
+                f"scalars, one value per step; reduce it (jnp.mean) or leave it out")
+        if key != step.loss and key in RESERVED_METRICS:
+            raise TaskError(
+                f"{step.label} returns a metric named {key!r}, the name of one of the "
+                f"plugin's own checks: rename it (e.g. 'train_{key}')")
+
+
+def _tree_text(tree: PyTree, width: int = 120) -> str:
+    text = str(jax.tree.structure(tree))
+    return text if len(text) <= width else text[:width - 4] + " ..."
+
+
+def abstract_state(step: JaxStep) -> PyTree:
+    """The shapes and dtypes of ``step``'s initial state, without allocating it."""
+    try:
+        if callable(step.init):
+            return _eval_shape(step.init, jax.random.key(step.seed))
+        return _eval_shape(lambda state: state, step.init)
+    except TaskError:
+        raise
+    except Exception as exc:
+        what = (f"the init {describe(step.init)}" if callable(step.init)
+                else "the initial state")
+        raise TaskError(f"{what} of {step.label} cannot be traced: {type(exc).__name__}: "
+                        f"{_first_line(exc)}{_at(exc)}; init is a function of a PRNG key "
+                        f"that returns the state, or the state itself") from exc

@@ -1,0 +1,452 @@
+"""Multi-process torch training: the rank loop that DDP and DeepSpeed share.
+
+A case with ``world_size = N`` trains a
+:class:`~pytest_accelperf.backends.torch_task.TorchTask` in ``N`` processes (gloo on the
+CPU, nccl on CUDA, one GPU per rank), launched on this machine by
+:mod:`pytest_accelperf.backends.launch` or as Ray actors. Which engine wraps the model in
+each rank is the plan's ``engine`` (a :class:`RankEngine` class): DDP's
+(:mod:`pytest_accelperf.backends.ddp`) or DeepSpeed's
+(:mod:`pytest_accelperf.backends.deepspeed`); this module knows neither. :class:`TorchRanks`
+is the :class:`~pytest_accelperf.backends.ranks.RankTrainer` both of them declare.
+
+Data parallel: ``task.make_batch(step)`` is the *global* batch of ``case.batch`` samples,
+the one a single process would train on, and rank ``r`` trains on rows
+``[r * b, (r + 1) * b)`` of every tensor in it (``b = case.batch / N``, which must divide).
+With a loss that is a mean over the batch, gradients averaged over the ranks are the
+gradients of the global batch: the same training as one process (the reference).
+
+What each rank measures, and how the run is assembled from it:
+
+* ``step_times``: every rank times each measured step (forward, backward, optimizer step),
+  starting together after a barrier and stopping after the device is synchronized. The
+  run's ``step_times`` are rank 0's; ``extra["ranks"]`` keeps every rank's.
+* ``losses``: the loss of the global batch at every step, i.e. the mean over ranks of each
+  rank's micro-batch loss (an all-reduce after the timer). A non-finite one ends the run
+  as ``nan`` on every rank at the same step.
+* ``probe_times``: after each measured step, every rank runs the drift probe
+  (:func:`~pytest_accelperf.backends.torch_task.torch_probe`) at once, so the machine is as
+  busy as during the step; rank 0's times are the run's.
+* ``memory_per_device``: ``{"rank0": bytes, "rank1": bytes, ...}``. CUDA: each rank's
+  ``torch.cuda.max_memory_allocated`` over the whole run. CPU (no allocator counter):
+  ``MemTracker`` (live tensor storage bytes) in each rank over the engine's construction
+  (model, optimizer, ZeRO partitions and buckets) and its first :data:`MEMORY_STEPS`
+  warm-up steps; those steps are never timed. A rank whose count exceeds the case's
+  ``memory_capacity`` stops with the outcome ``oom`` at that step (before step 0: "cannot
+  even initialize model").
+* ``flops_per_step``: ``FlopCounterMode`` over the forward and backward of step 0 (a
+  warm-up step) in every rank, summed over ranks.
+* Final parameters: gathered on rank 0 (for ZeRO-3 with ``GatheredParameters``), then
+  ``params_fingerprint`` and, with ``case.reference``, a comparison with the same task
+  trained in one process by plain torch on the full global batch (:func:`train_reference`,
+  where rank 0 ran).
+
+The warm-up is at least :data:`MEMORY_STEPS` steps (``max(case.warmup, 2)``): the CPU memory
+count and the FLOP count happen there. The reference trains as many steps.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import torch
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.common import fingerprint
+from pytest_accelperf.backends.launch import CapacityExceeded, LaunchResult, RankReport, launch
+from pytest_accelperf.backends.ranks import RankJob
+from pytest_accelperf.backends.torch_task import TorchTask, sync, to_device, torch_probe
+from pytest_accelperf.cases import Case
+from pytest_accelperf.run import Run
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends._rank import RankContext
+
+GIB = 2**30
+#: Warm-up steps the CPU memory count covers (the first creates the optimizer state, the
+#: second is the steady state with it); the multi-process warm-up is at least this long.
+MEMORY_STEPS = 2
+
+
+# -- what is shipped to the ranks ---------------------------------------------------------
+class RankEngine(Protocol):
+    """A wrapped model in one rank: what ``loss_fn`` is called with, and how to step."""
+
+    model: torch.nn.Module
+
+    def backward(self, loss: torch.Tensor) -> None: ...
+
+    def step(self) -> None:
+        """Clip (if asked), step the optimizer, zero the gradients."""
+
+    def full_params(self, rank: int) -> dict[str, np.ndarray] | None:
+        """The full final parameters on rank 0 (None elsewhere); a collective."""
+
+    def describe(self) -> dict[str, Any]:
+        """What the run's ``extra`` should say about the engine (its configuration)."""
+
+
+class EngineFactory(Protocol):
+    """An engine class: joins the process group, then builds a rank's engine."""
+
+    def __call__(self, plan: RankPlan, device: torch.device) -> RankEngine: ...
+
+    def init_distributed(self, backend: str) -> None:
+        """Join the process group of the launched ranks with ``backend`` (gloo, nccl)."""
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Everything a rank needs, pickled by cloudpickle: the case, the task, the engine
+    class (it travels by reference: an importable class), the device type, the resolved
+    clipping, and whether this is a training run or a memory probe of
+    :data:`MEMORY_STEPS` steps (``fits``)."""
+
+    engine: EngineFactory
+    case: Case
+    task: TorchTask
+    device: str
+    grad_clip: float | None
+    fits: bool = False
+
+    @property
+    def warmup(self) -> int:
+        return max(self.case.warmup, MEMORY_STEPS)
+
+    @property
+    def total_steps(self) -> int:
+        return MEMORY_STEPS if self.fits else self.warmup + self.case.steps
+
+
+def resolve_clip(case: Case, task: TorchTask) -> float | None:
+    """The gradient clipping of a multi-process case: ``case.grad_clip`` or
+    ``task.grad_clip`` (the two must agree when both are set); None for no clipping."""
+    if case.grad_clip is not None and task.grad_clip is not None \
+            and case.grad_clip != task.grad_clip:
+        raise ValueError(f"{case.id}: case.grad_clip={case.grad_clip} and the task's "
+                         f"grad_clip={task.grad_clip} disagree: set one of them")
+    return case.grad_clip if case.grad_clip is not None else task.grad_clip
+
+
+def micro_batch(case: Case) -> int:
+    """Samples per rank: ``case.batch / world_size``, which must be a whole number."""
+    if case.batch % case.world_size:
+        raise ValueError(
+            f"{case.id}: batch {case.batch} is the global batch, split evenly over "
+            f"world_size={case.world_size} ranks; {case.batch} is not divisible by "
+            f"{case.world_size}: use a batch that is a multiple of {case.world_size}")
+    return case.batch // case.world_size
+
+
+def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> Any:
+    """Rank ``rank``'s rows of every tensor of the global batch (dicts, lists, tuples kept).
+
+    Tensors whose first dimension is the global batch are split; a scalar or any other
+    tensor is given whole to every rank.
+    """
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0 or batch.shape[0] != global_batch:
+            return batch
+        size = global_batch // world_size
+        return batch[rank * size:(rank + 1) * size]
+    if isinstance(batch, dict):
+        return {k: slice_batch(v, rank, world_size, global_batch) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(slice_batch(v, rank, world_size, global_batch) for v in batch)
+    return batch
+
+
+# -- the rank side ------------------------------------------------------------------------
+class _MemoryCounter:
+    """A rank's peak memory: CUDA's allocator peak, or MemTracker's on the CPU while open."""
+
+    def __init__(self, device: torch.device, capacity: int | None, enforce: bool) -> None:
+        self.device = device
+        self.capacity = capacity if enforce else None
+        self.tracker: Any = None
+        self.source = "cuda_allocator" if device.type == "cuda" else "mem_tracker"
+        self._closed_peak: int | None = None
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            yield
+            return
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        self.tracker = MemTracker()
+        with self.tracker:
+            yield
+        self._closed_peak = self._tracker_peak()
+
+    def _tracker_peak(self) -> int:
+        snapshot = self.tracker.get_tracker_snapshot("peak")
+        totals = [int(s.get("Total", sum(s.values()))) for dev, s in snapshot.items()
+                  if torch.device(dev).type == self.device.type]
+        return max(totals) if totals else 0
+
+    def step_done(self) -> None:
+        if self.tracker is not None and self._closed_peak is None:
+            self.tracker.reset_mod_stats()  # per-module stats refuse a second step otherwise
+
+    def peak(self) -> int | None:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        if self._closed_peak is not None:
+            return self._closed_peak
+        return self._tracker_peak() if self.tracker is not None else None
+
+    def check(self) -> None:
+        """Raise :class:`CapacityExceeded` when the peak so far exceeds the capacity."""
+        peak = self.peak()
+        if self.capacity and peak is not None and peak > self.capacity:
+            raise CapacityExceeded(peak, self.capacity, self.source)
+
+
+def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
+    """One rank's training (the function :func:`launch` runs in every process)."""
+    import torch.distributed as dist
+    from torch.utils.flop_counter import FlopCounterMode
+
+    case, task = plan.case, plan.task
+    rank, world = ctx.rank, ctx.world_size
+    device = (torch.device("cuda", ctx.local_rank) if plan.device == "cuda"
+              else torch.device("cpu"))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    ctx.progress(phase="init")
+    plan.engine.init_distributed("nccl" if device.type == "cuda" else "gloo")
+    counter = _MemoryCounter(device, case.memory_capacity, enforce=not plan.fits)
+    out: dict[str, Any] = {"rank": rank, "step_times": [], "probe_times": [], "losses": [],
+                           "local_losses": [], "flops": None, "nan_step": None}
+    probe = None if plan.fits else torch_probe(device)  # its matrices are not the case's
+    with ExitStack() as window:
+        window.enter_context(counter.counting())
+        engine = plan.engine(plan, device)
+        counter.check()  # an overrun here: cannot even initialize the model
+        ctx.progress(phase="train", peak_bytes=counter.peak())
+        torch.manual_seed(task.seed)  # the reference reseeds here too
+        for i in range(plan.total_steps):
+            batch = slice_batch(task.make_batch(i), rank, world, case.batch)
+            batch = to_device(batch, device)  # outside the timer
+            measured = i >= plan.warmup and not plan.fits
+            dist.barrier()
+            sync(device)
+            t0 = time.perf_counter()
+            if i == 0:
+                flops = FlopCounterMode(display=False)
+                with flops:
+                    loss = task.loss_fn(engine.model, batch)
+                    engine.backward(loss)
+                out["flops"] = float(flops.get_total_flops()) or None
+            else:
+                loss = task.loss_fn(engine.model, batch)
+                engine.backward(loss)
+            engine.step()
+            sync(device)
+            elapsed = time.perf_counter() - t0
+            local = loss.detach().reshape(1).float().clone()
+            total = local.clone()
+            dist.all_reduce(total)
+            mean = float(total.item()) / world
+            out["losses"].append(mean)
+            out["local_losses"].append(float(local.item()))
+            if measured:
+                out["step_times"].append(elapsed)
+                if probe is not None:
+                    out["probe_times"].append(probe.time())
+            if i < MEMORY_STEPS:
+                counter.step_done()
+            counter.check()
+            ctx.progress(phase="train", step=i, loss=mean, time=elapsed, measured=measured,
+                         peak_bytes=counter.peak())
+            if i == MEMORY_STEPS - 1:
+                window.close()  # the CPU count ends with the memory steps
+            if not math.isfinite(mean):
+                out["nan_step"] = i
+                break
+    out["peak_bytes"] = counter.peak()
+    out["memory_source"] = counter.source
+    out["engine"] = engine.describe()
+    out["probe_kind"] = probe.kind if probe is not None else ""
+    dist.barrier()
+    out["params"] = None if plan.fits else engine.full_params(rank)
+    dist.barrier()
+    return out
+
+
+# -- the parent side ----------------------------------------------------------------------
+def device_type(case: Case, accel: Accelerator) -> str:
+    """``"cpu"`` or ``"cuda"`` for ``accel``; CUDA needs a GPU per rank."""
+    if accel.name == "cpu":
+        return "cpu"
+    if accel.name == "gpu":
+        count = torch.cuda.device_count()
+        if count < case.world_size:
+            raise ValueError(
+                f"{case.id} launches {case.world_size} ranks, one GPU each, but torch sees "
+                f"{count} CUDA device(s): run it on a host with {case.world_size} GPUs, or "
+                f"lower world_size")
+        return "cuda"
+    raise ValueError(f"multi-process torch cases run on cpu or gpu, not {accel.name!r}: "
+                     f"declare the case with accels=('cpu', 'gpu')")
+
+
+def make_plan(engine: EngineFactory, case: Case, task: TorchTask, accel: Accelerator,
+              fits: bool = False) -> RankPlan:
+    """The plan of ``case`` with ``engine``; refuses a batch the ranks cannot split."""
+    micro_batch(case)
+    return RankPlan(engine, case, task, device_type(case, accel), resolve_clip(case, task),
+                    fits=fits)
+
+
+def _rank_summary(report: RankReport) -> dict[str, Any]:
+    res = report.result or {}
+    steps = report.steps
+    return {
+        "rank": report.rank,
+        "returncode": report.returncode,
+        "step_times": res.get("step_times", [s["time"] for s in steps if s.get("measured")]),
+        "probe_times": res.get("probe_times", []),
+        "local_losses": res.get("local_losses", []),
+        "peak_bytes": res.get("peak_bytes", report.progress.get("peak_bytes")),
+        "flops": res.get("flops"),
+    }
+
+
+def build_run(case: Case, task: TorchTask, accel: Accelerator, plan: RankPlan,
+              launched: LaunchResult, timeout: float | None) -> tuple[Run, dict[str, Any]]:
+    """The run of a launch (complete, or what the ranks reported before it ended) and
+    rank 0's final parameters (empty unless it finished)."""
+    run = Run(case_id=case.id, samples_per_step=case.batch,
+              tokens_per_step=(case.batch * task.tokens_per_sample
+                               if task.tokens_per_sample else None),
+              n_devices=case.world_size, peak_flops_per_device=accel.peak_flops)
+    ranks = [_rank_summary(r) for r in launched.ranks]
+    zero = launched.ranks[0]
+    res = zero.result or {}
+    run.losses = res.get("losses", [s["loss"] for s in zero.steps])
+    run.loss_steps = list(range(len(run.losses)))
+    run.step_times = ranks[0]["step_times"]
+    run.probe_times = ranks[0]["probe_times"]
+    run.probe_kind = res.get("probe_kind", "")
+    run.memory_per_device = {f"rank{r['rank']}": int(r["peak_bytes"]) for r in ranks
+                             if r["peak_bytes"] is not None}
+    run.memory_source = "cuda_allocator" if plan.device == "cuda" else "mem_tracker"
+    flops = [r["flops"] for r in ranks]
+    run.flops_per_step = float(sum(flops)) if flops and all(flops) else None
+    run.extra = {
+        "world_size": case.world_size,
+        "loss": "mean over ranks of each rank's micro-batch loss (the global batch's loss)",
+        "memory": ("per rank: MemTracker peak of live tensor bytes over construction and the "
+                   f"first {MEMORY_STEPS} warm-up steps" if plan.device == "cpu" else
+                   "per rank: torch.cuda.max_memory_allocated over the run"),
+        "engine": res.get("engine", {}),
+        "launch_seconds": round(launched.elapsed, 3),
+        "ranks": ranks,
+    }
+    params: dict[str, Any] = {}
+    if launched.outcome != "ok":
+        run.outcome, run.message = launched.outcome, launched.message
+        failed = launched.failed
+        if launched.outcome == "oom" and failed is not None and failed.error:
+            err = failed.error
+            if "required" in err and "capacity" in err:
+                run.oom = {"required_bytes": err["required"], "capacity_bytes": err["capacity"],
+                           "exceeded_by_bytes": err["required"] - err["capacity"],
+                           "source": err.get("source", ""), "rank": failed.rank,
+                           "step": failed.step}
+        return run, params
+    if res.get("params"):
+        params = res["params"]
+        run.params_fingerprint = fingerprint(params)
+    if res.get("nan_step") is not None:
+        run.outcome, run.nan_step = "nan", int(res["nan_step"])
+        run.message = f"loss is {run.losses[-1]} at step {run.nan_step} (mean over ranks)"
+    return run, params
+
+
+def train_reference(case: Case, task: TorchTask, plan: RankPlan) -> dict[str, np.ndarray]:
+    """The same training in this process, plain torch, full global batch: same seed, same
+    batches, same clipping, same number of steps (the multi-process warm-up included)."""
+    device = torch.device("cuda", 0) if plan.device == "cuda" else torch.device("cpu")
+    torch.manual_seed(task.seed)
+    model = task.make_model().to(device)
+    optimizer = task.make_optimizer(model.parameters())
+    torch.manual_seed(task.seed)
+    for i in range(plan.total_steps):
+        batch = to_device(task.make_batch(i), device)
+        optimizer.zero_grad(set_to_none=True)
+        loss = task.loss_fn(model, batch)
+        loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
+        if plan.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.grad_clip)
+        optimizer.step()
+    return {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
+
+
+@dataclass(frozen=True)
+class TorchRanks:
+    """The :class:`~pytest_accelperf.backends.ranks.RankTrainer` of a torch engine: a
+    :class:`TorchTask` trained by :func:`rank_main` in every rank with ``engine``.
+    ``check(case, task)`` refuses what the engine cannot train (before any launch)."""
+
+    engine: EngineFactory
+    check: Callable[[Case, TorchTask], None] | None = None
+
+    def plan(self, case: Case, task: TorchTask, accel: Accelerator,
+             fits: bool = False) -> RankPlan:
+        if self.check is not None:
+            self.check(case, task)
+        return make_plan(self.engine, case, task, accel, fits=fits)
+
+    def job(self, case: Case, task: TorchTask, accel: Accelerator, *, cpu_devices: int,
+            platform: str | None, timeout: float | None) -> RankJob:
+        plan = self.plan(case, task, accel)
+        return RankJob(rank_main, (plan,), device=plan.device, total_steps=plan.total_steps,
+                       plan=plan)
+
+    def result(self, case: Case, task: TorchTask, accel: Accelerator, job: RankJob,
+               launched: LaunchResult, *, timeout: float | None) -> TrainResult:
+        run, params = build_run(case, task, accel, job.plan, launched, timeout)
+        return TrainResult(run=run, params=params)
+
+    def reference(self, case: Case, task: TorchTask, job: RankJob) -> dict[str, Any]:
+        reference: dict[str, Any] = train_reference(case, task, job.plan)
+        return reference
+
+    def platform(self, launched: LaunchResult) -> str | None:
+        return None  # the ranks take the devices they are given; they provision nothing
+
+    def fits(self, case: Case, task: TorchTask, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        """Whether ``case`` fits: :data:`MEMORY_STEPS` real steps in every rank, the largest
+        rank's peak against ``case.memory_capacity`` (CPU: required) or the GPU's capacity.
+        A CUDA out-of-memory error in any rank is "does not fit"; any other failure
+        raises."""
+        plan = self.plan(case, task, accel, fits=True)
+        if plan.device == "cpu" and not case.memory_capacity:
+            raise ValueError(f"{case.id}: the CPU has no memory counter to search a maximum "
+                             f"batch against; declare memory_capacity on the case")
+        launched = launch(rank_main, (plan,), case.world_size, device=plan.device,
+                          timeout=timeout, total_steps=plan.total_steps)
+        if launched.outcome == "oom":
+            return Fit(False, None, case.memory_capacity, launched.message)
+        if launched.outcome != "ok":
+            raise RuntimeError(f"{case.id} at batch {case.batch}: {launched.message}")
+        peaks = [int(r.result["peak_bytes"]) for r in launched.ranks]
+        capacity = case.memory_capacity
+        if capacity is None:
+            capacity = int(torch.cuda.get_device_properties(0).total_memory)
+        worst = max(range(len(peaks)), key=lambda r: peaks[r])
+        source = "mem_tracker" if plan.device == "cpu" else "cuda allocator"
+        return Fit(peaks[worst] <= capacity, peaks[worst], int(capacity),
+                   f"rank {worst} peak ({source})")

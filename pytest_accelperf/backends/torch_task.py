@@ -1,0 +1,73 @@
+"""What the torch-based backends share: the task they train and its batches on a device.
+
+:class:`TorchTask` is trained by the torch backend (one process), by DDP and DeepSpeed
+(ranks, :mod:`.torch_ranks`) and by the neuron backend; :func:`to_device` moves a batch,
+:func:`torch_probe` is the drift probe in torch's own kernels. Importing this module imports
+torch, and nothing of the backends that use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
+
+
+@dataclass
+class TorchTask:
+    """What to train, independent of the device.
+
+    ``make_model()`` is called after ``torch.manual_seed(seed)`` and builds the model on
+    the CPU (the backend moves it). ``loss_fn(model, batch)`` returns a scalar loss;
+    ``make_batch(step)`` returns the batch of a step (tensors on the CPU, in any nesting of
+    dicts, lists and tuples; the backend moves them to the device, outside the timer).
+    ``compile`` wraps the model in ``torch.compile``; ``grad_clip`` clips the global
+    gradient norm before every optimizer step.
+    """
+
+    make_model: Callable[[], torch.nn.Module]
+    loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]
+    make_batch: Callable[[int], Any]
+    make_optimizer: Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+    compile: bool = False
+    grad_clip: float | None = None
+    tokens_per_sample: int | None = None
+    seed: int = 0
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor moved to ``device`` (dicts, lists and tuples kept)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, list | tuple):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA); the CPU is always done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def torch_probe(device: torch.device, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
+    """The drift-cancelling reference workload on ``device`` (see :mod:`.probe`): ``reps``
+    float32 ``n x n`` products through torch's own kernels and threads, synchronized."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen).to(device)
+    b = torch.randn(n, n, generator=gen).to(device)
+
+    def run() -> None:
+        with torch.no_grad():
+            x = a
+            for _ in range(reps):
+                x = torch.tanh(x @ b)
+        sync(device)
+
+    return Probe(f"torch-{device.type}-matmul{n}x{reps}", run)

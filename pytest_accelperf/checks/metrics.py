@@ -1,0 +1,95 @@
+"""The step-metrics check: do the other metrics of the training step (accuracy, gradient
+norm, learning rate) follow the baseline's curves?
+
+A training step may return metrics besides its loss (``JaxStep``); the run records each
+per step and the baseline block keeps each as a curve of checkpoints, like the loss
+(:func:`pytest_accelperf.summary.metric_curves`). Each metric is one check, named after
+it, against the band of the loss check,
+
+    |now - baseline| <= loss_rtol * |baseline| + loss_atol * scale
+
+where ``scale`` is the largest magnitude of the metric's baseline checkpoints (so ``atol``
+means the same for an accuracy near 1 and a learning rate near 1e-3). A metric has no
+better direction (a higher accuracy, a lower gradient norm: either says the training
+changed), so a checkpoint or final value outside the band, on either side, is a
+``regression``: accept an intended change with ``--accelperf-update``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.units import fmt_num, fmt_tolerance
+
+_REMEDY = "re-record with --accelperf-update"
+
+
+def _points(curve: dict[str, Any] | None) -> list[tuple[float, float]]:
+    return [(float(s), float(v)) for s, v in (curve or {}).get("checkpoints") or []]
+
+
+def _step(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else fmt_num(x)
+
+
+def check_metrics(block: dict[str, Any], baseline: dict[str, Any] | None,
+                  tol: Tolerances) -> list[CheckResult]:
+    """One result per step metric of ``block`` or ``baseline``, by name."""
+    now: dict[str, Any] = block.get("metrics") or {}
+    base: dict[str, Any] = (baseline or {}).get("metrics") or {}
+    return [check_metric(name, now.get(name), base.get(name), baseline, tol)
+            for name in sorted(set(now) | set(base))]
+
+
+def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | None,
+                 baseline: dict[str, Any] | None, tol: Tolerances) -> CheckResult:
+    """The curve ``now`` of metric ``name`` against the baseline's ``base``."""
+    now_final: float | None = (now or {}).get("final")
+    if baseline is None:
+        return new_result(name, now=now_final,
+                          data={"checkpoints": [[s, v] for s, v in _points(now)]})
+    if now is None:
+        return CheckResult(name, Verdict.INCOMPARABLE,
+                           f"the baseline recorded metric {name!r}, which this run's step no "
+                           f"longer returns; {_REMEDY}",
+                           baseline=(base or {}).get("final"))
+    if base is None:
+        return missing_in_baseline(name, f"curve of metric {name!r}", baseline, now=now_final)
+    base_final: float | None = base.get("final")
+    result = CheckResult(name, Verdict.PASS, "", baseline=base_final, now=now_final)
+    if now_final is not None and base_final:
+        result.change = now_final / base_final - 1
+    now_points, base_points = _points(now), _points(base)
+    scale = max([abs(v) for _, v in base_points] + [abs(base_final or 0.0)])
+    atol = tol.loss_atol * scale
+    result.data = {"rtol": tol.loss_rtol, "atol": atol, "scale": scale}
+    band_text = f"rtol {fmt_tolerance(tol.loss_rtol)}, atol {fmt_num(atol, 3)}"
+    if [s for s, _ in now_points] != [s for s, _ in base_points]:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = (f"{name} has {now.get('steps')} steps, the baseline "
+                         f"{base.get('steps')}; {_REMEDY}")
+        return result
+    rows: list[list[float]] = []
+    points = [*now_points, *([(math.inf, now_final)] if now_final is not None
+                             and base_final is not None else [])]
+    bases = [*base_points, *([(math.inf, base_final)] if now_final is not None
+                             and base_final is not None else [])]
+    for (step, now_v), (_, base_v) in zip(points, bases, strict=True):
+        band = atol + tol.loss_rtol * abs(base_v)
+        where = "final value" if math.isinf(step) else f"at step {_step(step)}"
+        if math.isfinite(step):
+            rows.append([step, base_v, now_v, band])
+        if not math.isfinite(now_v) or abs(now_v - base_v) > band:
+            side = "above" if now_v > base_v else "below"
+            result.verdict = Verdict.REGRESSION
+            result.detail = (f"{name} {where} is {fmt_num(now_v)}, {side} the baseline's "
+                             f"{fmt_num(base_v)} ± {fmt_num(band, 3)} ({band_text}): the "
+                             f"training step changed; if intended, {_REMEDY}")
+            result.data.update({"checkpoints": rows, "step": None if math.isinf(step) else step})
+            return result
+    result.data["checkpoints"] = rows
+    result.detail = f"all {len(rows)} checkpoints within the band ({band_text})"
+    return result
