@@ -53,6 +53,8 @@ from typing import Any
 
 import pytest
 
+from pytest_accelperf.xdist_role import worker_input
+
 #: The custom resource of a host whose CPU runs virtual devices (one per host).
 HOST_RESOURCE = "accelperf_cpu_host"
 #: Object store of a ``local`` cluster: runs and parameters are small.
@@ -223,9 +225,9 @@ def worker_address(config: pytest.Config, setting: str | None) -> str | None:
     under xdist), or None without a cluster."""
     if not setting:
         return None
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput and workerinput.get(WORKERINPUT_KEY):
-        return str(workerinput[WORKERINPUT_KEY])
+    address = worker_input(config).get(WORKERINPUT_KEY)
+    if address:
+        return str(address)
     return check_address(setting)
 
 

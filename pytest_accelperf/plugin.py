@@ -43,6 +43,7 @@ from pytest_accelperf.report.junit import add_suite_properties, junit_properties
 from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_outputs
 from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.session import AccelperfSession, CaseRunner
+from pytest_accelperf.xdist_role import is_worker, worker_id, worker_input
 
 SESSION_KEY = pytest.StashKey[AccelperfSession]()
 _WORKER_KEY = "accelperf"
@@ -56,8 +57,6 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,11 +70,11 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = Settings.resolve(config.getoption, config.getini, config.rootpath,
                                 invocation_dir=config.invocation_params.dir)
     prepare_environment(settings.accel, settings.cpu_devices)
-    if _is_worker(config):
-        workerinput: Any = getattr(config, "workerinput")
-        assign_worker_devices(settings.accel, str(workerinput["workerid"]),
+    if is_worker(config):
+        workerinput = worker_input(config)
+        assign_worker_devices(settings.accel, worker_id(config),
                               int(workerinput.get("workercount", 1)))
-    if settings.html is not None and not _is_worker(config):
+    if settings.html is not None and not is_worker(config):
         try:
             require_matplotlib()
         except ReportDependencyError as exc:
@@ -101,7 +100,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     "--accelperf-compare and --accelperf-cluster cannot be combined: A/B mode "
                     "alternates two revisions on this machine; drop one of them")
             resolve(session.config.rootpath, settings.compare)  # a bad ref stops here
-        cluster.session_start(session.config, settings.cluster, _is_worker(session.config))
+        cluster.session_start(session.config, settings.cluster, is_worker(session.config))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -277,7 +276,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state is None:
         return
     state.close()  # A/B workers
-    if _is_worker(config):
+    if is_worker(config):
         workeroutput: Any = getattr(config, "workeroutput")
         workeroutput[_WORKER_KEY] = json.dumps({
             "records": [r.to_json() for r in state.report.records],
@@ -323,7 +322,7 @@ def _abort(config: pytest.Config, message: str) -> None:
     lines = [f"accelperf: ERROR: {message}"]
     try:
         state = config.stash.get(SESSION_KEY, None)
-        if state is not None and not _is_worker(config):
+        if state is not None and not is_worker(config):
             state.close()
             _write_results(config, state, status)
             lines += table_lines(state.report)
@@ -361,7 +360,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
                             config: pytest.Config) -> None:
     state = config.stash.get(SESSION_KEY, None)
-    if state is None or _is_worker(config):
+    if state is None or is_worker(config):
         return
     lines = table_lines(state.report)
     if not lines and not state.report.errors:

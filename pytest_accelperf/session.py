@@ -53,6 +53,7 @@ from pytest_accelperf.routing import fits as fits_where_it_trains
 from pytest_accelperf.routing import route, train_here
 from pytest_accelperf.run import Run
 from pytest_accelperf.summary import summarize, with_added_session
+from pytest_accelperf.xdist_role import is_worker, worker_id
 
 #: Seconds the devices get to become idle after a case was interrupted mid-step.
 SETTLE_S = 5.0
@@ -574,7 +575,7 @@ class CaseRunner:
         self._session.report.add(CaseRecord(
             nodeid=self._item.nodeid, case_id=self.case.id, platform=self.accelerator.platform,
             run=run.to_json(), checks=checks, block=block, case=self.case.to_json(),
-            error=error, worker=_worker_id(self._item.config),
+            error=error, worker=worker_id(self._item.config),
             baseline=baseline_view(baseline),
         ))
 
@@ -668,13 +669,11 @@ def say(config: pytest.Config, text: str) -> None:
     capture = config.pluginmanager.get_plugin("capturemanager")
     with (capture.global_and_fixture_disabled() if capture is not None
           else contextlib.nullcontext()):
-        if reporter is None or hasattr(config, "workerinput"):
+        if reporter is None or is_worker(config):
             say_on_stderr(text)
         else:
             reporter.ensure_newline()
             reporter.write_line(text, yellow=True)
 
 
-def _worker_id(config: pytest.Config) -> str:
-    workerinput = getattr(config, "workerinput", None)
-    return str(workerinput["workerid"]) if workerinput else "main"
+

@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import pytest
 
+from pytest_accelperf.xdist_role import is_worker
+
 
 class ProgressSink(Protocol):
     def update(self, done: int, total: int, loss: float, step_time: float) -> None: ...
@@ -153,7 +155,7 @@ class LineProgress:
 
 
 def _enabled(config: pytest.Config, reporter: Any) -> bool:
-    if hasattr(config, "workerinput") or reporter is None:
+    if is_worker(config) or reporter is None:
         return False
     if config.get_verbosity() < 0 or os.environ.get("CI") or os.environ.get("GITHUB_ACTIONS"):
         return False
