@@ -948,7 +948,8 @@ def run_ab(ns: argparse.Namespace, argv: Sequence[str]) -> int:
             cmd = [sys.executable, "-m", "pytest", "test_ab.py", "-q",
                    "--accelperf-compare=HEAD", f"--accelperf-json={report}",
                    f"--accelperf-compare-tolerance={ns.ab_tolerance:g}",
-                   f"--accelperf-compare-budget={ns.ab_budget:g}"]
+                   f"--accelperf-compare-budget={ns.ab_budget:g}",
+                   f"--accelperf-max-foreign-load={ns.ab_max_foreign_load:g}"]
             env = {**os.environ, STEPS_ENV: "10"}  # the stored-baseline run: short
             env.pop(INJECT_ENV, None)
             t0 = time.monotonic()
@@ -1046,6 +1047,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--ab-budget", type=float, default=20.0,
                    help="--accelperf-compare-budget, seconds per case (default 20, the "
                         "plugin's)")
+    a.add_argument("--ab-max-foreign-load", type=float, default=0.25,
+                   help="--accelperf-max-foreign-load: cores other processes may use before "
+                        "a verdict is inconclusive (default 0.25, the plugin's; the core "
+                        "count turns it off)")
     o = p.add_argument_group("overhead mode")
     o.add_argument("--blocks", type=int, default=18,
                    help="alternating blocks per arm; a multiple of 6 balances the arms' "

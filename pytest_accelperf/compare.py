@@ -18,14 +18,19 @@ How a session goes:
    convergence, memory and numerics checks against the stored baseline), each worker builds
    the case's step from its revision (by running the test function up to
    ``accelperf.train(task)``), compiles and warms it up. Then they take turns: round ``i``
-   times a block of ``--accelperf-compare-block`` steps on each, in the order
-   base-head, head-base, ... (so a steady drift favours neither), at least
-   ``--accelperf-compare-rounds`` rounds, and more while the interval is too wide to
-   resolve the tolerance, until ``--accelperf-compare-budget`` seconds of measurement.
+   times a block of ``--accelperf-compare-block`` steps on each, the order of the two
+   drawn at random for every pair of rounds (one base-head and one head-base in each
+   pair, so a steady drift favours neither and no pattern of the machine's can line up
+   with the arms), at least ``--accelperf-compare-rounds`` rounds, and more while the
+   interval is too wide to resolve the tolerance, until ``--accelperf-compare-budget``
+   seconds of measurement.
 4. The throughput verdict is the paired statistic of :func:`.stats.paired_ratio` under
    ``--accelperf-compare-tolerance``, with the same rule as the stored-baseline check
    (``regression`` needs the ratio past the tolerance *and* the whole interval above 1;
-   ``inconclusive`` when the minimum detectable change exceeds the tolerance).
+   ``inconclusive`` when the minimum detectable change exceeds the tolerance), unless
+   other processes used more than ``--accelperf-max-foreign-load`` cores during the
+   rounds (:mod:`.contention`): then the measurement is contaminated, pairing does not
+   cancel it, and the verdict is ``inconclusive`` with that reason.
 
 A case that the base revision does not have is ``new``; one whose backend cannot train in
 blocks (multi-process DeepSpeed, ingested logs) keeps the stored-baseline throughput check,
@@ -35,7 +40,9 @@ and the detail says so.
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import secrets
 import shutil
 import subprocess
@@ -56,6 +63,7 @@ from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.compare_worker import ADDRESS_ENV, AUTHKEY_ENV, SETUP_ENV, Setup, unsupported
+from pytest_accelperf.contention import Contention, Load, contaminated
 from pytest_accelperf.stats import RatioEstimate, paired_ratio, throughput_verdict
 from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 
@@ -181,6 +189,17 @@ class ABMeasurement:
     base: list[list[float]] = field(default_factory=list)
     head: list[list[float]] = field(default_factory=list)
     seconds: float = 0.0
+    #: Which arm ran first in each round ("base" or "head").
+    first: list[str] = field(default_factory=list)
+    #: What the rest of the machine used during the rounds (None: unknown).
+    load: Load | None = None
+
+
+def round_orders(rng: random.Random) -> tuple[bool, bool]:
+    """Whether base runs first in each of the next two rounds: one round of each order,
+    which one comes first drawn at random."""
+    base_first = rng.random() < 0.5
+    return base_first, not base_first
 
 
 class Comparison:
@@ -256,9 +275,15 @@ class Comparison:
                                     case, spec)
             if status != "ready":
                 return status, why, out
+            rng = random.Random(secrets.randbits(64))
+            pending: list[bool] = []
+            load = Contention([os.getpid(), base.proc.pid, head.proc.pid]).start()
             t0 = time.monotonic()
             while True:
-                order = (base, head) if len(out.base) % 2 == 0 else (head, base)
+                if not pending:
+                    pending.extend(round_orders(rng))
+                order = (base, head) if pending.pop(0) else (head, base)
+                out.first.append(order[0].name)
                 for arm in order:
                     times = arm.call(BLOCK_TIMEOUT_S, "run", key, block)
                     (out.base if arm is base else out.head).append(times)
@@ -271,6 +296,7 @@ class Comparison:
                 est = paired_ratio(out.head, out.base)
                 if est.mdc <= tolerance / 2 and n % 2 == 0:
                     break  # resolved well within the tolerance
+            out.load = load.reading()
             return "ready", "", out
         finally:
             for arm in (base, head):
@@ -321,10 +347,14 @@ def _accept(listener: Listener, proc: subprocess.Popen[bytes], arm: str,
 
 
 def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
-             tolerance: float, block: int) -> CheckResult:
-    """The throughput verdict of an A/B measurement."""
+             tolerance: float, block: int, max_foreign_load: float = math.inf) -> CheckResult:
+    """The throughput verdict of an A/B measurement: ``inconclusive`` whatever the ratio
+    when other processes used more than ``max_foreign_load`` cores during it."""
     est: RatioEstimate = paired_ratio(measured.head, measured.base)
     verdict = throughput_verdict(est, tolerance)
+    dirty = contaminated(measured.load, max_foreign_load)
+    if dirty:
+        verdict = Verdict.INCONCLUSIVE
     base_median = float(_median([t for b in measured.base for t in b]))
     head_median = float(_median([t for b in measured.head for t in b]))
     unit = "samples/s" if samples_per_step else "s"
@@ -340,6 +370,12 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
         text = f"slower than {label}: step time {fmt_percent(est.ratio - 1)} longer ({ci})"
     elif verdict is Verdict.IMPROVEMENT:
         text = f"faster than {label}: step time {fmt_percent(1 - est.ratio)} shorter ({ci})"
+    elif dirty:
+        assert measured.load is not None
+        text = (f"against {label}: not judged, the measurement is contaminated: "
+                f"{measured.load.text()} (bound --accelperf-max-foreign-load="
+                f"{max_foreign_load:g}); step time {fmt_signed_percent(est.ratio - 1)} "
+                f"({ci}); run on a machine with nothing else running, or raise the bound")
     elif verdict is Verdict.INCONCLUSIVE:
         text = (f"against {label}: noise too large to resolve ±{fmt_tolerance(tolerance)}: "
                 f"smallest detectable change here is ±{fmt_percent(est.mdc)} (step time "
@@ -353,7 +389,10 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
     result.data = {"mode": "ab", "ref": label, "tolerance": tolerance, "ratio": est.ratio,
                    "ci": [est.low, est.high], "mdc": est.mdc, "confidence": est.confidence,
                    "rounds": len(measured.base), "block": block,
-                   "seconds": measured.seconds,
+                   "seconds": measured.seconds, "first": measured.first,
+                   "load": measured.load.to_json() if measured.load else None,
+                   "max_foreign_load": max_foreign_load if math.isfinite(max_foreign_load)
+                   else None, "contaminated": dirty,
                    "median_step_time": {"now": head_median, "baseline": base_median},
                    "blocks": {"base": measured.base, "head": measured.head}}
     return result

@@ -140,6 +140,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("compare_budget", "--accelperf-compare-budget", "seconds of A/B measurement per "
            "case: rounds continue past the fewest while the interval is wider than half the "
            "tolerance, until this budget. Default: 20.", "float", 20.0),
+    Option("max_foreign_load", "--accelperf-max-foreign-load", "cores of CPU time that other "
+           "processes may use on average while A/B mode measures a case (read from /proc: "
+           "all CPUs' busy time less the measuring processes', steal included) before its "
+           "throughput verdict is inconclusive: a competing job slows the two revisions "
+           "unequally, and pairing does not cancel it. The machine's core count turns the "
+           "check off. Default: 0.25.", "float", 0.25),
     Option("cluster_wait", "--accelperf-cluster-wait", "seconds a case waits for a Ray "
            "cluster that does not have the resources it asks for before it fails (a busy "
            "cluster is waited for). Default: 60.", "float", 60.0),
@@ -262,6 +268,7 @@ class Settings:
     compare_rounds: int = 10
     compare_block: int = 5
     compare_budget: float = 20.0
+    max_foreign_load: float = 0.25
     add_session: bool = False
     host_lock_timeout: float | None = 1800.0
 
@@ -316,6 +323,7 @@ class Settings:
             compare_rounds=int(values["compare_rounds"]),
             compare_block=int(values["compare_block"]),
             compare_budget=float(values["compare_budget"]),
+            max_foreign_load=float(values["max_foreign_load"]),
             host_lock_timeout=float(values["host_lock_timeout"]) or None,
         )
 

@@ -266,7 +266,8 @@ class CaseRunner:
         if status == "ready":
             check: CheckResult | None = ab_check(
                 comparison.label, measured, evaluated.run.samples_per_step,
-                settings.compare_tolerance, settings.compare_block)
+                settings.compare_tolerance, settings.compare_block,
+                max_foreign_load=settings.max_foreign_load)
         elif status == "absent":
             check = new_in_head(comparison.label, why, stored)
         else:

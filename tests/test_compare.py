@@ -3,14 +3,21 @@ alternation by two worker processes (real git repositories, real JAX steps)."""
 
 from __future__ import annotations
 
+import os
+import random
 import subprocess
+import sys
 import textwrap
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from conftest import Suite, verdicts
 
-from pytest_accelperf.compare import moved_path
+from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.compare import ABMeasurement, ab_check, moved_path, round_orders
+from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.stats import paired_ratio, throughput_verdict
 
 pytest.importorskip("jax")
@@ -59,6 +66,9 @@ def test_step(accelperf):
 
 FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=6",
         "--accelperf-compare-budget=4", "--accelperf-json=report.json")
+#: The contamination bound off: these tests run beside other tests (``-n 2``), and what
+#: they check is the verdict of the ratio; contamination has tests of its own below.
+UNBOUNDED = "--accelperf-max-foreign-load=64"
 
 
 def _git(path: Path, *args: str) -> None:
@@ -87,7 +97,7 @@ def _throughput(suite: Suite) -> dict[str, object]:
 def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> None:
     model = repo.pytester.path / "model.py"
     model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 2048"))
-    result = repo.run(*FAST, "--accelperf-compare=HEAD", subprocess=True)
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", UNBOUNDED, subprocess=True)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*throughput: A/B slower than HEAD (*): step time *% longer (95% CI of the paired "
@@ -99,11 +109,17 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> 
     data = check["data"]
     assert isinstance(data, dict) and data["mode"] == "ab" and data["ratio"] > 1.5
     assert len(data["blocks"]["base"]) == len(data["blocks"]["head"]) >= 6
+    # the order of the arms is drawn for every pair of rounds: one of each order per pair
+    first = data["first"]
+    assert len(first) == len(data["blocks"]["base"])
+    assert all(sorted(first[i:i + 2]) == ["base", "head"] for i in range(0, len(first) - 1, 2))
     # the stored-baseline checks still ran (no baseline here: new, and not a failure)
     assert verdicts(repo.report())["test_step[jax-nomesh-b512]"]["loss"] == "new"
 
 
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
+    """A/A at the default contamination bound: beside other tests (``-n 2``) the rounds
+    are contaminated and ``inconclusive``; on a quiet machine, within the tolerance."""
     result = repo.run(*FAST, "--accelperf-compare=HEAD", "--accelperf-compare-tolerance=0.1",
                       subprocess=True)
     result.assert_outcomes(passed=1)
@@ -111,6 +127,67 @@ def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     assert check["verdict"] in ("pass", "inconclusive"), check["detail"]
     data = check["data"]
     assert isinstance(data, dict) and 0.7 < data["ratio"] < 1.4
+    assert data["load"] is not None  # Linux: /proc was read
+    assert data["contaminated"] == (data["load"]["foreign_cores"] > 0.25)
+
+
+@pytest.fixture
+def competitor() -> Iterator[int]:
+    """A process spinning on one core for the test's duration."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_competing_process_makes_an_unchanged_tree_inconclusive(repo: Suite,
+                                                                   competitor: int) -> None:
+    """One spinning competitor moved the A/A ratio between 0.85 and 1.18 with intervals that
+    excluded 1: the rounds are contaminated, and the verdict says so instead of judging."""
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", "--accelperf-compare-tolerance=0.01",
+                      subprocess=True)
+    result.assert_outcomes(passed=1)
+    check = _throughput(repo)
+    assert check["verdict"] == "inconclusive", check["detail"]
+    data = check["data"]
+    assert isinstance(data, dict) and data["contaminated"] is True
+    assert data["load"]["foreign_cores"] > 0.25
+    assert "the measurement is contaminated: other processes used" in str(check["detail"])
+    assert "--accelperf-max-foreign-load=0.25" in str(check["detail"])
+
+
+def test_contention_counts_other_processes_and_not_the_measured_ones(competitor: int) -> None:
+    everyone = Contention([os.getpid()]).start()
+    measured = Contention([os.getpid(), competitor]).start()
+    time.sleep(1.0)
+    seen, without = everyone.reading(), measured.reading()
+    assert seen is not None and without is not None
+    assert seen.foreign_cores >= 0.4  # the competitor, whatever else runs
+    assert seen.foreign_cores - without.foreign_cores >= 0.4  # its CPU time, subtracted
+    assert seen.cores == os.cpu_count()
+
+
+def test_a_contaminated_measurement_is_never_judged() -> None:
+    slower = ABMeasurement(base=[[1.0, 1.0, 1.01]] * 8, head=[[2.0, 2.0, 2.02]] * 8,
+                           seconds=4.0, first=["base", "head"] * 4)
+    assert ab_check("HEAD", slower, 32, 0.01, 3).verdict is Verdict.REGRESSION
+    slower.load = Load(foreign_cores=0.9, steal_cores=0.0, cores=2, seconds=4.0)
+    check = ab_check("HEAD", slower, 32, 0.01, 3, max_foreign_load=0.25)
+    assert check.verdict is Verdict.INCONCLUSIVE
+    assert "other processes used 0.90 of 2 cores" in check.detail
+    assert "step time +100.0%" in check.detail  # measured, shown, not judged
+    assert ab_check("HEAD", slower, 32, 0.01, 3, max_foreign_load=1.0).verdict \
+        is Verdict.REGRESSION
+
+
+def test_round_orders_pair_the_arms_in_a_random_order() -> None:
+    rng = random.Random(1)
+    pairs = [round_orders(rng) for _ in range(200)]
+    assert all(a != b for a, b in pairs)  # one of each order in every pair of rounds
+    assert 60 < sum(a for a, _ in pairs) < 140  # which comes first is drawn
 
 
 def test_a_test_the_base_lacks_is_new_and_a_bad_ref_is_a_usage_error(repo: Suite) -> None:

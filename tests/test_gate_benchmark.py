@@ -215,7 +215,8 @@ def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != INJECT_ENV}
     proc = subprocess.run(
         [sys.executable, str(GATE), "ab", "--runs", "1", "--slowdowns", "0,1", "--load",
-         "none", "--ab-budget", "2", "--ab-tolerance", "0.2", "--out", str(tmp_path)],
+         "none", "--ab-budget", "2", "--ab-tolerance", "0.2", "--ab-max-foreign-load", "64",
+         "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [path] = tmp_path.glob("ab-*.json")
