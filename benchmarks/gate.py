@@ -810,7 +810,7 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     def plugin(with_probe: bool) -> list[float]:
         # Exactly what BACKEND.train runs after compiling: init, warmup, measured steps
         # (each followed by the probe, outside the step's timer), on the same program.
-        return list(_execute(program, case, probe if with_probe else None).step_times)
+        return list(_execute(program, case, probe if with_probe else None)[0].step_times)
 
     def hand() -> list[float]:
         state = _init_state(program)

@@ -4,7 +4,7 @@
 the accelperf arm. ``test_step_benchmark`` times the same step with pytest-benchmark's
 ``benchmark`` fixture: the same program (compiled by the JAX backend's ``_compile``), the
 same batches, the same per-step ``block_until_ready`` and the same injected slowdown
-(the backend's ``_timed_step``, which spins in ``stretch`` inside the step), so the two
+(the measured-step loop's ``timed``, which spins in ``stretch`` inside the step), so the two
 gates see one workload and one fault.
 
 The benchmark holds the same host-wide lock that accelperf takes around a CPU case's
@@ -32,7 +32,8 @@ def test_step(accelperf: CaseRunner) -> None:
 def test_step_benchmark(benchmark: Any, accelerator: Any) -> None:
     import jax
 
-    from pytest_accelperf.backends.jax import _compile, _init_state, _timed_step
+    from pytest_accelperf.backends.jax import _compile, _init_state, _step_fns
+    from pytest_accelperf.backends.loop import timed
     from pytest_accelperf.session import exclusive_host
 
     task = make_task(CASE)
@@ -42,12 +43,13 @@ def test_step_benchmark(benchmark: Any, accelerator: Any) -> None:
                for i in range(n_batches)]
     jax.block_until_ready(batches)  # transfers outside the timer, as the backend does
     slower = injected_slowdown()
-    state: dict[str, Any] = {"train": _init_state(program), "i": 0}
+    fns, _ = _step_fns(program, _init_state(program))
+    state: dict[str, Any] = {"i": 0}
 
     def step() -> None:
-        batch = batches[state["i"] % n_batches]
+        i = state["i"]
         state["i"] += 1
-        state["train"], _, _ = _timed_step(program, state["train"], batch, slower)
+        timed(fns, i, batches[i % n_batches], slower)
 
     t_lock = time.perf_counter()
     with exclusive_host(accelerator):

@@ -16,7 +16,7 @@ import importlib.util
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -30,7 +30,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 # Re-exported: both lived here before the torch backend needed them without jax.
 from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
 from pytest_accelperf.backends.common import TaskError as TaskError
-from pytest_accelperf.backends.common import describe, injected_slowdown, stretch
+from pytest_accelperf.backends.common import describe
 from pytest_accelperf.backends.common import fingerprint as fingerprint
 
 # The step API lives in jax_step; imported from here as before.
@@ -45,9 +45,9 @@ from pytest_accelperf.backends.jax_step import (
     is_spec,
 )
 from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
+from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_block
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.cases import Case
-from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 
 PyTree = Any
@@ -370,27 +370,25 @@ def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
     return Probe(f"jax-{device.platform}-matmul{n}x{reps}", run)
 
 
-@dataclass
-class _Trained:
-    state: Any
-    losses: list[float]
-    step_times: list[float]
-    metrics: dict[str, list[float]] = field(default_factory=dict)
-    probe_times: list[float] = field(default_factory=list)
-    nan_step: int | None = None
-    timed_out: bool = False
+def _step_fns(program: _Program, state: PyTree) -> tuple[StepFns[PyTree, Any], list[Any]]:
+    """The compiled program as the measured-step loop runs it (:mod:`.loop`), from
+    ``state``; the live state is ``holder[0]``."""
+    holder = [state]
 
+    def run(i: int, batch: PyTree) -> Any:
+        holder[0], metrics = program.compiled(holder[0], batch)
+        # Block on every step: besides honest timing, XLA:CPU collectives across virtual
+        # devices can deadlock when many unblocked steps are queued.
+        _block_until_ready((holder[0], metrics))
+        return metrics
 
-def _timed_step(program: _Program, state: PyTree, batch: PyTree,
-                slower: float) -> tuple[PyTree, Any, float]:
-    """One step of the compiled program, timed and synchronized: (state, metrics,
-    seconds)."""
-    t0 = time.perf_counter()
-    state, metrics = program.compiled(state, batch)
-    # Block on every step: besides honest timing, XLA:CPU collectives across virtual
-    # devices can deadlock when many unblocked steps are queued.
-    _block_until_ready((state, metrics))
-    return state, metrics, stretch(t0, time.perf_counter(), slower) - t0
+    key = program.step.loss
+
+    def read(metrics: Any) -> tuple[float, dict[str, float]]:
+        values = jax.device_get(metrics)
+        return float(values[key]), {k: float(v) for k, v in values.items() if k != key}
+
+    return StepFns(prepare=lambda i: _batch(program, i), run=run, read=read), holder
 
 
 def _init_state(program: _Program) -> PyTree:
@@ -424,62 +422,29 @@ def _batch(program: _Program, i: int) -> PyTree:
 class JaxStepper:
     """The compiled train step of a case, run on demand in blocks of steps: what the A/B
     comparison (:mod:`pytest_accelperf.compare`) alternates between two revisions. Steps
-    are timed exactly as in a run (:func:`_timed_step`)."""
+    are timed exactly as in a run (:func:`.loop.time_block`)."""
 
     def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
         self._program = _compile(case, task, accel, case.mesh)
         self._cycle = max(1, case.warmup + case.steps)  # the batches a run would see
-        self._state = _init_state(self._program)
+        self._fns, self._state = _step_fns(self._program, _init_state(self._program))
         self._step = 0
-        self._slower = injected_slowdown()
 
     def run(self, n: int) -> list[float]:
         """Train ``n`` more steps; their step times in seconds."""
-        times = []
-        for _ in range(n):
-            batch = _batch(self._program, self._step % self._cycle)
-            self._state, _, seconds = _timed_step(self._program, self._state, batch,
-                                                  self._slower)
-            times.append(seconds)
-            self._step += 1
+        times, _ = time_block(self._fns, self._step, n, self._cycle)
+        self._step += n
         return times
 
 
 def _execute(program: _Program, case: Case, probe: Probe | None = None,
-             deadline: float | None = None) -> _Trained:
-    """Initialize on the program's shardings and run warmup + measured steps.
-
-    After each measured step (outside its timer) ``probe`` runs and is timed; past
-    ``deadline`` (``time.monotonic()``) the run stops at the next step boundary. The loss
-    and the other metrics of every step are fetched after its timer stopped.
-    """
-    state = _init_state(program)
-    key = program.step.loss
-    out = _Trained(state=None, losses=[], step_times=[])
-    slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
-    for i in range(case.warmup + case.steps):
-        # Transfer outside the timer: the step time is device work, not host->device copy.
-        batch = _batch(program, i)
-        state, metrics, seconds = _timed_step(program, state, batch, slower)
-        values = jax.device_get(metrics)
-        value = float(values[key])
-        out.losses.append(value)
-        for name, v in values.items():
-            if name != key:
-                out.metrics.setdefault(name, []).append(float(v))
-        if i >= case.warmup:
-            out.step_times.append(seconds)
-            if probe is not None:
-                out.probe_times.append(probe.time())
-        progress.step(i + 1, case.warmup + case.steps, value, seconds)  # outside the timer
-        if not math.isfinite(value):
-            out.nan_step = i
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            out.timed_out = True
-            break
-    out.state = state
-    return out
+             deadline: float | None = None) -> tuple[LoopResult, PyTree]:
+    """Initialize on the program's shardings and run warmup + measured steps in the
+    measured-step loop (:func:`.loop.run_steps`); the result and the final state."""
+    fns, state = _step_fns(program, _init_state(program))
+    trained = run_steps(fns, warmup=case.warmup, steps=case.steps, probe=probe,
+                        deadline=deadline)
+    return trained, state[0]
 
 
 class JaxBackend:
@@ -561,7 +526,7 @@ class JaxBackend:
         probe = jax_probe(next(d for d in mesh.devices.flat
                                if d.process_index == jax.process_index()))
         try:
-            trained = _execute(program, case, probe, deadline)
+            trained, final = _execute(program, case, probe, deadline)
         except RuntimeError as exc:
             if _is_oom(exc):
                 return TrainResult(run=_oom_run(run, str(exc)))
@@ -580,11 +545,11 @@ class JaxBackend:
             run.memory_per_device = {label: int(s["peak_bytes_in_use"])
                                      for label, s in zip(_labels(mesh), stats, strict=True)}
             run.memory_source = "memory_stats"
-        params = _flat(step.params_of(trained.state))
+        params = _flat(step.params_of(final))
         run.params_fingerprint = fingerprint(params)
         # The final state goes back to the test; a case spanning processes holds shards
         # of it in each, and no process can hand it over whole.
-        state = step.final_of(trained.state) if jax.process_count() == 1 else None
+        state = step.final_of(final) if jax.process_count() == 1 else None
         if trained.nan_step is not None:
             run.outcome = "nan"
             run.nan_step = trained.nan_step
@@ -612,7 +577,7 @@ def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | No
         oom = _predicted_oom(_analysis_bytes(program.compiled), capacity)
         if oom is not None:
             raise _OutOfMemory(_oom_message(oom))
-        return _flat(step.params_of(_execute(program, case).state))
+        return _flat(step.params_of(_execute(program, case)[1]))
     except (_OutOfMemory, RuntimeError) as exc:
         if not isinstance(exc, _OutOfMemory) and not _is_oom(exc):
             raise

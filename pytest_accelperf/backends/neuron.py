@@ -23,8 +23,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -33,6 +32,7 @@ import torch
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import fingerprint
+from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps
 from pytest_accelperf.backends.torch import (
     TorchTask,
     _build,
@@ -43,7 +43,6 @@ from pytest_accelperf.backends.torch import (
     to_device,
 )
 from pytest_accelperf.cases import Case
-from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 
 #: Warm-up steps at least: step 0 compiles forward+backward, step 1 the optimizer's update
@@ -118,48 +117,37 @@ def xla_device() -> XlaDevice:
     return XlaDevice(xm=xm, metrics=metrics, device=device, sync=getattr(torch_xla, "sync", None))
 
 
-@dataclass
-class _Trained:
-    losses: list[float] = field(default_factory=list)
-    step_times: list[float] = field(default_factory=list)
-    warmup_times: list[float] = field(default_factory=list)
-    recompiles: list[int] = field(default_factory=list)
-    nan_step: int | None = None
-    timed_out: bool = False
-
-
 def _loop(model: torch.nn.Module, case: Case, task: TorchTask, dev: LazyDevice,
-          deadline: float | None) -> _Trained:
+          deadline: float | None) -> tuple[LoopResult, list[int]]:
+    """Warm-up and measured steps in the measured-step loop (:func:`.loop.run_steps`): the
+    result and the measured steps that compiled again."""
     optimizer = task.make_optimizer(model.parameters())
-    warmup = max(case.warmup, MIN_WARMUP)
-    out = _Trained()
-    for i in range(warmup + case.steps):
+    compiles: dict[str, int | None] = {"before": None}
+    recompiles: list[int] = []
+
+    def prepare(i: int) -> Any:
         batch = to_device(task.make_batch(i), dev.device)
         dev.mark_step()  # the host->device copy is its own graph, outside the timer
         dev.wait()
-        before = dev.compile_count()
-        t0 = time.perf_counter()
-        loss = _step(model, optimizer, task, batch)
+        compiles["before"] = dev.compile_count()
+        return batch
+
+    def sync() -> None:
         dev.mark_step()
         dev.wait()
-        t1 = time.perf_counter()
-        value = float(loss.item())  # materialized by mark_step: no extra graph
-        out.losses.append(value)
-        if i < warmup:
-            out.warmup_times.append(t1 - t0)
-        else:
-            out.step_times.append(t1 - t0)
-            after = dev.compile_count()
-            if before is not None and after is not None and after > before:
-                out.recompiles.append(i)
-        progress.step(i + 1, warmup + case.steps, value, t1 - t0)  # outside the timer
-        if not math.isfinite(value):
-            out.nan_step = i
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            out.timed_out = True
-            break
-    return out
+
+    def after_step(i: int, loss: torch.Tensor, measured: bool) -> None:
+        before, after = compiles["before"], dev.compile_count()
+        if measured and before is not None and after is not None and after > before:
+            recompiles.append(i)
+
+    fns: StepFns[Any, torch.Tensor] = StepFns(
+        prepare=prepare, run=lambda i, batch: _step(model, optimizer, task, batch),
+        # materialized by mark_step: no extra graph
+        read=lambda loss: (float(loss.item()), {}), sync=sync, sync_before=False)
+    trained = run_steps(fns, warmup=max(case.warmup, MIN_WARMUP), steps=case.steps,
+                        deadline=deadline, after_step=after_step)
+    return trained, recompiles
 
 
 def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: float | None = None,
@@ -182,14 +170,14 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
     run.flops_per_step = count_flops(cpu_model, task, task.make_batch(0))
     model = cpu_model.to(dev.device)
     torch.manual_seed(task.seed)
-    trained = _loop(model, case, task, dev, deadline)
+    trained, recompiles = _loop(model, case, task, dev, deadline)
     run.compile_time = math.fsum(trained.warmup_times) if trained.warmup_times else None
     run.losses, run.loss_steps = trained.losses, list(range(len(trained.losses)))
     run.step_times = trained.step_times
     run.extra["warmup_step_times"] = trained.warmup_times
     run.extra["device"] = dev.kind
-    if trained.recompiles:
-        run.extra["recompiles"] = trained.recompiles
+    if recompiles:
+        run.extra["recompiles"] = recompiles
     memory = dev.memory()
     if memory:
         run.memory_per_device, run.memory_source = memory, f"{dev.kind}_runtime"

@@ -1,0 +1,145 @@
+"""The measured-step loop: written once, used by every backend and by the rank processes.
+
+A backend says how to do one step; the loop owns what makes a measurement one:
+
+- the batch of step ``i`` is made and moved to the device *before* the timer starts
+  (``prepare``);
+- the device is synchronized before the timer starts and inside it at the end
+  (``sync``), so a step time is the step's device work, not a queue's;
+- the loss and the other metrics are read *after* the timer stopped (``read``: a
+  device-to-host copy is not part of the step);
+- the first ``warmup`` steps are timed apart (compile, allocator warm-up) and never
+  measured; after every measured step the drift ``probe`` runs, outside the timer;
+- progress is reported after every step (outside the timer); a non-finite loss ends the
+  run (``nan_step``), and so does the ``deadline`` (``time.monotonic()``), at the next
+  step boundary;
+- a gate benchmark's injected slowdown (:func:`.common.injected_slowdown`) stretches each
+  measured interval, so the gate is exercised without changing the code under test.
+
+Backends differ only in the three callables and in what they do with the result:
+:func:`run_steps` for a run, :func:`time_block` for the blocks of A/B mode.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from pytest_accelperf.backends.common import injected_slowdown, stretch
+from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.report import progress
+
+B = TypeVar("B")
+H = TypeVar("H")
+
+
+class StepReporter(Protocol):
+    """Where progress goes after each step (outside the timer)."""
+
+    def __call__(self, done: int, total: int, loss: float, seconds: float,
+                 measured: bool) -> None: ...
+
+
+def in_process(done: int, total: int, loss: float, seconds: float, measured: bool) -> None:
+    """The default reporter: this process's progress sink (:mod:`..report.progress`)."""
+    progress.step(done, total, loss, seconds)
+
+
+@dataclass(frozen=True)
+class StepFns(Generic[B, H]):
+    """How one backend does one step.
+
+    ``prepare(i)`` makes batch ``i`` on the device (untimed); ``run(i, batch)`` is the
+    step, timed, returning a handle to its outputs; ``sync()`` waits for the device (it
+    runs before the timer starts and, inside the timer, after ``run``); ``read(handle)``
+    gives ``(loss, other metrics)`` as floats, after the timer stopped. A backend whose
+    ``prepare`` already ends by waiting for the device sets ``sync_before=False``.
+    """
+
+    prepare: Callable[[int], B]
+    run: Callable[[int, B], H]
+    read: Callable[[H], tuple[float, Mapping[str, float]]]
+    sync: Callable[[], None] = lambda: None
+    sync_before: bool = True
+
+
+@dataclass
+class LoopResult:
+    """What the loop measured; ``last`` is the handle of the last step that ran."""
+
+    losses: list[float] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    step_times: list[float] = field(default_factory=list)
+    warmup_times: list[float] = field(default_factory=list)
+    probe_times: list[float] = field(default_factory=list)
+    nan_step: int | None = None
+    timed_out: bool = False
+    last: Any = None
+
+    @property
+    def steps_done(self) -> int:
+        return len(self.losses)
+
+
+def timed(fns: StepFns[B, H], i: int, batch: B, slower: float) -> tuple[H, float]:
+    """Step ``i`` on ``batch``, synchronized before and after: ``(handle, seconds)``."""
+    if fns.sync_before:
+        fns.sync()
+    t0 = time.perf_counter()
+    handle = fns.run(i, batch)
+    fns.sync()
+    return handle, stretch(t0, time.perf_counter(), slower) - t0
+
+
+def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | None = None,
+              deadline: float | None = None, report: StepReporter = in_process,
+              after_step: Callable[[int, H, bool], None] | None = None) -> LoopResult:
+    """Run ``warmup`` then ``steps`` measured steps (see the module docstring).
+
+    ``after_step(i, handle, measured)`` runs after each step's values were read and
+    before progress is reported (a rank's memory count, a lazy device's recompiles).
+    """
+    out = LoopResult()
+    slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
+    total = warmup + steps
+    for i in range(total):
+        batch = fns.prepare(i)  # outside the timer
+        handle, seconds = timed(fns, i, batch, slower)
+        out.last = handle
+        loss, metrics = fns.read(handle)
+        out.losses.append(loss)
+        for name, value in metrics.items():
+            out.metrics.setdefault(name, []).append(value)
+        measured = i >= warmup
+        if measured:
+            out.step_times.append(seconds)
+            if probe is not None:
+                out.probe_times.append(probe.time())
+        else:
+            out.warmup_times.append(seconds)
+        if after_step is not None:
+            after_step(i, handle, measured)
+        report(i + 1, total, loss, seconds, measured)
+        if not math.isfinite(loss):
+            out.nan_step = i
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            out.timed_out = True
+            break
+    return out
+
+
+def time_block(fns: StepFns[B, H], first: int, n: int, cycle: int) -> tuple[list[float], Any]:
+    """Steps ``first .. first + n - 1`` (batches taken modulo ``cycle``, the batches a run
+    would see), timed as in a run: their step times and the last handle (A/B mode)."""
+    slower = injected_slowdown()
+    times: list[float] = []
+    handle: Any = None
+    for i in range(first, first + n):
+        batch = fns.prepare(i % max(1, cycle))
+        handle, seconds = timed(fns, i, batch, slower)
+        times.append(seconds)
+    return times, handle
