@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import math
 import sys
 import time
 from typing import Any
@@ -32,6 +31,7 @@ from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import fingerprint
 from pytest_accelperf.backends.jax import JaxTask
+from pytest_accelperf.backends.loop import StepFns, run_steps
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
 
@@ -94,30 +94,37 @@ class AlpaBackend:
             opt_state = task.optimizer.init(params)
             run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=case.n_devices,
                       peak_flops_per_device=accel.peak_flops)
-            t0 = time.perf_counter()
-            params, opt_state, loss = step(params, opt_state, task.make_batch(0))
-            executable = step.get_last_executable()
-            executable.sync()
-            run.compile_time = time.perf_counter() - t0  # compile + profile + first step
-            run.losses, run.loss_steps = [float(loss)], [0]
-            for i in range(1, case.warmup + case.steps):
-                batch = task.make_batch(i)
-                t0 = time.perf_counter()
-                params, opt_state, loss = step(params, opt_state, batch)
-                executable.sync()
-                elapsed = time.perf_counter() - t0
-                run.losses.append(float(loss))
-                run.loss_steps.append(i)
-                if i >= case.warmup:
-                    run.step_times.append(elapsed)
-                if not math.isfinite(run.losses[-1]):
-                    run.outcome, run.nan_step = "nan", i
-                    run.message = f"loss is {run.losses[-1]} at step {i}"
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    run.outcome = "timeout"
-                    run.message = f"exceeded the {timeout:g} s timeout after {i + 1} steps"
-                    break
+            live: dict[str, Any] = {"params": params, "opt_state": opt_state}
+
+            def one_step(i: int, batch: Any) -> Any:
+                live["params"], live["opt_state"], loss = step(live["params"],
+                                                               live["opt_state"], batch)
+                live.setdefault("executable", step.get_last_executable())
+                return loss
+
+            def sync() -> None:
+                if "executable" in live:  # none before the first call compiled it
+                    live["executable"].sync()
+
+            fns: StepFns[Any, Any] = StepFns(prepare=task.make_batch, run=one_step,
+                                             read=lambda loss: (float(loss), {}), sync=sync)
+            # Step 0 compiles (with Alpa's stage profiling and solver): a warm-up step
+            # whose wall time is the compile time, never a measured one.
+            trained = run_steps(fns, warmup=max(1, case.warmup), steps=case.steps,
+                                deadline=deadline)
+            run.compile_time = trained.warmup_times[0]
+            run.losses = trained.losses
+            run.loss_steps = list(range(len(trained.losses)))
+            run.step_times = trained.step_times
+            if trained.nan_step is not None:
+                run.outcome, run.nan_step = "nan", trained.nan_step
+                run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
+            elif trained.timed_out:
+                run.outcome = "timeout"
+                run.message = (f"exceeded the {timeout:g} s timeout after "
+                               f"{trained.steps_done} steps")
+            executable = live["executable"]
+            params = live["params"]
             if hasattr(executable, "get_total_allocation_size"):
                 run.memory_per_device = {"alpa:total": int(
                     executable.get_total_allocation_size())}
