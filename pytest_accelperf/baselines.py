@@ -45,7 +45,7 @@ from pydantic import ValidationError
 
 from pytest_accelperf import jsonfile
 from pytest_accelperf.jsonfile import atomic_write
-from pytest_accelperf.schema import BaselineHeader, error_lines, validate_block
+from pytest_accelperf.schema import BaselineHeader, error_lines, invalid_blocks, validate_block
 
 __all__ = [
     "LOCK_NAME",
@@ -198,7 +198,16 @@ def parse(path: Path, text: str) -> BaselineFile:
 
     A file that does not parse raises :class:`BaselineError`; blocks that do not validate
     are kept in :attr:`BaselineFile.invalid` with their error (raised when the case is read).
+
+    Linear in the size of the file: one JSON parse, one schema validation of every block
+    (:func:`pytest_accelperf.schema.invalid_blocks`); a line number is only computed for
+    an error, by one more pass over the text.
     """
+    with jsonfile.gc_paused():
+        return _parse(path, text)
+
+
+def _parse(path: Path, text: str) -> BaselineFile:
     try:
         data = jsonfile.loads(text)
     except jsonfile.JsonFileError as exc:
@@ -227,21 +236,15 @@ def parse(path: Path, text: str) -> BaselineFile:
         raise BaselineError(f"{path}:{line}: not a baseline file: {shown}. {_UNTOUCHED}: "
                             f"restore it (git checkout -- {path}) or fix it") from None
     raw_cases: dict[str, Any] = data["cases"]
-    cases: dict[str, dict[str, Any]] = {}
-    bad: list[tuple[str, ValidationError]] = []
-    for key, block in raw_cases.items():
-        try:
-            validate_block(block)
-        except ValidationError as exc:
-            bad.append((key, exc))
-            continue
-        cases[key] = block
+    bad = invalid_blocks(raw_cases)
+    cases: dict[str, dict[str, Any]] = (
+        {k: v for k, v in raw_cases.items() if k not in bad} if bad else raw_cases)
     invalid: dict[str, InvalidBlock] = {}
     if bad:  # lines are only computed for errors, in one pass over the file
         starts = jsonfile.members(text, ["cases"])
         located = [(key, *_field_errors(exc, text, [] if key in starts else ["cases", key],
                                         starts.get(key)))
-                   for key, exc in bad]
+                   for key, exc in bad.items()]
         lines = jsonfile.lines_of(text, (pos for _, pos, _ in located))
         for key, pos, shown in located:
             invalid[key] = InvalidBlock(raw_cases[key], (
@@ -305,6 +308,8 @@ class BaselineStore:
         self.root = root
         self.platform = validate_platform(platform)
         self._cache: dict[Path, BaselineFile | BaselineError] = {}
+        #: ``{module key: its file}`` of the modules read so far (:meth:`get`).
+        self._paths: dict[str, Path] = {}
 
     def path_for(self, nodeid: str) -> Path:
         """The file of ``nodeid``'s module; a :class:`BaselineError` if it would not be
@@ -334,7 +339,10 @@ class BaselineStore:
     def get(self, nodeid: str) -> dict[str, Any] | None:
         """The stored block of a case, None if there is none; :class:`BaselineError` if its
         file is unreadable, :class:`InvalidBlockError` if its block is invalid."""
-        path = self.path_for(nodeid)
+        module = module_key(nodeid)
+        path = self._paths.get(module)
+        if path is None:  # resolving costs system calls: once per module read
+            path = self._paths[module] = self.path_for(nodeid)
         loaded = self._load(path)
         key = case_key(nodeid)
         if key in loaded.invalid:

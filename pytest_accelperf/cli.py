@@ -27,7 +27,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TextIO, cast
 
@@ -42,6 +42,7 @@ from pytest_accelperf.baselines import (
     module_key,
     read,
 )
+from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
 from pytest_accelperf.recordable import unrecordable
@@ -94,8 +95,19 @@ def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool
     ``root``; a CliError that lists every file that does not parse and every invalid block
     (each naming its file, line, case and field), or, with ``invalid_blocks``, those blocks
     as they are."""
-    out: list[tuple[str, str, dict[str, Any]]] = []
     errors: list[str] = []
+    with gc_paused():  # a tree of JSON has no cycles to collect (see gc_paused)
+        out = list(iter_store(root, platform, errors, invalid_blocks=invalid_blocks))
+    if errors:
+        raise CliError("\n".join(errors))
+    return out
+
+
+def iter_store(root: Path, platform: str | None, errors: list[str], *,
+               invalid_blocks: bool = False) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """:func:`store_files` one file at a time, so that a caller that keeps only a summary
+    of each holds one file in memory; the errors are appended to ``errors`` (raise them
+    when the walk is done)."""
     for name in _platforms(root, platform):
         base = root / name
         for path in sorted(base.rglob("*.json")):
@@ -111,10 +123,7 @@ def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool
             module = path.relative_to(base).as_posix().removesuffix(".json")
             blocks = {k: b.raw for k, b in bf.invalid.items()}
             blocks.update(bf.cases)
-            out.append((name, module, blocks))
-    if errors:
-        raise CliError("\n".join(errors))
-    return out
+            yield name, module, blocks
 
 
 def store_blocks(root: Path, platform: str | None = None
@@ -191,16 +200,24 @@ def _fmt(value: float | str | None, unit: str) -> str:
 # -- baselines show ----------------------------------------------------------------------------
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     root = _store_root(args.baselines)
-    blocks = store_blocks(root, args.platform)
     patterns = [compile_pattern(p) for p in args.patterns]
     rows = []
-    for (platform, nodeid), block in sorted(blocks.items()):
-        if patterns and not any(matches(p, nodeid) for p in patterns):
-            continue
-        head = {label: _fmt(value, unit) for label, value, unit in _headline(block)}
-        rows.append((platform, nodeid, head["outcome"], head["throughput"], head["step time"],
-                     head["final loss"], head["peak memory"],
-                     str(block.get("recorded_at", "-"))))
+    errors: list[str] = []
+    # One file at a time: only the rows are kept, not every block of the store; a tree of
+    # JSON has no cycles, so the collector is paused for the walk (see gc_paused).
+    with gc_paused():
+        for platform, module, blocks in iter_store(root, args.platform, errors):
+            for key, block in blocks.items():
+                nodeid = f"{module}.py::{key}"
+                if patterns and not any(matches(p, nodeid) for p in patterns):
+                    continue
+                head = {label: _fmt(value, unit) for label, value, unit in _headline(block)}
+                rows.append((platform, nodeid, head["outcome"], head["throughput"],
+                             head["step time"], head["final loss"], head["peak memory"],
+                             str(block.get("recorded_at", "-"))))
+    if errors:
+        raise CliError("\n".join(errors))
+    rows.sort(key=lambda row: (row[0], row[1]))
     if not rows:
         wanted = f" matching {' '.join(args.patterns)}" if args.patterns else ""
         raise CliError(f"no baseline{wanted} in {root}")

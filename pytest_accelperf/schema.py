@@ -18,6 +18,7 @@ Schema of either (:func:`json_schema`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,6 +29,7 @@ from pydantic import (
     Strict,
     StrictBool,
     StrictInt,
+    TypeAdapter,
     ValidationError,
     model_validator,
 )
@@ -175,8 +177,9 @@ class Block(_Strict):
 
 
 class BaselineHeader(_Strict):
-    """A baseline file around its blocks (the blocks are validated one by one, so that one
-    invalid block names its case and an update can replace it)."""
+    """A baseline file around its blocks (the blocks are validated apart, by
+    :func:`invalid_blocks`, so that one invalid block names its case and an update can
+    replace it)."""
 
     schema_version: Literal[1]
     platform: str = ""
@@ -265,6 +268,34 @@ class ReportFile(_Report):
 def validate_block(data: Any) -> Block:
     """``data`` as a :class:`Block`; :class:`pydantic.ValidationError` if it is not one."""
     return Block.model_validate(data)
+
+
+_BLOCKS: TypeAdapter[dict[str, Block]] = TypeAdapter(dict[str, Block])
+
+
+def invalid_blocks(cases: Mapping[str, Any]) -> dict[str, ValidationError]:
+    """``{case key: its error}`` of the blocks of ``cases`` that are not a :class:`Block`,
+    in the order of ``cases``; empty when all are.
+
+    One pydantic call validates the whole mapping (the store reads a file's blocks this
+    way); only when it fails are the blocks it names validated again one by one, so that
+    each error is that block's own, as :func:`validate_block` raises it.
+    """
+    try:
+        _BLOCKS.validate_python(cases)
+    except ValidationError as exc:
+        named = {err["loc"][0] for err in exc.errors(include_url=False) if err["loc"]}
+    else:
+        return {}
+    out: dict[str, ValidationError] = {}
+    for key, block in cases.items():
+        if key not in named:
+            continue
+        try:
+            validate_block(block)
+        except ValidationError as exc:
+            out[key] = exc
+    return out
 
 
 def error_lines(exc: ValidationError, *, limit: int = 5) -> list[tuple[tuple[str | int, ...],
