@@ -21,13 +21,16 @@ with rates and 95 % Clopper-Pearson intervals, and writes every raw result to
 
 Overhead mode::
 
-    python benchmarks/gate.py overhead [--blocks 10] [--block-steps 50]
+    python benchmarks/gate.py overhead [--blocks 10] [--block-steps 50] [--backend torch]
 
 times, in one process, the JAX backend's measured loop (``_execute``, the source of the
 ``run.step_times`` the gate compares, with the drift probe after every step as in a real
 run) against a hand-written loop of the same compiled step with the same
 ``block_until_ready`` per step, in alternating blocks, and reports the ratio of median step
 times (plugin / hand loop) with a bootstrap confidence interval.
+With ``--backend torch`` it does the same for the in-process torch backend: its
+``_execute`` over a ``TorchStep`` (the suite's GPT, eager, batch 8) against a hand loop
+calling the same step.
 
 Arms: a gate under test is an :class:`Arm` (a function per arm builds it; see ``ARMS``).
 Arms that share a ``group`` run in the same pytest session; the per-run driver
@@ -875,6 +878,96 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+
+def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
+    """The torch backend's measured loop (``_execute`` over a ``TorchStep``, the drift probe
+    after every step as in a real run) against a hand loop of the same step, in alternating
+    blocks, on the suite's GPT (``suites/torch/gpt.py``, eager, batch 8, on the CPU)."""
+    if os.environ.get(INJECT_ENV):
+        print(f"{INJECT_ENV} is set: unset it to measure the overhead", file=sys.stderr)
+        return 2
+    import numpy as np
+    import torch
+
+    from pytest_accelperf.backends.torch import PROBE_N, _execute, torch_probe
+    from pytest_accelperf.backends.torch_task import to_device
+    from pytest_accelperf.cases import Case
+    from pytest_accelperf.stats import paired_ratio, step_time_ratio
+
+    sys.path.insert(0, str(HERE.parent / "suites" / "torch"))
+    from gpt import make_task
+
+    case = Case(backend="torch", batch=8, steps=ns.block_steps, warmup=2, accels=("cpu",))
+    device = torch.device("cpu")
+    step = make_task(case).to_step(device)  # one model and optimizer, trained by every arm
+    probe = torch_probe(device, n=PROBE_N)  # the backend's
+
+    def plugin(with_probe: bool) -> list[float]:
+        # Exactly what BACKEND.train runs after counting memory and FLOPs: warm-up and
+        # measured steps, each followed by the probe (outside the step's timer).
+        return list(_execute(step, case, device, probe if with_probe else None).step_times)
+
+    def hand() -> list[float]:
+        times = []
+        for i in range(case.warmup + case.steps):
+            batch = to_device(step.make_batch(i), device)
+            t0 = time.perf_counter()
+            out = step.step(batch)
+            t1 = time.perf_counter()
+            float(out["loss"].item())
+            if i >= case.warmup:
+                times.append(t1 - t0)
+        return times
+
+    arms: dict[str, Callable[[], list[float]]] = {
+        "plugin": lambda: plugin(True), "plugin-no-probe": lambda: plugin(False), "hand": hand}
+    blocks: dict[str, list[list[float]]] = {name: [] for name in arms}
+    names = list(arms)
+    orders = list(itertools.permutations(names))  # each arm first, second, last equally
+    hand()  # one untimed pass: first-touch allocations, caches
+    load_before = os.getloadavg()
+    t_start = time.perf_counter()
+    for b in range(ns.blocks):
+        for name in orders[b % len(orders)]:
+            blocks[name].append(arms[name]())
+    wall = time.perf_counter() - t_start
+    load_after = os.getloadavg()
+
+    hand_all = [t for blk in blocks["hand"] for t in blk]
+    rows = []
+    result: dict[str, Any] = {"command": shlex.join([Path(sys.executable).name, *argv]),
+                              "backend": "torch", "machine": _machine(), "blocks": ns.blocks,
+                              "block_steps": ns.block_steps, "wall_s": round(wall, 2),
+                              "loadavg_before": load_before, "loadavg_after": load_after,
+                              "median_step_s": {}, "ratios": {}, "raw": blocks}
+    for name in names:
+        pooled = [t for blk in blocks[name] for t in blk]
+        result["median_step_s"][name] = float(np.median(pooled))
+        if name == "hand":
+            continue
+        est = step_time_ratio(pooled, hand_all)
+        paired = paired_ratio(blocks[name], blocks["hand"])
+        result["ratios"][name] = {"ratio": est.ratio, "ci": [est.low, est.high],
+                                  "paired_ratio": paired.ratio,
+                                  "paired_ci": [paired.low, paired.high]}
+        rows.append([f"{name} / hand", f"{paired.ratio:.4f}",
+                     f"{paired.low:.4f}-{paired.high:.4f}", f"{est.ratio:.4f}",
+                     f"{est.low:.4f}-{est.high:.4f}"])
+    text = tabulate(rows, headers=["ratio of median step times", "paired by block",
+                                   "95% CI", "pooled", "95% CI (assumes no drift)"],
+                    tablefmt="github")
+    meds = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in result["median_step_s"].items())
+    print(f"{result['command']}\n\ntorch GPT, batch 8, eager on the CPU: {ns.blocks} "
+          f"alternating blocks of {ns.block_steps} steps (+{case.warmup} warmup) per arm, "
+          f"{wall:.1f} s; load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
+          f"after; medians: {meds}\n\n{text}\n(target: plugin / hand <= 1.02)")
+    out_dir = Path(ns.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"overhead-torch-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    _write(path, result)
+    print(f"raw results: {path}")
+    return 0
+
 # --------------------------------------------------------------------------------------
 
 
@@ -1057,6 +1150,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "order (default 18)")
     o.add_argument("--block-steps", type=int, default=30,
                    help="measured steps per block (default 30)")
+    o.add_argument("--backend", choices=("jax", "torch"), default="jax",
+                   help="whose measured loop: the JAX backend's (default) or the in-process "
+                        "torch backend's, on the suite's GPT through a TorchStep")
     p.add_argument("--out", default=str(HERE / "results"),
                    help="directory for the JSON and Markdown results (default "
                         "benchmarks/results)")
@@ -1075,6 +1171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     shown = ["benchmarks/gate.py", *argv]
     if ns.mode == "overhead":
+        if ns.backend == "torch":
+            return run_torch_overhead(ns, shown)
         return run_overhead(ns, shown)
     if ns.mode == "ab":
         return run_ab(ns, shown)

@@ -53,6 +53,13 @@ class Case:
     configure DeepSpeed's ZeRO. ``grad_clip`` is the gradient-norm clipping every backend
     applies before the optimizer step (None: no clipping; DeepSpeed's own default of 1.0 is
     never used implicitly).
+
+    ``grad_accum`` is the number of micro-batches each rank accumulates per optimizer step
+    (DeepSpeed's ``gradient_accumulation_steps``; DDP and DeepSpeed ranks): ``batch`` stays
+    the global batch of one optimizer step, ``batch = micro batch x grad_accum x
+    world_size``. ``zero_init=True`` builds a ZeRO-3 model inside ``deepspeed.zero.Init``
+    (partitioned as it is created, for a model that does not fit one device); off by
+    default, as DeepSpeed recommends for a model that fits.
     """
 
     backend: str
@@ -72,6 +79,8 @@ class Case:
     zero_stage: int | None = None
     offload: str = "none"
     grad_clip: float | None = None
+    grad_accum: int = 1
+    zero_init: bool = False
 
     def __post_init__(self) -> None:
         if self.batch <= 0:
@@ -100,6 +109,13 @@ class Case:
         if self.grad_clip is not None and not (0 < self.grad_clip < math.inf):
             raise ValueError(f"grad_clip must be a finite positive number or None (no "
                              f"clipping), got {self.grad_clip!r}")
+        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
+                or self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be a whole number >= 1 (micro-batches per "
+                             f"optimizer step), got {self.grad_accum!r}")
+        if self.zero_init and self.zero_stage != 3:
+            raise ValueError("zero_init=True builds the model inside deepspeed.zero.Init, which "
+                             "partitions parameters as ZeRO stage 3 does: set zero_stage=3")
         unknown = set(self.tolerances) - set(TOLERANCE_KEYS)
         if unknown:
             raise ValueError(
@@ -140,6 +156,10 @@ class Case:
             parts.append(f"zero{self.zero_stage}")
         if self.offload != "none":
             parts.append(f"offload_{self.offload}")
+        if self.zero_init:
+            parts.append("zinit")
+        if self.grad_accum > 1:
+            parts.append(f"ga{self.grad_accum}")
         parts.append(f"b{self.batch}")
         if self.label:
             parts.append(self.label)
@@ -163,6 +183,8 @@ class Case:
             "zero_stage": self.zero_stage,
             "offload": self.offload,
             "grad_clip": self.grad_clip,
+            "grad_accum": self.grad_accum,
+            "zero_init": self.zero_init,
         }
 
 

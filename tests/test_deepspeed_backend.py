@@ -145,7 +145,9 @@ def test_ddp_trains_and_matches_the_reference() -> None:
     run = result.run
     assert run.outcome == "ok", run.message
     assert set(run.memory_per_device) == {"rank0", "rank1"}
-    assert run.extra["engine"] == {"engine": "ddp", "optimizer": "AdamW", "grad_clip": 0.5}
+    engine = run.extra["engine"]
+    assert (engine["engine"], engine["optimizer"], engine["grad_clip"]) == ("ddp", "AdamW", 0.5)
+    assert engine["scheduler"] is None and engine["compile"] is False
     assert result.reference_params is not None
     check = check_reference(result.params, result.reference_params, Tolerances())
     assert check.verdict is Verdict.PASS, check.detail

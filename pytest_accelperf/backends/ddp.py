@@ -8,6 +8,7 @@ measured and how, are :mod:`pytest_accelperf.backends.torch_ranks`'s, shared wit
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.ranks import train_in_ranks
 
 # Re-exported: they lived here before DeepSpeed needed them without DDP.
@@ -29,19 +31,33 @@ from pytest_accelperf.cases import Case
 
 
 class DDPRankEngine:
-    """``torch.nn.parallel.DistributedDataParallel`` over the task's model, with the task's
-    own optimizer; clipping by ``clip_grad_norm_`` on the all-reduced gradients."""
+    """``torch.nn.parallel.DistributedDataParallel`` over the model the user's ``build``
+    made in this rank, with the user's own optimizer and schedule: gradients accumulate
+    under ``no_sync`` over ``case.grad_accum`` micro-batches (each loss scaled by
+    ``1 / grad_accum``), then ``clip_grad_norm_`` (if asked), ``optimizer.step()``,
+    ``scheduler.step()``. ``compile=True`` compiles the DDP module with ``torch.compile``
+    (torch's DDP-aware compilation: graphs split at the gradient buckets), when the rank
+    loop asks (:meth:`compile`)."""
 
-    def __init__(self, plan: RankPlan, device: torch.device) -> None:
+    def __init__(self, plan: RankPlan, device: torch.device, rank: int) -> None:
         from torch.nn.parallel import DistributedDataParallel
 
-        torch.manual_seed(plan.task.seed)
-        module = plan.task.make_model().to(device)
+        step = plan.step
+        torch.manual_seed(step.seed)
+        built = step.built(rank)
+        module = built.model.to(device)
         self.module = module
-        self.model: torch.nn.Module = DistributedDataParallel(
+        self.step_spec = step
+        ddp = DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None)
-        self.optimizer = plan.task.make_optimizer(self.model.parameters())
+        self.ddp = ddp
+        self.model: Any = ddp
+        self.optimizer = built.optimizer
+        self.scheduler = built.scheduler
         self.clip = plan.grad_clip
+        self.accum = plan.case.grad_accum
+        self.groups = group_summary(self.optimizer)
+        self.steps = self.micro_steps = 0
 
     @staticmethod
     def init_distributed(backend: str) -> None:
@@ -50,26 +66,46 @@ class DDPRankEngine:
         if not dist.is_initialized():
             dist.init_process_group(backend)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
+    def micro_step(self, boundary: bool) -> AbstractContextManager[object]:
+        return nullcontext() if boundary else self.ddp.no_sync()
 
-    def step(self) -> None:
+    def backward(self, loss: torch.Tensor) -> None:
+        scaled = loss / self.accum if self.accum > 1 else loss
+        scaled.backward()  # type: ignore[no-untyped-call]  # untyped in torch
+
+    def step(self, boundary: bool) -> None:
+        self.micro_steps += 1
+        if not boundary:
+            return
+        self.steps += 1
         if self.clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
         self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def compile(self) -> None:
+        self.model = torch.compile(self.ddp)
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def full_params(self, rank: int) -> dict[str, np.ndarray] | None:
         if rank != 0:
             return None
-        return {n: p.detach().cpu().numpy().copy() for n, p in self.module.named_parameters()}
+        return self.step_spec.params_of(self.module)
 
     def describe(self) -> dict[str, Any]:
         return {"engine": "ddp", "optimizer": type(self.optimizer).__name__,
-                "grad_clip": self.clip}
+                "grad_clip": self.clip, "optimizer_steps": self.steps,
+                "micro_steps": self.micro_steps,
+                "scheduler": type(self.scheduler).__name__ if self.scheduler else None,
+                "compile": self.step_spec.compile, "param_groups": self.groups,
+                "compiled_graphs": compiled_graphs() if self.step_spec.compile else 0}
 
 
-def _check(case: Case, task: TorchTask) -> None:
+def _check(case: Case, step: RankStep) -> None:
     if case.world_size < 2:
         raise ValueError(f"{case.id}: DDP needs world_size >= 2; train one process with the "
                          f"torch backend")
@@ -79,14 +115,14 @@ def _check(case: Case, task: TorchTask) -> None:
 RANKS = TorchRanks(DDPRankEngine, _check)
 
 
-def train_ddp(case: Case, task: TorchTask, accel: Accelerator,
+def train_ddp(case: Case, task: TorchTask | RankStep, accel: Accelerator,
               timeout: float | None = None) -> TrainResult:
     """Train a ``backend="torch"`` case with ``world_size > 1`` by DDP in ranks launched on
     this machine (what ``accelperf.train`` does for it without a cluster)."""
     return train_in_ranks(RANKS, case, task, accel, timeout=timeout)
 
 
-def fits_ddp(case: Case, task: TorchTask, accel: Accelerator,
+def fits_ddp(case: Case, task: TorchTask | RankStep, accel: Accelerator,
              timeout: float | None = None) -> Fit:
     """:meth:`Backend.fits` for DDP cases (see :meth:`TorchRanks.fits`)."""
     return RANKS.fits(case, task, accel, timeout=timeout)

@@ -1,8 +1,10 @@
 """The DeepSpeed backend: ZeRO stages 0-3, optional CPU offload, ``world_size`` ranks.
 
 A ``backend="deepspeed"`` case trains a
+:class:`~pytest_accelperf.backends.rank_step.RankStep` (the user's own ``build(rank) ->
+(model, optimizer, scheduler)`` and loss) or a
 :class:`~pytest_accelperf.backends.torch_task.TorchTask` (the same task the torch backend
-trains) with ``deepspeed.initialize`` in
+trains, converted to one) with ``deepspeed.initialize`` in
 ``case.world_size`` processes that the plugin launches itself (no ``deepspeed`` or
 ``torchrun`` launcher: :mod:`pytest_accelperf.backends.launch`; gloo on the CPU, nccl on
 GPUs), or as Ray actors. The rank loop, what is measured and how, are those of
@@ -11,22 +13,31 @@ engine, and its ``RANKS`` is what the backend's spec names as its ranks.
 
 The DeepSpeed configuration comes from the case (:func:`ds_config`):
 
-* ``train_batch_size = case.batch`` (the global batch), ``train_micro_batch_size_per_gpu =
-  case.batch / world_size``, no gradient accumulation;
+* ``train_batch_size = case.batch`` (the global batch of one optimizer step),
+  ``gradient_accumulation_steps = case.grad_accum``, ``train_micro_batch_size_per_gpu =
+  case.batch / (world_size * grad_accum)``;
 * ``zero_optimization.stage = case.zero_stage``; ``offload_optimizer`` (``case.offload`` in
   ``optimizer``/``all``) and ``offload_param`` (``param``/``all``, stage 3) to the CPU;
 * ``gradient_clipping`` always explicit: ``case.grad_clip`` (or the task's), 0 for none:
   DeepSpeed's own default (1.0) is never used by accident;
 * fp32 (``case.params["precision"] = "bf16"`` turns on DeepSpeed's bf16 on GPUs);
-* ``case.params["ds_config"]``: a dict merged over all this (bucket sizes, say), except the
-  batch and clipping keys, which come from the case.
+* ``case.params["ds_config"]`` and then the step's ``ds_config``: dicts merged over all
+  this, except the batch, accumulation and clipping keys, which come from the case;
+* in the rank, once the model exists: each ZeRO size of :data:`SIZED_KEYS` that nobody set
+  becomes ``min(DeepSpeed's default, parameter count)`` (:func:`size_buckets`), listed in
+  the run's ``extra["engine"]["plugin_set"]``.
 
-Optimizer: the task's own (``make_optimizer``), as a client optimizer, so no C++ op is
-compiled for it. With the optimizer offloaded, a torch ``Adam``/``AdamW`` is replaced by
+Optimizer and schedule: the user's own (``build``), as a client optimizer and
+``lr_scheduler``, so no C++ op is compiled for it and the engine steps the schedule once per
+optimizer step. With the optimizer offloaded, a torch ``Adam``/``AdamW`` is replaced by
 ``DeepSpeedCPUAdam`` with the same hyper-parameters (what DeepSpeed requires of offload);
-any other optimizer is kept (``zero_force_ds_cpu_optimizer: false``). ZeRO-3 builds the
-model inside ``deepspeed.zero.Init`` so that each rank holds only its partition from the
-start, as it must for a model that does not fit one device.
+any other optimizer is kept (``zero_force_ds_cpu_optimizer: false``); a scheduler follows
+it. ``case.zero_init`` (ZeRO-3) builds the model inside ``deepspeed.zero.Init`` so that each
+rank holds only its partition from the start, as it must for a model that does not fit one
+device; off by default, as DeepSpeed recommends for a model that fits (a model's own init
+after construction, and optimizer groups made by ``p.dim()``, see empty tensors inside it).
+``compile=True`` calls DeepSpeed's ``engine.compile()`` (after the counted steps, see
+:mod:`.torch_ranks`).
 
 C++ ops: DeepSpeed compiles ``deepspeed_shm_comm`` (the CPU accelerator's shared-memory
 collectives, at ``init_distributed`` on the CPU) and ``cpu_adam`` (for offload) on first use,
@@ -47,6 +58,7 @@ import copy
 import importlib
 import importlib.util
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -54,6 +66,7 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.ranks import train_in_ranks
 from pytest_accelperf.backends.torch_ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
 from pytest_accelperf.backends.torch_task import TorchTask
@@ -81,8 +94,12 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def ds_config(case: Case, grad_clip: float | None, device: str = "cpu") -> dict[str, Any]:
-    """The DeepSpeed config of ``case`` (see the module doc)."""
+def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
+              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The DeepSpeed config of ``case`` (see the module doc): what the case implies, then
+    ``case.params["ds_config"]``, then ``extra`` (the ``RankStep``'s ``ds_config``) merged
+    over it; a key set by either wins, except the batch, accumulation and clipping keys,
+    which come from the case."""
     stage = case.zero_stage or 0
     if stage == 0 and case.offload != "none":
         raise ValueError(f"{case.id}: offload={case.offload!r} needs ZeRO stage 1 or more "
@@ -100,7 +117,7 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu") -> dict[
     config: dict[str, Any] = {
         "train_batch_size": case.batch,
         "train_micro_batch_size_per_gpu": micro_batch(case),
-        "gradient_accumulation_steps": 1,
+        "gradient_accumulation_steps": case.grad_accum,
         "gradient_clipping": float(grad_clip or 0.0),
         "zero_optimization": zero,
         "bf16": {"enabled": precision == "bf16"},
@@ -109,15 +126,66 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu") -> dict[
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
     }
-    extra = case.params.get("ds_config", {})
-    if not isinstance(extra, Mapping):
-        raise ValueError(f"{case.id}: params['ds_config'] must be a dict, not "
-                         f"{type(extra).__name__}")
-    clash = sorted(set(extra) & set(_CASE_KEYS))
-    if clash:
-        raise ValueError(f"{case.id}: params['ds_config'] sets {clash}, which come from the "
-                         f"case (batch, world_size, grad_clip): set those on the Case")
-    return _merge(config, extra)
+    for where, over in (("params['ds_config']", case.params.get("ds_config", {})),
+                        ("RankStep.ds_config", extra or {})):
+        if not isinstance(over, Mapping):
+            raise ValueError(f"{case.id}: {where} must be a dict, not {type(over).__name__}")
+        clash = sorted(set(over) & set(_CASE_KEYS))
+        if clash:
+            raise ValueError(f"{case.id}: {where} sets {clash}, which come from the case "
+                             f"(batch, world_size, grad_accum, grad_clip): set those on the "
+                             f"Case")
+        config = _merge(config, over)
+    return config
+
+
+#: ZeRO sizes (``zero_optimization`` keys, DeepSpeed's field names) that the plugin sizes
+#: from the model when neither the case nor the step sets them: DeepSpeed's defaults are
+#: for billions of parameters (a 5e8-element gradient bucket is 1.86 GiB of fp32 per rank
+#: whatever the model). Each becomes ``min(DeepSpeed's default, parameter count)``: a
+#: bucket never needs to hold more than the whole model, so a large model keeps the
+#: defaults. ``stage3_param_persistence_threshold`` (a size below which a tensor is not
+#: partitioned; it allocates nothing) is left alone.
+SIZED_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
+              "stage3_max_live_parameters", "stage3_max_reuse_distance")
+
+
+#: Sized values are rounded up to a multiple of this many elements: ZeRO 1-2 assert that
+#: ``allgather_bucket_size`` is a multiple of their 4-byte alignment factor (2 elements),
+#: and DeepSpeed's own defaults are multiples of it.
+ALIGN = 256
+
+
+def size_buckets(config: dict[str, Any], n_params: int,
+                 defaults: Mapping[str, int]) -> dict[str, int]:
+    """Set in ``config["zero_optimization"]`` each of :data:`SIZED_KEYS` that it lacks to
+    ``min(defaults[key], n_params)``, ``n_params`` rounded up to :data:`ALIGN` (ZeRO stages
+    1-3, ``stage3_*`` at 3 only; stage 0 has no ZeRO buffers); returns what it set. A key
+    already in the config (the user's) is never changed."""
+    zero = config.setdefault("zero_optimization", {})
+    if int(zero.get("stage", 0)) == 0:
+        return {}
+    keys = [k for k in SIZED_KEYS if zero.get("stage") == 3 or not k.startswith("stage3_")]
+    set_here: dict[str, int] = {}
+    for key in keys:
+        if key in zero or key not in defaults:
+            continue
+        value = min(int(defaults[key]), -(-max(int(n_params), 1) // ALIGN) * ALIGN)
+        zero[key] = set_here[key] = value
+    return set_here
+
+
+def zero_defaults() -> dict[str, int]:
+    """DeepSpeed's own defaults of :data:`SIZED_KEYS` (from its ZeRO config model), by
+    config key; in a rank only (imports DeepSpeed)."""
+    config_module = importlib.import_module("deepspeed.runtime.zero.config")
+    model = config_module.DeepSpeedZeroConfig
+    out: dict[str, int] = {}
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        if key in SIZED_KEYS and isinstance(info.default, int):
+            out[key] = int(info.default)
+    return out
 
 
 def _offload_optimizer(client: torch.optim.Optimizer) -> tuple[torch.optim.Optimizer, bool]:
@@ -143,41 +211,67 @@ def _offload_optimizer(client: torch.optim.Optimizer) -> tuple[torch.optim.Optim
 
 
 class DeepSpeedRankEngine:
-    """One rank's ``DeepSpeedEngine`` (built inside the rank; see the module doc)."""
+    """One rank's ``DeepSpeedEngine`` (built inside the rank; see the module doc): the
+    user's model, optimizer and scheduler through ``deepspeed.initialize(model=...,
+    optimizer=..., lr_scheduler=...)``; ``engine.backward(loss)`` and ``engine.step()``
+    after every micro-batch, as DeepSpeed's docs write the loop (the engine steps the
+    optimizer and the schedule at accumulation boundaries)."""
 
-    def __init__(self, plan: RankPlan, device: torch.device) -> None:
+    def __init__(self, plan: RankPlan, device: torch.device, rank: int) -> None:
         deepspeed = import_deepspeed()
 
-        case, task = plan.case, plan.task
+        case, step = plan.case, plan.step
         self.stage = case.zero_stage or 0
-        self.config = ds_config(case, plan.grad_clip, device.type)
-        torch.manual_seed(task.seed)
-        if self.stage == 3:
+        self.step_spec = step
+        self.config = ds_config(case, plan.grad_clip, device.type, step.ds_config)
+        self.zero_init = case.zero_init
+        torch.manual_seed(step.seed)
+        if case.zero_init:
             with deepspeed.zero.Init(config_dict_or_path=self.config):
-                module = task.make_model()
+                built = step.built(rank)
+            module = built.model
         else:
-            module = task.make_model().to(device)
-        client = task.make_optimizer(module.parameters())
-        optimizer = client
+            built = step.built(rank)
+            module = built.model.to(device)
+        n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in module.parameters())
+        self.sized = size_buckets(self.config, n_params, zero_defaults())
+        self.groups = group_summary(built.optimizer)
+        optimizer = built.optimizer
+        scheduler = built.scheduler
         if case.offload in ("optimizer", "all"):
-            optimizer, is_ds_adam = _offload_optimizer(client)
+            optimizer, is_ds_adam = _offload_optimizer(built.optimizer)
             if not is_ds_adam:
                 self.config["zero_force_ds_cpu_optimizer"] = False
+            elif scheduler is not None and getattr(scheduler, "optimizer", None) is not None:
+                scheduler.optimizer = optimizer  # same groups, now DeepSpeedCPUAdam's
         self.optimizer_name = type(optimizer).__name__
+        self.scheduler_name = type(scheduler).__name__ if scheduler is not None else None
         engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer,
-                                               config=self.config, dist_init_required=False)
+                                               lr_scheduler=scheduler, config=self.config,
+                                               dist_init_required=False)
         self.engine = engine
-        self.model: torch.nn.Module = engine
+        self.compiled = ""
+        self.model: Any = engine
 
     @staticmethod
     def init_distributed(backend: str) -> None:
         import_deepspeed().init_distributed(dist_backend=backend)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.engine.backward(loss)
+    def micro_step(self, boundary: bool) -> AbstractContextManager[object]:
+        return nullcontext()  # the engine knows its accumulation boundaries
 
-    def step(self) -> None:
-        self.engine.step()  # clips per the config, steps, zeroes the gradients
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)  # scales by 1 / gradient_accumulation_steps
+
+    def step(self, boundary: bool) -> None:
+        self.engine.step()  # at a boundary: clip, optimizer, schedule, zero the gradients
+
+    def compile(self) -> None:
+        self.engine.compile()  # DeepSpeed's own: torch.compile of the module in the engine
+        self.compiled = "engine.compile()"
+
+    def lr(self) -> float:
+        return float(self.engine.get_lr()[0])
 
     def full_params(self, rank: int) -> dict[str, np.ndarray] | None:
         module = self.engine.module
@@ -186,32 +280,31 @@ class DeepSpeedRankEngine:
 
             with deepspeed.zero.GatheredParameters(list(module.parameters()),
                                                    modifier_rank=None):
-                return self._copy(module) if rank == 0 else None
-        return self._copy(module) if rank == 0 else None
-
-    @staticmethod
-    def _copy(module: torch.nn.Module) -> dict[str, np.ndarray]:
-        return {n: p.detach().float().cpu().numpy().copy()
-                for n, p in module.named_parameters()}
+                return self.step_spec.params_of(module) if rank == 0 else None
+        return self.step_spec.params_of(module) if rank == 0 else None
 
     def describe(self) -> dict[str, Any]:
         deepspeed = import_deepspeed()
 
         return {"engine": "deepspeed", "deepspeed": deepspeed.__version__,
-                "optimizer": self.optimizer_name, "config": self.config}
+                "optimizer": self.optimizer_name, "scheduler": self.scheduler_name,
+                "config": self.config,
+                "plugin_set": {f"zero_optimization.{k}": v for k, v in self.sized.items()},
+                "optimizer_steps": int(self.engine.global_steps),
+                "micro_steps": int(self.engine.micro_steps),
+                "zero_init": self.zero_init, "compile": self.compiled or False,
+                "param_groups": self.groups,
+                "compiled_graphs": compiled_graphs() if self.compiled else 0}
 
 
-def _check(case: Case, task: TorchTask) -> None:
+def _check(case: Case, step: RankStep) -> None:
     """Refuse, before any launch, what a DeepSpeed case cannot be (with the fix)."""
     if case.zero_stage is None:
         raise ValueError(f"{case.id}: a deepspeed case needs zero_stage (0, 1, 2 or 3)")
     if case.mesh is not None:
         raise ValueError(f"{case.id}: deepspeed cases are data parallel over world_size "
                          f"ranks; drop mesh={case.mesh}")
-    if task.compile:
-        raise ValueError(f"{case.id}: the deepspeed backend trains eagerly; drop "
-                         f"compile=True from the task")
-    ds_config(case, resolve_clip(case, task))  # fail here, not in every rank
+    ds_config(case, resolve_clip(case, step), extra=step.ds_config)  # fail here, not in ranks
 
 
 #: The deepspeed backend's ranks (its spec's ``ranks``): every case, ``world_size`` 1 too.
@@ -230,7 +323,7 @@ class DeepSpeedBackend:
             return f"the deepspeed backend needs {', '.join(missing)}: {INSTALL}"
         return None
 
-    def train(self, case: Case, task: TorchTask, accel: Accelerator, *,
+    def train(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         """Train and measure ``case`` in ranks launched on this machine (see
         :mod:`.torch_ranks` for what is measured). With ``case.reference`` the task is also
@@ -238,7 +331,7 @@ class DeepSpeedBackend:
         are returned for the reference check."""
         return train_in_ranks(RANKS, case, task, accel, timeout=timeout)
 
-    def fits(self, case: Case, task: TorchTask, accel: Accelerator, *,
+    def fits(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Two real steps in every rank; the largest rank's peak against the capacity."""
         return RANKS.fits(case, task, accel, timeout=timeout)

@@ -4,38 +4,54 @@
 instead, :mod:`pytest_accelperf.backends.ddp`: this backend's spec names it as its ranks,
 and the plugin, not this module, makes that choice (:mod:`pytest_accelperf.routing`).)
 
-It follows the JAX backend's rules: compile time is kept apart from step times, every
-measured step is synchronized, the loss of every step is recorded, a NaN/inf ends the run
-as the outcome ``nan``, and running out of memory is an outcome, not a crash.
+What it trains is a :class:`~pytest_accelperf.backends.torch_step.TorchStep`: the user's
+own ``step(batch) -> metrics`` over their model, optimizer, scheduler, scaler and
+accumulation (a :class:`TorchTask` becomes one through ``TorchTask.to_step``). It follows
+the JAX backend's rules: compile time is kept apart from step times, every measured step
+is synchronized, the loss and the other metrics of every step are recorded, a NaN/inf
+loss ends the run as the outcome ``nan``, and running out of memory is an outcome, not a
+crash. The trained model comes back to the test as ``CaseResult.state``.
 
 Memory: on CUDA the caching allocator's peak (``max_memory_allocated``) over the real
-training. On CPU, where there is no allocator counter (and RSS is neither per-case nor
-deterministic), the peak is counted by ``MemTracker`` (a dispatch mode that sums the
-storage bytes of live tensors) over two eager training steps of a *fresh* copy of the model
-built before the measured run: parameters, gradients, optimizer state and activations, the
-same bytes every run. A CPU case whose peak exceeds its declared ``memory_capacity`` is
-recorded as ``oom`` before the measured model is built, as the JAX backend predicts it.
+training (``cuda_allocator``). On CPU, where there is no allocator counter (and RSS is
+neither per-case nor deterministic), the peak is counted over two eager steps run before
+the measured run and undone afterwards (:func:`~.torch_step.undone`): by ``MemTracker`` (a
+dispatch mode that sums the storage bytes of live tensors: parameters, gradients,
+optimizer state and activations, the same bytes every run), or, where MemTracker cannot
+follow the step (it raises on a module called twice in one step, as gradient accumulation
+does), by the profiler's allocations. The method that counted is the run's
+``memory_source`` and is shown beside the memory check; the memory check refuses to
+compare numbers counted by different methods. A CPU case whose peak exceeds its declared
+``memory_capacity`` is recorded as ``oom`` before it trains.
 
-FLOPs per step come from ``FlopCounterMode`` over one untimed forward and backward of step
-0's batch on the measured model, before its optimizer exists; the gradients are dropped and
-the buffers and the RNG restored afterwards, so training is unchanged by it.
+FLOPs per step come from ``FlopCounterMode`` over one untimed call of the step on step 0's
+batch (``TorchStep.count_step`` where given), undone afterwards like the memory count:
+the optimizer, scheduler and scaler are not advanced by it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import fingerprint, injected_slowdown, stretch
+from pytest_accelperf.backends.common import TaskError, fingerprint
+from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.backends.torch_step import TorchStep as TorchStep
+from pytest_accelperf.backends.torch_step import (
+    as_torch_step,
+    metrics_of,
+    rewind,
+    run_step,
+    to_float,
+    undone,
+)
 
 # Re-exported: they lived here before DDP and DeepSpeed needed them without this backend.
 from pytest_accelperf.backends.torch_task import TorchTask as TorchTask
@@ -43,11 +59,10 @@ from pytest_accelperf.backends.torch_task import sync
 from pytest_accelperf.backends.torch_task import to_device as to_device
 from pytest_accelperf.backends.torch_task import torch_probe as torch_probe
 from pytest_accelperf.cases import Case
-from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 
 GIB = 2**30
-#: Eager training steps of the throwaway model that CPU memory is counted over: the first
+#: Eager training steps (undone afterwards) that CPU memory is counted over: the first
 #: creates the optimizer state, the second is the steady state with it.
 MEMORY_STEPS = 2
 
@@ -118,16 +133,29 @@ def count_flops(model: torch.nn.Module, task: TorchTask, batch: Any) -> float | 
     return flops if flops > 0 else None
 
 
-def _mem_tracker_peak(task: TorchTask, device: torch.device, steps: int) -> int:
+def count_step_flops(step: TorchStep, batch: Any) -> float | None:
+    """FLOPs of one call of the step (``count_step``, default ``step``) on ``batch``,
+    undone afterwards (:func:`~.torch_step.undone`): parameters, optimizer, scheduler,
+    scaler and RNG as before, so the measured run is the same with or without it.
+    ``FlopCounterMode`` counts matrix products and convolutions (forward and backward):
+    the optimizer's elementwise update adds none."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with undone(step), counter:
+        metrics_of(step, run_step(step, batch, counting=True))
+    flops = float(counter.get_total_flops())
+    return flops if flops > 0 else None
+
+
+def _mem_tracker_peak(step: TorchStep, device: torch.device, steps: int) -> int:
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    model = _build(task, device)
-    optimizer = task.make_optimizer(model.parameters())
     tracker = MemTracker()
-    tracker.track_external(model, optimizer)
-    with tracker:
+    tracker.track_external(*step.modules().values())
+    with undone(step), tracker:
         for i in range(steps):
-            _step(model, optimizer, task, to_device(task.make_batch(i), device)).item()
+            _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
             tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
     snapshot = tracker.get_tracker_snapshot("peak")
     totals = [int(s.get("Total", sum(s.values()))) for dev, s in snapshot.items()
@@ -137,17 +165,18 @@ def _mem_tracker_peak(task: TorchTask, device: torch.device, steps: int) -> int:
     return max(totals)
 
 
-def _profiler_peak(task: TorchTask, device: torch.device, steps: int) -> int:
-    """Fallback where MemTracker fails: the peak of the profiler's allocations net of frees."""
+def _profiler_peak(step: TorchStep, device: torch.device, steps: int) -> int:
+    """Where MemTracker fails (a module called twice in one step, as gradient accumulation
+    does): the peak of the profiler's allocations net of frees, plus the tensors that
+    existed before it started (the models' parameters and buffers, and the optimizer state
+    the first counted step leaves: counted by its second)."""
     from torch.profiler import ProfilerActivity, profile
 
-    model = _build(task, device)
-    optimizer = task.make_optimizer(model.parameters())
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    params += sum(b.numel() * b.element_size() for b in model.buffers())
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    held = {id(t): t.numel() * t.element_size() for module in step.modules().values()
+            for t in [*module.parameters(), *module.buffers()]}
+    with undone(step), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for i in range(steps):
-            _step(model, optimizer, task, to_device(task.make_batch(i), device)).item()
+            _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
     # Each op's *self* allocations minus frees (children excluded, so each byte counts
     # once), summed in start order: the live bytes over time at op granularity.
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
@@ -157,102 +186,93 @@ def _profiler_peak(task: TorchTask, device: torch.device, steps: int) -> int:
         peak = max(peak, current)
     if peak <= 0:
         raise RuntimeError("the profiler recorded no allocation")
-    return params + peak  # parameters were allocated before the profiler started
+    return sum(held.values()) + peak  # allocated before the profiler started
 
 
-def cpu_peak_memory(task: TorchTask, device: torch.device) -> tuple[int, str]:
-    """Peak bytes of :data:`MEMORY_STEPS` eager steps of a fresh model, and their source."""
+def cpu_peak_memory(step: TorchStep, device: torch.device) -> tuple[int, str]:
+    """Peak bytes of :data:`MEMORY_STEPS` eager steps (undone afterwards), and the method
+    that counted them: ``mem_tracker``, or ``profiler`` where MemTracker cannot follow
+    the step (it raises on a module called twice in one step: gradient accumulation)."""
     try:
-        return _mem_tracker_peak(task, device, MEMORY_STEPS), "mem_tracker"
+        return _mem_tracker_peak(step, device, MEMORY_STEPS), "mem_tracker"
+    except TaskError:
+        raise
     except (ImportError, AttributeError, RuntimeError, TypeError, NotImplementedError):
-        return _profiler_peak(task, device, MEMORY_STEPS), "profiler"
+        return _profiler_peak(step, device, MEMORY_STEPS), "profiler"
 
 
-@dataclass
-class _Trained:
-    losses: list[float]
-    step_times: list[float]
-    probe_times: list[float]
-    compile_time: float | None = None
-    nan_step: int | None = None
-    timed_out: bool = False
+def _value(step: TorchStep, out: Any) -> dict[str, float]:
+    """The step's output as float metrics (waits for them)."""
+    return {k: to_float(v) for k, v in metrics_of(step, out).items()}
 
 
-def _timed_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: TorchTask,
-                batch: Any, device: torch.device, slower: float) -> tuple[torch.Tensor, float]:
-    """One training step, synchronized before and after: (loss, seconds)."""
-    sync(device)
-    t0 = time.perf_counter()
-    loss = _step(model, optimizer, task, batch)
-    sync(device)
-    return loss, stretch(t0, time.perf_counter(), slower) - t0
+#: The in-process torch backend's drift probe: 128 x 128 products. After each measured
+#: step the probe's working set displaces the step's from the caches; with 256 x 256
+#: products the next 3 ms step of the suite's GPT was 2.5-3.7 % slower than in a hand loop
+#: (benchmarks/gate.py overhead --backend torch), with 128 x 128 0.8-1.5 %.
+PROBE_N = 128
+
+
+def _step_fns(step: TorchStep, device: torch.device) -> StepFns[Any, Any]:
+    """The user's step as the measured-step loop runs it (:mod:`.loop`): the batch moved
+    outside the timer, the device synchronized, the metrics read after the timer (on the
+    CPU the step is already done)."""
+
+    def read(raw: Any) -> tuple[float, dict[str, float]]:
+        values = _value(step, raw)
+        return values.pop(step.loss), values
+
+    return StepFns(prepare=lambda i: to_device(step.make_batch(i), device),
+                   run=lambda i, batch: step.step(batch), read=read,
+                   sync=lambda: sync(device))
 
 
 class TorchStepper:
-    """A case's model and optimizer on its device, trained on demand in blocks of steps
-    (the A/B comparison of :mod:`pytest_accelperf.compare`), timed as in a run."""
+    """A case's step on its device, trained on demand in blocks of steps (the A/B
+    comparison of :mod:`pytest_accelperf.compare`), timed as in a run
+    (:func:`.loop.time_block`)."""
 
-    def __init__(self, case: Case, task: TorchTask, accel: Accelerator) -> None:
+    def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
         if case.world_size > 1 or case.n_devices != 1:
             raise ValueError(f"{case.id}: A/B comparison runs single-process torch cases "
                              f"only")
-        self._device = _device(accel)
-        self._model = _build(task, self._device)
-        self._optimizer = task.make_optimizer(self._model.parameters())
-        self._runnable: torch.nn.Module = (torch.compile(self._model)  # type: ignore[assignment]
-                                           if task.compile else self._model)
-        self._task = task
+        device = _device(accel)
+        self._step_fn = as_torch_step(task, device)
+        self._step_fn.to(device)
+        rewind(self._step_fn)
+        self._fns = _step_fns(self._step_fn, device)
         self._cycle = max(1, case.warmup + case.steps)
         self._step = 0
-        self._slower = injected_slowdown()
-        torch.manual_seed(task.seed)
-        if task.compile:
+        torch.manual_seed(self._step_fn.seed)
+        if self._step_fn.compile:
             self.run(1)  # compiles
 
     def run(self, n: int) -> list[float]:
         """Train ``n`` more steps; their step times in seconds."""
-        times = []
-        for _ in range(n):
-            batch = to_device(self._task.make_batch(self._step % self._cycle), self._device)
-            loss, seconds = _timed_step(self._runnable, self._optimizer, self._task, batch,
-                                        self._device, self._slower)
-            loss.item()
-            times.append(seconds)
-            self._step += 1
+        times, last = time_block(self._fns, self._step, n, self._cycle)
+        _value(self._step_fn, last)  # the last step's outputs, as a run reads them
+        self._step += n
         return times
 
 
-def _execute(model: torch.nn.Module, case: Case, task: TorchTask, device: torch.device,
-             probe: Probe | None = None, deadline: float | None = None) -> _Trained:
-    optimizer = task.make_optimizer(model.parameters())
-    runnable: torch.nn.Module = model
-    warmup = case.warmup
-    if task.compile:
-        runnable = torch.compile(model)  # type: ignore[assignment]
-        warmup = max(warmup, 1)  # step 0 compiles and is never a measured step
-    out = _Trained(losses=[], step_times=[], probe_times=[])
-    slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
-    for i in range(warmup + case.steps):
-        batch = to_device(task.make_batch(i), device)  # the copy is outside the timer
-        loss, seconds = _timed_step(runnable, optimizer, task, batch, device, slower)
-        value = float(loss.item())  # after the timer: on CPU the step is already done
-        out.losses.append(value)
-        if task.compile and i == 0:
-            # The whole wall time of the first step: tracing + compiling forward and
-            # backward, plus one execution (milliseconds against seconds of compile).
-            out.compile_time = seconds
-        elif i >= warmup:
-            out.step_times.append(seconds)
-            if probe is not None:
-                out.probe_times.append(probe.time())
-        progress.step(i + 1, warmup + case.steps, value, seconds)  # outside the timer
-        if not math.isfinite(value):
-            out.nan_step = i
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            out.timed_out = True
-            break
-    return out
+def _execute(step: TorchStep, case: Case, device: torch.device, probe: Probe | None = None,
+             deadline: float | None = None) -> LoopResult:
+    """Warm-up and measured steps in the measured-step loop (:func:`.loop.run_steps`).
+    With ``compile``, step 0 compiles: always a warm-up step, its wall time (tracing and
+    compiling forward and backward, plus one execution) the compile time."""
+    warmup = max(case.warmup, 1) if step.compile else case.warmup
+    trained = run_steps(_step_fns(step, device), warmup=warmup, steps=case.steps,
+                        probe=probe, deadline=deadline)
+    _same_metrics(step, trained)
+    return trained
+
+
+def _same_metrics(step: TorchStep, out: LoopResult) -> None:
+    """Every metric on every step: one the step returned only sometimes is an error."""
+    uneven = sorted(k for k, v in out.metrics.items() if len(v) != len(out.losses))
+    if uneven:
+        raise TaskError(f"{step.label} returned metric(s) {', '.join(map(repr, uneven))} on "
+                        f"some steps only: return the same metrics on every step")
 
 
 def _oom_record(required: int, capacity: int, source: str) -> dict[str, Any]:
@@ -266,8 +286,23 @@ def _oom_message(oom: dict[str, Any]) -> str:
             f"(exceeded by {oom['exceeded_by_bytes'] / GIB:.2f} GiB)")
 
 
+@dataclass
+class TorchTrainResult(TrainResult):
+    """A :class:`TrainResult` with what the test gets back as ``CaseResult.state``
+    (``TorchStep.final``, default: the trained model). The state stays in the process that
+    trained it: pickling drops it."""
+
+    state: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        data = dict(self.__dict__)
+        data["state"] = None
+        return data
+
+
 class TorchBackend:
-    """Trains a :class:`TorchTask` in this process on the CPU or one CUDA device."""
+    """Trains a :class:`TorchStep` (or a :class:`TorchTask`) in this process on the CPU or
+    one CUDA device."""
 
     name = "torch"
 
@@ -277,9 +312,9 @@ class TorchBackend:
                     "pip install 'pytest-accelperf[torch]'")
         return None
 
-    def fits(self, case: Case, task: TorchTask, accel: Accelerator, *,
+    def fits(self, case: Case, task: Any, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
-        """CPU: the MemTracker peak of two eager steps against ``case.memory_capacity``.
+        """CPU: the counted peak of two eager steps against ``case.memory_capacity``.
         CUDA: two real steps, caught out-of-memory or an allocator peak over capacity.
         A ``world_size > 1`` case is DDP's (:mod:`.ddp`), not this backend's."""
         _one_process(case)
@@ -289,21 +324,23 @@ class TorchBackend:
             if not capacity:
                 raise ValueError(f"{case.id}: the CPU has no memory counter to search a maximum "
                                  f"batch against; declare memory_capacity on the case")
-            peak, source = cpu_peak_memory(task, device)
+            step = as_torch_step(task, device)
+            step.to(device)
+            peak, source = cpu_peak_memory(step, device)
             return Fit(peak <= capacity, peak, int(capacity), f"{source} peak")
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
         total = int(torch.cuda.get_device_properties(device).total_memory)
         limit = int(capacity) if capacity else total
         try:
-            model = _build(task, device)
-            optimizer = task.make_optimizer(model.parameters())
+            step = as_torch_step(task, device)
+            step.to(device)
             for i in range(MEMORY_STEPS):
-                _step(model, optimizer, task, to_device(task.make_batch(i), device)).item()
+                _value(step, step.step(to_device(step.make_batch(i), device)))
         except torch.OutOfMemoryError as exc:
             return Fit(False, None, limit, f"out of memory: {str(exc).splitlines()[0]}")
         finally:
-            model = optimizer = None  # type: ignore[assignment]
+            step = None  # type: ignore[assignment]  # freed before empty_cache
             torch.cuda.empty_cache()
         peak = int(torch.cuda.max_memory_allocated(device))
         return Fit(peak <= limit, peak, limit, "cuda allocator peak")
@@ -322,11 +359,11 @@ class TorchBackend:
             time.sleep(0.01)
         return True
 
-    def stepper(self, case: Case, task: TorchTask, accel: Accelerator) -> TorchStepper:
-        """The case's model, trained in blocks of steps (A/B comparison)."""
+    def stepper(self, case: Case, task: Any, accel: Accelerator) -> TorchStepper:
+        """The case's step, trained in blocks of steps (A/B comparison)."""
         return TorchStepper(case, task, accel)
 
-    def train(self, case: Case, task: TorchTask, accel: Accelerator, *,
+    def train(self, case: Case, task: Any, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         _one_process(case)
         if case.reference:
@@ -340,36 +377,39 @@ class TorchBackend:
         deadline = deadline_after(timeout)  # memory counting and compiling count too
         device = _device(accel)
         label = _label(device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        step = as_torch_step(task, device)
+        step.to(device)
+        rewind(step)  # trained before (a re-measurement): start where that training started
         run = Run(case_id=case.id, samples_per_step=case.batch,
-                  tokens_per_step=(case.batch * task.tokens_per_sample
-                                   if task.tokens_per_sample else None),
+                  tokens_per_step=(case.batch * step.tokens_per_sample
+                                   if step.tokens_per_sample else None),
                   n_devices=1, peak_flops_per_device=accel.peak_flops)
         capacity = case.memory_capacity
         if device.type == "cpu":
-            peak, source = cpu_peak_memory(task, device)
+            peak, source = cpu_peak_memory(step, device)
             run.memory_per_device, run.memory_source = {label: peak}, source
             if capacity and peak > capacity:
                 run.oom = _oom_record(peak, int(capacity), source)
                 run.outcome, run.message = "oom", _oom_message(run.oom)
-                return TrainResult(run=run)  # the measured model was never built
+                return TorchTrainResult(run=run)  # never trained
 
-        model: torch.nn.Module | None = None
         try:
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            run.flops_per_step = count_step_flops(step, to_device(step.make_batch(0), device))
+            if device.type == "cuda":  # the peak of training, not of the counting step
                 torch.cuda.reset_peak_memory_stats(device)
-            model = _build(task, device)
-            run.flops_per_step = count_flops(model, task, to_device(task.make_batch(0), device))
-            torch.manual_seed(task.seed)  # training draws the same numbers with or without
-            probe = torch_probe(device)
-            trained = _execute(model, case, task, device, probe, deadline)
+            torch.manual_seed(step.seed)  # training draws the same numbers with or without
+            probe = torch_probe(device, n=PROBE_N)
+            trained = _execute(step, case, device, probe, deadline)
         except torch.OutOfMemoryError as exc:
             run.outcome = "oom"
             run.message = f"out of memory: {str(exc).splitlines()[0]}"
             if device.type == "cuda":
                 run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
                 run.memory_source = "cuda_allocator"
-            return TrainResult(run=run)
+            return TorchTrainResult(run=run)
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
             run.memory_per_device, run.memory_source = {label: peak}, "cuda_allocator"
@@ -377,13 +417,13 @@ class TorchBackend:
                 run.oom = _oom_record(peak, int(capacity), "cuda_allocator")
                 run.outcome, run.message = "oom", _oom_message(run.oom)
 
-        run.compile_time = trained.compile_time
+        run.compile_time = trained.warmup_times[0] if step.compile else None
         run.losses = trained.losses
         run.loss_steps = list(range(len(trained.losses)))
+        run.metrics = trained.metrics
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
-        params: dict[str, np.ndarray] = {
-            name: p.detach().cpu().numpy() for name, p in model.named_parameters()}
+        params = step.params_of()
         run.params_fingerprint = fingerprint(params)
         if trained.nan_step is not None and run.outcome == "ok":
             run.outcome = "nan"
@@ -392,7 +432,7 @@ class TorchBackend:
         if trained.timed_out and run.outcome == "ok":
             run.outcome = "timeout"
             run.message = timeout_message(timeout, len(trained.losses), case)
-        return TrainResult(run=run, params=params)
+        return TorchTrainResult(run=run, params=params, state=step.final_of())
 
 
 def _one_process(case: Case) -> None:

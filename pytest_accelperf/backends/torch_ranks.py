@@ -1,7 +1,9 @@
 """Multi-process torch training: the rank loop that DDP and DeepSpeed share.
 
 A case with ``world_size = N`` trains a
-:class:`~pytest_accelperf.backends.torch_task.TorchTask` in ``N`` processes (gloo on the
+:class:`~pytest_accelperf.backends.rank_step.RankStep` (the user's ``build(rank)`` and loss;
+a :class:`~pytest_accelperf.backends.torch_task.TorchTask` is converted to one) in ``N``
+processes (gloo on the
 CPU, nccl on CUDA, one GPU per rank), launched on this machine by
 :mod:`pytest_accelperf.backends.launch` or as Ray actors. Which engine wraps the model in
 each rank is the plan's ``engine`` (a :class:`RankEngine` class): DDP's
@@ -9,19 +11,24 @@ each rank is the plan's ``engine`` (a :class:`RankEngine` class): DDP's
 (:mod:`pytest_accelperf.backends.deepspeed`); this module knows neither. :class:`TorchRanks`
 is the :class:`~pytest_accelperf.backends.ranks.RankTrainer` both of them declare.
 
-Data parallel: ``task.make_batch(step)`` is the *global* batch of ``case.batch`` samples,
-the one a single process would train on, and rank ``r`` trains on rows
-``[r * b, (r + 1) * b)`` of every tensor in it (``b = case.batch / N``, which must divide).
-With a loss that is a mean over the batch, gradients averaged over the ranks are the
-gradients of the global batch: the same training as one process (the reference).
+Data parallel: ``step.make_batch(i)`` is the *global* batch of ``case.batch`` samples of
+optimizer step ``i``, the one a single process would train on, and rank ``r`` trains on rows
+``[r * b, (r + 1) * b)`` of every tensor in it (``b = case.batch / N``), cut into
+``case.grad_accum`` consecutive micro-batches (``case.batch / (N * grad_accum)`` samples,
+which must divide). Each micro-batch: ``loss_fn``, ``engine.backward``, ``engine.step``
+(the engine steps the optimizer and the schedule at the last one). With a loss that is a
+mean over the batch, gradients averaged over micro-batches and ranks are the gradients of
+the global batch: the same training as one process (the reference).
 
 What each rank measures, and how the run is assembled from it:
 
 * ``step_times``: every rank times each measured step (forward, backward, optimizer step),
   starting together after a barrier and stopping after the device is synchronized. The
   run's ``step_times`` are rank 0's; ``extra["ranks"]`` keeps every rank's.
-* ``losses``: the loss of the global batch at every step, i.e. the mean over ranks of each
-  rank's micro-batch loss (an all-reduce after the timer). A non-finite one ends the run
+* ``losses``: the loss of the global batch at every step, i.e. the mean over ranks and
+  micro-batches of the micro-batch losses (an all-reduce after the timer); ``metrics``:
+  every other scalar ``loss_fn`` returns, averaged the same way, and the learning rate the
+  step used (``lr``). A non-finite one ends the run
   as ``nan`` on every rank at the same step.
 * ``probe_times``: after each measured step, every rank runs the drift probe
   (:func:`~pytest_accelperf.backends.torch_task.torch_probe`) at once, so the machine is as
@@ -33,8 +40,15 @@ What each rank measures, and how the run is assembled from it:
   warm-up steps; those steps are never timed. A rank whose count exceeds the case's
   ``memory_capacity`` stops with the outcome ``oom`` at that step (before step 0: "cannot
   even initialize model").
-* ``flops_per_step``: ``FlopCounterMode`` over the forward and backward of step 0 (a
-  warm-up step) in every rank, summed over ranks.
+* ``flops_per_step``: ``FlopCounterMode`` over the forward and backward of the first
+  micro-batch of step 0 (a warm-up step) in every rank, times ``grad_accum``, summed over
+  ranks.
+* ``compile=True``: the model is compiled (``engine.compile()``) right after the
+  :data:`MEMORY_STEPS` counted steps, and the warm-up is one step longer, so the compile
+  happens in an untimed step. The first steps run eager on purpose: MemTracker and
+  FlopCounterMode are dispatch modes, and a model whose first compiled call meets one is
+  skipped by dynamo for good ("non-infra torch dispatch mode present"), i.e. silently
+  eager. The memory and FLOP counts are therefore the eager model's.
 * Final parameters: gathered on rank 0 (for ZeRO-3 with ``GatheredParameters``), then
   ``params_fingerprint`` and, with ``case.reference``, a comparison with the same task
   trained in one process by plain torch on the full global batch (:func:`train_reference`,
@@ -46,10 +60,8 @@ count and the FLOP count happen there. The reference trains as many steps.
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,8 +70,10 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import fingerprint
+from pytest_accelperf.backends.common import TaskError, describe, fingerprint
 from pytest_accelperf.backends.launch import CapacityExceeded, LaunchResult, RankReport, launch
+from pytest_accelperf.backends.loop import StepFns, run_steps
+from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.ranks import RankJob
 from pytest_accelperf.backends.torch_task import TorchTask, sync, to_device, torch_probe
 from pytest_accelperf.cases import Case
@@ -78,12 +92,24 @@ MEMORY_STEPS = 2
 class RankEngine(Protocol):
     """A wrapped model in one rank: what ``loss_fn`` is called with, and how to step."""
 
-    model: torch.nn.Module
+    model: Any
 
-    def backward(self, loss: torch.Tensor) -> None: ...
+    def micro_step(self, boundary: bool) -> AbstractContextManager[object]:
+        """The context of one micro-batch's forward and backward (DDP: ``no_sync`` unless
+        ``boundary``, the last micro-batch of an optimizer step)."""
 
-    def step(self) -> None:
-        """Clip (if asked), step the optimizer, zero the gradients."""
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of one micro-batch's loss, scaled by ``1 / grad_accum``."""
+
+    def step(self, boundary: bool) -> None:
+        """After every micro-batch; at ``boundary``: clip (if asked), step the optimizer,
+        then the scheduler, zero the gradients."""
+
+    def lr(self) -> float:
+        """The learning rate of the first parameter group (what the next step uses)."""
+
+    def compile(self) -> None:
+        """Compile the model with ``torch.compile`` (after the counted steps)."""
 
     def full_params(self, rank: int) -> dict[str, np.ndarray] | None:
         """The full final parameters on rank 0 (None elsewhere); a collective."""
@@ -95,7 +121,7 @@ class RankEngine(Protocol):
 class EngineFactory(Protocol):
     """An engine class: joins the process group, then builds a rank's engine."""
 
-    def __call__(self, plan: RankPlan, device: torch.device) -> RankEngine: ...
+    def __call__(self, plan: RankPlan, device: torch.device, rank: int) -> RankEngine: ...
 
     def init_distributed(self, backend: str) -> None:
         """Join the process group of the launched ranks with ``backend`` (gloo, nccl)."""
@@ -103,28 +129,29 @@ class EngineFactory(Protocol):
 
 @dataclass(frozen=True)
 class RankPlan:
-    """Everything a rank needs, pickled by cloudpickle: the case, the task, the engine
-    class (it travels by reference: an importable class), the device type, the resolved
-    clipping, and whether this is a training run or a memory probe of
-    :data:`MEMORY_STEPS` steps (``fits``)."""
+    """Everything a rank needs, pickled by cloudpickle: the case, the user's
+    :class:`~pytest_accelperf.backends.rank_step.RankStep`, the engine class (it travels
+    by reference: an importable class), the device type, the resolved clipping, and whether
+    this is a training run or a memory probe of :data:`MEMORY_STEPS` steps (``fits``)."""
 
     engine: EngineFactory
     case: Case
-    task: TorchTask
+    step: RankStep
     device: str
     grad_clip: float | None
     fits: bool = False
 
     @property
     def warmup(self) -> int:
-        return max(self.case.warmup, MEMORY_STEPS)
+        """Untimed steps: the case's, at least the counted ones (and the compile step)."""
+        return max(self.case.warmup, MEMORY_STEPS + (1 if self.step.compile else 0))
 
     @property
     def total_steps(self) -> int:
         return MEMORY_STEPS if self.fits else self.warmup + self.case.steps
 
 
-def resolve_clip(case: Case, task: TorchTask) -> float | None:
+def resolve_clip(case: Case, task: TorchTask | RankStep) -> float | None:
     """The gradient clipping of a multi-process case: ``case.grad_clip`` or
     ``task.grad_clip`` (the two must agree when both are set); None for no clipping."""
     if case.grad_clip is not None and task.grad_clip is not None \
@@ -135,20 +162,26 @@ def resolve_clip(case: Case, task: TorchTask) -> float | None:
 
 
 def micro_batch(case: Case) -> int:
-    """Samples per rank: ``case.batch / world_size``, which must be a whole number."""
-    if case.batch % case.world_size:
+    """Samples per rank and micro-batch: ``case.batch / (world_size * grad_accum)``, which
+    must be a whole number (``case.batch`` is the global batch of one optimizer step)."""
+    parts = case.world_size * case.grad_accum
+    if case.batch % parts:
+        how = (f"world_size={case.world_size} ranks" if case.grad_accum == 1 else
+               f"world_size={case.world_size} ranks x grad_accum={case.grad_accum} "
+               f"micro-batches")
         raise ValueError(
-            f"{case.id}: batch {case.batch} is the global batch, split evenly over "
-            f"world_size={case.world_size} ranks; {case.batch} is not divisible by "
-            f"{case.world_size}: use a batch that is a multiple of {case.world_size}")
-    return case.batch // case.world_size
+            f"{case.id}: batch {case.batch} is the global batch, split evenly over {how}; "
+            f"{case.batch} is not divisible by {parts}: use a batch that is a multiple of "
+            f"{parts}")
+    return case.batch // parts
 
 
 def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> Any:
     """Rank ``rank``'s rows of every tensor of the global batch (dicts, lists, tuples kept).
 
     Tensors whose first dimension is the global batch are split; a scalar or any other
-    tensor is given whole to every rank.
+    tensor is given whole to every rank. (Also splits a rank's rows into micro-batches:
+    ``slice_batch(rows, k, grad_accum, rows_per_rank)``.)
     """
     if isinstance(batch, torch.Tensor):
         if batch.dim() == 0 or batch.shape[0] != global_batch:
@@ -160,6 +193,14 @@ def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> An
     if isinstance(batch, list | tuple):
         return type(batch)(slice_batch(v, rank, world_size, global_batch) for v in batch)
     return batch
+
+
+def micro_batches(batch: Any, rank: int, case: Case) -> list[Any]:
+    """Rank ``rank``'s micro-batches of the global batch of one step, in order: its rows
+    ``[rank * B/N, (rank+1) * B/N)``, cut into ``case.grad_accum`` consecutive parts."""
+    mine = slice_batch(batch, rank, case.world_size, case.batch)
+    rows = case.batch // case.world_size
+    return [slice_batch(mine, k, case.grad_accum, rows) for k in range(case.grad_accum)]
 
 
 # -- the rank side ------------------------------------------------------------------------
@@ -212,11 +253,14 @@ class _MemoryCounter:
 
 
 def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
-    """One rank's training (the function :func:`launch` runs in every process)."""
+    """One rank's training (the function :func:`launch` runs in every process), in the
+    measured-step loop (:func:`.loop.run_steps`): every rank starts each step after a
+    barrier and stops it after the device is synchronized; the all-reduce of the loss and
+    metrics happens after the timer."""
     import torch.distributed as dist
     from torch.utils.flop_counter import FlopCounterMode
 
-    case, task = plan.case, plan.task
+    case, step = plan.case, plan.step
     rank, world = ctx.rank, ctx.world_size
     device = (torch.device("cuda", ctx.local_rank) if plan.device == "cuda"
               else torch.device("cpu"))
@@ -225,54 +269,87 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
     ctx.progress(phase="init")
     plan.engine.init_distributed("nccl" if device.type == "cuda" else "gloo")
     counter = _MemoryCounter(device, case.memory_capacity, enforce=not plan.fits)
-    out: dict[str, Any] = {"rank": rank, "step_times": [], "probe_times": [], "losses": [],
-                           "local_losses": [], "flops": None, "nan_step": None}
+    out: dict[str, Any] = {"rank": rank, "local_losses": [], "flops": None}
     probe = None if plan.fits else torch_probe(device)  # its matrices are not the case's
+    accum = case.grad_accum
+    names: list[str] | None = None
+    lrs: list[float] = []
     with ExitStack() as window:
         window.enter_context(counter.counting())
-        engine = plan.engine(plan, device)
+        engine = plan.engine(plan, device, rank)
         counter.check()  # an overrun here: cannot even initialize the model
         ctx.progress(phase="train", peak_bytes=counter.peak())
-        torch.manual_seed(task.seed)  # the reference reseeds here too
-        for i in range(plan.total_steps):
-            batch = slice_batch(task.make_batch(i), rank, world, case.batch)
-            batch = to_device(batch, device)  # outside the timer
-            measured = i >= plan.warmup and not plan.fits
-            dist.barrier()
-            sync(device)
-            t0 = time.perf_counter()
-            if i == 0:
-                flops = FlopCounterMode(display=False)
-                with flops:
-                    loss = task.loss_fn(engine.model, batch)
-                    engine.backward(loss)
-                out["flops"] = float(flops.get_total_flops()) or None
-            else:
-                loss = task.loss_fn(engine.model, batch)
-                engine.backward(loss)
-            engine.step()
-            sync(device)
-            elapsed = time.perf_counter() - t0
-            local = loss.detach().reshape(1).float().clone()
-            total = local.clone()
-            dist.all_reduce(total)
-            mean = float(total.item()) / world
-            out["losses"].append(mean)
+
+        def prepare(i: int) -> tuple[int, list[Any]]:
+            micro = [to_device(m, device) for m in micro_batches(step.make_batch(i), rank, case)]
+            lrs.append(engine.lr())  # the rate this step uses (the schedule steps after it)
+            dist.barrier()  # every rank starts the step together
+            return i, micro
+
+        def run(i: int, prepared: tuple[int, list[Any]]) -> tuple[list[Any], dict[str, Any]]:
+            losses: list[torch.Tensor] = []
+            sums: dict[str, torch.Tensor] = {}
+            for k, part in enumerate(prepared[1]):
+                boundary = k == accum - 1
+                with engine.micro_step(boundary):
+                    if i == 0 and k == 0:
+                        flops = FlopCounterMode(display=False)
+                        with flops:
+                            loss, metrics = step.compute(engine.model, part)
+                            engine.backward(loss)
+                        out["flops"] = float(flops.get_total_flops()) * accum or None
+                    else:
+                        loss, metrics = step.compute(engine.model, part)
+                        engine.backward(loss)
+                engine.step(boundary)
+                if i < MEMORY_STEPS:
+                    counter.step_done()  # MemTracker takes one forward per module at a time
+                losses.append(loss.detach())
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, torch.zeros(())) + value
+            return losses, sums
+
+        def read(done: tuple[list[Any], dict[str, Any]]) -> tuple[float, dict[str, float]]:
+            nonlocal names
+            losses, sums = done
+            i = len(out["local_losses"])
+            if names is None:
+                names = sorted(sums)
+            elif sorted(sums) != names:
+                raise TaskError(f"RankStep.loss_fn {describe(step.loss_fn)} returned metrics "
+                                f"{sorted(sums)} at step {i}, {names} before: return the same "
+                                f"metrics every step")
+            local = torch.stack([x.reshape(()).float().cpu() for x in losses]).mean()
+            # One all-reduce: the loss, then each metric, averaged over micro-batches.
+            values = torch.stack([local, *[sums[n] / accum for n in names]]).to(device)
+            dist.all_reduce(values)
+            means = (values / world).cpu().tolist()
             out["local_losses"].append(float(local.item()))
-            if measured:
-                out["step_times"].append(elapsed)
-                if probe is not None:
-                    out["probe_times"].append(probe.time())
-            if i < MEMORY_STEPS:
-                counter.step_done()
+            metrics = {name: float(v) for name, v in zip(names, means[1:], strict=True)}
+            if step.lr_metric is not None:
+                metrics[step.lr_metric] = lrs[i]
+            return float(means[0]), metrics
+
+        def after_step(i: int, done: Any, measured: bool) -> None:
             counter.check()
-            ctx.progress(phase="train", step=i, loss=mean, time=elapsed, measured=measured,
-                         peak_bytes=counter.peak())
             if i == MEMORY_STEPS - 1:
                 window.close()  # the CPU count ends with the memory steps
-            if not math.isfinite(mean):
-                out["nan_step"] = i
-                break
+                if step.compile and not plan.fits:
+                    engine.compile()  # compiled in the next (untimed) step
+
+        def report(done: int, total: int, loss: float, seconds: float,
+                   measured: bool) -> None:
+            ctx.progress(phase="train", step=done - 1, loss=loss, time=seconds,
+                         measured=measured, peak_bytes=counter.peak())
+
+        # A memory probe (fits) only warms up: none of its steps is measured.
+        warmup = plan.total_steps if plan.fits else plan.warmup
+        trained = run_steps(StepFns(prepare=prepare, run=run, read=read,
+                                    sync=lambda: sync(device)),
+                            warmup=warmup, steps=plan.total_steps - warmup, probe=probe,
+                            report=report, after_step=after_step)
+    out.update(step_times=trained.step_times, probe_times=trained.probe_times,
+               losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step)
     out["peak_bytes"] = counter.peak()
     out["memory_source"] = counter.source
     out["engine"] = engine.describe()
@@ -300,11 +377,14 @@ def device_type(case: Case, accel: Accelerator) -> str:
                      f"declare the case with accels=('cpu', 'gpu')")
 
 
-def make_plan(engine: EngineFactory, case: Case, task: TorchTask, accel: Accelerator,
-              fits: bool = False) -> RankPlan:
-    """The plan of ``case`` with ``engine``; refuses a batch the ranks cannot split."""
+def make_plan(engine: EngineFactory, case: Case, task: TorchTask | RankStep,
+              accel: Accelerator, fits: bool = False) -> RankPlan:
+    """The plan of ``case`` with ``engine`` for ``task`` (a :class:`RankStep`, or a
+    :class:`TorchTask`, trained as its :func:`~.rank_step.from_task`); refuses a batch the
+    ranks cannot split."""
     micro_batch(case)
-    return RankPlan(engine, case, task, device_type(case, accel), resolve_clip(case, task),
+    step = as_rank_step(task)
+    return RankPlan(engine, case, step, device_type(case, accel), resolve_clip(case, step),
                     fits=fits)
 
 
@@ -322,19 +402,28 @@ def _rank_summary(report: RankReport) -> dict[str, Any]:
     }
 
 
-def build_run(case: Case, task: TorchTask, accel: Accelerator, plan: RankPlan,
+def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
               launched: LaunchResult, timeout: float | None) -> tuple[Run, dict[str, Any]]:
     """The run of a launch (complete, or what the ranks reported before it ended) and
-    rank 0's final parameters (empty unless it finished)."""
+    rank 0's final parameters (empty unless it finished). A rank that raised a
+    :class:`TaskError` (the user's function is at fault) raises it here, as the in-process
+    backends do."""
+    failed = launched.failed
+    if launched.outcome == "error" and failed is not None and failed.error \
+            and failed.error.get("type") == "TaskError":
+        raise TaskError(f"{case.id} (rank {failed.rank}): {failed.error.get('message', '')}")
+    step = plan.step
     run = Run(case_id=case.id, samples_per_step=case.batch,
-              tokens_per_step=(case.batch * task.tokens_per_sample
-                               if task.tokens_per_sample else None),
+              tokens_per_step=(case.batch * step.tokens_per_sample
+                               if step.tokens_per_sample else None),
               n_devices=case.world_size, peak_flops_per_device=accel.peak_flops)
     ranks = [_rank_summary(r) for r in launched.ranks]
     zero = launched.ranks[0]
     res = zero.result or {}
     run.losses = res.get("losses", [s["loss"] for s in zero.steps])
     run.loss_steps = list(range(len(run.losses)))
+    run.metrics = {str(k): [float(x) for x in v][:len(run.losses)]
+                   for k, v in (res.get("metrics") or {}).items()}
     run.step_times = ranks[0]["step_times"]
     run.probe_times = ranks[0]["probe_times"]
     run.probe_kind = res.get("probe_kind", "")
@@ -345,7 +434,12 @@ def build_run(case: Case, task: TorchTask, accel: Accelerator, plan: RankPlan,
     run.flops_per_step = float(sum(flops)) if flops and all(flops) else None
     run.extra = {
         "world_size": case.world_size,
-        "loss": "mean over ranks of each rank's micro-batch loss (the global batch's loss)",
+        "grad_accum": case.grad_accum,
+        "micro_batch": micro_batch(case),
+        "loss": ("mean over ranks of each rank's micro-batch loss (the global batch's loss)"
+                 if case.grad_accum == 1 else
+                 f"mean over ranks and {case.grad_accum} micro-batches of the micro-batch "
+                 f"losses (the global batch's loss)"),
         "memory": ("per rank: MemTracker peak of live tensor bytes over construction and the "
                    f"first {MEMORY_STEPS} warm-up steps" if plan.device == "cpu" else
                    "per rank: torch.cuda.max_memory_allocated over the run"),
@@ -356,7 +450,6 @@ def build_run(case: Case, task: TorchTask, accel: Accelerator, plan: RankPlan,
     params: dict[str, Any] = {}
     if launched.outcome != "ok":
         run.outcome, run.message = launched.outcome, launched.message
-        failed = launched.failed
         if launched.outcome == "oom" and failed is not None and failed.error:
             err = failed.error
             if "required" in err and "capacity" in err:
@@ -374,59 +467,69 @@ def build_run(case: Case, task: TorchTask, accel: Accelerator, plan: RankPlan,
     return run, params
 
 
-def train_reference(case: Case, task: TorchTask, plan: RankPlan) -> dict[str, np.ndarray]:
+def train_reference(case: Case, task: TorchTask | RankStep,
+                    plan: RankPlan) -> dict[str, np.ndarray]:
     """The same training in this process, plain torch, full global batch: same seed, same
-    batches, same clipping, same number of steps (the multi-process warm-up included)."""
+    build, same batches, same clipping and schedule, the same number of optimizer steps
+    (the multi-process warm-up included). With a loss that is a mean over the batch, one
+    step on the global batch is the step that ``grad_accum`` micro-batches on ``world_size``
+    ranks accumulate."""
+    step = as_rank_step(task)
     device = torch.device("cuda", 0) if plan.device == "cuda" else torch.device("cpu")
-    torch.manual_seed(task.seed)
-    model = task.make_model().to(device)
-    optimizer = task.make_optimizer(model.parameters())
-    torch.manual_seed(task.seed)
+    torch.manual_seed(step.seed)
+    built = step.built(0)
+    model = built.model.to(device)
+    optimizer = built.optimizer
+    torch.manual_seed(step.seed)
     for i in range(plan.total_steps):
-        batch = to_device(task.make_batch(i), device)
+        batch = to_device(step.make_batch(i), device)
         optimizer.zero_grad(set_to_none=True)
-        loss = task.loss_fn(model, batch)
+        loss, _ = step.compute(model, batch)
         loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
         if plan.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), plan.grad_clip)
         optimizer.step()
-    return {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
+        if built.scheduler is not None:
+            built.scheduler.step()
+    return step.params_of(model)
 
 
 @dataclass(frozen=True)
 class TorchRanks:
     """The :class:`~pytest_accelperf.backends.ranks.RankTrainer` of a torch engine: a
-    :class:`TorchTask` trained by :func:`rank_main` in every rank with ``engine``.
-    ``check(case, task)`` refuses what the engine cannot train (before any launch)."""
+    :class:`RankStep` (or a :class:`TorchTask`, converted) trained by :func:`rank_main` in
+    every rank with ``engine``. ``check(case, step)`` refuses what the engine cannot train
+    (before any launch)."""
 
     engine: EngineFactory
-    check: Callable[[Case, TorchTask], None] | None = None
+    check: Callable[[Case, RankStep], None] | None = None
 
-    def plan(self, case: Case, task: TorchTask, accel: Accelerator,
+    def plan(self, case: Case, task: TorchTask | RankStep, accel: Accelerator,
              fits: bool = False) -> RankPlan:
+        step = as_rank_step(task)
         if self.check is not None:
-            self.check(case, task)
-        return make_plan(self.engine, case, task, accel, fits=fits)
+            self.check(case, step)
+        return make_plan(self.engine, case, step, accel, fits=fits)
 
-    def job(self, case: Case, task: TorchTask, accel: Accelerator, *, cpu_devices: int,
+    def job(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *, cpu_devices: int,
             platform: str | None, timeout: float | None) -> RankJob:
         plan = self.plan(case, task, accel)
         return RankJob(rank_main, (plan,), device=plan.device, total_steps=plan.total_steps,
                        plan=plan)
 
-    def result(self, case: Case, task: TorchTask, accel: Accelerator, job: RankJob,
+    def result(self, case: Case, task: Any, accel: Accelerator, job: RankJob,
                launched: LaunchResult, *, timeout: float | None) -> TrainResult:
         run, params = build_run(case, task, accel, job.plan, launched, timeout)
         return TrainResult(run=run, params=params)
 
-    def reference(self, case: Case, task: TorchTask, job: RankJob) -> dict[str, Any]:
-        reference: dict[str, Any] = train_reference(case, task, job.plan)
+    def reference(self, case: Case, task: Any, job: RankJob) -> dict[str, Any]:
+        reference: dict[str, Any] = train_reference(case, job.plan.step, job.plan)
         return reference
 
     def platform(self, launched: LaunchResult) -> str | None:
         return None  # the ranks take the devices they are given; they provision nothing
 
-    def fits(self, case: Case, task: TorchTask, accel: Accelerator, *,
+    def fits(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Whether ``case`` fits: :data:`MEMORY_STEPS` real steps in every rank, the largest
         rank's peak against ``case.memory_capacity`` (CPU: required) or the GPU's capacity.

@@ -1,7 +1,9 @@
 """What the torch-based backends share: the task they train and its batches on a device.
 
-:class:`TorchTask` is trained by the torch backend (one process), by DDP and DeepSpeed
-(ranks, :mod:`.torch_ranks`) and by the neuron backend; :func:`to_device` moves a batch,
+:class:`TorchTask` is trained by the torch backend (one process, as the
+:class:`~pytest_accelperf.backends.torch_step.TorchStep` that :meth:`TorchTask.to_step`
+makes of it), by DDP and DeepSpeed (ranks, :mod:`.torch_ranks`) and by the neuron
+backend; :func:`to_device` moves a batch,
 :func:`torch_probe` is the drift probe in torch's own kernels. Importing this module imports
 torch, and nothing of the backends that use it.
 """
@@ -14,7 +16,9 @@ from typing import Any
 
 import torch
 
+from pytest_accelperf.backends.common import describe
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
+from pytest_accelperf.backends.torch_step import TorchStep
 
 
 @dataclass
@@ -37,6 +41,41 @@ class TorchTask:
     grad_clip: float | None = None
     tokens_per_sample: int | None = None
     seed: int = 0
+
+    def to_step(self, device: torch.device | str = "cpu") -> TorchStep:
+        """This task as the :class:`TorchStep` the in-process backend trains: the model
+        built after ``torch.manual_seed(seed)`` and moved to ``device``, its optimizer, and
+        the step ``zero_grad``, ``loss_fn``, ``backward``, clip, ``optimizer.step`` that
+        returns ``{"loss": loss}``. With ``compile`` the step runs the
+        ``torch.compile``-d model and FLOPs and memory are counted over the eager one."""
+        torch.manual_seed(self.seed)
+        model = self.make_model().to(device)
+        optimizer = self.make_optimizer(model.parameters())
+        runnable: Any = torch.compile(model) if self.compile else model
+        loss_fn, grad_clip = self.loss_fn, self.grad_clip
+
+        def train(module: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(module, batch)
+            loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
+            if grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            optimizer.step()
+            return {"loss": loss}
+
+        def step(batch: Any) -> dict[str, torch.Tensor]:
+            return train(runnable, batch)
+
+        def eager_step(batch: Any) -> dict[str, torch.Tensor]:
+            return train(model, batch)
+
+        def params() -> dict[str, torch.Tensor]:
+            return dict(model.named_parameters())
+
+        return TorchStep(step=step, make_batch=self.make_batch, model=model, params=params,
+                         compile=self.compile, count_step=eager_step if self.compile else None,
+                         tokens_per_sample=self.tokens_per_sample, seed=self.seed,
+                         label=f"TorchTask.loss_fn {describe(self.loss_fn)}")
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

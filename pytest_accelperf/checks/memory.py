@@ -7,9 +7,13 @@ improvement; anything else passes. A sharded run that grows on one device only i
 the maximum over devices could hide it behind a larger, unchanged one.
 
 The numbers are only comparable when both runs cover the same devices and counted memory
-the same way (``memory_stats`` at run time or ``memory_analysis`` from the compiler);
-otherwise the verdict is ``incomparable``. The check applies to runs that did not finish
-too: an out-of-memory run still reports what it would have needed.
+the same way (``memory_stats`` at run time or ``memory_analysis`` from the compiler;
+``mem_tracker``, ``profiler`` or ``cuda_allocator`` for torch); otherwise the verdict is
+``incomparable``. The method that counted this run's numbers is the check's
+``data["source"]`` (``data["baseline_source"]``: the baseline's), whatever the verdict,
+and the terminal table shows it beside the metric (``memory (profiler)``). The check
+applies to runs that did not finish too: an out-of-memory run still reports what it would
+have needed.
 """
 
 from __future__ import annotations
@@ -62,7 +66,9 @@ def check_memory(block: dict[str, Any], baseline: dict[str, Any] | None,
         return new_result(METRIC, now=now_peak, unit=UNIT,
                           data={"per_device": now_dev, "source": now_mem.get("source", "")})
     if not base_dev:
-        return missing_in_baseline(METRIC, "memory record", baseline, now=now_peak, unit=UNIT)
+        missing = missing_in_baseline(METRIC, "memory record", baseline, now=now_peak, unit=UNIT)
+        missing.data["source"] = now_mem.get("source", "")
+        return missing
 
     base_peak = float(max(base_dev.values()))
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_peak, now=now_peak, unit=UNIT)

@@ -68,6 +68,14 @@ def device_rows(check: CheckResult) -> list[tuple[str, ...]]:
     return rows if len(seen) > 1 else []
 
 
+def metric_label(check: CheckResult) -> str:
+    """The metric column of a check's row: the ``memory`` row names the method that counted
+    this run's peak (``memory (mem_tracker)``, ``memory (profiler)``), so a case whose
+    counting method changed is never silent about it."""
+    source = check.data.get("source") if check.metric == "memory" else None
+    return f"{check.metric} ({source})" if isinstance(source, str) and source else check.metric
+
+
 def table_lines(report: SessionReport) -> list[str]:
     rows: list[tuple[str, ...]] = []
     for record in report.sorted_records():
@@ -77,7 +85,7 @@ def table_lines(report: SessionReport) -> list[str]:
         for i, check in enumerate(record.checks):
             rows.append((
                 name if i == 0 else "",
-                check.metric,
+                metric_label(check),
                 fmt_value(check.baseline, check.unit),
                 fmt_value(check.now, check.unit),
                 fmt_change(check) + (ADJUSTED if adjusted(check) else ""),
