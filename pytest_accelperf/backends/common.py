@@ -19,6 +19,12 @@ from pytest_accelperf.units import round_sig
 #: Values per leaf sampled into the numerics fingerprint.
 N_SAMPLES = 16
 
+#: Names of the plugin's own checks: a step metric may not take one (its check would be
+#: confused with the built-in one in reports and in ``CaseResult.check``). One set for
+#: every step API (JaxStep, TorchStep, RankStep).
+RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
+                              "reference", "max_batch", "scaling"})
+
 
 def fingerprint(flat: dict[str, np.ndarray]) -> dict[str, Any]:
     """Shape, dtype, RMS and 16 fixed samples per leaf, rounded to 7 significant digits."""

@@ -25,17 +25,13 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from pytest_accelperf.backends.common import TaskError, describe, user_frame
+from pytest_accelperf.backends.common import RESERVED_METRICS, TaskError, describe, user_frame
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
 P: Any = PartitionSpec
 _eval_shape: Any = jax.eval_shape
 
-#: Names of the plugin's own checks: a step metric may not take one (its check would be
-#: confused with the built-in one in reports and in ``CaseResult.check``).
-RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
-                              "reference", "max_batch", "scaling"})
 
 
 @dataclass

@@ -28,13 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.backends.common import TaskError, describe, user_frame
+from pytest_accelperf.backends.common import RESERVED_METRICS, TaskError, describe, user_frame
 from pytest_accelperf.backends.torch_task import TorchTask
-
-#: Names of the plugin's own checks: a step metric may not take one (the same set as the
-#: JAX backend's ``jax_step.RESERVED_METRICS``; that module imports jax, so it is not shared).
-RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
-                              "reference", "max_batch", "scaling"})
 
 
 @dataclass(frozen=True)

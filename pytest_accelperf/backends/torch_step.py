@@ -36,12 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.backends.common import TaskError, describe
-
-#: Names of the plugin's own checks: a step metric may not take one (the same set as the
-#: JAX backend's, :data:`pytest_accelperf.backends.jax_step.RESERVED_METRICS`).
-RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
-                              "reference", "max_batch", "scaling"})
+from pytest_accelperf.backends.common import RESERVED_METRICS, TaskError, describe
 
 Models = torch.nn.Module | Sequence[torch.nn.Module] | Mapping[str, torch.nn.Module]
 
