@@ -534,12 +534,3 @@ def test_state_comes_back_and_metrics_are_stored_and_checked(suite: Suite) -> No
     out = result.stdout.str()
     assert "regression(s) against the cpu-x8 baseline:\n  close: close at step 12 is" in out
     assert "below the baseline's" in out and "the training step changed" in out
-
-
-def test_grad_accum_is_refused_where_no_engine_accumulates() -> None:
-    """grad_accum is the DDP/DeepSpeed engines' accumulation; a JAX case accumulates in its
-    own step, and one that set grad_accum would silently train without it."""
-    case = Case(backend="jax", batch=8, steps=2, warmup=1, grad_accum=2)
-    with pytest.raises(ValueError, match=r"grad_accum=2 is the accumulation the DDP and "
-                       r"DeepSpeed engines do.*optax.MultiSteps"):
-        BACKEND.train(case, None, provision("cpu", 8))

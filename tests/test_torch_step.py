@@ -15,7 +15,6 @@ import math
 import pickle
 import re
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -428,11 +427,3 @@ def test_through_pytest_memory_method_metrics_and_errors(suite: Suite) -> None:
     result.stdout.fnmatch_lines(["*returns no metric 'loss' (metrics: 'acc'): return the loss "
                                  "under 'loss'*"])
     assert "Traceback" not in result.stdout.str()
-
-
-def test_grad_accum_outside_the_ranks_names_where_accumulation_goes() -> None:
-    """grad_accum is the DDP/DeepSpeed engines' accumulation: a single-process case that set
-    it would silently train without it."""
-    with pytest.raises(ValueError, match=r"grad_accum=4 is the accumulation the DDP and "
-                       r"DeepSpeed engines do.*write the micro-batch loop in the TorchStep"):
-        BACKEND.train(replace(case(), grad_accum=4), task(), CPU)

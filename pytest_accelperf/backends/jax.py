@@ -497,12 +497,6 @@ class JaxBackend:
 
     def train(self, case: Case, task: Any, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
-        if case.grad_accum > 1:
-            raise ValueError(
-                f"{case.id}: grad_accum={case.grad_accum} is the accumulation the DDP and "
-                f"DeepSpeed engines do in their ranks; a JAX case accumulates inside its own "
-                f"step (e.g. optax.MultiSteps, or a lax.scan over micro-batches): drop "
-                f"grad_accum")
         step = as_step(task)
         deadline = time.monotonic() + timeout if timeout else None
         run = Run(case_id=case.id, samples_per_step=case.batch,

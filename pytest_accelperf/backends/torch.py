@@ -443,12 +443,6 @@ def _one_process(case: Case) -> None:
             f"not in this process: train it through accelperf.train (the plugin routes it "
             f"to the torch backend's ranks), or call "
             f"pytest_accelperf.backends.ddp.train_ddp(case, task, accel)")
-    if case.grad_accum > 1:
-        raise ValueError(
-            f"{case.id}: grad_accum={case.grad_accum} is the accumulation the DDP and "
-            f"DeepSpeed engines do in their ranks; a single-process torch case accumulates "
-            f"inside its own step: write the micro-batch loop in the TorchStep's step "
-            f"(as suites/torch/test_schedule_accum_bf16.py does) and drop grad_accum")
 
 
 def timeout_message(timeout: float | None, done: int, case: Case) -> str:
