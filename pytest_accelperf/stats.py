@@ -182,10 +182,38 @@ class SessionSpread:
     """What a baseline's recorded sessions say about session-to-session noise.
 
     ``sd`` is the standard deviation of the sessions' log step-time levels; ``n`` how many
-    sessions gave it."""
+    sessions were recorded; ``outliers`` the indexes of those left out as outlying (see
+    :func:`outlying_sessions`), with their level over the median of all in ``factors``;
+    ``robust`` when too few were left and the level and spread are the median and the
+    scaled MAD of all of them instead."""
 
     sd: float
     n: int
+    outliers: tuple[int, ...] = ()
+    factors: tuple[float, ...] = ()
+    robust: bool = False
+
+
+#: Modified z-score past which a session's level is an outlier (Iglewicz and Hoaglin's
+#: 3.5), and the floor of the MAD it is scaled by (1 % in log space: sessions closer than
+#: that agree, whatever their MAD).
+OUTLIER_Z = 3.5
+MAD_FLOOR = 0.01
+
+
+def outlying_sessions(logs: FloatArray) -> list[int]:
+    """Indexes of the log levels whose modified z-score ``0.6745 |x - median| / MAD``
+    exceeds :data:`OUTLIER_Z`: one session measured under another job's load cannot set
+    the level and the spread of all of them.
+
+    >>> outlying_sessions(np.log([1.0, 1.02, 0.99, 3.0]))
+    [3]
+    >>> outlying_sessions(np.log([0.9, 1.0, 1.1]))
+    []
+    """
+    med = float(np.median(logs))
+    mad = max(float(np.median(np.abs(logs - med))), MAD_FLOOR)
+    return [i for i, x in enumerate(logs) if 0.6745 * abs(float(x) - med) / mad > OUTLIER_Z]
 
 
 def widen_by_sessions(est: RatioEstimate, now_level: float, levels: Sequence[float],
@@ -205,7 +233,10 @@ def widen_by_sessions(est: RatioEstimate, now_level: float, levels: Sequence[flo
     ``sd`` the standard deviation of the sessions' log levels and ``t[n-1]`` Student's
     quantile for ``n - 1`` degrees of freedom: a prediction interval for a new session from
     ``n`` earlier ones. Sessions that agree leave the interval as it was; sessions 20 %
-    apart make a 3 % tolerance ``inconclusive`` instead of a coin toss.
+    apart make a 3 % tolerance ``inconclusive`` instead of a coin toss. An outlying session
+    (:func:`outlying_sessions`) is left out of the mean and the SD; when fewer than
+    :data:`MIN_SESSIONS` remain, the center is the median of all the levels and ``sd`` their
+    MAD scaled to a normal SD (1.4826 MAD), so one contaminated session moves neither.
 
     >>> est = RatioEstimate(1.0, 0.99, 1.01, 0.01, 30, 30)
     >>> wide, spread = widen_by_sessions(est, 1.0, [1.0, 1.0, 1.0])
@@ -220,8 +251,17 @@ def widen_by_sessions(est: RatioEstimate, now_level: float, levels: Sequence[flo
     if n < MIN_SESSIONS or not np.all(np.isfinite(logs)) or not now_level > 0:
         raise ValueError(f"{n} session level(s); at least {MIN_SESSIONS} positive ones are "
                          f"needed")
-    sd = float(np.std(logs, ddof=1))
-    center = math.log(now_level) - float(np.mean(logs))
+    outliers = outlying_sessions(logs)
+    kept = np.delete(logs, outliers)
+    robust = kept.size < MIN_SESSIONS
+    if robust:
+        med = float(np.median(logs))
+        level, sd = med, 1.4826 * float(np.median(np.abs(logs - med)))
+    else:
+        level, sd = float(np.mean(kept)), float(np.std(kept, ddof=1))
+    center = math.log(now_level) - level
+    median_all = float(np.median(logs))
+    factors = tuple(math.exp(float(logs[i]) - median_all) for i in outliers)
     within = (math.log(est.high) - math.log(est.low)) / 2
     q = float(_scipy_stats.t.ppf(0.5 + est.confidence / 2, n - 1))
     half = math.hypot(within, q * sd * math.sqrt(1 + 1 / n))
@@ -229,7 +269,7 @@ def widen_by_sessions(est: RatioEstimate, now_level: float, levels: Sequence[flo
     low, high = math.exp(center - half), math.exp(center + half)
     return (RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), est.n_now, est.n_base,
                           est.confidence),
-            SessionSpread(sd, n))
+            SessionSpread(sd, n, tuple(outliers), factors, robust))
 
 
 def throughput_verdict(est: RatioEstimate, tolerance: float) -> Verdict:

@@ -76,6 +76,30 @@ def test_sessions_that_agree_keep_the_gate_sharp() -> None:
     assert r.data["mdc"] < 0.03
 
 
+def test_one_contaminated_session_does_not_blind_the_gate() -> None:
+    """Seen: two --accelperf-add-session runs, one under another job's load, gave a
+    between-session SD of 438 % and a smallest detectable change of +-227978.7 %: the mean
+    and SD of log levels are not robust. The outlying session is left out, and says so."""
+    slower = run_at(0.0120, seed=3)  # 20 % slower
+    contaminated = [0.0100, 0.01003, 0.180]  # the third session 18x slower
+    r = check_throughput(slower, summarize(slower), baseline_with_sessions(contaminated), TOL)
+    assert r is not None and r.verdict is Verdict.REGRESSION, r.detail
+    assert r.data["session_outliers"] == [2] and r.data["session_sd"] < 0.01
+    assert "outlying session(s) #3 (17.95x the median level) left out" in r.detail
+    assert "the median and MAD of all of them" in r.detail  # two left: too few for an SD
+    # with four sessions, the other three give the mean and the SD
+    four = [0.0100, 0.01003, 0.00998, 0.180]
+    same = run_at(0.0100, seed=4)
+    r = check_throughput(same, summarize(same), baseline_with_sessions(four), TOL)
+    assert r is not None and r.verdict is Verdict.PASS, r.detail
+    assert r.data["mdc"] < 0.03 and "the others' mean and SD" in r.detail
+    # without the outlier test the same baseline is blind: every change inconclusive
+    est = RatioEstimate(1.2, 1.19, 1.21, 0.01, 40, 40)
+    _, spread = widen_by_sessions(est, 0.012, four)
+    assert spread.outliers == (3,) and not spread.robust
+    assert float(np.std(np.log(four), ddof=1)) > 1.0  # what the mean and SD alone gave
+
+
 def test_fewer_than_three_sessions_change_nothing() -> None:
     now = run_at(0.0106, seed=9)
     r = check_throughput(now, summarize(now), baseline_with_sessions([0.010, 0.012]), TOL)

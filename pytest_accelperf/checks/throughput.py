@@ -119,8 +119,16 @@ def session_levels(baseline: dict[str, Any], *, drift_corrected: bool) -> list[f
 
 
 def _spread_text(spread: SessionSpread) -> str:
+    left_out = ""
+    if spread.outliers:
+        which = ", ".join(f"#{i + 1} ({f:.2f}x the median level)"
+                          for i, f in zip(spread.outliers, spread.factors, strict=True))
+        how = ("the median and MAD of all of them" if spread.robust
+               else "the others' mean and SD")
+        left_out = (f"; outlying session(s) {which} left out, level and spread from "
+                    f"{how}; re-record them with --accelperf-update on a quiet machine")
     return (f"{spread.n} baseline sessions, between-session SD "
-            f"{fmt_percent(math.expm1(spread.sd))}: interval widened by it")
+            f"{fmt_percent(math.expm1(spread.sd))}: interval widened by it{left_out}")
 
 
 def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
@@ -220,5 +228,7 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
                         "confidence": est.confidence, "drift_corrected": pair is not None,
                         "raw_ratio": raw_ratio, "sessions": len(levels),
-                        "session_sd": spread.sd if spread is not None else None})
+                        "session_sd": spread.sd if spread is not None else None,
+                        "session_outliers": list(spread.outliers) if spread is not None
+                        else []})
     return result
