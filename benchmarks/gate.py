@@ -777,13 +777,18 @@ def run_gate(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 # Overhead: the plugin's measured step against a hand-written loop
 
 
-def _load_steptask() -> Any:
-    """``benchmarks/suite/steptask.py``, the suite's task, as a module."""
-    spec = importlib.util.spec_from_file_location("steptask", SUITE / "steptask.py")
+def _load_module(name: str, path: Path) -> Any:
+    """The Python file ``path`` as the module ``name`` (a suite's file, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _load_steptask() -> Any:
+    """``benchmarks/suite/steptask.py``, the suite's task, as a module."""
+    return _load_module("steptask", SUITE / "steptask.py")
 
 
 def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -894,8 +899,8 @@ def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from pytest_accelperf.cases import Case
     from pytest_accelperf.stats import paired_ratio, step_time_ratio
 
-    sys.path.insert(0, str(HERE.parent / "suites" / "torch"))
-    from gpt import make_task
+    gpt = _load_module("gpt", HERE.parent / "suites" / "torch" / "gpt.py")
+    make_task = gpt.make_task
 
     case = Case(backend="torch", batch=8, steps=ns.block_steps, warmup=2, accels=("cpu",))
     device = torch.device("cpu")

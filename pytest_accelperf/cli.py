@@ -319,6 +319,11 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
     if why is not None:
         raise CliError(f"never stored as a baseline: {why}; fix the run, or leave the case "
                        f"out of --case")
+    failed = [c for c in record.checks if c.failed]
+    if failed and all(c.data.get("mode") == "ab" for c in failed):
+        raise CliError(f"its only failure is the A/B comparison ({failed[0].detail}), which no "
+                       f"baseline clears: A/B verdicts are not stored, the base revision is "
+                       f"what changes them; leave the case out of --case")
     BaselineStore(root, record.platform).path_for(record.nodeid)
     return check_block(record.nodeid, block)
 
@@ -352,6 +357,9 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
         throughput = _fmt(_num(block.get("samples_per_second")), "samples/s")
         out.write(f"accept {record.nodeid} [{record.platform}]: {verdicts}; stores throughput "
                   f"{throughput}, outcome {block.get('outcome')}\n")
+        if any(c.failed and c.data.get("mode") == "ab" for c in record.checks):
+            out.write("  note: its A/B throughput failure is not cleared by this (A/B "
+                      "verdicts are not stored; the base revision changes them)\n")
     if args.dry_run:
         out.write(f"dry run: {len(chosen)} case(s) not written\n")
         return 0

@@ -31,6 +31,7 @@ from pytest_accelperf.baselines import BaselineError, BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPoint
 from pytest_accelperf.cluster import cluster_for
 from pytest_accelperf.cluster_dispatch import train as train_on_cluster
@@ -591,32 +592,55 @@ class CaseRunner:
             return
         failed = [c for c in checks if c.failed]
         if failed:
-            platform = self.accelerator.platform
-            lines = [f"{self._item.nodeid}: {len(failed)} regression(s) against the "
-                     f"{platform} baseline:" if baseline is not None else
-                     f"{self._item.nodeid}: {len(failed)} failure(s) on {platform} (no "
-                     f"baseline yet):"]
-            lines += [f"  {c.metric}: {c.detail}" for c in failed]
-            if all(c.data.get("mode") == "ab" for c in failed):
-                pytest.fail("\n".join(lines) + "\nA/B verdicts are not stored: if this "
-                            "slowdown is intended, the base revision is what changes it.",
-                            pytrace=False)
-            if unstorable is not None:
-                # Accepting cannot clear a failure that is never stored: say so, not "accept".
-                pytest.fail("\n".join(lines) + "\nThis run cannot become a baseline: fix "
-                            "the failure (--accelperf-update and accelperf baselines accept "
-                            "refuse to record it).", pytrace=False)
-            lines.append(f"If this change is intended, accept it with:\n  {accept}")
+            pytest.fail(self._failure_message(failed, baseline, unstorable, accept),
+                        pytrace=False)
+        if baseline is None and not self.settings.compare:
+            pytest.fail(
+                f"{self._item.nodeid}: no baseline; run with --accelperf-update to record it:\n"
+                f"  {accept}", pytrace=False)
+
+    def _failure_message(self, failed: list[CheckResult], baseline: dict[str, Any] | None,
+                         unstorable: str | None, accept: str) -> str:
+        """What failed, grouped by what clears it: a stored-baseline failure is cleared by
+        accepting the change; an A/B failure by the base revision; a reference failure
+        (the sharded run disagrees with its single-device run) by fixing the code."""
+        platform = self.accelerator.platform
+        ab = [c for c in failed if c.data.get("mode") == "ab"]
+        reference = [c for c in failed if c.metric == REFERENCE_METRIC]
+        stored = [c for c in failed if c not in ab and c not in reference]
+        lines = []
+        if stored:
+            lines.append(f"{self._item.nodeid}: {len(stored)} regression(s) against the "
+                         f"{platform} baseline:" if baseline is not None else
+                         f"{self._item.nodeid}: {len(stored)} failure(s) on {platform} (no "
+                         f"baseline yet):")
+            lines += [f"  {c.metric}: {c.detail}" for c in stored]
+        if reference:
+            lines.append(f"{self._item.nodeid}: the run disagrees with its single-device "
+                         f"reference, a correctness bug in the parallel code (a partition "
+                         f"spec, a missing gradient reduction), not a change of baseline:")
+            lines += [f"  {c.metric}: {c.detail}" for c in reference]
+        if ab:
+            lines.append(f"{self._item.nodeid}: slower than the base revision (A/B):")
+            lines += [f"  {c.metric}: {c.detail}" for c in ab]
+            lines.append("A/B verdicts are not stored: if this slowdown is intended, the "
+                         "base revision is what changes it.")
+        if unstorable is not None or reference:
+            # Accepting cannot clear a failure that is never stored: say so, not "accept".
+            lines.append("This run cannot become a baseline: fix the failure "
+                         "(--accelperf-update and accelperf baselines accept refuse to "
+                         "record it).")
+            return "\n".join(lines)
+        if stored:
+            also = " (this clears the stored-baseline failures above, not the A/B one)" \
+                if ab else ""
+            lines.append(f"If this change is intended, accept it{also} with:\n  {accept}")
             if self.settings.json is not None:
                 case = self._item.nodeid.split("::", 1)[-1]
                 lines.append(f"or, without re-running, from this session's report:\n"
                              f"  accelperf baselines accept {self.settings.json} "
                              f"--case '{case}'")
-            pytest.fail("\n".join(lines), pytrace=False)
-        if baseline is None and not self.settings.compare:
-            pytest.fail(
-                f"{self._item.nodeid}: no baseline; run with --accelperf-update to record it:\n"
-                f"  {accept}", pytrace=False)
+        return "\n".join(lines)
 
     def accept_command(self) -> str:
         accel = self.settings.accel

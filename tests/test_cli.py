@@ -278,6 +278,35 @@ def test_accept_writes_chosen_blocks_built_from_the_reported_run(
     assert len(block["step_time"]["samples"]) == len(reg.run["step_times"])
 
 
+def test_accept_refuses_what_only_the_base_revision_clears(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Seen: accept printed 'accepted 1 case(s)' for a case whose failure was the A/B
+    comparison, and the next run failed the same way. An A/B-only failure is refused; a case
+    with stored-baseline failures too is accepted, with a note that A/B stays."""
+    from pytest_accelperf.checks.base import CheckResult, Verdict
+
+    report = synthetic_report()
+    ab = CheckResult("throughput", Verdict.REGRESSION, "A/B slower than main (abc): step time "
+                     "12% longer", unit="samples/s")
+    ab.data = {"mode": "ab", "ref": "main (abc)"}
+    for record in report.records:
+        if record.case_id in ("jax-nomesh-b64", "jax-mesh2x1-b64"):
+            record.checks[:] = [ab, *[c for c in record.checks if c.metric != "throughput"]]
+    (workdir / "r.json").write_text(json.dumps(report.to_json(1), default=str))
+    (workdir / "baselines").mkdir()
+    status, _, err = _run(capsys, "baselines", "accept", "r.json", "--case", "*nomesh-b64")
+    assert status == 1
+    assert "its only failure is the A/B comparison (A/B slower than main (abc)" in err
+    assert "the base revision is what changes them" in err
+    assert not any((workdir / "baselines").iterdir())
+    mesh = next(r for r in report.records if r.case_id == "jax-mesh2x1-b64")
+    mesh.checks.append(CheckResult("memory", Verdict.REGRESSION, "peak memory 30% higher"))
+    (workdir / "r.json").write_text(json.dumps(report.to_json(1), default=str))
+    status, out, _ = _run(capsys, "baselines", "accept", "r.json", "--case", "*mesh2x1-b64")
+    assert status == 0 and "accepted 1 case(s)" in out
+    assert "note: its A/B throughput failure is not cleared by this" in out
+
+
 def test_accept_of_a_corrupt_report_names_the_line(
         workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (workdir / "r.json").write_text('{"cases": [\n  {"nodeid": ')
