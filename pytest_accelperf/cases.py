@@ -60,7 +60,8 @@ class Case:
     world_size``. In a single-process case (torch, JAX) no engine accumulates: the plugin
     trains the step as written, and ``grad_accum`` is a parameter of the case that the
     user's step reads for its own micro-batch loop (``accelperf.case.grad_accum``, as
-    ``suites/torch/test_schedule_accum_bf16.py`` does). ``zero_init=True`` builds a ZeRO-3 model inside ``deepspeed.zero.Init``
+    ``suites/torch/test_schedule_accum_bf16.py`` does). ``zero_init=True`` builds a ZeRO-3
+    model inside ``deepspeed.zero.Init``
     (partitioned as it is created, for a model that does not fit one device); off by
     default, as DeepSpeed recommends for a model that fits.
     """
