@@ -158,8 +158,8 @@ def test_a_backend_named_by_module_loads_lazily_and_trains_under_xdist(suite: Su
 AB_SUITE = '''
 from pytest_accelperf import Case, cases
 
-# ~10 ms steps: blocks of 5 steps long enough to time on a busy machine
-TASK = {"dim": 512, "out": 256, "lr": 0.05}
+# ~10 ms steps on one BLAS thread: blocks of 5 steps long enough to time on a busy machine
+TASK = {"dim": 1024, "out": 256, "lr": 0.05}
 
 @cases(Case(backend="numpy-sgd", batch=512, steps=10, warmup=2))
 def test_regression(accelperf):
@@ -167,10 +167,16 @@ def test_regression(accelperf):
 '''
 
 
-def test_a_backend_named_by_module_is_compared_in_ab_mode(suite: Suite) -> None:
+def test_a_backend_named_by_module_is_compared_in_ab_mode(suite: Suite,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
     """The A/B workers (outside pytest) import the backend by its spec's module and step
     it in blocks (``ab_blocks=True``): a working tree whose steps are 4x the work is slower
-    than the base revision."""
+    than the base revision. One BLAS thread: beside another test (``-n 2``) a 2-thread BLAS
+    call waits for a second core each step, and 1.3 ms steps became 12-16 ms in both
+    arms, so the test measured the scheduler (it once judged 4x the work faster)."""
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     path = suite.pytester.path
     suite.pytester.makepyfile(numpy_sgd=NUMPY_SGD)
     suite.pytester.makeconftest(NUMPY_SGD_CONFTEST)
@@ -178,7 +184,7 @@ def test_a_backend_named_by_module_is_compared_in_ab_mode(suite: Suite) -> None:
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
         subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],
                        cwd=path, check=True, capture_output=True)
-    suite.write(AB_SUITE.replace('"dim": 512', '"dim": 2048'))
+    suite.write(AB_SUITE.replace('"dim": 1024', '"dim": 4096'))
     result = suite.run("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare=HEAD",
                        "--accelperf-compare-rounds=6", "--accelperf-compare-budget=4",
                        "--accelperf-json=report.json", "--accelperf-max-foreign-load=64",
