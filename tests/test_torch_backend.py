@@ -141,3 +141,34 @@ def test_unknown_accelerator_is_refused() -> None:
     tpu = Accelerator(name="tpu", platform="tpu-x1", device_kind="tpu", device_count=1)
     with pytest.raises(ValueError, match="cpu or gpu"):
         BACKEND.train(small(), linear_task(), tpu)
+
+
+
+def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
+    """torch's FlopCounterMode has no formula for the CPU flash-attention kernel and counted
+    attention as 0; the plugin's counter (``torch_task.flop_counter``) gives the analytic
+    count exactly: per token and layer, 12 d^2 multiply-adds for the projections and the
+    MLP and 2 T d for the two attention products; d V for the head; times 2 (a
+    multiply-add is two FLOPs) and 3 (the forward, and the backward's two products each)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pytest_accelperf.backends.torch import count_flops
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
+    import gpt
+
+    case = Case(backend="torch", batch=8, steps=1, warmup=0)
+    task = gpt.make_task(case)
+    torch.manual_seed(0)
+    model = task.make_model()
+    batch = task.make_batch(0)
+    b, t, d, layers = case.batch, gpt.SEQ_LEN, gpt.D_MODEL, gpt.N_LAYERS
+    vocab = model.head.out_features
+    per_token = layers * (12 * d * d + 2 * t * d) + d * vocab
+    analytic = 2 * 3 * b * t * per_token
+    assert count_flops(model, task, batch) == analytic
+    plain = FlopCounterMode(display=False)
+    with plain:
+        task.loss_fn(model, batch).backward()
+    attention = 2 * 3 * b * t * layers * 2 * t * d
+    assert plain.get_total_flops() == analytic - attention  # what torch alone counts

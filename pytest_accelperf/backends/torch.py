@@ -55,7 +55,7 @@ from pytest_accelperf.backends.torch_step import (
 
 # Re-exported: they lived here before DDP and DeepSpeed needed them without this backend.
 from pytest_accelperf.backends.torch_task import TorchTask as TorchTask
-from pytest_accelperf.backends.torch_task import sync
+from pytest_accelperf.backends.torch_task import flop_counter, sync
 from pytest_accelperf.backends.torch_task import to_device as to_device
 from pytest_accelperf.backends.torch_task import torch_probe as torch_probe
 from pytest_accelperf.cases import Case
@@ -112,12 +112,10 @@ def count_flops(model: torch.nn.Module, task: TorchTask, batch: Any) -> float | 
     Leaves ``model`` as it found it: gradients dropped, buffers (batch-norm statistics)
     restored, and the global RNG state restored (dropout draws nothing from training's).
     """
-    from torch.utils.flop_counter import FlopCounterMode
-
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     rng = torch.random.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    counter = FlopCounterMode(display=False)
+    counter = flop_counter()
     try:
         with counter:
             task.loss_fn(model, batch).backward()  # type: ignore[no-untyped-call]
@@ -139,9 +137,7 @@ def count_step_flops(step: TorchStep, batch: Any) -> float | None:
     scaler and RNG as before, so the measured run is the same with or without it.
     ``FlopCounterMode`` counts matrix products and convolutions (forward and backward):
     the optimizer's elementwise update adds none."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    counter = FlopCounterMode(display=False)
+    counter = flop_counter()
     with undone(step), counter:
         metrics_of(step, run_step(step, batch, counting=True))
     flops = float(counter.get_total_flops())

@@ -75,7 +75,13 @@ from pytest_accelperf.backends.launch import CapacityExceeded, LaunchResult, Ran
 from pytest_accelperf.backends.loop import StepFns, run_steps
 from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.ranks import RankJob
-from pytest_accelperf.backends.torch_task import TorchTask, sync, to_device, torch_probe
+from pytest_accelperf.backends.torch_task import (
+    TorchTask,
+    flop_counter,
+    sync,
+    to_device,
+    torch_probe,
+)
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
 
@@ -258,7 +264,6 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
     barrier and stops it after the device is synchronized; the all-reduce of the loss and
     metrics happens after the timer."""
     import torch.distributed as dist
-    from torch.utils.flop_counter import FlopCounterMode
 
     case, step = plan.case, plan.step
     rank, world = ctx.rank, ctx.world_size
@@ -293,7 +298,7 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
                 boundary = k == accum - 1
                 with engine.micro_step(boundary):
                     if i == 0 and k == 0:
-                        flops = FlopCounterMode(display=False)
+                        flops = flop_counter()
                         with flops:
                             loss, metrics = step.compute(engine.model, part)
                             engine.backward(loss)

@@ -78,6 +78,44 @@ class TorchTask:
                          label=f"TorchTask.loss_fn {describe(self.loss_fn)}")
 
 
+def _cpu_flash_attention(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
+                         out_shape: Any = None, **kwargs: Any) -> int:
+    from torch.utils import flop_counter as counting
+
+    count: Any = counting.sdpa_flop_count  # untyped in torch
+    return int(count(query_shape, key_shape, value_shape))
+
+
+def _cpu_flash_attention_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any,
+                                  value_shape: Any, *args: Any, out_shape: Any = None,
+                                  **kwargs: Any) -> int:
+    # The model's FLOPs: the backward of the two products is four (as when attention is
+    # written with matmuls), not the five of torch's CUDA formula, which counts the
+    # kernel's recomputation of the scores.
+    return 2 * _cpu_flash_attention(query_shape, key_shape, value_shape)
+
+
+def flop_counter() -> Any:
+    """A ``FlopCounterMode`` that also counts the CPU flash-attention kernels.
+
+    torch's counter has formulas for the CUDA attention kernels only: on the CPU,
+    ``F.scaled_dot_product_attention`` runs
+    ``aten._scaled_dot_product_flash_attention_for_cpu``
+    and its backward, which it counted as 0 FLOPs (a small GPT reported 0.926 of its
+    FLOPs, less as the sequence grows). They count the model's FLOPs of attention: the two
+    batched products of the forward (torch's ``sdpa_flop_count``) and four for the
+    backward, exactly what the same attention written with matmuls counts; not discounted
+    for a causal mask, as torch does not on CUDA either.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+    return FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_flash_attention,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            _cpu_flash_attention_backward})
+
+
 def to_device(batch: Any, device: torch.device) -> Any:
     """``batch`` with every tensor moved to ``device`` (dicts, lists and tuples kept)."""
     if isinstance(batch, torch.Tensor):
