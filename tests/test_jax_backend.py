@@ -84,6 +84,19 @@ def test_small_case_trains_and_is_measured(request: pytest.FixtureRequest, which
     assert len(leaf["sample"]) == 16 and leaf["rms"] > 0
 
 
+def test_model_flops_do_not_depend_on_the_mesh(nomesh: TrainResult,
+                                               sharded: TrainResult) -> None:
+    """FLOPs per step are the model's: the unpartitioned program's cost analysis, the same
+    on one device and on a 4x2 mesh. One device's count times the device count (kept as
+    ``hardware_flops_per_step``) counts compute the mesh replicates on every replica: it
+    gave 2.01x the model's FLOPs with parameters replicated over ``model``."""
+    one, mesh = nomesh.run.flops_per_step, sharded.run.flops_per_step
+    assert one is not None and mesh is not None
+    assert mesh == pytest.approx(one, rel=0.01)
+    hardware = sharded.run.extra["hardware_flops_per_step"]
+    assert hardware >= mesh * 0.99  # replicated work only adds
+
+
 def test_sharding_splits_memory(nomesh: TrainResult, sharded: TrainResult) -> None:
     one = nomesh.run.peak_memory
     per_device = sharded.run.peak_memory

@@ -534,3 +534,25 @@ def test_state_comes_back_and_metrics_are_stored_and_checked(suite: Suite) -> No
     out = result.stdout.str()
     assert "regression(s) against the cpu-x8 baseline:\n  close: close at step 12 is" in out
     assert "below the baseline's" in out and "the training step changed" in out
+
+
+def test_flops_count_replicated_compute_once() -> None:
+    """Seen: on a 4x2 mesh with the parameters replicated over ``model``, FLOPs per step
+    were 2.01x the model's (one device's cost analysis times 8 counts the work both
+    ``model`` replicas repeat). Now the model's FLOPs match the analytic count: forward
+    2BDH + 2BH8, backward (no gradient for the input) 2BDH + 4BH8."""
+    b, d, h = 256, 512, 512
+
+    def loss_fn(params: Any, batch: Any) -> Any:
+        return jnp.mean(jnp.tanh(batch["x"] @ params["a"]) @ params["b"])
+
+    task = JaxTask(init_params=lambda key: {"a": jnp.zeros((d, h)), "b": jnp.zeros((h, 8))},
+                   loss_fn=loss_fn, optimizer=optax.sgd(0.1),
+                   make_batch=lambda step: {"x": np.ones((b, d), np.float32)},
+                   param_specs=lambda p: {"a": PartitionSpec(), "b": PartitionSpec()})
+    case = Case(backend="jax", batch=b, mesh=(4, 2), steps=2, warmup=1)
+    run = BACKEND.train(case, task, provision("cpu", 8)).run
+    analytic = 4 * b * d * h + 6 * b * h * 8
+    assert run.flops_per_step == pytest.approx(analytic, rel=0.02)
+    assert run.extra["hardware_flops_per_step"] / run.flops_per_step == pytest.approx(2.0,
+                                                                                      rel=0.05)

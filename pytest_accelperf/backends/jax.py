@@ -86,6 +86,9 @@ class _Program:
     batch_shardings: PyTree
     compiled: Any
     compile_time: float
+    #: FLOPs of one step of the whole (unpartitioned) program: the model's, counted once
+    #: however the mesh replicates it (:func:`_model_flops`).
+    model_flops: float | None = None
 
 
 class _OutOfMemory(Exception):
@@ -262,12 +265,14 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
                      donate_argnums=(0,) if step.donate else ())  # the state updated in place
     t0 = time.perf_counter()
     try:
-        compiled = jitted.lower(abstract_in, abstract_batch).compile()
+        lowered = jitted.lower(abstract_in, abstract_batch)
+        compiled = lowered.compile()
     except RuntimeError as exc:
         if _is_oom(exc):
             raise _OutOfMemory(str(exc)) from exc
         raise
-    return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0)
+    return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0,
+                    _model_flops(lowered))
 
 
 def _annotated_specs(abstract: PyTree) -> PyTree:
@@ -301,8 +306,26 @@ def _analysis_bytes(compiled: Any) -> dict[str, int]:
     return parts
 
 
+def _model_flops(lowered: Any) -> float | None:
+    """FLOPs of one step as the model defines them: the cost analysis of the program
+    *before* it is partitioned over the mesh, so compute that the mesh replicates (a
+    parameter replicated over ``model``, the optimizer update on every data-parallel
+    replica) counts once. Multiplying one device's count by the device count instead gave
+    2.01x the model's FLOPs on a 4x2 mesh with parameters replicated over ``model``."""
+    try:
+        cost = lowered.cost_analysis()
+    except (NotImplementedError, RuntimeError):  # a backend without an HLO cost model
+        return None
+    if isinstance(cost, list | tuple):  # older jax: one dict per program
+        cost = cost[0] if cost else None
+    flops = float(cost.get("flops", 0.0)) if cost else 0.0
+    return flops if flops > 0 else None
+
+
 def _flops(compiled: Any, n_devices: int) -> float | None:
-    """FLOPs of one step over all devices (``cost_analysis`` counts one device's program)."""
+    """The hardware's FLOPs of one step over all devices: one device's compiled program
+    times the device count, replicated compute included (``cost_analysis`` is per
+    device)."""
     cost = compiled.cost_analysis()
     if isinstance(cost, list | tuple):  # older jax: one dict per program
         cost = cost[0] if cost else None
@@ -510,7 +533,10 @@ class JaxBackend:
         mesh = program.mesh
         run.n_devices = int(mesh.devices.size)
         run.compile_time = program.compile_time
-        run.flops_per_step = _flops(program.compiled, run.n_devices)
+        hardware = _flops(program.compiled, run.n_devices)
+        run.flops_per_step = program.model_flops or hardware
+        if hardware is not None:
+            run.extra["hardware_flops_per_step"] = hardware
         planned = _analysis_bytes(program.compiled)
         if planned:
             run.memory_per_device = {label: planned["required_bytes"] for label in _labels(mesh)}
