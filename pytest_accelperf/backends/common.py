@@ -146,3 +146,15 @@ def user_frame(exc: BaseException) -> str | None:
             return found
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def at_user_frame(exc: BaseException) -> str:
+    """`` (at file:line)`` of the user's innermost frame in ``exc``'s traceback, or ``""``."""
+    where = user_frame(exc)
+    return f" (at {where})" if where else ""

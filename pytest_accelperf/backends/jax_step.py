@@ -25,7 +25,13 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from pytest_accelperf.backends.common import RESERVED_METRICS, TaskError, describe, user_frame
+from pytest_accelperf.backends.common import (
+    RESERVED_METRICS,
+    TaskError,
+    at_user_frame,
+    describe,
+    first_line,
+)
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -100,8 +106,8 @@ class JaxStep:
                 return self.params(state)
             except Exception as exc:
                 raise TaskError(f"JaxStep.params {describe(self.params)} failed on the final "
-                                f"state: {type(exc).__name__}: {_first_line(exc)}"
-                                f"{_at(exc)}; it must return the parameters of a state "
+                                f"state: {type(exc).__name__}: {first_line(exc)}"
+                                f"{at_user_frame(exc)}; it must return the parameters of a state "
                                 f"(e.g. lambda state: state.params)") from exc
         if isinstance(state, Mapping) and "params" in state:
             return state["params"]
@@ -337,16 +343,6 @@ def full_specs(specs: Any, tree: PyTree) -> PyTree:
 
 
 # -- diagnostics ----------------------------------------------------------------------------
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _at(exc: BaseException) -> str:
-    where = user_frame(exc)
-    return f" (at {where})" if where else ""
-
-
 def _value_text(value: Any) -> str:
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
@@ -365,8 +361,8 @@ def explain(exc: BaseException, step: JaxStep, mesh_axes: tuple[str, ...]) -> Ta
     where it failed, what JAX said and what to change."""
     if isinstance(exc, TaskError):
         return exc
-    said = f"{type(exc).__name__}: {_first_line(exc)}"
-    head = f"{step.label} cannot be compiled: {said}{_at(exc)}"
+    said = f"{type(exc).__name__}: {first_line(exc)}"
+    head = f"{step.label} cannot be compiled: {said}{at_user_frame(exc)}"
     text = str(exc)
     unbound = _UNBOUND.search(text)
     if isinstance(exc, NameError) and unbound:
@@ -456,5 +452,5 @@ def abstract_state(step: JaxStep) -> PyTree:
         what = (f"the init {describe(step.init)}" if callable(step.init)
                 else "the initial state")
         raise TaskError(f"{what} of {step.label} cannot be traced: {type(exc).__name__}: "
-                        f"{_first_line(exc)}{_at(exc)}; init is a function of a PRNG key "
+                        f"{first_line(exc)}{at_user_frame(exc)}; init is a function of a PRNG key "
                         f"that returns the state, or the state itself") from exc

@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.backends.common import RESERVED_METRICS, TaskError, describe, user_frame
+from pytest_accelperf.backends.common import (
+    RESERVED_METRICS,
+    TaskError,
+    at_user_frame,
+    describe,
+    first_line,
+)
 from pytest_accelperf.backends.torch_task import TorchTask
 
 
@@ -191,8 +197,8 @@ class RankStep:
                 named = dict(self.params(model))
             except Exception as exc:
                 raise TaskError(f"RankStep.params {describe(self.params)} failed on the "
-                                f"trained model: {type(exc).__name__}: {_first_line(exc)}"
-                                f"{_at(exc)}; it must return {{name: tensor}} (e.g. "
+                                f"trained model: {type(exc).__name__}: {first_line(exc)}"
+                                f"{at_user_frame(exc)}; it must return {{name: tensor}} (e.g. "
                                 f"lambda model: model.named_parameters())") from exc
         return {str(k): torch.as_tensor(v).detach().float().cpu().numpy().copy()
                 for k, v in named.items()}
@@ -247,16 +253,6 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _at(exc: BaseException) -> str:
-    where = user_frame(exc)
-    return f" (at {where})" if where else ""
 
 
 def _value_text(value: Any) -> str:
