@@ -33,6 +33,9 @@ TOLERANCE_KEYS = (
     "numerics_cross_atol",
     "reference_atol",
     "reference_rtol",
+    "program_tolerance",
+    "compile_tolerance",
+    "leak_bytes_per_step",
 )
 
 

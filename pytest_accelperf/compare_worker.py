@@ -188,6 +188,12 @@ class Worker:
         times: list[float] = self.steppers[key].run(n)
         return times
 
+    def program(self, key: str) -> dict[str, Any] | None:
+        """The case's program record (:mod:`pytest_accelperf.program`) at this arm's
+        revision, when its stepper has one."""
+        record: dict[str, Any] | None = getattr(self.steppers[key], "program", None)
+        return record
+
     def drop(self, key: str) -> None:
         self.steppers.pop(key, None)
 

@@ -122,6 +122,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("reference_rtol", "--accelperf-reference-rtol", "rtol of parameters against a "
            f"single-device reference run. Default: {_TOL.reference_rtol}.", "float",
            _TOL.reference_rtol),
+    Option("program_tolerance", "--accelperf-program-tolerance", "relative change of the "
+           "compiled program's FLOPs and bytes that counts (collectives, host callbacks, "
+           "graphs, graph breaks and recompiles are compared exactly). Default: "
+           f"{_TOL.program_tolerance}.", "float", _TOL.program_tolerance),
+    Option("compile_tolerance", "--accelperf-compile-tolerance", "relative change of compile "
+           "time, corrected for the machine's speed by the probe, that counts (a change "
+           "under 0.25 s never does). Default: "
+           f"{_TOL.compile_tolerance}.", "float", _TOL.compile_tolerance),
+    Option("leak_bytes_per_step", "--accelperf-leak-bytes-per-step", "growth of live memory "
+           "per measured step that is a memory regression (a leak). Default: "
+           f"{_TOL.leak_bytes_per_step:g}.", "float", _TOL.leak_bytes_per_step),
     Option("cluster", "--accelperf-cluster", "train each case in a Ray worker that holds its "
            "devices: local (start a Ray cluster on this machine for the session and stop it "
            "at the end) or HOST:PORT of a running cluster (needs pip install "

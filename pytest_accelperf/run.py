@@ -32,6 +32,13 @@ class Run:
     drift that slows both (see :mod:`pytest_accelperf.checks.throughput`). ``max_batch``
     is the result of a maximum-batch search (:mod:`pytest_accelperf.maxbatch`), when the
     test ran one.
+
+    ``program`` is what the step's compiled program does, read from the program, not timed
+    (:func:`pytest_accelperf.program.program_record`: FLOPs, bytes, collectives, host
+    callbacks, torch.compile's graphs and breaks). ``memory_growth`` is how live memory
+    grew over the measured steps: ``{"bytes_per_step", "steps", "after_warmup",
+    "after_steps", "source"}`` (bytes live after the warm-up and after the last measured
+    step, and who counted them); the memory check judges a leak from it.
     """
 
     case_id: str
@@ -57,6 +64,8 @@ class Run:
     probe_times: list[float] = field(default_factory=list)
     probe_kind: str = ""
     max_batch: dict[str, Any] | None = None
+    program: dict[str, Any] | None = None
+    memory_growth: dict[str, Any] | None = None
 
     # -- derived --------------------------------------------------------------------------
     @property

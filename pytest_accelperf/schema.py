@@ -112,12 +112,49 @@ class Loss(_Strict):
         return self
 
 
+class Growth(_Strict):
+    """How live memory grew over the measured steps (the leak check)."""
+
+    bytes_per_step: Number
+    steps: Int
+    after_warmup: NonNegative
+    after_steps: NonNegative
+    source: str
+
+
 class Memory(_Strict):
-    """Peak bytes per device label, their maximum, and how they were counted."""
+    """Peak bytes per device label, their maximum, how they were counted, and live
+    memory's growth per measured step."""
 
     per_device: Annotated[dict[str, NonNegative], Field(min_length=1)]
     peak: NonNegative | None = None
     source: str = ""
+    growth: Growth | None = None
+
+
+class Collective(_Strict):
+    """One kind of collective in one step: how many, and one device's bytes."""
+
+    count: Int
+    bytes: Int
+
+
+class Program(_Strict):
+    """What the step's compiled program does (:mod:`pytest_accelperf.program`): the
+    ``program`` check's record. Every field but ``source`` is optional."""
+
+    source: Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]
+    flops: NonNegative | None = None
+    hardware_flops: NonNegative | None = None
+    bytes_accessed: NonNegative | None = None
+    collectives: dict[str, Collective] | None = None
+    host_callbacks: Int | None = None
+    custom_calls: Int | None = None
+    graphs: Int | None = None
+    graph_breaks: Int | None = None
+    recompiles: Int | None = None
+    break_reasons: list[str] | None = None
+    ops: dict[str, Int] | None = None
 
 
 class Leaf(_Strict):
@@ -174,6 +211,7 @@ class Block(_Strict):
     mfu: NonNegative | None = None
     max_batch: MaxBatch | None = None
     memory: Memory | None = None
+    program: Program | None = None
 
 
 class BaselineHeader(_Strict):
@@ -219,6 +257,8 @@ class ReportRun(_Report):
     probe_times: list[float] = []
     probe_kind: str = ""
     max_batch: dict[str, Any] | None = None
+    program: dict[str, Any] | None = None
+    memory_growth: dict[str, Any] | None = None
 
 
 class ReportCheck(_Report):

@@ -268,7 +268,9 @@ class CaseRunner:
             check: CheckResult | None = ab_check(
                 comparison.label, measured, evaluated.run.samples_per_step,
                 settings.compare_tolerance, settings.compare_block,
-                max_foreign_load=settings.max_foreign_load)
+                max_foreign_load=settings.max_foreign_load,
+                program_tolerance=settings.tolerances.merged(
+                    dict(self.case.tolerances)).program_tolerance)
         elif status == "absent":
             check = new_in_head(comparison.label, why, stored)
         else:

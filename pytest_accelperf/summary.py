@@ -156,4 +156,8 @@ def summarize(run: Run) -> dict[str, Any]:
             "peak": run.peak_memory,
             "source": run.memory_source,
         }
+        if run.memory_growth is not None:
+            block["memory"]["growth"] = run.memory_growth
+    if run.outcome == "ok" and run.program is not None:
+        block["program"] = run.program
     return block

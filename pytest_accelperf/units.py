@@ -51,6 +51,19 @@ def fmt_bytes(n: float) -> str:
     return f"{sign}{scaled:.2f} {_BYTE_UNITS[exp]}"
 
 
+def fmt_flops(n: float) -> str:
+    """A FLOP count with a decimal prefix.
+
+    >>> fmt_flops(2.5e9), fmt_flops(640), fmt_flops(3.2e13)
+    ('2.50 GFLOP', '640 FLOP', '32.00 TFLOP')
+    """
+    value = abs(float(n))
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if value >= scale:
+            return f"{n / scale:.2f} {prefix}FLOP"
+    return f"{n:.0f} FLOP"
+
+
 def fmt_percent(x: float, digits: int = 1) -> str:
     """A fraction as a percentage, no sign added: ``0.1 -> '10.0%'``.
 

@@ -97,14 +97,14 @@ def checks(run: Run, baseline: dict[str, Any] | None, tol: Tolerances = TOL,
 def test_identical_run_passes_every_check() -> None:
     run = make_run()
     got = checks(run, stored(run))
-    assert list(got) == ["outcome", "throughput", "loss", "memory", "numerics"]
+    assert list(got) == ["outcome", "throughput", "loss", "compile", "memory", "numerics"]
     assert {m: r.verdict for m, r in got.items()} == dict.fromkeys(got, Verdict.PASS)
     assert got["outcome"].detail == "finished as in the baseline"
 
 
 def test_no_baseline_is_new_for_every_metric() -> None:
     got = checks(make_run(), None)
-    assert list(got) == ["outcome", "throughput", "loss", "memory", "numerics"]
+    assert list(got) == ["outcome", "throughput", "loss", "compile", "memory", "numerics"]
     for r in got.values():
         assert r.verdict is Verdict.NEW
         assert r.detail == NO_BASELINE == "no baseline; run with --accelperf-update to record it"

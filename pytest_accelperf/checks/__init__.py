@@ -11,8 +11,13 @@ that applies to the run, in a fixed order:
     the loss curve within a band (:mod:`.convergence`);
 each metric of the training step (``accuracy``, ``lr``, ...)
     its curve within a band, when the step returns metrics (:mod:`.metrics`);
+``compile``
+    compile time, corrected for the machine's speed (:mod:`.compile_time`);
+``program``
+    what the compiled program does: FLOPs, bytes, collectives, host callbacks, graph breaks
+    (:mod:`.program`), with no timing noise;
 ``memory``
-    peak bytes per device (:mod:`.memory`);
+    peak bytes per device, and live memory's growth per step (:mod:`.memory`);
 ``numerics``
     the parameter fingerprint (:mod:`.numerics`);
 ``reference``
@@ -32,12 +37,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.compile_time import check_compile_time
 from pytest_accelperf.checks.convergence import check_convergence, nan_result
 from pytest_accelperf.checks.max_batch import check_max_batch
 from pytest_accelperf.checks.memory import check_memory
 from pytest_accelperf.checks.metrics import check_metrics
 from pytest_accelperf.checks.numerics import check_numerics, check_reference
 from pytest_accelperf.checks.outcome import NO_BASELINE, check_outcome
+from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.run import Run
 from pytest_accelperf.summary import summarize
@@ -47,12 +54,14 @@ __all__ = [
     "CheckResult",
     "Tolerances",
     "Verdict",
+    "check_compile_time",
     "check_convergence",
     "check_max_batch",
     "check_memory",
     "check_metrics",
     "check_numerics",
     "check_outcome",
+    "check_program",
     "check_reference",
     "check_throughput",
     "run_checks",
@@ -80,6 +89,8 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
             check_throughput(run, block, baseline, tol, comparable=comparable),
             check_convergence(run, block, baseline, tol),
             *check_metrics(block, baseline, tol),
+            check_compile_time(block, baseline, tol, comparable=comparable),
+            check_program(block, baseline, tol, comparable=comparable),
             check_memory(block, baseline, tol),
             check_numerics(block, baseline, tol, same_environment=comparable),
         ]

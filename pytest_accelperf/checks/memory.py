@@ -14,6 +14,11 @@ the same way (``memory_stats`` at run time or ``memory_analysis`` from the compi
 and the terminal table shows it beside the metric (``memory (profiler)``). The check
 applies to runs that did not finish too: an out-of-memory run still reports what it would
 have needed.
+
+A leak is a ``memory`` regression too, with or without a baseline: where the backend read
+how live memory grew over the measured steps (``memory.growth``: JAX's live arrays, the
+torch profiler's allocations on counted steps, the CUDA allocator), growth beyond
+``leak_bytes_per_step`` per step fails and the detail names the growth.
 """
 
 from __future__ import annotations
@@ -53,9 +58,46 @@ def _memory(block: dict[str, Any] | None) -> dict[str, Any]:
     return mem
 
 
+def leak_sentence(growth: dict[str, Any]) -> str:
+    """``"live memory grew 133.00 KiB per step over 16 measured steps (…)"``."""
+    return (f"live memory grew {fmt_bytes(float(growth.get('bytes_per_step', 0)))} per step "
+            f"over {growth.get('steps', '?')} measured steps "
+            f"({fmt_bytes(float(growth.get('after_warmup', 0)))} after the warm-up, "
+            f"{fmt_bytes(float(growth.get('after_steps', 0)))} after the last step; counted by "
+            f"{growth.get('source', '?')})")
+
+
+def _leak(result: CheckResult | None, block: dict[str, Any],
+          tol: Tolerances) -> CheckResult | None:
+    """``result`` made a regression when live memory grew per step beyond
+    ``leak_bytes_per_step``, baseline or not: a step that keeps something alive each step
+    runs out of memory in a long training, whatever its peak over a few steps."""
+    growth = _memory(block).get("growth")
+    if not isinstance(growth, dict):
+        return result
+    per_step = float(growth.get("bytes_per_step") or 0.0)
+    if result is not None:
+        result.data["growth"] = growth
+    if per_step <= tol.leak_bytes_per_step:
+        return result
+    if result is None:
+        result = CheckResult(METRIC, Verdict.REGRESSION, "", unit=UNIT, data={"growth": growth})
+    result.verdict = Verdict.REGRESSION
+    result.detail = (f"{leak_sentence(growth)}: a leak (tolerance "
+                     f"{fmt_bytes(tol.leak_bytes_per_step)} per step; something the step "
+                     f"keeps alive each step, e.g. a tensor appended to a list)")
+    return result
+
+
 def check_memory(block: dict[str, Any], baseline: dict[str, Any] | None,
                  tol: Tolerances) -> CheckResult | None:
-    """Peak memory per device of ``block`` against ``baseline``'s; None without any."""
+    """Peak memory per device of ``block`` against ``baseline``'s, and live memory's growth
+    per step (a leak, judged with or without a baseline); None without any."""
+    return _leak(_check_peak(block, baseline, tol), block, tol)
+
+
+def _check_peak(block: dict[str, Any], baseline: dict[str, Any] | None,
+                tol: Tolerances) -> CheckResult | None:
     now_mem, base_mem = _memory(block), _memory(baseline)
     now_dev: dict[str, int] = {k: int(v) for k, v in (now_mem.get("per_device") or {}).items()}
     base_dev: dict[str, int] = {k: int(v) for k, v in (base_mem.get("per_device") or {}).items()}

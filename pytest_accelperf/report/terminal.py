@@ -7,7 +7,7 @@ from tabulate import tabulate
 from pytest_accelperf.checks.base import CheckResult
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.stats import MIN_SESSIONS
-from pytest_accelperf.units import fmt_bytes
+from pytest_accelperf.units import fmt_bytes, fmt_flops
 
 HEADERS = ("case", "metric", "baseline", "now", "change", "verdict")
 
@@ -21,6 +21,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{value:,.1f}/s"
     if unit == "s":
         return f"{value * 1e3:.2f} ms"
+    if unit == "flop":
+        return fmt_flops(value)
     if abs(value) >= 1000:
         return f"{value:,.0f}"
     return f"{value:.4g}"

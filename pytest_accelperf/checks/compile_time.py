@@ -1,0 +1,92 @@
+"""The compile-time check: how long the user waits before the first step, against the
+baseline's.
+
+``compile_time`` covers every compile the user waits for (JAX: the step's and the
+initializer's lower and compile; torch.compile: dynamo's trace and inductor's compile of
+forward and backward, with the in-process caches cleared first, plus that first step);
+each backend says what it timed in ``extra["compile_time_covers"]`` or
+``extra["compile_time_parts"]``.
+
+One compile is one sample, so the check is noise-aware the only ways one sample can be:
+
+* drift: when both runs timed the same probe, each compile time is taken relative to its
+  run's median probe time, so a machine that is slower today as a whole does not count;
+* contamination: a run or baseline whose probe was unsteady (IQR over median above
+  :data:`~pytest_accelperf.checks.throughput.MAX_PROBE_SPREAD`) was measured on a machine
+  with no one speed, and a change beyond the tolerance is ``inconclusive``, not a verdict;
+* a floor: a change under :data:`MIN_CHANGE_S` seconds is never a verdict (the spread of
+  a sub-second compile on a shared runner).
+
+Beyond ``compile_tolerance`` (default 0.5; PyTorch gates at 0.15 on dedicated machines),
+longer is a ``regression`` and shorter an ``improvement``. Like throughput, compile times
+are compared only in the environment the baseline was recorded in.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD, spread
+from pytest_accelperf.units import fmt_signed_percent, fmt_tolerance
+
+METRIC = "compile"
+UNIT = "s"
+#: Seconds of change below which compile time never gives a verdict.
+MIN_CHANGE_S = 0.25
+
+
+def _probe(block: dict[str, Any]) -> tuple[str, list[float]]:
+    probe = block.get("probe") or {}
+    return str(probe.get("kind") or ""), [float(t) for t in probe.get("samples") or []]
+
+
+def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
+                       tol: Tolerances, *, comparable: bool) -> CheckResult | None:
+    """``block``'s compile time against ``baseline``'s; None when this run compiled nothing
+    it timed."""
+    now = block.get("compile_time")
+    if not isinstance(now, int | float) or now <= 0:
+        return None
+    now = float(now)
+    if baseline is None:
+        return new_result(METRIC, now=now, unit=UNIT)
+    base = baseline.get("compile_time")
+    if not isinstance(base, int | float) or base <= 0:
+        return missing_in_baseline(METRIC, "compile time", baseline, now=now, unit=UNIT)
+    base = float(base)
+    tolerance = tol.compile_tolerance
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
+                         change=now / base - 1, data={"tolerance": tolerance})
+    if not comparable:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = "baseline recorded in another environment; compile time not compared"
+        return result
+    ratio, how = now / base, "raw"
+    (now_kind, now_probe), (base_kind, base_probe) = _probe(block), _probe(baseline)
+    unsteady = max(spread(now_probe), spread(base_probe)) if now_probe and base_probe else 0.0
+    if now_kind and now_kind == base_kind and now_probe and base_probe and \
+            unsteady <= MAX_PROBE_SPREAD:
+        machine = statistics.median(now_probe) / statistics.median(base_probe)
+        ratio, how = ratio / machine, f"corrected for a machine {machine:.2f}x the baseline's"
+    result.change = ratio - 1
+    result.data.update({"ratio": ratio, "correction": how})
+    beyond = abs(ratio - 1) > tolerance and abs(now - base) >= MIN_CHANGE_S
+    words = (f"compile {now:.2f} s, baseline {base:.2f} s ({fmt_signed_percent(ratio - 1)} "
+             f"{how}; tolerance {fmt_tolerance(tolerance)}, changes under "
+             f"{MIN_CHANGE_S:g} s not counted)")
+    if not beyond:
+        result.detail = words
+    elif unsteady > MAX_PROBE_SPREAD:
+        result.verdict = Verdict.INCONCLUSIVE
+        result.detail = (f"{words}; the probe was too unsteady (IQR {unsteady:.0%} of its "
+                         f"median) to tell a slower compile from a contended machine")
+    elif ratio > 1:
+        result.verdict = Verdict.REGRESSION
+        result.detail = words
+    else:
+        result.verdict = Verdict.IMPROVEMENT
+        result.detail = f"{words}; run with --accelperf-update to record it"
+    return result

@@ -1,0 +1,100 @@
+"""The program check: what the step's compiled program does, against the baseline's.
+
+No timing is involved: FLOPs, bytes accessed, collectives (count and bytes per step),
+host callbacks, custom calls, and torch.compile's graphs, graph breaks and recompiles
+are read from the program (:mod:`pytest_accelperf.program` describes the record), so the
+verdict is the same on a quiet machine and on a loaded one. The rule:
+
+* the same program (counts equal, amounts within ``program_tolerance``): ``pass``;
+* anything more (another all-gather, more FLOPs, a host callback, a graph break):
+  ``regression``, naming each change (``all-gather: 2 → 6 per step (+48.00 MiB);
+  FLOPs +0.0%``) and the largest changes of the op histogram, the likely cause;
+* only less: ``improvement``.
+
+The numbers are only compared where the baseline was recorded in the same environment
+(framework versions: XLA's cost model moves between releases; ``incomparable``
+otherwise, as throughput) and by the same kind of program (``source``). What it cannot
+see: a kernel that got slower doing the same work; the timing checks (A/B mode above
+all) cover that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.program import changes, describe_changes
+from pytest_accelperf.units import fmt_tolerance
+
+METRIC = "program"
+UNIT = "flop"
+_REMEDY = "if the change is intended, re-record with --accelperf-update"
+
+
+def _flops(program: dict[str, Any] | None) -> float | None:
+    value = (program or {}).get("flops")
+    return float(value) if isinstance(value, int | float) else None
+
+
+def summary(program: dict[str, Any]) -> str:
+    """``"xla program: 3 collectives, 0 host callbacks"``: what a passing check saw."""
+    parts: list[str] = []
+    coll = program.get("collectives")
+    if isinstance(coll, dict):
+        n = sum(int(c.get("count", 0)) for c in coll.values())
+        kinds = ", ".join(f"{k} x{int(c.get('count', 0))}" for k, c in sorted(coll.items()))
+        parts.append(f"{n} collective(s)" + (f" ({kinds})" if kinds else ""))
+    for key, label in (("host_callbacks", "host callback(s)"), ("graphs", "graph(s)"),
+                       ("graph_breaks", "graph break(s)"), ("recompiles", "recompile(s)")):
+        if isinstance(program.get(key), int):
+            parts.append(f"{program[key]} {label}")
+    return f"{program.get('source', '?')} program" + (f": {', '.join(parts)}" if parts else "")
+
+
+def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tolerances, *,
+                  comparable: bool) -> CheckResult | None:
+    """``block``'s program against ``baseline``'s; None when this run recorded none."""
+    now: dict[str, Any] | None = block.get("program")
+    if not now:
+        return None
+    data: dict[str, Any] = {"source": now.get("source", ""), "program": now}
+    if baseline is None:
+        return new_result(METRIC, now=_flops(now), unit=UNIT, data=data)
+    base: dict[str, Any] | None = baseline.get("program")
+    if not base:
+        return missing_in_baseline(METRIC, "program record", baseline, now=_flops(now),
+                                   unit=UNIT)
+    tolerance = tol.program_tolerance
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=_flops(base), now=_flops(now),
+                         unit=UNIT, data={**data, "tolerance": tolerance})
+    if result.baseline and result.now is not None:
+        result.change = result.now / result.baseline - 1
+    if not comparable:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = ("baseline recorded in another environment (framework versions move "
+                         "the compiler's counts); program not compared")
+        return result
+    if base.get("source") != now.get("source"):
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = (f"this program was read by {now.get('source')}, the baseline's by "
+                         f"{base.get('source')}; re-record with --accelperf-update")
+        return result
+    found = changes(base, now, tolerance)
+    lines = describe_changes(base, now, tolerance)
+    result.data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now}
+                              for c in found]
+    if not found:
+        result.detail = (f"same program as the baseline ({summary(now)}; amounts within "
+                         f"{fmt_tolerance(tolerance)})")
+        if lines:  # only the op histogram moved
+            result.detail += f"; {'; '.join(lines)}"
+        return result
+    if any(c.more for c in found):
+        result.verdict = Verdict.REGRESSION
+        result.detail = f"{'; '.join(lines)} ({_REMEDY})"
+    else:
+        result.verdict = Verdict.IMPROVEMENT
+        result.detail = (f"{'; '.join(lines)}: less work than the baseline; run with "
+                         f"--accelperf-update to record it")
+    return result

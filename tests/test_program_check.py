@@ -1,0 +1,209 @@
+"""The program check, the compile-time check and the leak verdict, on records built by hand
+(the backends' records are tested on real programs in test_jax_program.py and
+test_torch_program.py)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from pytest_accelperf.checks.base import Tolerances, Verdict
+from pytest_accelperf.checks.compile_time import check_compile_time
+from pytest_accelperf.checks.memory import check_memory
+from pytest_accelperf.checks.program import check_program
+from pytest_accelperf.program import changes, describe_changes, program_record
+from pytest_accelperf.schema import validate_block
+
+TOL = Tolerances()
+MiB = 2**20
+
+
+def xla(**overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "flops": 1.0e9, "hardware_flops": 2.0e9, "bytes_accessed": 4.0e8,
+        "collectives": {"all-reduce": {"count": 2, "bytes": 8 * MiB}},
+        "host_callbacks": 0, "custom_calls": 0, "ops": {"dot": 12, "fusion": 30},
+    }
+    fields.update(overrides)
+    return program_record("xla", **fields)
+
+
+def block(program: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"outcome": "ok", "environment": {}}
+    if program is not None:
+        out["program"] = program
+    out.update(extra)
+    return out
+
+
+def test_the_same_program_passes_and_says_what_it_saw() -> None:
+    result = check_program(block(xla()), block(xla()), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.PASS
+    assert "same program" in result.detail and "all-reduce x2" in result.detail
+    assert changes(xla(), xla(), 0.0) == []
+
+
+def test_an_added_all_gather_is_a_regression_named_with_its_bytes() -> None:
+    now = xla(collectives={"all-reduce": {"count": 2, "bytes": 8 * MiB},
+                           "all-gather": {"count": 4, "bytes": 48 * MiB}})
+    result = check_program(block(now), block(xla()), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert "all-gather: 0 → 4 per step (+48.00 MiB)" in result.detail
+    assert "FLOPs +0.0%" in result.detail
+    assert "--accelperf-update" in result.detail
+
+
+def test_more_flops_is_a_regression_and_names_the_ops_that_changed() -> None:
+    now = xla(flops=2.4e9, hardware_flops=4.8e9, ops={"dot": 12, "fusion": 30,
+                                                      "convolution": 2})
+    result = check_program(block(now), block(xla()), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert "FLOPs +140.0%" in result.detail
+    assert "ops: convolution 0 → 2" in result.detail
+
+
+def test_a_host_callback_is_a_regression() -> None:
+    result = check_program(block(xla(host_callbacks=1)), block(xla()), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert "host callbacks: 0 → 1 per step" in result.detail
+
+
+def test_a_graph_break_is_a_regression_and_fewer_graphs_an_improvement() -> None:
+    base = program_record("torch.compile", flops=1e6, graphs=1, graph_breaks=0, recompiles=0)
+    broken = program_record("torch.compile", flops=1e6, graphs=2, graph_breaks=1,
+                            recompiles=0, break_reasons=["print"])
+    result = check_program(block(broken), block(base), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert "graph breaks: 0 → 1 per step" in result.detail
+    back = check_program(block(base), block(broken), TOL, comparable=True)
+    assert back is not None and back.verdict is Verdict.IMPROVEMENT
+
+
+def test_amounts_within_the_tolerance_pass_counts_never_do() -> None:
+    assert changes(xla(), xla(flops=1.005e9), 0.01) == []
+    assert [c.name for c in changes(xla(), xla(flops=1.02e9), 0.01)] == ["flops"]
+    found = changes(xla(), xla(collectives={"all-reduce": {"count": 3, "bytes": 8 * MiB}}), 0.5)
+    assert [c.name for c in found] == ["collectives.all-reduce.count"]
+
+
+def test_only_the_op_histogram_moving_passes_and_shows_it() -> None:
+    result = check_program(block(xla(ops={"dot": 12, "fusion": 31})), block(xla()), TOL,
+                           comparable=True)
+    assert result is not None and result.verdict is Verdict.PASS
+    assert "fusion 30 → 31" in result.detail
+
+
+def test_another_environment_or_source_is_incomparable_and_no_record_no_check() -> None:
+    other = check_program(block(xla(flops=9e9)), block(xla()), TOL, comparable=False)
+    assert other is not None and other.verdict is Verdict.INCOMPARABLE
+    torch = program_record("torch", flops=1.0e9)
+    src = check_program(block(torch), block(xla()), TOL, comparable=True)
+    assert src is not None and src.verdict is Verdict.INCOMPARABLE
+    assert check_program(block(), block(xla()), TOL, comparable=True) is None
+    new = check_program(block(xla()), None, TOL, comparable=True)
+    assert new is not None and new.verdict is Verdict.NEW
+    missing = check_program(block(xla()), block(), TOL, comparable=True)
+    assert missing is not None and missing.verdict is Verdict.NEW
+
+
+def test_describe_changes_is_empty_for_identical_programs() -> None:
+    assert describe_changes(xla(), copy.deepcopy(xla()), 0.01) == []
+
+
+def test_an_unknown_source_is_refused() -> None:
+    with pytest.raises(ValueError, match="not one of"):
+        program_record("tpu-magic")
+
+
+def test_a_block_with_a_program_and_growth_validates_and_a_bad_one_does_not() -> None:
+    good = block(xla(), memory={"per_device": {"cpu:0": 10}, "peak": 10, "source": "x",
+                                "growth": {"bytes_per_step": 0.0, "steps": 4,
+                                           "after_warmup": 5, "after_steps": 5,
+                                           "source": "live_arrays"}})
+    validate_block(good)
+    bad = block({**xla(), "collectives": {"all-reduce": {"count": -1, "bytes": 0}}})
+    with pytest.raises(ValueError):
+        validate_block(bad)
+
+
+# -- compile time ----------------------------------------------------------------------------
+def timed(compile_time: float, probe: float = 0.001) -> dict[str, Any]:
+    return block(compile_time=compile_time, probe={"kind": "matmul", "samples": [probe] * 8})
+
+
+def test_a_slower_compile_beyond_the_tolerance_and_the_floor_is_a_regression() -> None:
+    result = check_compile_time(timed(3.0), timed(1.0), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert "compile 3.00 s, baseline 1.00 s" in result.detail
+
+
+def test_a_slower_machine_is_corrected_for_by_the_probe() -> None:
+    result = check_compile_time(timed(3.0, probe=0.003), timed(1.0), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.PASS
+    assert "corrected for a machine 3.00x" in result.detail
+
+
+def test_a_small_change_is_never_a_verdict_and_an_unsteady_probe_is_inconclusive() -> None:
+    small = check_compile_time(timed(0.2), timed(0.05), TOL, comparable=True)
+    assert small is not None and small.verdict is Verdict.PASS
+    unsteady = block(compile_time=3.0, probe={"kind": "matmul",
+                                              "samples": [0.001, 0.01, 0.001, 0.02, 0.05]})
+    result = check_compile_time(unsteady, timed(1.0), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.INCONCLUSIVE
+    assert "too unsteady" in result.detail
+
+
+def test_a_faster_compile_is_an_improvement_and_no_compile_no_check() -> None:
+    result = check_compile_time(timed(1.0), timed(3.0), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.IMPROVEMENT
+    assert check_compile_time(block(), timed(1.0), TOL, comparable=True) is None
+
+
+# -- leaks -----------------------------------------------------------------------------------
+def with_growth(per_step: float, *, per_device: int = 10 * MiB) -> dict[str, Any]:
+    steps = 16
+    return block(memory={"per_device": {"cpu:0": per_device}, "peak": per_device,
+                         "source": "profiler",
+                         "growth": {"bytes_per_step": per_step, "steps": steps,
+                                    "after_warmup": 1 * MiB,
+                                    "after_steps": 1 * MiB + per_step * steps,
+                                    "source": "profiler"}})
+
+
+def test_a_leak_is_a_memory_regression_with_or_without_a_baseline() -> None:
+    leak = with_growth(133_000.0)
+    for baseline in (None, with_growth(0.0)):
+        result = check_memory(leak, baseline, TOL)
+        assert result is not None and result.verdict is Verdict.REGRESSION
+        assert "live memory grew 129.88 KiB per step over 16 measured steps" in result.detail
+        assert "a leak" in result.detail
+
+
+def test_no_growth_leaves_the_peak_verdict_alone() -> None:
+    result = check_memory(with_growth(0.0), with_growth(0.0), TOL)
+    assert result is not None and result.verdict is Verdict.PASS
+    assert result.data["growth"]["bytes_per_step"] == 0.0
+    tolerant = Tolerances(leak_bytes_per_step=1e6)
+    result = check_memory(with_growth(133_000.0), with_growth(0.0), tolerant)
+    assert result is not None and result.verdict is Verdict.PASS
+
+
+# -- A/B: the two arms' programs diffed beside the timing verdict -------------------------------
+def test_ab_verdict_names_the_program_change_or_says_the_program_is_the_same() -> None:
+    from pytest_accelperf.compare import ABMeasurement, ab_check
+
+    base_blocks = [[0.010] * 5 for _ in range(10)]
+    head_blocks = [[0.013] * 5 for _ in range(10)]
+    slower = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0,
+                           programs={"base": xla(), "head": xla(flops=1.3e9)})
+    check = ab_check("main (abc)", slower, 32, 0.01, 5)
+    assert check.verdict is Verdict.REGRESSION
+    assert "; program: FLOPs +30.0%" in check.detail
+    assert check.data["program_diff"] == ["FLOPs +30.0%"]
+    same = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0,
+                         programs={"base": xla(), "head": xla()})
+    assert "same program in both revisions" in ab_check("main", same, 32, 0.01, 5).detail
+    unknown = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0)
+    assert "program" not in ab_check("main", unknown, 32, 0.01, 5).detail
