@@ -102,6 +102,10 @@ OPTIONS: tuple[Option, ...] = (
            f"each checkpoint. Default: {_TOL.loss_rtol}.", "float", _TOL.loss_rtol),
     Option("loss_atol", "--accelperf-loss-atol", "absolute band around the baseline's loss. "
            f"Default: {_TOL.loss_atol}.", "float", _TOL.loss_atol),
+    Option("loss_either_way", "--accelperf-loss-either-way", "a loss curve outside its band "
+           "in either direction fails: a loss far below the baseline's means the training "
+           "changed (the step's other metrics are always judged both ways); for CI gates. "
+           "Default: a lower final loss is an improvement.", "bool", False),
     Option("memory_tolerance", "--accelperf-memory-tolerance", "relative change of peak memory "
            f"per device. Default: {_TOL.memory_tolerance}.", "float", _TOL.memory_tolerance),
     Option("numerics_rtol", "--accelperf-numerics-rtol", "rtol of parameters against the "
@@ -281,6 +285,7 @@ class Settings:
     compare_budget: float = 20.0
     max_foreign_load: float = 0.25
     add_session: bool = False
+    loss_either_way: bool = False
     host_lock_timeout: float | None = 1800.0
 
     @classmethod
@@ -316,6 +321,7 @@ class Settings:
             cpu_devices=values["cpu_devices"],
             update=bool(values["update"]) or bool(values["add_session"]),
             add_session=bool(values["add_session"]),
+            loss_either_way=bool(values["loss_either_way"]),
             baselines=(rootdir / values["baselines"]).resolve(),
             json=(json_base / json_path).resolve() if json_path else None,
             platform=values["platform"],

@@ -505,7 +505,8 @@ class CaseRunner:
                  if baseline else [])
         tol = self.settings.tolerances.merged(dict(case.tolerances))
         checks = run_checks(run, block, baseline, tol, comparable=not diffs,
-                            reference_params=result.reference_params, params=result.params)
+                            reference_params=result.reference_params, params=result.params,
+                            loss_either_way=self.settings.loss_either_way)
         if diffs:
             note = "; ".join(diffs)
             for c in checks:

@@ -664,3 +664,18 @@ def test_a_baseline_without_the_same_probe_compares_raw() -> None:
     other["probe"]["kind"] = "torch-cpu-matmul256x8"
     r = checks(probed(0.010, 0.004, seed=1), other)["throughput"]
     assert r.data["drift_corrected"] is False
+
+
+# -- a loss far below the baseline's (issue 15, part 8) ------------------------------------
+def test_a_much_lower_loss_is_an_improvement_by_default_and_a_regression_either_way() -> None:
+    """Learning rate x10 took a ResNet's final loss from 1.178 to 0.235: the training
+    changed. By default that is an improvement; --accelperf-loss-either-way fails it."""
+    base = make_run(losses=[1.178] * 100)
+    now = make_run(losses=[0.235] * 100)
+    assert checks(now, stored(base))["loss"].verdict is Verdict.IMPROVEMENT
+    r = checks(now, stored(base), loss_either_way=True)["loss"]
+    assert r.verdict is Verdict.REGRESSION
+    assert "below the baseline's 1.178" in r.detail
+    assert "--accelperf-loss-either-way" in r.detail
+    same = checks(base, stored(base), loss_either_way=True)["loss"]
+    assert same.verdict is Verdict.PASS

@@ -71,14 +71,16 @@ __all__ = [
 def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] | None,
                tol: Tolerances, *, comparable: bool,
                reference_params: Mapping[str, Any] | None = None,
-               params: Mapping[str, Any] | None = None) -> list[CheckResult]:
+               params: Mapping[str, Any] | None = None,
+               loss_either_way: bool = False) -> list[CheckResult]:
     """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
 
     ``block`` is ``summarize(run)`` (computed here when None). ``comparable`` is False when
     the baseline was recorded in another environment: throughput is then ``incomparable``
     and the other checks still apply (numerics at its cross-environment tolerance).
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
-    with a reference the ``reference`` check runs, baseline or not.
+    with a reference the ``reference`` check runs, baseline or not. ``loss_either_way``:
+    a loss below its band fails too (``--accelperf-loss-either-way``).
     """
     if block is None:
         block = summarize(run)
@@ -87,7 +89,7 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     if run.outcome == "ok":
         optional = [
             check_throughput(run, block, baseline, tol, comparable=comparable),
-            check_convergence(run, block, baseline, tol),
+            check_convergence(run, block, baseline, tol, either_way=loss_either_way),
             *check_metrics(block, baseline, tol),
             check_compile_time(block, baseline, tol, comparable=comparable),
             check_program(block, baseline, tol, comparable=comparable),

@@ -11,6 +11,12 @@ where it happens; a final loss *below* the band is an improvement; anything else
 A lower loss part-way that ends within the band is still a pass: only the end result
 counts in the run's favour, any step counts against it.
 
+With ``either_way`` (``--accelperf-loss-either-way``, what a CI gate should use) a curve
+outside the band in *either* direction is a regression: a loss far below the baseline's
+means the training changed (a learning rate ten times larger took a ResNet's final loss
+from 1.178 to 0.235), and PyTorch's CI fails on unexpected wins too. The other metrics of
+the step (:mod:`.metrics`) are always judged both ways.
+
 A loss that is not finite never passes: a run whose outcome is ``nan`` is a regression
 that names the step, with or without a baseline.
 """
@@ -69,8 +75,9 @@ def _points(block: dict[str, Any] | None) -> list[tuple[float, float]]:
 
 
 def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
-                      tol: Tolerances) -> CheckResult | None:
-    """The loss curve of ``block`` against ``baseline``'s; None with no curve on either side."""
+                      tol: Tolerances, *, either_way: bool = False) -> CheckResult | None:
+    """The loss curve of ``block`` against ``baseline``'s; None with no curve on either side.
+    ``either_way``: below the band is a regression too."""
     if run.outcome == "nan":
         return nan_result(run, baseline)
     now_loss: dict[str, Any] = block.get("loss") or {}
@@ -123,6 +130,14 @@ def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] 
                              f"({_band_text(tol)})")
             result.data.update({"checkpoints": rows, "step": step})
             return result
+        if either_way and base_v - now_v > b:
+            result.verdict = Verdict.REGRESSION
+            result.detail = (f"loss at step {_step(step)} is {fmt_num(now_v)}, below the "
+                             f"baseline's {fmt_num(base_v)} ± {fmt_num(b, 3)} "
+                             f"({_band_text(tol)}): the training changed "
+                             f"(--accelperf-loss-either-way); if intended, {_REMEDY}")
+            result.data.update({"checkpoints": rows, "step": step, "either_way": True})
+            return result
         dev = (now_v - base_v) / base_v if base_v else now_v - base_v
         if worst is None or abs(dev) > abs(worst[0]):
             worst = (dev, step)
@@ -135,6 +150,14 @@ def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] 
             result.verdict = Verdict.REGRESSION
             result.detail = (f"final loss is {fmt_num(now_final)}, above the baseline's "
                              f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)})")
+            return result
+        if base_final - now_final > b and either_way:
+            result.verdict = Verdict.REGRESSION
+            result.detail = (f"final loss is {fmt_num(now_final)}, below the baseline's "
+                             f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)}): "
+                             f"the training changed (--accelperf-loss-either-way); if "
+                             f"intended, {_REMEDY}")
+            result.data["either_way"] = True
             return result
         if base_final - now_final > b:
             result.verdict = Verdict.IMPROVEMENT
