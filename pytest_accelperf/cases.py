@@ -36,6 +36,7 @@ TOLERANCE_KEYS = (
     "program_tolerance",
     "compile_tolerance",
     "leak_bytes_per_step",
+    "max_probe_spread",
 )
 
 

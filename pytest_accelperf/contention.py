@@ -119,3 +119,28 @@ class Contention:
 def contaminated(load: Load | None, bound: float) -> bool:
     """Whether ``load`` is past ``bound`` cores (never, when nothing is known)."""
     return load is not None and load.foreign_cores > bound
+
+
+#: Seconds the confirmation of a regression waits, at most, for a quieter machine.
+QUIET_WAIT_S = 5.0
+#: The window over which the load is read while waiting.
+_QUIET_WINDOW_S = 1.0
+
+
+def wait_for_quiet(bound: float, *, max_wait: float = QUIET_WAIT_S,
+                   pids: Iterable[int] = ()) -> tuple[float, Load | None]:
+    """Back off before a re-measurement: read the rest of the machine's load (less this
+    process's and ``pids``') in windows of a second until it is within ``bound`` cores or
+    ``max_wait`` seconds passed. ``(seconds waited, the last window's load)``; at once
+    ``(0.0, None)`` where ``/proc`` cannot be read."""
+    waited, load = 0.0, None
+    while waited < max_wait:
+        contention = Contention([os.getpid(), *pids]).start()
+        time.sleep(_QUIET_WINDOW_S)
+        load = contention.reading()
+        if load is None:
+            return waited, None
+        waited += load.seconds
+        if load.foreign_cores <= bound:
+            break
+    return waited, load

@@ -137,6 +137,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("leak_bytes_per_step", "--accelperf-leak-bytes-per-step", "growth of live memory "
            "per measured step that is a memory regression (a leak). Default: "
            f"{_TOL.leak_bytes_per_step:g}.", "float", _TOL.leak_bytes_per_step),
+    Option("max_probe_spread", "--accelperf-max-probe-spread", "largest spread (IQR over "
+           "median) of the drift probe timed after each step, in this run or in the "
+           "baseline's, for which throughput and compile time get a verdict; beyond it the "
+           "measurement is contaminated (another job on the cores) and the verdict is "
+           f"inconclusive. Default: {_TOL.max_probe_spread}.", "float",
+           _TOL.max_probe_spread),
     Option("cluster", "--accelperf-cluster", "train each case in a Ray worker that holds its "
            "devices: local (start a Ray cluster on this machine for the session and stop it "
            "at the end) or HOST:PORT of a running cluster (needs pip install "

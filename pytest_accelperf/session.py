@@ -33,6 +33,7 @@ from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingCollector, ScalingPoint
+from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.cluster import cluster_for
 from pytest_accelperf.cluster_dispatch import train as train_on_cluster
 from pytest_accelperf.compare import (
@@ -43,6 +44,7 @@ from pytest_accelperf.compare import (
     node_location,
     not_compared,
 )
+from pytest_accelperf.contention import wait_for_quiet
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, host_lock, watchdog
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
@@ -535,20 +537,27 @@ class CaseRunner:
             return first
         seen = [current]
         evaluated = first
+        backoff: list[str] = []
         for _ in range(self.settings.confirm):
+            waited, load = wait_for_quiet(self.settings.max_foreign_load)
+            if load is not None and waited >= 1.5:
+                backoff.append(f"waited {waited:.0f} s for a quieter machine before "
+                               f"re-measuring (then other processes used "
+                               f"{load.foreign_cores:.2f} cores)")
             evaluated = self._evaluate(self._train_once(task, found))
             again = evaluated.throughput
             if again is None or again.verdict is not Verdict.REGRESSION:
                 if again is not None:
                     again.detail += (f" (re-measured: a first measurement looked like a "
-                                     f"regression, {_ratio_text(seen)}; not confirmed)")
+                                     f"regression, {_ratio_text(seen)}; not confirmed"
+                                     f"{''.join('; ' + b for b in backoff)})")
                     again.data["unconfirmed"] = [c.data.get("ratio") for c in seen]
                 return evaluated
             seen.append(again)
         final = evaluated.throughput
         assert final is not None
         final.detail += (f" (confirmed by {len(seen) - 1} re-measurement(s): "
-                         f"{_ratio_text(seen)})")
+                         f"{_ratio_text(seen)}{''.join('; ' + b for b in backoff)})")
         final.data["confirmations"] = [c.data.get("ratio") for c in seen]
         return evaluated
 
@@ -569,6 +578,16 @@ class CaseRunner:
                 block = with_added_session(ev.baseline, ev.run, ev.diffs)
             except ValueError as exc:
                 block, refused = None, str(exc)
+        if block is not None and ev.run.probe_times:
+            bound = self.settings.tolerances.merged(dict(self.case.tolerances)).max_probe_spread
+            noisy = spread(list(ev.run.probe_times))
+            if noisy > bound:
+                warnings.warn(AccelperfWarning(
+                    f"{self._item.nodeid}: recorded on a contaminated machine: the "
+                    f"{ev.run.probe_kind} probe varied by IQR {noisy:.0%} of its median (bound "
+                    f"{bound:.0%}); its throughput and compile time will be inconclusive "
+                    f"until it is re-recorded with --accelperf-update on a quiet machine"),
+                    stacklevel=3)
         self._record(ev.run, ev.checks, block=block, baseline=ev.baseline)
         if refused:
             pytest.fail(f"{self._item.nodeid}: no session added: {refused}", pytrace=False)

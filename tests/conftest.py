@@ -211,8 +211,12 @@ class Suite:
         pytester.makepyfile(tinytask=TINYTASK)
         # Step times on a shared 2-core machine move 20-50% between sessions, and up to 2x
         # when the other xdist worker starts a DeepSpeed case: tests that are not about
-        # throughput must not depend on it (tests about it pass their own flag).
-        pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n")
+        # throughput must not depend on it (tests about it pass their own flag). The other
+        # worker also makes the drift probe unsteady, which makes a timing verdict
+        # inconclusive (contamination): tests of the verdicts themselves raise the bound,
+        # and contamination has its own tests (test_checks.py, test_program_check.py).
+        pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n"
+                                   "max_probe_spread = 1000.0\n")
 
     def write(self, body: str = SUITE, name: str = "test_suite") -> Path:
         return self.pytester.makepyfile(**{name: textwrap.dedent(body)})

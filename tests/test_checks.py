@@ -645,13 +645,47 @@ def test_a_slower_step_on_a_steady_machine_is_a_regression_when_drift_corrected(
     assert r.data["ratio"] == pytest.approx(2.0, rel=0.05)
 
 
-def test_an_unsteady_probe_is_not_used() -> None:
+def test_an_unsteady_probe_is_contamination_not_a_verdict() -> None:
+    """Issue 15: `slower: step time 1399.8% longer … [probe was too unsteady to correct
+    with (IQR 3083% of its median)]` failed unchanged code. Now the plugin's own evidence of
+    contamination makes a ratio beyond the tolerance inconclusive, with the reason."""
     base = probed(0.010, 0.004)
     now = probed(0.020, 0.008, probe_noise=1.0, seed=1)  # a probe all over the place
     r = checks(now, stored(base), Tolerances(throughput_tolerance=0.1))["throughput"]
     assert r.data["drift_corrected"] is False
-    assert "[raw step times: the jax-cpu-matmul256x8 probe was too unsteady" in r.detail
-    assert r.verdict is Verdict.REGRESSION  # raw: twice as slow
+    assert r.verdict is Verdict.INCONCLUSIVE
+    assert r.detail.startswith("not judged, this run's measurement is contaminated: the "
+                               "jax-cpu-matmul256x8 probe timed after each step varied by IQR")
+    assert "raw step times: this run's jax-cpu-matmul256x8 probe was too unsteady" in r.detail
+    assert r.data["contaminated"]
+    # A bound the user raised lets the raw comparison judge, as before.
+    loose = checks(now, stored(base), Tolerances(throughput_tolerance=0.1,
+                                                 max_probe_spread=100.0))["throughput"]
+    assert not loose.data["contaminated"] and loose.data["drift_corrected"] is False
+    assert loose.verdict is Verdict.REGRESSION  # raw: twice as slow
+
+
+def test_a_baseline_recorded_under_contention_is_no_level_to_judge_against() -> None:
+    """Issue 15: a baseline recorded under contention (median 173 ms against a true 8 ms)
+    made every later run an `improvement`. Its unsteady probe now says so, and names the
+    fix (re-record on a quiet machine)."""
+    base = probed(0.173, 0.004, probe_noise=1.0)
+    now = probed(0.008, 0.004, seed=1)
+    r = checks(now, stored(base), Tolerances(throughput_tolerance=0.1))["throughput"]
+    assert r.verdict is Verdict.INCONCLUSIVE
+    assert "the baseline was recorded on a contaminated machine" in r.detail
+    assert "re-record it with --accelperf-update on a quiet machine" in r.detail
+
+
+def test_step_times_far_more_dispersed_than_the_baseline_s_are_not_judged() -> None:
+    base = probed(0.010, 0.004)
+    rng = np.random.default_rng(3)
+    wild = [float(x) for x in 0.02 * rng.lognormal(0.0, 1.0, 30)]
+    now = probed(0.020, 0.004, seed=1)
+    now.step_times = wild
+    r = checks(now, stored(base), Tolerances(throughput_tolerance=0.1))["throughput"]
+    assert r.verdict is Verdict.INCONCLUSIVE
+    assert "this run's step times are contaminated" in r.detail
 
 
 def test_a_baseline_without_the_same_probe_compares_raw() -> None:

@@ -207,3 +207,15 @@ def test_ab_verdict_names_the_program_change_or_says_the_program_is_the_same() -
     assert "same program in both revisions" in ab_check("main", same, 32, 0.01, 5).detail
     unknown = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0)
     assert "program" not in ab_check("main", unknown, 32, 0.01, 5).detail
+
+
+# -- confirmation backs off before re-measuring (issue 15, part 1) ----------------------------
+def test_wait_for_quiet_waits_at_most_its_bound_and_returns_at_once_when_quiet() -> None:
+    import os
+
+    from pytest_accelperf.contention import wait_for_quiet
+
+    waited, load = wait_for_quiet(-1.0, max_wait=2.0)  # never quiet enough
+    assert load is not None and 2.0 <= waited < 3.5
+    waited, load = wait_for_quiet(float((os.cpu_count() or 1) + 1), max_wait=5.0)
+    assert load is not None and waited < 1.5  # one window, and it was quiet enough

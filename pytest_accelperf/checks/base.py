@@ -71,6 +71,9 @@ class Tolerances:
     speed by the probe) that counts; PyTorch's CI gates compile latency at 1.15x on
     dedicated machines, and one compile on a shared 2-core runner moves by 20-50 %.
     ``leak_bytes_per_step``: growth of live memory per measured step that is a leak.
+    ``max_probe_spread``: the largest interquartile range over median of the drift probe
+    (in this run or the baseline's) for which a timing verdict is given; beyond it the
+    machine had no one speed and throughput or compile time is ``inconclusive``.
     """
 
     throughput_tolerance: float = 0.10
@@ -86,6 +89,7 @@ class Tolerances:
     program_tolerance: float = 0.01
     compile_tolerance: float = 0.5
     leak_bytes_per_step: float = 16384.0
+    max_probe_spread: float = 0.25
 
     def __post_init__(self) -> None:
         for f in fields(self):

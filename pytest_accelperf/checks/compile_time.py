@@ -12,7 +12,7 @@ One compile is one sample, so the check is noise-aware the only ways one sample 
 * drift: when both runs timed the same probe, each compile time is taken relative to its
   run's median probe time, so a machine that is slower today as a whole does not count;
 * contamination: a run or baseline whose probe was unsteady (IQR over median above
-  :data:`~pytest_accelperf.checks.throughput.MAX_PROBE_SPREAD`) was measured on a machine
+  ``max_probe_spread``) was measured on a machine
   with no one speed, and a change beyond the tolerance is ``inconclusive``, not a verdict;
 * a floor: a change under :data:`MIN_CHANGE_S` seconds is never a verdict (the spread of
   a sub-second compile on a shared runner).
@@ -29,7 +29,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD, spread
+from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.units import fmt_signed_percent, fmt_tolerance
 
 METRIC = "compile"
@@ -68,7 +68,7 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
     (now_kind, now_probe), (base_kind, base_probe) = _probe(block), _probe(baseline)
     unsteady = max(spread(now_probe), spread(base_probe)) if now_probe and base_probe else 0.0
     if now_kind and now_kind == base_kind and now_probe and base_probe and \
-            unsteady <= MAX_PROBE_SPREAD:
+            unsteady <= tol.max_probe_spread:
         machine = statistics.median(now_probe) / statistics.median(base_probe)
         ratio, how = ratio / machine, f"corrected for a machine {machine:.2f}x the baseline's"
     result.change = ratio - 1
@@ -79,7 +79,7 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
              f"{MIN_CHANGE_S:g} s not counted)")
     if not beyond:
         result.detail = words
-    elif unsteady > MAX_PROBE_SPREAD:
+    elif unsteady > tol.max_probe_spread:
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = (f"{words}; the probe was too unsteady (IQR {unsteady:.0%} of its "
                          f"median) to tell a slower compile from a contended machine")

@@ -22,6 +22,12 @@ geometric mean and the interval widened by their spread
 (:func:`pytest_accelperf.stats.widen_by_sessions`), so a machine whose sessions differ by
 more than the tolerance says ``inconclusive`` instead of guessing.
 
+Contamination is a reason, not a verdict: when the plugin's own evidence says the
+measurement is not about the code (:func:`contamination`: the probe varied by more than
+``max_probe_spread`` in this run or in the baseline's, or the step times are far more
+dispersed than the baseline's), a ratio beyond the tolerance is ``inconclusive``, with
+the reason and what was measured; a ratio within it still passes.
+
 Throughput is only compared on the machine the baseline was recorded on: when the
 environment fingerprints differ the verdict is ``incomparable`` (the caller passes
 ``comparable=False`` and may name the differing keys in the detail).
@@ -68,7 +74,7 @@ def _ci_text(est: RatioEstimate, tolerance: float) -> str:
 #: probe is trusted to measure the machine. A machine so contended that a fixed matrix
 #: product takes 1.5 ms one moment and 100 ms the next (two processes fighting over two
 #: cores with spinning OpenMP threads) has no one speed to correct for.
-MAX_PROBE_SPREAD = 0.25
+MAX_PROBE_SPREAD = Tolerances.max_probe_spread
 
 
 def spread(samples: list[float]) -> float:
@@ -79,19 +85,52 @@ def spread(samples: list[float]) -> float:
     return (q3 - q1) / med if med > 0 else math.inf
 
 
-def _probes(run: Run, baseline: dict[str, Any]) -> tuple[tuple[list[float], list[float]] | None,
-                                                         str]:
-    """Both runs' probe times when they timed the same, steady probe; else None and why."""
+def _probes(run: Run, baseline: dict[str, Any], bound: float = MAX_PROBE_SPREAD
+            ) -> tuple[tuple[list[float], list[float]] | None, str]:
+    """Both runs' probe times when they timed the same, steady probe; else None and why
+    (raw step times are then compared: whether that comparison may give a verdict is
+    :func:`contamination`'s to say, with the user's bound)."""
     probe = baseline.get("probe") or {}
     base_probe = [float(t) for t in probe.get("samples") or []]
     if not run.probe_kind or probe.get("kind") != run.probe_kind or not run.probe_times \
             or not base_probe:
         return None, "the baseline has no matching probe"
-    worst = max(spread(list(run.probe_times)), spread(base_probe))
-    if worst > MAX_PROBE_SPREAD:
-        return None, (f"the {run.probe_kind} probe was too unsteady to correct with "
-                      f"(IQR {worst:.0%} of its median)")
+    now_spread, base_spread = spread(list(run.probe_times)), spread(base_probe)
+    if now_spread > bound:
+        return None, (f"this run's {run.probe_kind} probe was too unsteady to correct with "
+                      f"(IQR {now_spread:.0%} of its median)")
+    if base_spread > bound:
+        return None, (f"the baseline's {run.probe_kind} probe was too unsteady to correct "
+                      f"with (IQR {base_spread:.0%} of its median): drift correction is off "
+                      f"for this case until it is re-recorded")
     return (list(run.probe_times), base_probe), ""
+
+
+def contamination(run: Run, baseline: dict[str, Any], bound: float) -> str:
+    """Why this comparison is contaminated (the plugin's own evidence says a timing verdict
+    would not be about the code), or ``""``: a probe timed after each step that varied by
+    more than ``bound`` (IQR over median) in this run or in the baseline's, or step times
+    far more dispersed than the baseline's."""
+    probe = baseline.get("probe") or {}
+    base_probe = [float(t) for t in probe.get("samples") or []]
+    kind = run.probe_kind or str(probe.get("kind") or "")
+    if run.probe_times and spread(list(run.probe_times)) > bound:
+        return (f"this run's measurement is contaminated: the {kind} probe timed after each "
+                f"step varied by IQR {spread(list(run.probe_times)):.0%} of its median "
+                f"(bound {bound:.0%}): the machine had no one speed (another job on the "
+                f"cores); re-run on a quieter machine")
+    if base_probe and spread(base_probe) > bound:
+        return (f"the baseline was recorded on a contaminated machine: its {kind} probe "
+                f"varied by IQR {spread(base_probe):.0%} of its median (bound {bound:.0%}), "
+                f"so its step times are no level to judge against; re-record it with "
+                f"--accelperf-update on a quiet machine")
+    base_times = [float(t) for t in (baseline.get("step_time") or {}).get("samples") or []]
+    now_spread, base_spread = spread(list(run.step_times)), spread(base_times)
+    if len(run.step_times) >= 4 and now_spread > max(bound, 3 * base_spread):
+        return (f"this run's step times are contaminated: IQR {now_spread:.0%} of their "
+                f"median against the baseline's {base_spread:.0%} (bound: the larger of "
+                f"{bound:.0%} and 3x the baseline's); re-run on a quieter machine")
+    return ""
 
 
 def session_levels(baseline: dict[str, Any], *, drift_corrected: bool) -> list[float]:
@@ -225,6 +264,11 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     if spread is not None:
         result.change = 1 / est.ratio - 1
         result.detail += f" [{_spread_text(spread)}]"
+    dirty = contamination(run, baseline, tol.max_probe_spread)
+    if dirty and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+        result.verdict = Verdict.INCONCLUSIVE
+        result.detail = f"not judged, {dirty}; measured: {result.detail}"
+    result.data["contaminated"] = dirty or None
     result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
                         "confidence": est.confidence, "drift_corrected": pair is not None,
                         "raw_ratio": raw_ratio, "sessions": len(levels),
