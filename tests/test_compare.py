@@ -115,6 +115,10 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> 
     assert all(sorted(first[i:i + 2]) == ["base", "head"] for i in range(0, len(first) - 1, 2))
     # the stored-baseline checks still ran (no baseline here: new, and not a failure)
     assert verdicts(repo.report())["test_step[jax-nomesh-b512]"]["loss"] == "new"
+    # the slowdown comes with its cause: the two revisions' programs, diffed (issue 14)
+    diff = data["program_diff"]
+    assert diff and diff[0].startswith("FLOPs +"), diff
+    assert "; program: FLOPs +" in str(check["detail"])
 
 
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
@@ -129,6 +133,8 @@ def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     assert isinstance(data, dict) and 0.7 < data["ratio"] < 1.4
     assert data["load"] is not None  # Linux: /proc was read
     assert data["contaminated"] == (data["load"]["foreign_cores"] > 0.25)
+    assert data["program_diff"] == []
+    assert "same program in both revisions" in str(check["detail"])
 
 
 @pytest.fixture

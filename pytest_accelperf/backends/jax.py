@@ -7,7 +7,10 @@ mesh, so the single-device reference run of a sharded case is the same function 
 with another mesh. The step is lowered on abstract values and compiled *before* any state
 exists, so a case that cannot fit (seed 000's batch 4096 without a mesh) costs one compile
 and is recorded as a predicted out-of-memory instead of allocating, or being killed by the
-host.
+host. What the compiled step does (FLOPs, bytes, collectives, host callbacks) is read from
+it into ``Run.program`` (:mod:`.xla_program`); the compile time counts the init's compile
+with the step's; and the live arrays are counted after the warm-up and after the last
+measured step (``Run.memory_growth``), so a step that keeps device memory shows it.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from pytest_accelperf.backends.jax_step import (
 from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
 from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_block
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
+from pytest_accelperf.backends.xla_program import program_of
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
 
@@ -58,6 +62,7 @@ _block_until_ready: Any = jax.block_until_ready
 _device_put: Any = jax.device_put
 _eval_shape: Any = jax.eval_shape
 _set_mesh: Any = jax.set_mesh
+_live_arrays: Any = jax.live_arrays
 GIB = 2**30
 
 
@@ -86,9 +91,9 @@ class _Program:
     batch_shardings: PyTree
     compiled: Any
     compile_time: float
-    #: FLOPs of one step of the whole (unpartitioned) program: the model's, counted once
-    #: however the mesh replicates it (:func:`_model_flops`).
-    model_flops: float | None = None
+    #: The step before it was partitioned over the mesh: its cost analysis counts the
+    #: model's FLOPs once however the mesh replicates them (:mod:`.xla_program`).
+    lowered: Any = None
 
 
 class _OutOfMemory(Exception):
@@ -272,7 +277,7 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
             raise _OutOfMemory(str(exc)) from exc
         raise
     return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0,
-                    _model_flops(lowered))
+                    lowered)
 
 
 def _annotated_specs(abstract: PyTree) -> PyTree:
@@ -304,35 +309,6 @@ def _analysis_bytes(compiled: Any) -> dict[str, int]:
     parts["required_bytes"] = (parts["argument_bytes"] + parts["output_bytes"]
                                + parts["temp_bytes"] - parts["alias_bytes"])
     return parts
-
-
-def _model_flops(lowered: Any) -> float | None:
-    """FLOPs of one step as the model defines them: the cost analysis of the program
-    *before* it is partitioned over the mesh, so compute that the mesh replicates (a
-    parameter replicated over ``model``, the optimizer update on every data-parallel
-    replica) counts once. Multiplying one device's count by the device count instead gave
-    2.01x the model's FLOPs on a 4x2 mesh with parameters replicated over ``model``."""
-    try:
-        cost = lowered.cost_analysis()
-    except (NotImplementedError, RuntimeError):  # a backend without an HLO cost model
-        return None
-    if isinstance(cost, list | tuple):  # older jax: one dict per program
-        cost = cost[0] if cost else None
-    flops = float(cost.get("flops", 0.0)) if cost else 0.0
-    return flops if flops > 0 else None
-
-
-def _flops(compiled: Any, n_devices: int) -> float | None:
-    """The hardware's FLOPs of one step over all devices: one device's compiled program
-    times the device count, replicated compute included (``cost_analysis`` is per
-    device)."""
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list | tuple):  # older jax: one dict per program
-        cost = cost[0] if cost else None
-    if not cost or "flops" not in cost:
-        return None
-    flops = float(cost["flops"])
-    return flops * n_devices if flops > 0 else None
 
 
 def predict_memory(case: Case, task: Any, accel: Accelerator) -> dict[str, int]:
@@ -414,25 +390,35 @@ def _step_fns(program: _Program, state: PyTree) -> tuple[StepFns[PyTree, Any], l
     return StepFns(prepare=lambda i: _batch(program, i), run=run, read=read), holder
 
 
-def _init_state(program: _Program) -> PyTree:
+def _init_state(program: _Program) -> tuple[PyTree, float]:
     """The step's initial state on the program's shardings: ``init`` compiled with them,
-    or a ready state copied onto them (a copy: the donated state is never the user's)."""
+    or a ready state copied onto them (a copy: the donated state is never the user's);
+    and the seconds spent lowering and compiling that (part of the run's compile time:
+    the user waits for it). Compiled explicitly, then called: one compile."""
     step = program.step
     if not callable(step.init):
         # A compiled copy: device_put(may_alias=False) still shares the buffer of a
         # replicated array's first shard, which the first step's donation would delete.
-        return jax.jit(lambda state: jax.tree.map(jnp.copy, state),
-                       out_shardings=program.state_shardings)(step.init)
+        copy = jax.jit(lambda state: jax.tree.map(jnp.copy, state),
+                       out_shardings=program.state_shardings)
+        t0 = time.perf_counter()
+        compiled = copy.lower(step.init).compile()
+        seconds = time.perf_counter() - t0
+        return compiled(step.init), seconds
     # Leaves only, put back into the compiled structure: an init that makes its static
     # parts afresh each call (a TrainState's tx = optax.adam(...) inside init) gives a
     # structure that compares unequal to the one compiled, with the same leaves.
     init = step.init
     treedef: Any = jax.tree.structure(program.state_shardings)
+    key = jax.random.key(step.seed)
     with _set_mesh(program.mesh):
-        leaves = jax.jit(lambda key: jax.tree.leaves(init(key)),
-                         out_shardings=jax.tree.leaves(program.state_shardings))(
-            jax.random.key(step.seed))
-    return treedef.unflatten(leaves)
+        make = jax.jit(lambda key: jax.tree.leaves(init(key)),
+                       out_shardings=jax.tree.leaves(program.state_shardings))
+        t0 = time.perf_counter()
+        compiled = make.lower(key).compile()
+        seconds = time.perf_counter() - t0
+        leaves = compiled(key)
+    return treedef.unflatten(leaves), seconds
 
 
 def _batch(program: _Program, i: int) -> PyTree:
@@ -450,7 +436,7 @@ class JaxStepper:
     def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
         self._program = _compile(case, task, accel, case.mesh)
         self._cycle = max(1, case.warmup + case.steps)  # the batches a run would see
-        self._fns, self._state = _step_fns(self._program, _init_state(self._program))
+        self._fns, self._state = _step_fns(self._program, _init_state(self._program)[0])
         self._step = 0
 
     def run(self, n: int) -> list[float]:
@@ -459,15 +445,83 @@ class JaxStepper:
         self._step += n
         return times
 
+    @property
+    def program(self) -> dict[str, Any]:
+        """The step's program record, for A/B mode's diff of the two revisions."""
+        program = self._program
+        return program_of(program.lowered, program.compiled, int(program.mesh.devices.size))
+
+
+@dataclass
+class _Trained:
+    """What :func:`_execute` gives back."""
+
+    loop: LoopResult
+    state: PyTree  #: the final state
+    init_compile_time: float  #: seconds compiling ``init`` (:func:`_init_state`)
+    #: ``Run.memory_growth``; None when the loop stopped before its last step.
+    memory_growth: dict[str, Any] | None
+
 
 def _execute(program: _Program, case: Case, probe: Probe | None = None,
-             deadline: float | None = None) -> tuple[LoopResult, PyTree]:
+             deadline: float | None = None) -> _Trained:
     """Initialize on the program's shardings and run warmup + measured steps in the
-    measured-step loop (:func:`.loop.run_steps`); the result and the final state."""
-    fns, state = _step_fns(program, _init_state(program))
-    trained = run_steps(fns, warmup=case.warmup, steps=case.steps, probe=probe,
-                        deadline=deadline)
-    return trained, state[0]
+    measured-step loop (:func:`.loop.run_steps`); the result, the final state, the init's
+    compile time, and how live memory grew over the measured steps.
+
+    Live bytes (:func:`_live_bytes`) are read after the last warm-up step (before the first
+    measured step without warm-up) and after the last measured step, outside the timer;
+    the batch and the metrics of that step are left out of both readings, so the two
+    count the same things (the state, and whatever the user's code kept)."""
+    state, init_seconds = _init_state(program)
+    fns, holder = _step_fns(program, state)
+    del state  # donated by the first step: holder[0] is the live state
+    current: list[PyTree] = [None]  # the batch of the step that ran last
+
+    def prepare(i: int) -> PyTree:
+        current[0] = None
+        current[0] = fns.prepare(i)
+        return current[0]
+
+    readings: dict[str, int] = {}
+    last = case.warmup + case.steps - 1
+
+    def after_step(i: int, metrics: Any, measured: bool) -> None:
+        if i == case.warmup - 1:
+            readings["after_warmup"] = _live_bytes((current[0], metrics))
+        if i == last:
+            readings["after_steps"] = _live_bytes((current[0], metrics))
+
+    if case.warmup == 0:
+        readings["after_warmup"] = _live_bytes(None)
+    trained = run_steps(StepFns(prepare=prepare, run=fns.run, read=fns.read, sync=fns.sync,
+                                sync_before=fns.sync_before),
+                        warmup=case.warmup, steps=case.steps, probe=probe, deadline=deadline,
+                        after_step=after_step)
+    growth: dict[str, Any] | None = None
+    if "after_warmup" in readings and "after_steps" in readings:
+        before, after = readings["after_warmup"], readings["after_steps"]
+        growth = {"bytes_per_step": (after - before) / case.steps, "steps": case.steps,
+                  "after_warmup": before, "after_steps": after, "source": "live_arrays"}
+    return _Trained(trained, holder[0], init_seconds, growth)
+
+
+def _live_bytes(exclude: PyTree) -> int:
+    """Bytes of the live JAX arrays on this process's devices (``jax.live_arrays()``, each
+    array's shards on the devices that hold them: a replicated array counts on every
+    device), but for the arrays among the leaves of ``exclude``."""
+    skip = {id(leaf) for leaf in jax.tree.leaves(exclude)}
+    total = 0
+    for array in _live_arrays():
+        if id(array) in skip or array.is_deleted():
+            continue
+        try:
+            sharding = array.sharding
+            total += (math.prod(sharding.shard_shape(array.shape)) * array.dtype.itemsize
+                      * len(sharding.addressable_devices))
+        except Exception:  # an array whose sharding cannot say: its logical size
+            total += int(array.nbytes)
+    return total
 
 
 class JaxBackend:
@@ -533,8 +587,10 @@ class JaxBackend:
         mesh = program.mesh
         run.n_devices = int(mesh.devices.size)
         run.compile_time = program.compile_time
-        hardware = _flops(program.compiled, run.n_devices)
-        run.flops_per_step = program.model_flops or hardware
+        run.extra["compile_time_parts"] = {"step": program.compile_time}
+        run.program = program_of(program.lowered, program.compiled, run.n_devices)
+        hardware = run.program.get("hardware_flops")
+        run.flops_per_step = run.program.get("flops") or hardware
         if hardware is not None:
             run.extra["hardware_flops_per_step"] = hardware
         planned = _analysis_bytes(program.compiled)
@@ -552,11 +608,15 @@ class JaxBackend:
         probe = jax_probe(next(d for d in mesh.devices.flat
                                if d.process_index == jax.process_index()))
         try:
-            trained, final = _execute(program, case, probe, deadline)
+            executed = _execute(program, case, probe, deadline)
         except RuntimeError as exc:
             if _is_oom(exc):
                 return TrainResult(run=_oom_run(run, str(exc)))
             raise
+        trained, final = executed.loop, executed.state
+        run.extra["compile_time_parts"]["init"] = executed.init_compile_time
+        run.compile_time = program.compile_time + executed.init_compile_time
+        run.memory_growth = executed.memory_growth
         run.losses = trained.losses
         run.loss_steps = list(range(len(trained.losses)))
         run.metrics = trained.metrics
@@ -603,7 +663,7 @@ def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | No
         oom = _predicted_oom(_analysis_bytes(program.compiled), capacity)
         if oom is not None:
             raise _OutOfMemory(_oom_message(oom))
-        return _flat(step.params_of(_execute(program, case)[1]))
+        return _flat(step.params_of(_execute(program, case).state))
     except (_OutOfMemory, RuntimeError) as exc:
         if not isinstance(exc, _OutOfMemory) and not _is_oom(exc):
             raise
