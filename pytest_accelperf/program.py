@@ -31,7 +31,9 @@ JSON, every field optional (a backend says what it can see):
 ``ops``
     ``{op: count}``: a histogram of the program's operations (``dot``, ``fusion``,
     ``convolution``; a dot's precision is part of its name, ``dot[highest]``). Not gated
-    on its own; a change in it is shown beside the change it explains.
+    on its own, except the dots and convolutions of a non-default precision (a precision
+    change costs time with the same FLOPs); a change in it is shown beside the change it
+    explains.
 
 Every quantity but ``ops`` and ``break_reasons`` is gated: more is a regression, less an
 improvement. Counts (collectives, callbacks, graphs, breaks, recompiles) are compared
@@ -153,7 +155,20 @@ def changes(baseline: Mapping[str, Any], now: Mapping[str, Any],
         b, n = baseline.get(name), now.get(name)
         if isinstance(b, int) and isinstance(n, int) and b != n:
             out.append(Change(name, label, b, n, exact=True))
+    b_ops, n_ops = baseline.get("ops"), now.get("ops")
+    if isinstance(b_ops, Mapping) and isinstance(n_ops, Mapping):
+        for op in sorted(k for k in set(b_ops) | set(n_ops) if _precise(k)):
+            b_count, n_count = int(b_ops.get(op, 0)), int(n_ops.get(op, 0))
+            if b_count != n_count:
+                out.append(Change(f"ops.{op}", f"{op} (matmul precision)", b_count, n_count,
+                                  exact=True))
     return out
+
+
+def _precise(op: str) -> bool:
+    """An op whose name carries a non-default precision (``dot[highest]``): gated, since a
+    precision change costs time without changing the FLOPs."""
+    return "[" in op and op.split("[", 1)[0] in ("dot", "convolution")
 
 
 def _ops_delta(baseline: Mapping[str, Any], now: Mapping[str, Any], limit: int = 4) -> str:

@@ -269,17 +269,23 @@ def test_a_parameter_losing_its_sharding_changes_the_collectives(sharded: Run,
     assert "FLOPs +0.0%" in lines
 
 
-def test_matmul_precision_shows_in_the_ops_only(accel: Accelerator, nomesh: Run) -> None:
+def test_matmul_precision_is_a_gated_change_of_the_ops(accel: Accelerator,
+                                                      nomesh: Run) -> None:
     """``jax.default_matmul_precision("highest")``: XLA:CPU keeps ``operand_precision=
     {highest,highest}`` on its dots (fused ones included), so every dot turns into
-    ``dot[highest]``. Nothing gated changes: the cost model counts the same FLOPs."""
+    ``dot[highest]``. The cost model counts the same FLOPs; the precision change is gated
+    by itself (more ``dot[highest]``: a regression)."""
     base = program(nomesh)
     now = program(train(accel, None, mlp(precision="highest")))
     dots = base["ops"]["dot"]
     assert dots >= 5 and "dot[highest]" not in base["ops"]  # 2 forward, 3 backward
     assert now["ops"].get("dot", 0) == 0 and now["ops"]["dot[highest]"] == dots
-    assert changes(base, now, TOL) == []
-    assert describe_changes(base, now, TOL) == [f"ops: dot {dots} → 0, dot[highest] 0 → {dots}"]
+    found = changes(base, now, TOL)
+    assert [(c.name, c.baseline, c.now) for c in found] == [("ops.dot[highest]", 0, dots)]
+    assert found[0].more
+    assert describe_changes(base, now, TOL) == [
+        f"dot[highest] (matmul precision): 0 → {dots} per step", "FLOPs +0.0%",
+        f"ops: dot {dots} → 0, dot[highest] 0 → {dots}"]
 
 
 def test_the_same_program_reads_the_same_twice(accel: Accelerator, replicated: Run) -> None:
