@@ -129,8 +129,9 @@ def test_scheduler_steps_once_per_plugin_step(plain: tuple[Training, TorchTrainR
     run = result.run
     assert run.outcome == "ok", run.message
     total = WARMUP + STEPS
-    # FLOPs and memory were counted by running the step 3 more times, all undone.
-    assert training.calls == total + 3
+    # FLOPs, memory and memory growth were counted by running the step 5 more times (1 for
+    # FLOPs, 2 for the peak, 2 for the growth), all undone.
+    assert training.calls == total + 5
     assert training.scheduler.last_epoch == total
     assert int(training.optimizer.state[training.model.body[0].weight]["step"]) == total
     assert run.metrics["lr"] == pytest.approx(training.schedule(), rel=1e-12)

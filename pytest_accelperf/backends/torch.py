@@ -27,12 +27,26 @@ compare numbers counted by different methods. A CPU case whose peak exceeds its 
 FLOPs per step come from ``FlopCounterMode`` over one untimed call of the step on step 0's
 batch (``TorchStep.count_step`` where given), undone afterwards like the memory count:
 the optimizer, scheduler and scaler are not advanced by it.
+
+Memory growth (``Run.memory_growth``, a leak): on CPU the same counting runs
+:data:`GROWTH_STEPS` more steps after the :data:`MEMORY_STEPS` and reads the live bytes
+after each (MemTracker's live tensors, or the profiler's allocations net of frees): their
+growth over those steps, per step. On CUDA ``torch.cuda.memory_allocated`` after the
+warm-up and after the last measured step of the real training.
+
+The program (``Run.program``, :mod:`.torch_program`): an eager step's FLOPs; a compiled
+step's FLOPs and what dynamo made of it (graphs and graph breaks of the compile step,
+frames compiled after it). A compiled case compiles cold (:func:`.torch_program.cold_compile`:
+dynamo reset, inductor's caches empty), so its compile time does not depend on the cases
+that ran before it in the process; ``Run.extra["compile_time_covers"]`` says what was timed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +57,12 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import TaskError, fingerprint
 from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.backends.torch_program import (
+    COMPILE_TIME_COVERS,
+    DynamoWatch,
+    cold_compile,
+    eager_program,
+)
 from pytest_accelperf.backends.torch_step import TorchStep as TorchStep
 from pytest_accelperf.backends.torch_step import (
     as_torch_step,
@@ -65,6 +85,9 @@ GIB = 2**30
 #: Eager training steps (undone afterwards) that CPU memory is counted over: the first
 #: creates the optimizer state, the second is the steady state with it.
 MEMORY_STEPS = 2
+#: Counted steps after :data:`MEMORY_STEPS` over which a CPU case's live memory growth (a
+#: leak) is read: the live bytes after them less those after the memory steps.
+GROWTH_STEPS = 2
 
 
 def _device(accel: Accelerator) -> torch.device:
@@ -144,16 +167,18 @@ def count_step_flops(step: TorchStep, batch: Any) -> float | None:
     return flops if flops > 0 else None
 
 
-def _mem_tracker_peak(step: TorchStep, device: torch.device, steps: int) -> int:
-    from torch.distributed._tools.mem_tracker import MemTracker
+@dataclass(frozen=True)
+class CpuMemory:
+    """What counted CPU steps held: ``peak`` bytes over the first :data:`MEMORY_STEPS`,
+    ``live`` bytes after each counted step, and the ``source`` that counted them
+    (``mem_tracker`` or ``profiler``)."""
 
-    tracker = MemTracker()
-    tracker.track_external(*step.modules().values())
-    with undone(step), tracker:
-        for i in range(steps):
-            _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
-            tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
-    snapshot = tracker.get_tracker_snapshot("peak")
+    peak: int
+    source: str
+    live: list[int]
+
+
+def _device_total(snapshot: dict[Any, Any], device: torch.device) -> int:
     totals = [int(s.get("Total", sum(s.values()))) for dev, s in snapshot.items()
               if torch.device(dev).type == device.type]
     if not totals:
@@ -161,40 +186,103 @@ def _mem_tracker_peak(step: TorchStep, device: torch.device, steps: int) -> int:
     return max(totals)
 
 
-def _profiler_peak(step: TorchStep, device: torch.device, steps: int) -> int:
-    """Where MemTracker fails (a module called twice in one step, as gradient accumulation
-    does): the peak of the profiler's allocations net of frees, plus the tensors that
-    existed before it started (the models' parameters and buffers, and the optimizer state
-    the first counted step leaves: counted by its second)."""
-    from torch.profiler import ProfilerActivity, profile
+def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int,
+                       peak_after: int) -> tuple[int, list[int]]:
+    """MemTracker over ``steps`` counted steps: the peak over the first ``peak_after`` and
+    the bytes of live tensors after each."""
+    from torch.distributed._tools.mem_tracker import MemTracker
 
-    held = {id(t): t.numel() * t.element_size() for module in step.modules().values()
-            for t in [*module.parameters(), *module.buffers()]}
+    tracker = MemTracker()
+    tracker.track_external(*step.modules().values())
+    live: list[int] = []
+    peak = 0
+    with undone(step), tracker:
+        for i in range(steps):
+            _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
+            tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
+            live.append(_device_total(tracker.get_tracker_snapshot("current"), device))
+            if i + 1 == min(peak_after, steps):
+                peak = _device_total(tracker.get_tracker_snapshot("peak"), device)
+    return peak, live
+
+
+#: The profiler event that marks the end of a counted step (:func:`_profiler_count`).
+_STEP_END = "accelperf::counted_step_end"
+
+
+def _profiler_count(step: TorchStep, device: torch.device, steps: int,
+                    peak_after: int) -> tuple[int, list[int]]:
+    """Where MemTracker fails (a module called twice in one step, as gradient accumulation
+    does): the peak of the profiler's allocations net of frees over the first
+    ``peak_after`` steps, plus the tensors that existed before it started (the models'
+    parameters and buffers, and the optimizer state the first counted step leaves: counted
+    by its second); and the same count of live bytes at the end of each step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    held = sum({id(t): t.numel() * t.element_size() for module in step.modules().values()
+                for t in [*module.parameters(), *module.buffers()]}.values())
     with undone(step), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         for i in range(steps):
             _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
+            with record_function(_STEP_END):  # allocates nothing: a mark in time
+                pass
     # Each op's *self* allocations minus frees (children excluded, so each byte counts
     # once), summed in start order: the live bytes over time at op granularity.
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     current = peak = 0
+    live: list[int] = []
     for event in events:
+        if event.name == _STEP_END:
+            live.append(held + current)
+            continue
         current += int(event.self_cpu_memory_usage)
-        peak = max(peak, current)
+        if len(live) < peak_after:
+            peak = max(peak, current)
     if peak <= 0:
         raise RuntimeError("the profiler recorded no allocation")
-    return sum(held.values()) + peak  # allocated before the profiler started
+    return held + peak, live  # held: allocated before the profiler started
+
+
+def cpu_memory(step: TorchStep, device: torch.device, steps: int = MEMORY_STEPS) -> CpuMemory:
+    """``steps`` eager steps counted (undone afterwards): the peak over the first
+    :data:`MEMORY_STEPS`, the live bytes after each step, and the method that counted
+    them: ``mem_tracker``, or ``profiler`` where MemTracker cannot follow the step (it
+    raises on a module called twice in one step: gradient accumulation)."""
+    try:
+        peak, live = _mem_tracker_count(step, device, steps, MEMORY_STEPS)
+        return CpuMemory(peak, "mem_tracker", live)
+    except TaskError:
+        raise
+    except (ImportError, AttributeError, RuntimeError, TypeError, NotImplementedError):
+        peak, live = _profiler_count(step, device, steps, MEMORY_STEPS)
+        return CpuMemory(peak, "profiler", live)
 
 
 def cpu_peak_memory(step: TorchStep, device: torch.device) -> tuple[int, str]:
     """Peak bytes of :data:`MEMORY_STEPS` eager steps (undone afterwards), and the method
-    that counted them: ``mem_tracker``, or ``profiler`` where MemTracker cannot follow
-    the step (it raises on a module called twice in one step: gradient accumulation)."""
-    try:
-        return _mem_tracker_peak(step, device, MEMORY_STEPS), "mem_tracker"
-    except TaskError:
-        raise
-    except (ImportError, AttributeError, RuntimeError, TypeError, NotImplementedError):
-        return _profiler_peak(step, device, MEMORY_STEPS), "profiler"
+    that counted them (:func:`cpu_memory`)."""
+    memory = cpu_memory(step, device)
+    return memory.peak, memory.source
+
+
+def growth_record(after_warmup: int, after_steps: int, steps: int,
+                  source: str) -> dict[str, Any]:
+    """A ``Run.memory_growth`` record: live bytes after the warm-up and after ``steps``
+    more steps, and their growth per step."""
+    return {"bytes_per_step": (after_steps - after_warmup) / steps if steps else 0.0,
+            "steps": steps, "after_warmup": int(after_warmup),
+            "after_steps": int(after_steps), "source": source}
+
+
+def cpu_memory_growth(memory: CpuMemory) -> dict[str, Any] | None:
+    """Live memory's growth over the counted steps after the first :data:`MEMORY_STEPS`
+    (which create the optimizer state): a leak's bytes per step. None when no step was
+    counted after them."""
+    steps = len(memory.live) - MEMORY_STEPS
+    if steps <= 0:
+        return None
+    return growth_record(memory.live[MEMORY_STEPS - 1], memory.live[-1], steps,
+                         memory.source)
 
 
 def _value(step: TorchStep, out: Any) -> dict[str, float]:
@@ -251,16 +339,58 @@ class TorchStepper:
         return times
 
 
+def _warmup(step: TorchStep, case: Case) -> int:
+    """Warm-up steps: with ``compile`` at least one, step 0, which compiles."""
+    return max(case.warmup, 1) if step.compile else case.warmup
+
+
 def _execute(step: TorchStep, case: Case, device: torch.device, probe: Probe | None = None,
-             deadline: float | None = None) -> LoopResult:
+             deadline: float | None = None,
+             after_step: Callable[[int, Any, bool], None] | None = None) -> LoopResult:
     """Warm-up and measured steps in the measured-step loop (:func:`.loop.run_steps`).
     With ``compile``, step 0 compiles: always a warm-up step, its wall time (tracing and
     compiling forward and backward, plus one execution) the compile time."""
-    warmup = max(case.warmup, 1) if step.compile else case.warmup
-    trained = run_steps(_step_fns(step, device), warmup=warmup, steps=case.steps,
-                        probe=probe, deadline=deadline)
+    trained = run_steps(_step_fns(step, device), warmup=_warmup(step, case),
+                        steps=case.steps, probe=probe, deadline=deadline,
+                        after_step=after_step)
     _same_metrics(step, trained)
     return trained
+
+
+class _CudaGrowth:
+    """``torch.cuda.memory_allocated`` after the warm-up and after the last measured step
+    (the loop's ``after_step``): a CUDA case's live memory growth."""
+
+    def __init__(self, device: torch.device, warmup: int) -> None:
+        self.device, self.warmup = device, warmup
+        self.after_warmup = int(torch.cuda.memory_allocated(device)) if warmup == 0 else None
+        self.after_steps: int | None = None
+        self.steps = 0
+
+    def after_step(self, i: int, handle: Any, measured: bool) -> None:
+        if i == self.warmup - 1:
+            self.after_warmup = int(torch.cuda.memory_allocated(self.device))
+        elif measured:
+            self.after_steps = int(torch.cuda.memory_allocated(self.device))
+            self.steps += 1
+
+    def record(self) -> dict[str, Any] | None:
+        if self.after_warmup is None or self.after_steps is None:
+            return None
+        return growth_record(self.after_warmup, self.after_steps, self.steps,
+                             "cuda_allocator")
+
+
+def _hooks(*hooks: Callable[[int, Any, bool], None] | None
+           ) -> Callable[[int, Any, bool], None]:
+    """One ``after_step`` that calls each of ``hooks`` given."""
+    given = [h for h in hooks if h is not None]
+
+    def after_step(i: int, handle: Any, measured: bool) -> None:
+        for hook in given:
+            hook(i, handle, measured)
+
+    return after_step
 
 
 def _same_metrics(step: TorchStep, out: LoopResult) -> None:
@@ -385,20 +515,28 @@ class TorchBackend:
                   n_devices=1, peak_flops_per_device=accel.peak_flops)
         capacity = case.memory_capacity
         if device.type == "cpu":
-            peak, source = cpu_peak_memory(step, device)
-            run.memory_per_device, run.memory_source = {label: peak}, source
-            if capacity and peak > capacity:
-                run.oom = _oom_record(peak, int(capacity), source)
+            memory = cpu_memory(step, device, MEMORY_STEPS + GROWTH_STEPS)
+            run.memory_per_device, run.memory_source = {label: memory.peak}, memory.source
+            run.memory_growth = cpu_memory_growth(memory)
+            if capacity and memory.peak > capacity:
+                run.oom = _oom_record(memory.peak, int(capacity), memory.source)
                 run.outcome, run.message = "oom", _oom_message(run.oom)
                 return TorchTrainResult(run=run)  # never trained
 
+        watch: DynamoWatch | None = None
+        cuda_growth: _CudaGrowth | None = None
         try:
             run.flops_per_step = count_step_flops(step, to_device(step.make_batch(0), device))
             if device.type == "cuda":  # the peak of training, not of the counting step
                 torch.cuda.reset_peak_memory_stats(device)
+                cuda_growth = _CudaGrowth(device, _warmup(step, case))
             torch.manual_seed(step.seed)  # training draws the same numbers with or without
             probe = torch_probe(device, n=PROBE_N)
-            trained = _execute(step, case, device, probe, deadline)
+            with cold_compile(device) if step.compile else contextlib.nullcontext():
+                watch = DynamoWatch() if step.compile else None
+                trained = _execute(step, case, device, probe, deadline, after_step=_hooks(
+                    watch.after_step if watch else None,
+                    cuda_growth.after_step if cuda_growth else None))
         except torch.OutOfMemoryError as exc:
             run.outcome = "oom"
             run.message = f"out of memory: {str(exc).splitlines()[0]}"
@@ -414,6 +552,15 @@ class TorchBackend:
                 run.outcome, run.message = "oom", _oom_message(run.oom)
 
         run.compile_time = trained.warmup_times[0] if step.compile else None
+        if watch is not None:
+            run.program = watch.record(run.flops_per_step)
+            run.extra["compile_time_covers"] = COMPILE_TIME_COVERS
+            if watch.recompiles:
+                run.extra["recompile_reasons"] = watch.recompile_reasons
+        else:
+            run.program = eager_program(run.flops_per_step)
+        if cuda_growth is not None:
+            run.memory_growth = cuda_growth.record()
         run.losses = trained.losses
         run.loss_steps = list(range(len(trained.losses)))
         run.metrics = trained.metrics

@@ -68,7 +68,8 @@ class TorchStep:
     training step, so dropout draws the same numbers in every run.
 
     ``compile``: the step calls a ``torch.compile``-d model or function, which compiles on
-    its first call: that step's wall time is the compile time, never a measured step.
+    its first call: that step's wall time is the compile time, never a measured step (the
+    backend resets dynamo and empties inductor's caches before it, so it compiles cold).
     ``count_step`` is the step the backend runs (and undoes) to count FLOPs and CPU memory
     (default: ``step``; give the eager version of a compiled step). ``label`` is how errors
     name the step (default: the step function, file and line).
