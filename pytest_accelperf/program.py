@@ -26,8 +26,9 @@ JSON, every field optional (a backend says what it can see):
 ``custom_calls``
     other custom calls per step (library kernels the compiler does not see into).
 ``graphs``, ``graph_breaks``, ``recompiles``
-    torch.compile: graphs made, graph breaks, and recompilations during the measured
-    steps; ``break_reasons`` lists the breaks' reasons (not compared, shown).
+    torch.compile: graphs made and graph breaks while compiling (step 0), and
+    recompilations after it (the later warm-up steps and the measured ones);
+    ``break_reasons`` lists the breaks' reasons (not compared, shown).
 ``ops``
     ``{op: count}``: a histogram of the program's operations (``dot``, ``fusion``,
     ``convolution``; a dot's precision is part of its name, ``dot[highest]``). Not gated
