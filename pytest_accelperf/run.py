@@ -88,6 +88,16 @@ class Run:
         return self.flops_per_step / med / (self.peak_flops_per_device * self.n_devices)
 
     @property
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilization: what the devices executed (replicated work counted on
+        every replica: ``program["hardware_flops"]``) per second over their peak."""
+        med = self.median_step_time
+        hardware = (self.program or {}).get("hardware_flops")
+        if not med or not isinstance(hardware, int | float) or not self.peak_flops_per_device:
+            return None
+        return float(hardware) / med / (self.peak_flops_per_device * self.n_devices)
+
+    @property
     def peak_memory(self) -> int | None:
         return max(self.memory_per_device.values()) if self.memory_per_device else None
 
@@ -104,6 +114,7 @@ class Run:
             "median_step_time": self.median_step_time,
             "samples_per_second": self.samples_per_second,
             "mfu": self.mfu,
+            "hfu": self.hfu,
             "peak_memory": self.peak_memory,
         }
         return data

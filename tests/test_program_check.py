@@ -219,3 +219,15 @@ def test_wait_for_quiet_waits_at_most_its_bound_and_returns_at_once_when_quiet()
     assert load is not None and 2.0 <= waited < 3.5
     waited, load = wait_for_quiet(float((os.cpu_count() or 1) + 1), max_wait=5.0)
     assert load is not None and waited < 1.5  # one window, and it was quiet enough
+
+
+def test_hfu_uses_the_hardware_flops_and_mfu_the_model_s() -> None:
+    from pytest_accelperf.run import Run
+
+    run = Run(case_id="c", n_devices=8, step_times=[0.5, 0.5, 0.5], flops_per_step=1e9,
+              peak_flops_per_device=1e9,
+              program=program_record("xla", flops=1e9, hardware_flops=2e9))
+    assert run.mfu == pytest.approx(1e9 / 0.5 / 8e9)
+    assert run.hfu == pytest.approx(2 * run.mfu)
+    assert run.to_json()["derived"]["hfu"] == pytest.approx(0.5)
+    assert Run(case_id="c", step_times=[0.5]).hfu is None
