@@ -16,6 +16,7 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.rank_comm import CommCounter, register_ddp_hook
 from pytest_accelperf.backends.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.ranks import train_in_ranks
 
@@ -37,7 +38,8 @@ class DDPRankEngine:
     ``1 / grad_accum``), then ``clip_grad_norm_`` (if asked), ``optimizer.step()``,
     ``scheduler.step()``. ``compile=True`` compiles the DDP module with ``torch.compile``
     (torch's DDP-aware compilation: graphs split at the gradient buckets), when the rank
-    loop asks (:meth:`compile`)."""
+    loop asks (:meth:`compile`). The gradient buckets are all-reduced by torch's default
+    comm hook, wrapped to count them (:func:`~.rank_comm.register_ddp_hook`)."""
 
     def __init__(self, plan: RankPlan, device: torch.device, rank: int) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -51,6 +53,8 @@ class DDPRankEngine:
         ddp = DistributedDataParallel(
             module, device_ids=[device.index] if device.type == "cuda" else None)
         self.ddp = ddp
+        self.comm = CommCounter()
+        register_ddp_hook(ddp, self.comm)  # counts each bucket's all-reduce in counted steps
         self.model: Any = ddp
         self.optimizer = built.optimizer
         self.scheduler = built.scheduler
@@ -84,6 +88,9 @@ class DDPRankEngine:
         if self.scheduler is not None:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def counting(self) -> AbstractContextManager[object]:
+        return self.comm.step()  # the comm hook counts while the step is open
 
     def compile(self) -> None:
         self.model = torch.compile(self.ddp)

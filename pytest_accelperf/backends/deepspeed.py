@@ -66,6 +66,7 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.rank_comm import CommCounter, count_deepspeed
 from pytest_accelperf.backends.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.ranks import train_in_ranks
 from pytest_accelperf.backends.torch_ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
@@ -252,6 +253,8 @@ class DeepSpeedRankEngine:
         self.engine = engine
         self.compiled = ""
         self.model: Any = engine
+        self.comm = CommCounter()
+        count_deepspeed(self.comm)  # deepspeed.comm's collectives, counted in counted steps
 
     @staticmethod
     def init_distributed(backend: str) -> None:
@@ -265,6 +268,9 @@ class DeepSpeedRankEngine:
 
     def step(self, boundary: bool) -> None:
         self.engine.step()  # at a boundary: clip, optimizer, schedule, zero the gradients
+
+    def counting(self) -> AbstractContextManager[object]:
+        return self.comm.step()
 
     def compile(self) -> None:
         self.engine.compile()  # DeepSpeed's own: torch.compile of the module in the engine
