@@ -30,6 +30,17 @@ before the store is generated: what reading a store of more compact blocks would
 
 It prints a table and writes ``DIR/store-<time>.json`` (every time measured, the sizes, the
 command, the machine and its load average).
+
+``--sizes`` measures instead what a block costs, part by part, in the bytes of the file
+(the block's lines as the store writes them, inside its file), before (``json.dumps``
+with an indent of 2, the per-leaf fingerprint, 6-digit samples) and after (the compact
+layout of :func:`pytest_accelperf.jsonfile.dumps`, the compact fingerprint, 4-digit
+samples): for every block of ``baselines/cpu-x8/suites/`` (one row per module, its
+largest block), and for a synthetic model of ``--leaves`` leaves (default 100) with
+``params/encoder/layer_3/attention/query/kernel``-style names, the rest of the block
+being the largest torch block of the store. ``--detection`` prints what the numerics
+check catches, before and after, on a small trained model and its perturbations
+(:func:`detection`).
 """
 
 from __future__ import annotations
@@ -39,6 +50,7 @@ import contextlib
 import copy
 import datetime as _dt
 import functools
+import itertools
 import json
 import os
 import platform
@@ -208,6 +220,215 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+# -- block sizes -------------------------------------------------------------------------------
+def _in_file(block: dict[str, Any], compact_layout: bool) -> int:
+    """Bytes ``block`` takes in its module file (its lines at their depth, with the case
+    key), as the store writes it (``compact_layout``) or as ``json.dumps(indent=2)`` did."""
+    from pytest_accelperf import jsonfile
+
+    def text(cases: dict[str, Any]) -> str:
+        data = {"cases": cases, "platform": PLATFORM, "schema_version": 1}
+        return (jsonfile.dumps(data) if compact_layout
+                else json.dumps(data, indent=2, sort_keys=True))
+
+    return len(text({"test_model[torch-b8]": block})) - len(text({}))
+
+
+def compacted(block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` as this version records it: the compact fingerprint (when it has a
+    sketch per leaf), step-time and probe samples at 4 significant digits, empty fields
+    left out (:func:`pytest_accelperf.summary.summarize`)."""
+    from pytest_accelperf.baselines import check_block
+    from pytest_accelperf.summary import _OMITTED_WHEN_EMPTY, SAMPLE_DIGITS
+    from pytest_accelperf.units import round_sig
+
+    out = copy.deepcopy(block)
+    for part in ("step_time", "probe"):
+        if isinstance(out.get(part), dict):
+            out[part]["samples"] = [round_sig(t, SAMPLE_DIGITS) for t in out[part]["samples"]]
+    for key in _OMITTED_WHEN_EMPTY:
+        if out.get(key) in (None, ""):
+            out.pop(key, None)
+    return check_block("m.py::test", out)
+
+
+def part_sizes(block: dict[str, Any], compact_layout: bool) -> dict[str, int]:
+    """``{part: bytes in the file}`` of each top-level key of ``block``, and ``total``."""
+    out = {key: _in_file({key: value}, compact_layout) - _in_file({}, compact_layout)
+           for key, value in block.items()}
+    out["total"] = _in_file(block, compact_layout)
+    return out
+
+
+def synthetic_fingerprint(leaves: int, seed: int = 0) -> dict[str, Any]:
+    """The per-leaf fingerprint (with sketches) of a model of ``leaves`` leaves named as a
+    transformer's (``params/encoder/layer_3/attention/query/kernel``), of random values."""
+    import numpy as np
+
+    from pytest_accelperf.backends.common import fingerprint
+    rng = np.random.default_rng(seed)
+    kinds = [("attention/query/kernel", (64, 64)), ("attention/query/bias", (64,)),
+             ("attention/key/kernel", (64, 64)), ("attention/key/bias", (64,)),
+             ("attention/value/kernel", (64, 64)), ("attention/value/bias", (64,)),
+             ("attention/out/kernel", (64, 64)), ("attention/out/bias", (64,)),
+             ("mlp/dense_in/kernel", (64, 256)), ("mlp/dense_in/bias", (256,)),
+             ("mlp/dense_out/kernel", (256, 64)), ("mlp/dense_out/bias", (64,)),
+             ("layer_norm_1/scale", (64,)), ("layer_norm_1/bias", (64,)),
+             ("layer_norm_2/scale", (64,)), ("layer_norm_2/bias", (64,))]
+    flat: dict[str, Any] = {}
+    layer = 0
+    while len(flat) < leaves:
+        for kind, shape in kinds:
+            if len(flat) == leaves:
+                break
+            scale = 10.0 ** rng.uniform(-3, 0)
+            flat[f"params/encoder/layer_{layer}/{kind}"] = (
+                rng.standard_normal(shape) * scale).astype(np.float32)
+        layer += 1
+    return fingerprint(flat)
+
+
+def measure_sizes(leaves: int) -> list[list[Any]]:
+    """Rows ``[block, leaves, part, bytes before, bytes after]``: real blocks, then the
+    synthetic model of ``leaves`` leaves."""
+    rows: list[list[Any]] = []
+
+    def add(name: str, before_block: dict[str, Any], after_block: dict[str, Any]) -> None:
+        before, after = part_sizes(before_block, False), part_sizes(after_block, True)
+        n = len(before_block.get("numerics") or {})
+        for part in sorted(before, key=lambda k: (k == "total", -before[k])):
+            if part == "total" or before[part] >= 60:
+                rows.append([name, n, part, before[part], after.get(part, 0)])
+
+    torch_template: dict[str, Any] | None = None
+    for file in sorted(TEMPLATES.rglob("*.json")):
+        cases = json.loads(file.read_text(encoding="utf-8"))["cases"]
+        key, block = max(cases.items(), key=lambda kv: len(json.dumps(kv[1])))
+        numerics = block.get("numerics") or {}
+        # A committed block has no sketch: the after form gets the compact fingerprint of
+        # a model of the same leaves (the sketch does not change the size).
+        after = copy.deepcopy(block)
+        for leaf in (after.get("numerics") or {}).values():
+            leaf["sketch"] = 0.5
+        add(f"{file.relative_to(TEMPLATES).with_suffix('')}::{key}", block, compacted(after))
+        if "torch" in str(file) and numerics and (
+                torch_template is None or len(json.dumps(block)) > len(json.dumps(torch_template))):
+            torch_template = block
+    if torch_template is not None:
+        synth = {**copy.deepcopy(torch_template), "numerics": synthetic_fingerprint(leaves)}
+        before = copy.deepcopy(synth)
+        for leaf in before["numerics"].values():
+            del leaf["sketch"]
+        add(f"synthetic {leaves}-leaf model", before, compacted(synth))
+    return rows
+
+
+# -- detection power ------------------------------------------------------------------------
+def _train(lr: float = 0.05, steps: int = 30, seed: int = 0, *, flip: str = "",
+           dtype: Any = None) -> dict[str, Any]:
+    """A 3-layer MLP trained with SGD on fixed data (numpy, float32): ``{path: array}``.
+    ``flip`` negates that leaf's gradient (a sign bug in one leaf's update); ``dtype``
+    runs the arithmetic in that dtype (float64: another rounding)."""
+    import numpy as np
+    dt = np.dtype(dtype or np.float32)
+    rng = np.random.default_rng(seed)
+    sizes = [32, 64, 64, 10]
+    params = {}
+    for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+        params[f"params/mlp/dense_{i}/kernel"] = (rng.standard_normal((a, b)) / np.sqrt(a))
+        params[f"params/mlp/dense_{i}/bias"] = np.zeros(b)
+    params = {k: v.astype(dt) for k, v in params.items()}
+    x = rng.standard_normal((128, 32)).astype(dt)
+    y = rng.integers(0, 10, 128)
+    for _ in range(steps):
+        hs = [x]
+        for i in range(3):
+            layer = f"params/mlp/dense_{i}"
+            h = hs[-1] @ params[f"{layer}/kernel"] + params[f"{layer}/bias"]
+            hs.append(np.tanh(h) if i < 2 else h)
+        logits = hs[-1] - hs[-1].max(axis=1, keepdims=True)
+        p = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        g = p.copy()
+        g[np.arange(len(y)), y] -= 1
+        g /= len(y)
+        for i in reversed(range(3)):
+            gk, gb = hs[i].T @ g, g.sum(axis=0)
+            if i:
+                g = (g @ params[f"params/mlp/dense_{i}/kernel"].T) * (1 - hs[i] ** 2)
+            for name, grad in ((f"params/mlp/dense_{i}/kernel", gk),
+                               (f"params/mlp/dense_{i}/bias", gb)):
+                sign = -1.0 if name == flip else 1.0
+                params[name] = (params[name] - lr * sign * grad).astype(dt)
+    return {k: v.astype(np.float32) for k, v in params.items()}
+
+
+def perturbations() -> list[tuple[str, str | None, dict[str, Any]]]:
+    """``(what, the leaf it changes or None, parameters)`` of each perturbed run of
+    :func:`_train` (the first, unperturbed, is the baseline's)."""
+    import numpy as np
+    base = _train()
+    k1 = "params/mlp/dense_1/kernel"
+
+    def edited(leaf: str, fn: Callable[[Any], Any]) -> dict[str, Any]:
+        out = {k: v.copy() for k, v in base.items()}
+        out[leaf] = fn(out[leaf]).astype(np.float32)
+        return out
+
+    def one(v: Any, where: int, by: float) -> Any:
+        v = v.copy()
+        v.flat[where] += by
+        return v
+
+    rms = float(np.sqrt(np.mean(base[k1].astype(np.float64) ** 2)))
+    return [
+        ("same run again", None, _train()),
+        ("arithmetic in float64 (rounding only)", None, _train(dtype=np.float64)),
+        ("learning rate x1.001", None, _train(lr=0.05 * 1.001)),
+        ("learning rate x1.01", None, _train(lr=0.05 * 1.01)),
+        ("another init seed", None, _train(seed=1)),
+        ("gradient sign flipped in one leaf", "params/mlp/dense_2/bias",
+         _train(flip="params/mlp/dense_2/bias")),
+        ("one leaf negated", k1, edited(k1, lambda v: -v)),
+        ("one leaf scaled x1.001", k1, edited(k1, lambda v: v * 1.001)),
+        ("one leaf: two rows swapped", k1, edited(k1, lambda v: v[[1, 0, *range(2, 64)]])),
+        ("one leaf transposed (same shape)", k1, edited(k1, lambda v: v.T)),
+        ("one element +rms, at a sampled position", k1, edited(k1, lambda v: one(v, 0, rms))),
+        ("one element +rms, elsewhere", k1, edited(k1, lambda v: one(v, 1001, rms))),
+        ("one element +0.1 rms, elsewhere", k1, edited(k1, lambda v: one(v, 1001, 0.1 * rms))),
+        ("one element +0.01 rms, elsewhere", k1,
+         edited(k1, lambda v: one(v, 1001, 0.01 * rms))),
+        ("noise 1e-6 relative on every leaf", None,
+         {k: (v * (1 + 1e-6 * np.random.default_rng(7).standard_normal(v.shape)))
+          .astype(np.float32) for k, v in base.items()}),
+    ]
+
+
+def detection(cross: bool = False) -> list[list[str]]:
+    """Rows ``[perturbation, verdict before, verdict after]``: the numerics check of each
+    perturbed run against the unperturbed baseline, with the per-leaf fingerprint of
+    before (RMS + 16 samples) and the compact one (one sketch value per leaf). A verdict
+    reads ``regression: <leaf it names>`` or ``pass``; ``cross`` uses the
+    cross-environment tolerance."""
+    from pytest_accelperf.backends.common import fingerprint
+    from pytest_accelperf.checks.base import Tolerances
+    from pytest_accelperf.checks.numerics import check_numerics, compact
+    base_fp = fingerprint(_train())
+    legacy = {p: {k: v for k, v in leaf.items() if k != "sketch"} for p, leaf in base_fp.items()}
+    rows = []
+    for what, leaf, params in perturbations():
+        now = {"numerics": fingerprint(params)}
+        shown = []
+        for baseline in (legacy, compact(base_fp)):
+            r = check_numerics(now, {"numerics": baseline}, Tolerances(),
+                               same_environment=not cross)
+            assert r is not None
+            named = r.detail.split(" differs", 1)[0] if r.verdict.value == "regression" else ""
+            mark = "" if leaf is None or named in ("", leaf) else " (another leaf)"
+            shown.append(f"{r.verdict.value}: {named}{mark}" if named else r.verdict.value)
+        rows.append([what, leaf or "(all)", *shown])
+    return rows
+
+
 def _sizes(text: str) -> list[int]:
     try:
         sizes = [int(s) for s in text.split(",") if s.strip()]
@@ -245,6 +466,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep only the first K values of each parameter leaf's fingerprint "
                         "sample (default: all, as recorded): what a more compact "
                         "fingerprint would cost to read")
+    p.add_argument("--sizes", action="store_true",
+                   help="measure the bytes of each part of a block, before and after the "
+                        "compact form, instead of timing the store")
+    p.add_argument("--leaves", type=_positive, default=100,
+                   help="leaves of the synthetic model of --sizes (default 100)")
+    p.add_argument("--detection", action="store_true",
+                   help="print what the numerics check catches, before and after the "
+                        "compact fingerprint, instead of timing the store")
     p.add_argument("--no-show", action="store_true",
                    help="do not time the accelperf command")
     p.add_argument("--keep", action="store_true", help="keep the generated store")
@@ -256,6 +485,19 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
+    if ns.sizes or ns.detection:
+        print(shlex.join([Path(sys.executable).name, "benchmarks/store.py", *argv]) + "\n")
+    if ns.sizes:
+        print(tabulate(measure_sizes(ns.leaves), tablefmt="github", headers=[
+            "block", "leaves", "part", "bytes before", "bytes after"]) + "\n")
+    if ns.detection:
+        for cross in (False, True):
+            tol = "cross-environment" if cross else "same-environment"
+            print(tabulate(detection(cross), tablefmt="github", headers=[
+                f"perturbation ({tol} tolerance)", "leaf changed",
+                "before: RMS + 16 samples", "after: 1 sketch value"]) + "\n")
+    if ns.sizes or ns.detection:
+        return 0
     block, source = template_block(ns.template)
     if ns.leaf_samples is not None:
         for leaf in (block.get("numerics") or {}).values():

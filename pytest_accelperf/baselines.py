@@ -11,8 +11,12 @@ Layout: ``<store>/<platform>/<module path without .py>.json``, e.g.
       "schema_version": 1
     }
 
-Keys are sorted and indented so a refresh reads as a diff in a pull request. What the store
-promises:
+Keys are sorted and indented so a refresh reads as a diff in a pull request; arrays of
+numbers (step-time samples, loss checkpoints) and objects of numbers (the ops histogram,
+bytes per device) take one line each, and the compact parameter fingerprint one line per
+leaf (:func:`pytest_accelperf.jsonfile.dumps`). A block recorded before the compact form
+(a per-leaf fingerprint, 6-digit samples) reads, validates and is checked as it was; the
+next ``--accelperf-update`` of its case writes the compact form. What the store promises:
 
 * Every write is atomic (a temporary file in the same directory, then ``os.replace``) and
   leaves the file with the permissions the umask gives; the temporary files of a write that
@@ -44,6 +48,7 @@ from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
 from pytest_accelperf import jsonfile
+from pytest_accelperf.checks.numerics import compact, compactable
 from pytest_accelperf.jsonfile import atomic_write
 from pytest_accelperf.schema import BaselineHeader, error_lines, invalid_blocks, validate_block
 
@@ -174,8 +179,10 @@ class BaselineFile:
         data = {**self.extra, "schema_version": SCHEMA_VERSION, "platform": self.platform,
                 "cases": cases}
         # Valid blocks hold finite numbers only (the schema); an invalid block is written
-        # back exactly as it was read, NaN included.
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+        # back exactly as it was read, NaN included. Sorted keys, an indent of 2, plain
+        # arrays and objects of numbers on one line, a compact fingerprint one leaf per line
+        # (jsonfile.dumps).
+        return jsonfile.dumps(data) + "\n"
 
 
 def _field_errors(exc: ValidationError, text: str, path: list[str | int],
@@ -284,7 +291,13 @@ def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
     """``block`` as the store writes it (its JSON form), validated by the schema exactly as
     a block read back; a :class:`BaselineError` naming the case and the field if it is not
     a baseline. Used by every write (``--accelperf-update`` and ``accelperf baselines
-    accept``)."""
+    accept``).
+
+    A run's per-leaf parameter fingerprint (with a sketch per leaf) is stored in its
+    compact form (:func:`pytest_accelperf.checks.numerics.compact`: one number per leaf, a
+    structure hash and tags); a block recorded before keeps the form it has."""
+    if isinstance(block, Mapping) and compactable(block.get("numerics")):
+        block = {**block, "numerics": compact(block["numerics"])}
     try:
         text = json.dumps(block, sort_keys=True)
     except (TypeError, ValueError) as exc:

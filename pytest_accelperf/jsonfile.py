@@ -209,6 +209,63 @@ def _first_duplicate(text: str) -> tuple[list[str | int], str, int]:
 
 
 # -- writing -----------------------------------------------------------------------------------
+#: Arrays written one element per line, however plain their elements: a compact numerics
+#: fingerprint's ``sketch`` (one parameter leaf per line, so a diff names the leaf's line).
+ONE_PER_LINE = frozenset({"sketch"})
+
+
+def _scalar(value: Any) -> bool:
+    return not isinstance(value, (list, dict))
+
+
+def _number(value: Any) -> bool:
+    """A number, or null (a session's ``probe_median`` without a probe)."""
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _inline(value: Any) -> bool:
+    """Whether a container is written on one line: an array of scalars or of arrays of
+    scalars (samples, loss checkpoints), or an object of numbers or nulls (a histogram of
+    ops, the bytes per device, a session's medians)."""
+    if isinstance(value, list):
+        return all(_scalar(v) or (isinstance(v, list) and all(map(_scalar, v)))
+                   for v in value)
+    return isinstance(value, dict) and bool(value) and all(map(_number, value.values()))
+
+
+def dumps(value: Any) -> str:
+    """``value`` as the store writes JSON: keys sorted, an indent of 2, and plain containers
+    on one line (:func:`_inline`; the arrays named in :data:`ONE_PER_LINE` one element per
+    line). What ``json.dumps(value, indent=2, sort_keys=True)`` writes, less the line per
+    number: a step-time sample cost a line of ~20 bytes, now ~9. ``json.loads`` reads it
+    back as the same value."""
+    out: list[str] = []
+    _write(value, "", None, out)
+    return "".join(out)
+
+
+def _write(value: Any, indent: str, key: str | None, out: list[str]) -> None:
+    if _scalar(value) or (key not in ONE_PER_LINE and _inline(value)):
+        out.append(json.dumps(value, separators=(", ", ": "), sort_keys=True))
+        return
+    if not value:
+        out.append("[]" if isinstance(value, list) else "{}")
+        return
+    inner = indent + "  "
+    if isinstance(value, list):
+        out.append("[")
+        for i, item in enumerate(value):
+            out.append(("," if i else "") + "\n" + inner)
+            _write(item, inner, None, out)
+        out.append("\n" + indent + "]")
+        return
+    out.append("{")
+    for i, name in enumerate(sorted(value)):
+        out.append(("," if i else "") + "\n" + inner + json.dumps(name) + ": ")
+        _write(value[name], inner, name, out)
+    out.append("\n" + indent + "}")
+
+
 def _temp_pattern(path: Path) -> re.Pattern[str]:
     return re.compile(re.escape(f".{path.name}.") + f"[{_TEMP_CHARS}]{{8}}"
                       + re.escape(_TEMP_SUFFIX))

@@ -24,11 +24,13 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     JsonValue,
     Strict,
     StrictBool,
     StrictInt,
+    Tag,
     TypeAdapter,
     ValidationError,
     model_validator,
@@ -159,12 +161,47 @@ class Program(_Strict):
 
 class Leaf(_Strict):
     """The fingerprint of one parameter leaf
-    (:func:`pytest_accelperf.backends.common.fingerprint`)."""
+    (:func:`pytest_accelperf.backends.common.fingerprint`): what a run computes, and what
+    blocks recorded before the compact form (:class:`CompactNumerics`) stored per leaf."""
 
     shape: list[Int]
     dtype: str
     rms: NonNegative
     sample: list[Number]
+    sketch: Number | None = None
+
+
+class CompactNumerics(_Strict):
+    """The parameter fingerprint as the store keeps it
+    (:func:`pytest_accelperf.checks.numerics.compact`): one sketch value per leaf in path
+    order, a hash of the leaves' paths, shapes and dtypes, and a tag of 2 hex digits per
+    leaf (so that a changed structure names the run's leaves that changed)."""
+
+    sketch: list[NonNegative]
+    structure: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
+    tags: Annotated[str, Field(pattern=r"^([0-9a-f]{2})*$")]
+
+    @model_validator(mode="after")
+    def _a_tag_per_leaf(self) -> CompactNumerics:
+        if len(self.tags) != 2 * len(self.sketch):
+            raise ValueError(f"numerics.tags has {len(self.tags) // 2} tag(s) of 2 hex digits "
+                             f"for {len(self.sketch)} sketch value(s): one per leaf")
+        return self
+
+
+def _numerics_kind(value: Any) -> str:
+    """Which form a block's ``numerics`` is: ``compact`` (it has a ``sketch`` list) or
+    ``per_leaf`` (the form recorded before, still read: the migration of old blocks)."""
+    if isinstance(value, Mapping) and isinstance(value.get("sketch"), list):
+        return "compact"
+    if isinstance(value, BaseModel):
+        return "compact" if isinstance(value, CompactNumerics) else "per_leaf"
+    return "per_leaf"
+
+
+Numerics = Annotated[Annotated[CompactNumerics, Tag("compact")]
+                     | Annotated[dict[str, Leaf], Tag("per_leaf")],
+                     Discriminator(_numerics_kind)]
 
 
 MaxBatchProbe = Annotated[tuple[StrictInt, StrictBool, NonNegative | None], Strict(False)]
@@ -206,7 +243,7 @@ class Block(_Strict):
     #: The other metrics of the training step (accuracy, learning rate), each a curve as
     #: the loss's.
     metrics: dict[str, Loss] | None = None
-    numerics: dict[str, Leaf] | None = None
+    numerics: Numerics | None = None
     flops_per_step: NonNegative | None = None
     mfu: NonNegative | None = None
     max_batch: MaxBatch | None = None
@@ -345,7 +382,7 @@ def error_lines(exc: ValidationError, *, limit: int = 5) -> list[tuple[tuple[str
     out: list[tuple[tuple[str | int, ...], str]] = []
     errors = exc.errors(include_url=False)
     for err in errors[:limit]:
-        loc = tuple(err["loc"])
+        loc = _untagged(tuple(err["loc"]))
         if err["type"] == "finite_number" and loc and loc[-1] == "float":
             loc = loc[:-1]  # the branch of a JSON value, not a key
         if err["type"] == "missing":
@@ -358,6 +395,17 @@ def error_lines(exc: ValidationError, *, limit: int = 5) -> list[tuple[tuple[str
     if len(errors) > limit:
         out.append(((), f"and {len(errors) - limit} more error(s)"))
     return out
+
+
+def _untagged(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """``loc`` without the tag pydantic puts after ``numerics`` (which form it was read
+    as): the path of the field in the file."""
+    out = list(loc)
+    for i in range(len(out) - 1):
+        if out[i] == "numerics" and out[i + 1] in ("compact", "per_leaf"):
+            del out[i + 1]
+            break
+    return tuple(out)
 
 
 def _short(value: Any, width: int = 60) -> str:

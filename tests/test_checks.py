@@ -14,7 +14,12 @@ from pytest_accelperf.checks import NO_BASELINE, run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import check_convergence
 from pytest_accelperf.checks.memory import check_memory
-from pytest_accelperf.checks.numerics import check_numerics, check_reference
+from pytest_accelperf.checks.numerics import (
+    ReferenceParams,
+    check_numerics,
+    check_reference,
+    compact,
+)
 from pytest_accelperf.checks.outcome import check_outcome
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.run import Run
@@ -553,6 +558,26 @@ def test_a_different_sample_size_is_incomparable() -> None:
     assert r.verdict is Verdict.INCOMPARABLE
 
 
+def test_a_compact_baseline_is_compared_with_this_runs_sketch() -> None:
+    """The store keeps one sketch value per leaf; the run's per-leaf fingerprint is
+    compacted to compare with it, and a failing leaf is named by the run's path."""
+    def sketched(fp: dict[str, Any], w: float = 0.3) -> dict[str, Any]:
+        return {p: {**leaf, "sketch": w if p == "params/w" else -1.2} for p, leaf in fp.items()}
+
+    run = make_run(params_fingerprint=sketched(fingerprint()))
+    base = {**stored(run), "numerics": compact(run.params_fingerprint)}
+    r = numerics(base, run)
+    assert r.verdict is Verdict.PASS and r.data["format"] == "compact"
+    assert r.detail.startswith("fingerprints of 2 parameter leaves match the baseline")
+    flipped = make_run(params_fingerprint=sketched(fingerprint(), -0.3))  # a sign flip
+    r = numerics(base, flipped)
+    assert r.verdict is Verdict.REGRESSION
+    assert r.detail.startswith("params/w differs from the baseline fingerprint")
+    assert r.data["failing"] == ["params/w"]
+    cross = check_numerics(summarize(flipped), base, TOL, same_environment=False)
+    assert cross is not None and cross.verdict is Verdict.REGRESSION
+
+
 def test_numerics_new_and_absent() -> None:
     assert numerics(None).verdict is Verdict.NEW
     bare = make_run(params_fingerprint={})
@@ -574,8 +599,36 @@ def test_reference_match_passes_without_a_baseline() -> None:
     r = got["reference"]
     assert r.verdict is Verdict.PASS
     assert r.detail.startswith("parameters match the single-device reference within "
-                               "atol=0.005 (max |Δ| = 0.001")
+                               "atol=0.005 (largest |Δ| 0.001")
+    assert r.detail.endswith(" in params/b)")
     assert r.now == pytest.approx(1e-3)
+
+
+def test_reference_after_steps_says_what_was_compared() -> None:
+    """A :class:`ReferenceParams` carries the run's parameters after the same steps: those
+    are compared, not the final ones, and the detail says after how many, on which mesh."""
+    final = params(offset=1.0)  # far from the reference: not what is compared
+    early = params()
+    early["params/b"][0] += np.float32(3e-7)
+    ref = ReferenceParams(params(), compared=early, steps=1, mesh="4x2")
+    r = checks(make_run(), None, params=final, reference_params=ref)["reference"]
+    assert r.verdict is Verdict.PASS
+    assert r.detail.startswith("parameters after 1 step on the 4x2 mesh match the "
+                               "single-device reference within atol=0.005 (largest |Δ| 3")
+    assert r.detail.endswith(" in params/b)") and r.data["steps"] == 1
+    early["params/w"][1, :2] += np.float32(0.1)
+    r = check_reference(final, ref, TOL)
+    assert r.verdict is Verdict.REGRESSION
+    assert r.detail.startswith("params/w differs from the single-device reference after 1 "
+                               "step: max |Δ| = 0.1")
+    many = ReferenceParams(params(), compared=params(), steps=32, mesh="8x1")
+    r = check_reference(final, many, TOL)
+    assert r.verdict is Verdict.PASS
+    assert r.detail.startswith("parameters after 32 steps on the 8x1 mesh match ")
+    assert r.detail.endswith("; compared after 32 steps (reference_steps): rounding "
+                             "differences between the two programs grow with every step")
+    # Without what to compare (a reference that trained every step), the final parameters.
+    assert check_reference(final, ReferenceParams(params()), TOL).verdict is Verdict.REGRESSION
 
 
 def test_reference_mismatch_names_leaf_and_count() -> None:

@@ -1,8 +1,9 @@
 """The JAX backend trained directly (no pytester): the char-LM of the suite on 8 CPU devices.
 
 Compiles dominate here (seconds each on a small host), so the runs are module fixtures
-shared by the tests: one no-mesh run, and one 4x2 run whose single-device reference run
-is the no-mesh run repeated from scratch, which doubles as the determinism check.
+shared by the tests: one no-mesh run, and one 4x2 run whose single-device reference trains
+as many steps as the run (``reference_steps``), so it is the no-mesh run repeated from
+scratch, which doubles as the determinism check.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pytest_accelperf.backends.jax import (  # noqa: E402
     predict_memory,
 )
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
+from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "jax"))
 from charlm import make_task  # noqa: E402
@@ -55,7 +58,7 @@ def nomesh(accel: Accelerator) -> TrainResult:
 
 @pytest.fixture(scope="module")
 def sharded(accel: Accelerator) -> TrainResult:
-    case = small((4, 2), reference=True)
+    case = small((4, 2), reference=True, reference_steps=STEPS + WARMUP)
     return BACKEND.train(case, make_task(case), accel)
 
 
@@ -105,9 +108,19 @@ def test_sharding_splits_memory(nomesh: TrainResult, sharded: TrainResult) -> No
 
 def test_reference_matches_sharded_run(sharded: TrainResult) -> None:
     ref = sharded.reference_params
-    assert ref is not None and ref.keys() == sharded.params.keys()
+    assert isinstance(ref, ReferenceParams) and ref.keys() == sharded.params.keys()
+    assert ref.steps == STEPS + WARMUP == sharded.run.extra["reference_steps"]
+    assert ref.mesh == "4x2" and ref.compared is not None
     for key, value in sharded.params.items():
         np.testing.assert_allclose(value, ref[key], atol=5e-3, rtol=0, err_msg=key)
+        # The sharded program trained again from its initial state, apart from the
+        # measured run, on the same batches: the same parameters, bit for bit.
+        np.testing.assert_array_equal(ref.compared[key], value, err_msg=key)
+    check = check_reference(sharded.params, ref, Tolerances())
+    assert check.verdict is Verdict.PASS, check.detail
+    assert check.detail.startswith(f"parameters after {STEPS + WARMUP} steps on the 4x2 mesh "
+                                   f"match the single-device reference within atol=0.005 ")
+    assert "rounding differences between the two programs grow" in check.detail
 
 
 def test_training_is_deterministic(nomesh: TrainResult, sharded: TrainResult) -> None:

@@ -213,6 +213,11 @@ def test_named_axis_bound_to_the_mesh_matches_the_global_batch(accel: Accelerato
     plain = BACKEND.train(case(), JaxStep(init=make_state(), step=bn_step(),
                                           make_batch=regression_batch(32)), accel)
     np.testing.assert_allclose(bound.run.losses, plain.run.losses, rtol=1e-4)
+    # The gradients too: pmap-style lax.pmean of the gradients is the mean over the batch
+    # (shard_map's replication checking summed them first, 8x the gradient, which Adam
+    # hid from the parameters).
+    np.testing.assert_allclose(bound.run.metrics["grad_norm"], plain.run.metrics["grad_norm"],
+                               rtol=1e-3)
     for key, value in plain.params.items():
         np.testing.assert_allclose(bound.params[key], value, atol=1e-3, err_msg=key)
     # The other mesh axis stays automatic: a (4, 2) mesh trains too.

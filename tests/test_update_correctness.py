@@ -6,7 +6,9 @@ from __future__ import annotations
 from conftest import Suite
 
 # A sharded case with a single-device reference whose data differ from the sharded run's:
-# the reference check fails, as it would for a sharding bug.
+# the reference check fails, as it would for a sharding bug. After the measured run, the
+# reference trains the single-device program and the sharded one again (reference_steps);
+# every batch made then is scaled by another factor, so the two see different data.
 REFERENCE_SUITE = '''
 import dataclasses
 from tinytask import make_task
@@ -16,12 +18,13 @@ from pytest_accelperf import cases
 def test_sharded(accelperf):
     task = make_task(accelperf.case)
     inner, last = task.make_batch, accelperf.case.warmup + accelperf.case.steps - 1
-    seen_last = []
+    seen_last, after = [], []
 
     def make_batch(step):
         batch = inner(step)
-        if seen_last:  # the reference run, after the sharded one: other data
-            batch["x"] = batch["x"] * 3
+        if seen_last:  # the reference's runs, after the measured one: other data each call
+            after.append(step)
+            batch["x"] = batch["x"] * (2 + len(after))
         if step == last:
             seen_last.append(step)
         return batch

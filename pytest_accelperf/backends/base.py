@@ -20,7 +20,10 @@ from pytest_accelperf.run import Run
 class TrainResult:
     """A run plus what is needed for in-memory checks (never stored): final parameters as a
     flat ``{path: numpy array}`` dict, and those of a single-device reference run when the
-    case asked for one."""
+    case asked for one. The JAX backend's reference is a
+    :class:`~pytest_accelperf.checks.numerics.ReferenceParams` (a dict of the same kind)
+    that also carries the sharded run's parameters after the same ``Case.reference_steps``
+    steps, which the ``reference`` check compares instead of the final ``params``."""
 
     run: Run
     params: dict[str, Any] = field(default_factory=dict)

@@ -18,6 +18,8 @@ from pytest_accelperf.units import round_sig
 
 #: Values per leaf sampled into the numerics fingerprint.
 N_SAMPLES = 16
+#: Significant digits of the fingerprint's numbers.
+FINGERPRINT_DIGITS = 7
 
 #: Names of the plugin's own checks: a step metric may not take one (its check would be
 #: confused with the built-in one in reports and in ``CaseResult.check``). One set for
@@ -25,17 +27,47 @@ N_SAMPLES = 16
 RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
                               "reference", "max_batch", "scaling"})
 
+#: Values of the projection drawn at a time (a large leaf is projected in chunks).
+_CHUNK = 1 << 20
+
+
+def _project(values: np.ndarray) -> float:
+    """``<r, values>`` for the fixed direction ``r`` of a leaf of that size: standard normal
+    values from a generator seeded by the size alone (every run and host draws the same
+    ``r``), drawn in chunks so a large leaf needs no second copy of itself."""
+    n = values.size
+    rng = np.random.default_rng([0x5EED, n])
+    total = 0.0
+    for start in range(0, n, _CHUNK):
+        chunk = values[start:start + _CHUNK]
+        total += float(chunk @ rng.standard_normal(chunk.size))
+    return total
+
 
 def fingerprint(flat: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Shape, dtype, RMS and 16 fixed samples per leaf, rounded to 7 significant digits."""
+    """Per leaf: shape, dtype, RMS, 16 fixed samples and ``sketch``, rounded to 7
+    significant digits.
+
+    ``sketch`` is ``c = <r, x> / ||x||``, the leaf ``x`` (flattened) projected on a fixed
+    random direction ``r`` (:func:`_project`) over its norm (0 for a zero leaf): a
+    number about N(0, 1) that moves with any change of the leaf's pattern the RMS cannot
+    see (a sign flip, a permutation, one changed element anywhere, not just at a sampled
+    position). The store keeps one number per leaf of this
+    (:func:`pytest_accelperf.checks.numerics.compact`); the samples are what blocks
+    recorded before the compact form are checked with.
+    """
     out: dict[str, Any] = {}
     for key, arr in flat.items():
         values = np.asarray(arr, dtype=np.float64).ravel()
         n, k = values.size, min(N_SAMPLES, values.size)
         rms = float(np.sqrt(np.mean(np.square(values)))) if n else 0.0
         idx = (np.arange(k) * n) // k if k else np.zeros(0, dtype=int)  # evenly strided
-        out[key] = {"shape": list(arr.shape), "dtype": str(arr.dtype), "rms": round_sig(rms, 7),
-                    "sample": [round_sig(float(v), 7) for v in values[idx]]}
+        norm = rms * math.sqrt(n)
+        sketch = _project(values) / norm if n and norm > 0 else 0.0
+        out[key] = {"shape": list(arr.shape), "dtype": str(arr.dtype),
+                    "rms": round_sig(rms, FINGERPRINT_DIGITS),
+                    "sample": [round_sig(float(v), FINGERPRINT_DIGITS) for v in values[idx]],
+                    "sketch": round_sig(sketch, FINGERPRINT_DIGITS)}
     return out
 
 

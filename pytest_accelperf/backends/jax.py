@@ -52,6 +52,7 @@ from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.xla_program import program_of
 from pytest_accelperf.cases import Case
+from pytest_accelperf.checks.numerics import ReferenceParams
 from pytest_accelperf.run import Run
 
 PyTree = Any
@@ -94,6 +95,9 @@ class _Program:
     #: The step before it was partitioned over the mesh: its cost analysis counts the
     #: model's FLOPs once however the mesh replicates them (:mod:`.xla_program`).
     lowered: Any = None
+    #: A fresh initial state from the compiled init, once :func:`_init_state` compiled it:
+    #: the reference check's second start (:func:`_reference`) compiles nothing.
+    fresh_state: Any = None
 
 
 class _OutOfMemory(Exception):
@@ -201,7 +205,12 @@ def _mesh_renaming(step: JaxStep, case: Case) -> dict[str, str]:
 
 def _bound(step: JaxStep, mesh: Any, state_sh: PyTree, batch_sh: PyTree) -> Any:
     """The step as the program runs it: under ``jax.shard_map`` over the bound axes (the
-    others automatic) when ``step.bind_axes`` names any, else the step itself."""
+    others automatic) when ``step.bind_axes`` names any, else the step itself.
+
+    With pmap's semantics (``check_vma=False``): the user's step reduces what it needs
+    itself (``lax.pmean(grads, axis)``), as under ``pmap``. shard_map's replication
+    checking would sum the gradients of replicated parameters across the axis first, and
+    the step's own ``pmean`` then gave 8x the gradient on 8 devices."""
     if not step.bind_axes:
         return step.step
     manual = tuple(a for a in mesh.axis_names if a in step.bind_axes)
@@ -215,7 +224,7 @@ def _bound(step: JaxStep, mesh: Any, state_sh: PyTree, batch_sh: PyTree) -> Any:
     batch_specs = jax.tree.map(local, batch_sh)
     shard_map: Any = jax.shard_map
     return shard_map(step.step, mesh=mesh, in_specs=(state_specs, batch_specs),
-                     out_specs=(state_specs, P()), axis_names=set(manual))
+                     out_specs=(state_specs, P()), axis_names=set(manual), check_vma=False)
 
 
 def _compile(case: Case, task: Any, accel: Accelerator,
@@ -394,7 +403,10 @@ def _init_state(program: _Program) -> tuple[PyTree, float]:
     """The step's initial state on the program's shardings: ``init`` compiled with them,
     or a ready state copied onto them (a copy: the donated state is never the user's);
     and the seconds spent lowering and compiling that (part of the run's compile time:
-    the user waits for it). Compiled explicitly, then called: one compile."""
+    the user waits for it). Compiled explicitly, then called: one compile; a second call
+    reuses it (0 seconds)."""
+    if program.fresh_state is not None:
+        return program.fresh_state(), 0.0
     step = program.step
     if not callable(step.init):
         # A compiled copy: device_put(may_alias=False) still shares the buffer of a
@@ -404,7 +416,8 @@ def _init_state(program: _Program) -> tuple[PyTree, float]:
         t0 = time.perf_counter()
         compiled = copy.lower(step.init).compile()
         seconds = time.perf_counter() - t0
-        return compiled(step.init), seconds
+        program.fresh_state = lambda: compiled(step.init)
+        return program.fresh_state(), seconds
     # Leaves only, put back into the compiled structure: an init that makes its static
     # parts afresh each call (a TrainState's tx = optax.adam(...) inside init) gives a
     # structure that compares unequal to the one compiled, with the same leaves.
@@ -417,8 +430,8 @@ def _init_state(program: _Program) -> tuple[PyTree, float]:
         t0 = time.perf_counter()
         compiled = make.lower(key).compile()
         seconds = time.perf_counter() - t0
-        leaves = compiled(key)
-    return treedef.unflatten(leaves), seconds
+    program.fresh_state = lambda: treedef.unflatten(compiled(key))
+    return program.fresh_state(), seconds
 
 
 def _batch(program: _Program, i: int) -> PyTree:
@@ -648,27 +661,49 @@ class JaxBackend:
                            f"give the case fewer steps)")
             return JaxTrainResult(run=run, params=params, state=state)
 
-        reference = _reference(case, step, accel, capacity, run) if case.reference else None
+        reference = (_reference(case, step, accel, capacity, run, program) if case.reference
+                     else None)
         return JaxTrainResult(run=run, params=params, reference_params=reference, state=state)
 
 
 def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | None,
-               run: Run) -> dict[str, np.ndarray] | None:
-    """Flat params of the same task, seed, batches and step count on ONE device: the
-    ground truth a sharded run must match (seed 004). Its times are not recorded. When
-    one device cannot hold the case, None, with the reason in ``run.extra["reference"]``.
-    """
+               run: Run, program: _Program) -> ReferenceParams | None:
+    """The single-device reference of a sharded case (seed 004), apart from the measured
+    run: the same task, seed and batches compiled for ONE device, and both it and the
+    case's own compiled ``program`` trained ``case.reference_steps`` steps from a fresh
+    initial state (the sharded program's compiled init is reused: no compile but the
+    single-device program's). Their flat parameters after those steps are compared
+    (:class:`ReferenceParams`), not the final ones: rounding differences between two
+    correct programs grow with every step, a sharding bug shows from the first. Neither's
+    times are recorded. When one device cannot hold the case, None, with the reason in
+    ``run.extra["reference"]``."""
+    n = case.reference_steps
     try:
-        program = _compile(case, step, accel, None)
-        oom = _predicted_oom(_analysis_bytes(program.compiled), capacity)
+        single = _compile(case, step, accel, None)
+        oom = _predicted_oom(_analysis_bytes(single.compiled), capacity)
         if oom is not None:
             raise _OutOfMemory(_oom_message(oom))
-        return _flat(step.params_of(_execute(program, case).state))
+        reference = _flat(step.params_of(_train_steps(single, n)))
     except (_OutOfMemory, RuntimeError) as exc:
         if not isinstance(exc, _OutOfMemory) and not _is_oom(exc):
             raise
         run.extra["reference"] = f"single-device reference not run: {exc}".splitlines()[0]
         return None
+    compared = _flat(step.params_of(_train_steps(program, n)))
+    run.extra["reference_steps"] = n
+    mesh = "x".join(str(size) for size in case.mesh) if case.mesh is not None else ""
+    return ReferenceParams(reference, compared=compared, steps=n, mesh=mesh)
+
+
+def _train_steps(program: _Program, n: int) -> PyTree:
+    """The state after ``n`` steps of ``program`` from its initial state on batches
+    ``0 .. n-1`` (the first batches of a run), untimed."""
+    state, _ = _init_state(program)
+    fns, holder = _step_fns(program, state)
+    del state  # donated by the first step: holder[0] is the live state
+    for i in range(n):
+        fns.run(i, fns.prepare(i))
+    return holder[0]
 
 
 def _predicted_oom(planned: dict[str, int], capacity: int | None) -> dict[str, Any] | None:

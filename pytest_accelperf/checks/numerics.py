@@ -1,21 +1,35 @@
 """The numerics checks: trained parameters against the baseline and against a reference.
 
-``numerics`` compares the parameter fingerprint of the block (``block["numerics"]``: per
-parameter path ``{"shape", "dtype", "rms", "sample"}``, a few fixed elements and the RMS
-of the leaf after training) with the baseline's. A changed structure (a path added or
-removed, a new shape or dtype) is a regression; so is any value outside
-``np.isclose(now, baseline, rtol=numerics_rtol, atol=numerics_atol)``. It catches a
-change in the arithmetic (a new reduction order, a dtype promotion, a different RNG split)
-that leaves the loss inside its band.
+``numerics`` compares the parameter fingerprint of the block (``block["numerics"]``) with
+the baseline's. A run's fingerprint has, per parameter path, ``{"shape", "dtype", "rms",
+"sample", "sketch"}`` (:func:`pytest_accelperf.backends.common.fingerprint`); the store
+keeps its compact form (:func:`compact`): one number per leaf in path order, ``rms *
+exp(sketch / 4)``, a hash of the leaves' paths, shapes and dtypes, and a 2-hex-digit tag
+per leaf. A changed structure (a path added or removed, a new shape or dtype) is a
+regression; so is any value outside ``np.isclose(now, baseline, rtol=numerics_rtol,
+atol=numerics_atol)``. It catches a change in the arithmetic (a new reduction order, a dtype
+promotion, a different RNG split) that leaves the loss inside its band, and names the leaf.
+A baseline recorded before the compact form (RMS and 16 samples per leaf) is compared with
+this run's RMS and samples, as it was then.
 
-``reference`` compares the full final parameters with those of a single-device reference
-run of the same case, element by element, as ``np.testing.assert_allclose(params,
-reference, rtol=reference_rtol, atol=reference_atol)`` would (except that a NaN never
-matches). It needs no baseline: sharding must not change what is learned.
+``reference`` compares the full parameters with those of a single-device reference run of
+the same case, element by element, as ``np.testing.assert_allclose(params, reference,
+rtol=reference_rtol, atol=reference_atol)`` would (except that a NaN never matches). It
+needs no baseline: sharding must not change what is learned. Where the backend gives a
+:class:`ReferenceParams` with ``compared`` (the JAX backend), the two compared are the
+sharded program's and the single-device program's parameters after the same few steps
+(``Case.reference_steps``, default 1) from the same initial state and batches: rounding
+differences between two correct programs grow with every step of training (a correct
+data-parallel CNN: 5.2e-6 after 2 steps, 1.27e-2 after 32, beyond the seed's 5e-3), while
+a sharding bug (statistics over one shard, a missing gradient reduction) shows from the
+first step. Otherwise the run's final parameters are compared.
 """
 
 from __future__ import annotations
 
+import difflib
+import hashlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +39,7 @@ import numpy.typing as npt
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.units import fmt_num
+from pytest_accelperf.units import fmt_num, round_sig
 
 METRIC = "numerics"
 REFERENCE_METRIC = "reference"
@@ -98,6 +112,175 @@ def _fingerprint_values(leaf: Mapping[str, Any]) -> list[float]:
     return [float(x) for x in leaf.get("sample") or []] + [float(leaf.get("rms", np.nan))]
 
 
+# -- the compact (stored) fingerprint ----------------------------------------------------------
+#: Significant digits of a stored sketch value.
+SKETCH_DIGITS = 6
+#: Hex digits of the structure hash, and of each leaf's tag, in a compact fingerprint.
+STRUCTURE_HEX = 12
+TAG_HEX = 2
+
+
+def sketch_value(leaf: Mapping[str, Any]) -> float:
+    """The one number a compact fingerprint stores for a leaf: ``rms * exp(sketch / 4)``
+    (``sketch`` from :func:`pytest_accelperf.backends.common.fingerprint`), 6 significant
+    digits. It lies within a factor of about 0.5 to 2 of the leaf's RMS (never near 0 unless
+    the leaf is), so ``np.isclose`` at the numerics tolerance reads it as it reads the RMS;
+    it moves with the leaf's scale (the RMS) and with its pattern (the sketch: a sign flip
+    of the whole leaf multiplies it by ``exp(-sketch / 2)``)."""
+    rms, c = float(leaf["rms"]), float(leaf.get("sketch", 0.0))
+    return round_sig(rms * math.exp(min(max(c / 4, -100.0), 100.0)), SKETCH_DIGITS)
+
+
+def _leaf_digest(path: str, leaf: Mapping[str, Any]) -> str:
+    shape = ",".join(str(int(n)) for n in leaf.get("shape", ()))
+    text = f"{path}\t({shape})\t{leaf.get('dtype', '')}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def structure(fp: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
+    """``(structure hash, tags)`` of a per-leaf fingerprint: a hash of every leaf's path,
+    shape and dtype in path order, and a tag of 2 hex digits per leaf (of the same three),
+    in that order."""
+    digests = [_leaf_digest(p, fp[p]) for p in sorted(fp)]
+    whole = hashlib.sha256("".join(digests).encode("ascii")).hexdigest()[:STRUCTURE_HEX]
+    return whole, "".join(d[:TAG_HEX] for d in digests)
+
+
+def is_compact(numerics: Any) -> bool:
+    """Whether ``numerics`` is a compact fingerprint (``{"sketch", "structure", "tags"}``)
+    rather than one entry per leaf."""
+    return (isinstance(numerics, Mapping) and isinstance(numerics.get("sketch"), list)
+            and isinstance(numerics.get("structure"), str))
+
+
+def compactable(numerics: Any) -> bool:
+    """Whether ``numerics`` is a per-leaf fingerprint with a sketch for every leaf (what
+    :func:`pytest_accelperf.backends.common.fingerprint` makes), which :func:`compact` can
+    store."""
+    return (isinstance(numerics, Mapping) and bool(numerics) and not is_compact(numerics)
+            and all(isinstance(p, str) and _sketched(v) for p, v in numerics.items()))
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _sketched(leaf: Any) -> bool:
+    """A leaf that :func:`compact` can store: finite ``rms`` >= 0 and ``sketch``, a list of
+    integers for a shape, a string dtype (anything else is left to the schema to name)."""
+    return (isinstance(leaf, Mapping) and _finite(leaf.get("rms")) and leaf["rms"] >= 0
+            and _finite(leaf.get("sketch")) and isinstance(leaf.get("dtype"), str)
+            and isinstance(leaf.get("shape"), list)
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in leaf["shape"]))
+
+
+def compact(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The stored form of a per-leaf fingerprint: ``{"sketch": [one number per leaf, in
+    path order], "structure": hash, "tags": 2 hex digits per leaf}``.
+
+    The leaf paths are not stored: when the structure hash matches, the run being checked
+    has the same leaves in the same order, and names them; when it does not, the tags tell
+    which of the run's leaves are new or changed (:func:`check_numerics`).
+    """
+    whole, tags = structure(fp)
+    return {"sketch": [sketch_value(fp[p]) for p in sorted(fp)], "structure": whole,
+            "tags": tags}
+
+
+def _leaf_count(numerics: Mapping[str, Any]) -> int:
+    return len(numerics["sketch"]) if is_compact(numerics) else len(numerics)
+
+
+def _tags(text: str) -> list[str]:
+    return [text[i:i + TAG_HEX] for i in range(0, len(text), TAG_HEX)]
+
+
+def _tag_changes(now: Mapping[str, Any], names: list[str] | None,
+                 leaves: Mapping[str, Mapping[str, Any]], base: Mapping[str, Any]) -> list[str]:
+    """The structure differences of a compact ``now`` from a compact ``base``, named by
+    ``names`` (the run's leaves in path order) where they are known."""
+    def leaf(j: int) -> str:
+        if names is None:
+            return f"leaf {j + 1}"
+        info = leaves[names[j]]
+        return f"{names[j]} {_shape_text(info.get('shape', ()))} {info.get('dtype', '')}"
+
+    def where(j: int) -> str:
+        if names is None:
+            return f"before leaf {j + 1}" if j < len(now["sketch"]) else "at the end"
+        before = f"after {names[j - 1]}" if j > 0 else "first"
+        after = f"before {names[j]}" if j < len(names) else "last"
+        return f"{before}, {after}" if 0 < j < len(names) else (after if j else before)
+
+    out: list[str] = []
+    ops = difflib.SequenceMatcher(a=_tags(str(base.get("tags", ""))),
+                                  b=_tags(str(now.get("tags", ""))),
+                                  autojunk=False).get_opcodes()
+    for op, i1, i2, j1, j2 in ops:
+        if op == "equal":
+            continue
+        if op == "replace" and i2 - i1 == j2 - j1:
+            out.extend(f"{leaf(j)}: name, shape or dtype changed" for j in range(j1, j2))
+            continue
+        out.extend(f"added {leaf(j)}" for j in range(j1, j2))
+        if i2 > i1:
+            n = i2 - i1
+            out.append(f"removed {n} lea{'f' if n == 1 else 'ves'} ({where(j1)})")
+    if not out:
+        out.append(f"the structure hash is {now.get('structure')}, the baseline's "
+                   f"{base.get('structure')}, and no leaf can be told apart by its tag")
+    return out
+
+
+def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping[str, Any],
+                   rtol: float, atol: float, tols: str) -> CheckResult:
+    """``now_fp`` (per leaf, or compact) against a compact baseline fingerprint."""
+    names: list[str] | None = None
+    leaves: Mapping[str, Mapping[str, Any]] = {}
+    if is_compact(now_fp):
+        now = now_fp
+    elif compactable(now_fp):
+        names, leaves, now = sorted(now_fp), now_fp, compact(now_fp)
+    else:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = ("the baseline's fingerprint is the compact one (a sketch per leaf), "
+                         "this run's has no sketch to compare with it; re-record with "
+                         "--accelperf-update")
+        return result
+    if now["structure"] != base["structure"] or len(now["sketch"]) != len(base["sketch"]):
+        changes = _tag_changes(now, names, leaves, base)
+        result.verdict = Verdict.REGRESSION
+        result.detail = f"parameter structure changed: {_listed(changes)}"
+        result.data["changes"] = changes
+        return result
+    n = len(now["sketch"])
+    paths = names if names is not None else [f"leaf {i + 1} of {n}" for i in range(n)]
+    diffs = [compare_leaf(p, [a], [b], rtol=rtol, atol=atol)
+             for p, a, b in zip(paths, now["sketch"], base["sketch"], strict=True)]
+    return _verdict(result, diffs, tols)
+
+
+def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str) -> CheckResult:
+    if not diffs:
+        result.detail = "no parameter leaves to compare"
+        return result
+    worst = max(diffs, key=_rank)
+    failing = [d for d in diffs if d.mismatched]
+    result.now = worst.max_abs
+    result.data.update({"max_abs": {d.path: d.max_abs for d in diffs}, "worst": worst.path})
+    if failing:
+        bad = max(failing, key=_rank)
+        result.verdict = Verdict.REGRESSION
+        result.detail = (f"{bad.path} differs from the baseline fingerprint: max |Δ| = "
+                         f"{fmt_num(bad.max_abs)} ({tols}); {len(failing)} of {len(diffs)} "
+                         f"leaves differ")
+        result.data["failing"] = [d.path for d in failing]
+        return result
+    result.detail = (f"fingerprints of {len(diffs)} parameter leaves match the baseline "
+                     f"(max |Δ| = {fmt_num(worst.max_abs)}, {tols})")
+    return result
+
+
 def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
                    tol: Tolerances, *, same_environment: bool = True) -> CheckResult | None:
     """The parameter fingerprint of ``block`` against ``baseline``'s; None without any.
@@ -105,6 +288,12 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
     ``same_environment=False`` (the baseline came from another host CPU or framework
     version) compares at ``numerics_cross_rtol/atol`` instead, and says so: other kernels
     round differently, and a bitwise-tight tolerance would fail every such run.
+
+    A compact baseline (``{"sketch", "structure", "tags"}``, what the store writes) is
+    compared with the compact form of this run's fingerprint, one sketch value per leaf,
+    named by this run's leaf paths. A per-leaf baseline (recorded before the compact form)
+    is compared as it always was: its RMS and 16 samples per leaf, which this run still
+    computes.
     """
     rtol, atol = ((tol.numerics_rtol, tol.numerics_atol) if same_environment
                   else (tol.numerics_cross_rtol, tol.numerics_cross_atol))
@@ -113,13 +302,25 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
     if not now_fp and not base_fp:
         return None
     if baseline is None:
-        return new_result(METRIC, unit=UNIT, data={"leaves": len(now_fp)})
+        return new_result(METRIC, unit=UNIT, data={"leaves": _leaf_count(now_fp)})
     if not base_fp:
         return missing_in_baseline(METRIC, "parameter fingerprint", baseline, unit=UNIT)
 
     result = CheckResult(METRIC, Verdict.PASS, "", unit=UNIT,
                          data={"rtol": rtol, "atol": atol,
-                               "leaves": len(now_fp)})
+                               "leaves": _leaf_count(now_fp) if now_fp else 0})
+    tols = f"rtol {fmt_num(rtol)}, atol {fmt_num(atol)}"
+    if not same_environment:
+        tols += ", the cross-environment tolerance: the baseline is from another environment"
+    if is_compact(base_fp):
+        result.data["format"] = "compact"
+        return _check_compact(result, now_fp, base_fp, rtol, atol, tols)
+    if is_compact(now_fp):
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = ("the baseline's fingerprint is per leaf (RMS and samples), this "
+                         "run's is the compact one; re-record with --accelperf-update")
+        return result
+
     changes = structure_changes(
         {p: (leaf.get("shape", ()), str(leaf.get("dtype", ""))) for p, leaf in now_fp.items()},
         {p: (leaf.get("shape", ()), str(leaf.get("dtype", ""))) for p, leaf in base_fp.items()},
@@ -140,33 +341,45 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
                              f"--accelperf-update")
             return result
         diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol, atol=atol))
-    worst = max(diffs, key=_rank)
-    failing = [d for d in diffs if d.mismatched]
-    result.now = worst.max_abs
-    result.data.update({"max_abs": {d.path: d.max_abs for d in diffs}, "worst": worst.path})
-    tols = f"rtol {fmt_num(rtol)}, atol {fmt_num(atol)}"
-    if not same_environment:
-        tols += ", the cross-environment tolerance: the baseline is from another environment"
-    if failing:
-        bad = max(failing, key=_rank)
-        result.verdict = Verdict.REGRESSION
-        result.detail = (f"{bad.path} differs from the baseline fingerprint: max |Δ| = "
-                         f"{fmt_num(bad.max_abs)} ({tols}); {len(failing)} of {len(diffs)} "
-                         f"leaves differ")
-        result.data["failing"] = [d.path for d in failing]
-        return result
-    result.detail = (f"fingerprints of {len(diffs)} parameter leaves match the baseline "
-                     f"(max |Δ| = {fmt_num(worst.max_abs)}, {tols})")
-    return result
+    return _verdict(result, diffs, tols)
+
+
+class ReferenceParams(dict[str, Any]):
+    """The single-device reference's parameters (a flat ``{path: array}`` dict), with what
+    they are compared with: ``compared``, the run's own parameters after the same ``steps``
+    steps from the same initial state and batches, on its ``mesh`` (``"4x2"``). Without
+    ``compared``, the check compares the run's final parameters (a reference that trained
+    every step of the case)."""
+
+    def __init__(self, params: Mapping[str, Any], *, compared: Mapping[str, Any] | None = None,
+                 steps: int | None = None, mesh: str = "") -> None:
+        super().__init__(params)
+        self.compared = dict(compared) if compared is not None else None
+        self.steps = steps
+        self.mesh = mesh
+
+
+def _steps_text(steps: int) -> str:
+    return f"{steps} step" if steps == 1 else f"{steps} steps"
 
 
 def check_reference(params: Mapping[str, Any] | None, reference: Mapping[str, Any],
                     tol: Tolerances) -> CheckResult:
-    """Final parameters against a single-device reference run's, leaf by leaf."""
+    """Parameters against a single-device reference run's, leaf by leaf: the run's after
+    ``reference.steps`` steps when ``reference`` is a :class:`ReferenceParams` that carries
+    them (``compared``), else its final ``params``."""
     atol, rtol = tol.reference_atol, tol.reference_rtol
     within = f"atol={fmt_num(atol)}" + (f", rtol={fmt_num(rtol)}" if rtol else "")
     result = CheckResult(REFERENCE_METRIC, Verdict.PASS, "", unit=UNIT,
                          data={"atol": atol, "rtol": rtol})
+    steps: int | None = None
+    what = "parameters"  # what is compared, for the detail
+    if isinstance(reference, ReferenceParams) and reference.compared is not None:
+        params, steps = reference.compared, reference.steps
+        if steps is not None:
+            result.data["steps"] = steps
+            on = f" on the {reference.mesh} mesh" if reference.mesh else ""
+            what = f"parameters after {_steps_text(steps)}{on}"
     if not params:
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = "this run returned no parameters to compare with the reference"
@@ -196,11 +409,21 @@ def check_reference(params: Mapping[str, Any] | None, reference: Mapping[str, An
         failing = [d for d in diffs if d.mismatched]
         bad = max(failing, key=_rank)
         result.verdict = Verdict.REGRESSION
-        result.detail = (f"{bad.path} differs from the single-device reference: max |Δ| = "
-                         f"{fmt_num(bad.max_abs)} beyond {within}; {mismatched:,} of "
+        after = f" after {_steps_text(steps)}" if steps is not None else ""
+        result.detail = (f"{bad.path} differs from the single-device reference{after}: max "
+                         f"|Δ| = {fmt_num(bad.max_abs)} beyond {within}; {mismatched:,} of "
                          f"{total:,} elements ({mismatched / total:.1%}) mismatched in "
-                         f"{len(failing)} of {len(diffs)} leaves")
+                         f"{len(failing)} of {len(diffs)} leaves{_growth(steps)}")
         return result
-    result.detail = (f"parameters match the single-device reference within {within} "
-                     f"(max |Δ| = {fmt_num(worst.max_abs)})")
+    result.detail = (f"{what} match the single-device reference within {within} "
+                     f"(largest |Δ| {fmt_num(worst.max_abs)} in {worst.path})"
+                     f"{_growth(steps)}")
     return result
+
+
+def _growth(steps: int | None) -> str:
+    """What a comparison after more than one step adds to the detail."""
+    if steps is None or steps <= 1:
+        return ""
+    return (f"; compared after {steps} steps (reference_steps): rounding differences between "
+            f"the two programs grow with every step")
