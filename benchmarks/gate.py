@@ -818,10 +818,10 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     def plugin(with_probe: bool) -> list[float]:
         # Exactly what BACKEND.train runs after compiling: init, warmup, measured steps
         # (each followed by the probe, outside the step's timer), on the same program.
-        return list(_execute(program, case, probe if with_probe else None)[0].step_times)
+        return list(_execute(program, case, probe if with_probe else None).loop.step_times)
 
     def hand() -> list[float]:
-        state = _init_state(program)
+        state, _ = _init_state(program)
         times = []
         for i in range(case.warmup + case.steps):
             batch = jax.device_put(task.make_batch(i), program.batch_shardings)

@@ -13,7 +13,8 @@ from pytest_accelperf.cases import Case, cases, grid
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.maxbatch import MaxBatch
 from pytest_accelperf.run import Run
-from pytest_accelperf.session import AccelperfWarning, CaseResult, CaseRunner, MaxBatchSearch
+from pytest_accelperf.runner import CaseResult, CaseRunner, MaxBatchSearch
+from pytest_accelperf.session import AccelperfWarning
 
 if TYPE_CHECKING:
     from pytest_accelperf.backends.rank_step import Built, RankStep

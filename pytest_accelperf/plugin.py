@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from pytest_accelperf import cluster, hookspecs
+from pytest_accelperf import hookspecs
+from pytest_accelperf.ab.tree import resolve
 from pytest_accelperf.accel import (
     Accelerator,
     AcceleratorUnavailable,
@@ -28,12 +29,12 @@ from pytest_accelperf.accel import (
     prepare_environment,
     provision,
 )
-from pytest_accelperf.backends import builtin
+from pytest_accelperf.backends import builtin, rank_pool
 from pytest_accelperf.backends.registry import BackendRegistry
 from pytest_accelperf.backends.spec import BackendSpecError
 from pytest_accelperf.baselines import BaselineError, atomic_write, validate_platform
 from pytest_accelperf.cases import MARKER, Case
-from pytest_accelperf.compare import resolve
+from pytest_accelperf.cluster import session as ray_session
 from pytest_accelperf.fingerprint import environment
 from pytest_accelperf.options import Settings, add_options
 from pytest_accelperf.report import progress
@@ -42,7 +43,8 @@ from pytest_accelperf.report.html import ReportDependencyError, require_matplotl
 from pytest_accelperf.report.junit import add_suite_properties, junit_properties
 from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_outputs
 from pytest_accelperf.report.terminal import table_lines
-from pytest_accelperf.session import AccelperfSession, CaseRunner
+from pytest_accelperf.runner import CaseRunner
+from pytest_accelperf.session import AccelperfSession
 from pytest_accelperf.xdist_role import is_worker, worker_id, worker_input
 
 SESSION_KEY = pytest.StashKey[AccelperfSession]()
@@ -100,17 +102,18 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     "--accelperf-compare and --accelperf-cluster cannot be combined: A/B mode "
                     "alternates two revisions on this machine; drop one of them")
             resolve(session.config.rootpath, settings.compare)  # a bad ref stops here
-        cluster.session_start(session.config, settings.cluster, is_worker(session.config))
+        ray_session.session_start(session.config, settings.cluster, is_worker(session.config))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: give each worker the address of the session's Ray cluster."""
-    cluster.configure_node(node.config, node)
+    ray_session.configure_node(node.config, node)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    cluster.session_finish(config)  # a backstop: normally done in pytest_sessionfinish
+    ray_session.session_finish(config)  # a backstop: normally done in pytest_sessionfinish
+    rank_pool.close_all()  # the session's warm ranks (multi-process cases) end with it
     if SESSION_KEY in config.stash:
         del config.stash[SESSION_KEY]
 
@@ -271,7 +274,7 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 @pytest.hookimpl(tryfirst=True)  # before --junitxml writes its file (suite properties)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    cluster.session_finish(config)  # every case has trained: stop or disconnect Ray
+    ray_session.session_finish(config)  # every case has trained: stop or disconnect Ray
     state = config.stash.get(SESSION_KEY, None)
     if state is None:
         return

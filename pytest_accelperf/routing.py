@@ -5,7 +5,7 @@ The one place that makes the choice, from what the backend's spec declares
 backend knows the others, nor chooses for itself:
 
 * ``ray``: ``--accelperf-cluster`` is set; the case trains in Ray workers
-  (:mod:`pytest_accelperf.cluster_dispatch`), in its backend's ranks when it spans
+  (:mod:`pytest_accelperf.cluster.dispatch`), in its backend's ranks when it spans
   processes. A backend that declares ``ray=False`` is refused, naming the fix.
 * ``ranks``: ``world_size > 1`` and the spec names ``ranks``: the case trains in
   ``world_size`` processes the plugin launches on this machine

@@ -251,8 +251,8 @@ def test_route_is_decided_by_what_the_spec_declares() -> None:
 
 
 def test_a_backend_given_as_an_object_cannot_go_to_a_ray_worker() -> None:
-    from pytest_accelperf.cluster import ClusterError
-    from pytest_accelperf.cluster_dispatch import train as train_on_cluster
+    from pytest_accelperf.cluster.connection import ClusterError
+    from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 
     spec = BackendSpec("numpy-sgd", backend=object())
     cpu = Accelerator(name="cpu", platform="cpu-x8", device_kind="cpu", device_count=8)
@@ -263,7 +263,7 @@ def test_a_backend_given_as_an_object_cannot_go_to_a_ray_worker() -> None:
 
 
 def test_a_backend_given_as_an_object_is_not_compared_in_ab_mode(tmp_path: Path) -> None:
-    from pytest_accelperf.compare import Comparison
+    from pytest_accelperf.ab.rounds import Comparison
 
     for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "base"]):
         subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],

@@ -33,18 +33,18 @@ HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
-from pytest_accelperf.cluster import (  # noqa: E402
+from pytest_accelperf.cluster.connection import (  # noqa: E402
     HOST_RESOURCE,
     Cluster,
     ClusterError,
     check_address,
 )
-from pytest_accelperf.cluster_dispatch import (  # noqa: E402
+from pytest_accelperf.cluster.dispatch import train as cluster_train  # noqa: E402
+from pytest_accelperf.cluster.placement import (  # noqa: E402
     describe_nodes,
     feasible,
     placement,
 )
-from pytest_accelperf.cluster_dispatch import train as cluster_train  # noqa: E402
 
 #: The suites' small GPT (it reads the corpus next to it, so it is imported from there).
 TORCH_SUITE = Path(__file__).resolve().parents[1] / "suites" / "torch"

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import Suite, verdicts
 
+from pytest_accelperf.ab.rounds import ABMeasurement, round_orders
+from pytest_accelperf.ab.tree import moved_path
+from pytest_accelperf.ab.verdict import ab_check
 from pytest_accelperf.checks.base import Verdict
-from pytest_accelperf.compare import ABMeasurement, ab_check, moved_path, round_orders
 from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.stats import paired_ratio, throughput_verdict
 

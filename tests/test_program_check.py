@@ -192,7 +192,8 @@ def test_no_growth_leaves_the_peak_verdict_alone() -> None:
 
 # -- A/B: the two arms' programs diffed beside the timing verdict -------------------------------
 def test_ab_verdict_names_the_program_change_or_says_the_program_is_the_same() -> None:
-    from pytest_accelperf.compare import ABMeasurement, ab_check
+    from pytest_accelperf.ab.rounds import ABMeasurement
+    from pytest_accelperf.ab.verdict import ab_check
 
     base_blocks = [[0.010] * 5 for _ in range(10)]
     head_blocks = [[0.013] * 5 for _ in range(10)]

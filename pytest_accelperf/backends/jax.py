@@ -443,7 +443,7 @@ def _batch(program: _Program, i: int) -> PyTree:
 
 class JaxStepper:
     """The compiled train step of a case, run on demand in blocks of steps: what the A/B
-    comparison (:mod:`pytest_accelperf.compare`) alternates between two revisions. Steps
+    comparison (:mod:`pytest_accelperf.ab`) alternates between two revisions. Steps
     are timed exactly as in a run (:func:`.loop.time_block`)."""
 
     def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:

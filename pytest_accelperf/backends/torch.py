@@ -313,7 +313,7 @@ def _step_fns(step: TorchStep, device: torch.device) -> StepFns[Any, Any]:
 
 class TorchStepper:
     """A case's step on its device, trained on demand in blocks of steps (the A/B
-    comparison of :mod:`pytest_accelperf.compare`), timed as in a run
+    comparison of :mod:`pytest_accelperf.ab`), timed as in a run
     (:func:`.loop.time_block`)."""
 
     def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:

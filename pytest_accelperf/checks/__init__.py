@@ -33,7 +33,7 @@ no baseline. Checks never modify their inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -69,26 +69,30 @@ __all__ = [
 
 
 def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] | None,
-               tol: Tolerances, *, comparable: bool,
+               tol: Tolerances, *, comparable: bool = True, differences: Sequence[str] = (),
                reference_params: Mapping[str, Any] | None = None,
                params: Mapping[str, Any] | None = None,
                loss_either_way: bool = False) -> list[CheckResult]:
     """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
 
     ``block`` is ``summarize(run)`` (computed here when None). ``comparable`` is False when
-    the baseline was recorded in another environment: throughput is then ``incomparable``
-    and the other checks still apply (numerics at its cross-environment tolerance).
+    the baseline was recorded in another environment, and ``differences`` say how (in
+    words, :func:`pytest_accelperf.fingerprint.differences`; any makes it not comparable):
+    throughput, compile time and the program are then ``incomparable`` and the other
+    checks still apply (numerics at its cross-environment tolerance).
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
     with a reference the ``reference`` check runs, baseline or not. ``loss_either_way``:
     a loss below its band fails too (``--accelperf-loss-either-way``).
     """
     if block is None:
         block = summarize(run)
+    comparable = comparable and not differences
     results: list[CheckResult] = [check_outcome(run, block, baseline)]
     optional: list[CheckResult | None]
     if run.outcome == "ok":
         optional = [
-            check_throughput(run, block, baseline, tol, comparable=comparable),
+            check_throughput(run, block, baseline, tol, comparable=comparable,
+                             differences=differences),
             check_convergence(run, block, baseline, tol, either_way=loss_either_way),
             *check_metrics(block, baseline, tol),
             check_compile_time(block, baseline, tol, comparable=comparable),

@@ -30,13 +30,14 @@ the reason and what was measured; a ratio within it still passes.
 
 Throughput is only compared on the machine the baseline was recorded on: when the
 environment fingerprints differ the verdict is ``incomparable`` (the caller passes
-``comparable=False`` and may name the differing keys in the detail).
+``comparable=False``, or the differing keys as ``differences`` to name them in the detail).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -58,6 +59,15 @@ UNIT = "samples/s"
 STEP_UNIT = "s"
 
 INCOMPARABLE_ENV = "baseline recorded in another environment; throughput not compared"
+
+
+def incomparable_detail(differences: Sequence[str] = ()) -> str:
+    """Why throughput was not compared with a baseline from another environment: the
+    differing keys of the fingerprints (:func:`pytest_accelperf.fingerprint.differences`)
+    when known, else :data:`INCOMPARABLE_ENV`."""
+    if differences:
+        return f"baseline recorded in another environment ({'; '.join(differences)})"
+    return INCOMPARABLE_ENV
 
 
 def _rate(samples_per_step: int, median: float) -> float:
@@ -191,11 +201,15 @@ def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
 
 
 def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
-                     tol: Tolerances, *, comparable: bool = True) -> CheckResult | None:
+                     tol: Tolerances, *, comparable: bool = True,
+                     differences: Sequence[str] = ()) -> CheckResult | None:
     """Step times of ``run`` against ``baseline["step_time"]["samples"]``.
 
     None when the run measured no step times and there is nothing stored to compare with.
+    ``differences`` (how the environments differ, in words) makes the run not comparable,
+    as ``comparable=False`` does, and is named in the ``incomparable`` verdict's detail.
     """
+    comparable = comparable and not differences
     unit = UNIT if run.samples_per_step else STEP_UNIT
     now_median = run.median_step_time
     now = _rate(run.samples_per_step, now_median) if now_median else None
@@ -221,7 +235,7 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
 
     if not comparable:
         result.verdict = Verdict.INCOMPARABLE
-        result.detail = INCOMPARABLE_ENV
+        result.detail = incomparable_detail(differences)
         return result
     if base_batch != run.samples_per_step:
         result.verdict = Verdict.INCOMPARABLE

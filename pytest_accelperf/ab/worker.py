@@ -1,8 +1,8 @@
-"""One arm of an A/B comparison (:mod:`pytest_accelperf.compare`): a long-lived process that
+"""One arm of an A/B comparison (:mod:`pytest_accelperf.ab`): a long-lived process that
 imports the suites of one revision, builds the step of each case it is asked for, and
 trains blocks of steps when told to.
 
-It is started as ``python -m pytest_accelperf.compare_worker`` with the controller's
+It is started as ``python -m pytest_accelperf.ab.worker`` with the controller's
 connection details in the environment, so the plugin itself is the working tree's in both
 arms (its modules are imported before anything else); then ``sys.path`` becomes the
 controller's, with every entry inside the repository moved to this arm's tree. What differs
@@ -83,7 +83,7 @@ def _foreign_modules(setup: Setup) -> list[str]:
     if setup.arm != "base":
         return []
     head = Path(setup.head_root).resolve()
-    plugin = Path(__file__).resolve().parent
+    plugin = Path(__file__).resolve().parents[1]  # the pytest_accelperf package
     out = []
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)

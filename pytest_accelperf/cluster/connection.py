@@ -1,41 +1,7 @@
-"""Ray dispatch: the training of each case runs in a Ray worker that holds its devices.
-
-With ``--accelperf-cluster=local|ADDRESS`` the runner hands the training of a case to a
-Ray cluster (:func:`.cluster_dispatch.train`) instead of running it in the pytest process;
-the run comes back and is checked, recorded and reported on the controller exactly as a
-local run.
-
-Resources. A case asks the cluster for the devices of the session's platform, as Ray
-resources, through a placement group (so all processes of a case are scheduled at once, or
-none, and two cases never deadlock holding half of each other's devices):
-
-* ``--accel=gpu``: ``GPU`` (the platform's device count), ``--accel=tpu``: ``TPU``,
-  ``--accel=neuron``: ``neuron_cores``;
-* ``--accel=cpu``: the custom resource ``accelperf_cpu_host: 1``. Virtual CPU devices are
-  the host's cores, so a case holds the whole host: no two timing-sensitive cases share
-  one, whichever xdist worker or session submitted them. ``local`` declares it on the
-  node it starts; on a cluster of your own, start each node with
-  ``ray start ... --resources='{"accelperf_cpu_host": 1}'``.
-
-Every xdist worker submits to the same cluster (``local`` is started once, by the
-controller, and its address handed to the workers), so Ray's resource accounting is what
-keeps two workers off the same devices.
-
-Processes. Each case trains in fresh actors (:class:`~.cluster_worker.CaseWorker`),
-killed afterwards. Cases that span hosts have one actor per process: a multi-process torch
-case (DeepSpeed, DDP) runs the ranks of :func:`~.backends.ddp.rank_main` as actors, one per
-"host", with ``MASTER_ADDR``/``MASTER_PORT`` on rank 0's node; a JAX case with
-``world_size > 1`` runs ``world_size`` processes joined by ``jax.distributed.initialize``
-(CPU collectives over gloo on ``--accel=cpu``), each with ``cpu_devices / world_size``
-virtual devices. On one machine the "hosts" are actors on one node; the code path is the
-multi-host one.
-
-Faults. A case whose resources no node set of the cluster has is failed after
-``--accelperf-cluster-wait`` seconds with what it asked for and what each node has. A
-worker that dies fails its case (outcome ``error``) naming the host, and the session goes
-on. Ctrl-C (or any exception on the controller) kills the case's actors and frees its
-placement group. ``local`` is a cluster of this session alone: it is started with its own
-temporary directory and authentication token, and shut down (``ray.shutdown``) at the end.
+"""This process's connection to a Ray cluster (see :mod:`pytest_accelperf.cluster` for the
+picture): the ``local`` cluster a session starts (its own temporary directory and token,
+shut down at the end), a running cluster connected to as a driver, and the errors that say
+what to do when neither works.
 """
 
 from __future__ import annotations
@@ -53,14 +19,10 @@ from typing import Any
 
 import pytest
 
-from pytest_accelperf.xdist_role import worker_input
-
 #: The custom resource of a host whose CPU runs virtual devices (one per host).
 HOST_RESOURCE = "accelperf_cpu_host"
 #: Object store of a ``local`` cluster: runs and parameters are small.
 LOCAL_OBJECT_STORE = 256 * 2**20
-#: workerinput key (xdist) carrying the controller's cluster address.
-WORKERINPUT_KEY = "accelperf_cluster_address"
 _TOKEN_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
 
@@ -200,63 +162,3 @@ def _restore_env(before: dict[str, str | None]) -> None:
                 os.environ[key] = value
     if changed and "ray" in sys.modules:
         _refresh_ray_config()
-
-
-# -- session wiring (called from plugin.py) -----------------------------------------------
-CLUSTER_KEY = pytest.StashKey[Cluster]()
-
-
-def session_start(config: pytest.Config, setting: str | None, is_worker: bool) -> None:
-    """Controller: start ``local`` (so that every xdist worker shares it); an address is
-    connected to lazily, by whichever process trains a case first."""
-    if not setting or is_worker:
-        return
-    check_address(setting)
-    try:
-        import_ray()  # a missing Ray is a usage error now, not a failure of every case
-        if setting == "local" and not config.option.collectonly:
-            config.stash[CLUSTER_KEY] = Cluster.start_local()
-    except ClusterError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def worker_address(config: pytest.Config, setting: str | None) -> str | None:
-    """The address this process should connect to (the controller's ``local`` cluster
-    under xdist), or None without a cluster."""
-    if not setting:
-        return None
-    address = worker_input(config).get(WORKERINPUT_KEY)
-    if address:
-        return str(address)
-    return check_address(setting)
-
-
-def cluster_for(config: pytest.Config, setting: str | None) -> Cluster | None:
-    """This process's cluster connection, made on first use; None without a cluster."""
-    __tracebackhide__ = True
-    if not setting:
-        return None
-    cluster = config.stash.get(CLUSTER_KEY, None)
-    if cluster is None:
-        address = worker_address(config, setting)
-        if address == "local":  # the controller starts it in pytest_sessionstart
-            raise ClusterError("--accelperf-cluster=local: no cluster was started for this "
-                               "session (pytest_sessionstart did not run)")
-        assert address is not None
-        cluster = Cluster.connect(address)
-        config.stash[CLUSTER_KEY] = cluster
-    return cluster
-
-
-def session_finish(config: pytest.Config) -> None:
-    cluster = config.stash.get(CLUSTER_KEY, None)
-    if cluster is not None:
-        cluster.stop()
-        del config.stash[CLUSTER_KEY]
-
-
-def configure_node(config: pytest.Config, node: Any) -> None:
-    """xdist controller: hand the workers the address of the cluster it started."""
-    cluster = config.stash.get(CLUSTER_KEY, None)
-    if cluster is not None:
-        node.workerinput[WORKERINPUT_KEY] = cluster.address

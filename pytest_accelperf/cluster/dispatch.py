@@ -1,7 +1,7 @@
 """Dispatching a case to the Ray cluster (see :mod:`pytest_accelperf.cluster` for the
-picture): what it asks for (:func:`placement`), whether the cluster could ever hold it
-(:func:`feasible`), its fresh actors, their progress while they train (:class:`_Follow`),
-and the run that comes back (:func:`train`).
+picture): its resources reserved (:mod:`.placement` says which), its fresh actors, their
+progress while they train (:class:`_Follow`), the faults, and the run that comes back
+(:func:`train`).
 """
 
 from __future__ import annotations
@@ -23,86 +23,14 @@ from pytest_accelperf.backends.launch import RankReport, show_latest_step
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
-from pytest_accelperf.cluster import HOST_RESOURCE, ClusterError, import_ray
+from pytest_accelperf.cluster.connection import HOST_RESOURCE, ClusterError, import_ray
+from pytest_accelperf.cluster.placement import describe_nodes, feasible, placement, shown
 
-#: Ray resource names of the accelerators (``--accel``).
-DEVICE_RESOURCES = {"gpu": "GPU", "tpu": "TPU", "neuron": "neuron_cores"}
 #: Seconds a worker may take beyond the case's own timeout (process start, imports,
 #: compile) before it is killed; the backend itself stops at a step boundary first.
 GRACE_S = 120.0
 #: Seconds between reads of a running case's progress (and checks of its deadline).
 POLL_S = 0.5
-
-
-# -- what a case asks for -----------------------------------------------------------------
-def process_count(case: Case) -> int:
-    """Processes (hosts) a case spans: its ranks (``world_size > 1``), else one."""
-    return case.world_size if case.world_size > 1 else 1
-
-
-def placement(case: Case, accel: Accelerator,
-              nodes: Sequence[dict[str, Any]]) -> tuple[list[dict[str, float]], str]:
-    """The placement-group bundles (one per process) and strategy of ``case``.
-
-    A case holds all the devices of the session's platform: on ``cpu`` the whole host
-    (one ``accelperf_cpu_host``: shared by its processes when the cluster has fewer hosts
-    than processes, else one host each), elsewhere the platform's device count split over
-    its processes."""
-    procs = process_count(case)
-    if accel.name == "cpu":
-        hosts = sum(1 for n in nodes if n.get("Resources", {}).get(HOST_RESOURCE, 0) >= 1)
-        if procs > 1 and hosts >= procs:
-            return [{HOST_RESOURCE: 1.0} for _ in range(procs)], "STRICT_SPREAD"
-        return [{HOST_RESOURCE: round(1.0 / procs, 4)} for _ in range(procs)], "PACK"
-    name = DEVICE_RESOURCES.get(accel.name)
-    if name is None:
-        raise ClusterError(f"--accel={accel.name} has no Ray resource; use cpu, gpu, tpu or "
-                           f"neuron with --accelperf-cluster")
-    if accel.device_count % procs:
-        raise ClusterError(f"{case.id}: {procs} processes cannot split the "
-                           f"{accel.device_count} devices of {accel.platform} evenly")
-    per = float(accel.device_count // procs)
-    return [{name: per} for _ in range(procs)], "PACK" if procs == 1 else "SPREAD"
-
-
-def _shown(resources: dict[str, float]) -> str:
-    return ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) or "nothing"
-
-
-def describe_nodes(nodes: Sequence[dict[str, Any]]) -> str:
-    """``node 10.0.0.2 (id 3f2a9c1d): CPU: 2, accelperf_cpu_host: 1`` per alive node."""
-    lines = []
-    for n in nodes:
-        res = {k: float(v) for k, v in n.get("Resources", {}).items()
-               if not k.startswith(("node:", "accelerator_type:"))
-               and k not in ("memory", "object_store_memory")}
-        lines.append(f"node {n.get('NodeManagerAddress')} (id {str(n.get('NodeID'))[:8]}): "
-                     f"{_shown(res)}")
-    return "; ".join(lines) or "no alive node"
-
-
-def feasible(bundles: Sequence[dict[str, float]], strategy: str,
-             nodes: Sequence[dict[str, Any]]) -> bool:
-    """Whether the alive ``nodes`` could ever hold ``bundles`` (not whether they are free
-    now): every bundle fits a node, the totals fit the cluster, and ``STRICT_SPREAD`` has
-    a distinct node per bundle."""
-    totals = [{k: float(v) for k, v in n.get("Resources", {}).items()} for n in nodes]
-
-    def fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
-        return all(node.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
-
-    if not all(any(fits(b, t) for t in totals) for b in bundles):
-        return False
-    if strategy == "STRICT_SPREAD":
-        return sum(1 for t in totals if fits(bundles[0], t)) >= len(bundles)
-    if strategy == "PACK" and len(bundles) > 1:
-        merged: dict[str, float] = {}
-        for b in bundles:
-            for k, v in b.items():
-                merged[k] = merged.get(k, 0.0) + v
-        return any(fits(merged, t) for t in totals) or all(
-            sum(t.get(k, 0.0) for t in totals) + 1e-9 >= v for k, v in merged.items())
-    return True
 
 
 # -- running actors -----------------------------------------------------------------------
@@ -124,7 +52,7 @@ def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     session's device environment (``XLA_FLAGS``, ``JAX_PLATFORMS``), plus ``extra``."""
     from pytest_accelperf.backends.common import INJECT_ENV
     from pytest_accelperf.backends.launch import EXTENSIONS_ENV, default_extensions_dir
-    from pytest_accelperf.cluster_worker import THREADS_ENV
+    from pytest_accelperf.cluster.worker import THREADS_ENV
 
     paths = [p if p else os.getcwd() for p in sys.path]
     env = {"PYTHONPATH": os.pathsep.join(paths), EXTENSIONS_ENV: str(default_extensions_dir()),
@@ -148,7 +76,7 @@ def _gang(case: Case, accel: Accelerator, wait: float,
     ray = import_ray()
     pg_mod: Any = importlib.import_module("ray.util.placement_group")
     strategies: Any = importlib.import_module("ray.util.scheduling_strategies")
-    from pytest_accelperf.cluster_worker import CaseWorker
+    from pytest_accelperf.cluster.worker import CaseWorker
 
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     bundles, strategy = placement(case, accel, nodes)
@@ -189,7 +117,7 @@ def _await_placement(ray: Any, pg: Any, case: Case, bundles: list[dict[str, floa
             start = time.monotonic()  # busy, not impossible: other cases hold it
             continue
         if time.monotonic() - start > wait:
-            asked = " + ".join(f"{{{_shown(b)}}}" for b in bundles)
+            asked = " + ".join(f"{{{shown(b)}}}" for b in bundles)
             fix = (f"start nodes with --resources='{{\"{HOST_RESOURCE}\": 1}}'"
                    if any(HOST_RESOURCE in b for b in bundles)
                    else "add a node that has them (Ray detects GPU and TPU itself)")
@@ -201,7 +129,7 @@ def _await_placement(ray: Any, pg: Any, case: Case, bundles: list[dict[str, floa
 
 class _Follow:
     """The progress of a case's actors while they train, read from the driver's
-    :class:`~pytest_accelperf.cluster_worker.ProgressBoard`, where each actor posts under
+    :class:`~pytest_accelperf.cluster.worker.ProgressBoard`, where each actor posts under
     its key in :attr:`keys`. One read is in flight per actor at a time. The first actor's
     steps (rank or process 0) go to the terminal line, as a local case's do; every actor's
     events are kept, so a worker that dies or is killed at the timeout leaves behind the
@@ -243,7 +171,7 @@ class _Follow:
     def finish(self, timeout: float = 5.0) -> None:
         """One last read of every actor's events (the board keeps a dead one's), after
         the actors still alive (a rank blocked in a collective) have posted theirs."""
-        from pytest_accelperf.cluster_worker import POST_S
+        from pytest_accelperf.cluster.worker import POST_S
 
         time.sleep(2 * POST_S)
         for i in range(len(self.keys)):
@@ -269,10 +197,10 @@ _BOARDS: dict[str, Any] = {}
 
 
 def _board(ray: Any) -> Any:
-    """This driver's :class:`~pytest_accelperf.cluster_worker.ProgressBoard`, started on
+    """This driver's :class:`~pytest_accelperf.cluster.worker.ProgressBoard`, started on
     first use (a small actor holding no resources) and reused while the connection lasts;
     it ends with the connection, as every actor a driver owns does."""
-    from pytest_accelperf.cluster_worker import ProgressBoard
+    from pytest_accelperf.cluster.worker import ProgressBoard
 
     job = str(ray.get_runtime_context().get_job_id())
     if job not in _BOARDS:
@@ -427,7 +355,7 @@ def _train_ranks(spec: BackendSpec, case: Case, task: Any, accel: Accelerator,
     import json
 
     from pytest_accelperf.backends.launch import LaunchResult, describe_failure
-    from pytest_accelperf.cluster_worker import THREADS_ENV
+    from pytest_accelperf.cluster.worker import THREADS_ENV
 
     ray = import_ray()
     trainer = spec.load_ranks()

@@ -1,0 +1,49 @@
+"""A/B mode for pull requests: ``--accelperf-compare=GIT_REF``.
+
+A stored baseline was measured hours or days ago, maybe on another runner: comparing a step
+time with it compares two machines as much as two revisions. In A/B mode each case's step
+time is instead measured on the base revision and on the working tree *in alternation, in
+the same minutes, on the same machine*, and the verdict comes from the paired ratio.
+
+How a session goes:
+
+1. The base revision (``git rev-parse GIT_REF``) is extracted once per session with
+   ``git archive`` into a temporary directory (nothing is checked out or changed in the
+   repository).
+2. Two long-lived worker processes start (:mod:`.worker`): ``base``, whose
+   ``sys.path`` has every entry inside the repository moved into the extracted tree, and
+   ``head``, which imports the working tree as pytest does. Both run the working tree's
+   plugin; what differs is the suites and everything they import from the repository.
+3. For each case (after its normal run in the pytest process, which still serves the
+   convergence, memory and numerics checks against the stored baseline), each worker builds
+   the case's step from its revision (by running the test function up to
+   ``accelperf.train(task)``), compiles and warms it up. Then they take turns: round ``i``
+   times a block of ``--accelperf-compare-block`` steps on each, the order of the two
+   drawn at random for every pair of rounds (one base-head and one head-base in each
+   pair, so a steady drift favours neither and no pattern of the machine's can line up
+   with the arms), at least ``--accelperf-compare-rounds`` rounds, and more while the
+   interval is too wide to resolve the tolerance, until ``--accelperf-compare-budget``
+   seconds of measurement.
+4. The throughput verdict is the paired statistic of :func:`.stats.paired_ratio` under
+   ``--accelperf-compare-tolerance``, with the same rule as the stored-baseline check
+   (``regression`` needs the ratio past the tolerance *and* the whole interval above 1;
+   ``inconclusive`` when the minimum detectable change exceeds the tolerance), unless
+   other processes used more than ``--accelperf-max-foreign-load`` cores during the
+   rounds (:mod:`.contention`): then the measurement is contaminated, pairing does not
+   cancel it, and the verdict is ``inconclusive`` with that reason.
+
+A case that the base revision does not have is ``new``; one whose backend cannot train in
+blocks (multi-process DeepSpeed, ingested logs) keeps the stored-baseline throughput check,
+and the detail says so.
+
+The modules, one job each: :mod:`.tree` (the base revision's files and where a test lives
+in them), :mod:`.worker` (one arm's process, ``python -m pytest_accelperf.ab.worker``),
+:mod:`.arms` (the controller's side of it: start an arm, ask it, stop it), :mod:`.rounds`
+(the session's comparison: the alternating rounds of one case) and :mod:`.verdict` (the
+throughput check those rounds give). The package itself imports nothing, so an arm's
+process starts with no more than the plugin's own modules.
+"""
+
+
+class CompareError(Exception):
+    """The comparison cannot be made (a worker died or hung, the base cannot be built)."""

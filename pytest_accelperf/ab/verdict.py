@@ -1,0 +1,112 @@
+"""The throughput verdict of A/B mode (see :mod:`pytest_accelperf.ab`): the paired ratio
+of an :class:`~pytest_accelperf.ab.rounds.ABMeasurement` under the tolerance, with the two
+arms' programs diffed (:func:`ab_check`); ``new`` for a case the base revision lacks
+(:func:`new_in_head`); the stored-baseline check, with a note, for one that could not be
+compared (:func:`not_compared`). Each returns a new :class:`CheckResult`, never changing
+the one it was given.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from pytest_accelperf.ab.rounds import ABMeasurement
+from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.contention import contaminated
+from pytest_accelperf.program import describe_changes
+from pytest_accelperf.stats import RatioEstimate, paired_ratio, throughput_verdict
+from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
+
+METRIC = "throughput"
+
+
+def program_diff(measured: ABMeasurement, tolerance: float) -> list[str] | None:
+    """How the head's program differs from the base's, in words (empty: the same
+    program); None when either arm has no program record."""
+    base, head = measured.programs.get("base"), measured.programs.get("head")
+    if not base or not head:
+        return None
+    return describe_changes(base, head, tolerance)
+
+
+def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
+             tolerance: float, block: int, max_foreign_load: float = math.inf,
+             program_tolerance: float = 0.01) -> CheckResult:
+    """The throughput verdict of an A/B measurement: ``inconclusive`` whatever the ratio
+    when other processes used more than ``max_foreign_load`` cores during it. The two
+    arms' programs are diffed and the difference follows the verdict: a slowdown comes
+    with its likely cause (``program: all-gather: 2 → 6 per step (+48.00 MiB)``), or with
+    ``same program`` when only the kernels' speed can explain it."""
+    est: RatioEstimate = paired_ratio(measured.head, measured.base)
+    verdict = throughput_verdict(est, tolerance)
+    dirty = contaminated(measured.load, max_foreign_load)
+    if dirty:
+        verdict = Verdict.INCONCLUSIVE
+    base_median = float(_median([t for b in measured.base for t in b]))
+    head_median = float(_median([t for b in measured.head for t in b]))
+    unit = "samples/s" if samples_per_step else "s"
+
+    def rate(median: float) -> float:
+        return samples_per_step / median if samples_per_step else median
+
+    ci = (f"{est.confidence * 100:.0f}% CI of the paired step-time ratio "
+          f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
+          f"{fmt_tolerance(tolerance)}; {len(measured.base)} alternating rounds of {block} "
+          f"steps in {measured.seconds:.1f} s")
+    if verdict is Verdict.REGRESSION:
+        text = f"slower than {label}: step time {fmt_percent(est.ratio - 1)} longer ({ci})"
+    elif verdict is Verdict.IMPROVEMENT:
+        text = f"faster than {label}: step time {fmt_percent(1 - est.ratio)} shorter ({ci})"
+    elif dirty:
+        assert measured.load is not None
+        text = (f"against {label}: not judged, the measurement is contaminated: "
+                f"{measured.load.text()} (bound --accelperf-max-foreign-load="
+                f"{max_foreign_load:g}); step time {fmt_signed_percent(est.ratio - 1)} "
+                f"({ci}); run on a machine with nothing else running, or raise the bound")
+    elif verdict is Verdict.INCONCLUSIVE:
+        text = (f"against {label}: noise too large to resolve ±{fmt_tolerance(tolerance)}: "
+                f"smallest detectable change here is ±{fmt_percent(est.mdc)} (step time "
+                f"{fmt_signed_percent(est.ratio - 1)}, {ci}); raise "
+                f"--accelperf-compare-budget or use a quieter machine")
+    else:
+        text = (f"within tolerance of {label}: step time "
+                f"{fmt_signed_percent(est.ratio - 1)} ({ci})")
+    diff = program_diff(measured, program_tolerance)
+    if diff is not None:
+        text += (f"; program: {'; '.join(diff)}" if diff
+                 else "; same program in both revisions")
+    data: dict[str, Any] = {
+        "mode": "ab", "ref": label, "tolerance": tolerance, "ratio": est.ratio,
+        "ci": [est.low, est.high], "mdc": est.mdc, "confidence": est.confidence,
+        "rounds": len(measured.base), "block": block, "seconds": measured.seconds,
+        "first": measured.first, "load": measured.load.to_json() if measured.load else None,
+        "max_foreign_load": max_foreign_load if math.isfinite(max_foreign_load) else None,
+        "contaminated": dirty,
+        "median_step_time": {"now": head_median, "baseline": base_median},
+        "blocks": {"base": measured.base, "head": measured.head}, "program_diff": diff}
+    return CheckResult(METRIC, verdict, f"A/B {text}", baseline=rate(base_median),
+                       now=rate(head_median), unit=unit, change=1 / est.ratio - 1, data=data)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def not_compared(label: str, why: str, stored: CheckResult | None) -> CheckResult | None:
+    """The throughput check when a case could not be compared: the stored-baseline check
+    with a note, or ``new`` when the base revision has no such case."""
+    if stored is None:
+        return None
+    return replace(stored, detail=f"{stored.detail} [not compared with {label}: {why}]".strip(),
+                   data={**stored.data, "ab": {"ref": label, "skipped": why}})
+
+
+def new_in_head(label: str, why: str, stored: CheckResult | None) -> CheckResult:
+    """The throughput check of a case the base revision does not have: ``new``."""
+    return CheckResult(METRIC, Verdict.NEW, f"not in {label} ({why}): nothing to compare "
+                       f"with", now=stored.now if stored else None,
+                       unit=stored.unit if stored else "samples/s",
+                       data={"mode": "ab", "ref": label})

@@ -1,0 +1,577 @@
+"""The case pipeline behind the ``accelperf`` fixture, one way:
+measure -> evaluate -> judge -> record -> gate.
+
+``CaseRunner`` is the thin object a test receives. It *measures* the case where its backend
+trains it (this process, launched ranks, a Ray worker; :mod:`pytest_accelperf.routing`),
+*evaluates* the run (every check against the stored baseline, the environment's
+differences named where the throughput check is made), *judges* throughput by one of the
+strategies of :mod:`pytest_accelperf.judge` (the stored baseline, a confirmed
+re-measurement, or A/B), each of which returns a new result and changes none, *records* the
+result once in the session's report, and *gates*: fails the test with a message that names
+the fix.
+
+A case that ends early (its training raised, the host lock timed out, the stored baseline
+is broken, the A/B comparison failed, a log could not be ingested) is recorded through the
+same one function, :meth:`CaseRunner._fail`, and never twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import pytest
+
+from pytest_accelperf.ab import CompareError
+from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
+from pytest_accelperf.ab.tree import node_location
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.common import INJECT_ENV, TaskError, injected_slowdown
+from pytest_accelperf.backends.spec import BackendSpec
+from pytest_accelperf.baselines import BaselineError
+from pytest_accelperf.cases import Case
+from pytest_accelperf.checks import run_checks
+from pytest_accelperf.checks.base import CheckResult, Tolerances
+from pytest_accelperf.checks.numerics import REFERENCE_METRIC
+from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
+from pytest_accelperf.checks.throughput import spread
+from pytest_accelperf.cluster.dispatch import train as train_on_cluster
+from pytest_accelperf.cluster.session import cluster_for
+from pytest_accelperf.fingerprint import differences
+from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, watchdog
+from pytest_accelperf.judge import ABComparison, Confirmation, Evaluated, Judge, StoredBaseline
+from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
+from pytest_accelperf.options import Settings
+from pytest_accelperf.recordable import unrecordable
+from pytest_accelperf.report import progress
+from pytest_accelperf.report.data import CaseRecord, baseline_view
+from pytest_accelperf.routing import fits as fits_where_it_trains
+from pytest_accelperf.routing import route, train_here
+from pytest_accelperf.run import Run
+from pytest_accelperf.session import (
+    AccelperfSession,
+    AccelperfWarning,
+    exclusive_host,
+    say,
+    say_on_stderr,
+)
+from pytest_accelperf.summary import summarize, with_added_session
+from pytest_accelperf.xdist_role import worker_id
+
+#: Seconds the devices get to become idle after a case was interrupted mid-step.
+SETTLE_S = 5.0
+#: Why an interrupted case could not be stopped (see ``CaseRunner._stuck``).
+_STUCK_NATIVE = ("it is inside a native call (a compile, a device wait, a C extension) that "
+                 "does not return to Python, where it cannot be interrupted")
+_STUCK_FIRED = "it went on after the interrupt (something caught CaseTimeout)"
+_STUCK_DEVICE = ("a device computation of it, which cannot be cancelled, was still running "
+                 "(the next case would wait behind it)")
+
+
+@dataclass
+class MaxBatchSearch:
+    """How :meth:`CaseRunner.train` searches the largest batch that fits.
+
+    ``make_task(case)`` builds the task of a case at ``case.batch``; the search starts at
+    ``start`` (default: the case's batch), never goes past ``limit``, and tries multiples
+    of ``multiple_of`` only (default: the case's device count, so every device or rank
+    gets a whole share).
+    """
+
+    make_task: Callable[[Case], Any]
+    start: int | None = None
+    limit: int = 1 << 16
+    multiple_of: int | None = None
+
+
+@dataclass
+class CaseResult:
+    """What ``accelperf.train`` returns: the run and the verdicts of its checks, and the
+    final state of the training where the backend hands it back (the JAX backend: the
+    step's state, or ``JaxStep.final`` of it; None otherwise), for an eval step or the
+    test's own asserts."""
+
+    run: Run
+    checks: list[CheckResult]
+    state: Any = None
+
+    def check(self, metric: str) -> CheckResult:
+        for c in self.checks:
+            if c.metric == metric:
+                return c
+        raise KeyError(f"no {metric!r} check; have {[c.metric for c in self.checks]}")
+
+
+class CaseRunner:
+    """The ``accelperf`` fixture: train the current case and check it.
+
+    Example (``suites/jax/test_mesh_sweep.py``)::
+
+        from pytest_accelperf import cases
+        from charlm import make_task
+
+        @cases(backend="jax", mesh=[None, (4, 2), (8, 1)], batch=[32, 128, 512])
+        def test_mesh_sweep(accelperf):
+            result = accelperf.train(make_task(accelperf.case))
+            assert result.run.outcome == "ok"
+    """
+
+    def __init__(self, session: AccelperfSession, item: pytest.Item, case: Case,
+                 accelerator: Accelerator) -> None:
+        self._session = session
+        self._item = item
+        self.case = case
+        self.accelerator = accelerator
+        #: The case's backend, as registered (``case.backend`` names it).
+        self.spec: BackendSpec = session.backends()[case.backend]
+
+    @property
+    def settings(self) -> Settings:
+        return self._session.settings
+
+    def train(self, task: Any, *,
+              max_batch: MaxBatchSearch | Callable[[Case], Any] | None = None) -> CaseResult:
+        """Train ``task`` (e.g. a ``JaxTask``) as this case, check it, and gate on it.
+
+        With ``max_batch`` (a :class:`MaxBatchSearch`, or just the ``make_task(case)`` it
+        needs), the largest batch that fits is searched first and checked with the run.
+        A throughput regression is re-measured (``--accelperf-confirm`` times) before it
+        fails the test.
+        """
+        __tracebackhide__ = True
+        if self.settings.update and injected_slowdown():
+            pytest.fail(f"{INJECT_ENV} is set: a baseline recorded with an injected "
+                        f"slowdown would be wrong; unset it to run --accelperf-update",
+                        pytrace=False)
+        found = self.search_max_batch(max_batch) if max_batch is not None else None
+
+        def measure() -> Evaluated:
+            return self._evaluate(self._train_once(task, found))
+
+        evaluated = measure()
+        return self._finish(self._judged(self._judge(measure), evaluated))
+
+    def _judge(self, remeasure: Callable[[], Evaluated]) -> Judge:
+        """How this session judges the throughput of a trained case
+        (:mod:`pytest_accelperf.judge`)."""
+        settings = self.settings
+        if settings.compare and not settings.update:
+            return ABComparison(
+                comparison=self._session.comparison, rounds=self._ab_rounds,
+                tolerance=settings.compare_tolerance, block=settings.compare_block,
+                max_foreign_load=settings.max_foreign_load,
+                program_tolerance=self._tolerances().program_tolerance)
+        if settings.update or not settings.confirm:
+            return StoredBaseline()
+        return Confirmation(remeasure, settings.confirm, settings.max_foreign_load)
+
+    def _judged(self, judge: Judge, evaluated: Evaluated) -> Evaluated:
+        """``judge(evaluated)``; an A/B comparison that cannot be made ends the case."""
+        __tracebackhide__ = True
+        try:
+            return judge(evaluated)
+        except CompareError as exc:
+            label = self._session.comparison().label
+            self._fail(evaluated.run, str(exc), checks=evaluated.checks,
+                       message=f"{self._item.nodeid}: A/B comparison with {label} failed: "
+                               f"{exc}")
+
+    def _ab_rounds(self, comparison: Comparison) -> tuple[str, str, ABMeasurement]:
+        """This case's alternating rounds on the base revision and the working tree,
+        holding the host as training does."""
+        __tracebackhide__ = True
+        settings = self.settings
+        rel_file, qualname = node_location(self._item, comparison.root)
+        with self._host():
+            return comparison.measure(self.case, rel_file, qualname, spec=self.spec,
+                                      rounds=settings.compare_rounds,
+                                      block=settings.compare_block,
+                                      budget=settings.compare_budget,
+                                      tolerance=settings.compare_tolerance)
+
+    def _tolerances(self) -> Tolerances:
+        return self.settings.tolerances.merged(dict(self.case.tolerances))
+
+    def search_max_batch(self, search: MaxBatchSearch | Callable[[Case], Any]) -> MaxBatch:
+        """The largest batch of this case that fits (see :mod:`pytest_accelperf.maxbatch`);
+        not checked by itself: pass the search to :meth:`train` for that."""
+        if not isinstance(search, MaxBatchSearch):
+            search = MaxBatchSearch(search)
+        make_task = search.make_task
+
+        def fits(case: Case) -> Fit:
+            with self._host():
+                return fits_where_it_trains(self.spec, case, make_task(case), self.accelerator,
+                                            timeout=self.settings.timeout)
+
+        return search_max_batch(self.case, fits, start=search.start, limit=search.limit,
+                                multiple_of=search.multiple_of or self.case.n_devices)
+
+    def check(self, result: TrainResult) -> CaseResult:
+        """Check a finished run against the baseline and fail the test on a regression."""
+        __tracebackhide__ = True
+        return self._finish(self._judged(StoredBaseline(), self._evaluate(result)))
+
+    def ingest(self, source: str | os.PathLike[str] | Sequence[str], *,
+               parser: str | Callable[[str, str], list[Run]], section: str | None = None,
+               log: str | os.PathLike[str] | None = None) -> CaseResult:
+        """Check a run measured outside the plugin, as :meth:`train` checks its own.
+
+        ``source`` is a log file, or a command (a list of arguments) that is run first,
+        holding the host like a training case; its stdout+stderr is the log unless ``log``
+        names the file it writes. ``parser`` is ``"neuron"``, ``"hf-trainer"``,
+        ``"cerebras"`` (:mod:`pytest_accelperf.ingest`) or a ``(text, source) -> runs``
+        function; ``section`` picks one run of a log that holds several. The environment
+        compared for throughput is the log's (its platform, device and compiler versions),
+        not this machine's. A log that cannot be read fails the test naming file and line.
+        """
+        __tracebackhide__ = True
+        from pytest_accelperf.ingest import IngestError, parse_file, run_command, select_run
+
+        path: str | os.PathLike[str]
+        if isinstance(source, str | os.PathLike):
+            path = source
+        else:
+            workdir = Path(tempfile.mkdtemp(prefix="accelperf-ingest-"))
+            with self._host():
+                path, status, tail = run_command(source, log, workdir, self.settings.timeout)
+            if status != 0:
+                why = ("timed out" if status == -1 else f"exited with status {status}")
+                run = Run(case_id=self.case.id, outcome="error",
+                          message=f"command {list(source)} {why}")
+                self._fail(run, run.message,
+                           message=f"{self._item.nodeid}: {run.message}; its output ends:\n"
+                                   f"{tail}")
+        try:
+            run = select_run(parse_file(path, parser), section, str(path))
+        except IngestError as exc:
+            self._fail(Run(case_id=self.case.id, outcome="error", message=str(exc)), str(exc),
+                       message=f"{self._item.nodeid}: cannot ingest the log: {exc}")
+        run = replace(run, case_id=self.case.id)
+        environment = {"source": "ingested", **run.environment}
+        return self._finish(self._judged(StoredBaseline(), self._evaluate(
+            TrainResult(run=run), environment=environment)))
+
+    def scaling(self, group: str, result: CaseResult | Run, *, x: float | None = None,
+                expect: Scaling | None = None, points: int) -> CheckResult | None:
+        """Add this case's throughput to the scaling series ``group`` (``points`` long).
+
+        ``x`` defaults to the case's batch (``expect.axis == "batch"``) or its device count.
+        When the group's last point arrives its shape is checked against ``expect``
+        (:mod:`pytest_accelperf.checks.scaling`; default: linear, efficiency >= 0.8): the
+        verdict joins this case's checks in the report, and a bent curve fails this test
+        (except under ``--accelperf-update``). Returns that verdict, or None before.
+        """
+        __tracebackhide__ = True
+        expect = expect or Scaling()
+        run = result.run if isinstance(result, CaseResult) else result
+        if x is None:
+            x = self.case.batch if expect.axis == "batch" else self.case.n_devices
+        point = ScalingPoint.from_run(x, run, self.case.id)
+        verdict = self._session.scaling.add(group, point, expect, points)
+        if verdict is None:
+            return None
+        for record in reversed(self._session.report.records):
+            if record.nodeid == self._item.nodeid:
+                record.checks.append(verdict)
+                break
+        if verdict.failed and not self.settings.update:
+            pytest.fail(f"{self._item.nodeid}: scaling group {verdict.detail}", pytrace=False)
+        return verdict
+
+    def _train_once(self, task: Any, found: MaxBatch | None) -> TrainResult:
+        __tracebackhide__ = True
+        settings = self.settings
+        try:
+            ray_cluster = cluster_for(self._item.config, settings.cluster)
+            where = route(self.spec, self.case, cluster=ray_cluster is not None)
+            if where == "ray":
+                # The cluster's resources, not the host lock, keep cases apart there.
+                result = train_on_cluster(self.case, task, self.accelerator,
+                                          cpu_devices=settings.cpu_devices,
+                                          platform=settings.platform,
+                                          timeout=settings.timeout, wait=settings.cluster_wait,
+                                          spec=self.spec)
+            elif where == "in-process":
+                with self._host():
+                    result = self._train_in_process(task)
+            else:  # ranks, launched: the launcher kills them at the timeout itself
+                with self._host():
+                    result = train_here(self.spec, self.case, task, self.accelerator,
+                                        timeout=settings.timeout)
+        except Exception as exc:
+            run = Run(case_id=self.case.id, outcome="error",
+                      message=f"{type(exc).__name__}: {exc}",
+                      environment=self._session.environment,
+                      max_batch=found.to_json() if found else None)
+            if isinstance(exc, TaskError):  # names the user's function and the fix, alone
+                self._fail(run, run.message, message=f"{self._item.nodeid}: {exc}",
+                           chained=False)
+            self._fail(run, run.message, reraise=exc)
+        if found is not None:
+            result.run.max_batch = found.to_json()
+        if injected_slowdown():
+            result.run.extra["injected_slowdown"] = injected_slowdown()
+        return result
+
+    @contextlib.contextmanager
+    def _host(self) -> Iterator[None]:
+        """The host lock around this case's training (CPU only); a wait past
+        ``--accelperf-host-lock-timeout`` fails the test naming the lock's holder (the
+        case is recorded as an error, without a traceback)."""
+        __tracebackhide__ = True
+        lock: AbstractContextManager[object] = exclusive_host(
+            self.accelerator, case=self._item.nodeid, timeout=self.settings.host_lock_timeout,
+            notify=lambda text: say(self._item.config, text))
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(lock)
+            except HostLockTimeout as exc:
+                self._fail(Run(case_id=self.case.id, outcome="error", message=str(exc),
+                               environment=self._session.environment), str(exc))
+            yield
+
+    def _train_in_process(self, task: Any) -> TrainResult:
+        """Train in this process; a case that trains here and blocks past its timeout is
+        interrupted (:func:`pytest_accelperf.hangs.case_alarm`) and recorded as ``timeout``
+        with the steps it reported before. Where the interrupted work goes on regardless
+        (a device computation that cannot be cancelled, a native call that never returns
+        to Python), the session cannot go on measuring: the process is ended cleanly."""
+        __tracebackhide__ = True
+        timeout = self.settings.timeout
+        backend = self.spec.load()
+        started = time.monotonic()
+        with progress.recording() as steps:
+            try:
+                with case_alarm(timeout, lambda alarm: self._stuck(
+                        steps, started, _STUCK_FIRED if alarm.fired else _STUCK_NATIVE)):
+                    result: TrainResult = backend.train(self.case, task, self.accelerator,
+                                                        timeout=timeout)
+                    return result
+            except CaseTimeout as exc:
+                where = exc.where
+        run = self._interrupted_run(steps, where, time.monotonic() - started)
+        settle = getattr(backend, "settle", None)
+        if settle is not None:
+            with watchdog(SETTLE_S + 2, lambda: self._stuck(steps, started, _STUCK_DEVICE)):
+                idle = settle(self.accelerator, SETTLE_S)
+            if not idle:
+                self._stuck(steps, started, _STUCK_DEVICE)
+        return TrainResult(run=run)
+
+    def _interrupted_run(self, steps: progress.StepRecord, where: str, elapsed: float) -> Run:
+        """The ``timeout`` run of a case interrupted mid-step: the losses and step times
+        it reported before (the backend never returned its own run)."""
+        case = self.case
+        done = steps.first_training()
+        # The backend's own count of steps (some warm up longer than the case asks).
+        total = done[0][1] if done else case.warmup + case.steps
+        warmup = total - case.steps
+        timeout = self.settings.timeout or 0.0
+        return Run(
+            case_id=case.id, outcome="timeout", samples_per_step=case.batch,
+            n_devices=case.n_devices, peak_flops_per_device=self.accelerator.peak_flops,
+            losses=[loss for _, _, loss, _ in done], loss_steps=[n - 1 for n, _, _, _ in done],
+            step_times=[t for n, _, _, t in done if n > warmup],
+            message=(f"exceeded the {timeout:g} s timeout after {len(done)} of {total} steps: "
+                     f"a step blocked and was interrupted after {elapsed:.0f} s, in {where} "
+                     f"(raise --accelperf-timeout, or give the case fewer steps; a step "
+                     f"waiting on something that never comes needs fixing)"),
+            environment=self._session.environment)
+
+    def _stuck(self, steps: progress.StepRecord, started: float, why: str) -> None:
+        """The case could not be stopped (``why``): record it and end the process with
+        what was recorded; the cases after it cannot be measured on a busy machine.
+        Called from a watchdog thread while the main thread is stuck, or from the main
+        thread when the devices stayed busy."""
+        elapsed = time.monotonic() - started
+        timeout = self.settings.timeout or 0.0
+        done = steps.first_training()
+        total = done[0][1] if done else self.case.warmup + self.case.steps
+        run = replace(self._interrupted_run(steps, "", elapsed), message=(
+            f"exceeded the {timeout:g} s timeout after {len(done)} of {total} steps and "
+            f"could not be stopped: {why}, "
+            f"{elapsed:.0f} s in. The pytest process was ended with what was recorded; the "
+            f"cases after this one did not run (raise --accelperf-timeout, or give the case "
+            f"fewer or shorter steps)"))
+        # Not through _fail: this may run on a watchdog thread, and the process ends here.
+        self._record(run, (), error=run.message)
+        message = f"{self._item.nodeid}: {run.message}"
+        if self._session.abort is not None:
+            self._session.abort(message)
+        say_on_stderr(f"accelperf: {message}")
+        os._exit(int(pytest.ExitCode.INTERRUPTED))
+
+    def _evaluate(self, result: TrainResult,
+                  environment: dict[str, Any] | None = None) -> Evaluated:
+        """Every check of the run against the stored baseline; the environment a
+        baseline from elsewhere differs in is named where the throughput check is made."""
+        __tracebackhide__ = True
+        session = self._session
+        run = replace(result.run, environment=dict(
+            session.environment if environment is None else environment))
+        block = summarize(run)
+        baseline = self._stored_baseline(run)
+        diffs = tuple(differences(run.environment, baseline["environment"], self.spec,
+                                  known=session.backends().packages())
+                      if baseline else [])
+        tol = self._tolerances()
+        checks = run_checks(run, block, baseline, tol, differences=diffs,
+                            reference_params=result.reference_params, params=result.params,
+                            loss_either_way=self.settings.loss_either_way)
+        for extra in self._item.config.hook.pytest_accelperf_extra_checks(
+                run=run, block=block, baseline=baseline, tolerances=tol):
+            checks.extend(extra or [])
+        return Evaluated(run, block, baseline, tuple(checks), diffs,
+                         state=getattr(result, "state", None))
+
+    def _stored_baseline(self, run: Run) -> dict[str, Any] | None:
+        """This case's stored baseline (None: nothing stored). A broken one ends the case
+        (the run reported, nothing lost), unless ``--accelperf-update`` replaces it."""
+        __tracebackhide__ = True
+        try:
+            return self._session.store(self.accelerator.platform).get(self._item.nodeid)
+        except BaselineError as exc:
+            # An invalid block in a file that parsed: an update replaces it.
+            if self.settings.update and exc.replaceable:
+                return None
+            # Report the run (nothing lost) but never store over a broken file.
+            self._fail(run, str(exc), chained=False)
+
+    def _finish(self, ev: Evaluated) -> CaseResult:
+        """Record the judged result (the one record of a case that ran to the end) and
+        gate on it."""
+        __tracebackhide__ = True
+        if ev.diffs:
+            note = "; ".join(ev.diffs)
+            warnings.warn(AccelperfWarning(
+                f"{self._item.nodeid}: baseline from another environment ({note}); throughput "
+                f"not compared, other checks still apply. Re-record on this machine with "
+                f"--accelperf-update"), stacklevel=3)
+        unstorable = unrecordable(ev.run, ev.checks, ev.block)
+        block: dict[str, Any] | None = (ev.block if self.settings.update and unstorable is None
+                                        else None)
+        refused = ""
+        if self.settings.add_session and block is not None:
+            try:
+                block = with_added_session(ev.baseline, ev.run, list(ev.diffs))
+            except ValueError as exc:
+                block, refused = None, str(exc)
+        if block is not None and ev.run.probe_times:
+            bound = self._tolerances().max_probe_spread
+            noisy = spread(list(ev.run.probe_times))
+            if noisy > bound:
+                warnings.warn(AccelperfWarning(
+                    f"{self._item.nodeid}: recorded on a contaminated machine: the "
+                    f"{ev.run.probe_kind} probe varied by IQR {noisy:.0%} of its median (bound "
+                    f"{bound:.0%}); its throughput and compile time will be inconclusive "
+                    f"until it is re-recorded with --accelperf-update on a quiet machine"),
+                    stacklevel=3)
+        self._record(ev.run, ev.checks, block=block, baseline=ev.baseline)
+        if refused:
+            pytest.fail(f"{self._item.nodeid}: no session added: {refused}", pytrace=False)
+        self._gate(ev.run, ev.checks, ev.baseline, unstorable)
+        return CaseResult(run=ev.run, checks=list(ev.checks), state=ev.state)
+
+    def _fail(self, run: Run, error: str, *, message: str | None = None,
+              checks: Sequence[CheckResult] = (), reraise: BaseException | None = None,
+              chained: bool = True) -> NoReturn:
+        """End the case early: record ``run`` with ``error`` (and the ``checks`` made so
+        far), then fail the test with ``message`` (default: ``error``) and no traceback,
+        or raise ``reraise`` as it is. ``chained=False`` hides the exception being
+        handled, for a message that says it all."""
+        __tracebackhide__ = True
+        self._record(run, checks, error=error)
+        if reraise is not None:
+            raise reraise
+        failure = pytest.fail.Exception(message if message is not None else error,
+                                        pytrace=False)
+        if chained:
+            raise failure
+        raise failure from None
+
+    def _record(self, run: Run, checks: Sequence[CheckResult], *,
+                block: dict[str, Any] | None = None, error: str | None = None,
+                baseline: dict[str, Any] | None = None) -> None:
+        """Add the case to the session's report: once per case, from :meth:`_finish`,
+        :meth:`_fail` or :meth:`_stuck`."""
+        self._session.report.add(CaseRecord(
+            nodeid=self._item.nodeid, case_id=self.case.id, platform=self.accelerator.platform,
+            run=run.to_json(), checks=list(checks), block=block, case=self.case.to_json(),
+            error=error, worker=worker_id(self._item.config),
+            baseline=baseline_view(baseline),
+        ))
+
+    def _gate(self, run: Run, checks: Sequence[CheckResult], baseline: dict[str, Any] | None,
+              unstorable: str | None) -> None:
+        __tracebackhide__ = True
+        accept = self.accept_command()
+        if self.settings.update:
+            if unstorable is not None:
+                pytest.fail(f"{self._item.nodeid}: not recorded as a baseline: {unstorable}; "
+                            f"fix the run, then record it", pytrace=False)
+            return
+        failed = [c for c in checks if c.failed]
+        if failed:
+            pytest.fail(self._failure_message(failed, baseline, unstorable, accept),
+                        pytrace=False)
+        if baseline is None and not self.settings.compare:
+            pytest.fail(
+                f"{self._item.nodeid}: no baseline; run with --accelperf-update to record it:\n"
+                f"  {accept}", pytrace=False)
+
+    def _failure_message(self, failed: Sequence[CheckResult], baseline: dict[str, Any] | None,
+                         unstorable: str | None, accept: str) -> str:
+        """What failed, grouped by what clears it: a stored-baseline failure is cleared by
+        accepting the change; an A/B failure by the base revision; a reference failure
+        (the sharded run disagrees with its single-device run) by fixing the code."""
+        platform = self.accelerator.platform
+        ab = [c for c in failed if c.data.get("mode") == "ab"]
+        reference = [c for c in failed if c.metric == REFERENCE_METRIC]
+        stored = [c for c in failed if c not in ab and c not in reference]
+        lines = []
+        if stored:
+            lines.append(f"{self._item.nodeid}: {len(stored)} regression(s) against the "
+                         f"{platform} baseline:" if baseline is not None else
+                         f"{self._item.nodeid}: {len(stored)} failure(s) on {platform} (no "
+                         f"baseline yet):")
+            lines += [f"  {c.metric}: {c.detail}" for c in stored]
+        if reference:
+            lines.append(f"{self._item.nodeid}: the run disagrees with its single-device "
+                         f"reference, a correctness bug in the parallel code (a partition "
+                         f"spec, a missing gradient reduction), not a change of baseline:")
+            lines += [f"  {c.metric}: {c.detail}" for c in reference]
+        if ab:
+            lines.append(f"{self._item.nodeid}: slower than the base revision (A/B):")
+            lines += [f"  {c.metric}: {c.detail}" for c in ab]
+            lines.append("A/B verdicts are not stored: if this slowdown is intended, the "
+                         "base revision is what changes it.")
+        if unstorable is not None or reference:
+            # Accepting cannot clear a failure that is never stored: say so, not "accept".
+            lines.append("This run cannot become a baseline: fix the failure "
+                         "(--accelperf-update and accelperf baselines accept refuse to "
+                         "record it).")
+            return "\n".join(lines)
+        if stored:
+            also = " (this clears the stored-baseline failures above, not the A/B one)" \
+                if ab else ""
+            lines.append(f"If this change is intended, accept it{also} with:\n  {accept}")
+            if self.settings.json is not None:
+                case = self._item.nodeid.split("::", 1)[-1]
+                lines.append(f"or, without re-running, from this session's report:\n"
+                             f"  accelperf baselines accept {self.settings.json} "
+                             f"--case '{case}'")
+        return "\n".join(lines)
+
+    def accept_command(self) -> str:
+        accel = self.settings.accel
+        return f"pytest '{self._item.nodeid}' --accel={accel} --accelperf-update"
