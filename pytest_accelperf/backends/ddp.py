@@ -41,6 +41,9 @@ class DDPRankEngine:
     loop asks (:meth:`compile`). The gradient buckets are all-reduced by torch's default
     comm hook, wrapped to count them (:func:`~.rank_comm.register_ddp_hook`)."""
 
+    #: What a pool's warm ranks import for DDP cases.
+    warm_modules: tuple[str, ...] = ("torch.nn.parallel", "pytest_accelperf.backends.ddp")
+
     def __init__(self, plan: RankPlan, device: torch.device, rank: int) -> None:
         from torch.nn.parallel import DistributedDataParallel
 

@@ -57,8 +57,10 @@ from __future__ import annotations
 import copy
 import importlib
 import importlib.util
+import os
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -189,6 +191,32 @@ def zero_defaults() -> dict[str, int]:
     return out
 
 
+#: DeepSpeed's C++ ops a CPU rank loads (builder class, extension name): the shared-memory
+#: collectives (at ``init_distributed``) and the CPU Adam of optimizer offload.
+CPU_OPS = (("ShareMemCommBuilder", "deepspeed_shm_comm"), ("CPUAdamBuilder", "cpu_adam"))
+
+
+def preload_ops() -> list[str]:
+    """In a pool's warm rank (:mod:`.rank_pool`): load those of :data:`CPU_OPS` that this
+    machine has already built (in ``TORCH_EXTENSIONS_DIR``), so that every case forked from
+    it finds them loaded (DeepSpeed keeps loaded ops per process) instead of checking the
+    build and importing the extension again: about 4 s per rank for ``cpu_adam`` on a
+    loaded 2-core machine. Loading runs no op (no process group, no shared memory, no
+    optimizer); an op never built is left to the case that needs it. Returns the names
+    loaded."""
+    accelerator = importlib.import_module("deepspeed.accelerator").get_accelerator()
+    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", ""))
+    loaded = []
+    for builder_name, op in CPU_OPS:
+        if not os.environ.get("TORCH_EXTENSIONS_DIR") or not any(cache.glob(f"**/{op}.so")):
+            continue
+        builder = accelerator.create_op_builder(builder_name)
+        if builder is not None:
+            builder.load(verbose=False)
+            loaded.append(op)
+    return loaded
+
+
 def _offload_optimizer(client: torch.optim.Optimizer) -> tuple[torch.optim.Optimizer, bool]:
     """``DeepSpeedCPUAdam`` with ``client``'s groups and hyper-parameters when ``client`` is
     a torch Adam/AdamW (second: whether DeepSpeed must accept a client CPU optimizer)."""
@@ -217,6 +245,19 @@ class DeepSpeedRankEngine:
     optimizer=..., lr_scheduler=...)``; ``engine.backward(loss)`` and ``engine.step()``
     after every micro-batch, as DeepSpeed's docs write the loop (the engine steps the
     optimizer and the schedule at accumulation boundaries)."""
+
+    #: What a pool's warm ranks import for DeepSpeed cases (its import is most of a fresh
+    #: rank's start), and the ops they load (:func:`preload_ops`). The modules after
+    #: ``deepspeed.comm`` are those ``deepspeed.initialize`` imports on first use (inductor
+    #: and AOT autograd for its compile support, expert parallelism, offload, Muon: 600
+    #: modules, 1.5-3 s a rank at every engine's construction); a name that a DeepSpeed
+    #: version lacks is skipped by the warm rank.
+    warm_modules: tuple[str, ...] = (
+        "deepspeed", "deepspeed.comm", "torch._inductor.compile_fx",
+        "torch._functorch.aot_autograd", "deepspeed.module_inject.auto_ep_layer",
+        "deepspeed.moe.ep_experts", "deepspeed.runtime.superoffload.superoffload_stage3",
+        "deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.comm.mori",
+        "deepspeed.ops.triton_ops", "pytest_accelperf.backends.deepspeed:preload_ops")
 
     def __init__(self, plan: RankPlan, device: torch.device, rank: int) -> None:
         deepspeed = import_deepspeed()

@@ -29,6 +29,13 @@ How a launch goes:
   timeout every rank is killed and the outcome is ``timeout``
   with the steps each rank had reported.
 
+Pooled ranks: a launch given ``warm`` modules (multi-process torch cases on the CPU) runs in
+a pool's *warm ranks* (:mod:`pytest_accelperf.backends.rank_pool`): ``N`` interpreters that
+imported those modules once for the session and fork one child per case; the child is the
+rank above (same environment, files, progress, result and outcome), so only the
+interpreter start and the imports are saved. Any outcome but ``ok`` kills the warm ranks
+with the case, and the next case starts new ones.
+
 A rank reports running out of memory by raising ``torch.OutOfMemoryError`` (CUDA) or
 :class:`CapacityExceeded` (a declared CPU capacity overrun); before its first training step
 that is, in the words of DeepSpeed's own benchmarks, "cannot even initialize model".
@@ -52,6 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from pytest_accelperf.backends import rank_pool
 from pytest_accelperf.report import progress as live_progress
 
 #: Seconds between polls of the ranks.
@@ -154,6 +162,11 @@ class LaunchResult:
     ranks: list[RankReport]
     failed_rank: int | None = None
     elapsed: float = 0.0
+    #: When the launch started and ended (``time.time()``, comparable with the ranks'
+    #: clocks), whether it ran in a pool's warm ranks (``pooled``), the pool's count of
+    #: cases so far (``pool_case``: 1 for the case that started it) and its warm ranks'
+    #: pids (``pool_pids``).
+    timings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def failed(self) -> RankReport | None:
@@ -323,7 +336,8 @@ def describe_failure(report: RankReport, total_steps: int | None = None) -> str:
 
 def launch(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, *,
            device: str = "cpu", timeout: float | None = None,
-           total_steps: int | None = None, keep_dir: Path | None = None) -> LaunchResult:
+           total_steps: int | None = None, keep_dir: Path | None = None,
+           warm: tuple[str, ...] | None = None) -> LaunchResult:
     """Run ``fn(ctx, *args)`` in ``world_size`` processes and report how it went.
 
     ``fn`` gets a :class:`pytest_accelperf.backends._rank.RankContext` (rank, world size,
@@ -332,6 +346,11 @@ def launch(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, *,
     the CUDA device index). ``timeout`` bounds the whole launch, process start included.
     ``total_steps`` only makes messages read "after step 3 of 12". The temporary directory
     is removed afterwards unless ``keep_dir`` names one to use instead.
+
+    ``warm`` (module names) lets the case run in a pool's warm ranks that imported them
+    (:mod:`pytest_accelperf.backends.rank_pool`: each case in a child forked for it, the
+    same files and outcomes; CPU only, ``ACCELPERF_RANK_POOL=0`` turns it off); None
+    launches fresh interpreters.
     """
     try:
         cloudpickle: Any = importlib.import_module("cloudpickle")  # untyped
@@ -345,34 +364,84 @@ def launch(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, *,
     if keep_dir is not None:
         keep_dir.mkdir(parents=True, exist_ok=True)
         return _launch_in(keep_dir, cloudpickle.dumps((fn, args)), world_size, device,
-                          timeout, total_steps)
+                          timeout, total_steps, warm)
     with tempfile.TemporaryDirectory(prefix="accelperf-launch-") as tmp:
         return _launch_in(Path(tmp), cloudpickle.dumps((fn, args)), world_size, device,
-                          timeout, total_steps)
+                          timeout, total_steps, warm)
+
+
+class _Fresh:
+    """The ranks of one launch: ``world_size`` new interpreters."""
+
+    def __init__(self, workdir: Path, envs: list[dict[str, str]]) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for rank, env in enumerate(envs):
+            with (workdir / f"rank{rank}.log").open("wb") as log:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "pytest_accelperf.backends._rank",
+                     str(workdir), str(rank)],
+                    env=env, stdin=subprocess.DEVNULL,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+
+    def poll(self) -> list[int | None]:
+        return [p.poll() for p in self.procs]
+
+    def end(self, ok: bool) -> None:
+        for p in self.procs:
+            _kill_group(p)
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL not delivered
+                p.wait(timeout=10)
+
+
+class _Pooled:
+    """The ranks of one launch: children of a pool's warm ranks (kept when ``ok``)."""
+
+    def __init__(self, pool: rank_pool.RankPool, workdir: Path,
+                 envs: list[dict[str, str]]) -> None:
+        self.pool = pool
+        self.workdir = workdir
+        pool.submit(workdir, envs)
+        self.pids, self.case = pool.pids, pool.cases
+
+    def poll(self) -> list[int | None]:
+        return self.pool.poll()
+
+    def end(self, ok: bool) -> None:
+        if not ok:
+            self.pool.adopt_logs(self.workdir)
+        rank_pool.release(self.pool, ok)
+
+
+def _start(workdir: Path, world_size: int, device: str, port: int,
+           warm: tuple[str, ...] | None) -> _Fresh | _Pooled:
+    envs = [_child_env(rank, world_size, port, device) for rank in range(world_size)]
+    if warm is not None and rank_pool.enabled(device):
+        pool = rank_pool.acquire(world_size, device, warm, envs)
+        if pool is not None:
+            return _Pooled(pool, workdir, envs)
+    return _Fresh(workdir, envs)
 
 
 def _launch_in(workdir: Path, payload: bytes, world_size: int, device: str,
-               timeout: float | None, total_steps: int | None) -> LaunchResult:
+               timeout: float | None, total_steps: int | None,
+               warm: tuple[str, ...] | None = None) -> LaunchResult:
     (workdir / "payload.pkl").write_bytes(payload)
     default_extensions_dir().mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
+    wall_start = time.time()
     deadline = start + timeout if timeout else None
     port = free_port()
-    procs: list[subprocess.Popen[bytes]] = []
+    ranks: _Fresh | _Pooled | None = None
+    codes: list[int | None] = [None] * world_size
+    failed: list[int] = []
+    timed_out = False
     try:
-        for rank in range(world_size):
-            with (workdir / f"rank{rank}.log").open("wb") as log:
-                procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "pytest_accelperf.backends._rank",
-                     str(workdir), str(rank)],
-                    env=_child_env(rank, world_size, port, device), stdin=subprocess.DEVNULL,
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
-        failed: list[int] = []
-        timed_out = False
+        ranks = _start(workdir, world_size, device, port, warm)
         follower = _ProgressFollower(workdir / "rank0.jsonl", total_steps)
         while True:
             follower.poll()
-            codes = [p.poll() for p in procs]
+            codes = ranks.poll()
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
             if failed or all(c == 0 for c in codes):
                 break
@@ -381,21 +450,23 @@ def _launch_in(workdir: Path, payload: bytes, world_size: int, device: str,
                 break
             time.sleep(POLL_S)
     finally:
-        for p in procs:
-            _kill_group(p)
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL not delivered
-                p.wait(timeout=10)
+        if ranks is not None:
+            ranks.end(ok=not failed and not timed_out and all(c == 0 for c in codes))
     elapsed = time.monotonic() - start
     # Codes as first seen: the survivors' SIGKILL is ours, not their failure.
     reports = [_collect(r, workdir, codes[r]) for r in range(world_size)]
+    pooled = ranks if isinstance(ranks, _Pooled) else None
+    timings = {"start_wall": wall_start, "end_wall": time.time(), "pooled": pooled is not None,
+               "pool_case": pooled.case if pooled is not None else 0,
+               "pool_pids": pooled.pids if pooled is not None else []}
     if timed_out:
         steps = ", ".join(f"rank {r.rank}: {r.where()}" for r in reports)
         return LaunchResult("timeout", f"exceeded the {timeout:g} s timeout ({steps}); all "
-                            f"{world_size} ranks were killed", reports, elapsed=elapsed)
+                            f"{world_size} ranks were killed", reports, elapsed=elapsed,
+                            timings=timings)
     if failed:
         culprit = _culprit([reports[r] for r in failed])
         outcome: LaunchOutcome = "oom" if culprit.is_oom else "error"
         return LaunchResult(outcome, describe_failure(culprit, total_steps), reports,
-                            failed_rank=culprit.rank, elapsed=elapsed)
-    return LaunchResult("ok", "", reports, elapsed=elapsed)
+                            failed_rank=culprit.rank, elapsed=elapsed, timings=timings)
+    return LaunchResult("ok", "", reports, elapsed=elapsed, timings=timings)

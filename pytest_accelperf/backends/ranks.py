@@ -6,7 +6,7 @@ A backend that can train a case over several processes names, in its
 and how the run is assembled from what they reported; *where* they run is not its
 business. The plugin launches them on this machine (:func:`train_in_ranks`, through
 :mod:`pytest_accelperf.backends.launch`) or as Ray actors, one per host
-(:mod:`pytest_accelperf.cluster_dispatch`), and hands the trainer the same
+(:mod:`pytest_accelperf.cluster.dispatch`), and hands the trainer the same
 :class:`~pytest_accelperf.backends.launch.LaunchResult` either way, so a baseline recorded
 one way is compared with a run taken the other.
 
@@ -34,6 +34,11 @@ class RankJob:
     ``device`` is ``"cpu"`` or ``"cuda"`` (one GPU per rank); ``total_steps`` the steps
     a rank reports, for messages ("in step 3 of 12"); ``plan`` is the trainer's own note,
     handed back to :meth:`RankTrainer.result` and :meth:`RankTrainer.reference`.
+    ``warm`` names the modules a pool's warm ranks import once for every case of the
+    session that names the same ones (:mod:`pytest_accelperf.backends.rank_pool`: each case
+    still runs in a process of its own, forked from them); None (the default) launches
+    fresh ranks for every case, as a job whose ranks keep state that a fork cannot carry
+    (threads, an initialized device) must.
     """
 
     fn: Callable[..., Any]
@@ -41,6 +46,7 @@ class RankJob:
     device: str = "cpu"
     total_steps: int | None = None
     plan: Any = None
+    warm: tuple[str, ...] | None = None
 
 
 class RankTrainer(Protocol):
@@ -85,7 +91,7 @@ def train_in_ranks(trainer: RankTrainer, case: Case, task: Any, accel: Accelerat
                       platform=accel.platform if platform is None else platform,
                       timeout=timeout)
     launched = launch(job.fn, job.args, case.world_size, device=job.device, timeout=timeout,
-                      total_steps=job.total_steps)
+                      total_steps=job.total_steps, warm=job.warm)
     result = trainer.result(case, task, accel, job, launched, timeout=timeout)
     if case.reference and result.run.outcome == "ok":
         result.reference_params = trainer.reference(case, task, job)

@@ -60,6 +60,8 @@ count and the FLOP count happen there. The reference trains as many steps.
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass
@@ -92,6 +94,11 @@ if TYPE_CHECKING:
     from pytest_accelperf.backends.rank_comm import CommCounter
 
 GIB = 2**30
+#: What a pool's warm ranks import for every torch engine
+#: (:mod:`pytest_accelperf.backends.rank_pool`); the engine class adds its own.
+WARM_MODULES = ("cloudpickle", "numpy", "torch", "torch.distributed",
+                "torch.distributed._tools.mem_tracker", "torch.utils.flop_counter",
+                "pytest_accelperf.backends.torch_ranks")
 #: Warm-up steps the CPU memory count covers (the first creates the optimizer state, the
 #: second is the steady state with it); the multi-process warm-up is at least this long.
 MEMORY_STEPS = 2
@@ -134,7 +141,9 @@ class RankEngine(Protocol):
 
 
 class EngineFactory(Protocol):
-    """An engine class: joins the process group, then builds a rank's engine."""
+    """An engine class: joins the process group, then builds a rank's engine. A class
+    attribute ``warm_modules`` (optional) names what a pool's warm ranks import for it,
+    beyond :data:`WARM_MODULES`."""
 
     def __call__(self, plan: RankPlan, device: torch.device, rank: int) -> RankEngine: ...
 
@@ -294,8 +303,10 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
               else torch.device("cpu"))
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    marks = {"entered": time.time()}  # wall clocks, comparable with the launcher's
     ctx.progress(phase="init")
     plan.engine.init_distributed("nccl" if device.type == "cuda" else "gloo")
+    marks["joined"] = time.time()
     counter = _MemoryCounter(device, case.memory_capacity, enforce=not plan.fits)
     out: dict[str, Any] = {"rank": rank, "local_losses": [], "flops": None}
     probe = None if plan.fits else torch_probe(device)  # its matrices are not the case's
@@ -306,6 +317,7 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
         window.enter_context(counter.counting())
         engine = plan.engine(plan, device, rank)
         counter.check()  # an overrun here: cannot even initialize the model
+        marks["built"] = time.time()
         ctx.progress(phase="train", peak_bytes=counter.peak())
 
         def prepare(i: int) -> tuple[int, list[Any]]:
@@ -383,6 +395,7 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
                                     sync=lambda: sync(device)),
                             warmup=warmup, steps=plan.total_steps - warmup, probe=probe,
                             report=report, after_step=after_step)
+    marks["trained"] = time.time()
     out.update(step_times=trained.step_times, probe_times=trained.probe_times,
                losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step)
     out["peak_bytes"] = counter.peak()
@@ -393,6 +406,8 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
     dist.barrier()
     out["params"] = None if plan.fits else engine.full_params(rank)
     dist.barrier()
+    marks["done"] = time.time()
+    out["marks"] = marks
     return out
 
 
@@ -439,6 +454,29 @@ def _rank_summary(report: RankReport) -> dict[str, Any]:
     }
 
 
+def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> dict[str, Any]:
+    """Where a launch's wall time went, in seconds, from rank 0's clock marks: ``start``
+    (interpreter start and imports, or a warm rank's fork, and unpickling the task),
+    ``join`` (joining the process group), ``build`` (the engine: model, optimizer, ZeRO
+    partitions, under the memory count), ``train`` (warm-up and measured steps with their
+    probes), ``finish`` (gathering the final parameters), ``collect`` (the launcher seeing
+    the ranks end and reading their results); ``launch`` is the whole. ``pooled``: the
+    ranks were a pool's (``pool_case``: the pool's count of cases so far, 1 for the case
+    that started it)."""
+    t = launched.timings
+    out: dict[str, Any] = {"launch": round(launched.elapsed, 3),
+                           "pooled": bool(t.get("pooled")), "pool_case": t.get("pool_case", 0)}
+    if marks and "start_wall" in t:
+        points = [("start", t["start_wall"]), ("join", marks.get("entered")),
+                  ("build", marks.get("joined")), ("train", marks.get("built")),
+                  ("finish", marks.get("trained")), ("collect", marks.get("done")),
+                  ("", t.get("end_wall"))]
+        for (name, at), (_, until) in itertools.pairwise(points):
+            if at is not None and until is not None:
+                out[name] = round(float(until) - float(at), 3)
+    return out
+
+
 def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
               launched: LaunchResult, timeout: float | None) -> tuple[Run, dict[str, Any]]:
     """The run of a launch (complete, or what the ranks reported before it ended) and
@@ -482,6 +520,7 @@ def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
                    "per rank: torch.cuda.max_memory_allocated over the run"),
         "engine": res.get("engine", {}),
         "launch_seconds": round(launched.elapsed, 3),
+        "timings": launch_timings(launched, res.get("marks")),
         "ranks": ranks,
     }
     comms = [r["comm"] for r in ranks if r.get("comm")]
@@ -566,7 +605,12 @@ class TorchRanks:
             platform: str | None, timeout: float | None) -> RankJob:
         plan = self.plan(case, task, accel)
         return RankJob(rank_main, (plan,), device=plan.device, total_steps=plan.total_steps,
-                       plan=plan)
+                       plan=plan, warm=self.warm_modules())
+
+    def warm_modules(self) -> tuple[str, ...]:
+        """What a pool's warm ranks import for this engine's cases (everything a rank
+        imports before its first step that does not depend on the case)."""
+        return WARM_MODULES + tuple(getattr(self.engine, "warm_modules", ()))
 
     def result(self, case: Case, task: Any, accel: Accelerator, job: RankJob,
                launched: LaunchResult, *, timeout: float | None) -> TrainResult:
@@ -591,7 +635,8 @@ class TorchRanks:
             raise ValueError(f"{case.id}: the CPU has no memory counter to search a maximum "
                              f"batch against; declare memory_capacity on the case")
         launched = launch(rank_main, (plan,), case.world_size, device=plan.device,
-                          timeout=timeout, total_steps=plan.total_steps)
+                          timeout=timeout, total_steps=plan.total_steps,
+                          warm=self.warm_modules())
         if launched.outcome == "oom":
             return Fit(False, None, case.memory_capacity, launched.message)
         if launched.outcome != "ok":
