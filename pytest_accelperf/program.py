@@ -197,6 +197,11 @@ def _describe(change: Change, baseline: Mapping[str, Any], now: Mapping[str, Any
         sign = "+" if delta >= 0 else "-"
         return (f"{kind}: {change.baseline:g} → {change.now:g} per step "
                 f"({sign}{fmt_bytes(abs(delta))})")
+    if change.name == "graph_breaks" and change.more:
+        reasons = [str(r) for r in now.get("break_reasons") or []
+                   if r not in (baseline.get("break_reasons") or [])]
+        where = f" ({'; '.join(reasons[:2])})" if reasons else ""
+        return f"{change.label}: {change.baseline:g} → {change.now:g} per step{where}"
     if change.exact:
         return f"{change.label}: {change.baseline:g} → {change.now:g} per step"
     unit = AMOUNTS.get(change.name, ("", "bytes"))[1]

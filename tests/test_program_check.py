@@ -73,10 +73,12 @@ def test_a_host_callback_is_a_regression() -> None:
 def test_a_graph_break_is_a_regression_and_fewer_graphs_an_improvement() -> None:
     base = program_record("torch.compile", flops=1e6, graphs=1, graph_breaks=0, recompiles=0)
     broken = program_record("torch.compile", flops=1e6, graphs=2, graph_breaks=1,
-                            recompiles=0, break_reasons=["print"])
+                            recompiles=0, break_reasons=["Unsupported Tensor.item() call "
+                                                         "(model.py:25 in forward)"])
     result = check_program(block(broken), block(base), TOL, comparable=True)
     assert result is not None and result.verdict is Verdict.REGRESSION
-    assert "graph breaks: 0 → 1 per step" in result.detail
+    assert ("graph breaks: 0 → 1 per step (Unsupported Tensor.item() call (model.py:25 in "
+            "forward))") in result.detail
     back = check_program(block(base), block(broken), TOL, comparable=True)
     assert back is not None and back.verdict is Verdict.IMPROVEMENT
 

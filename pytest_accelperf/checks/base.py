@@ -69,7 +69,8 @@ class Tolerances:
     compiler's numbers are the same on every run of unchanged code.
     ``compile_tolerance``: relative change of compile time (corrected for the machine's
     speed by the probe) that counts; PyTorch's CI gates compile latency at 1.15x on
-    dedicated machines, and one compile on a shared 2-core runner moves by 20-50 %.
+    dedicated machines (set 0.15 there), while one compile on a shared 2-core runner moved
+    from 288 ms to 778 ms on unchanged code under load: the default is 1.0 (twice as long).
     ``leak_bytes_per_step``: growth of live memory per measured step that is a leak.
     ``max_probe_spread``: the largest interquartile range over median of the drift probe
     (in this run or the baseline's) for which a timing verdict is given; beyond it the
@@ -87,7 +88,7 @@ class Tolerances:
     reference_rtol: float = 0.0
     reference_atol: float = 5e-3
     program_tolerance: float = 0.01
-    compile_tolerance: float = 0.5
+    compile_tolerance: float = 1.0
     leak_bytes_per_step: float = 16384.0
     max_probe_spread: float = 0.25
 

@@ -1,0 +1,44 @@
+"""Which regression this session injects: ``ACCELPERF_BENCH_INJECT``.
+
+``none`` (or unset): the code as recorded. Otherwise one of :data:`INJECTIONS`, each a
+change of the code's behaviour the way a pull request would make it, in one case:
+
+* ``extra_matmul`` (``test_jax_step``): one more matmul by ``w2`` in the loss;
+* ``precision`` (``test_jax_step``): the step traced under
+  ``jax.default_matmul_precision("highest")``;
+* ``leak`` (``test_jax_step``): ``make_batch`` keeps every batch it placed on the device
+  in a list (128 KiB a step);
+* ``lost_sharding`` (``test_jax_sharded``): ``w1``'s spec replicated (``P()``) instead of
+  split over ``model``;
+* ``graph_break`` (``test_torch_compiled``): a Python branch on ``.item()`` in the
+  forward of the compiled model.
+
+``ACCELPERF_BENCH_STEPS`` sets the measured steps of every case (default 30).
+"""
+
+from __future__ import annotations
+
+import os
+
+ENV = "ACCELPERF_BENCH_INJECT"
+STEPS_ENV = "ACCELPERF_BENCH_STEPS"
+#: Injection -> the test whose code it changes.
+INJECTIONS = {
+    "extra_matmul": "test_jax_step",
+    "precision": "test_jax_step",
+    "leak": "test_jax_step",
+    "lost_sharding": "test_jax_sharded",
+    "graph_break": "test_torch_compiled",
+}
+
+
+def injected() -> str:
+    """The injection of this session ("none" when unset); an unknown name is an error."""
+    name = os.environ.get(ENV, "").strip() or "none"
+    if name != "none" and name not in INJECTIONS:
+        raise ValueError(f"{ENV}={name!r}: expected none or one of {', '.join(INJECTIONS)}")
+    return name
+
+
+def steps(default: int = 30) -> int:
+    return int(os.environ.get(STEPS_ENV, "") or default)

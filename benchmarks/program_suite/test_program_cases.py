@@ -1,0 +1,41 @@
+"""The cases of the program benchmark (benchmarks/program.py). Every test builds its step
+from :func:`inject.injected`, so the same files run unchanged (``none``) and with one
+regression injected into the code."""
+
+from __future__ import annotations
+
+from inject import injected, steps
+
+from pytest_accelperf import Case, CaseRunner, cases
+
+STEPS = steps()
+WARMUP = 2
+
+
+@cases(Case(backend="jax", batch=64, mesh=(4, 2), steps=STEPS, warmup=WARMUP,
+            label="sharded"))
+def test_jax_sharded(accelperf: CaseRunner) -> None:
+    from jax_cases import mlp
+
+    task = mlp(accelperf.case.batch, sharded=True,
+               lose_sharding=injected() == "lost_sharding")
+    assert accelperf.train(task).run.outcome == "ok"
+
+
+@cases(Case(backend="jax", batch=128, steps=STEPS, warmup=WARMUP, label="step"))
+def test_jax_step(accelperf: CaseRunner) -> None:
+    from jax_cases import mlp
+
+    which = injected()
+    task = mlp(accelperf.case.batch, extra_matmul=which == "extra_matmul",
+               precision="highest" if which == "precision" else None, leak=which == "leak")
+    assert accelperf.train(task).run.outcome == "ok"
+
+
+@cases(Case(backend="torch", batch=64, steps=STEPS, warmup=WARMUP, label="compiled",
+            accels=("cpu",)))
+def test_torch_compiled(accelperf: CaseRunner) -> None:
+    from torch_cases import compiled_step
+
+    task = compiled_step(accelperf.case.batch, item_branch=injected() == "graph_break")
+    assert accelperf.train(task).run.outcome == "ok"

@@ -1,0 +1,142 @@
+"""The program benchmark (benchmarks/program.py): its pieces, and end to end in its smallest
+configuration, where every injected regression must be caught and named."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAM = ROOT / "benchmarks" / "program.py"
+
+
+def _program_module() -> Any:
+    spec = importlib.util.spec_from_file_location("accelperf_program_benchmark", PROGRAM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _program_module()
+
+
+# -- the benchmark's pieces --------------------------------------------------------------
+
+
+def test_every_injection_targets_a_test_of_the_suite() -> None:
+    assert set(bench.TARGETS.values()) <= set(bench.TESTS)
+    assert set(bench.EXPECTED) == set(bench.TARGETS) == set(bench.REGRESSIONS)
+    assert bench.INJECT_ENV == "ACCELPERF_BENCH_INJECT"
+
+
+def test_schedule_interleaves_and_puts_the_regressions_first() -> None:
+    plan = bench.schedule(["none", "cpu"], 3, 1, ["leak", "precision"])
+    assert len(plan) == 2 * 3 + 2 * 2
+    first = [(c.load, c.inject) for r, c in plan if r == 0]
+    assert sorted(first) == sorted((load, inj) for load in ("none", "cpu")
+                                   for inj in ("none", "leak", "precision"))
+    assert all(c.inject == "none" for r, c in plan if r > 0)
+    later = [c.load for r, c in plan if r == 1]
+    assert later == ["cpu", "none"]  # rotated by the repetition
+    assert bench.Condition("none", "none").tests == bench.TESTS
+    assert bench.Condition("cpu", "graph_break").tests == ("test_torch_compiled",)
+
+
+def test_throughput_tolerance_alternates() -> None:
+    assert [bench.tolerance_of(r, 0.05) for r in range(4)] == [0.10, 0.05, 0.10, 0.05]
+
+
+def test_session_env_sets_the_injection_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ACCELPERF_INJECT_SLOWDOWN", "0.5")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
+    env = bench.session_env("leak", 7)
+    assert env["ACCELPERF_BENCH_INJECT"] == "leak" and env["ACCELPERF_BENCH_STEPS"] == "7"
+    assert "ACCELPERF_INJECT_SLOWDOWN" not in env and "PYTEST_XDIST_WORKER" not in env
+    assert "ACCELPERF_BENCH_STEPS" not in bench.session_env("none", None)
+
+
+def test_trials_are_read_from_the_report(tmp_path: Path) -> None:
+    def check(metric: str, verdict: str, detail: str = "", **data: Any) -> dict[str, Any]:
+        return {"metric": metric, "verdict": verdict, "detail": detail, "data": data}
+
+    report = {"cases": [{
+        "nodeid": "test_program_cases.py::test_jax_step[jax-nomesh-b128-step]",
+        "case_id": "jax-nomesh-b128-step", "error": None, "run": {"outcome": "ok"},
+        "checks": [check("program", "regression", "FLOPs +59.9%; ops: dot 5 → 8",
+                         changes=[{"name": "flops", "baseline": 1.0, "now": 1.6}]),
+                   check("memory", "pass"),
+                   check("throughput", "inconclusive", ratio=1.2, ci=[0.9, 1.5], mdc=0.3),
+                   check("loss", "regression")]}]}
+    path = tmp_path / "accelperf.json"
+    path.write_text(json.dumps(report))
+    session = bench.gate.Session(rc=1, wall_s=3.0, output="", run_dir=tmp_path,
+                                 test_wall_s={"test_jax_step[jax-nomesh-b128-step]": 2.0})
+    step, torch_case = bench.parse_trials(path, session, ["test_jax_step",
+                                                          "test_torch_compiled"])
+    assert step["program"]["alarm"] is True and step["program"]["changes"][0]["name"] == "flops"
+    assert step["memory"]["alarm"] is False and step["compile"]["verdict"] is None
+    assert step["throughput"]["verdict"] == "inconclusive" and step["throughput"]["ratio"] == 1.2
+    assert step["other_regressions"] == ["loss"] and step["wall_s"] == 2.0
+    assert torch_case["error"] and torch_case["program"]["alarm"] is None  # not "no alarm"
+    assert bench.named("extra_matmul", step["program"]["detail"])
+    assert not bench.named("precision", step["program"]["detail"])
+
+
+# -- end to end ------------------------------------------------------------------------
+
+
+def test_program_benchmark_end_to_end(tmp_path: Path) -> None:
+    """The smallest benchmark: the baselines, one unchanged session (three trials) and one
+    session of each injected regression, no competing load, 5 measured steps. The program
+    check passes the unchanged trials and catches (and names) every program regression;
+    the memory check catches the leak."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ACCELPERF_BENCH_INJECT", "ACCELPERF_INJECT_SLOWDOWN")}
+    proc = subprocess.run(
+        [sys.executable, str(PROGRAM), "--sessions", "1", "--per-regression", "1", "--load",
+         "none", "--steps", "5", "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    [path] = tmp_path.glob("program-*.json")
+    doc = json.loads(path.read_text())
+    assert "benchmarks/program.py --sessions 1" in doc["command"]
+    assert doc["record"]["rc"] == 0
+    assert doc["config"]["regressions"] == list(bench.REGRESSIONS)
+    runs = doc["runs"]
+    assert sorted(r["inject"] for r in runs) == sorted(["none", *bench.REGRESSIONS])
+    for run in runs:
+        assert run["load"] == "none" and run["tolerance"] == 0.10 and run["wall_s"] > 0
+        tests = [t["test"] for t in run["trials"]]
+        assert tests == (list(bench.TESTS) if run["inject"] == "none"
+                         else [bench.TARGETS[run["inject"]]])
+        for trial in run["trials"]:
+            assert not trial["error"], trial
+            assert trial["outcome"] == "ok"
+            for check in ("program", "memory", "throughput"):
+                assert trial[check]["verdict"] is not None, (check, trial)
+    unchanged = next(r for r in runs if r["inject"] == "none")
+    for trial in unchanged["trials"]:
+        assert trial["program"]["verdict"] == "pass", trial["program"]
+    rows = {(r["regression"], r["load"]): r for r in doc["regressions"]}
+    for inject, (check, _words) in bench.EXPECTED.items():
+        row = rows[(inject, "none")]
+        assert row[check]["caught"] == row[check]["decided"] == 1, (inject, row)
+        assert row[check]["named"] == 1, (inject, row[check]["messages"])
+        assert rows[(inject, "all")]["trials"] == 1
+    assert rows[("leak", "none")]["program"]["caught"] == 0  # the same program, leaking
+    fa = {(r["load"], r["check"]): r for r in doc["false_alarms"]}
+    assert fa[("none", "program")]["trials"] == 3 and fa[("none", "program")]["alarms"] == 0
+    assert fa[("none", "program")]["alarm_ci"][0] == 0.0
+    assert "False alarms over the unchanged trials" in proc.stdout
+    assert "| extra_matmul" in proc.stdout and "dot[highest]" in proc.stdout
+    md = next(tmp_path.glob("program-*.md")).read_text()
+    assert "benchmarks/program.py --sessions 1" in md
