@@ -74,7 +74,9 @@ class Tolerances:
     ``leak_bytes_per_step``: growth of live memory per measured step that is a leak.
     ``max_probe_spread``: the largest interquartile range over median of the drift probe
     (in this run or the baseline's) for which a timing verdict is given; beyond it the
-    machine had no one speed and throughput or compile time is ``inconclusive``.
+    machine had no one speed and throughput or compile time is ``inconclusive``. (Above
+    0.25 the probe no longer corrects drift, and raw step times are compared; a quiet
+    2-core machine still showed 0.25-0.34 on 3 of 45 cases.)
     """
 
     throughput_tolerance: float = 0.10
@@ -90,7 +92,7 @@ class Tolerances:
     program_tolerance: float = 0.01
     compile_tolerance: float = 1.0
     leak_bytes_per_step: float = 16384.0
-    max_probe_spread: float = 0.25
+    max_probe_spread: float = 0.5
 
     def __post_init__(self) -> None:
         for f in fields(self):

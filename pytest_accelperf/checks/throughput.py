@@ -84,7 +84,7 @@ def _ci_text(est: RatioEstimate, tolerance: float) -> str:
 #: probe is trusted to measure the machine. A machine so contended that a fixed matrix
 #: product takes 1.5 ms one moment and 100 ms the next (two processes fighting over two
 #: cores with spinning OpenMP threads) has no one speed to correct for.
-MAX_PROBE_SPREAD = Tolerances.max_probe_spread
+MAX_PROBE_SPREAD = 0.25
 
 
 def spread(samples: list[float]) -> float:
