@@ -9,8 +9,9 @@
 
 generates, in a temporary directory, a store of ``--modules`` module files of ``--cases``
 cases each (default 100 x 100 = 10,000 cases) for platform ``cpu-x8``. Every block is a
-real block of the committed store (by default the one with the most parameter leaves of
-``baselines/cpu-x8/suites/``, or the first block of ``--template``), with its step times,
+real block (by default the one with the most parameter leaves of
+``benchmarks/store_templates/``, blocks as committed before the compact format, or the
+first block of ``--template``), with its step times,
 loss and parameter values varied per case so that no two blocks are equal. The files are
 written as the plugin writes them (:meth:`BaselineFile.to_text`: sorted keys, indent 2).
 
@@ -35,7 +36,7 @@ command, the machine and its load average).
 (the block's lines as the store writes them, inside its file), before (``json.dumps``
 with an indent of 2, the per-leaf fingerprint, 6-digit samples) and after (the compact
 layout of :func:`pytest_accelperf.jsonfile.dumps`, the compact fingerprint, 4-digit
-samples): for every block of ``baselines/cpu-x8/suites/`` (one row per module, its
+samples): for every block of ``benchmarks/store_templates/`` (one row per module, its
 largest block), and for a synthetic model of ``--leaves`` leaves (default 100) with
 ``params/encoder/layer_3/attention/query/kernel``-style names, the rest of the block
 being the largest torch block of the store. ``--detection`` prints what the numerics
@@ -78,7 +79,10 @@ from pytest_accelperf.baselines import (  # noqa: E402
 )
 
 PLATFORM = "cpu-x8"
-TEMPLATES = ROOT / "baselines" / PLATFORM / "suites"
+#: Blocks as the suites recorded them before the compact format (commit 3c247ab): the
+#: "before" of the size measurement, and the templates of the generated store. (The
+#: committed baselines under baselines/ are compact now.)
+TEMPLATES = ROOT / "benchmarks" / "store_templates"
 
 
 def template_block(path: Path | None) -> tuple[dict[str, Any], str]:

@@ -25,7 +25,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import store as bench  # noqa: E402
 
 TOL = Tolerances()
-COMMITTED = REPO / "baselines" / "cpu-x8" / "suites" / "torch" / "test_torch_gpt.json"
+#: A block file as committed before the compact format (commit 3c247ab).
+COMMITTED = REPO / "benchmarks" / "store_templates" / "torch" / "test_torch_gpt.json"
 
 
 def _params(seed: int = 0) -> dict[str, Any]:

@@ -156,7 +156,7 @@ def test_a_graph_break_is_counted_with_its_reason(compiled: list[Run], broken: R
     assert reason.endswith("in forward)") and "tests/test_torch_program.py:" in reason, reason
     found = {c.name: (c.baseline, c.now) for c in changes(before, after, 0.0)}
     assert found["graph_breaks"] == (0, after["graph_breaks"])
-    assert "graph breaks: 0 → 1 per step" in describe_changes(before, after, 0.0)
+    assert f"graph breaks: 0 → 1 per step ({reason})" in describe_changes(before, after, 0.0)
 
 
 def test_a_shape_that_changes_at_a_measured_step_recompiles(compiled: list[Run]) -> None:
