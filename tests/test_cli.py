@@ -35,11 +35,15 @@ def _junit_props(path: Path) -> dict[str, dict[str, str]]:
     return out
 
 
-def _claim_four_times_the_throughput(block: dict[str, Any]) -> None:
+def _claim_forty_times_the_throughput(block: dict[str, Any]) -> None:
+    # 40x, not 4x: beside another xdist worker the run's step times scattered so widely that
+    # a claimed 4x (measured 2.3x) was inconclusive at the 50 % tolerance (CI at a9d1fe8).
     st = block["step_time"]
-    st["samples"] = [t / 4 for t in st["samples"]]
-    st["median"] /= 4
-    block["samples_per_second"] *= 4
+    st["samples"] = [t / 40 for t in st["samples"]]
+    st["median"] /= 40
+    for session in st.get("sessions") or []:
+        session["median"] /= 40
+    block["samples_per_second"] *= 40
 
 
 ONE_CASE = '''
@@ -56,7 +60,7 @@ def test_regression_writes_every_report_and_accept_makes_the_next_run_pass(
         suite: Suite, capsys: pytest.CaptureFixture[str]) -> None:
     suite.write(ONE_CASE)
     suite.run("--accelperf-update").assert_outcomes(passed=1)
-    suite.edit(_claim_four_times_the_throughput)
+    suite.edit(_claim_forty_times_the_throughput)
     result = suite.run("--accelperf-json=report.json", "--accelperf-markdown=pr.md",
                        "--accelperf-html=report.html", "--accelperf-history=history",
                        "--junitxml=junit.xml", "--accelperf-confirm=0",
