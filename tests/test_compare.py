@@ -16,7 +16,7 @@ import pytest
 from conftest import Suite, verdicts
 
 from pytest_accelperf.ab.rounds import ABMeasurement, round_orders
-from pytest_accelperf.ab.tree import moved_path
+from pytest_accelperf.ab.tree import extract, moved_path, snapshot
 from pytest_accelperf.ab.verdict import ab_check
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.contention import Contention, Load
@@ -229,3 +229,42 @@ def test_paired_ratio_and_its_verdict() -> None:
 def test_moved_path_keeps_outside_entries() -> None:
     assert moved_path(["/repo/suites/jax", "/usr/lib", "/repo"], Path("/repo"),
                       Path("/tmp/base")) == ["/tmp/base/suites/jax", "/usr/lib", "/tmp/base"]
+
+
+def test_both_arms_run_from_trees_of_the_same_layout(tmp_path: Path) -> None:
+    """Issue 15, part 4: the head arm runs from a copy of the working tree as git sees it,
+    beside the base's extracted tree, not from the repository: the two arms differ only
+    in their files' contents."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@e.com", "-c", "user.name=t", *args],
+                       cwd=repo, check=True, capture_output=True)
+
+    (repo / "pkg" / "model.py").write_text("WIDTH = 1\n")
+    (repo / "gone.py").write_text("")
+    (repo / ".gitignore").write_text("data/\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    (repo / "pkg" / "model.py").write_text("WIDTH = 2\n")  # changed, not committed
+    (repo / "pkg" / "new.py").write_text("")  # untracked, not ignored
+    (repo / "data").mkdir()
+    (repo / "data" / "big.bin").write_bytes(b"0" * 100)  # ignored
+    (repo / "gone.py").unlink()  # deleted in the working tree
+    into = tmp_path / "compare"
+    into.mkdir()
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    base, head = extract(repo, sha, into), snapshot(repo, into)
+    assert (base.parent, head.parent) == (into, into) and len(base.name) == len(head.name)
+    assert (base / "pkg" / "model.py").read_text() == "WIDTH = 1\n"
+    assert (head / "pkg" / "model.py").read_text() == "WIDTH = 2\n"
+    assert (head / "pkg" / "new.py").exists() and not (base / "pkg" / "new.py").exists()
+    assert not (head / "data").exists() and not (base / "data").exists()
+    assert not (head / "gone.py").exists() and (base / "gone.py").exists()
+    # sys.path has the same shape in both arms
+    entries = [str(repo / "pkg"), "/usr/lib", str(repo)]
+    assert ([p.replace(str(base), "T") for p in moved_path(entries, repo, base)]
+            == [p.replace(str(head), "T") for p in moved_path(entries, repo, head)])

@@ -9,15 +9,21 @@ How a session goes:
 
 1. The base revision (``git rev-parse GIT_REF``) is extracted once per session with
    ``git archive`` into a temporary directory (nothing is checked out or changed in the
-   repository).
-2. Two long-lived worker processes start (:mod:`.worker`): ``base``, whose
-   ``sys.path`` has every entry inside the repository moved into the extracted tree, and
-   ``head``, which imports the working tree as pytest does. Both run the working tree's
-   plugin; what differs is the suites and everything they import from the repository.
+   repository), and the working tree's files as git sees them (tracked, and untracked but
+   not ignored) are copied beside it: ``base/`` and ``head/``, trees of the same layout.
+2. Two long-lived worker processes start (:mod:`.worker`), ``base`` and ``head``, each
+   with every ``sys.path`` entry inside the repository moved into its tree and its tree
+   as working directory: the two arms are alike in everything but their files' contents
+   (an arm run from the repository itself would import from a different place, and could
+   see files the other cannot). Both run the working tree's plugin; what differs is the
+   suites and everything they import from the repository.
 3. For each case (after its normal run in the pytest process, which still serves the
    convergence, memory and numerics checks against the stored baseline), each worker builds
    the case's step from its revision (by running the test function up to
-   ``accelperf.train(task)``), compiles and warms it up. Then they take turns: round ``i``
+   ``accelperf.train(task)``), compiles and warms it up; a case trained in ranks (DDP,
+   DeepSpeed) gets a group of ``world_size`` ranks of its own in each worker, started from
+   that revision's files, which build the engine and warm up as a run's ranks do and then
+   train blocks on demand (:mod:`.ranks`). Then they take turns: round ``i``
    times a block of ``--accelperf-compare-block`` steps on each, the order of the two
    drawn at random for every pair of rounds (one base-head and one head-base in each
    pair, so a steady drift favours neither and no pattern of the machine's can line up
@@ -33,14 +39,15 @@ How a session goes:
    cancel it, and the verdict is ``inconclusive`` with that reason.
 
 A case that the base revision does not have is ``new``; one whose backend cannot train in
-blocks (multi-process DeepSpeed, ingested logs) keeps the stored-baseline throughput check,
-and the detail says so.
+blocks (ingested logs; JAX over processes, whose ranks have no ``block_job``) keeps the
+stored-baseline throughput check, and the detail says so.
 
 The modules, one job each: :mod:`.tree` (the base revision's files and where a test lives
 in them), :mod:`.worker` (one arm's process, ``python -m pytest_accelperf.ab.worker``),
 :mod:`.arms` (the controller's side of it: start an arm, ask it, stop it), :mod:`.rounds`
-(the session's comparison: the alternating rounds of one case) and :mod:`.verdict` (the
-throughput check those rounds give). The package itself imports nothing, so an arm's
+(the session's comparison: the alternating rounds of one case), :mod:`.ranks` (an arm's
+rank group for a case trained in ranks) and :mod:`.verdict` (the throughput check those
+rounds give). The package itself imports nothing, so an arm's
 process starts with no more than the plugin's own modules.
 """
 

@@ -1,8 +1,10 @@
 """The rounds of A/B mode (see :mod:`pytest_accelperf.ab`): the session's comparison
 (:class:`Comparison`: the base tree and the two arms, started on first use) and, for each
-case, its step built in both arms, then blocks of steps timed in alternation, in an order
-drawn at random per pair of rounds (:func:`round_orders`), until the interval resolves the
-tolerance or the budget is spent (:class:`ABMeasurement`).
+case, its step built in both arms (for a case trained in ranks, a group of ranks in each:
+:mod:`.ranks`), then blocks of steps timed in alternation, in an order drawn at random per
+pair of rounds (:func:`round_orders`), until the interval resolves the tolerance or the
+budget is spent (:class:`ABMeasurement`). The ranks' CPU time is the measurement's own, not
+contention.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_accelperf.ab.arms import BLOCK_TIMEOUT_S, PREPARE_TIMEOUT_S, Arm, start_arm
-from pytest_accelperf.ab.tree import extract, moved_path, resolve
+from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot
 from pytest_accelperf.ab.worker import Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
@@ -68,15 +70,15 @@ class Comparison:
 
     def _start(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="accelperf-compare-"))
-        tree = extract(self.root, self.sha, self._dir)
+        trees = {"base": extract(self.root, self.sha, self._dir),
+                 "head": snapshot(self.root, self._dir)}
         authkey = secrets.token_bytes(16)
         listener = Listener(str(self._dir / "socket"), family="AF_UNIX", authkey=authkey)
         try:
-            for arm, arm_tree in (("base", tree), ("head", self.root)):
+            for arm, arm_tree in trees.items():
                 entries = [p or os.getcwd() for p in sys.path]
                 setup = Setup(arm=arm, tree=str(arm_tree), head_root=str(self.root),
-                              sys_path=(moved_path(entries, self.root, tree) if arm == "base"
-                                        else entries),
+                              sys_path=moved_path(entries, self.root, arm_tree),
                               accel=self._accel, cpu_devices=self._cpu_devices,
                               platform=self._platform)
                 self._arms[arm] = start_arm(setup, listener, authkey,
@@ -118,7 +120,8 @@ class Comparison:
                 out.programs[arm.name] = arm.call(BLOCK_TIMEOUT_S, "program", key)
             rng = random.Random(secrets.randbits(64))
             pending: list[bool] = []
-            load = Contention([os.getpid(), base.proc.pid, head.proc.pid]).start()
+            ranks = [pid for arm in (base, head) for pid in arm.call(BLOCK_TIMEOUT_S, "pids", key)]
+            load = Contention([os.getpid(), base.proc.pid, head.proc.pid, *ranks]).start()
             t0 = time.monotonic()
             while True:
                 if not pending:

@@ -1,12 +1,14 @@
-"""The base revision's files for A/B mode (see :mod:`pytest_accelperf.ab`): the commit a
-ref names, its files extracted with ``git archive`` (nothing in the repository is checked
-out or changed), ``sys.path`` moved into them, and where a test lives relative to the
-repository root.
+"""The two arms' files for A/B mode (see :mod:`pytest_accelperf.ab`): the commit a ref
+names, its files extracted with ``git archive`` (nothing in the repository is checked out
+or changed); the working tree's files as git sees them, copied beside them, so that both
+arms run from trees of the same layout (:func:`snapshot`); ``sys.path`` moved into them;
+and where a test lives relative to the repository root.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -51,10 +53,35 @@ def extract(root: Path, sha: str, into: Path) -> Path:
                               stdout=out, stderr=subprocess.PIPE, check=False)
     if proc.returncode:
         raise CompareError(f"git archive {sha[:12]} failed: {proc.stderr.decode().strip()}")
-    tree = into / "tree"
+    tree = into / "base"
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
     archive.unlink()
+    return tree
+
+
+def snapshot(root: Path, into: Path) -> Path:
+    """The working tree's files under ``into / "head"``: every file git sees (tracked, and
+    untracked but not ignored), as they are now, with the base revision's beside it in
+    ``into / "base"`` (:func:`extract`).
+
+    The two arms then differ only in their files' contents: the same path layout under
+    the same temporary directory, the same ``sys.path`` shape, the same working directory
+    kind, and the same rule for what is there (what git does not see is in neither tree;
+    the base's ``git archive`` could not have it). An arm run from the repository itself
+    would import from a different place than the other, and could see files the other
+    cannot.
+    """
+    listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    tree = into / "head"
+    tree.mkdir(parents=True, exist_ok=True)
+    for rel in filter(None, listed.split("\0")):
+        src = root / rel
+        if not (src.is_file() or src.is_symlink()):
+            continue  # a tracked file deleted in the working tree, a submodule
+        dst = tree / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
     return tree
 
 

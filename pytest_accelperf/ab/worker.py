@@ -11,7 +11,9 @@ training code, the suite itself.
 
 A case's task is built by calling the test function itself with a stand-in ``accelperf``
 fixture whose ``train(task)`` captures the task and stops the function there: the same
-``make_task(...)`` the test runs under pytest, at this arm's revision.
+``make_task(...)`` the test runs under pytest, at this arm's revision. A single-process case
+is then trained here, by its backend's stepper; a case trained in ranks (DDP, DeepSpeed)
+by a group of ranks this worker starts for it (:mod:`pytest_accelperf.ab.ranks`).
 
 This module imports no ML framework at import time (the device environment is in place
 first: the controller's ``XLA_FLAGS`` and ``JAX_PLATFORMS`` are inherited).
@@ -36,6 +38,12 @@ AUTHKEY_ENV = "ACCELPERF_AB_AUTHKEY"
 SETUP_ENV = "ACCELPERF_AB_SETUP"
 
 
+class NotCapturable(BaseException):
+    """Raised by the stand-in fixture when the test function uses more of the fixture than
+    ``case``, ``accelerator`` and ``train(task)``: the case cannot be rebuilt here, and is
+    not compared (a BaseException, as :class:`Captured`)."""
+
+
 class Captured(BaseException):
     """Raised by the stand-in fixture's ``train`` to stop the test function there (a
     BaseException so that a test's own ``except Exception`` cannot swallow it)."""
@@ -57,10 +65,11 @@ class CaptureRunner:
         raise Captured(task)
 
     def __getattr__(self, name: str) -> Any:
-        raise AttributeError(
+        raise NotCapturable(
             f"A/B comparison builds a case's task by running the test function up to "
             f"accelperf.train(task); this test used accelperf.{name} before that, which "
-            f"only a real session has")
+            f"only a real session has (train the case with accelperf.train(task) to "
+            f"compare it)")
 
 
 @dataclass
@@ -95,6 +104,13 @@ def _foreign_modules(setup: Setup) -> list[str]:
     return out
 
 
+def in_ranks(spec: Any, world_size: int) -> bool:
+    """Whether a case of backend ``spec`` and ``world_size`` trains in ranks (its spec's
+    ``ranks``): every case of a backend with ranks and no stepper (DeepSpeed), and the
+    ``world_size > 1`` cases of one with both (torch: DDP)."""
+    return spec.ranks is not None and (spec.spans_ranks(world_size) or not spec.ab_blocks)
+
+
 def unsupported(spec: Any) -> str:
     """Why a case of backend ``spec`` (a :class:`~pytest_accelperf.backends.spec.BackendSpec`
     without ``ab_blocks``) is not compared in A/B mode."""
@@ -120,8 +136,9 @@ class Worker:
                 spec: Any) -> tuple[str, str]:
         """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
         why)`` when this revision has no such test, or ``("unsupported", why)`` when the
-        backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) does not
-        declare ``ab_blocks`` or the case trains in ranks."""
+        backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) neither
+        declares ``ab_blocks`` nor has ranks that train in blocks (``block_job``), or the
+        test function cannot be run up to ``accelperf.train(task)`` here."""
         path = Path(self.setup.tree) / rel_file
         if not path.is_file():
             return "absent", f"{rel_file} does not exist"
@@ -137,13 +154,18 @@ class Worker:
             for part in owner_name.split("."):
                 owner = getattr(owner, part)
             target = getattr(owner(), method)
-        if not spec.ab_blocks:
+        ranks = in_ranks(spec, case.world_size)
+        trainer = spec.load_ranks() if ranks else None
+        if ranks and not callable(getattr(trainer, "block_job", None)):
+            return "unsupported", (f"the {spec.name} backend's ranks cannot train a case in "
+                                   f"blocks of steps (its RankTrainer has no block_job)")
+        if not ranks and not spec.ab_blocks:
             return "unsupported", unsupported(spec)
-        if spec.spans_ranks(case.world_size):
-            return "unsupported", (f"a case that trains in {case.world_size} ranks is not "
-                                   f"trained in blocks of steps")
-        backend = spec.load()
-        task = self._capture(target, case)
+        backend = None if ranks else spec.load()
+        try:
+            task = self._capture(target, case)
+        except NotCapturable as exc:
+            return "unsupported", str(exc)
         foreign = _foreign_modules(self.setup)
         if foreign:
             raise RuntimeError(
@@ -152,6 +174,13 @@ class Worker:
                 "working tree with itself: " + ", ".join(foreign[:5]) + ". Import the "
                 "code under test through sys.path (e.g. a src/ directory pytest adds with "
                 "pythonpath=src), not an editable install's import hook")
+        if trainer is not None:  # ranks of its own, built and warmed up as in a run
+            from pytest_accelperf.ab.ranks import RankGroupStepper
+
+            _pickle_by_value(target)
+            self.steppers[key] = RankGroupStepper(trainer, case, task, self.accelerator())
+            return "ready", ""
+        assert backend is not None
         stepper = backend.stepper(case, task, self.accelerator())
         stepper.run(max(case.warmup, 2))  # warm caches, allocators, the first compile
         self.steppers[key] = stepper
@@ -194,8 +223,29 @@ class Worker:
         record: dict[str, Any] | None = getattr(self.steppers[key], "program", None)
         return record
 
+    def pids(self, key: str) -> list[int]:
+        """The processes that train the case besides this one (its ranks), for the
+        contention reading."""
+        return list(getattr(self.steppers.get(key), "pids", []))
+
     def drop(self, key: str) -> None:
-        self.steppers.pop(key, None)
+        stepper = self.steppers.pop(key, None)
+        if callable(getattr(stepper, "close", None)):
+            stepper.close()  # a rank group: stopped, and nothing left running
+
+    def close(self) -> None:
+        for key in list(self.steppers):
+            self.drop(key)
+
+
+def _pickle_by_value(function: Any) -> None:
+    """Have cloudpickle ship the functions of the test's module by value: the module was
+    imported here under a name of its own, which the ranks cannot import."""
+    import cloudpickle  # type: ignore[import-untyped]  # untyped
+
+    module = sys.modules.get(getattr(function, "__module__", "") or "")
+    if module is not None and module.__name__.startswith("_accelperf_ab_"):
+        cloudpickle.register_pickle_by_value(module)
 
 
 def serve(conn: Connection, worker: Worker) -> None:
@@ -221,9 +271,11 @@ def main() -> None:
     sys.path[:] = setup.sys_path
     address = os.environ[ADDRESS_ENV]
     conn = Client(address, authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
+    worker = Worker(setup)
     try:
-        serve(conn, Worker(setup))
+        serve(conn, worker)
     finally:
+        worker.close()
         conn.close()
 
 

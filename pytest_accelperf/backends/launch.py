@@ -136,7 +136,11 @@ class RankReport:
     def where(self, total_steps: int | None = None) -> str:
         """``"in step 3 (steps 0-2 had finished)"`` (``"of 5"`` after the range with
         ``total_steps``), or ``"while initializing"`` before the first reported step
-        (steps count from 0, warm-up included)."""
+        (steps count from 0, warm-up included); in A/B mode, which reports after each block
+        of steps, ``"in a block of steps from step 3 on (steps 0-2 had finished)"``."""
+        if self.progress.get("phase") == "blocks" and self.step is not None:  # A/B mode
+            done = "step 0" if self.step == 0 else f"steps 0-{self.step}"
+            return f"in a block of steps from step {self.step + 1} on ({done} had finished)"
         if self.step is None:
             phase = self.progress.get("phase", "starting")
             return ("while starting (before initializing)" if phase == "starting"
@@ -414,8 +418,9 @@ class _Pooled:
 
 
 def _start(workdir: Path, world_size: int, device: str, port: int,
-           warm: tuple[str, ...] | None) -> _Fresh | _Pooled:
-    envs = [_child_env(rank, world_size, port, device) for rank in range(world_size)]
+           warm: tuple[str, ...] | None, env: dict[str, str]) -> _Fresh | _Pooled:
+    envs = [{**_child_env(rank, world_size, port, device), **env}
+            for rank in range(world_size)]
     if warm is not None and rank_pool.enabled(device):
         pool = rank_pool.acquire(world_size, device, warm, envs)
         if pool is not None:
@@ -426,47 +431,97 @@ def _start(workdir: Path, world_size: int, device: str, port: int,
 def _launch_in(workdir: Path, payload: bytes, world_size: int, device: str,
                timeout: float | None, total_steps: int | None,
                warm: tuple[str, ...] | None = None) -> LaunchResult:
-    (workdir / "payload.pkl").write_bytes(payload)
-    default_extensions_dir().mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    wall_start = time.time()
-    deadline = start + timeout if timeout else None
-    port = free_port()
-    ranks: _Fresh | _Pooled | None = None
-    codes: list[int | None] = [None] * world_size
-    failed: list[int] = []
-    timed_out = False
-    try:
-        ranks = _start(workdir, world_size, device, port, warm)
-        follower = _ProgressFollower(workdir / "rank0.jsonl", total_steps)
-        while True:
-            follower.poll()
-            codes = ranks.poll()
-            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-            if failed or all(c == 0 for c in codes):
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                timed_out = True
-                break
-            time.sleep(POLL_S)
-    finally:
-        if ranks is not None:
-            ranks.end(ok=not failed and not timed_out and all(c == 0 for c in codes))
-    elapsed = time.monotonic() - start
-    # Codes as first seen: the survivors' SIGKILL is ours, not their failure.
-    reports = [_collect(r, workdir, codes[r]) for r in range(world_size)]
-    pooled = ranks if isinstance(ranks, _Pooled) else None
-    timings = {"start_wall": wall_start, "end_wall": time.time(), "pooled": pooled is not None,
-               "pool_case": pooled.case if pooled is not None else 0,
-               "pool_pids": pooled.pids if pooled is not None else []}
-    if timed_out:
-        steps = ", ".join(f"rank {r.rank}: {r.where()}" for r in reports)
-        return LaunchResult("timeout", f"exceeded the {timeout:g} s timeout ({steps}); all "
-                            f"{world_size} ranks were killed", reports, elapsed=elapsed,
-                            timings=timings)
-    if failed:
-        culprit = _culprit([reports[r] for r in failed])
-        outcome: LaunchOutcome = "oom" if culprit.is_oom else "error"
-        return LaunchResult(outcome, describe_failure(culprit, total_steps), reports,
-                            failed_rank=culprit.rank, elapsed=elapsed, timings=timings)
-    return LaunchResult("ok", "", reports, elapsed=elapsed, timings=timings)
+    group = RankGroup(workdir, payload, world_size, device, total_steps, warm)
+    return group.wait(timeout, follow=True)
+
+
+class RankGroup:
+    """The ranks of one launch while they run: started here (fresh or from a pool's warm
+    ranks), watched with :meth:`poll`, and ended by :meth:`wait`, which returns the
+    :class:`LaunchResult`. :func:`launch` waits at once; A/B mode
+    (:func:`start_group`) keeps a group running and talks to its ranks meanwhile."""
+
+    def __init__(self, workdir: Path, payload: bytes, world_size: int, device: str,
+                 total_steps: int | None, warm: tuple[str, ...] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        (workdir / "payload.pkl").write_bytes(payload)
+        default_extensions_dir().mkdir(parents=True, exist_ok=True)
+        self.workdir, self.world_size, self.total_steps = workdir, world_size, total_steps
+        self._start = time.monotonic()
+        self._wall_start = time.time()
+        self._ranks = _start(workdir, world_size, device, free_port(), warm, env or {})
+        self._result: LaunchResult | None = None
+
+    def poll(self) -> list[int | None]:
+        """Each rank's exit status so far (None: running)."""
+        return self._ranks.poll()
+
+    def failed(self) -> bool:
+        """Whether a rank has exited other than 0 (or been killed)."""
+        return any(c not in (None, 0) for c in self.poll())
+
+    def wait(self, timeout: float | None, follow: bool = False) -> LaunchResult:
+        """Wait until every rank has exited, one fails, or ``timeout`` seconds pass (from
+        now), then end the group (a survivor of a failure, or every rank past the timeout,
+        is killed; pooled ranks are kept only when every rank exited 0) and report. With
+        ``follow``, rank 0's progress goes to the terminal progress line meanwhile."""
+        if self._result is not None:
+            return self._result
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        codes: list[int | None] = [None] * self.world_size
+        failed: list[int] = []
+        timed_out = False
+        try:
+            follower = _ProgressFollower(self.workdir / "rank0.jsonl",
+                                         self.total_steps if follow else None)
+            while True:
+                follower.poll()
+                codes = self._ranks.poll()
+                failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+                if failed or all(c == 0 for c in codes):
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                time.sleep(POLL_S)
+        finally:
+            self._ranks.end(ok=not failed and not timed_out and all(c == 0 for c in codes))
+        self._result = self._report(codes, failed, timed_out, timeout)
+        return self._result
+
+    def _report(self, codes: list[int | None], failed: list[int], timed_out: bool,
+                timeout: float | None) -> LaunchResult:
+        world_size, workdir = self.world_size, self.workdir
+        elapsed = time.monotonic() - self._start
+        # Codes as first seen: the survivors' SIGKILL is ours, not their failure.
+        reports = [_collect(r, workdir, codes[r]) for r in range(world_size)]
+        pooled = self._ranks if isinstance(self._ranks, _Pooled) else None
+        timings = {"start_wall": self._wall_start, "end_wall": time.time(),
+                   "pooled": pooled is not None,
+                   "pool_case": pooled.case if pooled is not None else 0,
+                   "pool_pids": pooled.pids if pooled is not None else []}
+        if timed_out:
+            steps = ", ".join(f"rank {r.rank}: {r.where()}" for r in reports)
+            return LaunchResult("timeout", f"exceeded the {timeout:g} s timeout ({steps}); "
+                                f"all {world_size} ranks were killed", reports,
+                                elapsed=elapsed, timings=timings)
+        if failed:
+            culprit = _culprit([reports[r] for r in failed])
+            outcome: LaunchOutcome = "oom" if culprit.is_oom else "error"
+            return LaunchResult(outcome, describe_failure(culprit, self.total_steps), reports,
+                                failed_rank=culprit.rank, elapsed=elapsed, timings=timings)
+        return LaunchResult("ok", "", reports, elapsed=elapsed, timings=timings)
+
+
+def start_group(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, *,
+                workdir: Path, device: str = "cpu", total_steps: int | None = None,
+                warm: tuple[str, ...] | None = None,
+                env: dict[str, str] | None = None) -> RankGroup:
+    """Start ``fn(ctx, *args)`` in ``world_size`` processes, as :func:`launch` does, and
+    return at once: the caller talks to the ranks (A/B mode's blocks of steps,
+    :mod:`pytest_accelperf.ab.ranks`) and ends the group with :meth:`RankGroup.wait`.
+    ``workdir`` is the caller's (kept); ``env`` is added to every rank's environment."""
+    cloudpickle: Any = importlib.import_module("cloudpickle")  # untyped
+    workdir.mkdir(parents=True, exist_ok=True)
+    return RankGroup(workdir, cloudpickle.dumps((fn, args)), world_size, device, total_steps,
+                     warm, env)

@@ -60,9 +60,10 @@ POOL_ENV = "ACCELPERF_RANK_POOL"
 #: Variables of a rank's environment that are not part of a pool's key: they differ per
 #: case (the port, the import path, pytest's current test) or are read only after the
 #: imports (inductor's cache directory, which torch sets in the pytest process the first
-#: time it compiles there). A case's child gets the case's whole environment anyway.
+#: time it compiles there; a gate benchmark's injected slowdown, read at each step). A
+#: case's child gets the case's whole environment anyway.
 PER_CASE_ENV = ("MASTER_PORT", "PYTHONPATH", "PYTEST_CURRENT_TEST", "TORCHINDUCTOR_CACHE_DIR",
-                "TRITON_CACHE_DIR")
+                "TRITON_CACHE_DIR", "ACCELPERF_INJECT_SLOWDOWN")
 
 
 def enabled(device: str) -> bool:

@@ -10,18 +10,30 @@ business. The plugin launches them on this machine (:func:`train_in_ranks`, thro
 :class:`~pytest_accelperf.backends.launch.LaunchResult` either way, so a baseline recorded
 one way is compared with a run taken the other.
 
+A trainer may also train a case in *blocks of steps on demand*, for A/B mode
+(:mod:`pytest_accelperf.ab.ranks`): its ``block_job(case, task, accel, control)`` returns
+the job of a long-lived group whose ranks build and warm up the engine as a run does, then
+take orders through :class:`BlockControl` (:func:`serve_blocks`: "run n steps", timed by
+the same loop as a run's, :func:`~pytest_accelperf.backends.loop.time_block`), and its
+``block_program(job, ready)`` makes the program record from what the ranks reported when
+ready. A trainer without them (JAX over processes) keeps its cases out of A/B mode.
+
 Framework-free: importing this module imports no ML framework.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, Listener
+from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.launch import LaunchResult, launch
+from pytest_accelperf.backends.loop import StepFns, time_block
 from pytest_accelperf.cases import Case
 
 
@@ -96,3 +108,60 @@ def train_in_ranks(trainer: RankTrainer, case: Case, task: Any, accel: Accelerat
     if case.reference and result.run.outcome == "ok":
         result.reference_params = trainer.reference(case, task, job)
     return result
+
+
+# -- blocks of steps on demand (A/B mode) ---------------------------------------------------
+@dataclass(frozen=True)
+class BlockControl:
+    """How a rank of an A/B group takes its orders (it travels to the ranks in the job's
+    arguments): rank ``r`` listens on ``directory/rank{r}.sock`` (a directory only the arm
+    worker's user can enter) for the one connection of the arm worker, which must know
+    ``authkey``."""
+
+    directory: str
+    authkey: bytes
+
+    def socket(self, rank: int) -> Path:
+        return Path(self.directory) / f"rank{rank}.sock"
+
+    def connect(self, rank: int) -> Connection:
+        """In rank ``rank``: wait for the arm worker's connection and say who this is
+        (``("hello", rank, pid)``). A rank whose worker is gone dies with it
+        (``PR_SET_PDEATHSIG``), so the wait needs no deadline."""
+        listener = Listener(str(self.socket(rank)), family="AF_UNIX", authkey=self.authkey)
+        try:
+            conn = listener.accept()
+        finally:
+            listener.close()
+        conn.send(("hello", rank, os.getpid()))
+        return conn
+
+
+def serve_blocks(conn: Connection, fns: StepFns[Any, Any], *, first: int, cycle: int,
+                 ready: dict[str, Any], done: Callable[[int], None] | None = None) -> int:
+    """A rank of an A/B group after its warm-up: send ``("ready", ready)``, then for every
+    ``("run", n)`` train steps ``first, first + 1, ...`` (batches modulo ``cycle``) with
+    ``fns``, timed as in a run (:func:`~pytest_accelperf.backends.loop.time_block`), and
+    send ``("times", seconds)``; ``done(steps so far)`` is called once ready and after
+    each block (the rank's progress report, for a failure's message). Returns the number
+    of blocks at ``("stop",)``. Every rank
+    gets every order, and the step's own barrier starts them together. A connection that
+    closes (the worker is gone) raises ``EOFError``: the rank fails."""
+    conn.send(("ready", ready))
+    if done is not None:
+        done(first)
+    blocks = 0
+    while True:
+        order = conn.recv()
+        if order[0] == "stop":
+            conn.close()
+            return blocks
+        if order[0] != "run":
+            raise ValueError(f"an A/B rank takes ('run', n) or ('stop',), not {order!r}")
+        n = int(order[1])
+        times, _ = time_block(fns, first, n, cycle)
+        first += n
+        blocks += 1
+        conn.send(("times", times))
+        if done is not None:
+            done(first)

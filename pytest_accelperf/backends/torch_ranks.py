@@ -77,7 +77,7 @@ from pytest_accelperf.backends.launch import CapacityExceeded, LaunchResult, Ran
 from pytest_accelperf.backends.loop import StepFns, run_steps
 from pytest_accelperf.backends.rank_comm import largest_over_ranks
 from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
-from pytest_accelperf.backends.ranks import RankJob
+from pytest_accelperf.backends.ranks import BlockControl, RankJob, serve_blocks
 from pytest_accelperf.backends.torch_task import (
     TorchTask,
     flop_counter,
@@ -290,15 +290,22 @@ class _MemoryCounter:
             raise CapacityExceeded(peak, self.capacity, self.source)
 
 
-def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
+def rank_main(ctx: RankContext, plan: RankPlan,
+              control: BlockControl | None = None) -> dict[str, Any]:
     """One rank's training (the function :func:`launch` runs in every process), in the
     measured-step loop (:func:`.loop.run_steps`): every rank starts each step after a
     barrier and stops it after the device is synchronized; the all-reduce of the loss and
-    metrics happens after the timer."""
+    metrics happens after the timer.
+
+    With ``control`` (A/B mode, :meth:`TorchRanks.block_job`) the rank first waits for its
+    arm worker, builds the engine and warms up as a run does (one step longer, so that a
+    step's collectives are counted), then trains the blocks of steps it is told to, with
+    the same step functions (:func:`~.ranks.serve_blocks`)."""
     import torch.distributed as dist
 
     case, step = plan.case, plan.step
     rank, world = ctx.rank, ctx.world_size
+    conn = control.connect(rank) if control is not None else None
     device = (torch.device("cuda", ctx.local_rank) if plan.device == "cuda"
               else torch.device("cpu"))
     if device.type == "cuda":
@@ -389,12 +396,20 @@ def rank_main(ctx: RankContext, plan: RankPlan) -> dict[str, Any]:
             ctx.progress(phase="train", step=done - 1, loss=loss, time=seconds,
                          measured=measured, peak_bytes=counter.peak())
 
+        fns = StepFns(prepare=prepare, run=run, read=read, sync=lambda: sync(device))
         # A memory probe (fits) only warms up: none of its steps is measured.
         warmup = plan.total_steps if plan.fits else plan.warmup
-        trained = run_steps(StepFns(prepare=prepare, run=run, read=read,
-                                    sync=lambda: sync(device)),
-                            warmup=warmup, steps=plan.total_steps - warmup, probe=probe,
-                            report=report, after_step=after_step)
+        measured = plan.total_steps - warmup
+        if conn is not None:  # A/B: the warm-up and one counted step; blocks come later
+            warmup, measured = plan.warmup + 1, 0
+        trained = run_steps(fns, warmup=warmup, steps=measured, probe=probe, report=report,
+                            after_step=after_step)
+    if conn is not None:
+        ready = {"flops": out["flops"], "comm": engine.comm.summary(),
+                 "engine": engine.describe(), "peak_bytes": counter.peak()}
+        blocks = serve_blocks(conn, fns, first=warmup, cycle=plan.total_steps, ready=ready,
+                              done=lambda steps: ctx.progress(phase="blocks", step=steps - 1))
+        return {"rank": rank, "blocks": blocks}
     marks["trained"] = time.time()
     out.update(step_times=trained.step_times, probe_times=trained.probe_times,
                losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step)
@@ -477,6 +492,20 @@ def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> di
     return out
 
 
+def ranks_program(engine: dict[str, Any], flops: list[float | None],
+                  comms: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The program record (:mod:`pytest_accelperf.program`) of a case's ranks: the FLOPs
+    of a step summed over ranks, and per kind of collective the largest count and bytes
+    over ranks; None unless every rank counted its collectives in some step. ``engine``
+    is rank 0's ``describe()``."""
+    if not comms or not all(comms) or not comms[0] or not comms[0]["steps"]:
+        return None
+    collectives = largest_over_ranks([c["collectives"] or {} for c in comms if c]) or {}
+    source = "deepspeed" if engine.get("engine") == "deepspeed" else "ddp"
+    total = float(sum(f for f in flops if f)) if flops and all(flops) else None
+    return program_record(source, flops=total, collectives=collectives)
+
+
 def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
               launched: LaunchResult, timeout: float | None) -> tuple[Run, dict[str, Any]]:
     """The run of a launch (complete, or what the ranks reported before it ended) and
@@ -524,11 +553,9 @@ def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
         "ranks": ranks,
     }
     comms = [r["comm"] for r in ranks if r.get("comm")]
-    if comms and len(comms) == len(ranks) and comms[0]["steps"]:
+    run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks])
+    if run.program is not None:
         per_rank = [c["collectives"] or {} for c in comms]
-        collectives = largest_over_ranks(per_rank) or {}
-        source = "deepspeed" if run.extra["engine"].get("engine") == "deepspeed" else "ddp"
-        run.program = program_record(source, flops=run.flops_per_step, collectives=collectives)
         run.extra["comm"] = {
             "counted_steps": [int(i) for i in plan.comm_steps],
             "same_each_step": all(c["same_each_step"] for c in comms),
@@ -606,6 +633,21 @@ class TorchRanks:
         plan = self.plan(case, task, accel)
         return RankJob(rank_main, (plan,), device=plan.device, total_steps=plan.total_steps,
                        plan=plan, warm=self.warm_modules())
+
+    def block_job(self, case: Case, task: TorchTask | RankStep, accel: Accelerator,
+                  control: BlockControl) -> RankJob:
+        """The job of an A/B group (:mod:`pytest_accelperf.ab.ranks`): :func:`rank_main`
+        with ``control``, so that the ranks build and warm up the engine as a run does,
+        then train blocks of steps on demand."""
+        plan = self.plan(case, task, accel)
+        return RankJob(rank_main, (plan, control), device=plan.device,
+                       total_steps=plan.total_steps, plan=plan, warm=self.warm_modules())
+
+    def block_program(self, job: RankJob, ready: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The program record of an A/B group, from what its ranks reported when ready
+        (as :func:`build_run` makes a run's)."""
+        return ranks_program(ready[0].get("engine") or {}, [r.get("flops") for r in ready],
+                             [r.get("comm") for r in ready])
 
     def warm_modules(self) -> tuple[str, ...]:
         """What a pool's warm ranks import for this engine's cases (everything a rank
