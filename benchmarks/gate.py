@@ -32,6 +32,23 @@ With ``--backend torch`` it does the same for the in-process torch backend: its
 ``_execute`` over a ``TorchStep`` (the suite's GPT, eager, batch 8) against a hand loop
 calling the same step.
 
+A/B mode::
+
+    python benchmarks/gate.py ab [--workload jax|zero2] [--runs 8] [--slowdowns ...]
+                                 [--load none,cpu] [--ab-budget 20] [--ab-tolerance 0.01]
+
+measures ``--accelperf-compare=HEAD`` instead of a stored baseline: per load condition, a
+git repository in a scratch directory whose base commit has every slowdown 0 and whose
+working tree has the slowdowns (:func:`_ab_repo`), and one pytest session whose cases are
+every slowdown x ``--runs`` repetitions, interleaved; each case's verdict, ratio and
+seconds are read from the session's JSON report. ``--workload`` is what the cases train
+(:data:`AB_WORKLOADS`): ``jax``, the suite's ~10 ms jitted JAX MLP (the default), or
+``zero2``, a DeepSpeed ZeRO-2 case at world size 2 on the GPT of ``suites/torch/gpt.py``
+(its ranks are a group per arm, kept for the case's comparison). It prints one table
+(alarms, improvements, inconclusive, every verdict but pass/inconclusive: at slowdown 0
+each is a false verdict; median ratio) and writes ``DIR/ab-<workload>-<time>.json``
+and ``.md``.
+
 Arms: a gate under test is an :class:`Arm` (a function per arm builds it; see ``ARMS``).
 Arms that share a ``group`` run in the same pytest session; the per-run driver
 (:func:`run_session`) only takes test ids, extra pytest arguments and environment.
@@ -974,21 +991,23 @@ def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 # --------------------------------------------------------------------------------------
+# A/B mode
 
 
 AB_TEST = '''
-"""A/B cases of the gate benchmark: one case per (slowdown, repetition). The working
-tree's slowdowns.py makes the step of each case that much slower (the backend spins inside
-the step's timer); the base revision's has every slowdown at 0."""
+"""A/B cases of the gate benchmark ({workload} workload): one case per (slowdown,
+repetition). The working tree's slowdowns.py makes the step of each case that much slower
+(the backend spins inside the step's timer; ranks inherit the variable); the base
+revision's has every slowdown at 0."""
 import dataclasses
 import os
 
 from slowdowns import ORDER, REPS, SLOWDOWN
-from steptask import CASE, make_task
-
+{case_source}
 from pytest_accelperf import cases
 
-CASES = [dataclasses.replace(CASE, label=f"{name}-r{r}") for r in range(REPS) for name in ORDER]
+CASES = [dataclasses.replace(CASE, label=f"{{name}}-r{{r}}") for r in range(REPS)
+         for name in ORDER]
 
 
 @cases(*CASES)
@@ -999,8 +1018,55 @@ def test_ab(accelperf):
 '''
 
 
+@dataclass(frozen=True)
+class ABWorkload:
+    """What the cases of an A/B session train.
+
+    ``files``: (source, path in the scratch repository) to copy into its base commit;
+    ``test_dir``: the folder of the repository that holds ``test_ab.py`` (from
+    :data:`AB_TEST`) and ``slowdowns.py``; ``case_source``: code of that test module that
+    defines ``CASE`` and ``make_task``; ``args``: pytest arguments of its session beyond the
+    A/B ones; ``env``: variables its session gets.
+    """
+
+    name: str
+    description: str
+    files: tuple[tuple[Path, str], ...]
+    test_dir: str
+    case_source: str
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def test_path(self) -> str:
+        return f"{self.test_dir}/test_ab.py" if self.test_dir else "test_ab.py"
+
+
+AB_WORKLOADS: dict[str, ABWorkload] = {w.name: w for w in (
+    ABWorkload(
+        "jax", "the ~10 ms jitted JAX MLP of benchmarks/suite/steptask.py, one CPU device",
+        ((SUITE / "steptask.py", "steptask.py"), (SUITE / "pyproject.toml", "pyproject.toml")),
+        "", "from steptask import CASE, make_task\n",
+        env=((STEPS_ENV, "10"),)),  # the case's own steps are unused: rounds of 5 steps
+    ABWorkload(
+        "zero2", "DeepSpeed ZeRO-2 at world size 2 (gloo ranks on the CPU, a group per "
+        "arm): the GPT of suites/torch/gpt.py on suites/jax/data/tiny_corpus.txt, batch 8",
+        ((HERE.parent / "suites" / "torch" / "gpt.py", "torch/gpt.py"),
+         (HERE.parent / "suites" / "jax" / "data" / "tiny_corpus.txt",
+          "jax/data/tiny_corpus.txt")),  # gpt.py reads ../jax/data/tiny_corpus.txt
+        "torch",
+        "from gpt import make_task\n\nfrom pytest_accelperf import Case\n\n"
+        'CASE = Case(backend="deepspeed", zero_stage=2, offload="none", model="gpt", '
+        "batch=8, steps=10,\n            warmup=2, world_size=2, accels=(\"cpu\",))\n",
+        args=("-p", "no:cacheprovider", "--accel=cpu")),
+)}
+
+
 def _slowdown_name(fraction: float) -> str:
     return f"s{round(fraction * 1000):04d}"
+
+
+_AB_LABEL = re.compile(r"(s\d{4,})-r(\d+)$")
 
 
 def _git(path: Path, *args: str) -> None:
@@ -1008,94 +1074,154 @@ def _git(path: Path, *args: str) -> None:
                     *args], cwd=path, check=True, capture_output=True)
 
 
-def _ab_repo(root: Path, slowdowns: Sequence[float], reps: int) -> None:
-    """A git repository: the base commit with every slowdown 0, the working tree with
-    ``slowdowns``."""
-    root.mkdir(parents=True)
-    for name in ("steptask.py", "pyproject.toml"):
-        shutil.copy(SUITE / name, root / name)
-    (root / "test_ab.py").write_text(AB_TEST)
+def _ab_repo(root: Path, slowdowns: Sequence[float], reps: int,
+             workload: str = "jax") -> None:
+    """A git repository of ``workload``'s A/B cases: the base commit with every slowdown
+    0, the working tree with ``slowdowns``."""
+    spec = AB_WORKLOADS[workload]
     names = [_slowdown_name(f) for f in slowdowns]
+    if len(set(names)) != len(names):
+        raise ValueError(f"slowdowns {list(slowdowns)} are not distinct to 0.1 %")
+    root.mkdir(parents=True)
+    for source, dest in spec.files:
+        (root / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(source, root / dest)
+    test_dir = root / spec.test_dir
+    test_dir.mkdir(parents=True, exist_ok=True)
+    (test_dir / "test_ab.py").write_text(
+        AB_TEST.format(workload=workload, case_source=spec.case_source))
 
     def module(values: Sequence[float]) -> str:
         table = ", ".join(f"{n!r}: {v!r}" for n, v in zip(names, values, strict=True))
         return f"ORDER = {names!r}\nREPS = {reps}\nSLOWDOWN = {{{table}}}\n"
 
-    (root / "slowdowns.py").write_text(module([0.0] * len(slowdowns)))
+    (test_dir / "slowdowns.py").write_text(module([0.0] * len(slowdowns)))
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "commit", "-qm", "base: no slowdown")
-    (root / "slowdowns.py").write_text(module(slowdowns))
+    (test_dir / "slowdowns.py").write_text(module(slowdowns))
+
+
+def ab_case_result(case: dict[str, Any], slowdowns: Sequence[float]) -> dict[str, Any]:
+    """One case of an A/B session's JSON report as a result row: its slowdown (from the
+    ``s0050-r3`` end of its id), the throughput verdict (``error`` when the case has none)
+    and the comparison's ratio, interval, rounds and measured seconds."""
+    by_name = {_slowdown_name(f): f for f in slowdowns}
+    match = _AB_LABEL.search(case["case_id"])
+    check = next((c for c in case.get("checks") or [] if c.get("metric") == "throughput"),
+                 None)
+    data = (check or {}).get("data") or {}
+    load = data.get("load") or {}
+    return {"slowdown": by_name.get(match.group(1)) if match else None,
+            "rep": int(match.group(2)) if match else None, "case": case["case_id"],
+            "verdict": check["verdict"] if check else "error",
+            "compared": data.get("mode") == "ab",
+            "ratio": data.get("ratio"), "ci": data.get("ci"), "rounds": data.get("rounds"),
+            "seconds": data.get("seconds"), "foreign_cores": load.get("foreign_cores"),
+            "contaminated": data.get("contaminated"),
+            "detail": (check or {}).get("detail") or case.get("error")}
+
+
+def ab_summary(results: Sequence[dict[str, Any]], workload: str, loads: Sequence[str],
+               slowdowns: Sequence[float]) -> list[dict[str, Any]]:
+    """Table rows per load and slowdown. "not pass/inconclusive" counts every other
+    verdict (regression, improvement, error, ...): at slowdown 0 (an A/A comparison) each
+    is a false verdict."""
+    rows = []
+    for load in loads:
+        for fraction in slowdowns:
+            mine = [r for r in results if r["load"] == load and r["slowdown"] == fraction]
+            n = len(mine)
+            verdicts = [r["verdict"] for r in mine]
+            ratios = [r["ratio"] for r in mine]
+            wrong = sum(v not in ("pass", "inconclusive") for v in verdicts)
+            measured = _fmt(_median([r["seconds"] for r in mine]), ".1f")
+            wall = _fmt(_median([r["wall_s"] for r in mine]), ".1f")
+            rows.append({
+                "workload": workload, "load": load, "slowdown": f"{fraction:.0%}", "runs": n,
+                "A/B alarms [95% CI]": _rate_text(verdicts.count("regression"), n),
+                "improvement": _rate_text(verdicts.count("improvement"), n),
+                "inconclusive": _rate_text(verdicts.count("inconclusive"), n),
+                "not pass/inconclusive [95% CI]": _rate_text(wrong, n),
+                "median ratio": _fmt(_median(ratios), ".3f"),
+                "median abs(ratio-1)": _fmt(_median([None if r is None else abs(r - 1)
+                                                     for r in ratios]), ".3f"),
+                "s/case measured (wall)": f"{measured} ({wall})",
+            })
+    return rows
 
 
 def run_ab(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     """A/B mode (``--accelperf-compare``): per load condition, one session whose cases are
-    every slowdown x ``--runs`` repetitions, interleaved; the working tree is slower by the
-    case's slowdown, the base revision is not."""
+    every slowdown x ``--runs`` repetitions of ``--workload``'s case, interleaved; the
+    working tree is slower by the case's slowdown, the base revision is not."""
+    spec = AB_WORKLOADS[ns.workload]
     out_dir = Path(ns.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    scratch = Path(tempfile.mkdtemp(prefix="accelperf-ab-bench-"))
+    scratch = Path(tempfile.mkdtemp(prefix=f"accelperf-ab-{spec.name}-"))
     results: list[dict[str, Any]] = []
     sessions: list[dict[str, Any]] = []
+    n_cases = len(ns.slowdowns) * ns.runs
+    # A bound for a session that hangs, far above what it takes: budget plus 2 minutes
+    # (ranks, compiles) per case.
+    timeout = 300.0 + n_cases * (ns.ab_budget + 120.0)
+    env = {**os.environ, **dict(spec.env)}
+    env.pop(INJECT_ENV, None)
     try:
         for load in ns.load:
             repo = scratch / load
-            _ab_repo(repo, ns.slowdowns, ns.runs)
-            report = repo / "report.json"
-            cmd = [sys.executable, "-m", "pytest", "test_ab.py", "-q",
-                   "--accelperf-compare=HEAD", f"--accelperf-json={report}",
-                   f"--accelperf-compare-tolerance={ns.ab_tolerance:g}",
-                   f"--accelperf-compare-budget={ns.ab_budget:g}",
-                   f"--accelperf-max-foreign-load={ns.ab_max_foreign_load:g}"]
-            env = {**os.environ, STEPS_ENV: "10"}  # the stored-baseline run: short
-            env.pop(INJECT_ENV, None)
-            t0 = time.monotonic()
+            _ab_repo(repo, ns.slowdowns, ns.runs, spec.name)
+            report = scratch / f"{load}-report.json"
+            args = [*spec.args, "--accelperf-compare=HEAD", f"--accelperf-json={report}",
+                    f"--accelperf-compare-tolerance={ns.ab_tolerance:g}",
+                    f"--accelperf-compare-budget={ns.ab_budget:g}",
+                    f"--accelperf-max-foreign-load={ns.ab_max_foreign_load:g}"]
+            load0 = os.getloadavg()
             with competing_load(load):
-                proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
-                                      check=False)
-            wall = time.monotonic() - t0
+                session = run_session(repo, scratch / f"{load}-session", [spec.test_path],
+                                      args, env, timeout=timeout)
+            load1 = os.getloadavg()
+            sessions.append({"load": load, "wall_s": round(session.wall_s, 1),
+                             "exit": session.rc, "timed_out": session.timed_out,
+                             "loadavg_before": load0, "loadavg_after": load1,
+                             "command": (session.run_dir / "command.txt").read_text().strip()})
             if not report.exists():
-                print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"the A/B session under load {load} wrote no report")
-            cases = json.loads(report.read_text())["cases"]
-            sessions.append({"load": load, "wall_s": wall, "cases": len(cases),
-                             "exit": proc.returncode})
+                print(session.output[-6000:], file=sys.stderr)
+                raise SystemExit(f"the A/B session under load {load} wrote no report "
+                                 f"(exit {session.rc}; scratch {scratch})")
+            cases = json.loads(report.read_text(encoding="utf-8"))["cases"]
+            sessions[-1]["cases"] = len(cases)
             for case in cases:
-                name = case["case_id"].rsplit("-", 2)[-2]
-                fraction = dict(zip((_slowdown_name(f) for f in ns.slowdowns), ns.slowdowns,
-                                    strict=True))[name]
-                check = next(c for c in case["checks"] if c["metric"] == "throughput")
-                data = check.get("data") or {}
-                results.append({"load": load, "slowdown": fraction, "case": case["case_id"],
-                                "verdict": check["verdict"], "ratio": data.get("ratio"),
-                                "ci": data.get("ci"), "rounds": data.get("rounds"),
-                                "seconds": data.get("seconds")})
+                row = ab_case_result(case, ns.slowdowns)
+                test_name = f"test_ab[{case['case_id']}]"
+                results.append({"workload": spec.name, "load": load, **row,
+                                "wall_s": session.test_wall_s.get(test_name)})
     finally:
-        if not ns.keep:
+        if ns.keep:
+            print(f"scratch kept: {scratch}")
+        else:
             shutil.rmtree(scratch, ignore_errors=True)
-    rows = []
-    for load in ns.load:
-        for fraction in ns.slowdowns:
-            mine = [r for r in results if r["load"] == load and r["slowdown"] == fraction]
-            n = len(mine)
-            alarms = sum(r["verdict"] == "regression" for r in mine)
-            unsure = sum(r["verdict"] == "inconclusive" for r in mine)
-            rows.append({"load": load, "slowdown": f"{fraction:.0%}", "runs": n,
-                         "A/B alarms [95% CI]": _rate_text(alarms, n),
-                         "inconclusive": _rate_text(unsure, n),
-                         "median ratio": _fmt(_median([r["ratio"] for r in mine]), ".3f"),
-                         "median s/case": _fmt(_median([r["seconds"] for r in mine]), ".1f")})
+    rows = ab_summary(results, spec.name, ns.load, ns.slowdowns)
     table = tabulate(rows, headers="keys", tablefmt="github")
-    header = (f"`python {' '.join(argv)}`\n\nA/B mode: --accelperf-compare=HEAD, tolerance "
-              f"{ns.ab_tolerance:g}, budget {ns.ab_budget:g} s per case; sessions: "
-              + ", ".join(f"{s['load']} {s['wall_s']:.0f} s" for s in sessions) + "\n")
+    command = f"python {' '.join(argv)}"
+    header = (f"`{command}`\n\nA/B mode, workload {spec.name}: {spec.description}. "
+              f"--accelperf-compare=HEAD, tolerance {ns.ab_tolerance:g}, budget "
+              f"{ns.ab_budget:g} s per case, max foreign load {ns.ab_max_foreign_load:g} "
+              f"cores; sessions: "
+              + ", ".join(f"{s['load']} {s['wall_s']:.0f} s ({s['cases']} cases, load "
+                          f"average {s['loadavg_before'][0]:.2f} before)" for s in sessions)
+              + "\n")
     print(header)
     print(table)
-    _write(out_dir / f"ab-{stamp}.json", {"command": f"python {' '.join(argv)}",
-                                          "machine": _machine(), "sessions": sessions,
-                                          "results": results, "summary": rows})
-    (out_dir / f"ab-{stamp}.md").write_text(header + "\n" + table + "\n")
+    odd = [r for r in results if r["verdict"] not in ("pass", "inconclusive", "regression")]
+    for r in odd:
+        print(f"{r['load']} {r['case']}: {r['verdict']}: {r['detail']}")
+    _write(out_dir / f"ab-{spec.name}-{stamp}.json", {
+        "command": command, "workload": spec.name, "workload_description": spec.description,
+        "machine": _machine(), "sessions": sessions, "results": results, "summary": rows})
+    (out_dir / f"ab-{spec.name}-{stamp}.md").write_text(header + "\n" + table + "\n")
+    print(f"raw results: {out_dir / f'ab-{spec.name}-{stamp}.json'}")
     return 0
 
 
@@ -1140,6 +1266,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "missing (its arm is left out)")
     g.add_argument("--keep", action="store_true", help="keep the scratch suite and outputs")
     a = p.add_argument_group("ab mode (also --runs, --slowdowns, --load, --keep)")
+    a.add_argument("--workload", choices=list(AB_WORKLOADS), default="jax",
+                   help="what the cases train: jax, the suite's ~10 ms jitted JAX MLP "
+                        "(default); zero2, DeepSpeed ZeRO-2 at world size 2 on the GPT of "
+                        "suites/torch/gpt.py, batch 8")
     a.add_argument("--ab-tolerance", type=float, default=0.01,
                    help="--accelperf-compare-tolerance (default 0.01)")
     a.add_argument("--ab-budget", type=float, default=20.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -228,3 +229,69 @@ def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     assert 1.6 < results[1.0]["ratio"] < 4.0
     assert results[0.0]["verdict"] != "regression", results
     assert "A/B alarms [95% CI]" in proc.stdout
+
+
+@pytest.mark.parametrize("workload", ["jax", "zero2"])
+def test_ab_repo_of_each_workload(tmp_path: Path, workload: str) -> None:
+    """``--workload``'s repository, without running its session: the workload's files and
+    the cases' module in the base commit with every slowdown 0, the working tree with the
+    slowdowns (its only change)."""
+    root = tmp_path / "repo"
+    gate._ab_repo(root, [0.0, 0.05], 2, workload)
+    spec = gate.AB_WORKLOADS[workload]
+    for _, dest in spec.files:
+        assert (root / dest).is_file(), dest
+    test = root / spec.test_path
+    source = test.read_text()
+    ast.parse(source)
+    if workload == "zero2":
+        assert spec.test_path == "torch/test_ab.py"
+        assert (root / "jax/data/tiny_corpus.txt").stat().st_size > 1000
+        assert 'backend="deepspeed", zero_stage=2' in source and "world_size=2" in source
+        assert "from gpt import make_task" in source
+    else:
+        assert "from steptask import CASE, make_task" in source
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                              check=True).stdout
+
+    module = str(test.parent.relative_to(root) / "slowdowns.py")
+    base: dict[str, Any] = {}
+    exec(git("show", f"HEAD:{module}"), base)
+    head: dict[str, Any] = {}
+    exec((root / module).read_text(), head)
+    assert base["ORDER"] == head["ORDER"] == ["s0000", "s0050"]
+    assert base["REPS"] == head["REPS"] == 2
+    assert base["SLOWDOWN"] == {"s0000": 0.0, "s0050": 0.0}
+    assert head["SLOWDOWN"] == {"s0000": 0.0, "s0050": 0.05}
+    assert git("status", "--porcelain").split() == ["M", module]
+    assert git("show", "HEAD:" + spec.test_path) == source
+
+
+def test_ab_case_result_and_summary() -> None:
+    """A report's case as a result row (slowdown from the id's end; no throughput check:
+    ``error``), and the table's false-verdict count: everything but pass/inconclusive."""
+    def case(label: str, verdict: str | None, ratio: float = 1.0) -> dict[str, Any]:
+        checks = [] if verdict is None else [
+            {"metric": "throughput", "verdict": verdict, "detail": "d",
+             "data": {"mode": "ab", "ratio": ratio, "ci": [0.9, 1.1], "rounds": 4,
+                      "seconds": 4.0, "load": {"foreign_cores": 0.1}}}]
+        return {"case_id": f"deepspeed-gpt-zero2-b8-{label}", "checks": checks}
+
+    rows = [{"workload": "zero2", "load": "none", "wall_s": 9.0,
+             **gate.ab_case_result(c, [0.0, 0.02])}
+            for c in (case("s0000-r0", "pass", 1.01), case("s0000-r1", "improvement", 0.95),
+                      case("s0000-r2", "regression", 1.04), case("s0000-r3", None),
+                      case("s0020-r0", "inconclusive", 1.02))]
+    assert [(r["slowdown"], r["rep"], r["verdict"]) for r in rows] == [
+        (0.0, 0, "pass"), (0.0, 1, "improvement"), (0.0, 2, "regression"), (0.0, 3, "error"),
+        (0.02, 0, "inconclusive")]
+    assert rows[0]["foreign_cores"] == 0.1 and rows[0]["compared"] is True
+    [zero, two] = gate.ab_summary(rows, "zero2", ["none"], [0.0, 0.02])
+    assert zero["workload"] == "zero2" and zero["runs"] == 4
+    assert zero["A/B alarms [95% CI]"].startswith("1/4 ")
+    assert zero["improvement"].startswith("1/4 ")
+    assert zero["not pass/inconclusive [95% CI]"].startswith("3/4 ")
+    assert zero["median ratio"] == "1.010" and zero["median abs(ratio-1)"] == "0.040"
+    assert two["not pass/inconclusive [95% CI]"].startswith("0/1 ")
