@@ -4,16 +4,20 @@
 ::
 
     python benchmarks/store.py [--modules 100] [--cases 100] [--repeat 3]
-                               [--single 1000,4000] [--template FILE] [--leaf-samples K]
-                               [--out DIR]
+                               [--format compact|legacy] [--single 1000,4000]
+                               [--template FILE] [--leaf-samples K] [--out DIR]
 
 generates, in a temporary directory, a store of ``--modules`` module files of ``--cases``
 cases each (default 100 x 100 = 10,000 cases) for platform ``cpu-x8``. Every block is a
 real block (by default the one with the most parameter leaves of
 ``benchmarks/store_templates/``, blocks as committed before the compact format, or the
 first block of ``--template``), with its step times,
-loss and parameter values varied per case so that no two blocks are equal. The files are
-written as the plugin writes them (:meth:`BaselineFile.to_text`: sorted keys, indent 2).
+loss and parameter values varied per case so that no two blocks are equal. With
+``--format compact`` (the default) the block is first put in the form this version records
+(:func:`as_recorded`: the compact fingerprint, 4-digit samples); ``--format legacy`` keeps
+it as committed before (RMS and 16 samples per leaf), the blocks a store written before
+the compact format holds. The files are written as the plugin writes them
+(:meth:`BaselineFile.to_text`: sorted keys, indent 2, numbers on one line).
 
 It then times, ``--repeat`` times each (the table shows the median and the fastest):
 
@@ -26,8 +30,8 @@ It then times, ``--repeat`` times each (the table shows the median and the faste
 * ``one module of N cases``: :func:`pytest_accelperf.baselines.read` of one module file of
   each ``--single`` size, to show how a file's parse time grows with its cases.
 
-``--leaf-samples K`` cuts each parameter leaf's fingerprint sample to its first K values
-before the store is generated: what reading a store of more compact blocks would cost.
+``--leaf-samples K`` (with ``--format legacy``) cuts each parameter leaf's fingerprint
+sample to its first K values before the store is generated.
 
 It prints a table and writes ``DIR/store-<time>.json`` (every time measured, the sizes, the
 command, the machine and its load average).
@@ -127,11 +131,15 @@ def vary(block: dict[str, Any], n: int) -> dict[str, Any]:
     if isinstance(loss, dict):
         loss["checkpoints"] = [[s, _scaled(v, factor)] for s, v in loss.get("checkpoints", [])]
         loss["final"] = _scaled(loss.get("final"), factor)
-    for leaf in (out.get("numerics") or {}).values():
-        if isinstance(leaf, dict):
-            for name in ("sample", "rms"):
-                if name in leaf:
-                    leaf[name] = _scaled(leaf[name], factor)
+    numerics = out.get("numerics") or {}
+    if isinstance(numerics.get("sketch"), list):  # the compact fingerprint
+        numerics["sketch"] = _scaled(numerics["sketch"], factor)
+    else:
+        for leaf in numerics.values():
+            if isinstance(leaf, dict):
+                for name in ("sample", "rms"):
+                    if name in leaf:
+                        leaf[name] = _scaled(leaf[name], factor)
     out["recorded_at"] = f"2026-11-{1 + n % 28:02d}T{n % 24:02d}:00:00+00:00"
     return out
 
@@ -155,6 +163,12 @@ def generate(root: Path, modules: int, cases: int, block: dict[str, Any]) -> lis
         for key in json.loads(path.read_text(encoding="utf-8"))["cases"]:
             nodeids.append(f"{module}.py::{key}")
     return nodeids
+
+
+def _leaves(block: dict[str, Any]) -> int:
+    numerics = block.get("numerics") or {}
+    sketch = numerics.get("sketch")
+    return len(sketch) if isinstance(sketch, list) else len(numerics)
 
 
 def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
@@ -254,6 +268,20 @@ def compacted(block: dict[str, Any]) -> dict[str, Any]:
         if out.get(key) in (None, ""):
             out.pop(key, None)
     return check_block("m.py::test", out)
+
+
+def as_recorded(block: dict[str, Any]) -> dict[str, Any]:
+    """``block`` in the form this version records (:func:`compacted`). A block recorded
+    before has no sketch per leaf, which the compact fingerprint needs: each leaf gets a
+    stand-in one (spread over -1 .. 1 by the leaf's place, so the stored values differ from
+    leaf to leaf as a real model's do); a compact block is only re-rounded."""
+    out = copy.deepcopy(block)
+    numerics = out.get("numerics")
+    if isinstance(numerics, dict) and not isinstance(numerics.get("sketch"), list):
+        for i, path in enumerate(sorted(numerics)):
+            if isinstance(numerics[path], dict):
+                numerics[path]["sketch"] = ((i * 37) % 101) / 50 - 1
+    return compacted(out)
 
 
 def part_sizes(block: dict[str, Any], compact_layout: bool) -> dict[str, int]:
@@ -466,6 +494,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--template", type=Path, default=None,
                    help="a baseline file whose first block is the template (default: the "
                         "committed block with the most parameter leaves)")
+    p.add_argument("--format", choices=("compact", "legacy"), default="compact",
+                   help="the form of the generated blocks: compact (default), as this "
+                        "version records them (the compact fingerprint, 4-digit samples), "
+                        "or legacy, the template as committed before the compact format "
+                        "(a per-leaf fingerprint of RMS and 16 samples, 6-digit samples)")
     p.add_argument("--leaf-samples", type=int, default=None, metavar="K",
                    help="keep only the first K values of each parameter leaf's fingerprint "
                         "sample (default: all, as recorded): what a more compact "
@@ -504,16 +537,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     block, source = template_block(ns.template)
     if ns.leaf_samples is not None:
+        if ns.format != "legacy":
+            raise SystemExit("--leaf-samples cuts the samples of a legacy fingerprint: "
+                             "pass --format legacy with it")
         for leaf in (block.get("numerics") or {}).values():
             leaf["sample"] = leaf.get("sample", [])[:max(ns.leaf_samples, 0)]
         source += f" (samples cut to {ns.leaf_samples} per leaf)"
-    block_bytes = len(json.dumps(block, indent=2, sort_keys=True))
+    leaves = _leaves(block)
+    if ns.format == "compact":
+        block = as_recorded(block)
+    block_bytes = _in_file(block, compact_layout=True)
     scratch = Path(tempfile.mkdtemp(prefix="accelperf-store-"))
     load_before = os.getloadavg()
     result: dict[str, Any] = {
         "command": shlex.join([Path(sys.executable).name, "benchmarks/store.py", *argv]),
         "machine": _machine(), "template": source, "block_bytes": block_bytes,
-        "leaves": len(block.get("numerics") or {}), "modules": ns.modules,
+        "format": ns.format, "leaves": leaves, "modules": ns.modules,
         "cases": ns.cases, "repeat": ns.repeat, "times": {}}
     rows: list[list[str]] = []
 
@@ -561,8 +600,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result["loadavg_before"], result["loadavg_after"] = list(load_before), list(load_after)
     table = tabulate(rows, headers=["measurement", "median s", "fastest s", ""],
                      tablefmt="github")
-    print(f"{result['command']}\n\ntemplate block: {source} ({result['leaves']} parameter "
-          f"leaves, {block_bytes:,} bytes of JSON); load average {load_before[0]:.2f} before, "
+    print(f"{result['command']}\n\ntemplate block: {source}, {ns.format} ({leaves} parameter "
+          f"leaves, {block_bytes:,} bytes in its file); load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after\n\n{table}")
     out_dir = Path(ns.out).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)

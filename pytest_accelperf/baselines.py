@@ -13,8 +13,8 @@ Layout: ``<store>/<platform>/<module path without .py>.json``, e.g.
 
 Keys are sorted and indented so a refresh reads as a diff in a pull request; arrays of
 numbers (step-time samples, loss checkpoints) and objects of numbers (the ops histogram,
-bytes per device) take one line each, and the compact parameter fingerprint one line per
-leaf (:func:`pytest_accelperf.jsonfile.dumps`). A block recorded before the compact form
+bytes per device) take one line each, and the compact parameter fingerprint a line per 5
+leaves (:func:`pytest_accelperf.jsonfile.dumps`). A block recorded before the compact form
 (a per-leaf fingerprint, 6-digit samples) reads, validates and is checked as it was; the
 next ``--accelperf-update`` of its case writes the compact form. What the store promises:
 
@@ -180,7 +180,7 @@ class BaselineFile:
                 "cases": cases}
         # Valid blocks hold finite numbers only (the schema); an invalid block is written
         # back exactly as it was read, NaN included. Sorted keys, an indent of 2, plain
-        # arrays and objects of numbers on one line, a compact fingerprint one leaf per line
+        # arrays and objects of numbers on one line, a compact fingerprint 5 leaves a line
         # (jsonfile.dumps).
         return jsonfile.dumps(data) + "\n"
 

@@ -61,9 +61,18 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from scipy import stats as _scipy_stats
 
 from pytest_accelperf.checks.base import Verdict
+
+
+def _scipy_stats() -> Any:
+    """``scipy.stats``, imported on first use: it is most of the start-up time of the
+    ``accelperf`` command (and of ``import pytest_accelperf``), which mostly never needs
+    it."""
+    from scipy import stats
+
+    return stats
+
 
 #: The fewest step times per run for which a bootstrap interval means anything.
 MIN_SAMPLES = 3
@@ -158,8 +167,8 @@ def _bootstrap(samples: tuple[FloatArray, ...], statistic: Any, confidence: floa
         # A bootstrap distribution that is (nearly) one value makes scipy warn that the
         # data are degenerate; the percentile interval is still right (it is that value),
         # and pytest's filterwarnings=error must not turn it into a failure.
-        warnings.simplefilter("ignore", _scipy_stats.DegenerateDataWarning)
-        res = _scipy_stats.bootstrap(
+        warnings.simplefilter("ignore", _scipy_stats().DegenerateDataWarning)
+        res = _scipy_stats().bootstrap(
             samples, statistic, n_resamples=n_resamples, vectorized=True, paired=False,
             confidence_level=confidence, method="percentile",
             rng=np.random.default_rng(seed),
@@ -263,7 +272,7 @@ def widen_by_sessions(est: RatioEstimate, now_level: float, levels: Sequence[flo
     median_all = float(np.median(logs))
     factors = tuple(math.exp(float(logs[i]) - median_all) for i in outliers)
     within = (math.log(est.high) - math.log(est.low)) / 2
-    q = float(_scipy_stats.t.ppf(0.5 + est.confidence / 2, n - 1))
+    q = float(_scipy_stats().t.ppf(0.5 + est.confidence / 2, n - 1))
     half = math.hypot(within, q * sd * math.sqrt(1 + 1 / n))
     ratio = math.exp(center)
     low, high = math.exp(center - half), math.exp(center + half)
@@ -299,7 +308,7 @@ TRIM = 0.1
 
 
 def _trimmed_mean(logs: FloatArray, axis: int = -1) -> Any:
-    return _scipy_stats.trim_mean(logs, TRIM, axis=axis)
+    return _scipy_stats().trim_mean(logs, TRIM, axis=axis)
 
 
 def paired_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Sequence[float]],
@@ -330,8 +339,8 @@ def paired_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Se
     if np.ptp(logs) == 0:
         return RatioEstimate(ratio, ratio, ratio, 0.0, len(logs), len(logs), confidence)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", _scipy_stats.DegenerateDataWarning)
-        res = _scipy_stats.bootstrap(
+        warnings.simplefilter("ignore", _scipy_stats().DegenerateDataWarning)
+        res = _scipy_stats().bootstrap(
             (logs,), _trimmed_mean, n_resamples=n_resamples, vectorized=True,
             confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
     low = math.exp(float(res.confidence_interval.low))

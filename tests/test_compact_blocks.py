@@ -43,7 +43,7 @@ def _committed() -> tuple[str, dict[str, Any]]:
 
 
 # -- the stored form -------------------------------------------------------------------------
-def test_the_store_keeps_one_number_per_leaf_one_leaf_per_line(tmp_path: Path) -> None:
+def test_the_store_keeps_one_number_per_leaf_five_leaves_a_line(tmp_path: Path) -> None:
     fp = fingerprint(_params())
     block = {"outcome": "ok", "environment": {}, "numerics": fp,
              "step_time": {"median": 0.01, "samples": [0.01, 0.011, 0.0099]}}
@@ -55,20 +55,42 @@ def test_the_store_keeps_one_number_per_leaf_one_leaf_per_line(tmp_path: Path) -
     lines = text.splitlines()
     at = lines.index('      "numerics": {')
     assert lines[at + 1] == '        "sketch": ['
-    assert [float(s.strip().rstrip(",")) for s in lines[at + 2:at + 8]] == \
-        stored["numerics"]["sketch"]  # one leaf per line, in path order
+    assert lines[at + 4] == '        ],'
+    rows = [[float(v) for v in s.strip().rstrip(",").split(", ")] for s in lines[at + 2:at + 4]]
+    assert [len(r) for r in rows] == [5, 1]  # 5 leaves a line, in path order
+    assert rows[0] + rows[1] == stored["numerics"]["sketch"]
+    assert all(s.startswith(" " * 10) and not s.startswith(" " * 11)
+               for s in lines[at + 2:at + 4])
     assert '        "samples": [0.01, 0.011, 0.0099]' in lines  # numbers on one line
     assert json.loads(text)["cases"]["t"] == stored
     assert read(tmp_path / "cpu" / "m.json").cases["t"] == stored
 
 
-def test_a_synthetic_100_leaf_block_is_about_4_kb() -> None:
+def test_a_synthetic_100_leaf_block_is_at_most_4_kb() -> None:
     rows = bench.measure_sizes(100)
     synth = {part: (before, after) for name, _, part, before, after in rows
              if name.startswith("synthetic")}
     before, after = synth["total"]
-    assert before > 60_000 and after < 4_500, synth  # 63.7 KB -> 4.4 KB
-    assert synth["numerics"][1] <= 2_500  # 24 bytes per leaf, one per line
+    assert before > 60_000 and after <= 4_096, synth  # 63.7 KB -> 3.6 KB
+    assert synth["numerics"][1] <= 1_700  # ~12 bytes per leaf, 5 leaves a line
+
+
+def test_a_changed_leaf_changes_one_line_of_the_sketch() -> None:
+    """Human-diffable: a diff of two fingerprints that differ in one leaf is one line,
+    the line of that leaf's group of five."""
+    import difflib
+
+    from pytest_accelperf import jsonfile
+    sketch = [round(0.1 + i / 1000, 6) for i in range(23)]
+    moved = [*sketch[:12], 9.5, *sketch[13:]]
+    old, new = (jsonfile.dumps({"numerics": {"sketch": s, "structure": "0" * 12,
+                                             "tags": "00" * 23}}).splitlines()
+                for s in (sketch, moved))
+    changed = [line for line in difflib.unified_diff(old, new, lineterm="", n=0)
+               if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed == ["-      0.11, 0.111, 0.112, 0.113, 0.114,",  # leaves 11-15
+                       "+      0.11, 0.111, 9.5, 0.113, 0.114,"]
+    assert len(old) == 3 + 5 + 5  # 3 openings, 23 leaves in 5 lines, ], 2 keys, 2 closings
 
 
 def test_real_blocks_shrink_and_what_the_checks_need_is_kept() -> None:
@@ -194,3 +216,48 @@ def test_an_invalid_compact_fingerprint_is_named(tmp_path: Path) -> None:
     with pytest.raises(Exception, match=r"case 't': invalid baseline block: numerics: .*"
                                         r"5 tag\(s\) of 2 hex digits for 6 sketch value"):
         BaselineStore(tmp_path, "cpu").get("m.py::t")
+
+
+def test_the_store_benchmark_generates_either_form_and_both_read(tmp_path: Path) -> None:
+    """``benchmarks/store.py --format compact`` (the default: blocks as this version records
+    them) and ``--format legacy`` (as committed before) both make stores that read back,
+    every block valid, the values varied from case to case."""
+    legacy, _ = bench.template_block(None)
+    recorded = bench.as_recorded(legacy)
+    assert is_compact(recorded["numerics"]) and not is_compact(legacy["numerics"])
+    assert len(recorded["numerics"]["sketch"]) == len(legacy["numerics"]) == 30
+    assert len(set(recorded["numerics"]["sketch"])) > 20  # leaves differ, as a model's do
+    for name, block in (("compact", recorded), ("legacy", legacy)):
+        path = bench.module_file(tmp_path / name, 0, 3, block)
+        loaded = read(path, bench.PLATFORM)
+        assert len(loaded.cases) == 3 and not loaded.invalid, name
+        first, second = list(loaded.cases.values())[:2]
+        assert first["numerics"] != second["numerics"], name
+    assert (bench._in_file(recorded, compact_layout=True) * 5
+            < bench._in_file(legacy, compact_layout=True))
+
+
+def test_a_suite_baseline_reads_as_committed_and_rewrites_5_leaves_a_line(
+        tmp_path: Path) -> None:
+    """The committed suite baselines (compact fingerprints, written a leaf a line before the
+    sketch took 5 a line) read as they are, every block valid; the same file in a layout of
+    a number a line reads the same; a write lays the sketch out 5 a line, no value changed."""
+    from pytest_accelperf.baselines import parse
+
+    committed = REPO / "baselines" / "cpu-x8" / "suites" / "torch" / "test_torch_gpt.json"
+    text = committed.read_text()
+    loaded = read(committed, "cpu-x8")
+    assert loaded.cases and not loaded.invalid
+    sketches = [b["numerics"]["sketch"] for b in loaded.cases.values() if b.get("numerics")]
+    assert sketches and all(len(s) == 30 for s in sketches)
+    spread = json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n"
+    assert '        "sketch": [\n          ' in spread  # a leaf a line
+    old = parse(tmp_path / "m.json", spread)
+    assert old.cases == loaded.cases and not old.invalid
+    rewritten = old.to_text()
+    assert rewritten == loaded.to_text() and json.loads(rewritten) == json.loads(text)
+    assert len(rewritten) < len(spread)
+    lines = rewritten.splitlines()
+    at = lines.index('        "sketch": [')
+    assert [len(line.split(", ")) for line in lines[at + 1:at + 7]] == [5] * 6
+    assert lines[at + 7] == "        ],"
