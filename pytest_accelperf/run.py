@@ -27,11 +27,12 @@ class Run:
     out-of-memory carries ``oom = {"required_bytes", "capacity_bytes"}``.
 
     ``probe_times`` are the times of a fixed reference workload (``probe_kind`` names it)
-    run right after each measured step, outside its timer: what the machine's speed was at
-    that moment. The throughput check compares step times relative to them, which cancels
-    drift that slows both (see :mod:`pytest_accelperf.checks.throughput`). ``max_batch``
-    is the result of a maximum-batch search (:mod:`pytest_accelperf.maxbatch`), when the
-    test ran one.
+    run right after each measured step (after every k-th, evenly, in a run of more than
+    100: :func:`pytest_accelperf.backends.loop.probe_every`), outside its timer: what the
+    machine's speed was at that moment. The throughput check compares step times relative
+    to them, which cancels drift that slows both (see
+    :mod:`pytest_accelperf.checks.throughput`). ``max_batch`` is the result of a
+    maximum-batch search (:mod:`pytest_accelperf.maxbatch`), when the test ran one.
 
     ``program`` is what the step's compiled program does, read from the program, not timed
     (:func:`pytest_accelperf.program.program_record`: FLOPs, bytes, collectives, host

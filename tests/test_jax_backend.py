@@ -19,6 +19,7 @@ from pytest_accelperf.accel import prepare_environment
 # Before jax is imported anywhere: 8 virtual CPU devices for the (4, 2) and (8, 1) meshes.
 prepare_environment("cpu", 8)
 
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
@@ -28,6 +29,7 @@ from pytest_accelperf.backends.jax import (  # noqa: E402
     BACKEND,
     JaxTask,
     fingerprint,
+    jax_probe,
     predict_memory,
 )
 from pytest_accelperf.cases import Case  # noqa: E402
@@ -130,6 +132,31 @@ def test_training_is_deterministic(nomesh: TrainResult, sharded: TrainResult) ->
     assert fingerprint(ref) == nomesh.run.params_fingerprint
     for key, value in nomesh.params.items():
         np.testing.assert_array_equal(value, ref[key], err_msg=key)
+
+
+def test_the_run_says_where_its_time_went(nomesh: TrainResult, sharded: TrainResult) -> None:
+    for result, reference in ((nomesh, False), (sharded, True)):
+        run = result.run
+        phases = run.extra["phases"]
+        assert set(phases) == {"build", "compile", "program", "probe", "train",
+                               "fingerprint", "reference", "total"}
+        assert all(seconds >= 0 for seconds in phases.values())
+        # The step's timed lowering and compile is inside the compile phase; the init's
+        # compile and the measured steps inside the train phase.
+        assert phases["compile"] >= run.extra["compile_time_parts"]["step"]
+        assert phases["train"] >= run.extra["compile_time_parts"]["init"] + sum(run.step_times)
+        assert (phases["reference"] > 0.05) is reference  # the single-device program's compile
+        assert sum(v for k, v in phases.items() if k != "total") <= phases["total"]
+
+
+def test_the_drift_probe_is_made_once_per_device_and_size(accel: Accelerator) -> None:
+    device = jax.devices()[0]
+    first = jax_probe(device)
+    assert jax_probe(device) is first  # the next case's: nothing compiled again
+    other = jax_probe(device, n=64, reps=2)
+    assert other is not first and other.kind == "jax-cpu-matmul64x2"
+    assert jax_probe(device, n=64, reps=2) is other
+    assert first.time() > 0 and other.time() > 0
 
 
 def test_full_size_without_mesh_is_predicted_out_of_memory(accel: Accelerator) -> None:

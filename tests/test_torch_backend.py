@@ -172,3 +172,30 @@ def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
         task.loss_fn(model, batch).backward()
     attention = 2 * 3 * b * t * layers * 2 * t * d
     assert plain.get_total_flops() == analytic - attention  # what torch alone counts
+
+
+def test_a_long_run_probes_drift_at_most_max_probes_times() -> None:
+    """Up to MAX_PROBES measured steps the drift probe runs after every one (every suite
+    of this project); a longer run probes after every k-th, evenly, MAX_PROBES at most."""
+    from pytest_accelperf.backends.loop import MAX_PROBES, StepFns, run_steps
+    from pytest_accelperf.backends.probe import Probe
+
+    probed: list[int] = []
+    done: list[int] = []
+
+    def run(i: int, batch: Any) -> Any:  # a step of a few microseconds: the loop is tested
+        done.append(i)
+        return torch.ones(4).sum() * batch
+
+    fns = StepFns(prepare=float, run=run, read=lambda out: (float(out), {}))
+    probe = Probe("torch-cpu-count", lambda: probed.append(done[-1]))
+    short = run_steps(fns, warmup=2, steps=MAX_PROBES, probe=probe,
+                      report=lambda *args: None)
+    assert len(short.probe_times) == MAX_PROBES == len(short.step_times)
+    assert probed == list(range(2, 2 + MAX_PROBES))  # after each measured step
+    probed.clear()
+    long = run_steps(fns, warmup=2, steps=2 * MAX_PROBES + 50, probe=probe,
+                     report=lambda *args: None)
+    assert len(long.step_times) == 2 * MAX_PROBES + 50
+    assert len(long.probe_times) == (2 * MAX_PROBES + 50) // 3 <= MAX_PROBES
+    assert probed == list(range(4, 2 + 2 * MAX_PROBES + 50, 3))  # every 3rd measured step

@@ -32,7 +32,11 @@ from pytest_accelperf.backends.torch import (  # noqa: E402
     TorchTrainResult,
     count_step_flops,
 )
-from pytest_accelperf.backends.torch_step import as_torch_step  # noqa: E402
+from pytest_accelperf.backends.torch_step import (  # noqa: E402
+    as_torch_step,
+    live_stateful,
+    undone,
+)
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 
@@ -199,6 +203,35 @@ def test_flop_count_advances_nothing() -> None:
     assert all(p.grad is None for p in training.model.parameters())
     assert all(torch.equal(before[k], v) for k, v in training.model.state_dict().items())
     assert torch.equal(rng, torch.random.get_rng_state())
+
+
+class WarmupThenLambda(torch.optim.lr_scheduler.LambdaLR):
+    """A scheduler class of the user's own: :func:`live_stateful` finds its instances by
+    their exact class, derived from torch's."""
+
+
+def test_live_stateful_finds_every_scheduler_and_scaler() -> None:
+    training = Training()
+    mine = WarmupThenLambda(training.optimizer, lambda it: 1.0)
+    found = live_stateful()
+    assert any(obj is training.scheduler for obj in found)
+    assert any(obj is training.scaler for obj in found)
+    assert any(obj is mine for obj in found)
+    assert not any(obj is training.optimizer or obj is training.model for obj in found)
+    # Handed one scan, undone puts back what it holds: the scheduler steps, then is undone.
+    with undone(training.torch_step(), found):
+        training.step(make_batch(0))
+    assert training.scheduler.last_epoch == 0 and mine.last_epoch == 0
+
+
+def test_the_run_says_where_its_time_went(plain: tuple[Training, TorchTrainResult]) -> None:
+    phases = plain[1].run.extra["phases"]
+    assert set(phases) == {"build", "memory", "flops", "probe", "train", "fingerprint",
+                           "total"}
+    assert all(seconds >= 0 for seconds in phases.values())
+    run = plain[1].run
+    assert phases["train"] >= sum(run.step_times)
+    assert sum(v for k, v in phases.items() if k != "total") <= phases["total"]
 
 
 # -- accumulation, autocast, a scaler, and the memory method ----------------------------------

@@ -8,11 +8,16 @@ seconds spent confirming a throughput regression (``--accelperf-confirm``: the
 re-measurement's training and the wait for a quiet machine before it); and the session's
 own wall time. It wraps two names of the plugin in place (``session.host_lock``,
 ``runner.Confirmation``); a missing one is skipped (then reported as 0).
+
+With ``$ACCELPERF_COST_STEPS`` set to a number, every collected case trains that many
+measured steps instead of its own (the case in the test's parameters is replaced by a
+copy with ``steps`` changed; its id, and so the baseline it is compared with, stay).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -74,6 +79,17 @@ def _wrap_confirmation() -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _wrap_host_lock()
     _wrap_confirmation()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    steps = os.environ.get("ACCELPERF_COST_STEPS", "").strip()
+    if not steps:
+        return
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", None)
+        if params is not None and "accelperf_case" in params:
+            params["accelperf_case"] = dataclasses.replace(params["accelperf_case"],
+                                                           steps=int(steps))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
 import os
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -106,6 +108,37 @@ def stretch(t0: float, t1: float, fraction: float) -> float:
     while now < end:
         now = time.perf_counter()
     return now
+
+
+class Phases:
+    """Wall seconds of the named phases of one in-process training, for
+    ``Run.extra["phases"]``: where a case's time goes besides its compile and its measured
+    steps (``benchmarks/cost.py`` reads them). Timing marks only (``time.perf_counter``
+    around each phase), nothing that changes what is measured.
+
+    >>> phases = Phases()
+    >>> with phases("build"):
+    ...     pass
+    >>> sorted(phases.record())
+    ['build', 'total']
+    """
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        """Time the block as phase ``name`` (added to that phase's seconds so far)."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+    def record(self) -> dict[str, float]:
+        """Each phase's seconds, and ``total``: the seconds since this clock was made."""
+        return {**self.seconds, "total": time.perf_counter() - self._started}
 
 
 class TaskError(ValueError):

@@ -9,7 +9,9 @@ A backend says how to do one step; the loop owns what makes a measurement one:
 - the loss and the other metrics are read *after* the timer stopped (``read``: a
   device-to-host copy is not part of the step);
 - the first ``warmup`` steps are timed apart (compile, allocator warm-up) and never
-  measured; after every measured step the drift ``probe`` runs, outside the timer;
+  measured; after every measured step the drift ``probe`` runs, outside the timer (in a
+  run of more than :data:`MAX_PROBES` measured steps, after every k-th, evenly spread:
+  :func:`probe_every`);
 - progress is reported after every step (outside the timer); a non-finite loss ends the
   run (``nan_step``), and so does the ``deadline`` (``time.monotonic()``), at the next
   step boundary;
@@ -34,6 +36,23 @@ from pytest_accelperf.report import progress
 
 B = TypeVar("B")
 H = TypeVar("H")
+
+#: The most drift probes one run takes. The throughput check reads the probes' median
+#: (and their spread), not a probe per step (per-step pairing was rejected: it widened
+#: the interval), so a long run needs no more; every probe costs a few milliseconds of
+#: wall time outside the timer (JAX's 256x256 one about 2 ms: 2 s of a 1000-step run).
+#: No suite of this project measures more steps than this, so their probes are unchanged.
+MAX_PROBES = 100
+
+
+def probe_every(steps: int) -> int:
+    """Probe after every k-th measured step, for ``k`` this: 1 up to :data:`MAX_PROBES`
+    measured steps, then the smallest ``k`` that keeps the probes at most that many.
+
+    >>> probe_every(40), probe_every(100), probe_every(101), probe_every(1000)
+    (1, 1, 2, 10)
+    """
+    return max(1, math.ceil(steps / MAX_PROBES))
 
 
 class StepReporter(Protocol):
@@ -105,6 +124,7 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
     out = LoopResult()
     slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
     total = warmup + steps
+    every = probe_every(steps)
     for i in range(total):
         batch = fns.prepare(i)  # outside the timer
         handle, seconds = timed(fns, i, batch, slower)
@@ -116,7 +136,7 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
         measured = i >= warmup
         if measured:
             out.step_times.append(seconds)
-            if probe is not None:
+            if probe is not None and (i - warmup + 1) % every == 0:
                 out.probe_times.append(probe.time())
         else:
             out.warmup_times.append(seconds)

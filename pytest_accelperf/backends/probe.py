@@ -1,4 +1,5 @@
-"""The reference workload timed after every measured step, to cancel machine drift.
+"""The reference workload timed after every measured step, to cancel machine drift (after
+every k-th in a run of more than ``loop.MAX_PROBES`` measured steps).
 
 On a shared machine the same step takes 20-50 % longer in one process than in another
 because something else is using the cores, the memory bus or the clock. Comparing a step

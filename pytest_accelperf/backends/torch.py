@@ -39,6 +39,15 @@ step's FLOPs and what dynamo made of it (graphs and graph breaks of the compile 
 frames compiled after it). A compiled case compiles cold (:func:`.torch_program.cold_compile`:
 dynamo reset, inductor's caches empty), so its compile time does not depend on the cases
 that ran before it in the process; ``Run.extra["compile_time_covers"]`` says what was timed.
+
+Where the case's time went (``Run.extra["phases"]``, wall seconds, :class:`.common.Phases`):
+``build`` (making the step: the user's model and optimizer; a process's first
+``torch.optim`` optimizer imports ``torch._dynamo``, about a second), ``memory`` (the CPU
+count), ``flops``, ``probe`` (making the drift probe), ``train`` (warm-up and measured
+steps with the drift probe after each), ``fingerprint``, and ``total``. The LR schedulers
+and scalers the counting steps put back are found once per training
+(:func:`~.torch_step.live_stateful`, a scan of the process's objects) and shared by the
+memory and FLOP counts.
 """
 
 from __future__ import annotations
@@ -46,7 +55,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +63,7 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import TaskError, fingerprint
+from pytest_accelperf.backends.common import Phases, TaskError, fingerprint
 from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
 from pytest_accelperf.backends.torch_program import (
@@ -66,6 +75,7 @@ from pytest_accelperf.backends.torch_program import (
 from pytest_accelperf.backends.torch_step import TorchStep as TorchStep
 from pytest_accelperf.backends.torch_step import (
     as_torch_step,
+    live_stateful,
     metrics_of,
     rewind,
     run_step,
@@ -154,14 +164,15 @@ def count_flops(model: torch.nn.Module, task: TorchTask, batch: Any) -> float | 
     return flops if flops > 0 else None
 
 
-def count_step_flops(step: TorchStep, batch: Any) -> float | None:
+def count_step_flops(step: TorchStep, batch: Any,
+                     stateful: Sequence[Any] | None = None) -> float | None:
     """FLOPs of one call of the step (``count_step``, default ``step``) on ``batch``,
-    undone afterwards (:func:`~.torch_step.undone`): parameters, optimizer, scheduler,
-    scaler and RNG as before, so the measured run is the same with or without it.
-    ``FlopCounterMode`` counts matrix products and convolutions (forward and backward):
-    the optimizer's elementwise update adds none."""
+    undone afterwards (:func:`~.torch_step.undone`, ``stateful`` as there): parameters,
+    optimizer, scheduler, scaler and RNG as before, so the measured run is the same with
+    or without it. ``FlopCounterMode`` counts matrix products and convolutions (forward
+    and backward): the optimizer's elementwise update adds none."""
     counter = flop_counter()
-    with undone(step), counter:
+    with undone(step, stateful), counter:
         metrics_of(step, run_step(step, batch, counting=True))
     flops = float(counter.get_total_flops())
     return flops if flops > 0 else None
@@ -186,8 +197,8 @@ def _device_total(snapshot: dict[Any, Any], device: torch.device) -> int:
     return max(totals)
 
 
-def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int,
-                       peak_after: int) -> tuple[int, list[int]]:
+def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int, peak_after: int,
+                       stateful: Sequence[Any] | None = None) -> tuple[int, list[int]]:
     """MemTracker over ``steps`` counted steps: the peak over the first ``peak_after`` and
     the bytes of live tensors after each."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -196,7 +207,7 @@ def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int,
     tracker.track_external(*step.modules().values())
     live: list[int] = []
     peak = 0
-    with undone(step), tracker:
+    with undone(step, stateful), tracker:
         for i in range(steps):
             _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
             tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
@@ -210,8 +221,8 @@ def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int,
 _STEP_END = "accelperf::counted_step_end"
 
 
-def _profiler_count(step: TorchStep, device: torch.device, steps: int,
-                    peak_after: int) -> tuple[int, list[int]]:
+def _profiler_count(step: TorchStep, device: torch.device, steps: int, peak_after: int,
+                    stateful: Sequence[Any] | None = None) -> tuple[int, list[int]]:
     """Where MemTracker fails (a module called twice in one step, as gradient accumulation
     does): the peak of the profiler's allocations net of frees over the first
     ``peak_after`` steps, plus the tensors that existed before it started (the models'
@@ -221,7 +232,8 @@ def _profiler_count(step: TorchStep, device: torch.device, steps: int,
 
     held = sum({id(t): t.numel() * t.element_size() for module in step.modules().values()
                 for t in [*module.parameters(), *module.buffers()]}.values())
-    with undone(step), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with (undone(step, stateful),
+          profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof):
         for i in range(steps):
             _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
             with record_function(_STEP_END):  # allocates nothing: a mark in time
@@ -243,18 +255,20 @@ def _profiler_count(step: TorchStep, device: torch.device, steps: int,
     return held + peak, live  # held: allocated before the profiler started
 
 
-def cpu_memory(step: TorchStep, device: torch.device, steps: int = MEMORY_STEPS) -> CpuMemory:
-    """``steps`` eager steps counted (undone afterwards): the peak over the first
-    :data:`MEMORY_STEPS`, the live bytes after each step, and the method that counted
-    them: ``mem_tracker``, or ``profiler`` where MemTracker cannot follow the step (it
-    raises on a module called twice in one step: gradient accumulation)."""
+def cpu_memory(step: TorchStep, device: torch.device, steps: int = MEMORY_STEPS,
+               stateful: Sequence[Any] | None = None) -> CpuMemory:
+    """``steps`` eager steps counted (undone afterwards, ``stateful`` as in
+    :func:`~.torch_step.undone`): the peak over the first :data:`MEMORY_STEPS`, the live
+    bytes after each step, and the method that counted them: ``mem_tracker``, or
+    ``profiler`` where MemTracker cannot follow the step (it raises on a module called
+    twice in one step: gradient accumulation)."""
     try:
-        peak, live = _mem_tracker_count(step, device, steps, MEMORY_STEPS)
+        peak, live = _mem_tracker_count(step, device, steps, MEMORY_STEPS, stateful)
         return CpuMemory(peak, "mem_tracker", live)
     except TaskError:
         raise
     except (ImportError, AttributeError, RuntimeError, TypeError, NotImplementedError):
-        peak, live = _profiler_count(step, device, steps, MEMORY_STEPS)
+        peak, live = _profiler_count(step, device, steps, MEMORY_STEPS, stateful)
         return CpuMemory(peak, "profiler", live)
 
 
@@ -501,38 +515,48 @@ class TorchBackend:
             raise ValueError(f"the torch backend trains on one device; {case.id} asks for a "
                              f"mesh of {case.mesh}")
         deadline = deadline_after(timeout)  # memory counting and compiling count too
+        phases = Phases()
         device = _device(accel)
         label = _label(device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        step = as_torch_step(task, device)
-        step.to(device)
+        with phases("build"):  # the user's model and optimizer (TorchTask.to_step)
+            step = as_torch_step(task, device)
+            step.to(device)
         rewind(step)  # trained before (a re-measurement): start where that training started
+        # The schedulers and scalers the counting steps put back: found once, for both.
+        stateful = live_stateful()
         run = Run(case_id=case.id, samples_per_step=case.batch,
                   tokens_per_step=(case.batch * step.tokens_per_sample
                                    if step.tokens_per_sample else None),
                   n_devices=1, peak_flops_per_device=accel.peak_flops)
         capacity = case.memory_capacity
         if device.type == "cpu":
-            memory = cpu_memory(step, device, MEMORY_STEPS + GROWTH_STEPS)
+            with phases("memory"):
+                memory = cpu_memory(step, device, MEMORY_STEPS + GROWTH_STEPS, stateful)
             run.memory_per_device, run.memory_source = {label: memory.peak}, memory.source
             run.memory_growth = cpu_memory_growth(memory)
             if capacity and memory.peak > capacity:
                 run.oom = _oom_record(memory.peak, int(capacity), memory.source)
                 run.outcome, run.message = "oom", _oom_message(run.oom)
+                run.extra["phases"] = phases.record()
                 return TorchTrainResult(run=run)  # never trained
 
         watch: DynamoWatch | None = None
         cuda_growth: _CudaGrowth | None = None
         try:
-            run.flops_per_step = count_step_flops(step, to_device(step.make_batch(0), device))
+            with phases("flops"):
+                run.flops_per_step = count_step_flops(
+                    step, to_device(step.make_batch(0), device), stateful)
             if device.type == "cuda":  # the peak of training, not of the counting step
                 torch.cuda.reset_peak_memory_stats(device)
                 cuda_growth = _CudaGrowth(device, _warmup(step, case))
             torch.manual_seed(step.seed)  # training draws the same numbers with or without
-            probe = torch_probe(device, n=PROBE_N)
-            with cold_compile(device) if step.compile else contextlib.nullcontext():
+            with phases("probe"):
+                probe = torch_probe(device, n=PROBE_N)
+            with (phases("train"),
+                  cold_compile(device) if step.compile else contextlib.nullcontext()):
                 watch = DynamoWatch() if step.compile else None
                 trained = _execute(step, case, device, probe, deadline, after_step=_hooks(
                     watch.after_step if watch else None,
@@ -543,6 +567,7 @@ class TorchBackend:
             if device.type == "cuda":
                 run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
                 run.memory_source = "cuda_allocator"
+            run.extra["phases"] = phases.record()
             return TorchTrainResult(run=run)
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
@@ -566,8 +591,9 @@ class TorchBackend:
         run.metrics = trained.metrics
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
-        params = step.params_of()
-        run.params_fingerprint = fingerprint(params)
+        with phases("fingerprint"):
+            params = step.params_of()
+            run.params_fingerprint = fingerprint(params)
         if trained.nan_step is not None and run.outcome == "ok":
             run.outcome = "nan"
             run.nan_step = trained.nan_step
@@ -575,6 +601,7 @@ class TorchBackend:
         if trained.timed_out and run.outcome == "ok":
             run.outcome = "timeout"
             run.message = timeout_message(timeout, len(trained.losses), case)
+        run.extra["phases"] = phases.record()
         return TorchTrainResult(run=run, params=params, state=step.final_of())
 
 
