@@ -37,6 +37,7 @@ TOLERANCE_KEYS = (
     "compile_tolerance",
     "leak_bytes_per_step",
     "max_probe_spread",
+    "max_step_spread",
 )
 
 

@@ -45,7 +45,7 @@ from pytest_accelperf.baselines import (
 from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
-from pytest_accelperf.recordable import unrecordable
+from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.history import HistoryError, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report
@@ -197,6 +197,23 @@ def _fmt(value: float | str | None, unit: str) -> str:
     return fmt_value(value, unit)
 
 
+def columns(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
+    """``rows`` of strings under ``headers``, as ``tabulate(rows, headers,
+    disable_numparse=True)`` lays them out (its ``simple`` format: left-aligned columns two
+    spaces apart, a column at least two wider than its header, a rule of dashes under the
+    headers, no trailing spaces). Linear in the cells: tabulate infers each cell's type and
+    strips colour codes, half the time of ``show`` over a 10,000-case store."""
+    cells = [[str(cell).strip() for cell in row] for row in rows]
+    widths = [len(h) + 2 for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+
+
 # -- baselines show ----------------------------------------------------------------------------
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     root = _store_root(args.baselines)
@@ -221,9 +238,8 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     if not rows:
         wanted = f" matching {' '.join(args.patterns)}" if args.patterns else ""
         raise CliError(f"no baseline{wanted} in {root}")
-    out.write(tabulate(rows, headers=("platform", "case", "outcome", "throughput", "step time",
-                                      "final loss", "peak memory", "recorded"),
-                       disable_numparse=True) + "\n")
+    out.write(columns(rows, ("platform", "case", "outcome", "throughput", "step time",
+                             "final loss", "peak memory", "recorded")) + "\n")
     out.write(f"{len(rows)} case(s) in {root}\n")
     return 0
 
@@ -324,6 +340,10 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
         raise CliError(f"its only failure is the A/B comparison ({failed[0].detail}), which no "
                        f"baseline clears: A/B verdicts are not stored, the base revision is "
                        f"what changes them; leave the case out of --case")
+    if failed and not clearable(failed):
+        whys = "; ".join(f"{c.metric}: {not_cleared_by_a_baseline(c)}" for c in failed)
+        raise CliError(f"no baseline clears its failure(s), so accepting it would change "
+                       f"nothing: {whys}; leave the case out of --case")
     BaselineStore(root, record.platform).path_for(record.nodeid)
     return check_block(record.nodeid, block)
 
@@ -360,6 +380,11 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
         if any(c.failed and c.data.get("mode") == "ab" for c in record.checks):
             out.write("  note: its A/B throughput failure is not cleared by this (A/B "
                       "verdicts are not stored; the base revision changes them)\n")
+        for c in record.checks:
+            uncleared = not_cleared_by_a_baseline(c)
+            if uncleared is not None and c.data.get("mode") != "ab":
+                out.write(f"  note: its {c.metric} failure is not cleared by this: "
+                          f"{uncleared}\n")
     if args.dry_run:
         out.write(f"dry run: {len(chosen)} case(s) not written\n")
         return 0
@@ -494,8 +519,8 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     except ReportFileError as exc:
         raise CliError(str(exc)) from None
     hint = None
-    if report.regressions:
-        cases = " ".join(f"--case '{case_key(r.nodeid)}'" for r in report.regressions[:5])
+    if report.acceptable:
+        cases = " ".join(f"--case '{case_key(r.nodeid)}'" for r in report.acceptable[:5])
         hint = f"accelperf baselines accept {args.report} {cases}"
     wrote = False
     if args.markdown is not None:
@@ -623,6 +648,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except CliError as exc:
         print(f"accelperf: error: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # `accelperf baselines show | head`: the reader had enough
+        # Python flushes stdout again at exit and would report the pipe a second time.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return status
 
 

@@ -2,7 +2,8 @@
 
 A case flows one way (:mod:`pytest_accelperf.runner`): measured, evaluated (every check
 against the stored baseline, giving an :class:`Evaluated`), judged, recorded once, gated.
-Judging decides what the throughput check finally says, by one of three strategies; each
+Judging decides what the throughput check finally says (or, when recording, which
+measurement is stored), by one of four strategies; each
 takes the evaluated result and returns a new one, never changing what it was given:
 
 :class:`StoredBaseline`
@@ -11,6 +12,10 @@ takes the evaluated result and returns a new one, never changing what it was giv
 :class:`Confirmation`
     an apparent throughput regression is re-measured (``--accelperf-confirm`` times) and
     stands only if confirmed;
+:class:`Recording`
+    ``--accelperf-update`` and ``--accelperf-add-session``: a recording too noisy to be a
+    baseline is re-measured (the same loop, :func:`remeasure_until`), and one that stays
+    noisy is recorded marked so;
 :class:`ABComparison`
     A/B mode (``--accelperf-compare``): the throughput check becomes the paired comparison
     with the base revision (:mod:`pytest_accelperf.ab`).
@@ -25,6 +30,7 @@ from typing import Any, Protocol
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.verdict import ab_check, new_in_head, not_compared
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.contention import wait_for_quiet
 from pytest_accelperf.run import Run
 
@@ -42,6 +48,8 @@ class Evaluated:
     checks: tuple[CheckResult, ...]
     diffs: tuple[str, ...] = ()
     state: Any = None  # the backend's final state of the training, when it returns one
+    #: What :class:`Recording` did before this run was recorded ("" when nothing).
+    recording_note: str = ""
 
     @property
     def throughput(self) -> CheckResult | None:
@@ -79,6 +87,44 @@ def _ratio_text(seen: Sequence[CheckResult]) -> str:
     return f"step-time ratio(s) {shown}" if shown else "no ratio"
 
 
+def _back_off(max_foreign_load: float) -> str:
+    """Wait for a machine where other processes use at most ``max_foreign_load`` cores
+    (:func:`~pytest_accelperf.contention.wait_for_quiet`); what was waited, in words, or
+    ``""`` when the machine was quiet at once."""
+    waited, load = wait_for_quiet(max_foreign_load)
+    if load is not None and waited >= 1.5:
+        return (f"waited {waited:.0f} s for a quieter machine before re-measuring (then "
+                f"other processes used {load.foreign_cores:.2f} cores)")
+    return ""
+
+
+def remeasure_until(first: Evaluated, remeasure: Callable[[], Evaluated], times: int,
+                    max_foreign_load: float, settled: Callable[[Evaluated], bool]
+                    ) -> tuple[list[Evaluated], list[str]]:
+    """The one re-measurement loop of the judges: ``remeasure()`` up to ``times`` times,
+    each after backing off for a quieter machine (:func:`_back_off`), until a measurement
+    is ``settled``. Every measurement, ``first`` first, and the back-off notes."""
+    seen = [first]
+    backoff: list[str] = []
+    for _ in range(times):
+        note = _back_off(max_foreign_load)
+        if note:
+            backoff.append(note)
+        seen.append(remeasure())
+        if settled(seen[-1]):
+            break
+    return seen, backoff
+
+
+def _regressed(evaluated: Evaluated) -> bool:
+    check = evaluated.throughput
+    return check is not None and check.verdict is Verdict.REGRESSION
+
+
+def _notes(backoff: Sequence[str]) -> str:
+    return "".join("; " + b for b in backoff)
+
+
 @dataclass(frozen=True)
 class Confirmation:
     """Re-measure an apparent throughput regression; it stands only if confirmed.
@@ -97,38 +143,65 @@ class Confirmation:
 
     def __call__(self, first: Evaluated) -> Evaluated:
         __tracebackhide__ = True
-        current = first.throughput
-        if current is None or current.verdict is not Verdict.REGRESSION:
+        if not _regressed(first):
             return first
-        seen = [current]
-        evaluated = first
-        backoff: list[str] = []
-        for _ in range(self.times):
-            waited, load = wait_for_quiet(self.max_foreign_load)
-            if load is not None and waited >= 1.5:
-                backoff.append(f"waited {waited:.0f} s for a quieter machine before "
-                               f"re-measuring (then other processes used "
-                               f"{load.foreign_cores:.2f} cores)")
-            evaluated = self.remeasure()
-            again = evaluated.throughput
-            if again is None:
-                return evaluated
-            if again.verdict is not Verdict.REGRESSION:
-                return evaluated.with_throughput(replace(
-                    again,
-                    detail=again.detail + (
-                        f" (re-measured: a first measurement looked like a regression, "
-                        f"{_ratio_text(seen)}; not confirmed"
-                        f"{''.join('; ' + b for b in backoff)})"),
-                    data={**again.data, "unconfirmed": [c.data.get("ratio") for c in seen]}))
-            seen.append(again)
-        final = evaluated.throughput
-        assert final is not None
+        seen, backoff = remeasure_until(first, self.remeasure, self.times,
+                                        self.max_foreign_load, lambda ev: not _regressed(ev))
+        evaluated = seen[-1]
+        again = evaluated.throughput
+        if again is None:
+            return evaluated
+        regressions = [c for c in (ev.throughput for ev in seen) if c is not None]
+        if again.verdict is not Verdict.REGRESSION:
+            before = regressions[:-1]
+            return evaluated.with_throughput(replace(
+                again,
+                detail=again.detail + (
+                    f" (re-measured: a first measurement looked like a regression, "
+                    f"{_ratio_text(before)}; not confirmed{_notes(backoff)})"),
+                data={**again.data, "unconfirmed": [c.data.get("ratio") for c in before]}))
         return evaluated.with_throughput(replace(
-            final,
-            detail=final.detail + (f" (confirmed by {len(seen) - 1} re-measurement(s): "
-                                   f"{_ratio_text(seen)}{''.join('; ' + b for b in backoff)})"),
-            data={**final.data, "confirmations": [c.data.get("ratio") for c in seen]}))
+            again,
+            detail=again.detail + (f" (confirmed by {len(seen) - 1} re-measurement(s): "
+                                   f"{_ratio_text(regressions)}{_notes(backoff)})"),
+            data={**again.data, "confirmations": [c.data.get("ratio") for c in regressions]}))
+
+
+@dataclass(frozen=True)
+class Recording:
+    """``--accelperf-update`` / ``--accelperf-add-session``: refuse a blind baseline.
+
+    A recording too noisy to be a level (``noise(run)`` says why: step times or the drift
+    probe far more dispersed than a quiet machine gives,
+    :func:`~pytest_accelperf.checks.throughput.recording_noise`) trains the case again, up
+    to ``times`` times (``--accelperf-confirm``), each after the same back-off as
+    :class:`Confirmation`; the first quiet measurement is recorded. One that stays noisy is
+    recorded as the least dispersed of the measurements, and the caller stores it marked
+    ``noisy``; ``recording_note`` says what happened.
+    """
+
+    remeasure: Callable[[], Evaluated]
+    times: int
+    max_foreign_load: float
+    noise: Callable[[Run], str]
+
+    def __call__(self, first: Evaluated) -> Evaluated:
+        __tracebackhide__ = True
+        why = self.noise(first.run)
+        if not why or self.times < 1:
+            return first
+        seen, backoff = remeasure_until(first, self.remeasure, self.times,
+                                        self.max_foreign_load,
+                                        lambda ev: not self.noise(ev.run))
+        n = len(seen) - 1
+        if not self.noise(seen[-1].run):
+            return replace(seen[-1], recording_note=(
+                f"re-measured before recording: the first measurement was too noisy to be a "
+                f"baseline: {why}; measurement {n + 1} was not{_notes(backoff)}"))
+        kept = min(range(len(seen)), key=lambda i: spread(list(seen[i].run.step_times)))
+        return replace(seen[kept], recording_note=(
+            f"still noisy after {n} re-measurement(s){_notes(backoff)}; recorded measurement "
+            f"{kept + 1} of {n + 1}, the least dispersed"))
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,9 @@ OPTIONS: tuple[Option, ...] = (
            "thread). 0 disables. Default: 900.", "float", 900.0),
     Option("confirm", "--accelperf-confirm", "re-measure a case whose throughput looks like a "
            "regression this many times; the regression stands only if every re-measurement "
-           "confirms it. 0 disables. Default: 1.", "count", 1),
+           "confirms it; under --accelperf-update or --accelperf-add-session, re-measure a "
+           "recording too noisy to be a baseline (--accelperf-max-step-spread) this many "
+           "times before storing it marked noisy. 0 disables. Default: 1.", "count", 1),
     Option("throughput_tolerance", "--accelperf-throughput-tolerance",
            "relative change of the median step time that counts as a regression or "
            f"improvement. Default: {_TOL.throughput_tolerance}.", "float",
@@ -143,6 +145,13 @@ OPTIONS: tuple[Option, ...] = (
            "measurement is contaminated (another job on the cores) and the verdict is "
            f"inconclusive. Default: {_TOL.max_probe_spread}.", "float",
            _TOL.max_probe_spread),
+    Option("max_step_spread", "--accelperf-max-step-spread", "largest spread (IQR over "
+           "median) of the measured step times that --accelperf-update and "
+           "--accelperf-add-session record without re-measuring; a recording past it, or past "
+           "--accelperf-max-probe-spread, is re-measured (--accelperf-confirm times, after "
+           "waiting for a quieter machine), and one that stays so is stored marked noisy, its "
+           "throughput inconclusive until re-recorded. Default: "
+           f"{_TOL.max_step_spread}.", "float", _TOL.max_step_spread),
     Option("cluster", "--accelperf-cluster", "train each case in a Ray worker that holds its "
            "devices: local (start a Ray cluster on this machine for the session and stop it "
            "at the end) or HOST:PORT of a running cluster (needs pip install "
@@ -165,8 +174,9 @@ OPTIONS: tuple[Option, ...] = (
            "processes may use on average while A/B mode measures a case (read from /proc: "
            "all CPUs' busy time less the measuring processes', steal included) before its "
            "throughput verdict is inconclusive: a competing job slows the two revisions "
-           "unequally, and pairing does not cancel it. The machine's core count turns the "
-           "check off. Default: 0.25.", "float", 0.25),
+           "unequally, and pairing does not cancel it. The same bound holds while a JAX "
+           "step compiles: past it, a compile-time change is inconclusive. The machine's "
+           "core count turns the check off. Default: 0.25.", "float", 0.25),
     Option("cluster_wait", "--accelperf-cluster-wait", "seconds a case waits for a Ray "
            "cluster that does not have the resources it asks for before it fails (a busy "
            "cluster is waited for). Default: 60.", "float", 60.0),

@@ -43,15 +43,22 @@ from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances
 from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
-from pytest_accelperf.checks.throughput import spread
+from pytest_accelperf.checks.throughput import NOISY_KEY, recording_noise
 from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, watchdog
-from pytest_accelperf.judge import ABComparison, Confirmation, Evaluated, Judge, StoredBaseline
+from pytest_accelperf.judge import (
+    ABComparison,
+    Confirmation,
+    Evaluated,
+    Judge,
+    Recording,
+    StoredBaseline,
+)
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
-from pytest_accelperf.recordable import unrecordable
+from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord, baseline_view
 from pytest_accelperf.routing import fits as fits_where_it_trains
@@ -111,6 +118,34 @@ class CaseResult:
         raise KeyError(f"no {metric!r} check; have {[c.metric for c in self.checks]}")
 
 
+#: What a re-measurement's run contributes besides its step and probe times.
+_TIMING_EXTRA = ("warmup_step_times", "injected_slowdown")
+
+
+def retimed(first: TrainResult, again: TrainResult) -> TrainResult:
+    """``first`` with the timing of ``again``, a re-measurement of the same case in this
+    process (a throughput confirmation, a noisy recording measured again).
+
+    A re-measurement re-times the steps; everything else stays the first measurement's,
+    the only true one: trained again in this process, the step finds its program in JAX's
+    or inductor's in-memory cache (its "compile" is a lookup, 18 ms for a 2.9 s compile),
+    and a step that keeps state of its own (nanoGPT's ``iter_num``, which drives its
+    learning-rate schedule) trains on from where it stopped, so its loss curve and final
+    parameters are not the first's. A re-measurement that did not finish is what it is.
+    """
+    if first.run.outcome != "ok" or again.run.outcome != "ok":
+        return again
+    extra = {**first.run.extra}
+    for key in _TIMING_EXTRA:
+        extra.pop(key, None)
+        if key in again.run.extra:
+            extra[key] = again.run.extra[key]
+    run = replace(first.run, step_times=list(again.run.step_times),
+                  probe_times=list(again.run.probe_times), probe_kind=again.run.probe_kind,
+                  extra=extra)
+    return replace(first, run=run)
+
+
 class CaseRunner:
     """The ``accelperf`` fixture: train the current case and check it.
 
@@ -154,11 +189,13 @@ class CaseRunner:
                         pytrace=False)
         found = self.search_max_batch(max_batch) if max_batch is not None else None
 
-        def measure() -> Evaluated:
-            return self._evaluate(self._train_once(task, found))
+        first = self._train_once(task, found)
+        evaluated = self._evaluate(first)
 
-        evaluated = measure()
-        return self._finish(self._judged(self._judge(measure), evaluated))
+        def remeasure() -> Evaluated:
+            return self._evaluate(retimed(first, self._train_once(task, found)))
+
+        return self._finish(self._judged(self._judge(remeasure), evaluated))
 
     def _judge(self, remeasure: Callable[[], Evaluated]) -> Judge:
         """How this session judges the throughput of a trained case
@@ -170,7 +207,11 @@ class CaseRunner:
                 tolerance=settings.compare_tolerance, block=settings.compare_block,
                 max_foreign_load=settings.max_foreign_load,
                 program_tolerance=self._tolerances().program_tolerance)
-        if settings.update or not settings.confirm:
+        if settings.update:
+            tol = self._tolerances()
+            return Recording(remeasure, settings.confirm, settings.max_foreign_load,
+                             lambda run: recording_noise(run, tol))
+        if not settings.confirm:
             return StoredBaseline()
         return Confirmation(remeasure, settings.confirm, settings.max_foreign_load)
 
@@ -427,7 +468,8 @@ class CaseRunner:
         tol = self._tolerances()
         checks = run_checks(run, block, baseline, tol, differences=diffs,
                             reference_params=result.reference_params, params=result.params,
-                            loss_either_way=self.settings.loss_either_way)
+                            loss_either_way=self.settings.loss_either_way,
+                            max_foreign_load=self.settings.max_foreign_load)
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
                 run=run, block=block, baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
@@ -466,21 +508,34 @@ class CaseRunner:
                 block = with_added_session(ev.baseline, ev.run, list(ev.diffs))
             except ValueError as exc:
                 block, refused = None, str(exc)
-        if block is not None and ev.run.probe_times:
-            bound = self._tolerances().max_probe_spread
-            noisy = spread(list(ev.run.probe_times))
-            if noisy > bound:
-                warnings.warn(AccelperfWarning(
-                    f"{self._item.nodeid}: recorded on a contaminated machine: the "
-                    f"{ev.run.probe_kind} probe varied by IQR {noisy:.0%} of its median (bound "
-                    f"{bound:.0%}); its throughput and compile time will be inconclusive "
-                    f"until it is re-recorded with --accelperf-update on a quiet machine"),
-                    stacklevel=3)
+        noisy = recording_noise(ev.run, self._tolerances()) if block is not None else ""
+        if block is not None and noisy:
+            block = self._marked_noisy(block, noisy, ev.recording_note)
+        elif block is not None and ev.recording_note:
+            say(self._item.config, f"accelperf: {self._item.nodeid}: {ev.recording_note}")
         self._record(ev.run, ev.checks, block=block, baseline=ev.baseline)
         if refused:
             pytest.fail(f"{self._item.nodeid}: no session added: {refused}", pytrace=False)
         self._gate(ev.run, ev.checks, ev.baseline, unstorable)
         return CaseResult(run=ev.run, checks=list(ev.checks), state=ev.state)
+
+    def _marked_noisy(self, block: dict[str, Any], noisy: str, note: str) -> dict[str, Any]:
+        """``block`` stored marked noisy (a new baseline: the block; an added session:
+        that session), with a warning that the terminal, the reports and the gate carry."""
+        why = f"{noisy}{'; ' + note if note else ''}"
+        sessions = (block.get("step_time") or {}).get("sessions")
+        if self.settings.add_session and isinstance(sessions, list) and sessions:
+            sessions[-1] = {**sessions[-1], NOISY_KEY: why}
+            what = ("this session's step-time level was stored marked noisy: it is kept but "
+                    "gives the throughput check no level; add a session again on a quiet "
+                    "machine")
+        else:
+            block = {**block, NOISY_KEY: why}
+            what = ("stored marked noisy: its throughput is inconclusive until it is "
+                    "re-recorded with --accelperf-update on a quiet machine")
+        warnings.warn(AccelperfWarning(
+            f"{self._item.nodeid}: recorded on a noisy machine: {why}; {what}"), stacklevel=4)
+        return block
 
     def _fail(self, run: Run, error: str, *, message: str | None = None,
               checks: Sequence[CheckResult] = (), reraise: BaseException | None = None,
@@ -531,30 +586,39 @@ class CaseRunner:
 
     def _failure_message(self, failed: Sequence[CheckResult], baseline: dict[str, Any] | None,
                          unstorable: str | None, accept: str) -> str:
-        """What failed, grouped by what clears it: a stored-baseline failure is cleared by
-        accepting the change; an A/B failure by the base revision; a reference failure
-        (the sharded run disagrees with its single-device run) by fixing the code."""
+        """What failed, grouped by what clears it (:mod:`pytest_accelperf.recordable`): a
+        stored-baseline failure is cleared by accepting the change; an A/B failure by the
+        base revision; a reference failure (the sharded run disagrees with its single-device
+        run) by fixing the code; a leak by fixing the step. Accepting is offered only for
+        what it clears."""
         platform = self.accelerator.platform
+        nodeid = self._item.nodeid
+        stored = clearable(failed)
         ab = [c for c in failed if c.data.get("mode") == "ab"]
         reference = [c for c in failed if c.metric == REFERENCE_METRIC]
-        stored = [c for c in failed if c not in ab and c not in reference]
+        other = [c for c in failed if c not in stored and c not in ab and c not in reference]
         lines = []
         if stored:
-            lines.append(f"{self._item.nodeid}: {len(stored)} regression(s) against the "
+            lines.append(f"{nodeid}: {len(stored)} regression(s) against the "
                          f"{platform} baseline:" if baseline is not None else
-                         f"{self._item.nodeid}: {len(stored)} failure(s) on {platform} (no "
+                         f"{nodeid}: {len(stored)} failure(s) on {platform} (no "
                          f"baseline yet):")
             lines += [f"  {c.metric}: {c.detail}" for c in stored]
         if reference:
-            lines.append(f"{self._item.nodeid}: the run disagrees with its single-device "
+            lines.append(f"{nodeid}: the run disagrees with its single-device "
                          f"reference, a correctness bug in the parallel code (a partition "
                          f"spec, a missing gradient reduction), not a change of baseline:")
             lines += [f"  {c.metric}: {c.detail}" for c in reference]
         if ab:
-            lines.append(f"{self._item.nodeid}: slower than the base revision (A/B):")
+            lines.append(f"{nodeid}: slower than the base revision (A/B):")
             lines += [f"  {c.metric}: {c.detail}" for c in ab]
             lines.append("A/B verdicts are not stored: if this slowdown is intended, the "
                          "base revision is what changes it.")
+        if other:
+            lines.append(f"{nodeid}: {len(other)} failure(s) that no baseline clears:")
+            for c in other:
+                lines += [f"  {c.metric}: {c.detail}",
+                          f"  -> {not_cleared_by_a_baseline(c)}"]
         if unstorable is not None or reference:
             # Accepting cannot clear a failure that is never stored: say so, not "accept".
             lines.append("This run cannot become a baseline: fix the failure "
@@ -562,11 +626,12 @@ class CaseRunner:
                          "record it).")
             return "\n".join(lines)
         if stored:
-            also = " (this clears the stored-baseline failures above, not the A/B one)" \
-                if ab else ""
+            left = ["the A/B one"] * bool(ab) + [f"the {c.metric} one" for c in other]
+            also = (f" (this clears the stored-baseline failures above, not "
+                    f"{' or '.join(left)})" if left else "")
             lines.append(f"If this change is intended, accept it{also} with:\n  {accept}")
             if self.settings.json is not None:
-                case = self._item.nodeid.split("::", 1)[-1]
+                case = nodeid.split("::", 1)[-1]
                 lines.append(f"or, without re-running, from this session's report:\n"
                              f"  accelperf baselines accept {self.settings.json} "
                              f"--case '{case}'")

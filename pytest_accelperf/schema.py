@@ -79,6 +79,8 @@ class StepSession(_Strict):
 
     median: Positive
     probe_median: Positive | None = None
+    #: Why this session was recorded too noisy to be a level (it is kept, never used).
+    noisy: str | None = None
 
 
 class StepTime(_Strict):
@@ -90,7 +92,8 @@ class StepTime(_Strict):
 
 
 class Probe(_Strict):
-    """Times of the reference workload run after each measured step (drift correction)."""
+    """Times of the reference workload run after each measured step (every k-th past 100
+    measured steps; drift correction)."""
 
     kind: Annotated[str, Field(min_length=1)]
     samples: Annotated[list[Positive], Field(min_length=1)]
@@ -249,6 +252,9 @@ class Block(_Strict):
     max_batch: MaxBatch | None = None
     memory: Memory | None = None
     program: Program | None = None
+    #: Why the recording was too noisy to judge throughput against (re-measured, and it
+    #: stayed so): the throughput check is inconclusive until the case is re-recorded.
+    noisy: str | None = None
 
 
 class BaselineHeader(_Strict):

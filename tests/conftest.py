@@ -217,7 +217,8 @@ class Suite:
         # and contamination has its own tests (test_checks.py, test_program_check.py).
         # Compile times move as much (one sample each): tests about them pass their own.
         pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n"
-                                   "max_probe_spread = 1000.0\ncompile_tolerance = 1000.0\n")
+                                   "max_probe_spread = 1000.0\nmax_step_spread = 1000.0\n"
+                                   "compile_tolerance = 1000.0\n")
 
     def write(self, body: str = SUITE, name: str = "test_suite") -> Path:
         return self.pytester.makepyfile(**{name: textwrap.dedent(body)})

@@ -83,6 +83,7 @@ def _leak(result: CheckResult | None, block: dict[str, Any],
     if result is None:
         result = CheckResult(METRIC, Verdict.REGRESSION, "", unit=UNIT, data={"growth": growth})
     result.verdict = Verdict.REGRESSION
+    result.data["leak"] = True  # judged without the baseline: accepting one cannot clear it
     result.detail = (f"{leak_sentence(growth)}: a leak (tolerance "
                      f"{fmt_bytes(tol.leak_bytes_per_step)} per step; something the step "
                      f"keeps alive each step, e.g. a tensor appended to a list)")

@@ -22,6 +22,12 @@ geometric mean and the interval widened by their spread
 (:func:`pytest_accelperf.stats.widen_by_sessions`), so a machine whose sessions differ by
 more than the tolerance says ``inconclusive`` instead of guessing.
 
+A baseline stored marked ``noisy`` (:func:`recording_noise`: ``--accelperf-update``
+re-measured a recording whose step times or probe were far more dispersed than a quiet
+machine gives, and it stayed so) gets ``inconclusive`` whatever the ratio, until it is
+re-recorded; a session added noisy by ``--accelperf-add-session`` is kept but gives no
+level.
+
 Contamination is a reason, not a verdict: when the plugin's own evidence says the
 measurement is not about the code (:func:`contamination`: the probe varied by more than
 ``max_probe_spread`` in this run or in the baseline's, or the step times are far more
@@ -116,6 +122,35 @@ def _probes(run: Run, baseline: dict[str, Any], bound: float = MAX_PROBE_SPREAD
     return (list(run.probe_times), base_probe), ""
 
 
+def recording_noise(run: Run, tol: Tolerances) -> str:
+    """Why ``run`` is too noisy to become a throughput baseline, or ``""``: its drift probe
+    varied by more than ``tol.max_probe_spread``, or its step times by more than
+    ``tol.max_step_spread`` (IQR over median; four step times at least). A recording that
+    stays so after re-measuring is stored marked ``noisy`` (:data:`NOISY_KEY`)."""
+    if run.outcome != "ok" or not run.step_times:
+        return ""
+    if run.probe_times and spread(list(run.probe_times)) > tol.max_probe_spread:
+        return (f"the {run.probe_kind} probe timed after each step varied by IQR "
+                f"{spread(list(run.probe_times)):.0%} of its median (bound "
+                f"{tol.max_probe_spread:.0%}, --accelperf-max-probe-spread)")
+    steps = spread(list(run.step_times))
+    if len(run.step_times) >= 4 and steps > tol.max_step_spread:
+        return (f"its step times varied by IQR {steps:.0%} of their median (bound "
+                f"{tol.max_step_spread:.0%}, --accelperf-max-step-spread)")
+    return ""
+
+
+#: The key of a stored block (and of a ``step_time.sessions`` entry) recorded too noisy to
+#: judge against: why, in words (:func:`recording_noise`).
+NOISY_KEY = "noisy"
+
+
+def noisy_baseline(baseline: dict[str, Any]) -> str:
+    """Why ``baseline`` was stored marked noisy, or ``""``."""
+    why = baseline.get(NOISY_KEY)
+    return str(why) if why else ""
+
+
 def contamination(run: Run, baseline: dict[str, Any], bound: float) -> str:
     """Why this comparison is contaminated (the plugin's own evidence says a timing verdict
     would not be about the code), or ``""``: a probe timed after each step that varied by
@@ -153,6 +188,8 @@ def session_levels(baseline: dict[str, Any], *, drift_corrected: bool) -> list[f
         raise ValueError("the baseline's step_time.sessions is not a list")
     levels: list[float] = []
     for i, entry in enumerate(sessions):
+        if isinstance(entry, dict) and entry.get(NOISY_KEY):
+            continue  # recorded too noisy (--accelperf-add-session): kept, never a level
         med = entry.get("median") if isinstance(entry, dict) else None
         probe = entry.get("probe_median") if isinstance(entry, dict) else None
         if not isinstance(med, (int, float)) or not math.isfinite(med) or med <= 0:
@@ -279,10 +316,19 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
         result.change = 1 / est.ratio - 1
         result.detail += f" [{_spread_text(spread)}]"
     dirty = contamination(run, baseline, tol.max_probe_spread)
-    if dirty and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+    blind = noisy_baseline(baseline)
+    if blind:
+        # A level recorded blind is no level: a pass against it means as little as a
+        # regression or an improvement (173 ms stored for a true 8 ms hid a 15 % slowdown).
+        result.verdict = Verdict.INCONCLUSIVE
+        result.detail = (f"not judged, the baseline was stored marked noisy ({blind}), so "
+                         f"its step times are no level to judge against; re-record it with "
+                         f"--accelperf-update on a quiet machine; measured: {result.detail}")
+    elif dirty and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = f"not judged, {dirty}; measured: {result.detail}"
     result.data["contaminated"] = dirty or None
+    result.data["noisy_baseline"] = blind or None
     result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
                         "confidence": est.confidence, "drift_corrected": pair is not None,
                         "raw_ratio": raw_ratio, "sessions": len(levels),

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.numerics import REFERENCE_METRIC
+from pytest_accelperf.recordable import clearable
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -36,6 +38,16 @@ class CaseRecord:
     @property
     def regressed(self) -> bool:
         return any(c.failed for c in self.checks)
+
+    @property
+    def recorded_noisy(self) -> str:
+        """Why this session stored its baseline (or its added session) marked noisy
+        (:func:`pytest_accelperf.checks.throughput.recording_noise`), or ``""``."""
+        block = self.block or {}
+        sessions = (block.get("step_time") or {}).get("sessions")
+        last = sessions[-1] if isinstance(sessions, list) and sessions else None
+        why = block.get("noisy") or (last.get("noisy") if isinstance(last, dict) else None)
+        return str(why) if why else ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +116,20 @@ class SessionReport:
     def regressions(self) -> list[CaseRecord]:
         return [r for r in self.sorted_records() if r.regressed]
 
+    @property
+    def acceptable(self) -> list[CaseRecord]:
+        """The regressed cases that accepting their run as a baseline would clear (at least
+        in part; :func:`pytest_accelperf.recordable.clearable`), and that may be stored: a
+        reference failure, an A/B comparison, a leak are no baseline matter."""
+        return [r for r in self.regressions
+                if clearable(r.checks) and not any(c.failed and c.metric == REFERENCE_METRIC
+                                                   for c in r.checks)]
+
+    @property
+    def recorded_noisy(self) -> list[CaseRecord]:
+        """The cases whose baseline this session stored marked noisy."""
+        return [r for r in self.sorted_records() if r.recorded_noisy]
+
     def to_json(self, exit_status: int | None = None) -> dict[str, Any]:
         return {
             "schema_version": REPORT_SCHEMA_VERSION,
@@ -114,6 +140,8 @@ class SessionReport:
             "summary": self.counts(),
             "exit_status": exit_status,
             "baselines_written": self.written,
+            "recorded_noisy": [{"nodeid": r.nodeid, "platform": r.platform,
+                                "why": r.recorded_noisy} for r in self.recorded_noisy],
             "errors": self.errors,
             "cases": [r.to_json() for r in self.sorted_records()],
         }
@@ -137,7 +165,7 @@ class SessionReport:
 #: left out: large, and already summarized by the checks).
 _BASELINE_VIEW_KEYS = ("outcome", "samples_per_step", "samples_per_second", "step_time", "probe",
                        "loss", "metrics", "memory", "compile_time", "mfu", "recorded_at",
-                       "max_batch")
+                       "max_batch", "noisy")
 
 
 def baseline_view(block: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -213,6 +213,10 @@ def html_report(report: SessionReport, *, history: list[dict[str, Any]] | None =
             for v, n in counts.items() if n) + "</div>",
     ]
     body += [f'<p class="error">session error: {escape(e)}</p>' for e in report.errors]
+    body += [f'<p class="error">recorded noisy: <code>{escape(case_name(r))}</code>: '
+             f"{escape(r.recorded_noisy)}; stored marked noisy, its throughput inconclusive "
+             f"until re-recorded with <code>--accelperf-update</code> on a quiet machine</p>"
+             for r in report.recorded_noisy]
     body += ["<h2>Cases</h2>", *_summary_table(records)]
     body += _throughput_section(records)
     body += _history_section(records, history or [], threshold)

@@ -108,6 +108,15 @@ def markdown(report: SessionReport, *, title: str = "accelperf",
             lines.append("")
         if accept_hint and regression_rows:
             lines += [f"If a change is intended, accept it: `{accept_hint}`", ""]
+    noisy = report.recorded_noisy
+    if noisy:
+        lines += ["### ⚠️ Recorded noisy", "",
+                  "Too dispersed to be a level, and still so when re-measured "
+                  "(`--accelperf-confirm` times): stored marked noisy, their throughput is "
+                  "inconclusive until re-recorded with `--accelperf-update` on a quiet "
+                  "machine.", "",
+                  *_table(("case", "why"), [[f"`{case_name(r)}`", _short(r.recorded_noisy)]
+                                            for r in noisy]), ""]
     sections = (
         ("### 🚀 Improvements", (Verdict.IMPROVEMENT,),
          "Faster or leaner than the baseline: refresh the baseline to lock the gain in."),

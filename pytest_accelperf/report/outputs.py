@@ -35,9 +35,11 @@ def shown(path: Path, rootdir: Path) -> str:
 
 
 def accept_hint(report: SessionReport, settings: Settings, rootdir: Path) -> str | None:
-    """The command that accepts this session's regressions: ``accelperf baselines accept``
-    on the JSON report when one is written, else the re-run with ``--accelperf-update``."""
-    regressed = report.regressions
+    """The command that accepts this session's regressions that a baseline clears
+    (:attr:`SessionReport.acceptable`): ``accelperf baselines accept`` on the JSON report
+    when one is written, else the re-run with ``--accelperf-update``; None when there is
+    none (a reference, A/B or leak failure is not offered for acceptance)."""
+    regressed = report.acceptable
     if not regressed:
         return None
     named = regressed[:_MAX_NAMED]

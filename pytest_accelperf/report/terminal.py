@@ -19,8 +19,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return fmt_bytes(int(value))
     if unit == "samples/s":
         return f"{value:,.1f}/s"
-    if unit == "s":
-        return f"{value * 1e3:.2f} ms"
+    if unit == "s":  # a compile time: 18.02 ms, 2.34 s
+        return f"{value * 1e3:.2f} ms" if abs(value) < 1 else f"{value:.2f} s"
     if unit == "flop":
         return fmt_flops(value)
     if abs(value) >= 1000:
