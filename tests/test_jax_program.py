@@ -395,6 +395,9 @@ def test_compile_time_includes_the_init(nomesh: Run, sharded: Run) -> None:
         assert set(parts) == {"step", "init"}
         assert parts["step"] > 0 and parts["init"] > 0
         assert run.compile_time == pytest.approx(parts["step"] + parts["init"])
+        # what the rest of the machine used while the step compiled (Linux: /proc)
+        load = run.extra["compile_load"]
+        assert load["foreign_cores"] >= 0 and load["seconds"] > 0
 
 
 def test_a_ready_state_compiles_its_copy(accel: Accelerator) -> None:

@@ -561,3 +561,46 @@ def test_flops_count_replicated_compute_once() -> None:
     assert run.flops_per_step == pytest.approx(analytic, rel=0.02)
     assert run.extra["hardware_flops_per_step"] / run.flops_per_step == pytest.approx(2.0,
                                                                                       rel=0.05)
+
+
+def test_nnx_objects_after_the_batch_as_flax_mnist_takes_rngs(accel: Accelerator) -> None:
+    """Flax's MNIST example (examples/mnist/train.py) takes ``rngs`` after the batch:
+    ``train_step(model, optimizer, metrics, batch, rngs)``, dropout drawing from it."""
+    from flax import nnx
+
+    class Model(nnx.Module):
+        def __init__(self, rngs: nnx.Rngs) -> None:
+            self.linear1 = nnx.Linear(DIM, 16, rngs=rngs)
+            self.dropout = nnx.Dropout(0.5)
+            self.linear2 = nnx.Linear(16, 1, rngs=rngs)
+
+        def __call__(self, x: jax.Array, rngs: nnx.Rngs) -> jax.Array:
+            return self.linear2(self.dropout(nnx.relu(self.linear1(x)), rngs=rngs))
+
+    @nnx.jit
+    def train_step(model: Model, optimizer: Any, batch: Any, rngs: nnx.Rngs) -> jax.Array:
+        def loss_fn(model: Model, batch: Any, rngs: nnx.Rngs) -> jax.Array:
+            return jnp.mean((model(batch["x"], rngs) - batch["y"]) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model, batch, rngs)
+        optimizer.update(model, grads)
+        return loss
+
+    model = Model(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(5e-2), wrt=nnx.Param)
+    rngs = nnx.Rngs(1)
+    with pytest.raises(TaskError) as missing:
+        BACKEND.train(case(), nnx_step(train_step, (model, optimizer),
+                                       make_batch=regression_batch(32)), accel)
+    assert "takes (model, optimizer, batch, rngs)" in str(missing.value)
+    assert "nnx_step(..., after=(rngs,))" in str(missing.value)
+    result = BACKEND.train(case(), nnx_step(train_step, (model, optimizer),
+                                            make_batch=regression_batch(32), after=(rngs,)),
+                           accel)
+    assert result.run.outcome == "ok", result.run.message
+    assert result.run.losses[-1] < result.run.losses[0]
+    _, trained_opt, trained_rngs = result.state
+    assert int(trained_opt.step[...]) == STEPS + WARMUP
+    # The stream advanced once per step, as in the user's own loop: a fresh mask each step.
+    assert int(trained_rngs.default.count[...]) == STEPS + WARMUP
+    assert int(rngs.default.count[...]) == 0  # the user's own object is not the trained one

@@ -157,6 +157,22 @@ def test_a_small_change_is_never_a_verdict_and_an_unsteady_probe_is_inconclusive
     assert "too unsteady" in result.detail
 
 
+def test_a_compile_beside_another_job_is_inconclusive() -> None:
+    """Seen: an unchanged 2.8 s JAX compile took 5.6 s while other jobs shared the two
+    cores; the probe, timed beside the steps, did not see it, and the check said
+    regression. What other processes used during the compile decides now."""
+    busy = {"foreign_cores": 1.2, "steal_cores": 0.0, "cores": 2, "seconds": 5.6}
+    result = check_compile_time(timed(5.9), timed(2.8), TOL, comparable=True,
+                                compile_load=busy, max_foreign_load=0.25)
+    assert result is not None and result.verdict is Verdict.INCONCLUSIVE
+    assert "other processes used 1.20 cores on average while it compiled" in result.detail
+    assert result.data["load"] == busy
+    alone = {**busy, "foreign_cores": 0.05}
+    result = check_compile_time(timed(5.9), timed(2.8), TOL, comparable=True,
+                                compile_load=alone, max_foreign_load=0.25)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+
+
 def test_a_faster_compile_is_an_improvement_and_no_compile_no_check() -> None:
     result = check_compile_time(timed(1.0), timed(3.0), TOL, comparable=True)
     assert result is not None and result.verdict is Verdict.IMPROVEMENT

@@ -10,13 +10,17 @@ and is recorded as a predicted out-of-memory instead of allocating, or being kil
 host. What the compiled step does (FLOPs, bytes, collectives, host callbacks) is read from
 it into ``Run.program`` (:mod:`.xla_program`); the compile time counts the init's compile
 with the step's; and the live arrays are counted after the warm-up and after the last
-measured step (``Run.memory_growth``), so a step that keeps device memory shows it.
+measured step (``Run.memory_growth``), so a step that keeps device memory shows it. Where
+the case's time went is ``Run.extra["phases"]`` (wall seconds: :meth:`JaxBackend._train`);
+the drift probe is made once per device and kept for the session's later cases
+(:func:`jax_probe`).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,8 +36,8 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 
 # Re-exported: both lived here before the torch backend needed them without jax.
 from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
+from pytest_accelperf.backends.common import Phases, describe
 from pytest_accelperf.backends.common import TaskError as TaskError
-from pytest_accelperf.backends.common import describe
 from pytest_accelperf.backends.common import fingerprint as fingerprint
 
 # The step API lives in jax_step; imported from here as before.
@@ -53,6 +57,7 @@ from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.xla_program import program_of
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.numerics import ReferenceParams
+from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.run import Run
 
 PyTree = Any
@@ -98,6 +103,8 @@ class _Program:
     #: A fresh initial state from the compiled init, once :func:`_init_state` compiled it:
     #: the reference check's second start (:func:`_reference`) compiles nothing.
     fresh_state: Any = None
+    #: What other processes used of the machine while the step compiled (None: no /proc).
+    compile_load: Load | None = None
 
 
 class _OutOfMemory(Exception):
@@ -277,6 +284,7 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
     jitted = jax.jit(fn, in_shardings=(state_sh, batch_sh),
                      out_shardings=(state_sh, NamedSharding(mesh, P())),
                      donate_argnums=(0,) if step.donate else ())  # the state updated in place
+    watch = Contention([os.getpid()]).start()  # a compile is one sample: was it alone?
     t0 = time.perf_counter()
     try:
         lowered = jitted.lower(abstract_in, abstract_batch)
@@ -286,7 +294,7 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
             raise _OutOfMemory(str(exc)) from exc
         raise
     return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0,
-                    lowered)
+                    lowered, compile_load=watch.reading())
 
 
 def _annotated_specs(abstract: PyTree) -> PyTree:
@@ -357,12 +365,25 @@ def _key_data(leaf: Any) -> Any:
     return leaf
 
 
+#: The probe made last on each device, by device: ``(n, reps, probe)`` (:func:`jax_probe`).
+_PROBES: dict[Any, tuple[int, int, Probe]] = {}
+
+
 def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
     """The drift-cancelling reference workload (see :mod:`.probe`): ``reps`` float32
-    ``n x n`` products, jitted, on ``device``, blocked until done."""
-    key_a, key_b = jax.random.split(jax.random.key(0))
-    a = jax.device_put(jax.random.normal(key_a, (n, n), np.float32), device)
-    b = jax.device_put(jax.random.normal(key_b, (n, n), np.float32), device)
+    ``n x n`` products, jitted, on ``device``, blocked until done.
+
+    Made once per device and size and kept: the cases of a session after the first reuse
+    its compiled program and its two matrices (512 KiB at n=256) instead of compiling it
+    again (0.07 s), and the matrices are standard normal numbers from numpy's generator
+    (seeded) rather than ``jax.random``'s, whose op-by-op programs cost a process's first
+    probe 0.4 s more to compile (the product's time does not depend on the values)."""
+    kept = _PROBES.get(device)
+    if kept is not None and kept[:2] == (n, reps):
+        return kept[2]
+    rng = np.random.default_rng(0)
+    a = jax.device_put(rng.standard_normal((n, n), np.float32), device)
+    b = jax.device_put(rng.standard_normal((n, n), np.float32), device)
 
     def work(x: Any, y: Any) -> Any:
         for _ in range(reps):
@@ -375,7 +396,9 @@ def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
     def run() -> None:
         _block_until_ready(fn(a, b))
 
-    return Probe(f"jax-{device.platform}-matmul{n}x{reps}", run)
+    probe = Probe(f"jax-{device.platform}-matmul{n}x{reps}", run)
+    _PROBES[device] = (n, reps, probe)
+    return probe
 
 
 def _step_fns(program: _Program, state: PyTree) -> tuple[StepFns[PyTree, Any], list[Any]]:
@@ -587,26 +610,46 @@ class JaxBackend:
 
     def train(self, case: Case, task: Any, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
-        step = as_step(task)
+        """Compile, predict memory, train and fingerprint the case (the module docstring);
+        where its time went is ``Run.extra["phases"]`` (:meth:`_train`)."""
+        phases = Phases()
+        result = self._train(case, task, accel, timeout, phases)
+        result.run.extra["phases"] = phases.record()
+        return result
+
+    def _train(self, case: Case, task: Any, accel: Accelerator, timeout: float | None,
+               phases: Phases) -> TrainResult:
+        """:meth:`train`, timing its phases in ``phases``: ``build`` (the user's task as a
+        step), ``compile`` (tracing and checking the step, then lowering and compiling it:
+        ``Run.compile_time``'s step part is the latter), ``program`` (reading the program
+        record and the memory analysis), ``probe`` (making the drift probe), ``train``
+        (compiling the init, then the warm-up and measured steps with the drift probe after
+        each), ``fingerprint``, ``reference`` (the single-device reference)."""
+        with phases("build"):  # the user's task as a step (JaxTask.to_step)
+            step = as_step(task)
         deadline = time.monotonic() + timeout if timeout else None
         run = Run(case_id=case.id, samples_per_step=case.batch,
                   tokens_per_step=(case.batch * step.tokens_per_sample
                                    if step.tokens_per_sample else None),
                   n_devices=case.n_devices, peak_flops_per_device=accel.peak_flops)
         try:
-            program = _compile(case, step, accel, case.mesh)
+            with phases("compile"):  # tracing and checking the step, then compiling it
+                program = _compile(case, step, accel, case.mesh)
         except _OutOfMemory as exc:
             return TrainResult(run=_oom_run(run, str(exc)))
         mesh = program.mesh
         run.n_devices = int(mesh.devices.size)
         run.compile_time = program.compile_time
+        if program.compile_load is not None:
+            run.extra["compile_load"] = program.compile_load.to_json()
         run.extra["compile_time_parts"] = {"step": program.compile_time}
-        run.program = program_of(program.lowered, program.compiled, run.n_devices)
+        with phases("program"):
+            run.program = program_of(program.lowered, program.compiled, run.n_devices)
+            planned = _analysis_bytes(program.compiled)
         hardware = run.program.get("hardware_flops")
         run.flops_per_step = run.program.get("flops") or hardware
         if hardware is not None:
             run.extra["hardware_flops_per_step"] = hardware
-        planned = _analysis_bytes(program.compiled)
         if planned:
             run.memory_per_device = {label: planned["required_bytes"] for label in _labels(mesh)}
             run.memory_source = "memory_analysis"
@@ -618,10 +661,12 @@ class JaxBackend:
             return TrainResult(run=run)  # no parameter was ever allocated
 
         # This process's first device (with jax.distributed, others belong to other hosts).
-        probe = jax_probe(next(d for d in mesh.devices.flat
-                               if d.process_index == jax.process_index()))
+        with phases("probe"):
+            probe = jax_probe(next(d for d in mesh.devices.flat
+                                   if d.process_index == jax.process_index()))
         try:
-            executed = _execute(program, case, probe, deadline)
+            with phases("train"):  # the init's compile, warm-up and measured steps
+                executed = _execute(program, case, probe, deadline)
         except RuntimeError as exc:
             if _is_oom(exc):
                 return TrainResult(run=_oom_run(run, str(exc)))
@@ -644,8 +689,9 @@ class JaxBackend:
             run.memory_per_device = {label: int(s["peak_bytes_in_use"])
                                      for label, s in zip(_labels(mesh), stats, strict=True)}
             run.memory_source = "memory_stats"
-        params = _flat(step.params_of(final))
-        run.params_fingerprint = fingerprint(params)
+        with phases("fingerprint"):
+            params = _flat(step.params_of(final))
+            run.params_fingerprint = fingerprint(params)
         # The final state goes back to the test; a case spanning processes holds shards
         # of it in each, and no process can hand it over whole.
         state = step.final_of(final) if jax.process_count() == 1 else None
@@ -661,8 +707,9 @@ class JaxBackend:
                            f"give the case fewer steps)")
             return JaxTrainResult(run=run, params=params, state=state)
 
-        reference = (_reference(case, step, accel, capacity, run, program) if case.reference
-                     else None)
+        with phases("reference"):
+            reference = (_reference(case, step, accel, capacity, run, program)
+                         if case.reference else None)
         return JaxTrainResult(run=run, params=params, reference_params=reference, state=state)
 
 

@@ -15,8 +15,9 @@ defined, and the fix (:func:`explain`, :func:`check_outputs`).
 
 from __future__ import annotations
 
+import inspect
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -204,15 +205,18 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
              *, params: Callable[[tuple[Any, ...]], PyTree] | None = None, loss: str = "loss",
              state_specs: Any = None, batch_specs: Any = None,
              bind_axes: Mapping[str, str] | None = None, donate: bool = True,
-             tokens_per_sample: int | None = None) -> JaxStep:
+             tokens_per_sample: int | None = None, after: Sequence[Any] = ()) -> JaxStep:
     """A Flax NNX training step as a :class:`JaxStep`, written as Flax's docs write it.
 
-    ``train_step(*objects, batch)`` updates ``objects`` in place: typically
+    ``train_step(*objects, batch, *after)`` updates ``objects`` in place: typically
     ``(model, optimizer, metrics)`` with an ``nnx.Optimizer`` and an ``nnx.MultiMetric``,
     and may be decorated with ``nnx.jit``. ``objects`` are those objects (already made), or
     a function that makes them, which the backend then compiles and runs on the case's
     shardings without allocating first, with the case's mesh in context (so variables
     annotated with ``nnx.with_partitioning`` can be made). The model is the first object.
+    ``after`` are ready objects the step takes after the batch, as Flax's MNIST example
+    takes ``rngs`` (an ``nnx.Rngs`` that dropout draws from): they are part of the state,
+    so their counters advance step by step as in the user's own loop.
 
     Each step, every ``nnx.Metric`` among the objects is reset before the step and computed
     after it: its values are that step's metrics. What ``train_step`` returns is added: a
@@ -231,6 +235,7 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
         raise TaskError(f"nnx_step: objects must be the objects {label} takes before the batch "
                         f"(e.g. (model, optimizer, metrics)), or a function that makes them; "
                         f"got {type(objects).__name__}")
+    trailing = tuple(after)
     # The graph (and where the metrics are) of the objects: known now for ready objects;
     # for a factory, from its first (abstract) call, which the backend makes with the
     # case's mesh in context (Flax creates annotated variables on it).
@@ -244,14 +249,17 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
         return state
 
     if ready:
-        init: Any = remember(tuple(objects) if isinstance(objects, tuple | list)
-                             else (objects,))
+        before = tuple(objects) if isinstance(objects, tuple | list) else (objects,)
+        known["before"] = len(before)
+        init: Any = remember(before + trailing)
     else:
         factory: Callable[[], Any] = objects
 
         def init(_key: Any) -> Any:
             out = factory()
-            return remember(tuple(out) if isinstance(out, tuple | list) else (out,))
+            made = tuple(out) if isinstance(out, tuple | list) else (out,)
+            known.setdefault("before", len(made))
+            return remember(made + trailing)
 
         init.__wrapped__ = factory  # errors name it
 
@@ -262,7 +270,11 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
         live = merge(state)
         for i in known["metric_at"]:
             live[i].reset()
-        out = train_step(*live, batch)
+        n = known["before"]
+        if not known.get("arity_checked"):  # here, so the error reads as a step's error
+            _check_arity(train_step, label, n, len(trailing))
+            known["arity_checked"] = True
+        out = train_step(*live[:n], batch, *live[n:])
         metrics: dict[str, Any] = {}
         for i in known["metric_at"]:
             computed = live[i].compute()
@@ -295,6 +307,29 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
         loss=loss, bind_axes=dict(bind_axes or {}), donate=donate,
         tokens_per_sample=tokens_per_sample, final=merge,
         label=label)
+
+
+def _check_arity(train_step: Callable[..., Any], label: str, before: int, after: int) -> None:
+    """Refuse, naming the fix, a ``train_step`` that cannot take ``before`` objects, the
+    batch and ``after`` objects (Flax's MNIST example takes ``rngs`` after the batch)."""
+    try:
+        sig = inspect.signature(train_step)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: tracing will say what is wrong
+    names = list(sig.parameters)
+    try:
+        sig.bind(*range(before), "batch", *range(after))
+    except TypeError as exc:
+        given = [f"{before} object(s)", "the batch"] + ([f"{after} after it"] if after else [])
+        hint = ""
+        if len(names) > before + 1 + after and not after:
+            rest = ", ".join(names[before + 1:])
+            hint = (f"; it takes ({rest}) after the batch: pass those objects as "
+                    f"nnx_step(..., after=({rest},))")
+        elif len(names) < before + 1 + after:
+            hint = "; pass only the objects it takes before the batch as objects"
+        raise TaskError(f"{label} takes ({', '.join(names)}) but nnx_step would call it with "
+                        f"{', '.join(given)} ({exc}){hint}") from None
 
 
 def _is_graph_node(nnx: Any, obj: Any) -> bool:

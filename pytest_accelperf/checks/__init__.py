@@ -72,7 +72,8 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
                tol: Tolerances, *, comparable: bool = True, differences: Sequence[str] = (),
                reference_params: Mapping[str, Any] | None = None,
                params: Mapping[str, Any] | None = None,
-               loss_either_way: bool = False) -> list[CheckResult]:
+               loss_either_way: bool = False,
+               max_foreign_load: float | None = None) -> list[CheckResult]:
     """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
 
     ``block`` is ``summarize(run)`` (computed here when None). ``comparable`` is False when
@@ -83,6 +84,8 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
     with a reference the ``reference`` check runs, baseline or not. ``loss_either_way``:
     a loss below its band fails too (``--accelperf-loss-either-way``).
+    ``max_foreign_load``: cores other processes may have used while the step compiled
+    before a compile-time change is not judged (``--accelperf-max-foreign-load``).
     """
     if block is None:
         block = summarize(run)
@@ -95,7 +98,9 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
                              differences=differences),
             check_convergence(run, block, baseline, tol, either_way=loss_either_way),
             *check_metrics(block, baseline, tol),
-            check_compile_time(block, baseline, tol, comparable=comparable),
+            check_compile_time(block, baseline, tol, comparable=comparable,
+                               compile_load=run.extra.get("compile_load"),
+                               max_foreign_load=max_foreign_load),
             check_program(block, baseline, tol, comparable=comparable),
             check_memory(block, baseline, tol),
             check_numerics(block, baseline, tol, same_environment=comparable),

@@ -14,6 +14,12 @@ One compile is one sample, so the check is noise-aware the only ways one sample 
 * contamination: a run or baseline whose probe was unsteady (IQR over median above
   ``max_probe_spread``) was measured on a machine
   with no one speed, and a change beyond the tolerance is ``inconclusive``, not a verdict;
+* contention during the compile: where the backend read what other processes used of
+  the machine while it compiled (``extra["compile_load"]``, from ``/proc``;
+  :mod:`pytest_accelperf.contention`), more than ``--accelperf-max-foreign-load`` cores
+  makes a change beyond the tolerance ``inconclusive``: the probe is timed beside the
+  steps, not beside the compile, and cannot see a job that ran only then (an unchanged
+  2.8 s JAX compile took 5.6 s beside other jobs, a false 2x regression);
 * a floor: a change under :data:`MIN_CHANGE_S` seconds is never a verdict (the spread of
   a sub-second compile on a shared runner).
 
@@ -45,9 +51,13 @@ def _probe(block: dict[str, Any]) -> tuple[str, list[float]]:
 
 
 def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
-                       tol: Tolerances, *, comparable: bool) -> CheckResult | None:
+                       tol: Tolerances, *, comparable: bool,
+                       compile_load: dict[str, Any] | None = None,
+                       max_foreign_load: float | None = None) -> CheckResult | None:
     """``block``'s compile time against ``baseline``'s; None when this run compiled nothing
-    it timed."""
+    it timed. ``compile_load`` is what other processes used while this run compiled
+    (:meth:`~pytest_accelperf.contention.Load.to_json`); past ``max_foreign_load`` cores a
+    change is not judged."""
     now = block.get("compile_time")
     if not isinstance(now, int | float) or now <= 0:
         return None
@@ -80,8 +90,16 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
     words = (f"compile {now:.2f} s, baseline {base:.2f} s ({fmt_signed_percent(ratio - 1)} "
              f"{how}; tolerance {fmt_tolerance(tolerance)}, changes under "
              f"{MIN_CHANGE_S:g} s not counted)")
+    foreign = float((compile_load or {}).get("foreign_cores") or 0.0)
+    if compile_load is not None:
+        result.data["load"] = dict(compile_load)
     if not beyond:
         result.detail = words
+    elif max_foreign_load is not None and foreign > max_foreign_load:
+        result.verdict = Verdict.INCONCLUSIVE
+        result.detail = (f"{words}; not judged: other processes used {foreign:.2f} cores on "
+                         f"average while it compiled (bound {max_foreign_load:g}, "
+                         f"--accelperf-max-foreign-load), a compile beside another job")
     elif unsteady > tol.max_probe_spread:
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = (f"{words}; the probe was too unsteady (IQR {unsteady:.0%} of its "
