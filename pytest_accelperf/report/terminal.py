@@ -37,10 +37,15 @@ ADJUSTED = "*"
 
 
 def adjusted(check: CheckResult) -> bool:
-    """Whether a throughput check's change is the statistic's estimate rather than now over
-    the baseline column: corrected by the drift probe, or taken against the mean level of
-    the baseline's sessions."""
-    if check.metric != "throughput" or check.change is None or check.data.get("mode") == "ab":
+    """Whether a check's change is the gate's estimate rather than now over the baseline
+    column: a throughput change corrected by the drift probe or taken against the mean
+    level of the baseline's sessions, or a compile time corrected for the machine's speed
+    by the probe."""
+    if check.change is None:
+        return False
+    if check.metric == "compile":
+        return str(check.data.get("correction", "")).startswith("corrected")
+    if check.metric != "throughput" or check.data.get("mode") == "ab":
         return False
     return bool(check.data.get("drift_corrected")) or check.data.get("session_sd") is not None
 
