@@ -202,7 +202,10 @@ import os, time
 from tinytask import make_task
 from pytest_accelperf import cases
 
-@cases(backend="jax", batch=[64], steps=40, warmup=0, label="victim")
+# ~2 minutes of steps once the pid file is written: the tests act on the victim while it
+# trains, and on a loaded CI runner (the other xdist worker starting DeepSpeed ranks) the
+# look at /proc before the interrupt took long enough that a victim of 18 s had finished.
+@cases(backend="jax", batch=[64], steps=240, warmup=0, label="victim")
 def test_victim(accelperf):
     task = make_task(accelperf.case)
     inner = task.make_batch
@@ -254,7 +257,7 @@ def test_killed_worker_fails_only_its_case(suite: Suite, ray_cluster: Cluster) -
         "*test_victim?jax-nomesh-b64-victim?: not recorded as a baseline: the run ended "
         "with outcome error (the Ray worker of "
         f"this case died on host * (node *, id *, pid {killed[0]}) in step * (steps 0-* of "
-        "40 had finished) (Ray: *this case failed, the session goes on*",
+        "240 had finished) (Ray: *this case failed, the session goes on*",
     ])
     runs = {c["case_id"]: c["run"] for c in suite.report()["cases"]}
     victim = runs["jax-nomesh-b64-victim"]
@@ -426,6 +429,9 @@ def test_ctrl_c_stops_the_case_and_the_cluster(suite: Suite,
         worker = int(pidfile.read_text())
         running = _marked_processes(mark)  # the detector sees the cluster and the worker
         assert worker in running and any("raylet" in c for c in running.values()), running
+        assert session.poll() is None, (
+            f"the session ended ({session.returncode}) before the interrupt was sent: "
+            f"{session.communicate()[0]}")
         session.send_signal(signal.SIGINT)
         out, _ = session.communicate(timeout=60)
     finally:
