@@ -132,9 +132,11 @@ def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     check = _throughput(repo)
     assert check["verdict"] in ("pass", "inconclusive"), check["detail"]
     data = check["data"]
-    assert isinstance(data, dict) and 0.7 < data["ratio"] < 1.4
+    assert isinstance(data, dict)
     assert data["load"] is not None  # Linux: /proc was read
     assert data["contaminated"] == (data["load"]["foreign_cores"] > 0.25)
+    if not data["contaminated"]:  # beside the other xdist worker A/A measured 0.63
+        assert 0.7 < data["ratio"] < 1.4
     assert data["program_diff"] == []
     assert "same program in both revisions" in str(check["detail"])
 
