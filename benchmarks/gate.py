@@ -312,6 +312,9 @@ def parse_accelperf(report_path: Path, session: Session) -> dict[str, Any]:
         "raw_ratio": data.get("raw_ratio"), "drift_corrected": data.get("drift_corrected"),
         "confirmations": data.get("confirmations"), "unconfirmed": data.get("unconfirmed"),
         "detail": tp.get("detail"),
+        "contaminated": bool(data.get("contaminated")),
+        # what other processes used while the (last) training's steps were measured
+        "foreign_cores": (data.get("load") or {}).get("foreign_cores"),
         "trainings": trainings,
         # Seconds of steps and probes of one training, times the trainings the verdict took.
         "measure_s": _round((sum(steps) + sum(probes)) * trainings, 4),
@@ -580,6 +583,7 @@ def summarize(results: Sequence[dict[str, Any]], conditions: Sequence[Condition]
                 "alarm_rate": alarms / len(decided) if decided else None,
                 "alarm_ci": list(rate_ci(alarms, len(decided))) if decided else None,
                 "median_ratio": _median([o.get("ratio") for o in outs]),
+                "median_foreign_cores": _median([o.get("foreign_cores") for o in outs]),
                 "median_wall_s": _median([o.get("wall_s") for o in outs]),
                 "median_measure_s": _median([o.get("measure_s") for o in outs]),
                 "median_session_wall_s": _median([r["session_wall_s"] for r in mine]),
@@ -605,6 +609,8 @@ def tables(summary: Sequence[dict[str, Any]], loads: Sequence[str], arms: Sequen
                 if arm.has_inconclusive:
                     row.append(_rate_text(c["inconclusive"], c["runs"]))
                 row.append(_fmt(c["median_ratio"], ".3f"))
+                if arm.has_inconclusive:
+                    row.append(_fmt(c["median_foreign_cores"], ".2f"))
                 row.append(f"{_fmt(c['median_wall_s'], '.1f')} "
                            f"({_fmt(c['median_measure_s'], '.1f')})")
                 if c["errors"]:
@@ -616,7 +622,10 @@ def tables(summary: Sequence[dict[str, Any]], loads: Sequence[str], arms: Sequen
             headers.append(f"{arm.name} alarms [95% CI]")
             if arm.has_inconclusive:
                 headers.append(f"{arm.name} inconclusive")
-            headers += [f"{arm.name} median ratio", f"{arm.name} s/case (measuring)"]
+            headers.append(f"{arm.name} median ratio")
+            if arm.has_inconclusive:
+                headers.append(f"{arm.name} foreign cores")
+            headers.append(f"{arm.name} s/case (measuring)")
         headers.append("session s")
         parts.append(f"load: {load}  (accelperf tolerance {tolerance:g}, pytest-benchmark "
                      f"--benchmark-compare-fail={pb_fail})\n\n"

@@ -7,8 +7,9 @@ one spinning competitor moved the ratio of two *identical* trees between 0.85 an
 with 95 % intervals that excluded 1). The plugin's own evidence of that is the CPU time the
 rest of the machine used during the measurement, read from ``/proc``: the busy time of all
 CPUs (``/proc/stat``) less what the measuring processes themselves used
-(``/proc/<pid>/stat``, all threads), in cores on average, plus the time the hypervisor
-took (steal). Past ``--accelperf-max-foreign-load`` the throughput verdict is
+(``/proc/<pid>/stat``, all threads, and every process descended from them: the ranks of a
+multi-process case, a local Ray cluster's workers), in cores on average, plus the time the
+hypervisor took (steal). Past ``--accelperf-max-foreign-load`` the throughput verdict is
 ``inconclusive`` with that reason: the measurement is reported, not judged.
 
 Where there is no ``/proc`` (macOS, Windows) nothing is known and nothing is judged from
@@ -70,21 +71,81 @@ def _host_ticks() -> tuple[int, int] | None:
     return busy, steal
 
 
-def _process_ticks(pid: int) -> int:
-    """utime + stime of every thread of ``pid`` (0 once it has exited)."""
+def _stat(pid: int) -> tuple[int, int] | None:
+    """``(parent pid, CPU ticks)`` of ``pid``, or None once it has exited. The ticks are
+    utime + stime of all its threads plus cutime + cstime, what its exited and waited-for
+    children used: a rank that ends during a measurement moves its time into its parent's
+    count instead of out of the sum."""
     try:
         text = (_PROC / str(pid) / "stat").read_text()
     except OSError:
-        return 0
+        return None
     fields = text[text.rindex(")") + 2:].split()  # the name may hold spaces and ')'
-    return int(fields[11]) + int(fields[12])  # fields 14 and 15 of proc(5)
+    # proc(5) fields 4 (ppid) and 14-17 (utime, stime, cutime, cstime)
+    return int(fields[1]), sum(int(fields[i]) for i in (11, 12, 13, 14))
+
+
+def _tree_ticks(roots: Iterable[int]) -> int:
+    """CPU ticks of ``roots`` and of every process descended from them."""
+    stats: dict[int, tuple[int, int]] = {}
+    try:
+        entries = [e.name for e in os.scandir(_PROC) if e.name.isdigit()]
+    except OSError:
+        entries = []
+    for name in entries:
+        stat = _stat(int(name))
+        if stat is not None:
+            stats[int(name)] = stat
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    seen: set[int] = set()
+    todo = [pid for pid in roots if pid in stats]
+    while todo:
+        pid = todo.pop()
+        if pid not in seen:
+            seen.add(pid)
+            todo.extend(children.get(pid, ()))
+    return sum(stats[pid][1] for pid in seen)
+
+
+#: The environment variable that names the session's own process (set by the plugin when
+#: pytest starts, in each xdist worker its own): a process it started (a rank, a Ray
+#: worker of the session's local cluster) counts the session's whole process tree as the
+#: measurement's own (:func:`measuring_root`).
+ROOT_ENV = "ACCELPERF_SESSION_PID"
+
+
+def _ancestors(pid: int) -> list[int]:
+    chain: list[int] = []
+    while pid > 1 and len(chain) < 64:
+        chain.append(pid)
+        stat = _stat(pid)
+        if stat is None:
+            break
+        pid = stat[0]
+    return chain
+
+
+def measuring_root() -> int:
+    """The process whose tree does a case's work: the session's (:data:`ROOT_ENV`) when it
+    is this process or one of its ancestors, else this process (a worker of a cluster
+    started elsewhere)."""
+    me = os.getpid()
+    try:
+        root = int(os.environ.get(ROOT_ENV, ""))
+    except ValueError:
+        return me
+    return root if root in _ancestors(me) else me
 
 
 class Contention:
     """Measure the rest of the machine between :meth:`start` and :meth:`reading`.
 
     ``pids`` are the processes doing the measured work (the workers, this process); their
-    CPU time is subtracted. Reading ``/proc`` costs some microseconds, outside any timer.
+    CPU time, and that of every process descended from them, is subtracted. Reading
+    ``/proc`` costs a few milliseconds (one pass over its process entries), outside any
+    timer.
     """
 
     def __init__(self, pids: Iterable[int]) -> None:
@@ -92,7 +153,7 @@ class Contention:
         self._start: tuple[float, tuple[int, int], int] | None = None
 
     def _own(self) -> int:
-        return sum(_process_ticks(pid) for pid in self._pids)
+        return _tree_ticks(self._pids)
 
     def start(self) -> Contention:
         host = _host_ticks()

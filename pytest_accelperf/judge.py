@@ -121,6 +121,19 @@ def _regressed(evaluated: Evaluated) -> bool:
     return check is not None and check.verdict is Verdict.REGRESSION
 
 
+def _contaminated_slowdown(evaluated: Evaluated) -> bool:
+    """Not judged because the measurement was contaminated, and what was measured looked
+    like a regression: worth measuring again on a quieter machine."""
+    check = evaluated.throughput
+    return (check is not None and check.verdict is Verdict.INCONCLUSIVE
+            and bool(check.data.get("contaminated"))
+            and check.data.get("measured_verdict") == Verdict.REGRESSION.value)
+
+
+def _suspect(evaluated: Evaluated) -> bool:
+    return _regressed(evaluated) or _contaminated_slowdown(evaluated)
+
+
 def _notes(backoff: Sequence[str]) -> str:
     return "".join("; " + b for b in backoff)
 
@@ -130,11 +143,13 @@ class Confirmation:
     """Re-measure an apparent throughput regression; it stands only if confirmed.
 
     One slow measurement on a shared machine is weak evidence: another job may have taken
-    the cores for exactly those seconds. So a ``regression`` of throughput trains the case
-    again (``remeasure``, up to ``times`` times, each after waiting for a machine where
-    other processes use at most ``max_foreign_load`` cores); the first re-measurement that
-    does not say ``regression`` decides, and its verdict is reported with a note of what
-    the first measurement said.
+    the cores for exactly those seconds. So a ``regression`` of throughput, or a slowdown
+    left ``inconclusive`` because the measurement was contaminated (another job's load,
+    an unsteady probe), trains the case again (``remeasure``, up to ``times`` times, each
+    after waiting for a machine where other processes use at most ``max_foreign_load``
+    cores); the first re-measurement that says neither decides, and its verdict is
+    reported with a note of what the earlier measurements said. One that stays
+    contaminated stays ``inconclusive``: never a verdict the evidence does not carry.
     """
 
     remeasure: Callable[[], Evaluated]
@@ -143,27 +158,37 @@ class Confirmation:
 
     def __call__(self, first: Evaluated) -> Evaluated:
         __tracebackhide__ = True
-        if not _regressed(first):
+        if not _suspect(first):
             return first
         seen, backoff = remeasure_until(first, self.remeasure, self.times,
-                                        self.max_foreign_load, lambda ev: not _regressed(ev))
+                                        self.max_foreign_load, lambda ev: not _suspect(ev))
         evaluated = seen[-1]
         again = evaluated.throughput
         if again is None:
             return evaluated
-        regressions = [c for c in (ev.throughput for ev in seen) if c is not None]
-        if again.verdict is not Verdict.REGRESSION:
-            before = regressions[:-1]
+        earlier = [c for c in (ev.throughput for ev in seen[:-1]) if c is not None]
+        dirty = sum(1 for c in earlier if c.verdict is Verdict.INCONCLUSIVE)
+        dirty_note = (f"; {dirty} of them not judged, contaminated" if dirty else "")
+        if not _suspect(evaluated):
             return evaluated.with_throughput(replace(
                 again,
                 detail=again.detail + (
                     f" (re-measured: a first measurement looked like a regression, "
-                    f"{_ratio_text(before)}; not confirmed{_notes(backoff)})"),
-                data={**again.data, "unconfirmed": [c.data.get("ratio") for c in before]}))
+                    f"{_ratio_text(earlier)}{dirty_note}; not confirmed{_notes(backoff)})"),
+                data={**again.data, "unconfirmed": [c.data.get("ratio") for c in earlier]}))
+        if again.verdict is Verdict.INCONCLUSIVE:  # still contaminated: not judged
+            return evaluated.with_throughput(replace(
+                again,
+                detail=again.detail + (f" (re-measured {len(seen) - 1} time(s), contaminated "
+                                       f"each time: {_ratio_text([*earlier, again])}"
+                                       f"{_notes(backoff)})"),
+                data={**again.data, "remeasured": [c.data.get("ratio") for c in earlier]}))
+        regressions = [*earlier, again]
         return evaluated.with_throughput(replace(
             again,
             detail=again.detail + (f" (confirmed by {len(seen) - 1} re-measurement(s): "
-                                   f"{_ratio_text(regressions)}{_notes(backoff)})"),
+                                   f"{_ratio_text(regressions)}{dirty_note}"
+                                   f"{_notes(backoff)})"),
             data={**again.data, "confirmations": [c.data.get("ratio") for c in regressions]}))
 
 

@@ -171,12 +171,14 @@ OPTIONS: tuple[Option, ...] = (
            "case: rounds continue past the fewest while the interval is wider than half the "
            "tolerance, until this budget. Default: 20.", "float", 20.0),
     Option("max_foreign_load", "--accelperf-max-foreign-load", "cores of CPU time that other "
-           "processes may use on average while A/B mode measures a case (read from /proc: "
-           "all CPUs' busy time less the measuring processes', steal included) before its "
-           "throughput verdict is inconclusive: a competing job slows the two revisions "
-           "unequally, and pairing does not cancel it. The same bound holds while a JAX "
-           "step compiles: past it, a compile-time change is inconclusive. The machine's "
-           "core count turns the check off. Default: 0.25.", "float", 0.25),
+           "processes may use on average while a case's steps are measured (read from "
+           "/proc: all CPUs' busy time less that of this session's processes, its ranks and "
+           "workers included, steal included) before its throughput change is not judged: "
+           "inconclusive, re-measured once the machine is quieter (--accelperf-confirm), "
+           "and a recording is stored marked noisy. A competing job slows the step more "
+           "than the probe corrects for, and slows A/B mode's two revisions unequally. The "
+           "same bound holds while a JAX step compiles. The machine's core count turns the "
+           "check off. Default: 0.25.", "float", 0.25),
     Option("cluster_wait", "--accelperf-cluster-wait", "seconds a case waits for a Ray "
            "cluster that does not have the resources it asks for before it fails (a busy "
            "cluster is waited for). Default: 60.", "float", 60.0),

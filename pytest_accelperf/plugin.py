@@ -35,6 +35,7 @@ from pytest_accelperf.backends.spec import BackendSpecError
 from pytest_accelperf.baselines import BaselineError, atomic_write, validate_platform
 from pytest_accelperf.cases import MARKER, Case
 from pytest_accelperf.cluster import session as ray_session
+from pytest_accelperf.contention import ROOT_ENV
 from pytest_accelperf.fingerprint import environment
 from pytest_accelperf.options import Settings, add_options
 from pytest_accelperf.report import progress
@@ -72,6 +73,9 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = Settings.resolve(config.getoption, config.getini, config.rootpath,
                                 invocation_dir=config.invocation_params.dir)
     prepare_environment(settings.accel, settings.cpu_devices)
+    # What this session starts (ranks, a local Ray cluster) is its own work, not another
+    # job's, when a measurement reads the machine's load (each xdist worker its own tree).
+    os.environ[ROOT_ENV] = str(os.getpid())
     if is_worker(config):
         workerinput = worker_input(config)
         assign_worker_devices(settings.accel, worker_id(config),

@@ -208,12 +208,16 @@ class CaseRunner:
                 max_foreign_load=settings.max_foreign_load,
                 program_tolerance=self._tolerances().program_tolerance)
         if settings.update:
-            tol = self._tolerances()
             return Recording(remeasure, settings.confirm, settings.max_foreign_load,
-                             lambda run: recording_noise(run, tol))
+                             self._noise)
         if not settings.confirm:
             return StoredBaseline()
         return Confirmation(remeasure, settings.confirm, settings.max_foreign_load)
+
+    def _noise(self, run: Run) -> str:
+        """Why ``run`` is too noisy to record as a baseline, or ``""``
+        (:func:`~pytest_accelperf.checks.throughput.recording_noise`)."""
+        return recording_noise(run, self._tolerances(), self.settings.max_foreign_load)
 
     def _judged(self, judge: Judge, evaluated: Evaluated) -> Evaluated:
         """``judge(evaluated)``; an A/B comparison that cannot be made ends the case."""
@@ -508,7 +512,7 @@ class CaseRunner:
                 block = with_added_session(ev.baseline, ev.run, list(ev.diffs))
             except ValueError as exc:
                 block, refused = None, str(exc)
-        noisy = recording_noise(ev.run, self._tolerances()) if block is not None else ""
+        noisy = self._noise(ev.run) if block is not None else ""
         if block is not None and noisy:
             block = self._marked_noisy(block, noisy, ev.recording_note)
         elif block is not None and ev.recording_note:

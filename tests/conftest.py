@@ -7,8 +7,13 @@ virtual CPU devices, the default) and in a subprocess where they need another de
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import textwrap
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,9 +221,12 @@ class Suite:
         # inconclusive (contamination): tests of the verdicts themselves raise the bound,
         # and contamination has its own tests (test_checks.py, test_program_check.py).
         # Compile times move as much (one sample each): tests about them pass their own.
+        # The other worker's CPU time is foreign load to this one's measurements, which
+        # leaves them unjudged past --accelperf-max-foreign-load: tests of the verdicts
+        # take any load, and the load has its own tests (test_foreign_load.py).
         pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n"
                                    "max_probe_spread = 1000.0\nmax_step_spread = 1000.0\n"
-                                   "compile_tolerance = 1000.0\n")
+                                   "compile_tolerance = 1000.0\nmax_foreign_load = 64.0\n")
 
     def write(self, body: str = SUITE, name: str = "test_suite") -> Path:
         return self.pytester.makepyfile(**{name: textwrap.dedent(body)})
@@ -245,6 +253,23 @@ class Suite:
     def report(self, path: str = "report.json") -> dict[str, Any]:
         data: dict[str, Any] = json.loads((self.pytester.path / path).read_text())
         return data
+
+
+@pytest.fixture
+def competitor() -> Iterator[int]:
+    """Another job: a process spinning on one core for the test's duration, and no
+    descendant of this one (a shell starts it in the background and exits, so it is
+    re-parented), as the plugin counts a session's own descendants (ranks, Ray workers)
+    as the measurement's own work, not contention."""
+    out = subprocess.run(
+        ["sh", "-c", f'"{sys.executable}" -c "while True: pass" >/dev/null 2>&1 & echo $!'],
+        check=True, capture_output=True, text=True)
+    pid = int(out.stdout.strip())
+    try:
+        time.sleep(0.3)
+        yield pid
+    finally:
+        os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import fingerprint
 from pytest_accelperf.backends.jax import JaxTask
-from pytest_accelperf.backends.loop import StepFns, run_steps
+from pytest_accelperf.backends.loop import StepFns, load_json, run_steps
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
 
@@ -116,6 +116,7 @@ class AlpaBackend:
             run.losses = trained.losses
             run.loss_steps = list(range(len(trained.losses)))
             run.step_times = trained.step_times
+            run.extra.update(load_json(trained))
             if trained.nan_step is not None:
                 run.outcome, run.nan_step = "nan", trained.nan_step
                 run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"

@@ -52,7 +52,7 @@ from pytest_accelperf.backends.jax_step import (
     is_spec,
 )
 from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
-from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_block
+from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.xla_program import program_of
 from pytest_accelperf.cases import Case
@@ -680,6 +680,7 @@ class JaxBackend:
         run.metrics = trained.metrics
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
+        run.extra.update(load_json(trained))
         # GPU/TPU runtimes count the real peak (since process start: an earlier, larger
         # case in the same process raises it); XLA:CPU has no counter, so the plan stays.
         here = jax.process_index()  # other hosts' devices have no counter in this process

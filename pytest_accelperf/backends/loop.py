@@ -15,6 +15,10 @@ A backend says how to do one step; the loop owns what makes a measurement one:
 - progress is reported after every step (outside the timer); a non-finite loss ends the
   run (``nan_step``), and so does the ``deadline`` (``time.monotonic()``), at the next
   step boundary;
+- what the rest of the machine used during the measured steps is read from ``/proc``
+  (:class:`~pytest_accelperf.contention.Contention`, the session's process tree counted as
+  its own) into ``load``: the throughput check does not judge a measurement taken beside
+  another job;
 - a gate benchmark's injected slowdown (:func:`.common.injected_slowdown`) stretches each
   measured interval, so the gate is exercised without changing the code under test.
 
@@ -32,6 +36,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from pytest_accelperf.backends.common import injected_slowdown, stretch
 from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.contention import Contention, Load, measuring_root
 from pytest_accelperf.report import progress
 
 B = TypeVar("B")
@@ -97,6 +102,9 @@ class LoopResult:
     nan_step: int | None = None
     timed_out: bool = False
     last: Any = None
+    #: What other processes used during the measured steps (None: nothing measured, or no
+    #: ``/proc``); a backend stores it as ``Run.extra["step_load"]`` (:func:`load_json`).
+    load: Load | None = None
 
     @property
     def steps_done(self) -> int:
@@ -125,7 +133,10 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
     slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
     total = warmup + steps
     every = probe_every(steps)
+    watch: Contention | None = None
     for i in range(total):
+        if i == warmup:
+            watch = Contention([measuring_root()]).start()
         batch = fns.prepare(i)  # outside the timer
         handle, seconds = timed(fns, i, batch, slower)
         out.last = handle
@@ -149,7 +160,16 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
         if deadline is not None and time.monotonic() > deadline:
             out.timed_out = True
             break
+    if watch is not None and out.step_times:
+        out.load = watch.reading()
     return out
+
+
+def load_json(result: LoopResult) -> dict[str, Any]:
+    """``{"step_load": ...}`` for ``Run.extra`` when the loop read the machine's load,
+    else ``{}``: what the throughput check reads
+    (:func:`pytest_accelperf.checks.throughput.foreign_load`)."""
+    return {"step_load": result.load.to_json()} if result.load is not None else {}
 
 
 def time_block(fns: StepFns[B, H], first: int, n: int, cycle: int) -> tuple[list[float], Any]:

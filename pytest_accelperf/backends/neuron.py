@@ -32,7 +32,7 @@ import torch
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import fingerprint
-from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps
+from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps
 from pytest_accelperf.backends.torch import (
     TorchTask,
     _build,
@@ -175,6 +175,7 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
     run.losses, run.loss_steps = trained.losses, list(range(len(trained.losses)))
     run.step_times = trained.step_times
     run.extra["warmup_step_times"] = trained.warmup_times
+    run.extra.update(load_json(trained))
     run.extra["device"] = dev.kind
     if recompiles:
         run.extra["recompiles"] = recompiles

@@ -64,7 +64,7 @@ import torch
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import Phases, TaskError, fingerprint
-from pytest_accelperf.backends.loop import LoopResult, StepFns, run_steps, time_block
+from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
 from pytest_accelperf.backends.torch_program import (
     COMPILE_TIME_COVERS,
@@ -591,6 +591,7 @@ class TorchBackend:
         run.metrics = trained.metrics
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
+        run.extra.update(load_json(trained))
         with phases("fingerprint"):
             params = step.params_of()
             run.params_fingerprint = fingerprint(params)

@@ -74,7 +74,7 @@ from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import TaskError, describe, fingerprint
 from pytest_accelperf.backends.launch import CapacityExceeded, LaunchResult, RankReport, launch
-from pytest_accelperf.backends.loop import StepFns, run_steps
+from pytest_accelperf.backends.loop import StepFns, load_json, run_steps
 from pytest_accelperf.backends.rank_comm import largest_over_ranks
 from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.ranks import BlockControl, RankJob, serve_blocks
@@ -412,7 +412,8 @@ def rank_main(ctx: RankContext, plan: RankPlan,
         return {"rank": rank, "blocks": blocks}
     marks["trained"] = time.time()
     out.update(step_times=trained.step_times, probe_times=trained.probe_times,
-               losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step)
+               losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step,
+               **load_json(trained))
     out["peak_bytes"] = counter.peak()
     out["memory_source"] = counter.source
     out["engine"] = engine.describe()
@@ -552,6 +553,8 @@ def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
         "timings": launch_timings(launched, res.get("marks")),
         "ranks": ranks,
     }
+    if isinstance(res.get("step_load"), dict):  # rank 0's loop, whose times are the run's
+        run.extra["step_load"] = res["step_load"]
     comms = [r["comm"] for r in ranks if r.get("comm")]
     run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks])
     if run.program is not None:

@@ -84,8 +84,9 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
     with a reference the ``reference`` check runs, baseline or not. ``loss_either_way``:
     a loss below its band fails too (``--accelperf-loss-either-way``).
-    ``max_foreign_load``: cores other processes may have used while the step compiled
-    before a compile-time change is not judged (``--accelperf-max-foreign-load``).
+    ``max_foreign_load``: cores other processes may have used while the step compiled, or
+    while its steps were measured, before a compile-time or throughput change is not
+    judged (``--accelperf-max-foreign-load``).
     """
     if block is None:
         block = summarize(run)
@@ -95,7 +96,7 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     if run.outcome == "ok":
         optional = [
             check_throughput(run, block, baseline, tol, comparable=comparable,
-                             differences=differences),
+                             differences=differences, max_foreign_load=max_foreign_load),
             check_convergence(run, block, baseline, tol, either_way=loss_either_way),
             *check_metrics(block, baseline, tol),
             check_compile_time(block, baseline, tol, comparable=comparable,

@@ -32,7 +32,12 @@ Contamination is a reason, not a verdict: when the plugin's own evidence says th
 measurement is not about the code (:func:`contamination`: the probe varied by more than
 ``max_probe_spread`` in this run or in the baseline's, or the step times are far more
 dispersed than the baseline's), a ratio beyond the tolerance is ``inconclusive``, with
-the reason and what was measured; a ratio within it still passes.
+the reason and what was measured; a ratio within it still passes. The surest of that
+evidence is the machine's load (:func:`foreign_load`): what other processes used while
+the steps were measured, read from ``/proc`` by the step loop. A steady competitor on a
+2-core machine slowed a step 1.6x while the probe stayed steady (and slowed less), so
+nothing else looked contaminated; past ``--accelperf-max-foreign-load`` cores the
+measurement is not judged.
 
 Throughput is only compared on the machine the baseline was recorded on: when the
 environment fingerprints differ the verdict is ``incomparable`` (the caller passes
@@ -42,6 +47,7 @@ environment fingerprints differ the verdict is ``incomparable`` (the caller pass
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -122,13 +128,50 @@ def _probes(run: Run, baseline: dict[str, Any], bound: float = MAX_PROBE_SPREAD
     return (list(run.probe_times), base_probe), ""
 
 
-def recording_noise(run: Run, tol: Tolerances) -> str:
-    """Why ``run`` is too noisy to become a throughput baseline, or ``""``: its drift probe
-    varied by more than ``tol.max_probe_spread``, or its step times by more than
-    ``tol.max_step_spread`` (IQR over median; four step times at least). A recording that
-    stays so after re-measuring is stored marked ``noisy`` (:data:`NOISY_KEY`)."""
+#: Clock ticks of other processes' CPU time that are no evidence of load, whatever the window.
+MIN_FOREIGN_TICKS = 2
+
+
+def _tick() -> float:
+    try:
+        return 1.0 / float(os.sysconf("SC_CLK_TCK"))
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows)
+        return 0.01
+
+
+def foreign_load(run: Run, bound: float | None) -> str:
+    """Why ``run``'s steps were measured beside another job, or ``""``: other processes
+    used more than ``bound`` cores on average during its measured steps
+    (``run.extra["step_load"]``, :class:`~pytest_accelperf.contention.Load`). Nothing is
+    known, and nothing said, without ``/proc`` or a bound. ``/proc`` counts CPU time in
+    clock ticks (10 ms): foreign time of :data:`MIN_FOREIGN_TICKS` ticks or less is no
+    evidence (one tick in a 20 ms window reads as half a core)."""
+    load = run.extra.get("step_load")
+    if bound is None or not isinstance(load, dict):
+        return ""
+    foreign = float(load.get("foreign_cores") or 0.0)
+    seconds = float(load.get("seconds") or 0.0)
+    if foreign <= bound or foreign * seconds <= MIN_FOREIGN_TICKS * _tick():
+        return ""
+    steal = float(load.get("steal_cores") or 0.0)
+    stolen = f", {steal:.2f} of it stolen by the hypervisor" if steal >= 0.01 else ""
+    return (f"other processes used {foreign:.2f} of {load.get('cores')} cores on average "
+            f"while the steps were measured{stolen} (bound {bound:g}, "
+            f"--accelperf-max-foreign-load)")
+
+
+def recording_noise(run: Run, tol: Tolerances, max_foreign_load: float | None = None) -> str:
+    """Why ``run`` is too noisy to become a throughput baseline, or ``""``: other processes
+    used more than ``max_foreign_load`` cores while it was measured (:func:`foreign_load`),
+    its drift probe varied by more than ``tol.max_probe_spread``, or its step times by
+    more than ``tol.max_step_spread`` (IQR over median; four step times at least). A
+    recording that stays so after re-measuring is stored marked ``noisy``
+    (:data:`NOISY_KEY`)."""
     if run.outcome != "ok" or not run.step_times:
         return ""
+    loaded = foreign_load(run, max_foreign_load)
+    if loaded:
+        return loaded
     if run.probe_times and spread(list(run.probe_times)) > tol.max_probe_spread:
         return (f"the {run.probe_kind} probe timed after each step varied by IQR "
                 f"{spread(list(run.probe_times)):.0%} of its median (bound "
@@ -151,11 +194,17 @@ def noisy_baseline(baseline: dict[str, Any]) -> str:
     return str(why) if why else ""
 
 
-def contamination(run: Run, baseline: dict[str, Any], bound: float) -> str:
+def contamination(run: Run, baseline: dict[str, Any], bound: float,
+                  max_foreign_load: float | None = None) -> str:
     """Why this comparison is contaminated (the plugin's own evidence says a timing verdict
-    would not be about the code), or ``""``: a probe timed after each step that varied by
-    more than ``bound`` (IQR over median) in this run or in the baseline's, or step times
-    far more dispersed than the baseline's."""
+    would not be about the code), or ``""``: other processes used more than
+    ``max_foreign_load`` cores while the steps were measured (:func:`foreign_load`), a
+    probe timed after each step varied by more than ``bound`` (IQR over median) in this
+    run or in the baseline's, or step times far more dispersed than the baseline's."""
+    loaded = foreign_load(run, max_foreign_load)
+    if loaded:
+        return (f"this run's measurement is contaminated: {loaded}; re-run on a quieter "
+                f"machine")
     probe = baseline.get("probe") or {}
     base_probe = [float(t) for t in probe.get("samples") or []]
     kind = run.probe_kind or str(probe.get("kind") or "")
@@ -239,12 +288,15 @@ def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
 
 def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
                      tol: Tolerances, *, comparable: bool = True,
-                     differences: Sequence[str] = ()) -> CheckResult | None:
+                     differences: Sequence[str] = (),
+                     max_foreign_load: float | None = None) -> CheckResult | None:
     """Step times of ``run`` against ``baseline["step_time"]["samples"]``.
 
     None when the run measured no step times and there is nothing stored to compare with.
     ``differences`` (how the environments differ, in words) makes the run not comparable,
     as ``comparable=False`` does, and is named in the ``incomparable`` verdict's detail.
+    ``max_foreign_load``: cores other processes may use while the steps are measured
+    before a change is not judged (None: not read).
     """
     comparable = comparable and not differences
     unit = UNIT if run.samples_per_step else STEP_UNIT
@@ -315,7 +367,7 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     if spread is not None:
         result.change = 1 / est.ratio - 1
         result.detail += f" [{_spread_text(spread)}]"
-    dirty = contamination(run, baseline, tol.max_probe_spread)
+    dirty = contamination(run, baseline, tol.max_probe_spread, max_foreign_load)
     blind = noisy_baseline(baseline)
     if blind:
         # A level recorded blind is no level: a pass against it means as little as a
@@ -328,6 +380,9 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = f"not judged, {dirty}; measured: {result.detail}"
     result.data["contaminated"] = dirty or None
+    result.data["measured_verdict"] = verdict.value  # before contamination or a noisy mark
+    if isinstance(run.extra.get("step_load"), dict):
+        result.data["load"] = dict(run.extra["step_load"])
     result.data["noisy_baseline"] = blind or None
     result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
                         "confidence": est.confidence, "drift_corrected": pair is not None,
