@@ -766,3 +766,27 @@ def test_a_much_lower_loss_is_an_improvement_by_default_and_a_regression_either_
     assert "--accelperf-loss-either-way" in r.detail
     same = checks(base, stored(base), loss_either_way=True)["loss"]
     assert same.verdict is Verdict.PASS
+
+
+def test_a_verdict_only_the_drift_correction_gives_is_not_one() -> None:
+    """benchmarks/gate.py, quiet, unchanged code: the step took 7.47 ms against 7.83 ms
+    recorded (raw -4.6 %) while the probe took 1.01 ms against 1.33 ms; the corrected
+    ratio, 1.26, failed the run. A change the step times themselves do not show is not
+    judged; the same correction on a slower step still is."""
+    base = probed(0.00783, 0.00133)
+    now = probed(0.00747, 0.00101, seed=1)
+    r = checks(now, stored(base), Tolerances(throughput_tolerance=0.03))["throughput"]
+    assert r.verdict is Verdict.INCONCLUSIVE, r.detail
+    assert r.data["probe_only"] is True and r.data["measured_verdict"] == "regression"
+    assert r.detail.startswith("not judged, only the drift correction makes it a change: the "
+                               "raw step time was -4.")
+    assert "while the jax-cpu-matmul256x8 probe took -2" in r.detail
+    assert "--accelperf-add-session" in r.detail
+    # the step itself 10 % slower on the same faster machine: judged
+    slower = probed(0.00783 * 1.10 * 0.97, 0.00101, seed=2)
+    judged = checks(slower, stored(base), Tolerances(throughput_tolerance=0.03))["throughput"]
+    assert judged.verdict is Verdict.REGRESSION, judged.detail
+    # and the mirror image: an improvement the raw step times do not show
+    faster_probe = probed(0.00800, 0.00180, seed=3)
+    r = checks(faster_probe, stored(base), Tolerances(throughput_tolerance=0.03))["throughput"]
+    assert r.verdict is Verdict.INCONCLUSIVE and r.data["probe_only"] is True
