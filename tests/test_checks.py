@@ -780,12 +780,17 @@ def test_a_verdict_only_the_drift_correction_gives_is_not_one() -> None:
     assert r.data["probe_only"] is True and r.data["measured_verdict"] == "regression"
     assert r.detail.startswith("not judged, only the drift correction makes it a change: the "
                                "raw step time was -4.")
+    assert "against the baseline's (improvement by itself)" in r.detail
     assert "while the jax-cpu-matmul256x8 probe took -2" in r.detail
     assert "--accelperf-add-session" in r.detail
     # the step itself 10 % slower on the same faster machine: judged
     slower = probed(0.00783 * 1.10 * 0.97, 0.00101, seed=2)
     judged = checks(slower, stored(base), Tolerances(throughput_tolerance=0.03))["throughput"]
     assert judged.verdict is Verdict.REGRESSION, judged.detail
+    # a raw step 0.2 % longer is no regression by itself either (seen: corrected 1.034)
+    level = probed(0.00783 * 1.002, 0.00128, probe_noise=0.002, seed=4)
+    r = checks(level, stored(base), Tolerances(throughput_tolerance=0.03))["throughput"]
+    assert r.verdict is Verdict.INCONCLUSIVE and r.data["probe_only"] is True, r.detail
     # and the mirror image: an improvement the raw step times do not show
     faster_probe = probed(0.00800, 0.00180, seed=3)
     r = checks(faster_probe, stored(base), Tolerances(throughput_tolerance=0.03))["throughput"]
