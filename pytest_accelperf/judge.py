@@ -169,27 +169,22 @@ class Confirmation:
         earlier = [c for c in (ev.throughput for ev in seen[:-1]) if c is not None]
         dirty = sum(1 for c in earlier if c.verdict is Verdict.INCONCLUSIVE)
         dirty_note = (f"; {dirty} of them not judged, contaminated" if dirty else "")
+        ratios = [c.data.get("ratio") for c in earlier]
         if not _suspect(evaluated):
-            return evaluated.with_throughput(replace(
-                again,
-                detail=again.detail + (
-                    f" (re-measured: a first measurement looked like a regression, "
-                    f"{_ratio_text(earlier)}{dirty_note}; not confirmed{_notes(backoff)})"),
-                data={**again.data, "unconfirmed": [c.data.get("ratio") for c in earlier]}))
-        if again.verdict is Verdict.INCONCLUSIVE:  # still contaminated: not judged
-            return evaluated.with_throughput(replace(
-                again,
-                detail=again.detail + (f" (re-measured {len(seen) - 1} time(s), contaminated "
-                                       f"each time: {_ratio_text([*earlier, again])}"
-                                       f"{_notes(backoff)})"),
-                data={**again.data, "remeasured": [c.data.get("ratio") for c in earlier]}))
-        regressions = [*earlier, again]
+            note = (f"re-measured: a first measurement looked like a regression, "
+                    f"{_ratio_text(earlier)}{dirty_note}; not confirmed")
+            key = "unconfirmed"
+        elif again.verdict is Verdict.INCONCLUSIVE:  # still contaminated: not judged
+            note = (f"re-measured {len(seen) - 1} time(s), contaminated each time: "
+                    f"{_ratio_text([*earlier, again])}")
+            key = "remeasured"
+        else:
+            note = (f"confirmed by {len(seen) - 1} re-measurement(s): "
+                    f"{_ratio_text([*earlier, again])}{dirty_note}")
+            key, ratios = "confirmations", [*ratios, again.data.get("ratio")]
         return evaluated.with_throughput(replace(
-            again,
-            detail=again.detail + (f" (confirmed by {len(seen) - 1} re-measurement(s): "
-                                   f"{_ratio_text(regressions)}{dirty_note}"
-                                   f"{_notes(backoff)})"),
-            data={**again.data, "confirmations": [c.data.get("ratio") for c in regressions]}))
+            again, detail=f"{again.detail} ({note}{_notes(backoff)})",
+            data={**again.data, key: ratios}))
 
 
 @dataclass(frozen=True)
