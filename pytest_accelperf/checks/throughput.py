@@ -402,6 +402,9 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     elif dirty and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = f"not judged, {dirty}; measured: {result.detail}"
+    elif foreign_load(run, max_foreign_load):
+        result.detail += (f" [measured beside another job: {foreign_load(run, max_foreign_load)}"
+                          f"; a pass holds, another job only slows a step down]")
     elif pair is not None and spread is None and raw_ratio is not None \
             and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         raw_verdict = throughput_verdict(step_time_ratio(run.step_times, base_samples),
