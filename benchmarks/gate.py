@@ -817,6 +817,48 @@ def _load_steptask() -> Any:
     return _load_module("steptask", SUITE / "steptask.py")
 
 
+def _overhead_report(ns: argparse.Namespace, argv: Sequence[str],
+                     blocks: dict[str, list[list[float]]], names: Sequence[str], wall: float,
+                     extra: dict[str, Any], header: str, footer: str, prefix: str) -> int:
+    """The overhead modes' result: each arm's step-time ratio to the hand-written loop's,
+    paired by block and pooled, printed as a table and written to ``DIR/PREFIX-<time>.json``
+    (``extra``: more top-level keys)."""
+    import numpy as np
+
+    from pytest_accelperf.stats import paired_ratio, step_time_ratio
+
+    hand_all = [t for blk in blocks["hand"] for t in blk]
+    rows = []
+    result: dict[str, Any] = {"command": shlex.join([Path(sys.executable).name, *argv]),
+                              **extra, "machine": _machine(), "blocks": ns.blocks,
+                              "block_steps": ns.block_steps, "wall_s": round(wall, 2),
+                              "median_step_s": {}, "ratios": {}, "raw": blocks}
+    for name in names:
+        pooled = [t for blk in blocks[name] for t in blk]
+        result["median_step_s"][name] = float(np.median(pooled))
+        if name == "hand":
+            continue
+        est = step_time_ratio(pooled, hand_all)
+        paired = paired_ratio(blocks[name], blocks["hand"])
+        result["ratios"][name] = {"ratio": est.ratio, "ci": [est.low, est.high],
+                                  "paired_ratio": paired.ratio,
+                                  "paired_ci": [paired.low, paired.high]}
+        rows.append([f"{name} / hand", f"{paired.ratio:.4f}",
+                     f"{paired.low:.4f}-{paired.high:.4f}", f"{est.ratio:.4f}",
+                     f"{est.low:.4f}-{est.high:.4f}"])
+    text = tabulate(rows, headers=["ratio of median step times", "paired by block",
+                                   "95% CI", "pooled", "95% CI (assumes no drift)"],
+                    tablefmt="github")
+    meds = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in result["median_step_s"].items())
+    print(f"{result['command']}\n\n{header}; medians: {meds}\n\n{text}\n{footer}")
+    out_dir = Path(ns.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
+    _write(path, result)
+    print(f"raw results: {path}")
+    return 0
+
+
 def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     """Part 4: plugin-measured step times against a hand loop, in one process."""
     from pytest_accelperf.accel import prepare_environment, provision
@@ -826,11 +868,9 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     prepare_environment("cpu", 1)  # before jax initializes: one CPU device, as the suite
     import jax
-    import numpy as np
 
     from pytest_accelperf.backends.jax import _compile, _execute, _init_state, jax_probe
     from pytest_accelperf.cases import with_overrides
-    from pytest_accelperf.stats import paired_ratio, step_time_ratio
 
     steptask = _load_steptask()
     block_until_ready: Any = jax.block_until_ready  # untyped in jax
@@ -873,40 +913,14 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
             blocks[name].append(arms[name]())
     wall = time.perf_counter() - t_start
 
-    hand_all = [t for blk in blocks["hand"] for t in blk]
-    rows = []
-    result: dict[str, Any] = {"command": shlex.join([Path(sys.executable).name, *argv]),
-                              "machine": _machine(), "blocks": ns.blocks,
-                              "block_steps": ns.block_steps, "wall_s": round(wall, 2),
-                              "median_step_s": {}, "ratios": {}, "raw": blocks}
-    for name in names:
-        pooled = [t for blk in blocks[name] for t in blk]
-        result["median_step_s"][name] = float(np.median(pooled))
-        if name == "hand":
-            continue
-        est = step_time_ratio(pooled, hand_all)
-        paired = paired_ratio(blocks[name], blocks["hand"])
-        result["ratios"][name] = {"ratio": est.ratio, "ci": [est.low, est.high],
-                                  "paired_ratio": paired.ratio,
-                                  "paired_ci": [paired.low, paired.high]}
-        rows.append([f"{name} / hand", f"{paired.ratio:.4f}",
-                     f"{paired.low:.4f}-{paired.high:.4f}", f"{est.ratio:.4f}",
-                     f"{est.low:.4f}-{est.high:.4f}"])
-    text = tabulate(rows, headers=["ratio of median step times", "paired by block",
-                                   "95% CI", "pooled", "95% CI (assumes no drift)"],
-                    tablefmt="github")
-    meds = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in result["median_step_s"].items())
-    print(f"{result['command']}\n\n{ns.blocks} alternating blocks of {ns.block_steps} steps "
-          f"(+{case.warmup} warmup) per arm, {wall:.1f} s; medians: {meds}\n\n{text}\n"
-          f"(target: plugin / hand <= 1.02. Paired: the trimmed geometric mean of each "
-          f"block's ratio of medians, bootstrap over blocks, which cancels drift slower "
-          f"than a block; pooled: all steps of each arm, resampled as independent)")
-    out_dir = Path(ns.out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"overhead-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    _write(path, result)
-    print(f"raw results: {path}")
-    return 0
+    return _overhead_report(
+        ns, argv, blocks, names, wall, {},
+        f"{ns.blocks} alternating blocks of {ns.block_steps} steps (+{case.warmup} warmup) "
+        f"per arm, {wall:.1f} s",
+        "(target: plugin / hand <= 1.02. Paired: the trimmed geometric mean of each "
+        "block's ratio of medians, bootstrap over blocks, which cancels drift slower "
+        "than a block; pooled: all steps of each arm, resampled as independent)",
+        "overhead")
 
 
 
@@ -917,13 +931,11 @@ def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     if os.environ.get(INJECT_ENV):
         print(f"{INJECT_ENV} is set: unset it to measure the overhead", file=sys.stderr)
         return 2
-    import numpy as np
     import torch
 
     from pytest_accelperf.backends.torch import PROBE_N, _execute, torch_probe
     from pytest_accelperf.backends.torch_task import to_device
     from pytest_accelperf.cases import Case
-    from pytest_accelperf.stats import paired_ratio, step_time_ratio
 
     gpt = _load_module("gpt", HERE.parent / "suites" / "torch" / "gpt.py")
     make_task = gpt.make_task
@@ -964,40 +976,13 @@ def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     wall = time.perf_counter() - t_start
     load_after = os.getloadavg()
 
-    hand_all = [t for blk in blocks["hand"] for t in blk]
-    rows = []
-    result: dict[str, Any] = {"command": shlex.join([Path(sys.executable).name, *argv]),
-                              "backend": "torch", "machine": _machine(), "blocks": ns.blocks,
-                              "block_steps": ns.block_steps, "wall_s": round(wall, 2),
-                              "loadavg_before": load_before, "loadavg_after": load_after,
-                              "median_step_s": {}, "ratios": {}, "raw": blocks}
-    for name in names:
-        pooled = [t for blk in blocks[name] for t in blk]
-        result["median_step_s"][name] = float(np.median(pooled))
-        if name == "hand":
-            continue
-        est = step_time_ratio(pooled, hand_all)
-        paired = paired_ratio(blocks[name], blocks["hand"])
-        result["ratios"][name] = {"ratio": est.ratio, "ci": [est.low, est.high],
-                                  "paired_ratio": paired.ratio,
-                                  "paired_ci": [paired.low, paired.high]}
-        rows.append([f"{name} / hand", f"{paired.ratio:.4f}",
-                     f"{paired.low:.4f}-{paired.high:.4f}", f"{est.ratio:.4f}",
-                     f"{est.low:.4f}-{est.high:.4f}"])
-    text = tabulate(rows, headers=["ratio of median step times", "paired by block",
-                                   "95% CI", "pooled", "95% CI (assumes no drift)"],
-                    tablefmt="github")
-    meds = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in result["median_step_s"].items())
-    print(f"{result['command']}\n\ntorch GPT, batch 8, eager on the CPU: {ns.blocks} "
-          f"alternating blocks of {ns.block_steps} steps (+{case.warmup} warmup) per arm, "
-          f"{wall:.1f} s; load average {load_before[0]:.2f} before, {load_after[0]:.2f} "
-          f"after; medians: {meds}\n\n{text}\n(target: plugin / hand <= 1.02)")
-    out_dir = Path(ns.out).resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"overhead-torch-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}.json"
-    _write(path, result)
-    print(f"raw results: {path}")
-    return 0
+    return _overhead_report(
+        ns, argv, blocks, names, wall,
+        {"backend": "torch", "loadavg_before": load_before, "loadavg_after": load_after},
+        f"torch GPT, batch 8, eager on the CPU: {ns.blocks} alternating blocks of "
+        f"{ns.block_steps} steps (+{case.warmup} warmup) per arm, {wall:.1f} s; load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after",
+        "(target: plugin / hand <= 1.02)", "overhead-torch")
 
 # --------------------------------------------------------------------------------------
 # A/B mode
