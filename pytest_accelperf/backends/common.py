@@ -9,7 +9,7 @@ import math
 import os
 import sysconfig
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -28,6 +28,30 @@ FINGERPRINT_DIGITS = 7
 #: every step API (JaxStep, TorchStep, RankStep).
 RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
                               "reference", "max_batch", "scaling"})
+
+def check_metric_keys(label: str, metrics: Mapping[Any, Any], loss: str, step_class: str,
+                      not_scalar: Callable[[str, Any], str | None]) -> None:
+    """The rules every step API's metrics dict keeps, a :class:`TaskError` naming the fix
+    for the first broken: it holds the loss under ``loss`` (``step_class(..., loss=...)``
+    renames it), its keys are ``str``, none names one of the plugin's own checks but the
+    loss, and ``not_scalar(key, value)`` (the framework's word on a value that is not one
+    scalar, or None) says nothing."""
+    if loss not in metrics:
+        have = ", ".join(repr(k) for k in metrics) or "none"
+        raise TaskError(
+            f"{label} returns no metric {loss!r} (metrics: {have}): return the loss "
+            f"under {loss!r}, or name its key with {step_class}(..., loss='<key>')")
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            raise TaskError(f"{label} returns a metric keyed {key!r}: keys must be str")
+        why = not_scalar(key, value)
+        if why:
+            raise TaskError(why)
+        if key != loss and key in RESERVED_METRICS:
+            raise TaskError(
+                f"{label} returns a metric named {key!r}, the name of one of the "
+                f"plugin's own checks: rename it (e.g. 'train_{key}')")
+
 
 #: Values of the projection drawn at a time (a large leaf is projected in chunks).
 _CHUNK = 1 << 20

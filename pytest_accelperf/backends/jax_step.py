@@ -27,9 +27,9 @@ import optax
 from jax.sharding import PartitionSpec
 
 from pytest_accelperf.backends.common import (
-    RESERVED_METRICS,
     TaskError,
     at_user_frame,
+    check_metric_keys,
     describe,
     first_line,
 )
@@ -452,22 +452,14 @@ def check_outputs(step: JaxStep, state: PyTree, out: Any) -> None:
         raise TaskError(
             f"{step.label} returns {_value_text(metrics)} as its metrics: return a dict of "
             f"scalars holding the loss, e.g. `return state, {{'{step.loss}': loss}}`")
-    if step.loss not in metrics:
-        have = ", ".join(repr(k) for k in metrics) or "none"
-        raise TaskError(
-            f"{step.label} returns no metric {step.loss!r} (metrics: {have}): return the loss "
-            f"under {step.loss!r}, or name its key with JaxStep(..., loss='<key>')")
-    for key, value in metrics.items():
-        if not isinstance(key, str):
-            raise TaskError(f"{step.label} returns a metric keyed {key!r}: keys must be str")
-        if _shape(value) != ():
-            raise TaskError(
-                f"{step.label} returns metric {key!r} as {_value_text(value)}: metrics are "
+
+    def not_scalar(key: str, value: Any) -> str | None:
+        if _shape(value) == ():
+            return None
+        return (f"{step.label} returns metric {key!r} as {_value_text(value)}: metrics are "
                 f"scalars, one value per step; reduce it (jnp.mean) or leave it out")
-        if key != step.loss and key in RESERVED_METRICS:
-            raise TaskError(
-                f"{step.label} returns a metric named {key!r}, the name of one of the "
-                f"plugin's own checks: rename it (e.g. 'train_{key}')")
+
+    check_metric_keys(step.label, metrics, step.loss, "JaxStep", not_scalar)
 
 
 def _tree_text(tree: PyTree, width: int = 120) -> str:

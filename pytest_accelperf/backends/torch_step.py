@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.backends.common import RESERVED_METRICS, TaskError, describe
+from pytest_accelperf.backends.common import TaskError, check_metric_keys, describe
 
 Models = torch.nn.Module | Sequence[torch.nn.Module] | Mapping[str, torch.nn.Module]
 
@@ -203,23 +203,14 @@ def metrics_of(step: TorchStep, out: Any) -> dict[str, Any]:
             f"{step.label} returns {_value_text(out)}: return the loss tensor, or a dict of "
             f"scalar metrics holding it, e.g. `return {{'{step.loss}': loss, 'lr': "
             f"scheduler.get_last_lr()[0]}}`")
-    if step.loss not in out:
-        have = ", ".join(repr(k) for k in out) or "none"
-        raise TaskError(
-            f"{step.label} returns no metric {step.loss!r} (metrics: {have}): return the loss "
-            f"under {step.loss!r}, or name its key with TorchStep(..., loss='<key>')")
-    for key, value in out.items():
-        if not isinstance(key, str):
-            raise TaskError(f"{step.label} returns a metric keyed {key!r}: keys must be str")
-        if not _is_scalar(value):
-            raise TaskError(
-                f"{step.label} returns metric {key!r} as {_value_text(value)}: metrics are "
+    def not_scalar(key: str, value: Any) -> str | None:
+        if _is_scalar(value):
+            return None
+        return (f"{step.label} returns metric {key!r} as {_value_text(value)}: metrics are "
                 f"scalars, one value per step (a one-element tensor or a float); reduce it "
                 f"(.mean()) or leave it out")
-        if key != step.loss and key in RESERVED_METRICS:
-            raise TaskError(
-                f"{step.label} returns a metric named {key!r}, the name of one of the "
-                f"plugin's own checks: rename it (e.g. 'train_{key}')")
+
+    check_metric_keys(step.label, out, step.loss, "TorchStep", not_scalar)
     return dict(out)
 
 
