@@ -9,7 +9,8 @@ rest of the machine used during the measurement, read from ``/proc``: the busy t
 CPUs (``/proc/stat``) less what the measuring processes themselves used
 (``/proc/<pid>/stat``, all threads, and every process descended from them: the ranks of a
 multi-process case, a local Ray cluster's workers), in cores on average, plus the time the
-hypervisor took (steal). Past ``--accelperf-max-foreign-load`` the throughput verdict is
+hypervisor took (steal). Only the CPUs this process may run on count
+(:func:`usable_cpus`): in a cpuset the rest of a large node is not contention. Past ``--accelperf-max-foreign-load`` the throughput verdict is
 ``inconclusive`` with that reason: the measurement is reported, not judged.
 
 Where there is no ``/proc`` (macOS, Windows) nothing is known and nothing is judged from
@@ -59,15 +60,37 @@ def _ticks() -> float:
     return float(os.sysconf("SC_CLK_TCK"))
 
 
-def _host_ticks() -> tuple[int, int] | None:
-    """(busy, steal) clock ticks of all CPUs since boot, or None without /proc."""
-    try:
-        line = (_PROC / "stat").read_text().splitlines()[0]
-    except (OSError, IndexError):
+def usable_cpus() -> frozenset[int] | None:
+    """The CPUs this process may run on (its affinity: a container's or a CI job's cpuset),
+    or None where the OS does not say."""
+    if not hasattr(os, "sched_getaffinity"):
         return None
-    fields = [int(x) for x in line.split()[1:]]
-    busy = sum(fields[i] for i in _BUSY if i < len(fields))
-    steal = fields[_STEAL] if len(fields) > _STEAL else 0
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except OSError:
+        return None
+
+
+def _host_ticks(cpus: frozenset[int] | None = None) -> tuple[int, int] | None:
+    """(busy, steal) clock ticks since boot of ``cpus`` (``/proc/stat``'s ``cpuN`` lines),
+    or of all CPUs when None; None without /proc. On a machine shared by cpusets (a CI
+    pod on a large node) only the CPUs this process may use can slow it: the others'
+    load is not contention."""
+    try:
+        lines = (_PROC / "stat").read_text().splitlines()
+    except OSError:
+        return None
+    rows: list[list[int]] = []
+    for line in lines:
+        label, _, rest = line.partition(" ")
+        if not label.startswith("cpu"):
+            break  # the cpu lines come first
+        if (label == "cpu") == (cpus is None) and (cpus is None or int(label[3:]) in cpus):
+            rows.append([int(x) for x in rest.split()])
+    if not rows:
+        return None
+    busy = sum(r[i] for r in rows for i in _BUSY if i < len(r))
+    steal = sum(r[_STEAL] for r in rows if len(r) > _STEAL)
     return busy, steal
 
 
@@ -150,19 +173,23 @@ class Contention:
 
     def __init__(self, pids: Iterable[int]) -> None:
         self._pids = tuple(dict.fromkeys(pids))
+        cpus = usable_cpus()
+        # all of the machine's CPUs: the aggregate line; a subset: its own lines
+        self._cpus = cpus if cpus is not None and len(cpus) < (os.cpu_count() or 1) else None
+        self._cores = len(cpus) if cpus else (os.cpu_count() or 1)
         self._start: tuple[float, tuple[int, int], int] | None = None
 
     def _own(self) -> int:
         return _tree_ticks(self._pids)
 
     def start(self) -> Contention:
-        host = _host_ticks()
+        host = _host_ticks(self._cpus)
         self._start = None if host is None else (time.monotonic(), host, self._own())
         return self
 
     def reading(self) -> Load | None:
         """The load since :meth:`start`, or None where ``/proc`` cannot be read."""
-        host = _host_ticks()
+        host = _host_ticks(self._cpus)
         if self._start is None or host is None:
             return None
         t0, (busy0, steal0), own0 = self._start
@@ -173,7 +200,7 @@ class Contention:
         own = max(0, self._own() - own0)
         foreign = max(0, host[0] - busy0 - own) * per_tick / seconds
         steal = max(0, host[1] - steal0) * per_tick / seconds
-        return Load(foreign_cores=foreign, steal_cores=steal, cores=os.cpu_count() or 1,
+        return Load(foreign_cores=foreign, steal_cores=steal, cores=self._cores,
                     seconds=seconds)
 
 

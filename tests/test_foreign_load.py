@@ -199,3 +199,32 @@ def test_a_stored_baseline_beside_a_steady_competitor_is_not_a_failure(suite: Su
     assert "(bound 0.25, --accelperf-max-foreign-load)" in detail
     assert "(re-measured 1 time(s), contaminated each time: " in detail
     assert "waited 5 s for a quieter machine before re-measuring" in detail
+
+
+def test_only_the_cpus_this_process_may_use_count(tmp_path: Any, monkeypatch: Any) -> None:
+    """A CI pod on a large node runs in a cpuset: the other CPUs' load is not contention.
+    /proc/stat's per-CPU lines are summed over the process's affinity only."""
+    from pytest_accelperf import contention
+
+    def stat(busy: dict[str, int]) -> str:
+        # label user nice system idle iowait irq softirq steal
+        return "".join(f"{label} {b} 0 0 1000 0 0 0 0\n" for label, b in busy.items()) + \
+            "intr 1 2 3\n"
+
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    monkeypatch.setattr(contention, "_PROC", proc)
+    (proc / "stat").write_text(stat({"cpu": 300, "cpu0": 100, "cpu1": 100, "cpu2": 100}))
+    assert contention._host_ticks() == (300, 0)
+    assert contention._host_ticks(frozenset({1})) == (100, 0)
+    monkeypatch.setattr(contention, "usable_cpus", lambda: frozenset({1}))
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    watch = Contention([]).start()
+    # the two CPUs this process may not use get busy; its own stays idle
+    (proc / "stat").write_text(stat({"cpu": 500, "cpu0": 200, "cpu1": 100, "cpu2": 200}))
+    time.sleep(0.05)
+    load = watch.reading()
+    assert load is not None and load.cores == 1 and load.foreign_cores == 0.0
+    (proc / "stat").write_text(stat({"cpu": 510, "cpu0": 200, "cpu1": 110, "cpu2": 200}))
+    load = watch.reading()
+    assert load is not None and load.foreign_cores > 0
