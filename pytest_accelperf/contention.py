@@ -10,8 +10,9 @@ CPUs (``/proc/stat``) less what the measuring processes themselves used
 (``/proc/<pid>/stat``, all threads, and every process descended from them: the ranks of a
 multi-process case, a local Ray cluster's workers), in cores on average, plus the time the
 hypervisor took (steal). Only the CPUs this process may run on count
-(:func:`usable_cpus`): in a cpuset the rest of a large node is not contention. Past ``--accelperf-max-foreign-load`` the throughput verdict is
-``inconclusive`` with that reason: the measurement is reported, not judged.
+(:func:`usable_cpus`): in a cpuset the rest of a large node is not contention. Past
+``--accelperf-max-foreign-load`` the throughput verdict is ``inconclusive`` with that
+reason: the measurement is reported, not judged.
 
 Where there is no ``/proc`` (macOS, Windows) nothing is known and nothing is judged from
 it: :meth:`Contention.reading` is ``None`` and the verdict stands as measured.
