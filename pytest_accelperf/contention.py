@@ -50,6 +50,13 @@ class Load:
                 "steal_cores": round(self.steal_cores, 3), "cores": self.cores,
                 "seconds": round(self.seconds, 3)}
 
+    @classmethod
+    def from_json(cls, data: dict[str, float | int]) -> Load:
+        """The load :meth:`to_json` wrote (``Run.extra["step_load"]``)."""
+        return cls(foreign_cores=float(data.get("foreign_cores") or 0.0),
+                   steal_cores=float(data.get("steal_cores") or 0.0),
+                   cores=int(data.get("cores") or 1), seconds=float(data.get("seconds") or 0.0))
+
     def text(self) -> str:
         steal = (f", {self.steal_cores:.2f} of it stolen by the hypervisor"
                  if self.steal_cores >= 0.01 else "")
@@ -205,9 +212,22 @@ class Contention:
                     seconds=seconds)
 
 
+#: Clock ticks of other processes' CPU time that are no evidence of load, whatever the
+#: window: ``/proc`` counts CPU time in ticks (10 ms), and one tick in a 20 ms window reads
+#: as half a core.
+MIN_FOREIGN_TICKS = 2
+
+
 def contaminated(load: Load | None, bound: float) -> bool:
-    """Whether ``load`` is past ``bound`` cores (never, when nothing is known)."""
-    return load is not None and load.foreign_cores > bound
+    """Whether ``load`` is past ``bound`` cores (never, when nothing is known, nor on
+    :data:`MIN_FOREIGN_TICKS` ticks of foreign time or less)."""
+    if load is None or load.foreign_cores <= bound:
+        return False
+    try:
+        tick = 1.0 / _ticks()
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows)
+        tick = 0.01
+    return load.foreign_cores * load.seconds > MIN_FOREIGN_TICKS * tick
 
 
 #: Seconds the confirmation of a regression waits, at most, for a quieter machine.

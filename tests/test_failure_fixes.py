@@ -109,18 +109,20 @@ def test_a_leak_is_no_baseline_matter(suite: Suite, capsys: pytest.CaptureFixtur
     suite.run().assert_outcomes(failed=1)
 
 
+def triple_the_loss(block: dict[str, object]) -> None:
+    """A stored block whose loss curve is 3x what the case trains to."""
+    loss = block["loss"]
+    assert isinstance(loss, dict)
+    loss["checkpoints"] = [[s, v * 3] for s, v in loss["checkpoints"]]
+    loss["final"] = loss["final"] * 3
+
+
 def test_a_leak_beside_a_baseline_failure_is_named_in_the_accept_offer(
         suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
     suite.write(LEAK_SUITE)
     suite.run("--accelperf-update").assert_outcomes(passed=1)
 
-    def other_loss(block: dict[str, object]) -> None:
-        loss = block["loss"]
-        assert isinstance(loss, dict)
-        loss["checkpoints"] = [[s, v * 3] for s, v in loss["checkpoints"]]
-        loss["final"] = loss["final"] * 3
-
-    suite.edit(other_loss)  # the baseline's loss is 3x this run's: a stored-baseline failure
+    suite.edit(triple_the_loss)  # the baseline's loss is 3x this run's: a stored-baseline failure
     monkeypatch.setenv("LEAK", "1")
     result = suite.run("--accelperf-loss-either-way")
     result.assert_outcomes(failed=1)
@@ -176,13 +178,7 @@ def test_the_ci_recipe_fails_a_loss_far_below_its_baseline(suite: Suite,
     suite.write(LEAK_SUITE)
     suite.run("--accelperf-update").assert_outcomes(passed=1)
 
-    def higher_loss(block: dict[str, object]) -> None:
-        loss = block["loss"]
-        assert isinstance(loss, dict)
-        loss["checkpoints"] = [[s, v * 3] for s, v in loss["checkpoints"]]
-        loss["final"] = loss["final"] * 3
-
-    suite.edit(higher_loss)  # this run's loss is a third of the baseline's
+    suite.edit(triple_the_loss)  # this run's loss is a third of the baseline's
     suite.run().assert_outcomes(passed=1)
     result = suite.run("--accelperf-loss-either-way")
     result.assert_outcomes(failed=1)

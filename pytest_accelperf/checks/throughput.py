@@ -54,13 +54,13 @@ environment fingerprints differ the verdict is ``incomparable`` (the caller pass
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.contention import Load, contaminated
 from pytest_accelperf.run import Run
 from pytest_accelperf.stats import (
     MIN_SESSIONS,
@@ -135,34 +135,22 @@ def _probes(run: Run, baseline: dict[str, Any], bound: float = MAX_PROBE_SPREAD
     return (list(run.probe_times), base_probe), ""
 
 
-#: Clock ticks of other processes' CPU time that are no evidence of load, whatever the window.
-MIN_FOREIGN_TICKS = 2
-
-
-def _tick() -> float:
-    try:
-        return 1.0 / float(os.sysconf("SC_CLK_TCK"))
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows)
-        return 0.01
-
-
 def foreign_load(run: Run, bound: float | None) -> str:
     """Why ``run``'s steps were measured beside another job, or ``""``: other processes
     used more than ``bound`` cores on average during its measured steps
     (``run.extra["step_load"]``, :class:`~pytest_accelperf.contention.Load`). Nothing is
     known, and nothing said, without ``/proc`` or a bound. ``/proc`` counts CPU time in
-    clock ticks (10 ms): foreign time of :data:`MIN_FOREIGN_TICKS` ticks or less is no
-    evidence (one tick in a 20 ms window reads as half a core)."""
-    load = run.extra.get("step_load")
-    if bound is None or not isinstance(load, dict):
+    clock ticks: a few ticks of foreign time are no evidence
+    (:func:`~pytest_accelperf.contention.contaminated`)."""
+    data = run.extra.get("step_load")
+    if bound is None or not isinstance(data, dict):
         return ""
-    foreign = float(load.get("foreign_cores") or 0.0)
-    seconds = float(load.get("seconds") or 0.0)
-    if foreign <= bound or foreign * seconds <= MIN_FOREIGN_TICKS * _tick():
+    load = Load.from_json(data)
+    if not contaminated(load, bound):
         return ""
-    steal = float(load.get("steal_cores") or 0.0)
-    stolen = f", {steal:.2f} of it stolen by the hypervisor" if steal >= 0.01 else ""
-    return (f"other processes used {foreign:.2f} of {load.get('cores')} cores on average "
+    stolen = (f", {load.steal_cores:.2f} of it stolen by the hypervisor"
+              if load.steal_cores >= 0.01 else "")
+    return (f"other processes used {load.foreign_cores:.2f} of {load.cores} cores on average "
             f"while the steps were measured{stolen} (bound {bound:g}, "
             f"--accelperf-max-foreign-load)")
 
@@ -402,9 +390,9 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     elif dirty and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         result.verdict = Verdict.INCONCLUSIVE
         result.detail = f"not judged, {dirty}; measured: {result.detail}"
-    elif foreign_load(run, max_foreign_load):
-        result.detail += (f" [measured beside another job: {foreign_load(run, max_foreign_load)}"
-                          f"; a pass holds, another job only slows a step down]")
+    elif loaded := foreign_load(run, max_foreign_load):
+        result.detail += (f" [measured beside another job: {loaded}; a pass holds, another "
+                          f"job only slows a step down]")
     elif pair is not None and spread is None and raw_ratio is not None \
             and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         raw_verdict = throughput_verdict(step_time_ratio(run.step_times, base_samples),
