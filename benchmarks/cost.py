@@ -32,6 +32,9 @@ into:
 * ``lock``: waiting for the CPU host lock, i.e. for other sessions' cases on this machine
   (zero on a quiet machine; left out of the share);
 * ``compile``: ``run.compile_time``;
+* ``trace``: JAX, the one trace of the user's step (``run.extra["trace_time"]``), made
+  before the timed lowering, which reuses it: what ``jax.jit``'s first call costs in any
+  training script, so not the plugin's;
 * ``steps``: the measured steps, ``sum(run.step_times)``;
 * ``confirm``: re-measuring an apparent throughput regression (``--accelperf-confirm``),
   waiting for a quiet machine included;
@@ -44,8 +47,9 @@ into:
   fingerprinting, warm-up steps, the drift probes, launching ranks,
   the checks and the reports. For an in-process case it is split further from
   ``run.extra["phases"]`` (:class:`pytest_accelperf.backends.common.Phases`): ``memory``
-  (torch on CPU: the counted steps), ``flops`` (torch: the counted step), ``trace``
-  (JAX: tracing and checking the step before its timed lowering and compile),
+  (torch on CPU: the counted steps), ``flops`` (torch: the counted step), ``check``
+  (JAX: the init's abstract trace, the shardings, checking what the step returns: the
+  compile phase less the step's trace, lowering and compile),
   ``program`` (JAX: the program record and the memory analysis), ``probe`` (making the
   drift probe), ``loop`` (the training loop outside the measured steps and the compile:
   warm-up steps, the drift probes (after every measured step, every k-th past 100:
@@ -153,15 +157,18 @@ def case_rows(session: dict[str, Any]) -> list[dict[str, Any]]:
         extra = run.get("extra") or {}
         phases = extra.get("phases")
         build = float(phases.get("build", 0.0)) if phases else 0.0
-        plugin = net - compile_s - steps - confirm - build
+        trace = float(extra.get("trace_time") or 0.0)  # JAX: jit's one trace of the step
+        plugin = net - compile_s - trace - steps - confirm - build
         row: dict[str, Any] = {
             "kind": session["kind"], "pool": session["pool"], "case": case["case_id"],
             "order": order, "outcome": run.get("outcome"),
             "n_steps": len(run.get("step_times") or []),
-            "wall": wall, "lock": lock, "build": build, "compile": compile_s, "steps": steps,
+            "wall": wall, "lock": lock, "build": build, "compile": compile_s, "trace": trace,
+            "steps": steps,
             "confirm": confirm, "plugin": plugin, "share": plugin / net if net > 0 else None}
         if phases:
-            row["phases"] = phase_split(phases, extra, compile_s, steps, net - confirm)
+            row["phases"] = phase_split(phases, extra, compile_s + trace, steps,
+                                        net - confirm)
         timings = extra.get("timings")
         if timings:
             launch = float(timings.get("launch", 0.0))
@@ -177,7 +184,7 @@ def case_rows(session: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 #: The plugin's parts of an in-process case (:func:`phase_split`), in the table's order.
-PHASES = ("memory", "flops", "trace", "program", "probe", "loop", "fingerprint", "reference",
+PHASES = ("memory", "flops", "check", "program", "probe", "loop", "fingerprint", "reference",
           "other")
 
 
@@ -185,15 +192,17 @@ def phase_split(phases: dict[str, float], extra: dict[str, Any], compile_s: floa
                 steps: float, net: float) -> dict[str, float]:
     """An in-process case's plugin time by part (the module doc), from its
     ``run.extra["phases"]``; ``net`` is its wall time less lock and confirmation. The
-    parts and ``build``, ``compile`` and ``steps`` add up to ``net``."""
-    if "compile" in phases:  # JAX: the step's compile is timed inside the compile phase
+    parts and ``build``, ``compile`` (with JAX's trace of the step) and ``steps`` add up to
+    ``net``."""
+    if "compile" in phases:  # JAX: the step's trace and compile are inside the compile phase
+        trace = float(extra.get("trace_time") or 0.0)
         step_part = float((extra.get("compile_time_parts") or {}).get("step", compile_s))
-        trace = phases["compile"] - step_part
-        compile_in_train = compile_s - step_part  # the init's compile
+        check = phases["compile"] - step_part - trace
+        compile_in_train = compile_s - step_part - trace  # the init's compile
     else:  # torch: a compiled step's compile is its first warm-up step, in the loop
-        trace, compile_in_train = 0.0, compile_s
+        check, compile_in_train = 0.0, compile_s
     named = {"memory": phases.get("memory", 0.0), "flops": phases.get("flops", 0.0),
-             "trace": trace, "program": phases.get("program", 0.0),
+             "check": check, "program": phases.get("program", 0.0),
              "probe": phases.get("probe", 0.0),
              "loop": phases.get("train", 0.0) - steps - compile_in_train,
              "fingerprint": phases.get("fingerprint", 0.0),
@@ -208,9 +217,9 @@ def _f(x: float | None, digits: int = 2) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| kind | pool | case | # | measured steps | wall s | lock s | build s | "
-            "compile s | steps s | confirm s | plugin s | plugin share | launch: start / join / "
-            "build / unmeasured / end / outside s |")
-    lines = [head, "|" + "---|" * 15]
+            "compile s | trace s | steps s | confirm s | plugin s | plugin share | launch: "
+            "start / join / build / unmeasured / end / outside s |")
+    lines = [head, "|" + "---|" * 16]
     for r in rows:
         launch = r.get("launch")
         split = (" / ".join(_f(launch.get(k)) for k in ("start", "join", "build", "unmeasured",
@@ -221,7 +230,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{r['case']} | {r.get('order') or '-'} | {r.get('n_steps', '-')} | "
                      f"{_f(r['wall'])} | "
                      f"{_f(r['lock'])} | {_f(r.get('build'))} | {_f(r['compile'])} | "
-                     f"{_f(r['steps'])} | {_f(r['confirm'])} | {_f(r['plugin'])} | "
+                     f"{_f(r.get('trace'))} | {_f(r['steps'])} | {_f(r['confirm'])} | "
+                     f"{_f(r['plugin'])} | "
                      f"{_f(100 * r['share'], 0) + ' %' if r['share'] is not None else '-'} | "
                      f"{split} |")
     return "\n".join(lines)

@@ -224,6 +224,29 @@ def test_live_stateful_finds_every_scheduler_and_scaler() -> None:
     assert training.scheduler.last_epoch == 0 and mine.last_epoch == 0
 
 
+def test_a_step_that_names_its_schedulers_is_trained_without_the_scan(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TorchStep.stateful`` names what the counting steps put back: no scan of the
+    process (it would fail here), the same schedule as the scan gives, and TorchTask's
+    step names none (it steps its optimizer only)."""
+    import pytest_accelperf.backends.torch_step as torch_step
+
+    def no_scan() -> list[Any]:
+        raise AssertionError("the process was scanned for schedulers")
+
+    monkeypatch.setattr(torch_step, "live_stateful", no_scan)
+    training = Training(scaler=True)
+    result = BACKEND.train(case(), training.torch_step(
+        stateful=[training.scheduler, training.scaler]), CPU)
+    assert isinstance(result, TorchTrainResult) and result.run.outcome == "ok"
+    assert result.run.metrics["lr"] == pytest.approx(training.schedule())
+    task = TorchTask(make_model=Net, loss_fn=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
+                     make_batch=make_batch,
+                     make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    assert task.to_step().stateful == ()
+    assert BACKEND.train(case(), task, CPU).run.outcome == "ok"
+
+
 def test_the_run_says_where_its_time_went(plain: tuple[Training, TorchTrainResult]) -> None:
     phases = plain[1].run.extra["phases"]
     assert set(phases) == {"build", "memory", "flops", "probe", "train", "fingerprint",

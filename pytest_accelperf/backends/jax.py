@@ -105,6 +105,10 @@ class _Program:
     fresh_state: Any = None
     #: What other processes used of the machine while the step compiled (None: no /proc).
     compile_load: Load | None = None
+    #: Seconds tracing the user's step (``eval_shape``, checked before it is lowered): the
+    #: trace any ``jax.jit`` makes on its first call, made once (the lowering reuses it
+    #: from jax's cache) and not in ``compile_time`` (the lowering and XLA's compile).
+    trace_time: float = 0.0
 
 
 class _OutOfMemory(Exception):
@@ -276,10 +280,12 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
         host_batch, batch_sh)
     abstract_in = _with_sharding(abstract, state_sh)
     fn = _bound(step, mesh, state_sh, batch_sh)
-    try:
+    t0 = time.perf_counter()
+    try:  # jit's one trace of the step: the lowering below reuses it from jax's cache
         out = _eval_shape(fn, abstract_in, abstract_batch)
     except Exception as exc:
         raise explain(exc, step, tuple(mesh.axis_names)) from exc
+    trace_time = time.perf_counter() - t0
     check_outputs(step, abstract, out)
     jitted = jax.jit(fn, in_shardings=(state_sh, batch_sh),
                      out_shardings=(state_sh, NamedSharding(mesh, P())),
@@ -294,7 +300,7 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
             raise _OutOfMemory(str(exc)) from exc
         raise
     return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0,
-                    lowered, compile_load=watch.reading())
+                    lowered, compile_load=watch.reading(), trace_time=trace_time)
 
 
 def _annotated_specs(abstract: PyTree) -> PyTree:
@@ -643,6 +649,7 @@ class JaxBackend:
         if program.compile_load is not None:
             run.extra["compile_load"] = program.compile_load.to_json()
         run.extra["compile_time_parts"] = {"step": program.compile_time}
+        run.extra["trace_time"] = program.trace_time
         with phases("program"):
             run.program = program_of(program.lowered, program.compiled, run.n_devices)
             planned = _analysis_bytes(program.compiled)

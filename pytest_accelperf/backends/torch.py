@@ -47,7 +47,7 @@ count), ``flops``, ``probe`` (making the drift probe), ``train`` (warm-up and me
 steps with the drift probe after each), ``fingerprint``, and ``total``. The LR schedulers
 and scalers the counting steps put back are found once per training
 (:func:`~.torch_step.live_stateful`, a scan of the process's objects) and shared by the
-memory and FLOP counts.
+memory and FLOP counts (or named by the step, ``TorchStep.stateful``: no scan).
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import Phases, TaskError, fingerprint
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.backends.torch_memory import device_total, memory_tracker
 from pytest_accelperf.backends.torch_program import (
     COMPILE_TIME_COVERS,
     DynamoWatch,
@@ -75,10 +76,10 @@ from pytest_accelperf.backends.torch_program import (
 from pytest_accelperf.backends.torch_step import TorchStep as TorchStep
 from pytest_accelperf.backends.torch_step import (
     as_torch_step,
-    live_stateful,
     metrics_of,
     rewind,
     run_step,
+    step_stateful,
     to_float,
     undone,
 )
@@ -189,21 +190,11 @@ class CpuMemory:
     live: list[int]
 
 
-def _device_total(snapshot: dict[Any, Any], device: torch.device) -> int:
-    totals = [int(s.get("Total", sum(s.values()))) for dev, s in snapshot.items()
-              if torch.device(dev).type == device.type]
-    if not totals:
-        raise RuntimeError(f"MemTracker saw no tensor on {device}")
-    return max(totals)
-
-
 def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int, peak_after: int,
                        stateful: Sequence[Any] | None = None) -> tuple[int, list[int]]:
     """MemTracker over ``steps`` counted steps: the peak over the first ``peak_after`` and
     the bytes of live tensors after each."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
+    tracker = memory_tracker()
     tracker.track_external(*step.modules().values())
     live: list[int] = []
     peak = 0
@@ -211,10 +202,16 @@ def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int, peak_a
         for i in range(steps):
             _value(step, run_step(step, to_device(step.make_batch(i), device), counting=True))
             tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
-            live.append(_device_total(tracker.get_tracker_snapshot("current"), device))
+            live.append(_seen(device_total(tracker, "current", device), device))
             if i + 1 == min(peak_after, steps):
-                peak = _device_total(tracker.get_tracker_snapshot("peak"), device)
+                peak = _seen(device_total(tracker, "peak", device), device)
     return peak, live
+
+
+def _seen(total: int | None, device: torch.device) -> int:
+    if total is None:
+        raise RuntimeError(f"MemTracker saw no tensor on {device}")
+    return total
 
 
 #: The profiler event that marks the end of a counted step (:func:`_profiler_count`).
@@ -526,7 +523,7 @@ class TorchBackend:
             step.to(device)
         rewind(step)  # trained before (a re-measurement): start where that training started
         # The schedulers and scalers the counting steps put back: found once, for both.
-        stateful = live_stateful()
+        stateful = step_stateful(step)
         run = Run(case_id=case.id, samples_per_step=case.batch,
                   tokens_per_step=(case.batch * step.tokens_per_sample
                                    if step.tokens_per_sample else None),

@@ -78,6 +78,7 @@ from pytest_accelperf.backends.loop import StepFns, load_json, run_steps
 from pytest_accelperf.backends.rank_comm import largest_over_ranks
 from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.ranks import BlockControl, RankJob, serve_blocks
+from pytest_accelperf.backends.torch_memory import device_total, memory_tracker
 from pytest_accelperf.backends.torch_task import (
     TorchTask,
     flop_counter,
@@ -259,18 +260,13 @@ class _MemoryCounter:
             torch.cuda.reset_peak_memory_stats(self.device)
             yield
             return
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        self.tracker = MemTracker()
+        self.tracker = memory_tracker()
         with self.tracker:
             yield
         self._closed_peak = self._tracker_peak()
 
     def _tracker_peak(self) -> int:
-        snapshot = self.tracker.get_tracker_snapshot("peak")
-        totals = [int(s.get("Total", sum(s.values()))) for dev, s in snapshot.items()
-                  if torch.device(dev).type == self.device.type]
-        return max(totals) if totals else 0
+        return device_total(self.tracker, "peak", self.device) or 0
 
     def step_done(self) -> None:
         if self.tracker is not None and self._closed_peak is None:

@@ -75,7 +75,8 @@ class TorchTask:
         return TorchStep(step=step, make_batch=self.make_batch, model=model, params=params,
                          compile=self.compile, count_step=eager_step if self.compile else None,
                          tokens_per_sample=self.tokens_per_sample, seed=self.seed,
-                         label=f"TorchTask.loss_fn {describe(self.loss_fn)}")
+                         label=f"TorchTask.loss_fn {describe(self.loss_fn)}",
+                         stateful=())  # it steps its optimizer, no scheduler or scaler
 
 
 def _cpu_flash_attention(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,

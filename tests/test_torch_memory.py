@@ -1,0 +1,79 @@
+"""The MemTracker the torch backends count CPU memory with (``backends/torch_memory.py``):
+the same device totals as torch's stock MemTracker, without its per-module peaks.
+
+Counted on a real training step (a residual MLP with many modules, AdamW, a buffer the
+forward pass updates): the peak over the first steps and the live bytes after each step
+must be the same bytes, byte for byte, from both trackers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pytest_accelperf.backends import torch as torch_backend  # noqa: E402
+from pytest_accelperf.backends.torch_memory import (  # noqa: E402
+    device_total,
+    memory_tracker,
+)
+from pytest_accelperf.backends.torch_step import TorchStep  # noqa: E402
+
+CPU = torch.device("cpu")
+WIDTH, DEPTH, BATCH = 32, 6, 16
+
+
+def make_batch(step: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    x = torch.randn(BATCH, WIDTH, generator=g)
+    return {"x": x, "y": x.sum(dim=1, keepdim=True)}
+
+
+def residual_mlp_step() -> TorchStep:
+    torch.manual_seed(0)
+    blocks = [torch.nn.Sequential(torch.nn.LayerNorm(WIDTH), torch.nn.Linear(WIDTH, 4 * WIDTH),
+                                  torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH))
+              for _ in range(DEPTH)]
+    model = torch.nn.ModuleDict({"norm": torch.nn.BatchNorm1d(WIDTH),
+                                 "blocks": torch.nn.ModuleList(blocks),
+                                 "head": torch.nn.Linear(WIDTH, 1)})
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
+        x = model["norm"](batch["x"])
+        for block in model["blocks"]:
+            x = x + block(x)
+        loss = ((model["head"](x) - batch["y"]) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss}
+
+    return TorchStep(step=step, make_batch=make_batch, model=model, stateful=())
+
+
+def test_the_totals_are_the_stock_trackers_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    step = residual_mlp_step()
+    lean = torch_backend.cpu_memory(step, CPU, steps=4)
+    monkeypatch.setattr(torch_backend, "memory_tracker",
+                        lambda: memory_tracker(per_module=True))
+    stock = torch_backend.cpu_memory(step, CPU, steps=4)
+    assert lean.source == stock.source == "mem_tracker"
+    assert lean.peak == stock.peak
+    assert lean.live == stock.live
+    # The count is of this model: parameters, AdamW's two moments, the BatchNorm buffers,
+    # and activations on top at the peak.
+    params = sum(p.numel() * p.element_size() for p in step.modules()[""].parameters())
+    assert lean.live[-1] >= 3 * params and lean.peak > lean.live[-1]
+
+
+def test_this_torch_gets_the_lean_tracker() -> None:
+    """The lean tracker overrides a private method of torch's; the torch this project
+    pins still has what it reads (else the stock tracker would be used, slower, silently)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = memory_tracker()
+    assert type(tracker) is not MemTracker and isinstance(tracker, MemTracker)
+    assert device_total(tracker, "peak", CPU) is None  # nothing counted yet
