@@ -36,6 +36,9 @@ into:
   before the timed lowering, which reuses it: what ``jax.jit``'s first call costs in any
   training script, so not the plugin's;
 * ``steps``: the measured steps, ``sum(run.step_times)``;
+* ``batches``: an in-process case's batches made and moved to the device, every step
+  (``run.extra["batch_time"]``): the user's ``make_batch`` and the transfer, which any
+  training loop does too, so not the plugin's;
 * ``confirm``: re-measuring an apparent throughput regression (``--accelperf-confirm``),
   waiting for a quiet machine included;
 * ``build``: an in-process case's own model, optimizer and task built into the step the
@@ -51,9 +54,9 @@ into:
   (JAX: the init's abstract trace, the shardings, checking what the step returns: the
   compile phase less the step's trace, lowering and compile),
   ``program`` (JAX: the program record and the memory analysis), ``probe`` (making the
-  drift probe), ``loop`` (the training loop outside the measured steps and the compile:
-  warm-up steps, the drift probes (after every measured step, every k-th past 100:
-  ``loop.MAX_PROBES``), batches), ``fingerprint``,
+  drift probe), ``loop`` (the training loop outside the measured steps, the batches and the
+  compile: warm-up steps, the drift probes (after every measured step, every k-th past
+  100: ``loop.MAX_PROBES``), reading the loss), ``fingerprint``,
   ``reference`` and ``other`` (the rest: the runner, the checks, the reports, pytest's
   fixtures). For a multi-process case the rest is split
   further from ``run.extra["timings"]`` (rank 0's clock marks): ``start`` (interpreter
@@ -158,16 +161,17 @@ def case_rows(session: dict[str, Any]) -> list[dict[str, Any]]:
         phases = extra.get("phases")
         build = float(phases.get("build", 0.0)) if phases else 0.0
         trace = float(extra.get("trace_time") or 0.0)  # JAX: jit's one trace of the step
-        plugin = net - compile_s - trace - steps - confirm - build
+        batches = float(extra.get("batch_time") or 0.0) if phases else 0.0
+        plugin = net - compile_s - trace - steps - confirm - build - batches
         row: dict[str, Any] = {
             "kind": session["kind"], "pool": session["pool"], "case": case["case_id"],
             "order": order, "outcome": run.get("outcome"),
             "n_steps": len(run.get("step_times") or []),
             "wall": wall, "lock": lock, "build": build, "compile": compile_s, "trace": trace,
-            "steps": steps,
+            "batches": batches, "steps": steps,
             "confirm": confirm, "plugin": plugin, "share": plugin / net if net > 0 else None}
         if phases:
-            row["phases"] = phase_split(phases, extra, compile_s + trace, steps,
+            row["phases"] = phase_split(phases, extra, compile_s + trace, steps + batches,
                                         net - confirm)
         timings = extra.get("timings")
         if timings:
@@ -192,8 +196,8 @@ def phase_split(phases: dict[str, float], extra: dict[str, Any], compile_s: floa
                 steps: float, net: float) -> dict[str, float]:
     """An in-process case's plugin time by part (the module doc), from its
     ``run.extra["phases"]``; ``net`` is its wall time less lock and confirmation. The
-    parts and ``build``, ``compile`` (with JAX's trace of the step) and ``steps`` add up to
-    ``net``."""
+    parts and ``build``, ``compile`` (with JAX's trace of the step) and ``steps`` (with the
+    batches) add up to ``net``."""
     if "compile" in phases:  # JAX: the step's trace and compile are inside the compile phase
         trace = float(extra.get("trace_time") or 0.0)
         step_part = float((extra.get("compile_time_parts") or {}).get("step", compile_s))
@@ -217,9 +221,9 @@ def _f(x: float | None, digits: int = 2) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| kind | pool | case | # | measured steps | wall s | lock s | build s | "
-            "compile s | trace s | steps s | confirm s | plugin s | plugin share | launch: "
-            "start / join / build / unmeasured / end / outside s |")
-    lines = [head, "|" + "---|" * 16]
+            "compile s | trace s | batches s | steps s | confirm s | plugin s | plugin share | "
+            "launch: start / join / build / unmeasured / end / outside s |")
+    lines = [head, "|" + "---|" * 17]
     for r in rows:
         launch = r.get("launch")
         split = (" / ".join(_f(launch.get(k)) for k in ("start", "join", "build", "unmeasured",
@@ -230,7 +234,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{r['case']} | {r.get('order') or '-'} | {r.get('n_steps', '-')} | "
                      f"{_f(r['wall'])} | "
                      f"{_f(r['lock'])} | {_f(r.get('build'))} | {_f(r['compile'])} | "
-                     f"{_f(r.get('trace'))} | {_f(r['steps'])} | {_f(r['confirm'])} | "
+                     f"{_f(r.get('trace'))} | {_f(r.get('batches'))} | {_f(r['steps'])} | "
+                     f"{_f(r['confirm'])} | "
                      f"{_f(r['plugin'])} | "
                      f"{_f(100 * r['share'], 0) + ' %' if r['share'] is not None else '-'} | "
                      f"{split} |")

@@ -105,6 +105,9 @@ class LoopResult:
     #: What other processes used during the measured steps (None: nothing measured, or no
     #: ``/proc``); a backend stores it as ``Run.extra["step_load"]`` (:func:`load_json`).
     load: Load | None = None
+    #: Wall seconds making the batches and moving them to the device (``prepare``, every
+    #: step): the user's data work, which any training loop does too.
+    batch_time: float = 0.0
 
     @property
     def steps_done(self) -> int:
@@ -137,7 +140,9 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
     for i in range(total):
         if i == warmup:
             watch = Contention([measuring_root()]).start()
+        t0 = time.perf_counter()
         batch = fns.prepare(i)  # outside the timer
+        out.batch_time += time.perf_counter() - t0
         handle, seconds = timed(fns, i, batch, slower)
         out.last = handle
         loss, metrics = fns.read(handle)
@@ -166,10 +171,13 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
 
 
 def load_json(result: LoopResult) -> dict[str, Any]:
-    """``{"step_load": ...}`` for ``Run.extra`` when the loop read the machine's load,
-    else ``{}``: what the throughput check reads
-    (:func:`pytest_accelperf.checks.throughput.foreign_load`)."""
-    return {"step_load": result.load.to_json()} if result.load is not None else {}
+    """What a backend puts in ``Run.extra`` from the loop: ``batch_time``, and
+    ``step_load`` when the loop read the machine's load (what the throughput check reads,
+    :func:`pytest_accelperf.checks.throughput.foreign_load`)."""
+    out: dict[str, Any] = {"batch_time": result.batch_time}
+    if result.load is not None:
+        out["step_load"] = result.load.to_json()
+    return out
 
 
 def time_block(fns: StepFns[B, H], first: int, n: int, cycle: int) -> tuple[list[float], Any]:
