@@ -3,7 +3,8 @@
 The environment that selects devices (``XLA_FLAGS``, ``JAX_PLATFORMS``,
 ``CUDA_VISIBLE_DEVICES``) must be set before a framework initializes, so
 :func:`prepare_environment` runs in ``pytest_configure``, on the controller and on every
-xdist worker, while :func:`provision` (which imports jax) runs lazily in the session fixture.
+xdist worker, while :func:`provision` (which imports jax, or torch where jax is not
+installed) runs lazily in the session fixture.
 """
 
 from __future__ import annotations
@@ -220,13 +221,12 @@ class AcceleratorUnavailable(Exception):
 
 
 def provision(accel: str, cpu_devices: int, platform_override: str | None = None) -> Accelerator:
-    """Find the devices of ``accel`` through jax and describe them."""
+    """Find the devices of ``accel`` through jax and describe them; without jax (a torch
+    user's install), through torch (:func:`provision_without_jax`)."""
     try:
         import jax
-    except ImportError as exc:
-        raise AcceleratorUnavailable(
-            "jax is not installed: pip install 'pytest-accelperf[jax]'"
-        ) from exc
+    except ImportError:
+        return provision_without_jax(accel, cpu_devices, platform_override)
     if accel == "auto":
         accel = _detect(jax)
     platform_name = {"cpu": "cpu", "gpu": "gpu", "tpu": "tpu", "neuron": "neuron"}[accel]
@@ -260,6 +260,47 @@ def provision(accel: str, cpu_devices: int, platform_override: str | None = None
         peak_flops=peak_flops(kind),
         devices=devices,
     )
+
+
+def provision_without_jax(accel: str, cpu_devices: int,
+                          platform_override: str | None = None) -> Accelerator:
+    """The accelerator of a session with no jax installed: torch's cases need none of it.
+
+    ``cpu`` is described as with jax (``cpu-x<cpu_devices>``, the same platform key, so
+    the same baselines); ``gpu`` by torch's CUDA devices (the same device names as jax's,
+    so the same keys; capacity: each device's total memory). ``auto`` is ``gpu`` where
+    torch sees CUDA, else ``cpu``. TPU and Neuron devices are found through jax only."""
+    cuda = _torch_cuda()
+    if accel == "auto":
+        accel = "gpu" if cuda is not None and cuda.is_available() else "cpu"
+    if accel == "cpu":
+        key = platform_override or platform_key("cpu", "cpu", cpu_devices)
+        return Accelerator(name="cpu", platform=key, device_kind="cpu",
+                           device_count=cpu_devices)
+    if accel == "gpu" and cuda is not None and cuda.is_available() and cuda.device_count():
+        count = int(cuda.device_count())
+        kind = str(cuda.get_device_name(0))
+        capacity = int(cuda.get_device_properties(0).total_memory)
+        return Accelerator(name="gpu", platform=platform_override or
+                           platform_key("gpu", kind, count), device_kind=kind,
+                           device_count=count, memory_capacity=capacity,
+                           peak_flops=peak_flops(kind))
+    if accel == "gpu":
+        raise AcceleratorUnavailable(
+            "--accel=gpu: neither jax nor torch sees a CUDA device: install a CUDA build of "
+            "torch (or jax[cuda12]) on a machine with an NVIDIA GPU, or pass --accel=cpu")
+    raise AcceleratorUnavailable(
+        f"--accel={accel}: its devices are found through jax, which is not installed: "
+        f"pip install 'pytest-accelperf[jax]' (jax-neuronx for neuron, jax[tpu] for tpu)")
+
+
+def _torch_cuda() -> Any:
+    """``torch.cuda``, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.cuda
 
 
 def _detect(jax: Any) -> str:

@@ -53,3 +53,119 @@ def test_gpu_workers_get_their_own_cuda_devices() -> None:
     cpu_env = {"CUDA_VISIBLE_DEVICES": "0,1"}
     assert assign_worker_devices("cpu", "gw1", 2, cpu_env) is None
     assert cpu_env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+# -- a session without jax: a torch user's install ------------------------------------------
+def test_without_jax_the_cpu_has_the_same_platform_key() -> None:
+    from pytest_accelperf.accel import provision, provision_without_jax
+
+    pytest.importorskip("jax")
+    with_jax = provision("cpu", 8)
+    alone = provision_without_jax("cpu", 8)
+    assert (alone.name, alone.platform, alone.device_count) == ("cpu", "cpu-x8", 8)
+    assert alone.platform == with_jax.platform  # the same baselines with or without jax
+    assert provision_without_jax("cpu", 8, "ci-runner").platform == "ci-runner"
+
+
+def test_without_jax_gpus_are_found_through_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's CUDA devices (a stand-in for the GPUs this machine lacks): the same device
+    names as jax's, so the same platform keys and peak FLOPs."""
+    import pytest_accelperf.accel as accel
+    from pytest_accelperf.accel import AcceleratorUnavailable, provision_without_jax
+
+    class Properties:
+        total_memory = 85_520_809_984
+
+    class Cuda:
+        count = 2
+
+        def is_available(self) -> bool:
+            return self.count > 0
+
+        def device_count(self) -> int:
+            return self.count
+
+        def get_device_name(self, index: int) -> str:
+            return "NVIDIA H100 80GB HBM3"
+
+        def get_device_properties(self, index: int) -> Properties:
+            return Properties()
+
+    cuda = Cuda()
+    monkeypatch.setattr(accel, "_torch_cuda", lambda: cuda)
+    for asked in ("gpu", "auto"):
+        gpu = provision_without_jax(asked, 8)
+        assert (gpu.name, gpu.platform, gpu.device_count) == (
+            "gpu", "gpu-nvidia-h100-80gb-hbm3-x2", 2)
+        assert gpu.memory_capacity == 85_520_809_984 and gpu.peak_flops == 989e12
+    cuda.count = 0
+    assert provision_without_jax("auto", 8).platform == "cpu-x8"
+    with pytest.raises(AcceleratorUnavailable, match="or pass --accel=cpu"):
+        provision_without_jax("gpu", 8)
+    with pytest.raises(AcceleratorUnavailable, match=r"pytest-accelperf\[jax\]"):
+        provision_without_jax("tpu", 8)
+
+
+NO_JAX = '''
+import importlib.machinery
+
+# A torch user's install: jax and its libraries are not there (not found on the path,
+# so importlib.util.find_spec says None and an import raises ModuleNotFoundError).
+BLOCKED = {"jax", "jaxlib", "flax", "optax"}
+_find = importlib.machinery.PathFinder.find_spec
+
+
+def find_spec(cls, name, path=None, target=None):
+    if name.partition(".")[0] in BLOCKED:
+        return None
+    return _find(name, path, target)
+
+
+importlib.machinery.PathFinder.find_spec = classmethod(find_spec)
+'''
+
+TORCH_AND_JAX_CASES = '''
+import torch
+
+from pytest_accelperf import cases
+from pytest_accelperf.backends.torch import TorchTask
+
+
+def make_task(case):
+    def make_batch(step):
+        x = torch.randn(case.batch, 8, generator=torch.Generator().manual_seed(step))
+        return {"x": x, "y": x.sum(1, keepdim=True)}
+
+    return TorchTask(make_model=lambda: torch.nn.Linear(8, 1),
+                     loss_fn=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
+                     make_batch=make_batch, make_optimizer=lambda p: torch.optim.SGD(p, 0.1))
+
+
+@cases(backend="torch", batch=[16], steps=5, warmup=1)
+def test_torch(accelperf):
+    assert accelperf.train(make_task(accelperf.case)).run.outcome == "ok"
+
+
+@cases(backend="jax", batch=[16], steps=5, warmup=1)
+def test_jax(accelperf):
+    raise AssertionError("a jax case ran without jax")
+'''
+
+
+def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch user's first command (``pip install 'pytest-accelperf[torch]'``): the torch
+    cases record and pass on ``cpu-x8``, the JAX case skips with the install line."""
+    pytest.importorskip("torch")
+    (pytester.path / "nojax").mkdir()
+    (pytester.path / "nojax" / "sitecustomize.py").write_text(NO_JAX)
+    monkeypatch.setenv("PYTHONPATH", str(pytester.path / "nojax"))
+    pytester.makepyfile(test_mixed=TORCH_AND_JAX_CASES)
+    args = ("-p", "no:cacheprovider", "--accel=cpu", "-rs")
+    recorded = pytester.runpytest_subprocess(*args, "--accelperf-update")
+    recorded.assert_outcomes(passed=1, skipped=1)
+    recorded.stdout.fnmatch_lines(["*jax*pip install*pytest-accelperf[[]jax[]]*"])
+    assert (pytester.path / "baselines" / "cpu-x8" / "test_mixed.json").is_file()
+    gated = pytester.runpytest_subprocess(*args)
+    gated.assert_outcomes(passed=1, skipped=1)
+    gated.stdout.fnmatch_lines(["accelperf: 1 case(s) on cpu-x8: * pass*"])
