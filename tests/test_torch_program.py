@@ -133,6 +133,20 @@ def broken() -> Run:
     return train(Training(compile=True, item_branch=True))
 
 
+def test_what_the_machine_did_while_the_step_compiled_is_recorded(
+        compiled: list[Run], competitor: int) -> None:
+    """A compile is one sample: what other processes used of the machine while step 0
+    compiled is recorded (from ``/proc``), for the compile check to leave a change made
+    beside another job unjudged. Quiet, then beside a process spinning on one core."""
+    for run in compiled:
+        load = run.extra["compile_load"]
+        assert load["seconds"] >= 0.8 * (run.compile_time or 0) > 0
+        assert load["foreign_cores"] >= 0
+    busy = train(Training(compile=True))
+    assert busy.extra["compile_load"]["foreign_cores"] > 0.5  # the spinning core
+    assert "compile_load" not in train(Training()).extra  # an eager step compiles nothing
+
+
 def test_a_compiled_step_records_dynamos_graphs(compiled: list[Run]) -> None:
     first, second = compiled
     assert first.program is not None

@@ -90,6 +90,7 @@ from pytest_accelperf.backends.torch_task import flop_counter, sync
 from pytest_accelperf.backends.torch_task import to_device as to_device
 from pytest_accelperf.backends.torch_task import torch_probe as torch_probe
 from pytest_accelperf.cases import Case
+from pytest_accelperf.contention import Contention, Load, measuring_root
 from pytest_accelperf.run import Run
 
 GIB = 2**30
@@ -392,6 +393,23 @@ class _CudaGrowth:
                              "cuda_allocator")
 
 
+class _CompileLoad:
+    """What other processes used of the machine while a compiled step's step 0 compiled
+    (``Run.extra["compile_load"]``, as JAX's compile records it): one compile is one
+    sample, and a job beside it stretches it (the compile check leaves such a change
+    ``inconclusive``). Started right before the loop, read at the end of step 0
+    (``run_steps``' ``after_step``); inductor's compile workers are the session's own."""
+
+    def __init__(self) -> None:
+        self._watch = Contention([measuring_root()]).start()
+        self.load: Load | None = None
+        self._read = False
+
+    def after_step(self, i: int, handle: Any = None, measured: bool = False) -> None:
+        if i == 0 and not self._read:
+            self.load, self._read = self._watch.reading(), True
+
+
 def _hooks(*hooks: Callable[[int, Any, bool], None] | None
            ) -> Callable[[int, Any, bool], None]:
     """One ``after_step`` that calls each of ``hooks`` given."""
@@ -541,6 +559,7 @@ class TorchBackend:
                 return TorchTrainResult(run=run)  # never trained
 
         watch: DynamoWatch | None = None
+        compile_load: _CompileLoad | None = None
         cuda_growth: _CudaGrowth | None = None
         try:
             with phases("flops"):
@@ -555,8 +574,10 @@ class TorchBackend:
             with (phases("train"),
                   cold_compile(device) if step.compile else contextlib.nullcontext()):
                 watch = DynamoWatch() if step.compile else None
+                compile_load = _CompileLoad() if step.compile else None
                 trained = _execute(step, case, device, probe, deadline, after_step=_hooks(
                     watch.after_step if watch else None,
+                    compile_load.after_step if compile_load else None,
                     cuda_growth.after_step if cuda_growth else None))
         except torch.OutOfMemoryError as exc:
             run.outcome = "oom"
@@ -577,6 +598,8 @@ class TorchBackend:
         if watch is not None:
             run.program = watch.record(run.flops_per_step)
             run.extra["compile_time_covers"] = COMPILE_TIME_COVERS
+            if compile_load is not None and compile_load.load is not None:
+                run.extra["compile_load"] = compile_load.load.to_json()
             if watch.recompiles:
                 run.extra["recompile_reasons"] = watch.recompile_reasons
         else:
