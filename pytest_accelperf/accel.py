@@ -9,13 +9,14 @@ installed) runs lazily in the session fixture.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 ACCELS = ("cpu", "gpu", "tpu", "neuron", "auto")
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -220,9 +221,51 @@ class AcceleratorUnavailable(Exception):
     """The requested accelerator is not there; the message says what to do."""
 
 
+class JaxDevices(Sequence[Any]):
+    """The jax devices of a platform, found on first use (:meth:`Accelerator.mesh`, a JAX
+    case): a session on the CPU that trains no JAX case never imports jax for them
+    (0.6 s, and the XLA client's threads, in every torch session)."""
+
+    def __init__(self, platform: str) -> None:
+        self.platform = platform
+        self._found: list[Any] | None = None
+
+    def _devices(self) -> list[Any]:
+        if self._found is None:
+            import jax
+
+            self._found = list(jax.devices(self.platform))
+        return self._found
+
+    def __len__(self) -> int:
+        return len(self._devices())
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return self._devices()[index]
+
+    def __repr__(self) -> str:
+        found = "not yet found" if self._found is None else f"{len(self._found)}"
+        return f"JaxDevices({self.platform!r}: {found})"
+
+
 def provision(accel: str, cpu_devices: int, platform_override: str | None = None) -> Accelerator:
     """Find the devices of ``accel`` through jax and describe them; without jax (a torch
-    user's install), through torch (:func:`provision_without_jax`)."""
+    user's install), through torch (:func:`provision_without_jax`). The CPU is described
+    without importing jax (the same fields jax gives it: ``cpu``, ``cpu_devices`` of them,
+    no capacity), its jax devices found when a JAX case first asks (:class:`JaxDevices`):
+    ``XLA_FLAGS`` gave jax ``cpu_devices`` of them (:func:`prepare_environment`), or
+    :func:`jax_initialized_too_early` stopped the session."""
+    if accel == "cpu":
+        cpu = provision_without_jax(accel, cpu_devices, platform_override)
+        if importlib.util.find_spec("jax") is not None:
+            cpu.devices = JaxDevices("cpu")
+        return cpu
     try:
         import jax
     except ImportError:

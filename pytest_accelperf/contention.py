@@ -44,18 +44,27 @@ class Load:
     """The part of it the hypervisor took from this virtual machine."""
     cores: int
     seconds: float
+    foreign_ticks: int | None = None
+    """The foreign CPU time as ``/proc`` counts it, in clock ticks (None: not known, a
+    reading written before it was kept): what :func:`contaminated`'s floor is in."""
 
     def to_json(self) -> dict[str, float | int]:
-        return {"foreign_cores": round(self.foreign_cores, 3),
-                "steal_cores": round(self.steal_cores, 3), "cores": self.cores,
-                "seconds": round(self.seconds, 3)}
+        out: dict[str, float | int] = {
+            "foreign_cores": round(self.foreign_cores, 3),
+            "steal_cores": round(self.steal_cores, 3), "cores": self.cores,
+            "seconds": round(self.seconds, 3)}
+        if self.foreign_ticks is not None:
+            out["foreign_ticks"] = self.foreign_ticks
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, float | int]) -> Load:
         """The load :meth:`to_json` wrote (``Run.extra["step_load"]``)."""
+        ticks = data.get("foreign_ticks")
         return cls(foreign_cores=float(data.get("foreign_cores") or 0.0),
                    steal_cores=float(data.get("steal_cores") or 0.0),
-                   cores=int(data.get("cores") or 1), seconds=float(data.get("seconds") or 0.0))
+                   cores=int(data.get("cores") or 1), seconds=float(data.get("seconds") or 0.0),
+                   foreign_ticks=None if ticks is None else int(ticks))
 
     def text(self) -> str:
         steal = (f", {self.steal_cores:.2f} of it stolen by the hypervisor"
@@ -206,10 +215,10 @@ class Contention:
             return None
         per_tick = 1.0 / _ticks()
         own = max(0, self._own() - own0)
-        foreign = max(0, host[0] - busy0 - own) * per_tick / seconds
+        ticks = max(0, host[0] - busy0 - own)
         steal = max(0, host[1] - steal0) * per_tick / seconds
-        return Load(foreign_cores=foreign, steal_cores=steal, cores=self._cores,
-                    seconds=seconds)
+        return Load(foreign_cores=ticks * per_tick / seconds, steal_cores=steal,
+                    cores=self._cores, seconds=seconds, foreign_ticks=ticks)
 
 
 #: Clock ticks of other processes' CPU time that are no evidence of load, whatever the
@@ -220,14 +229,19 @@ MIN_FOREIGN_TICKS = 2
 
 def contaminated(load: Load | None, bound: float) -> bool:
     """Whether ``load`` is past ``bound`` cores (never, when nothing is known, nor on
-    :data:`MIN_FOREIGN_TICKS` ticks of foreign time or less)."""
+    :data:`MIN_FOREIGN_TICKS` ticks of foreign time or less). The ticks are the reading's
+    own count; a reading without it has them estimated from its cores and seconds, which
+    its JSON rounds (3 decimals: two ticks in 14 ms read back as 2.02), so there it takes
+    half a tick more."""
     if load is None or load.foreign_cores <= bound:
         return False
+    if load.foreign_ticks is not None:
+        return load.foreign_ticks > MIN_FOREIGN_TICKS
     try:
         tick = 1.0 / _ticks()
     except (ValueError, OSError, AttributeError):  # no sysconf (Windows)
         tick = 0.01
-    return load.foreign_cores * load.seconds > MIN_FOREIGN_TICKS * tick
+    return load.foreign_cores * load.seconds / tick > MIN_FOREIGN_TICKS + 0.5
 
 
 #: Seconds the confirmation of a regression waits, at most, for a quieter machine.

@@ -169,3 +169,27 @@ def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester
     gated = pytester.runpytest_subprocess(*args)
     gated.assert_outcomes(passed=1, skipped=1)
     gated.stdout.fnmatch_lines(["accelperf: 1 case(s) on cpu-x8: * pass*"])
+
+
+def test_a_torch_session_does_not_import_jax(pytester: pytest.Pytester) -> None:
+    """The CPU is described without jax; its jax devices are found when a JAX case first
+    asks (a torch session with jax installed saved ~0.6 s and the XLA client's threads)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    from pytest_accelperf.accel import JaxDevices, provision
+
+    devices = provision("cpu", 8).devices
+    assert isinstance(devices, JaxDevices)
+    assert len(devices) == 8 and devices[0].platform == "cpu"  # found on first use
+    pytester.makepyfile(test_mixed=TORCH_AND_JAX_CASES.replace(
+        'raise AssertionError("a jax case ran without jax")', 'pass'))
+    pytester.makeconftest('''
+import sys
+
+def pytest_sessionfinish(session):
+    with open("imported.txt", "w") as out:
+        out.write(str("jax" in sys.modules))
+''')
+    args = ("-p", "no:cacheprovider", "--accel=cpu", "--accelperf-update")
+    pytester.runpytest_subprocess(*args, "-k", "torch").assert_outcomes(passed=1)
+    assert (pytester.path / "imported.txt").read_text() == "False"

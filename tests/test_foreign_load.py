@@ -117,6 +117,24 @@ def test_a_windows_clock_tick_is_not_load() -> None:
     assert foreign_load(_run(0.016, foreign_cores=0.5, seconds=0.2), 0.25)
 
 
+def test_two_ticks_read_back_from_json_are_still_two() -> None:
+    """Seen: a quiet 0.2 ms-a-step case's 14 ms window held 2 foreign ticks, which its JSON
+    (3 decimals) read back as 1.443 cores x 0.014 s = 2.02 ticks, past the floor: the
+    throughput verdict was 'inconclusive, contaminated' on an idle machine. The reading
+    keeps its tick count; a reading without one gets half a tick of slack."""
+    from pytest_accelperf.contention import Load, contaminated
+
+    two = Load(foreign_cores=2 * 0.01 / 0.01386, steal_cores=0.0, cores=2, seconds=0.01386,
+               foreign_ticks=2)
+    assert not contaminated(Load.from_json(two.to_json()), 0.25)
+    legacy = {k: v for k, v in two.to_json().items() if k != "foreign_ticks"}
+    assert legacy == {"foreign_cores": 1.443, "steal_cores": 0.0, "cores": 2, "seconds": 0.014}
+    assert not contaminated(Load.from_json(legacy), 0.25)
+    three = {**legacy, "foreign_cores": 3 * 0.01 / 0.014}
+    assert contaminated(Load.from_json(three), 0.25)
+    assert contaminated(Load.from_json({**two.to_json(), "foreign_ticks": 3}), 0.25)
+
+
 def test_a_recording_beside_another_job_is_noisy() -> None:
     why = recording_noise(_run(0.016, foreign_cores=0.9), Tolerances(), 0.25)
     assert why.startswith("other processes used 0.90 of 2 cores on average while the steps "
