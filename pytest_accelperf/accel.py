@@ -313,7 +313,7 @@ def provision_without_jax(accel: str, cpu_devices: int,
     the same baselines); ``gpu`` by torch's CUDA devices (the same device names as jax's,
     so the same keys; capacity: each device's total memory). ``auto`` is ``gpu`` where
     torch sees CUDA, else ``cpu``. TPU and Neuron devices are found through jax only."""
-    cuda = _torch_cuda()
+    cuda = _torch_cuda() if accel in ("gpu", "auto") else None  # torch: ~1 s to import
     if accel == "auto":
         accel = "gpu" if cuda is not None and cuda.is_available() else "cpu"
     if accel == "cpu":

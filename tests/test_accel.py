@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from pytest_accelperf.accel import (
@@ -171,7 +173,18 @@ def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester
     gated.stdout.fnmatch_lines(["accelperf: 1 case(s) on cpu-x8: * pass*"])
 
 
-def test_a_torch_session_does_not_import_jax(pytester: pytest.Pytester) -> None:
+WHICH_IMPORTED = """
+import json
+import sys
+
+
+def pytest_sessionfinish(session):
+    with open("imported.json", "w") as out:
+        json.dump({name: name in sys.modules for name in ("jax", "torch")}, out)
+"""
+
+
+def test_describing_the_cpu_imports_neither_jax_nor_torch(pytester: pytest.Pytester) -> None:
     """The CPU is described without jax; its jax devices are found when a JAX case first
     asks (a torch session with jax installed saved ~0.6 s and the XLA client's threads)."""
     pytest.importorskip("torch")
@@ -183,13 +196,12 @@ def test_a_torch_session_does_not_import_jax(pytester: pytest.Pytester) -> None:
     assert len(devices) == 8 and devices[0].platform == "cpu"  # found on first use
     pytester.makepyfile(test_mixed=TORCH_AND_JAX_CASES.replace(
         'raise AssertionError("a jax case ran without jax")', 'pass'))
-    pytester.makeconftest('''
-import sys
-
-def pytest_sessionfinish(session):
-    with open("imported.txt", "w") as out:
-        out.write(str("jax" in sys.modules))
-''')
+    pytester.makeconftest(WHICH_IMPORTED)
     args = ("-p", "no:cacheprovider", "--accel=cpu", "--accelperf-update")
     pytester.runpytest_subprocess(*args, "-k", "torch").assert_outcomes(passed=1)
-    assert (pytester.path / "imported.txt").read_text() == "False"
+    assert not json.loads((pytester.path / "imported.json").read_text())["jax"]
+    # ... nor does describing the CPU import torch (~1 s) in a session that has no torch case
+    pytester.makepyfile(test_mixed="def test_cpu(accelerator):\n"
+                                   "    assert accelerator.platform == 'cpu-x8'\n")
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=1)
+    assert not json.loads((pytester.path / "imported.json").read_text())["torch"]
