@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -108,12 +109,12 @@ def test_without_jax_gpus_are_found_through_torch(monkeypatch: pytest.MonkeyPatc
         provision_without_jax("tpu", 8)
 
 
-NO_JAX = '''
+HIDE = """
 import importlib.machinery
 
-# A torch user's install: jax and its libraries are not there (not found on the path,
-# so importlib.util.find_spec says None and an import raises ModuleNotFoundError).
-BLOCKED = {"jax", "jaxlib", "flax", "optax"}
+# An install without these packages: not found on the path, so importlib.util.find_spec
+# says None and an import raises ModuleNotFoundError.
+BLOCKED = {blocked!r}
 _find = importlib.machinery.PathFinder.find_spec
 
 
@@ -124,7 +125,19 @@ def find_spec(cls, name, path=None, target=None):
 
 
 importlib.machinery.PathFinder.find_spec = classmethod(find_spec)
-'''
+"""
+JAX_FAMILY = ("jax", "jaxlib", "flax", "optax")
+
+
+def hide(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+         packages: tuple[str, ...]) -> None:
+    """Make the inner sessions of ``pytester`` (subprocesses) an install without
+    ``packages``: a torch user's, or a JAX user's."""
+    where = pytester.path / "hidden"
+    where.mkdir()
+    (where / "sitecustomize.py").write_text(HIDE.format(blocked=set(packages)))
+    monkeypatch.setenv("PYTHONPATH", str(where))
+
 
 TORCH_AND_JAX_CASES = '''
 import torch
@@ -159,9 +172,7 @@ def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester
     """A torch user's first command (``pip install 'pytest-accelperf[torch]'``): the torch
     cases record and pass on ``cpu-x8``, the JAX case skips with the install line."""
     pytest.importorskip("torch")
-    (pytester.path / "nojax").mkdir()
-    (pytester.path / "nojax" / "sitecustomize.py").write_text(NO_JAX)
-    monkeypatch.setenv("PYTHONPATH", str(pytester.path / "nojax"))
+    hide(pytester, monkeypatch, JAX_FAMILY)
     pytester.makepyfile(test_mixed=TORCH_AND_JAX_CASES)
     args = ("-p", "no:cacheprovider", "--accel=cpu", "-rs")
     recorded = pytester.runpytest_subprocess(*args, "--accelperf-update")
@@ -172,6 +183,8 @@ def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester
     gated.assert_outcomes(passed=1, skipped=1)
     gated.stdout.fnmatch_lines(["accelperf: 1 case(s) on cpu-x8: * pass*"])
 
+
+ROOT = Path(__file__).resolve().parents[1]
 
 WHICH_IMPORTED = """
 import json
@@ -205,3 +218,21 @@ def test_describing_the_cpu_imports_neither_jax_nor_torch(pytester: pytest.Pytes
                                    "    assert accelerator.platform == 'cpu-x8'\n")
     pytester.runpytest_subprocess(*args).assert_outcomes(passed=1)
     assert not json.loads((pytester.path / "imported.json").read_text())["torch"]
+
+
+@pytest.mark.parametrize("missing", [JAX_FAMILY, ("torch",)], ids=["no-jax", "no-torch"])
+def test_the_suites_collect_without_a_framework(pytester: pytest.Pytester,
+                                                monkeypatch: pytest.MonkeyPatch,
+                                                missing: tuple[str, ...]) -> None:
+    """The README's promise: where a framework is not installed its cases skip with the
+    install line; seen, the suites' modules that import it failed to collect instead and
+    interrupted the session."""
+    import shutil
+
+    shutil.copytree(ROOT / "suites", pytester.path / "suites")
+    hide(pytester, monkeypatch, missing)
+    result = pytester.runpytest_subprocess("suites", "--co", "-q", "-rs", "-p",
+                                           "no:cacheprovider", "--accel=cpu")
+    assert result.ret == 0, result.stdout.str()
+    skipped = "jax" if missing == JAX_FAMILY else "torch"
+    result.stdout.fnmatch_lines([f"SKIPPED * the {skipped} suites need {skipped}: pip install*"])
