@@ -226,15 +226,26 @@ class JaxDevices(Sequence[Any]):
     case): a session on the CPU that trains no JAX case never imports jax for them
     (0.6 s, and the XLA client's threads, in every torch session)."""
 
-    def __init__(self, platform: str) -> None:
+    def __init__(self, platform: str, expected: int | None = None) -> None:
         self.platform = platform
+        self.expected = expected
         self._found: list[Any] | None = None
 
     def _devices(self) -> list[Any]:
         if self._found is None:
             import jax
 
-            self._found = list(jax.devices(self.platform))
+            found = list(jax.devices(self.platform))
+            if self.expected is not None and len(found) != self.expected:
+                # The session was described as `expected` devices (its platform key): a
+                # process whose jax started without the plugin's XLA_FLAGS has others.
+                raise AcceleratorUnavailable(
+                    f"jax has {len(found)} {self.platform} device(s) in this process, not the "
+                    f"{self.expected} the session was described with: set "
+                    f"XLA_FLAGS={_COUNT_FLAG}={self.expected} before jax starts (do not "
+                    f"call jax at import time of a conftest), or pass "
+                    f"--accelperf-cpu-devices={len(found)}")
+            self._found = found
         return self._found
 
     def __len__(self) -> int:
@@ -264,7 +275,7 @@ def provision(accel: str, cpu_devices: int, platform_override: str | None = None
     if accel == "cpu":
         cpu = provision_without_jax(accel, cpu_devices, platform_override)
         if importlib.util.find_spec("jax") is not None:
-            cpu.devices = JaxDevices("cpu")
+            cpu.devices = JaxDevices("cpu", expected=cpu_devices)
         return cpu
     try:
         import jax

@@ -207,6 +207,13 @@ def test_describing_the_cpu_imports_neither_jax_nor_torch(pytester: pytest.Pytes
     devices = provision("cpu", 8).devices
     assert isinstance(devices, JaxDevices)
     assert len(devices) == 8 and devices[0].platform == "cpu"  # found on first use
+    # A process whose jax has other devices than the session was described with (a worker
+    # that started jax without the plugin's XLA_FLAGS) is told so at first use, with the fix.
+    from pytest_accelperf.accel import AcceleratorUnavailable
+
+    with pytest.raises(AcceleratorUnavailable, match=r"jax has 8 cpu device.* not the 4 .*"
+                       r"XLA_FLAGS=--xla_force_host_platform_device_count=4"):
+        len(provision("cpu", 4).devices)
     pytester.makepyfile(test_mixed=TORCH_AND_JAX_CASES.replace(
         'raise AssertionError("a jax case ran without jax")', 'pass'))
     pytester.makeconftest(WHICH_IMPORTED)
