@@ -403,11 +403,10 @@ class _CompileLoad:
     def __init__(self) -> None:
         self._watch = Contention([measuring_root()]).start()
         self.load: Load | None = None
-        self._read = False
 
     def after_step(self, i: int, handle: Any = None, measured: bool = False) -> None:
-        if i == 0 and not self._read:
-            self.load, self._read = self._watch.reading(), True
+        if i == 0:  # the loop runs step 0 once
+            self.load = self._watch.reading()
 
 
 def _hooks(*hooks: Callable[[int, Any, bool], None] | None
