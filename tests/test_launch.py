@@ -41,6 +41,11 @@ def ranks_fn(ctx: RankContext, mode: str, fail_rank: int = 1, fail_step: int = 3
                 time.sleep(3600)
             if mode == "oom":
                 raise CapacityExceeded(5 * 2**20, 2**20, "mem_tracker")
+            if mode == "late_kill":  # the cause, seen after its consequence
+                time.sleep(0.5)
+                os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "late_kill" and ctx.rank != fail_rank and step == fail_step:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
         ctx.progress(step=step)
     if mode != "ok" and ctx.rank != fail_rank:
         time.sleep(3600)  # a survivor: only the launcher can end it
@@ -87,6 +92,17 @@ def test_sigkilled_rank_is_an_error_and_the_survivors_are_killed() -> None:
     assert "in step 3 (steps 0-2 of 5 had finished)" in result.message
     survivor = result.ranks[0].progress["pid"]
     assert not _alive(survivor)
+
+
+def test_a_peers_connection_error_seen_first_does_not_hide_the_killed_rank() -> None:
+    """Seen in A/B mode: rank 1 was killed, but rank 0's 'Connection closed by peer'
+    reached the launcher first (a pooled rank's death comes through its warm parent) and
+    was reported as the failure. A failure that looks like a consequence waits, briefly,
+    for its cause."""
+    result = launch(ranks_fn, ("late_kill",), 2, timeout=60, total_steps=5)
+    assert result.outcome == "error"
+    assert result.failed_rank == 1, result.message
+    assert result.message.startswith("rank 1 was killed by SIGKILL")
 
 
 def test_exit_code_is_reported() -> None:

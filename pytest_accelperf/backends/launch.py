@@ -64,6 +64,11 @@ from pytest_accelperf.report import progress as live_progress
 
 #: Seconds between polls of the ranks.
 POLL_S = 0.02
+#: How long, at most, a launch waits for the cause when every failure seen so far looks
+#: like a consequence of another rank's (a peer's socket closed under a collective): a
+#: pooled rank's death reaches the launcher through its warm parent, after the peer's
+#: error can (seen: "rank 0 raised ... Connection closed by peer" for a rank 1 killed).
+CAUSE_GRACE_S = 2.0
 #: Characters of a failed rank's stderr (or traceback) quoted in the message.
 TAIL_CHARS = 1200
 #: Exit code a rank uses for an exception it reported in its file.
@@ -478,7 +483,10 @@ class RankGroup:
                 follower.poll()
                 codes = self._ranks.poll()
                 failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-                if failed or all(c == 0 for c in codes):
+                if failed:
+                    codes, failed = self._await_cause(codes, failed)
+                    break
+                if all(c == 0 for c in codes):
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     timed_out = True
@@ -488,6 +496,19 @@ class RankGroup:
             self._ranks.end(ok=not failed and not timed_out and all(c == 0 for c in codes))
         self._result = self._report(codes, failed, timed_out, timeout)
         return self._result
+
+    def _await_cause(self, codes: list[int | None], failed: list[int]
+                     ) -> tuple[list[int | None], list[int]]:
+        """The exit codes once the cause of a failure is seen: at once when a failed rank
+        looks like one (:func:`_looks_secondary`), else polled for up to
+        :data:`CAUSE_GRACE_S` while another rank may still report it."""
+        deadline = time.monotonic() + CAUSE_GRACE_S
+        while (all(_looks_secondary(_collect(r, self.workdir, codes[r])) for r in failed)
+               and any(c is None for c in codes) and time.monotonic() < deadline):
+            time.sleep(POLL_S)
+            codes = self._ranks.poll()
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        return codes, failed
 
     def _report(self, codes: list[int | None], failed: list[int], timed_out: bool,
                 timeout: float | None) -> LaunchResult:
