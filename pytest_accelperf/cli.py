@@ -42,6 +42,7 @@ from pytest_accelperf.baselines import (
     module_key,
     read,
 )
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
@@ -57,7 +58,7 @@ from pytest_accelperf.schema import json_schema
 from pytest_accelperf.summary import summarize
 
 
-class CliError(Exception):
+class CliError(UserError):
     """A failure to report as ``accelperf: error: ...`` with exit status 1."""
 
 

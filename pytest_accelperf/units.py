@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import math
 
+from pytest_accelperf.errors import UserError
+
 #: Binary prefixes, smallest first; ``fmt_bytes`` picks the largest that keeps the value >= 1.
 _BYTE_UNITS: tuple[str, ...] = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -132,7 +134,7 @@ def round_sig(x: float, digits: int = 6) -> float:
 
 
 # -- parsing quantities that outside tools print (pytest_accelperf.ingest) -----------------
-class UnitError(ValueError):
+class UnitError(UserError, ValueError):
     """A unit this table does not know: never guessed, so never a silently wrong number."""
 
 

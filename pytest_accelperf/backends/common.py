@@ -7,15 +7,13 @@ import functools
 import inspect
 import math
 import os
-import sysconfig
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from pytest_accelperf.errors import UserError, shown, user_frame
 from pytest_accelperf.units import round_sig
 
 #: Values per leaf sampled into the numerics fingerprint.
@@ -165,25 +163,11 @@ class Phases:
         return {**self.seconds, "total": time.perf_counter() - self._started}
 
 
-class TaskError(ValueError):
+class TaskError(UserError, ValueError):
     """A task the backend cannot train as written (a loss that is not a scalar, an axis
     name nothing binds, a step that returns the wrong thing). The message names the user's
     function, where it is defined, and what to change; the runner fails the test with the
     message alone, not a framework's traceback."""
-
-
-#: Path fragments of frames that are not the user's: frameworks and this plugin.
-_NOT_USER = ("/site-packages/", "/dist-packages/", "<frozen ", "<string>",
-             sysconfig.get_paths()["stdlib"] + "/",
-             str(Path(__file__).resolve().parents[1]) + "/")
-
-
-def _shown(path: str) -> str:
-    """``path`` relative to the working directory when it is under it."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return path
 
 
 def describe(fn: Any) -> str:
@@ -216,25 +200,7 @@ def describe(fn: Any) -> str:
         line = inspect.getsourcelines(target)[1]
     except (TypeError, OSError):
         return str(name)
-    return f"{name} ({_shown(source)}:{line})" if source else str(name)
-
-
-def user_frame(exc: BaseException) -> str | None:
-    """``file:line (in function)`` of the last frame of ``exc``'s traceback (or of its
-    causes') that is the user's code rather than a framework's or this plugin's."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        found = None
-        tb: TracebackType | None = seen.__traceback__
-        while tb is not None:
-            code = tb.tb_frame.f_code
-            if not any(part in code.co_filename for part in _NOT_USER):
-                found = f"{_shown(code.co_filename)}:{tb.tb_lineno} (in {code.co_name})"
-            tb = tb.tb_next
-        if found is not None:
-            return found
-        seen = seen.__cause__ or seen.__context__
-    return None
+    return f"{name} ({shown(source)}:{line})" if source else str(name)
 
 
 def first_line(exc: BaseException) -> str:

@@ -13,9 +13,10 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from pytest_accelperf.backends.builtin import SPECS
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
+from pytest_accelperf.errors import UserError
 
 
-class UnknownBackend(KeyError):
+class UnknownBackend(UserError, KeyError):
     """No backend of that name is registered (the message lists the known ones)."""
 
     def __str__(self) -> str:

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_accelperf.errors import UserError
+
 if TYPE_CHECKING:
     from pytest_accelperf.backends.base import Backend
     from pytest_accelperf.backends.ranks import RankTrainer
@@ -30,7 +32,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
 _REF = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?\Z")
 
 
-class BackendSpecError(ValueError):
+class BackendSpecError(UserError, ValueError):
     """A spec that cannot be registered or loaded as written (the message says the fix)."""
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from pytest_accelperf.errors import UserError
+
 #: The custom resource of a host whose CPU runs virtual devices (one per host).
 HOST_RESOURCE = "accelperf_cpu_host"
 #: Object store of a ``local`` cluster: runs and parameters are small.
@@ -26,7 +28,7 @@ LOCAL_OBJECT_STORE = 256 * 2**20
 _TOKEN_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
 
 
-class ClusterError(Exception):
+class ClusterError(UserError):
     """The cluster cannot run a case (infeasible resources, a platform mismatch, Ray
     missing); the message says what was asked, what exists, and what to do."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.units import UnitError, round_sig, to_base_unit
 
 #: A decimal number as tools print it (no thousands separators).
@@ -19,7 +20,7 @@ NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 _QUANTITY = re.compile(rf"^({NUMBER})\s*(\S.*)?$")
 
 
-class IngestError(ValueError):
+class IngestError(UserError, ValueError):
     """An outside log that cannot be read into a run, with where and why.
 
     ``str()`` is ``"path:line: message"`` (``line`` 0 when the problem is the file as a

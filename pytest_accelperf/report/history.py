@@ -26,6 +26,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 
 HISTORY_SCHEMA_VERSION = 1
@@ -34,7 +35,7 @@ HISTORY_SCHEMA_VERSION = 1
 _COMMIT_VARS = ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT")
 
 
-class HistoryError(Exception):
+class HistoryError(UserError):
     """A history file that cannot be read; the message names the file, line and fix."""
 
 

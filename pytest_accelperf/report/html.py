@@ -15,6 +15,7 @@ from html import escape
 from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.history import step_changes
 from pytest_accelperf.report.markdown import case_name
@@ -51,7 +52,7 @@ code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
 """
 
 
-class ReportDependencyError(RuntimeError):
+class ReportDependencyError(UserError, RuntimeError):
     """matplotlib is missing; the message says what to install."""
 
 

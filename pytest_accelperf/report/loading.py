@@ -12,13 +12,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from pytest_accelperf import jsonfile
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.report.data import REPORT_SCHEMA_VERSION, SessionReport
 from pytest_accelperf.schema import ReportFile, error_lines
 
 _WRITE_ONE = "write one with pytest --accelperf-json=PATH"
 
 
-class ReportFileError(Exception):
+class ReportFileError(UserError):
     """A report file that cannot be used; the message names the file and the fix."""
 
 
