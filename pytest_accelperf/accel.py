@@ -18,6 +18,8 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from pytest_accelperf.errors import ConfigError
+
 ACCELS = ("cpu", "gpu", "tpu", "neuron", "auto")
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
 
@@ -192,7 +194,7 @@ class Accelerator:
         names = tuple(axis_names)[: len(shape)]
         n = int(np.prod(shape))
         if n > len(self.devices):
-            raise ValueError(
+            raise ConfigError(
                 f"mesh {shape} needs {n} devices but {self.platform} has {len(self.devices)}: "
                 f"pass --accelperf-cpu-devices={n} (cpu) or choose a smaller mesh"
             )

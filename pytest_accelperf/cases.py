@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pytest_accelperf.checks.base import non_negative_number
+from pytest_accelperf.errors import ConfigError
 
 MARKER = "accelperf"
 #: Where DeepSpeed's ZeRO may offload to the CPU: nothing, optimizer state, parameters, both.
@@ -102,45 +103,45 @@ class Case:
 
     def __post_init__(self) -> None:
         if self.batch <= 0:
-            raise ValueError(f"batch must be positive, got {self.batch}")
+            raise ConfigError(f"batch must be positive, got {self.batch}")
         if self.steps <= 0 or self.warmup < 0:
-            raise ValueError(f"steps must be > 0 and warmup >= 0, got {self.steps}/{self.warmup}")
+            raise ConfigError(f"steps must be > 0 and warmup >= 0, got {self.steps}/{self.warmup}")
         if self.mesh is not None:
             if not self.mesh or any(int(n) <= 0 for n in self.mesh):
-                raise ValueError(f"mesh must be a tuple of positive sizes, got {self.mesh!r}")
+                raise ConfigError(f"mesh must be a tuple of positive sizes, got {self.mesh!r}")
             if len(self.mesh) > len(self.axis_names):
-                raise ValueError(
+                raise ConfigError(
                     f"mesh {self.mesh} has more axes than axis_names {self.axis_names}"
                 )
         if isinstance(self.reference_steps, bool) or not isinstance(self.reference_steps, int) \
                 or self.reference_steps < 1:
-            raise ValueError(f"reference_steps must be a whole number >= 1 (the steps the "
+            raise ConfigError(f"reference_steps must be a whole number >= 1 (the steps the "
                              f"reference check compares after), got {self.reference_steps!r}")
         if self.world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {self.world_size}")
+            raise ConfigError(f"world_size must be >= 1, got {self.world_size}")
         if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+            raise ConfigError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
         if self.offload not in OFFLOADS:
-            raise ValueError(f"offload must be one of {', '.join(OFFLOADS)}, got "
+            raise ConfigError(f"offload must be one of {', '.join(OFFLOADS)}, got "
                              f"{self.offload!r}")
         if self.offload != "none" and self.zero_stage is None:
-            raise ValueError(f"offload={self.offload!r} needs a ZeRO stage: set zero_stage")
+            raise ConfigError(f"offload={self.offload!r} needs a ZeRO stage: set zero_stage")
         if self.offload in ("param", "all") and self.zero_stage != 3:
-            raise ValueError(f"offload={self.offload!r} offloads parameters, which only ZeRO "
+            raise ConfigError(f"offload={self.offload!r} offloads parameters, which only ZeRO "
                              f"stage 3 partitions: set zero_stage=3 or offload='optimizer'")
         if self.grad_clip is not None and not (0 < self.grad_clip < math.inf):
-            raise ValueError(f"grad_clip must be a finite positive number or None (no "
+            raise ConfigError(f"grad_clip must be a finite positive number or None (no "
                              f"clipping), got {self.grad_clip!r}")
         if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
                 or self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be a whole number >= 1 (micro-batches per "
+            raise ConfigError(f"grad_accum must be a whole number >= 1 (micro-batches per "
                              f"optimizer step), got {self.grad_accum!r}")
         if self.zero_init and self.zero_stage != 3:
-            raise ValueError("zero_init=True builds the model inside deepspeed.zero.Init, which "
+            raise ConfigError("zero_init=True builds the model inside deepspeed.zero.Init, which "
                              "partitions parameters as ZeRO stage 3 does: set zero_stage=3")
         unknown = set(self.tolerances) - set(TOLERANCE_KEYS)
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown tolerance(s) {sorted(unknown)}; valid: {', '.join(TOLERANCE_KEYS)}"
             )
         for key, value in self.tolerances.items():
@@ -148,7 +149,7 @@ class Case:
             try:
                 non_negative_number(value)
             except ValueError as exc:
-                raise ValueError(
+                raise ConfigError(
                     f"tolerances[{key!r}]: {exc} (NaN or inf would pass any change, a "
                     f"negative tolerance fails every run)") from None
 
@@ -253,11 +254,11 @@ def cases(*explicit: Case | Sequence[Case], **grid_kwargs: Any) -> pytest.MarkDe
     if grid_kwargs:
         collected.extend(grid(**grid_kwargs))
     if not collected:
-        raise ValueError("cases() needs at least one case: pass grid keywords or Case objects")
+        raise ConfigError("cases() needs at least one case: pass grid keywords or Case objects")
     ids = [c.id for c in collected]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
-        raise ValueError(f"duplicate case ids {dupes}: give the cases distinct labels")
+        raise ConfigError(f"duplicate case ids {dupes}: give the cases distinct labels")
     mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)(cases=tuple(collected))
     return mark
 

@@ -42,7 +42,7 @@ from pytest_accelperf.baselines import (
     module_key,
     read,
 )
-from pytest_accelperf.errors import UserError
+from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
@@ -646,8 +646,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     stream = out if out is not None else sys.stdout
     try:
         status: int = args.func(args, stream)
-    except CliError as exc:
-        print(f"accelperf: error: {exc}", file=sys.stderr)
+    except UserError as exc:  # CliError, and any other mistake in what was given
+        print(f"accelperf: error: {render(exc)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `accelperf baselines show | head`: the reader had enough
         # Python flushes stdout again at exit and would report the pipe a second time.

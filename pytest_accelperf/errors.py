@@ -84,3 +84,9 @@ def render(exc: BaseException) -> str:
     if frame is None or frame.split(":", 1)[0] in text:
         return text
     return f"{text}\n  (at {frame})"
+
+
+class ConfigError(UserError, ValueError):
+    """A value the user wrote that cannot be used as written: a ``Case`` field, a case's
+    ``params``, a mesh larger than the devices, a scaling group. Also a ``ValueError``, as
+    such a value is."""

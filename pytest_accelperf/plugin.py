@@ -36,6 +36,7 @@ from pytest_accelperf.baselines import BaselineError, atomic_write, validate_pla
 from pytest_accelperf.cases import MARKER, Case
 from pytest_accelperf.cluster import session as ray_session
 from pytest_accelperf.contention import ROOT_ENV
+from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.fingerprint import environment
 from pytest_accelperf.options import Settings, add_options
 from pytest_accelperf.report import progress
@@ -70,8 +71,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # The built-in backends come in through pytest_accelperf_backends, as a conftest's do.
     if not config.pluginmanager.is_registered(builtin):
         config.pluginmanager.register(builtin, "accelperf-builtin-backends")
-    settings = Settings.resolve(config.getoption, config.getini, config.rootpath,
-                                invocation_dir=config.invocation_params.dir)
+    try:
+        settings = Settings.resolve(config.getoption, config.getini, config.rootpath,
+                                    invocation_dir=config.invocation_params.dir)
+    except UserError as exc:  # pytest prints a usage error as one line, exit status 4
+        raise pytest.UsageError(render(exc)) from None
     prepare_environment(settings.accel, settings.cpu_devices)
     # What this session starts (ranks, a local Ray cluster) is its own work, not another
     # job's, when a measurement reads the machine's load (each xdist worker its own tree).
@@ -256,11 +260,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         if mine:
             item.user_properties.extend(junit_properties(mine[-1]))
     report = yield
+    if report.failed and call.excinfo is not None and isinstance(call.excinfo.value, UserError):
+        report.longrepr = _user_error_line(item.nodeid, call.excinfo.value)
     if report.when == "call" and report.failed:
         state = item.config.stash.get(SESSION_KEY, None)
         for record in state.report.records if state else []:
             if record.nodeid == item.nodeid:
                 record.block = None
+    return report
+
+
+def _user_error_line(nodeid: str, exc: BaseException) -> str:
+    """A :class:`UserError` as a failure reads: the node, then the error's own line(s)."""
+    return f"{nodeid}: {render(exc)}" if nodeid else render(exc)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+    """A :class:`UserError` raised while collecting (a ``Case`` field, ``@cases`` in a test
+    module) is a collection error of one line naming the user's file and line, not a
+    traceback through this plugin."""
+    report = yield
+    call = report.__dict__.get("call")
+    excinfo = getattr(call, "excinfo", None)
+    if report.failed and excinfo is not None and isinstance(excinfo.value, UserError):
+        report.longrepr = _user_error_line(collector.nodeid, excinfo.value)
     return report
 
 

@@ -25,6 +25,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.ranks import train_in_ranks
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import ConfigError
 
 Route = Literal["ray", "ranks", "in-process", "launched"]
 
@@ -33,7 +34,7 @@ def route(spec: BackendSpec, case: Case, *, cluster: bool) -> Route:
     """Where ``case`` of backend ``spec`` trains (see the module doc)."""
     if cluster:
         if not spec.ray:
-            raise ValueError(
+            raise ConfigError(
                 f"{case.id}: the {spec.name} backend does not train on a Ray cluster (its "
                 f"BackendSpec says ray=False): run it without --accelperf-cluster")
         return "ray"

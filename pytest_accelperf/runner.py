@@ -35,7 +35,7 @@ from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.tree import node_location
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import INJECT_ENV, TaskError, injected_slowdown
+from pytest_accelperf.backends.common import INJECT_ENV, injected_slowdown
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.baselines import BaselineError
 from pytest_accelperf.cases import Case
@@ -46,6 +46,7 @@ from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import NOISY_KEY, recording_noise
 from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.cluster.session import cluster_for
+from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, watchdog
 from pytest_accelperf.judge import (
@@ -358,8 +359,8 @@ class CaseRunner:
                       message=f"{type(exc).__name__}: {exc}",
                       environment=self._session.environment,
                       max_batch=found.to_json() if found else None)
-            if isinstance(exc, TaskError):  # names the user's function and the fix, alone
-                self._fail(run, run.message, message=f"{self._item.nodeid}: {exc}",
+            if isinstance(exc, UserError):  # the user's to fix: one line, no frame of ours
+                self._fail(run, run.message, message=f"{self._item.nodeid}: {render(exc)}",
                            chained=False)
             self._fail(run, run.message, reraise=exc)
         if found is not None:

@@ -29,6 +29,7 @@ from pytest_accelperf.backends.torch_ranks import slice_batch as slice_batch
 from pytest_accelperf.backends.torch_ranks import train_reference as train_reference
 from pytest_accelperf.backends.torch_task import TorchTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import ConfigError
 
 
 class DDPRankEngine:
@@ -117,7 +118,7 @@ class DDPRankEngine:
 
 def _check(case: Case, step: RankStep) -> None:
     if case.world_size < 2:
-        raise ValueError(f"{case.id}: DDP needs world_size >= 2; train one process with the "
+        raise ConfigError(f"{case.id}: DDP needs world_size >= 2; train one process with the "
                          f"torch backend")
 
 

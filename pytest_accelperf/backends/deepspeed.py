@@ -74,6 +74,7 @@ from pytest_accelperf.backends.ranks import train_in_ranks
 from pytest_accelperf.backends.torch_ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
 from pytest_accelperf.backends.torch_task import TorchTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import ConfigError
 
 INSTALL = "pip install 'pytest-accelperf[deepspeed]' (DeepSpeed 0.19; torch first)"
 #: Keys of ``params["ds_config"]`` that the case itself decides.
@@ -105,7 +106,7 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
     which come from the case."""
     stage = case.zero_stage or 0
     if stage == 0 and case.offload != "none":
-        raise ValueError(f"{case.id}: offload={case.offload!r} needs ZeRO stage 1 or more "
+        raise ConfigError(f"{case.id}: offload={case.offload!r} needs ZeRO stage 1 or more "
                          f"(DeepSpeed offloads partitioned state); set zero_stage")
     zero: dict[str, Any] = {"stage": stage}
     pin = device == "cuda"  # pinned host memory only helps device transfers
@@ -115,7 +116,7 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     precision = str(case.params.get("precision", "fp32"))
     if precision not in ("fp32", "bf16"):
-        raise ValueError(f"{case.id}: params['precision'] is 'fp32' or 'bf16', not "
+        raise ConfigError(f"{case.id}: params['precision'] is 'fp32' or 'bf16', not "
                          f"{precision!r}")
     config: dict[str, Any] = {
         "train_batch_size": case.batch,
@@ -132,10 +133,10 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
     for where, over in (("params['ds_config']", case.params.get("ds_config", {})),
                         ("RankStep.ds_config", extra or {})):
         if not isinstance(over, Mapping):
-            raise ValueError(f"{case.id}: {where} must be a dict, not {type(over).__name__}")
+            raise ConfigError(f"{case.id}: {where} must be a dict, not {type(over).__name__}")
         clash = sorted(set(over) & set(_CASE_KEYS))
         if clash:
-            raise ValueError(f"{case.id}: {where} sets {clash}, which come from the case "
+            raise ConfigError(f"{case.id}: {where} sets {clash}, which come from the case "
                              f"(batch, world_size, grad_accum, grad_clip): set those on the "
                              f"Case")
         config = _merge(config, over)
@@ -226,7 +227,7 @@ def _offload_optimizer(client: torch.optim.Optimizer) -> tuple[torch.optim.Optim
 
     groups = client.param_groups
     if any(g.get("amsgrad") for g in groups):
-        raise ValueError("DeepSpeedCPUAdam (needed to offload the optimizer) has no amsgrad: "
+        raise ConfigError("DeepSpeedCPUAdam (needed to offload the optimizer) has no amsgrad: "
                          "use amsgrad=False or offload='none'")
     decoupled = isinstance(client, torch.optim.AdamW) or bool(
         groups[0].get("decoupled_weight_decay"))
@@ -347,9 +348,9 @@ class DeepSpeedRankEngine:
 def _check(case: Case, step: RankStep) -> None:
     """Refuse, before any launch, what a DeepSpeed case cannot be (with the fix)."""
     if case.zero_stage is None:
-        raise ValueError(f"{case.id}: a deepspeed case needs zero_stage (0, 1, 2 or 3)")
+        raise ConfigError(f"{case.id}: a deepspeed case needs zero_stage (0, 1, 2 or 3)")
     if case.mesh is not None:
-        raise ValueError(f"{case.id}: deepspeed cases are data parallel over world_size "
+        raise ConfigError(f"{case.id}: deepspeed cases are data parallel over world_size "
                          f"ranks; drop mesh={case.mesh}")
     ds_config(case, resolve_clip(case, step), extra=step.ds_config)  # fail here, not in ranks
 

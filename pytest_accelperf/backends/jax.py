@@ -58,6 +58,7 @@ from pytest_accelperf.backends.xla_program import program_of
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.numerics import ReferenceParams
 from pytest_accelperf.contention import Contention, Load
+from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
 
 PyTree = Any
@@ -585,7 +586,7 @@ class JaxBackend:
         or ``case.memory_capacity``); a compile that itself runs out of memory does not fit."""
         capacity = accel.memory_capacity or case.memory_capacity
         if not capacity:
-            raise ValueError(f"{case.id}: no device capacity to search a maximum batch against; "
+            raise ConfigError(f"{case.id}: no device capacity to search a maximum batch against; "
                              f"declare memory_capacity on the case")
         try:
             planned = _analysis_bytes(_compile(case, task, accel, case.mesh).compiled)
@@ -593,7 +594,7 @@ class JaxBackend:
             return Fit(False, None, int(capacity), str(exc).splitlines()[0])
         need = planned.get("required_bytes")
         if need is None:
-            raise ValueError(f"{case.id}: this runtime gives no memory analysis to search a "
+            raise ConfigError(f"{case.id}: this runtime gives no memory analysis to search a "
                              f"maximum batch with")
         return Fit(need <= capacity, need, int(capacity), "memory_analysis per device")
 

@@ -27,6 +27,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.launch import LaunchResult
 from pytest_accelperf.backends.ranks import RankJob, train_in_ranks
 from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.report import progress
 from pytest_accelperf.run import Outcome, Run
 
@@ -39,11 +40,11 @@ _COUNT_FLAG = "--xla_force_host_platform_device_count"
 def check_case(case: Case, accel: Accelerator) -> None:
     """Refuse what a multi-process JAX case cannot be, with the fix."""
     if case.reference:
-        raise ValueError(f"{case.id}: the single-device reference of a JAX case spanning "
+        raise ConfigError(f"{case.id}: the single-device reference of a JAX case spanning "
                          f"{case.world_size} processes has no device every process shares; "
                          f"drop reference=True or world_size")
     if accel.device_count % case.world_size:
-        raise ValueError(f"{case.id}: the {accel.device_count} devices of {accel.platform} "
+        raise ConfigError(f"{case.id}: the {accel.device_count} devices of {accel.platform} "
                          f"do not split over {case.world_size} processes; pass "
                          f"--accelperf-cpu-devices as a multiple of {case.world_size}")
 

@@ -43,6 +43,7 @@ from pytest_accelperf.backends.torch import (
     to_device,
 )
 from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
 
 #: Warm-up steps at least: step 0 compiles forward+backward, step 1 the optimizer's update
@@ -155,10 +156,10 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
     """Train ``task`` as ``case`` on the lazy device ``dev`` and measure it (see the module
     docstring): warm-up timed apart as compile, every step marked and waited for."""
     if task.compile:
-        raise ValueError(f"{case.id}: torch.compile does not apply on an XLA device (the graph "
+        raise ConfigError(f"{case.id}: torch.compile does not apply on an XLA device (the graph "
                          f"is already compiled by XLA): set compile=False")
     if case.n_devices != 1 or case.reference:
-        raise ValueError(f"{case.id}: the neuron backend trains on one NeuronCore; drop the "
+        raise ConfigError(f"{case.id}: the neuron backend trains on one NeuronCore; drop the "
                          f"mesh, world_size and reference")
     deadline = deadline_after(timeout)
     run = Run(case_id=case.id, samples_per_step=case.batch,

@@ -34,6 +34,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.jax import BACKEND as JAX_BACKEND
 from pytest_accelperf.backends.jax import JaxTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import ConfigError
 
 PyTree = Any
 P: Any = PartitionSpec
@@ -80,7 +81,7 @@ class PipelineTask:
         """The GPipe loss over ``mesh`` (needs a ``stage`` axis of size ``n_stages``)."""
         names = tuple(mesh.axis_names)
         if STAGE not in names or mesh.shape[STAGE] != self.n_stages:
-            raise ValueError(f"a {self.n_stages}-stage pipeline needs a mesh axis 'stage' of "
+            raise ConfigError(f"a {self.n_stages}-stage pipeline needs a mesh axis 'stage' of "
                              f"size {self.n_stages}; the case's mesh is {dict(mesh.shape)}: "
                              f"declare mesh=(..., {self.n_stages}) with axis_names "
                              f"(..., 'stage')")
@@ -96,7 +97,7 @@ class PipelineTask:
             stage = lax.axis_index(STAGE)
             x = batch[key]
             if x.shape[0] % n_micro:
-                raise ValueError(f"the batch of one data row ({x.shape[0]}) is not divisible "
+                raise ConfigError(f"the batch of one data row ({x.shape[0]}) is not divisible "
                                  f"into {n_micro} microbatches")
             micro = x.reshape(n_micro, x.shape[0] // n_micro, *x.shape[1:])
             last = stage == n_stages - 1
@@ -152,7 +153,7 @@ class PipelineBackend:
     def train(self, case: Case, task: PipelineTask, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         if case.mesh is None:
-            raise ValueError(f"{case.id}: a pipeline case needs a mesh with a 'stage' axis, "
+            raise ConfigError(f"{case.id}: a pipeline case needs a mesh with a 'stage' axis, "
                              f"e.g. mesh=({task.n_stages},), axis_names=('stage',)")
         mesh = accel.mesh(case.mesh, case.axis_names)
         result = JAX_BACKEND.train(replace(case, reference=False), task.bind(mesh), accel,

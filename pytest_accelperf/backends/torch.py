@@ -91,6 +91,7 @@ from pytest_accelperf.backends.torch_task import to_device as to_device
 from pytest_accelperf.backends.torch_task import torch_probe as torch_probe
 from pytest_accelperf.cases import Case
 from pytest_accelperf.contention import Contention, Load, measuring_root
+from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
 
 GIB = 2**30
@@ -111,7 +112,7 @@ def _device(accel: Accelerator) -> torch.device:
                 "--accel=gpu but torch sees no CUDA device (torch.cuda.is_available() is "
                 f"False; torch {torch.__version__}): install a CUDA build of torch")
         return torch.device("cuda", 0)
-    raise ValueError(f"the torch backend runs on cpu or gpu, not {accel.name!r}: "
+    raise ConfigError(f"the torch backend runs on cpu or gpu, not {accel.name!r}: "
                      f"declare the case with accels=('cpu', 'gpu')")
 
 
@@ -330,7 +331,7 @@ class TorchStepper:
 
     def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
         if case.world_size > 1 or case.n_devices != 1:
-            raise ValueError(f"{case.id}: A/B comparison runs single-process torch cases "
+            raise ConfigError(f"{case.id}: A/B comparison runs single-process torch cases "
                              f"only")
         device = _device(accel)
         self._step_fn = as_torch_step(task, device)
@@ -476,7 +477,7 @@ class TorchBackend:
         capacity = case.memory_capacity
         if device.type == "cpu":
             if not capacity:
-                raise ValueError(f"{case.id}: the CPU has no memory counter to search a maximum "
+                raise ConfigError(f"{case.id}: the CPU has no memory counter to search a maximum "
                                  f"batch against; declare memory_capacity on the case")
             step = as_torch_step(task, device)
             step.to(device)
@@ -521,12 +522,12 @@ class TorchBackend:
               timeout: float | None = None) -> TrainResult:
         _one_process(case)
         if case.reference:
-            raise ValueError(
+            raise ConfigError(
                 "reference runs are implemented for the jax backend; the torch backend "
                 f"trains on one device only, so {case.id} has nothing to compare against: "
                 "drop reference=True")
         if case.n_devices != 1:
-            raise ValueError(f"the torch backend trains on one device; {case.id} asks for a "
+            raise ConfigError(f"the torch backend trains on one device; {case.id} asks for a "
                              f"mesh of {case.mesh}")
         deadline = deadline_after(timeout)  # memory counting and compiling count too
         phases = Phases()
@@ -628,7 +629,7 @@ class TorchBackend:
 def _one_process(case: Case) -> None:
     """Refuse a case this backend does not train itself: ``world_size > 1`` is DDP's."""
     if case.world_size > 1:
-        raise ValueError(
+        raise ConfigError(
             f"{case.id}: world_size={case.world_size} trains with DDP in launched ranks, "
             f"not in this process: train it through accelperf.train (the plugin routes it "
             f"to the torch backend's ranks), or call "

@@ -87,6 +87,7 @@ from pytest_accelperf.backends.torch_task import (
     torch_probe,
 )
 from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.program import program_record
 from pytest_accelperf.run import Run
 
@@ -195,7 +196,7 @@ def resolve_clip(case: Case, task: TorchTask | RankStep) -> float | None:
     ``task.grad_clip`` (the two must agree when both are set); None for no clipping."""
     if case.grad_clip is not None and task.grad_clip is not None \
             and case.grad_clip != task.grad_clip:
-        raise ValueError(f"{case.id}: case.grad_clip={case.grad_clip} and the task's "
+        raise ConfigError(f"{case.id}: case.grad_clip={case.grad_clip} and the task's "
                          f"grad_clip={task.grad_clip} disagree: set one of them")
     return case.grad_clip if case.grad_clip is not None else task.grad_clip
 
@@ -208,7 +209,7 @@ def micro_batch(case: Case) -> int:
         how = (f"world_size={case.world_size} ranks" if case.grad_accum == 1 else
                f"world_size={case.world_size} ranks x grad_accum={case.grad_accum} "
                f"micro-batches")
-        raise ValueError(
+        raise ConfigError(
             f"{case.id}: batch {case.batch} is the global batch, split evenly over {how}; "
             f"{case.batch} is not divisible by {parts}: use a batch that is a multiple of "
             f"{parts}")
@@ -431,12 +432,12 @@ def device_type(case: Case, accel: Accelerator) -> str:
     if accel.name == "gpu":
         count = torch.cuda.device_count()
         if count < case.world_size:
-            raise ValueError(
+            raise ConfigError(
                 f"{case.id} launches {case.world_size} ranks, one GPU each, but torch sees "
                 f"{count} CUDA device(s): run it on a host with {case.world_size} GPUs, or "
                 f"lower world_size")
         return "cuda"
-    raise ValueError(f"multi-process torch cases run on cpu or gpu, not {accel.name!r}: "
+    raise ConfigError(f"multi-process torch cases run on cpu or gpu, not {accel.name!r}: "
                      f"declare the case with accels=('cpu', 'gpu')")
 
 
@@ -673,7 +674,7 @@ class TorchRanks:
         raises."""
         plan = self.plan(case, task, accel, fits=True)
         if plan.device == "cpu" and not case.memory_capacity:
-            raise ValueError(f"{case.id}: the CPU has no memory counter to search a maximum "
+            raise ConfigError(f"{case.id}: the CPU has no memory counter to search a maximum "
                              f"batch against; declare memory_capacity on the case")
         launched = launch(rank_main, (plan,), case.world_size, device=plan.device,
                           timeout=timeout, total_steps=plan.total_steps,

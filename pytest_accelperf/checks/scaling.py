@@ -29,6 +29,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.throughput import spread
+from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_num, fmt_percent
 
@@ -47,7 +48,7 @@ class Scaling:
 
     def __post_init__(self) -> None:
         if not 0 < self.min_efficiency <= 1:
-            raise ValueError(f"min_efficiency must be in (0, 1], got {self.min_efficiency}")
+            raise ConfigError(f"min_efficiency must be in (0, 1], got {self.min_efficiency}")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class ScalingPoint:
     def from_run(cls, x: float, run: Run, label: str = "") -> ScalingPoint:
         sps = run.samples_per_second
         if sps is None or run.outcome != "ok":
-            raise ValueError(f"{label or run.case_id}: a run with outcome {run.outcome!r} and "
+            raise ConfigError(f"{label or run.case_id}: a run with outcome {run.outcome!r} and "
                              f"no throughput cannot be a point of a scaling series")
         return cls(float(x), sps, label or run.case_id, spread(list(run.step_times)))
 
@@ -81,10 +82,10 @@ def check_scaling(points: Sequence[ScalingPoint], expect: Scaling,
     """Check a series against its expected shape (see the module docstring)."""
     name = f"{group}: " if group else ""
     if len(points) < 2:
-        raise ValueError(f"{name}a scaling series needs at least 2 points, got {len(points)}")
+        raise ConfigError(f"{name}a scaling series needs at least 2 points, got {len(points)}")
     xs = [p.x for p in points]
     if len(set(xs)) != len(xs):
-        raise ValueError(f"{name}two points of the series share {expect.axis} "
+        raise ConfigError(f"{name}two points of the series share {expect.axis} "
                          f"{sorted(x for x in xs if xs.count(x) > 1)[0]:g}")
     pts = sorted(points, key=lambda p: p.x)
     base = pts[0]
@@ -152,16 +153,16 @@ class ScalingCollector:
     def add(self, group: str, point: ScalingPoint, expect: Scaling, size: int) -> \
             CheckResult | None:
         if size < 2:
-            raise ValueError(f"scaling group {group!r}: size must be >= 2, got {size}")
+            raise ConfigError(f"scaling group {group!r}: size must be >= 2, got {size}")
         g = self.groups.setdefault(group, _Group(expect, size))
         if (g.expect, g.size) != (expect, size):
-            raise ValueError(f"scaling group {group!r} was declared with {g.expect} and "
+            raise ConfigError(f"scaling group {group!r} was declared with {g.expect} and "
                              f"{g.size} points, now with {expect} and {size}: declare it once")
         if any(p.x == point.x for p in g.points):
-            raise ValueError(f"scaling group {group!r} already has a point at "
+            raise ConfigError(f"scaling group {group!r} already has a point at "
                              f"{expect.axis} {point.x:g}")
         if len(g.points) >= size:
-            raise ValueError(f"scaling group {group!r} already has its {size} points")
+            raise ConfigError(f"scaling group {group!r} already has its {size} points")
         g.points.append(point)
         if len(g.points) == size:
             g.result = check_scaling(g.points, expect, group)
