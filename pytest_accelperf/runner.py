@@ -188,6 +188,7 @@ class CaseRunner:
             pytest.fail(f"{INJECT_ENV} is set: a baseline recorded with an injected "
                         f"slowdown would be wrong; unset it to run --accelperf-update",
                         pytrace=False)
+        self._skip_without_devices()
         found = self.search_max_batch(max_batch) if max_batch is not None else None
 
         first = self._train_once(task, found)
@@ -197,6 +198,20 @@ class CaseRunner:
             return self._evaluate(retimed(first, self._train_once(task, found)))
 
         return self._finish(self._judged(self._judge(remeasure), evaluated))
+
+    def _skip_without_devices(self) -> None:
+        """Skip a case that needs more accelerators than this host has (a 4x2 mesh, or two
+        DeepSpeed ranks, on a one-GPU machine): the hardware is missing, not the suite
+        wrong. On the CPU the devices are virtual and a flag sets their number, so there a
+        mesh too large stays an error naming that flag; on a Ray cluster the cluster's
+        devices count, not this host's."""
+        accel, case = self.accelerator, self.case
+        if accel.name == "cpu" or self.settings.cluster or case.backend == "external":
+            return
+        if case.n_devices > accel.device_count:
+            pytest.skip(f"{case.id} needs {case.n_devices} devices; {accel.platform} has "
+                        f"{accel.device_count}: run it on a host with {case.n_devices} or "
+                        f"more, or on a Ray cluster (--accelperf-cluster)")
 
     def _judge(self, remeasure: Callable[[], Evaluated]) -> Judge:
         """How this session judges the throughput of a trained case

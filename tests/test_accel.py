@@ -243,3 +243,30 @@ def test_the_suites_collect_without_a_framework(pytester: pytest.Pytester,
     assert result.ret == 0, result.stdout.str()
     skipped = "jax" if missing == JAX_FAMILY else "torch"
     result.stdout.fnmatch_lines([f"SKIPPED * the {skipped} suites need {skipped}: pip install*"])
+
+
+def test_a_case_needing_more_accelerators_than_the_host_has_is_skipped_naming_them(
+        pytester: pytest.Pytester) -> None:
+    """Seen on a one-GPU H100 with --accel=gpu: every 4x2 / 8x1 mesh case and every
+    two-rank DeepSpeed case failed as an error; the hardware is missing, not the suite
+    wrong, so they skip with the count they need (on the CPU a mesh too large stays an
+    error naming --accelperf-cpu-devices: test_user_errors.py)."""
+    pytester.makeconftest('''
+        import pytest
+        from pytest_accelperf.accel import Accelerator
+
+        @pytest.fixture(scope="session")
+        def accelerator():
+            return Accelerator(name="gpu", platform="gpu-fake-x1", device_kind="fake",
+                               device_count=1)
+    ''')
+    pytester.makepyfile(test_mesh='''
+        from pytest_accelperf import cases
+
+        @cases(backend="jax", mesh=[(4, 2)], batch=[32], steps=2, warmup=1)
+        def test_big(accelperf):
+            accelperf.train(None)
+    ''')
+    result = pytester.runpytest("-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*jax-mesh4x2-b32 needs 8 devices; gpu-fake-x1 has 1*"])

@@ -66,7 +66,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import Phases, TaskError, fingerprint
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
-from pytest_accelperf.backends.torch_memory import device_total, memory_tracker
+from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
 from pytest_accelperf.backends.torch_program import (
     COMPILE_TIME_COVERS,
     DynamoWatch,
@@ -483,8 +483,7 @@ class TorchBackend:
             step.to(device)
             peak, source = cpu_peak_memory(step, device)
             return Fit(peak <= capacity, peak, int(capacity), f"{source} peak")
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+        reset_cuda_peak(device)
         total = int(torch.cuda.get_device_properties(device).total_memory)
         limit = int(capacity) if capacity else total
         try:
@@ -534,8 +533,7 @@ class TorchBackend:
         device = _device(accel)
         label = _label(device)
         if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
+            reset_cuda_peak(device)
         with phases("build"):  # the user's model and optimizer (TorchTask.to_step)
             step = as_torch_step(task, device)
             step.to(device)

@@ -61,3 +61,16 @@ def device_total(tracker: Any, kind: str, device: torch.device) -> int | None:
     totals = [int(s.get("Total", sum(s.values()))) for dev, s in snapshot.items()
               if torch.device(dev).type == device.type]
     return max(totals) if totals else None
+
+
+def reset_cuda_peak(device: torch.device) -> None:
+    """Free the caching allocator's cached blocks and reset its peak for ``device``.
+
+    torch raises ``RuntimeError: Invalid device argument`` when the peak of a device is
+    reset before anything was allocated on it in this process (seen on torch 2.11+cu130,
+    an H100: every torch case of the suites failed so as its first CUDA call); an empty
+    tensor initializes the device's allocator first.
+    """
+    torch.empty(0, device=device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)

@@ -78,7 +78,7 @@ from pytest_accelperf.backends.loop import StepFns, load_json, run_steps
 from pytest_accelperf.backends.rank_comm import largest_over_ranks
 from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.ranks import BlockControl, RankJob, serve_blocks
-from pytest_accelperf.backends.torch_memory import device_total, memory_tracker
+from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
 from pytest_accelperf.backends.torch_task import (
     TorchTask,
     flop_counter,
@@ -257,8 +257,7 @@ class _MemoryCounter:
     @contextmanager
     def counting(self) -> Iterator[None]:
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
+            reset_cuda_peak(self.device)
             yield
             return
         self.tracker = memory_tracker()
