@@ -240,3 +240,24 @@ def test_reference_skipped_when_one_device_cannot_hold_it(accel: Accelerator) ->
     assert result.reference_params is None
     assert result.run.extra["reference"].startswith(
         "single-device reference not run: predicted out of memory")
+
+
+def test_memory_is_the_cases_own_where_the_runtime_peak_cannot_be_reset(
+        accel: Accelerator, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen on an H100: JAX's runtime peak counts since the process started, so every
+    case after a larger one read that one's peak (189.77 MiB for a 2 MiB MLP, the same
+    figure for three cases). The gate's figure is the compiler's plan everywhere; the
+    runtime's peak is recorded beside only where this case raised it."""
+    import pytest_accelperf.backends.jax as jax_backend
+
+    case = Case(backend="jax", batch=16, steps=3, warmup=1)
+    plan = BACKEND.train(case, linear_task(16), accel).run.memory_per_device
+    readings = iter([[10**9], [10**9]])  # an earlier case's peak, not raised by this one
+    monkeypatch.setattr(jax_backend, "_runtime_peaks", lambda mesh: next(readings))
+    run = BACKEND.train(case, linear_task(16), accel).run
+    assert run.memory_per_device == plan and run.memory_source == "memory_analysis"
+    assert run.extra["runtime_peak"] == {}
+    readings = iter([[10**9], [2 * 10**9]])  # this case raised it: its own peak
+    run = BACKEND.train(case, linear_task(16), accel).run
+    assert run.memory_per_device == plan
+    assert list(run.extra["runtime_peak"].values()) == [2 * 10**9]
