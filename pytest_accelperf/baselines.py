@@ -49,6 +49,7 @@ from pydantic import ValidationError
 
 from pytest_accelperf import jsonfile
 from pytest_accelperf.checks.numerics import compact, compactable
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.jsonfile import atomic_write
 from pytest_accelperf.schema import BaselineHeader, error_lines, invalid_blocks, validate_block
 
@@ -82,7 +83,7 @@ _GITIGNORE = """\
 """
 
 
-class BaselineError(Exception):
+class BaselineError(UserError):
     """A baseline that cannot be used. The message names the file, the line and the fix.
 
     ``replaceable`` is True when only a block is invalid and the file around it parsed:

@@ -7,13 +7,16 @@ baseline, so it must not depend on the order of the grid or on its siblings.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import typing
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import pytest
+from pydantic import TypeAdapter, ValidationError
 
 from pytest_accelperf.checks.base import non_negative_number
 from pytest_accelperf.errors import ConfigError
@@ -102,6 +105,7 @@ class Case:
     zero_init: bool = False
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.batch <= 0:
             raise ConfigError(f"batch must be positive, got {self.batch}")
         if self.steps <= 0 or self.warmup < 0:
@@ -266,3 +270,32 @@ def cases(*explicit: Case | Sequence[Case], **grid_kwargs: Any) -> pytest.MarkDe
 def with_overrides(case: Case, **changes: Any) -> Case:
     """A copy of ``case`` with fields replaced (cases are frozen)."""
     return replace(case, **changes)
+
+
+@functools.cache
+def _field_types() -> dict[str, tuple[Any, TypeAdapter[Any]]]:
+    """Each field of :class:`Case`: its type, and the schema that checks a value of it."""
+    hints = typing.get_type_hints(Case)
+    return {f.name: (hints[f.name], TypeAdapter(hints[f.name])) for f in fields(Case)}
+
+
+def _type_name(hint: Any) -> str:
+    """``int``, ``tuple[int, ...] | None``: a type as the annotation reads."""
+    text = hint.__name__ if isinstance(hint, type) else str(hint)
+    return text.replace("typing.", "").replace("collections.abc.", "")
+
+
+def _check_types(case: Case) -> None:
+    """Every field has its declared type, strictly (``batch="8"``, ``batch=True`` or a
+    numpy integer are refused, not converted: a case is stored as JSON, and a value that
+    compares or prints differently would make another baseline key). Checked with the
+    fields' own annotations, by pydantic."""
+    for name, (hint, adapter) in _field_types().items():
+        value = getattr(case, name)
+        if name == "tolerances" and isinstance(value, Mapping):
+            continue  # its values get the flags' own check, which says more
+        try:
+            adapter.validate_python(value, strict=True)
+        except ValidationError:
+            raise ConfigError(f"Case.{name} must be {_type_name(hint)}, got {value!r} "
+                              f"({type(value).__name__})") from None

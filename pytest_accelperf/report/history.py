@@ -144,11 +144,15 @@ def read_history(directory: Path, platform: str | None = None) -> list[dict[str,
     for path in paths:
         if not path.is_file():
             continue
-        for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not text.strip():
+        for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
+            if not raw.strip():
                 continue
             try:
-                item = json.loads(text)
+                item = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise HistoryError(f"{path}:{n}: not a history entry (byte "
+                                   f"0x{raw[exc.start]:02x} at column {exc.start + 1} is not "
+                                   f"UTF-8); delete or fix that line") from None
             except json.JSONDecodeError as exc:
                 raise HistoryError(f"{path}:{n}: not a history entry ({exc.msg}); delete or "
                                    f"fix that line") from None
