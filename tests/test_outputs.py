@@ -33,6 +33,7 @@ from pytest_accelperf.report.outputs import write_outputs
 from pytest_accelperf.report.writing import (
     OutputError,
     append_output,
+    readable_back,
     stream_fd,
     write_output,
 )
@@ -442,3 +443,36 @@ def test_json_to_a_descriptor_of_its_own(project: pytest.Pytester) -> None:
     assert child.returncode == 0, err
     assert report["exit_status"] == 0
     assert "1 passed" in out and "{" not in out
+
+
+def test_no_accept_command_names_a_report_that_cannot_be_read_back(
+        project: pytest.Pytester, tmp_path: Path) -> None:
+    """A report written to a descriptor (or a FIFO, a device) is gone once read: the failure
+    message and the Markdown offer the re-run with --accelperf-update instead of
+    ``accelperf baselines accept /dev/fd/N``."""
+    assert _run(project).ret == 0  # records the baseline
+    path = project.path / "baselines" / "cpu-x8" / "test_fit.json"
+    data = json.loads(path.read_text())
+    for block in data["cases"].values():  # a baseline that claims a tenth of the loss
+        loss = block["loss"]
+        loss["checkpoints"] = [[step, value / 10] for step, value in loss["checkpoints"]]
+        loss["final"] /= 10
+    path.write_text(json.dumps(data))
+    with open(tmp_path / "log", "w") as log:
+        result = project.runpytest("-p", "no:cacheprovider", "--accelperf-markdown=pr.md",
+                                   f"--accelperf-json=/dev/fd/{log.fileno()}")
+    assert result.ret == 1
+    assert json.loads((tmp_path / "log").read_text())["exit_status"] == 1
+    rerun = "pytest 'test_fit.py::test_fit[numpy-sgd-nomesh-b8]' --accel=cpu --accelperf-update"
+    result.stdout.fnmatch_lines(["If this change is intended, accept it with:", f"  {rerun}"])
+    result.stdout.no_fnmatch_line("*accelperf baselines accept*")
+    markdown = (project.path / "pr.md").read_text()
+    assert rerun in markdown and "accelperf baselines accept" not in markdown
+
+
+def test_readable_back(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("")
+    assert readable_back(tmp_path / "file") and readable_back(tmp_path / "new.json")
+    for path in ("-", "/dev/stdout", "/dev/fd/3", tmp_path / "fifo"):
+        assert not readable_back(path)

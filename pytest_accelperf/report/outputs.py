@@ -22,7 +22,12 @@ from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.report.history import HistoryError, append_history, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report
 from pytest_accelperf.report.markdown import markdown
-from pytest_accelperf.report.writing import OutputError, append_output, write_output
+from pytest_accelperf.report.writing import (
+    OutputError,
+    append_output,
+    readable_back,
+    write_output,
+)
 
 #: Lines the terminal summary prints about the files written ("... written to ...").
 OUTPUT_LINES_KEY = pytest.StashKey[list[str]]()
@@ -41,14 +46,15 @@ def shown(path: Path, rootdir: Path) -> str:
 def accept_hint(report: SessionReport, settings: Settings, rootdir: Path) -> str | None:
     """The command that accepts this session's regressions that a baseline clears
     (:attr:`SessionReport.acceptable`): ``accelperf baselines accept`` on the JSON report
-    when one is written, else the re-run with ``--accelperf-update``; None when there is
-    none (a reference, A/B or leak failure is not offered for acceptance)."""
+    when one is written to a file it can be read back from, else the re-run with
+    ``--accelperf-update``; None when there is none (a reference, A/B or leak failure is
+    not offered for acceptance)."""
     regressed = report.acceptable
     if not regressed:
         return None
     named = regressed[:_MAX_NAMED]
     more = " …" if len(regressed) > len(named) else ""
-    if settings.json is not None:
+    if settings.json is not None and readable_back(settings.json):
         cases = " ".join(f"--case {shlex.quote(r.nodeid.split('::', 1)[-1])}" for r in named)
         return (f"accelperf baselines accept {shlex.quote(shown(settings.json, rootdir))} "
                 f"{cases}{more}")

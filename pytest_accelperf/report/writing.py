@@ -40,7 +40,8 @@ from pathlib import Path
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.jsonfile import atomic_write
 
-__all__ = ["OutputError", "append_output", "describe", "stream_fd", "write_output"]
+__all__ = ["OutputError", "append_output", "describe", "readable_back", "stream_fd",
+           "write_output"]
 
 #: Symlinks followed while looking for a descriptor's name (the kernel's own limit is 40).
 _MAX_LINKS = 40
@@ -98,6 +99,18 @@ def stream_fd(path: Path | str) -> int | None:
             return None
         current = os.path.abspath(os.path.join(os.path.dirname(current), target))
     return None
+
+
+def readable_back(path: Path | str) -> bool:
+    """Whether a report written to ``path`` can be read from it afterwards (``accelperf
+    baselines accept PATH``): a regular file or a new path; not a descriptor, a device, a
+    FIFO or a socket, whose report is gone once written."""
+    if stream_fd(path) is not None:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:  # nothing there yet (or unreachable: then the write says why)
+        return True
 
 
 def _flush_std() -> None:
