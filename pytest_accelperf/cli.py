@@ -53,6 +53,7 @@ from pytest_accelperf.report.html import ReportDependencyError, html_report
 from pytest_accelperf.report.loading import ReportFileError, case_line, load_report
 from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.terminal import fmt_value
+from pytest_accelperf.report.writing import OutputError, write_output
 from pytest_accelperf.run import Run
 from pytest_accelperf.schema import json_schema
 from pytest_accelperf.summary import summarize
@@ -529,7 +530,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
         if str(args.markdown) == "-":
             out.write(text)
         else:
-            _write(args.markdown, text)
+            _write(args.markdown, text, "--markdown")
             out.write(f"Markdown summary written to {args.markdown}\n")
         wrote = True
     if args.html is not None:
@@ -540,20 +541,25 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
             text = html_report(report, history=history, threshold=args.threshold)
         except (HistoryError, ReportDependencyError) as exc:
             raise CliError(str(exc)) from None
-        _write(args.html, text)
-        out.write(f"HTML report written to {args.html}\n")
+        if str(args.html) == "-":
+            out.write(text)
+        else:
+            _write(args.html, text, "--html")
+            out.write(f"HTML report written to {args.html}\n")
         wrote = True
     if not wrote:
         out.write(markdown(report, accept_hint=hint))
     return 0
 
 
-def _write(path: Path, text: str) -> None:
+def _write(path: Path, text: str, option: str) -> None:
+    """The writer of a session's reports (:mod:`pytest_accelperf.report.writing`), so that
+    a path means the same to ``accelperf report`` as to pytest's options: a device, FIFO or
+    descriptor written in place, a file atomically."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot write {path}: {exc}") from None
+        write_output(path, text, option=option)
+    except OutputError as exc:
+        raise CliError(render(exc)) from None
 
 
 # -- schema ------------------------------------------------------------------------------------
@@ -622,7 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--markdown", type=Path, metavar="PATH",
                         help="write the Markdown summary here (- for stdout)")
     report.add_argument("--html", type=Path, metavar="PATH",
-                        help="write the HTML report with plots here (needs matplotlib)")
+                        help="write the HTML report with plots here (- for stdout; needs "
+                             "matplotlib)")
     report.add_argument("--history", type=Path, metavar="DIR",
                         help="the --accelperf-history directory, for the trend plots")
     report.add_argument("--threshold", type=float, default=0.1, metavar="REL",

@@ -280,11 +280,13 @@ def _temp_pattern(path: Path) -> re.Pattern[str]:
                       + re.escape(_TEMP_SUFFIX))
 
 
-def atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str, *, mode: int | None = None) -> None:
     """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
 
     The new file gets the permissions any file the user creates gets (``0o666`` less the
-    umask), so a teammate's checkout or a CI artifact step can read it.
+    umask), so a teammate's checkout or a CI artifact step can read it; or ``mode``, set
+    before the rename (a report replacing one the user made private stays private
+    throughout).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
@@ -299,6 +301,8 @@ def atomic_write(path: Path, text: str) -> None:
         raise FileExistsError(f"no free temporary name beside {path}")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())

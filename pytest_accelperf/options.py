@@ -9,6 +9,7 @@ reuse it.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -72,14 +73,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("baselines", "--accelperf-baselines", "directory of the baseline store, relative to "
            "the rootdir. Default: baselines/.", "path", "baselines"),
     Option("json", "--accelperf-json", "write the machine-readable report (schema in the "
-           "README) to this path.", "path", None),
+           "README) to this path; - or /dev/stdout for pytest's stdout. A file is replaced "
+           "atomically; a device, FIFO or /dev/fd/N is written in place. A report that "
+           "cannot be written fails the session.", "path", None),
     Option("markdown", "--accelperf-markdown", "write a Markdown summary for a pull-request "
-           "comment to this path (regressions first, passes folded); also appended to "
-           "$GITHUB_STEP_SUMMARY when that is set.", "path", None),
+           "comment to this path (regressions first, passes folded; - for stdout); also "
+           "appended to $GITHUB_STEP_SUMMARY when that is set.", "path", None),
     Option("html", "--accelperf-html", "write one self-contained HTML report with plots (loss "
            "against the baseline's band, step times, memory per device, throughput across "
-           "batch sizes and meshes, the history's trend) to this path. Needs matplotlib: pip "
-           "install 'pytest-accelperf[report]'.", "path", None),
+           "batch sizes and meshes, the history's trend) to this path (- for stdout). Needs "
+           "matplotlib: pip install 'pytest-accelperf[report]'.", "path", None),
     Option("history", "--accelperf-history", "directory of the run history: each session "
            "appends its runs, with the git commit and the environment fingerprint, as JSON "
            "lines to <dir>/<platform>.jsonl.", "path", None),
@@ -331,9 +334,6 @@ class Settings:
                 f"against a git revision and never stores baselines; record baselines in a "
                 f"run without --accelperf-compare")
         tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
-        json_path = values["json"]
-        json_base = invocation_dir if getoption(BY_KEY["json"].dest) and invocation_dir \
-            else rootdir
         return cls(
             accel=values["accel"],
             cpu_devices=values["cpu_devices"],
@@ -341,7 +341,7 @@ class Settings:
             add_session=bool(values["add_session"]),
             loss_either_way=bool(values["loss_either_way"]),
             baselines=(rootdir / values["baselines"]).resolve(),
-            json=(json_base / json_path).resolve() if json_path else None,
+            json=_output_path("json", values["json"], getoption, rootdir, invocation_dir),
             platform=values["platform"],
             tolerances=tol,
             timeout=float(values["timeout"]) or None,
@@ -366,8 +366,15 @@ class Settings:
 def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir: Path,
                  invocation_dir: Path | None) -> Path | None:
     """A report path: relative to where pytest was started when given as a flag (like
-    ``--junitxml``), else to the rootdir."""
+    ``--junitxml``), else to the rootdir; ``-`` (stdout) as it is.
+
+    Made absolute, not resolved: a symlink is the writer's to follow
+    (:mod:`pytest_accelperf.report.writing`), and resolving ``/dev/stdout`` would name what
+    descriptor 1 is open on (``/proc/<pid>/fd/pipe:[...]``, or the file it was redirected
+    to, which a rename would replace), not the descriptor."""
     if not value:
         return None
+    if str(value) == "-" and key != "history":
+        return Path("-")
     base = invocation_dir if getoption(BY_KEY[key].dest) and invocation_dir else rootdir
-    return (base / str(value)).resolve()
+    return Path(os.path.abspath(base / str(value)))

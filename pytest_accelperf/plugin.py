@@ -32,7 +32,7 @@ from pytest_accelperf.accel import (
 from pytest_accelperf.backends import builtin, rank_pool
 from pytest_accelperf.backends.registry import BackendRegistry
 from pytest_accelperf.backends.spec import BackendSpecError
-from pytest_accelperf.baselines import BaselineError, atomic_write, validate_platform
+from pytest_accelperf.baselines import BaselineError, validate_platform
 from pytest_accelperf.cases import MARKER, Case
 from pytest_accelperf.cluster import session as ray_session
 from pytest_accelperf.contention import ROOT_ENV
@@ -43,8 +43,9 @@ from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.html import ReportDependencyError, require_matplotlib
 from pytest_accelperf.report.junit import add_suite_properties, junit_properties
-from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_outputs
+from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_json, write_outputs
 from pytest_accelperf.report.terminal import table_lines
+from pytest_accelperf.report.writing import stream_fd
 from pytest_accelperf.runner import CaseRunner
 from pytest_accelperf.session import AccelperfSession
 from pytest_accelperf.xdist_role import is_worker, worker_id, worker_input
@@ -321,22 +322,51 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def _write_results(config: pytest.Config, state: AccelperfSession, exitstatus: int) -> int:
     """Controller: write the baselines (``--accelperf-update``) and the reports; the exit
-    status, made a failure when the session has errors of its own."""
+    status, made a failure when the session has errors of its own, a report that could not
+    be written among them."""
     state.report.update = state.settings.update
     if state.settings.update:
         state.write_baselines()
-    if state.report.records or state.report.errors:
-        add_suite_properties(config, state.report)
-        config.stash[OUTPUT_LINES_KEY] = write_outputs(state.report, state.settings,
-                                                       config.rootpath)
-    if state.report.errors and exitstatus == pytest.ExitCode.OK:
+    report = state.report
+    if not (report.records or report.errors):
+        return exitstatus
+    add_suite_properties(config, report)
+    settings = state.settings
+    if any(stream_fd(p) in (1, 2) for p in (settings.json, settings.markdown, settings.html)
+           if p is not None):
+        # A report on pytest's own stdout or stderr starts on a line of its own, not after
+        # the progress line's "[100%]" that pytest ends later.
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+    with _capture_suspended(config):
+        lines = write_outputs(report, settings, config.rootpath)
+        if report.errors and exitstatus == pytest.ExitCode.OK:
+            exitstatus = pytest.ExitCode.TESTS_FAILED
+        if settings.json is not None:
+            # Last, with the exit status the session has so far: the report records every
+            # other output's failure. If the report itself cannot be written, the session
+            # fails below; nothing was written that could disagree with that.
+            lines[:0] = write_json(report, settings.json, exitstatus)
+    config.stash[OUTPUT_LINES_KEY] = lines
+    if report.errors and exitstatus == pytest.ExitCode.OK:
         exitstatus = pytest.ExitCode.TESTS_FAILED
-    if state.settings.json is not None and (state.report.records or state.report.errors):
-        path = state.settings.json
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(state.report.to_json(int(exitstatus)),
-                                      indent=2, sort_keys=True, default=str) + "\n")
     return exitstatus
+
+
+@contextlib.contextmanager
+def _capture_suspended(config: pytest.Config) -> Iterator[None]:
+    """pytest's capture off while the reports are written: a report to ``-``,
+    ``/dev/stdout`` or ``/dev/stderr`` is written to descriptor 1 or 2, which must be the
+    terminal, pipe or file the session was started with, not the capture's temporary file.
+    pytest suspends its global capture between tests, so at the end of the session this
+    is a safeguard against a plugin that resumed it."""
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if capture is None:  # -p no:capture
+        yield
+        return
+    with capture.global_and_fixture_disabled():
+        yield
 
 
 def _abort(config: pytest.Config, message: str) -> None:
@@ -357,8 +387,7 @@ def _abort(config: pytest.Config, message: str) -> None:
             state.close()
             _write_results(config, state, status)
             lines += table_lines(state.report)
-            if state.settings.json is not None:
-                lines.append(f"accelperf: JSON report written to {state.settings.json}")
+            lines += [f"accelperf: ERROR: {err}" for err in state.report.errors]
             written: list[str] = config.stash.get(OUTPUT_LINES_KEY, [])
             lines.extend(written)
     except Exception as exc:  # ending anyway: say what went wrong
@@ -401,7 +430,5 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
         terminalreporter.write_line(line)
     for err in state.report.errors:
         terminalreporter.write_line(f"accelperf: ERROR: {err}", red=True)
-    if state.settings.json is not None:
-        terminalreporter.write_line(f"accelperf: JSON report written to {state.settings.json}")
     for line in config.stash.get(OUTPUT_LINES_KEY, []):
         terminalreporter.write_line(line)

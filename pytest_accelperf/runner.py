@@ -62,6 +62,7 @@ from pytest_accelperf.options import Settings
 from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord, baseline_view
+from pytest_accelperf.report.writing import readable_back
 from pytest_accelperf.routing import fits as fits_where_it_trains
 from pytest_accelperf.routing import route, train_here
 from pytest_accelperf.run import Run
@@ -650,7 +651,7 @@ class CaseRunner:
             also = (f" (this clears the stored-baseline failures above, not "
                     f"{' or '.join(left)})" if left else "")
             lines.append(f"If this change is intended, accept it{also} with:\n  {accept}")
-            if self.settings.json is not None:
+            if self.settings.json is not None and readable_back(self.settings.json):
                 case = nodeid.split("::", 1)[-1]
                 lines.append(f"or, without re-running, from this session's report:\n"
                              f"  accelperf baselines accept {self.settings.json} "

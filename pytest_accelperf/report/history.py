@@ -28,6 +28,7 @@ from filelock import FileLock
 
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.report.data import CaseRecord, SessionReport
+from pytest_accelperf.report.writing import OutputError, append_output, describe
 
 HISTORY_SCHEMA_VERSION = 1
 
@@ -106,7 +107,10 @@ def append_history(directory: Path, report: SessionReport, *, cwd: Path,
                    now: _dt.datetime | None = None) -> list[Path]:
     """Append one line per case of ``report`` to ``directory/<platform>.jsonl``; the files
     written. Appends happen under a file lock, one write per file, so sessions running at
-    once never interleave half lines."""
+    once never interleave half lines. A file that cannot be written is an
+    :class:`~pytest_accelperf.report.writing.OutputError` naming ``--accelperf-history``;
+    the files of the platforms before it were appended to."""
+    option = "--accelperf-history"
     moment = (now or _dt.datetime.now(_dt.timezone.utc)).replace(microsecond=0)
     time = moment.isoformat()
     commit, dirty = git_state(cwd)
@@ -117,12 +121,20 @@ def append_history(directory: Path, report: SessionReport, *, cwd: Path,
                      update=report.update)
         by_platform.setdefault(record.platform or "unknown", []).append(
             json.dumps(line, sort_keys=True, allow_nan=False, default=str))
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"cannot write {directory}: {describe(exc)}", where=option,
+                          path=directory) from exc
     written: list[Path] = []
     for platform, lines in sorted(by_platform.items()):
         path = directory / f"{platform}.jsonl"
-        with FileLock(_lock_path(path), timeout=60), path.open("a", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
+        try:
+            with FileLock(_lock_path(path), timeout=60):
+                append_output(path, "\n".join(lines) + "\n", option=option)
+        except OSError as exc:  # the lock: filelock.Timeout, or its file in the temp dir
+            raise OutputError(f"cannot write {path}: {describe(exc)}", where=option,
+                              path=path) from exc
         written.append(path)
     return written
 
