@@ -157,6 +157,27 @@ def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(batch)
 
 
+def leaves_with_paths(batch: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(path, leaf)`` of each leaf of ``batch`` in order, paths as JAX's ``keystr``
+    writes them simply: ``x``, ``pair/0``, ``point/x`` (``""`` for a batch that is one
+    leaf)."""
+    if isinstance(batch, torch.Tensor):
+        return [(prefix, batch)]
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(batch, Mapping):
+        items = batch.items()
+    elif isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        items = zip(batch._fields, batch, strict=True)
+    elif isinstance(batch, list | tuple):
+        items = enumerate(batch)
+    else:
+        return [(prefix, batch)]
+    out: list[tuple[str, Any]] = []
+    for key, value in items:
+        out.extend(leaves_with_paths(value, f"{prefix}/{key}" if prefix else str(key)))
+    return out
+
+
 def _as_tensor(leaf: Any) -> Any:
     """A numpy array or numpy scalar as a tensor, as DataLoader converts one
     (``default_convert``: ``torch.as_tensor``, sharing the array's memory); anything else
