@@ -28,7 +28,9 @@ JSON, every field optional (a backend says what it can see):
 ``graphs``, ``graph_breaks``, ``recompiles``
     torch.compile: graphs made and graph breaks while compiling (step 0), and
     recompilations after it (the later warm-up steps and the measured ones);
-    ``break_reasons`` lists the breaks' reasons (not compared, shown).
+    ``break_reasons`` lists the breaks' reasons, ``recompile_causes`` the input that
+    changed at each step that compiled again (a batch leaf's shape before → after), both
+    not compared, shown.
 ``ops``
     ``{op: count}``: a histogram of the program's operations (``dot``, ``fusion``,
     ``convolution``; a dot's precision is part of its name, ``dot[highest]``). Not gated
@@ -36,9 +38,9 @@ JSON, every field optional (a backend says what it can see):
     change costs time with the same FLOPs); a change in it is shown beside the change it
     explains.
 
-Every quantity but ``ops`` and ``break_reasons`` is gated: more is a regression, less an
-improvement. Counts (collectives, callbacks, graphs, breaks, recompiles) are compared
-exactly; amounts (FLOPs, bytes) within the ``program_tolerance``.
+Every quantity but ``ops``, ``break_reasons`` and ``recompile_causes`` is gated: more is a
+regression, less an improvement. Counts (collectives, callbacks, graphs, breaks,
+recompiles) are compared exactly; amounts (FLOPs, bytes) within the ``program_tolerance``.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def program_record(source: str, *, flops: float | None = None,
                    host_callbacks: int | None = None, custom_calls: int | None = None,
                    graphs: int | None = None, graph_breaks: int | None = None,
                    recompiles: int | None = None, break_reasons: list[str] | None = None,
+                   recompile_causes: list[str] | None = None,
                    ops: Mapping[str, int] | None = None) -> dict[str, Any]:
     """A ``Run.program`` record (see the module docstring); None fields are left out."""
     if source not in SOURCES:
@@ -94,6 +97,8 @@ def program_record(source: str, *, flops: float | None = None,
             record[name] = int(count)
     if break_reasons is not None:
         record["break_reasons"] = [str(r) for r in break_reasons]
+    if recompile_causes is not None:
+        record["recompile_causes"] = [str(r) for r in recompile_causes]
     if ops is not None:
         record["ops"] = {str(k): int(v) for k, v in sorted(ops.items()) if int(v)}
     return record
@@ -202,6 +207,16 @@ def _describe(change: Change, baseline: Mapping[str, Any], now: Mapping[str, Any
                    if r not in (baseline.get("break_reasons") or [])]
         where = f" ({'; '.join(reasons[:2])})" if reasons else ""
         return f"{change.label}: {change.baseline:g} → {change.now:g} per step{where}"
+    if change.name == "recompiles" and change.more:
+        causes = [str(r) for r in now.get("recompile_causes") or []]
+        if causes:
+            fix = ("; one compiled graph serves batches of one shape: a fixed batch size "
+                   "(drop_last=True for a loader), or mark the dimension dynamic "
+                   "(torch._dynamo.mark_dynamic)" if any("changed batch leaf" in c
+                                                         for c in causes) else "")
+            more = f"; +{len(causes) - 2} more" if len(causes) > 2 else ""
+            return (f"{change.label}: {change.baseline:g} → {change.now:g} per step "
+                    f"({'; '.join(causes[:2])}{more}{fix})")
     if change.exact:
         return f"{change.label}: {change.baseline:g} → {change.now:g} per step"
     unit = AMOUNTS.get(change.name, ("", "bytes"))[1]

@@ -159,6 +159,7 @@ class Program(_Strict):
     graph_breaks: Int | None = None
     recompiles: Int | None = None
     break_reasons: list[str] | None = None
+    recompile_causes: list[str] | None = None
     ops: dict[str, Int] | None = None
 
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.ingest import (
+    EXPECTS,
+    PARSERS,
     IngestError,
     parse_cerebras_log,
     parse_file,
@@ -203,3 +210,149 @@ def test_select_run_names_the_choices() -> None:
         select_run(runs, None, "c.log")
     with pytest.raises(IngestError, match="no run 'Batch size 4096'"):
         select_run(runs, "Batch size 4096", "c.log")
+
+
+# -- files that are not the log a parser reads: one IngestError, never another exception ---
+HF_BLOCK = ("***** train metrics *****\n  train_loss = 1.0\n  train_runtime = 0:04:14.32\n"
+            "  train_samples_per_second = 94.369\n  train_steps_per_second = 5.898\n")
+SAMPLES = {"neuron": NEURON.read_bytes(), "cerebras": CEREBRAS.read_bytes(),
+           "hf-trainer": NEURON.read_bytes()}  # the neuron report holds Trainer blocks
+
+
+def _ingest_error(path: Path, parser: str) -> str:
+    with pytest.raises(IngestError) as info:
+        parse_file(path, parser)
+    message = str(info.value)
+    assert isinstance(info.value, UserError) and "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_a_file_that_is_not_text_names_the_file_the_parser_and_what_it_reads(
+        parser: str, tmp_path: Path) -> None:
+    """Seen: a Neuron profile that was not UTF-8 crashed with UnicodeDecodeError in
+    parse_file; an empty file read as 'no table found'. Each is one line naming the file,
+    what it is instead and what the parser reads."""
+    wants = f"; the {parser} parser expects {EXPECTS[parser]}"
+    assert EXPECTS[parser]
+    cases = {
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR": "not a text file (byte 0x89 at offset 0 is not "
+                                               "UTF-8)",
+        b"Batch 16: caf\xe9 latin-1\n": "not a text file (byte 0xe9 at offset 13 is not UTF-8)",
+        b"# Batch 16\n\x00\x00\x01": "not a text file (a NUL byte at offset 11)",
+        SAMPLES[parser][:100] + "\u2192".encode()[:2]: "not a text file (it ends inside a UTF-8 "
+                                                       "character at offset 100: truncated?)",
+        b"": "the file is empty",
+        b" \n\n\t\n": "the file is only whitespace (5 bytes)",
+    }
+    for data, said in cases.items():
+        path = tmp_path / "x.md"
+        path.write_bytes(data)
+        assert _ingest_error(path, parser) == f"{path}: {said}{wants}"
+    path.write_bytes("# Batch 16\n".encode("utf-16"))
+    assert _ingest_error(path, parser) == (f"{path}: UTF-16 text (its byte-order mark){wants}: "
+                                           f"save it as UTF-8 (iconv -f UTF-16 -t UTF-8)")
+    # What the parser finds nothing in names what it reads too.
+    path.write_bytes(b"just some text\n")
+    assert _ingest_error(path, parser).endswith(wants)
+    # A UTF-8 byte-order mark (Windows editors write one) is not part of the text.
+    path.write_bytes(b"\xef\xbb\xbf" + SAMPLES[parser])
+    sample = NEURON if parser != "cerebras" else CEREBRAS
+    assert [(r.case_id, r.step_times, r.losses) for r in parse_file(path, parser)] == [
+        (r.case_id, r.step_times, r.losses) for r in parse_file(sample, parser)]
+
+
+def test_an_unknown_parser_name_is_a_user_error_naming_the_parsers() -> None:
+    """It was a bare ValueError."""
+    with pytest.raises(IngestError) as info:
+        parse_file(NEURON, "neuronx")
+    assert isinstance(info.value, UserError)
+    assert str(info.value) == ("parser='neuronx': no such parser; the parsers are cerebras, "
+                               "hf-trainer, neuron (or pass a function (text, source) -> "
+                               "list[Run])")
+
+
+def test_numbers_out_of_range_are_ingest_errors() -> None:
+    """Seen while fuzzing: a memory of 1e999 GiB (OverflowError), a day 00 in a timestamp
+    (strptime's ValueError), a Rate of 0 (ZeroDivisionError), train_steps_per_second = 0
+    (ZeroDivisionError), a batch size of 5000 digits (int()'s digit limit), a total_flos
+    beyond a float (OverflowError). Each is an IngestError naming its line."""
+    neuron = NEURON.read_text()
+    cerebras = CEREBRAS.read_text()
+    broken = [
+        (parse_neuron_report, neuron.replace("| 5.472 **GiB**   |", "| 1e999 **GiB**   |", 1),
+         r"bad:\d+: memory 'Total' is inf: not a finite number"),
+        (parse_cerebras_log, cerebras.replace("2024-04-10 06:09:56", "2024-04-00 06:09:56", 1),
+         r"bad:\d+: timestamp 2024-04-00 06:09:56,\d+ is not a date and time"),
+        (parse_cerebras_log, cerebras.replace("Rate=4979.03 samples/sec", "Rate=0 samples/sec",
+                                              1),
+         r"bad:\d+: Rate: 0 'samples/sec' is no rate of a run that trained"),
+        (parse_cerebras_log, cerebras.replace("Effective batch size is 1024.",
+                                              f"Effective batch size is {'9' * 5000}.", 1),
+         r"bad:\d+: Effective batch size: '9{24}'... is out of range"),
+        (parse_hf_trainer, HF_BLOCK.replace("= 5.898", "= 0"),
+         r"bad:5: train_steps_per_second is 0: a training's rate and runtime are positive"),
+        (parse_hf_trainer, HF_BLOCK + f"  total_flos = {'9' * 400}GF\n",
+         r"bad:6: total_flos: '9{80}'... is out of range"),
+    ]
+    for parse, text, pattern in broken:
+        assert text != (neuron if parse is parse_neuron_report else cerebras)
+        with pytest.raises(IngestError, match=pattern):
+            parse(text, "bad")
+
+
+def test_a_huge_single_line_is_read_in_linear_time_and_quoted_short() -> None:
+    """A log that is one line of megabytes (a binary blob decoded, a log without
+    newlines): two patterns backtracked quadratically on such lines (a heading's
+    '(\\S.*?)\\s*$', a number's '\\d+\\.?\\d*'): 14 s for a line of 40,000 characters, days for
+    megabytes. Now each parser reads a 1 MB line in well under a second, and its error
+    quotes at most a few hundred characters of it."""
+    n = 1_000_000
+    lines = ["# a" + " " * n + "b", "1" * n + "x",
+             "2024-04-10 06:09:56,046 INFO:   " + " " * n + "x",
+             "***** train metrics *****\n  train_loss = " + "1" * n + "x",
+             "| Group | Name | Value |\n| --- | --- | --- |\n| g | **n** | " + "9" * n + "x |",
+             "|" * n, "ab c " * (n // 5)]
+    for parser, parse in PARSERS.items():
+        for text in lines:
+            t0 = time.perf_counter()
+            try:
+                parse(text, "huge")
+            except IngestError as exc:
+                assert len(str(exc)) <= 520 and "\n" not in str(exc), (parser, str(exc)[:200])
+            assert time.perf_counter() - t0 < 2.0, (parser, text[:40])
+
+
+def _fuzzed(draw: Any, sample: bytes) -> bytes:
+    """``sample`` truncated at a random byte, or with random bytes put in, or random bytes
+    altogether, or a number of it made huge, zero or negative."""
+    kind = draw(st.sampled_from(["truncate", "insert", "random", "number"]))
+    if kind == "truncate":
+        return sample[:draw(st.integers(0, len(sample)))]
+    if kind == "random":
+        return bytes(draw(st.binary(max_size=400)))
+    at = draw(st.integers(0, len(sample)))
+    if kind == "insert":
+        return sample[:at] + bytes(draw(st.binary(min_size=1, max_size=8))) + sample[at:]
+    digit = sample.find(b"1", at)
+    value = draw(st.sampled_from([b"0", b"-1", b"1e999", b"9" * 400, b"nan"]))
+    return sample[:digit] + value + sample[digit + 1:] if digit >= 0 else sample
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_no_exception_but_an_ingest_error_escapes_a_parser(parser: str, data: Any,
+                                                           tmp_path: Path) -> None:
+    """Whatever bytes the file holds (a real sample truncated anywhere, random bytes put
+    in it, random bytes alone, a number made huge, zero or negative), parsing it gives
+    runs or one IngestError on one line, never another exception."""
+    path = tmp_path / "fuzzed.log"
+    path.write_bytes(data.draw(st.composite(_fuzzed)(SAMPLES[parser])))
+    try:
+        runs = parse_file(path, parser)
+    except IngestError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) <= len(str(path)) + 520
+    else:
+        assert runs and all(r.step_times and all(t > 0 for t in r.step_times) for r in runs)

@@ -437,6 +437,69 @@ def test_step_errors_name_the_function_and_the_fix(accel: Accelerator) -> None:
         BACKEND.train(case(), object(), accel)
 
 
+def _shrinks_at_step_5(leaves: dict[str, Any] | None = None) -> Any:
+    """``regression_batch(16)`` until step 4, then 12 rows (a loader's last, short batch),
+    or ``leaves`` changed (dtype, structure) from step 5."""
+    full = regression_batch(16)
+
+    def make_batch(step: int) -> dict[str, Any]:
+        if step < 5:
+            return full(step)
+        if leaves is None:
+            return regression_batch(12)(step)
+        return {**full(step), **leaves}
+
+    return make_batch
+
+
+def test_a_batch_that_changes_shape_names_make_batch_the_step_and_the_leaves(
+        accel: Accelerator) -> None:
+    """Seen: a batch of 12 rows at step 5 after 16 crashed in XLA with 'Argument types
+    differ from the types for which this computation was compiled', naming neither
+    make_batch nor the step. Now a TaskError says both, and each leaf before and after,
+    for a JaxStep and a JaxTask alike."""
+    def init(key: jax.Array) -> dict[str, Any]:
+        return {"w": jnp.zeros((DIM, 1))}
+
+    def train_step(state: Any, batch: Any) -> Any:
+        loss = jnp.mean((batch["x"] @ state["w"] - batch["y"]) ** 2)
+        return state, {"loss": loss}
+
+    def loss_fn(params: Any, batch: Any) -> Any:
+        return jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+
+    make_batch = _shrinks_at_step_5()
+    line = make_batch.__code__.co_firstlineno
+    for task, label in ((JaxStep(init, train_step, make_batch), "the step train_step"),
+                        (JaxTask(init_params=init, loss_fn=loss_fn, make_batch=make_batch,
+                                 optimizer=optax.sgd(0.1)), "JaxTask.loss_fn loss_fn")):
+        with pytest.raises(TaskError) as info:
+            BACKEND.train(case(batch=16), task, accel)
+        message = str(info.value)
+        assert message.startswith(f"make_batch make_batch (tests/test_jax_step.py:{line}) "
+                                  f"returns at step 5 a batch unlike step 0's, which {label} "
+                                  f"(tests/test_jax_step.py:"), message
+        assert ("leaf 'x' float32[16, 8] → float32[12, 8], leaf 'y' float32[16, 1] → "
+                "float32[12, 1]; ") in message, message
+        assert "a fixed batch size" in message and "drop_last=True" in message, message
+        assert "Argument types differ" not in message and "\n" not in message
+    # A dtype that changes, and a leaf that appears: named as such.
+    with pytest.raises(TaskError, match=r"step 5 .*: leaf 'y' float32\[16, 1\] → "
+                                        r"int32\[16, 1\]; the step is compiled once"):
+        BACKEND.train(case(batch=16), JaxStep(init, train_step, _shrinks_at_step_5(
+            {"y": np.ones((16, 1), np.int32)})), accel)
+    with pytest.raises(TaskError, match=r"step 5 .*: its structure changed, "
+                                        r"PyTreeDef\(\{'x': \*, 'y': \*\}\) → "
+                                        r"PyTreeDef\(\{'mask': \*, 'x': \*, 'y': \*\}\)"):
+        BACKEND.train(case(batch=16), JaxStep(init, train_step, _shrinks_at_step_5(
+            {"mask": np.ones((16,), np.float32)})), accel)
+    # float64 from step 5: jax makes it float32 (x64 is off), the program it was compiled
+    # for runs it, and nothing is refused.
+    run = BACKEND.train(case(batch=16), JaxStep(init, train_step, _shrinks_at_step_5(
+        {"y": np.ones((16, 1), np.float64)})), accel).run
+    assert run.outcome == "ok" and len(run.losses) == STEPS + WARMUP, run.message
+
+
 NONSCALAR = '''
 import jax.numpy as jnp
 import numpy as np

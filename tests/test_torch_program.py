@@ -184,6 +184,18 @@ def test_a_shape_that_changes_at_a_measured_step_recompiles(compiled: list[Run])
     (why, *_) = run.extra["recompile_reasons"]
     assert "size mismatch at index 0. expected 64, actual 32" in why, why
     assert [c.name for c in changes(compiled[0].program, run.program, 0.0)] == ["recompiles"]
+    # The input that changed, at the step it changed: named in the record and in the
+    # check's verdict (before, only the count moved: 'recompiles: 0 → 1 per step').
+    line = fewer_rows_from_step_3.__code__.co_firstlineno
+    cause = (f"step 3: make_batch fewer_rows_from_step_3 (tests/test_torch_program.py:{line}) "
+             f"changed batch leaf 'x' float32[{BATCH}, {DIM}] → float32[{BATCH // 2}, {DIM}], "
+             f"batch leaf 'y' float32[{BATCH}, 1] → float32[{BATCH // 2}, 1]")
+    assert run.program["recompile_causes"] == [cause]
+    (said, _flops) = describe_changes(compiled[0].program, run.program, 0.0)
+    assert said.startswith(f"recompiles: 0 → {run.program['recompiles']} per step ({cause}; "
+                           f"one compiled graph serves batches of one shape: a fixed batch "
+                           f"size (drop_last=True for a loader)"), said
+    assert "recompile_causes" not in compiled[0].program  # nothing compiled again
 
 
 def test_a_python_int_that_changes_recompiles() -> None:
@@ -204,6 +216,11 @@ def test_a_python_int_that_changes_recompiles() -> None:
     assert run.outcome == "ok", run.message
     assert run.program is not None and run.program["recompiles"] >= 1, run.program
     assert run.program["graph_breaks"] == 0
+    # No batch leaf changed: the cause is dynamo's guard that failed, at its step.
+    (cause,) = run.program["recompile_causes"]
+    assert cause.startswith("step 3: k == 1 # ") and cause.endswith(
+        "(the batch did not change)"), cause
+    assert "batch leaf" not in cause and "\n" not in cause, cause
 
 
 # -- a cold compile ---------------------------------------------------------------------------

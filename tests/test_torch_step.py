@@ -11,12 +11,14 @@ the baseline) run inner sessions with pytester.
 
 from __future__ import annotations
 
+import collections
 import math
 import pickle
 import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -315,6 +317,69 @@ def test_an_optimizer_outside_the_model_is_undone_too() -> None:
     assert float(temperature.detach()) != 1.0
 
 
+# -- numpy batches, as DataLoader gives them ---------------------------------------------------
+Point = collections.namedtuple("Point", ["x", "y"])
+
+
+def test_a_batch_of_numpy_arrays_trains_as_the_same_batch_of_tensors(
+        plain: tuple[Training, TorchTrainResult]) -> None:
+    """Seen: a make_batch of numpy arrays crashed inside the step (DataLoader gives such a
+    user tensors). They are made tensors as DataLoader makes them, and train exactly as
+    the same batch given as tensors."""
+
+    def numpy_batch(step: int) -> dict[str, Any]:
+        return {k: v.numpy() for k, v in make_batch(step).items()}
+
+    _, tensors = plain
+    training = Training()
+    result = BACKEND.train(case(), TorchStep(training.step, numpy_batch, training.model), CPU)
+    assert result.run.outcome == "ok", result.run.message
+    assert result.run.losses == tensors.run.losses
+    assert result.run.params_fingerprint == tensors.run.params_fingerprint
+    assert result.run.flops_per_step == tensors.run.flops_per_step > 0
+
+
+def test_numpy_leaves_become_tensors_and_containers_keep_their_types() -> None:
+    """What DataLoader's default_convert does to each leaf (a numpy array or numpy scalar
+    becomes a tensor of its dtype, sharing memory; a Python number or string stays), with
+    every container kept: a tuple stays a tuple (default_convert alone makes it a list),
+    a namedtuple its type. A read-only array is copied (no warning: the suite turns
+    warnings into errors)."""
+    from pytest_accelperf.backends.torch_task import as_tensors, to_device
+
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    frozen = np.ones(3, np.int64)
+    frozen.flags.writeable = False
+    batch = {"pair": (x, np.float32(2.0)), "point": Point(x=frozen, y=3), "names": ["a", "b"],
+             "scale": 0.5, "nested": {"ids": [np.array([1, 2], np.int32)]}}
+    for out in (as_tensors(batch), to_device(batch, torch.device("cpu"))):
+        pair, point = out["pair"], out["point"]
+        assert type(pair) is tuple and isinstance(point, Point)
+        assert isinstance(pair[0], torch.Tensor) and pair[0].dtype == torch.float32
+        assert torch.equal(pair[0], torch.from_numpy(x))
+        assert pair[0].data_ptr() == x.ctypes.data  # shared, as DataLoader shares it
+        assert isinstance(pair[1], torch.Tensor) and pair[1].dim() == 0
+        assert point.x.dtype == torch.int64 and point.y == 3 and type(point.y) is int
+        assert point.x.data_ptr() != frozen.ctypes.data  # the read-only array was copied
+        assert out["names"] == ["a", "b"] and out["scale"] == 0.5
+        assert out["nested"]["ids"][0].dtype == torch.int32
+
+
+def test_ranks_split_numpy_arrays_as_they_split_tensors() -> None:
+    """DDP and DeepSpeed ranks take their rows of the global batch: a numpy array was
+    given whole to every rank (only tensors were split). Now it is made a tensor first."""
+    from pytest_accelperf.backends.torch_ranks import micro_batches
+
+    c = Case(backend="torch", batch=8, world_size=2, grad_accum=2, steps=1, warmup=0)
+    rows = np.arange(8, dtype=np.float32)
+    batch = {"x": rows, "pair": Point(x=rows * 2, y=np.float32(1))}
+    parts = [micro_batches(batch, r, c) for r in range(2)]
+    assert [m["x"].tolist() for m in parts[1]] == [[4.0, 5.0], [6.0, 7.0]]
+    assert [m["pair"].x.tolist() for m in parts[0]] == [[0.0, 2.0], [4.0, 6.0]]
+    assert all(isinstance(m["pair"], Point) and float(m["pair"].y) == 1.0
+               for p in parts for m in p)
+
+
 # -- TorchTask on TorchStep -------------------------------------------------------------------
 def task() -> TorchTask:
     return TorchTask(make_model=lambda: torch.nn.Linear(DIM, 1),
@@ -401,6 +466,45 @@ def test_step_errors_name_the_function_and_the_fix() -> None:
     assert "rename it (e.g. 'train_memory')" in _raises(reserved)
     with pytest.raises(TaskError, match=r"TorchStep\.model of the step .* must be the nn\.Module"):
         TorchStep(training.step, make_batch, model="net")
+
+
+def test_a_model_that_is_not_a_module_names_the_field_and_what_was_given() -> None:
+    """One line naming the field (the key or index among several) and what was given,
+    with the fix where the mistake is a common one (the class or the factory for the
+    model)."""
+    training = Training()
+
+    def make_model() -> torch.nn.Module:
+        return Net()
+
+    head = r"must be the nn\.Module the step trains, or a list or dict of them; got "
+    given = {
+        "net": rf"^TorchStep\.model of the step Training\.step \(tests/test_torch_step\.py:"
+               rf"\d+\) {head}str 'net'$",
+        Net: rf"TorchStep\.model of .*{head}the class Net, not a model: pass an instance, "
+             rf"Net\(\.\.\.\)$",
+        make_model: rf"TorchStep\.model of .*{head}the function make_model "
+                    rf"\(tests/test_torch_step\.py:\d+\): pass the model it makes "
+                    rf"\(make_model\(\)\)$",
+        (training.model, training.optimizer): rf"TorchStep\.model\[1\] of .*{head}a AdamW "
+                                              rf"object$",
+    }
+    for model, pattern in given.items():
+        with pytest.raises(TaskError) as info:
+            TorchStep(training.step, make_batch, model=model)
+        assert re.search(pattern, str(info.value)), str(info.value)
+        assert "\n" not in str(info.value)
+    with pytest.raises(TaskError, match=rf"TorchStep\.model\['dec'\] of .*{head}None$"):
+        TorchStep(training.step, make_batch, model={"enc": training.model, "dec": None})
+    with pytest.raises(TaskError, match=rf"{head}an empty list$"):
+        TorchStep(training.step, make_batch, model=[])
+    # A TorchTask whose make_model returns something else: named, not an AttributeError.
+    bad = TorchTask(make_model=lambda: (Net(), None), loss_fn=lambda m, b: m(b["x"]).mean(),
+                    make_batch=make_batch, make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+    with pytest.raises(TaskError, match=r"TorchTask\.make_model <lambda> \(tests/test_torch_"
+                                        r"step\.py:\d+\) must return the nn\.Module to train; "
+                                        r"it returns a tuple object$"):
+        BACKEND.train(case(), bad, CPU)
     with pytest.raises(TaskError, match=r"TorchStep\.step must be the training step"):
         TorchStep(None, make_batch, training.model)  # type: ignore[arg-type]
     with pytest.raises(TaskError, match="trains a TorchStep"):

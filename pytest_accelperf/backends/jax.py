@@ -39,18 +39,21 @@ from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
 from pytest_accelperf.backends.common import Phases, describe
 from pytest_accelperf.backends.common import TaskError as TaskError
 from pytest_accelperf.backends.common import fingerprint as fingerprint
-
-# The step API lives in jax_step; imported from here as before.
-from pytest_accelperf.backends.jax_step import JaxStep as JaxStep
-from pytest_accelperf.backends.jax_step import JaxTask as JaxTask
 from pytest_accelperf.backends.jax_step import (
+    BatchSignature,
     abstract_state,
     as_step,
+    batch_signature,
+    check_batch,
     check_outputs,
     explain,
     full_specs,
     is_spec,
 )
+
+# The step API lives in jax_step; imported from here as before.
+from pytest_accelperf.backends.jax_step import JaxStep as JaxStep
+from pytest_accelperf.backends.jax_step import JaxTask as JaxTask
 from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
@@ -110,6 +113,9 @@ class _Program:
     #: trace any ``jax.jit`` makes on its first call, made once (the lowering reuses it
     #: from jax's cache) and not in ``compile_time`` (the lowering and XLA's compile).
     trace_time: float = 0.0
+    #: What the step was compiled for of its batch (step 0's): every batch is checked
+    #: against it before it is transferred (:func:`.jax_step.check_batch`).
+    batch_signature: BatchSignature | None = None
 
 
 class _OutOfMemory(Exception):
@@ -301,7 +307,8 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
             raise _OutOfMemory(str(exc)) from exc
         raise
     return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0,
-                    lowered, compile_load=watch.reading(), trace_time=trace_time)
+                    lowered, compile_load=watch.reading(), trace_time=trace_time,
+                    batch_signature=batch_signature(host_batch))
 
 
 def _annotated_specs(abstract: PyTree) -> PyTree:
@@ -476,8 +483,13 @@ def _init_state(program: _Program) -> tuple[PyTree, float]:
 
 
 def _batch(program: _Program, i: int) -> PyTree:
-    """Batch ``i`` on the program's shardings, transferred (outside any timer)."""
-    batch = _device_put(program.step.make_batch(i), program.batch_shardings)
+    """Batch ``i`` on the program's shardings, transferred (outside any timer); one whose
+    shapes or dtypes are not those the step was compiled for is a :class:`TaskError`
+    naming ``make_batch``, the step and the leaves that changed."""
+    host = program.step.make_batch(i)
+    if program.batch_signature is not None:
+        check_batch(program.step, i, program.batch_signature, host)
+    batch = _device_put(host, program.batch_shardings)
     _block_until_ready(batch)
     return batch
 

@@ -462,6 +462,78 @@ def check_outputs(step: JaxStep, state: PyTree, out: Any) -> None:
     check_metric_keys(step.label, metrics, step.loss, "JaxStep", not_scalar)
 
 
+#: What a step is compiled for of its batch: the tree structure, and each leaf's shape and
+#: dtype in the order of the leaves (:func:`batch_signature`).
+BatchSignature = tuple[Any, tuple[tuple[tuple[int, ...], Any], ...]]
+
+
+def _leaf_shape(leaf: Any) -> tuple[int, ...]:
+    shape = getattr(leaf, "shape", None)
+    return tuple(shape) if shape is not None else tuple(np.shape(leaf))
+
+
+def _leaf_dtype(leaf: Any) -> Any:
+    dtype = getattr(leaf, "dtype", None)  # an array's own: no copy, no device transfer
+    return dtype if dtype is not None else np.asarray(leaf).dtype  # a Python number
+
+
+def batch_signature(batch: PyTree) -> BatchSignature:
+    """The structure of ``batch`` and each leaf's ``(shape, dtype)``: what the compiled
+    step's batch must keep. Read from the leaves' attributes, never their values (about
+    2 microseconds for a batch of two arrays), so it is taken on every step."""
+    leaves, treedef = jax.tree.flatten(batch)
+    return treedef, tuple((_leaf_shape(x), _leaf_dtype(x)) for x in leaves)
+
+
+def _canonical(signature: BatchSignature) -> BatchSignature:
+    """``signature`` with the dtypes jax gives the leaves (float64 is float32 unless x64
+    is enabled): two batches that agree on these run the same compiled program."""
+    canonicalize: Any = jax.dtypes.canonicalize_dtype
+    treedef, leaves = signature
+    return treedef, tuple((shape, canonicalize(dtype)) for shape, dtype in leaves)
+
+
+def check_batch(step: JaxStep, i: int, compiled: BatchSignature, batch: PyTree) -> None:
+    """Refuse batch ``i`` of ``step`` unless it has the structure, shapes and dtypes of the
+    batch the step was compiled for (``compiled``: step 0's), naming ``make_batch``, the
+    step and every leaf that changed, before and after. Without it XLA refuses the call
+    with ``Argument types differ from the types for which this computation was
+    compiled``, naming neither the function nor the step.
+
+    Compares tuples of shapes and dtypes, not arrays: the leaves' paths are only read for
+    the message."""
+    now = batch_signature(batch)
+    if now == compiled or _canonical(now) == _canonical(compiled):
+        return
+    head = (f"make_batch {describe(step.make_batch)} returns at step {i} a batch unlike step "
+            f"0's, which {step.label} was compiled for")
+    fix = ("the step is compiled once, for the shapes and dtypes of step 0's batch: return "
+           "batches of one shape every step (a fixed batch size; a data loader with "
+           "drop_last=True, so its last, shorter batch is dropped; variable lengths padded "
+           "to one)")
+    if now[0] != compiled[0]:
+        raise TaskError(f"{head}: its structure changed, {_text_of(compiled[0])} → "
+                        f"{_text_of(now[0])}; {fix}")
+    paths = [jax.tree_util.keystr(path, simple=True, separator="/") or "(the whole batch)"
+             for path, _ in jax.tree_util.tree_flatten_with_path(batch)[0]]
+    changed = [f"leaf {where!r} {_sig_text(before)} → {_sig_text(after)}"
+               for where, before, after, canon_before, canon_after
+               in zip(paths, compiled[1], now[1], _canonical(compiled)[1], _canonical(now)[1],
+                      strict=True)
+               if canon_before != canon_after]
+    raise TaskError(f"{head}: {', '.join(changed)}; {fix}")
+
+
+def _sig_text(leaf: tuple[tuple[int, ...], Any]) -> str:
+    shape, dtype = leaf
+    return f"{dtype}{list(shape)}"
+
+
+def _text_of(treedef: Any, width: int = 120) -> str:
+    text = str(treedef)
+    return text if len(text) <= width else text[:width - 4] + " ..."
+
+
 def _tree_text(tree: PyTree, width: int = 120) -> str:
     text = str(jax.tree.structure(tree))
     return text if len(text) <= width else text[:width - 4] + " ..."

@@ -42,6 +42,7 @@ from pytest_accelperf.backends.torch import (
     timeout_message,
     to_device,
 )
+from pytest_accelperf.backends.torch_task import as_tensors
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
@@ -168,7 +169,7 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
               n_devices=1, peak_flops_per_device=peak_flops)
     cpu_model = _build(task, torch.device("cpu"))
     # FLOPs are the model's, not the device's: counted once on the host, untimed.
-    run.flops_per_step = count_flops(cpu_model, task, task.make_batch(0))
+    run.flops_per_step = count_flops(cpu_model, task, as_tensors(task.make_batch(0)))
     model = cpu_model.to(dev.device)
     torch.manual_seed(task.seed)
     trained, recompiles = _loop(model, case, task, dev, deadline)

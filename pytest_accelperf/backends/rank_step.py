@@ -72,8 +72,9 @@ class RankStep:
     plugin then calls ``engine.backward(loss)`` and ``engine.step()``.
 
     ``make_batch(step)`` returns the *global* batch of an optimizer step (``case.batch``
-    samples, tensors on the CPU): rank ``r`` takes rows ``[r*B/N, (r+1)*B/N)`` of every
-    tensor whose first dimension is ``case.batch``, and splits them into
+    samples, tensors on the CPU, or numpy arrays, made tensors first as DataLoader makes
+    them: :func:`~.torch_task.as_tensors`): rank ``r`` takes rows ``[r*B/N, (r+1)*B/N)`` of
+    every tensor whose first dimension is ``case.batch``, and splits them into
     ``case.grad_accum`` micro-batches in order.
 
     Metrics: the loss and every other scalar ``loss_fn`` returns, averaged over the

@@ -56,14 +56,14 @@ import contextlib
 import importlib.util
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import Phases, TaskError, fingerprint
+from pytest_accelperf.backends.common import Phases, TaskError, describe, fingerprint
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
 from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
@@ -359,11 +359,24 @@ def _warmup(step: TorchStep, case: Case) -> int:
 
 def _execute(step: TorchStep, case: Case, device: torch.device, probe: Probe | None = None,
              deadline: float | None = None,
-             after_step: Callable[[int, Any, bool], None] | None = None) -> LoopResult:
+             after_step: Callable[[int, Any, bool], None] | None = None,
+             watch: DynamoWatch | None = None) -> LoopResult:
     """Warm-up and measured steps in the measured-step loop (:func:`.loop.run_steps`).
     With ``compile``, step 0 compiles: always a warm-up step, its wall time (tracing and
-    compiling forward and backward, plus one execution) the compile time."""
-    trained = run_steps(_step_fns(step, device), warmup=_warmup(step, case),
+    compiling forward and backward, plus one execution) the compile time; ``watch`` is
+    shown each batch as it is made (outside the timer), to say which input changed at a
+    step that compiled again."""
+    fns = _step_fns(step, device)
+    if watch is not None:
+        make = fns.prepare
+
+        def prepare(i: int) -> Any:
+            batch = make(i)
+            watch.batch(i, batch)
+            return batch
+
+        fns = replace(fns, prepare=prepare)
+    trained = run_steps(fns, warmup=_warmup(step, case),
                         steps=case.steps, probe=probe, deadline=deadline,
                         after_step=after_step)
     _same_metrics(step, trained)
@@ -571,12 +584,12 @@ class TorchBackend:
                 probe = torch_probe(device, n=PROBE_N)
             with (phases("train"),
                   cold_compile(device) if step.compile else contextlib.nullcontext()):
-                watch = DynamoWatch() if step.compile else None
+                watch = DynamoWatch(describe(step.make_batch)) if step.compile else None
                 compile_load = _CompileLoad() if step.compile else None
                 trained = _execute(step, case, device, probe, deadline, after_step=_hooks(
                     watch.after_step if watch else None,
                     compile_load.after_step if compile_load else None,
-                    cuda_growth.after_step if cuda_growth else None))
+                    cuda_growth.after_step if cuda_growth else None), watch=watch)
         except torch.OutOfMemoryError as exc:
             run.outcome = "oom"
             run.message = f"out of memory: {str(exc).splitlines()[0]}"

@@ -21,6 +21,13 @@ accounting, never timed, so unchanged code gives the same record on every run:
     taken then): ``counters["frames"]["total"]``, counted from the end of step 0. Why
     each recompiled is kept apart (:attr:`DynamoWatch.recompile_reasons`, from
     ``torch._dynamo.utils.get_compilation_metrics()``).
+``recompile_causes``
+    one line per step that compiled again, naming the input that changed: the batch
+    leaves whose shape, dtype or value differ from the step before's (``step 3:
+    make_batch make_batch (suites/x.py:12) changed batch leaf 'x' float32[64, 8] →
+    float32[32, 8]``), read from each batch as it is made (its shapes, not its data),
+    else dynamo's guard that failed. Shown beside a change of ``recompiles``, not
+    compared; left out when nothing compiled again.
 
 All three are differences of counts taken around the steps, so whatever else the process
 compiled before does not count. :func:`cold_compile` makes step 0's wall time the cold
@@ -31,11 +38,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from pytest_accelperf.backends.torch_task import leaves_with_paths
 from pytest_accelperf.program import program_record
 
 #: What a compiled case's ``compile_time`` covers (``Run.extra["compile_time_covers"]``).
@@ -140,31 +149,107 @@ def _compilations() -> list[Any]:
     return list(get_compilation_metrics())
 
 
+#: What a step's batch is to dynamo's guards, leaf by leaf: ``(path, shape, dtype)`` of a
+#: tensor, ``(path, None, value)`` of a Python number or string (dynamo specializes on
+#: it), ``(path, None, type name)`` of anything else.
+BatchSignature = tuple[tuple[str, tuple[int, ...] | None, Any], ...]
+
+
+def batch_signature(batch: Any) -> BatchSignature:
+    """The :data:`BatchSignature` of ``batch``: tuples of shapes, dtypes and small values,
+    never the tensors' data (a few microseconds a step)."""
+    out: list[tuple[str, tuple[int, ...] | None, Any]] = []
+    for path, leaf in leaves_with_paths(batch):
+        if isinstance(leaf, torch.Tensor):
+            out.append((path, tuple(leaf.shape), leaf.dtype))
+        elif isinstance(leaf, int | float | str) and len(repr(leaf)) <= 40:
+            out.append((path, None, leaf))
+        else:
+            out.append((path, None, type(leaf).__name__))
+    return tuple(out)
+
+
+def _leaf_text(shape: tuple[int, ...] | None, what: Any) -> str:
+    if shape is None:
+        return repr(what) if isinstance(what, int | float | str) else str(what)
+    return f"{str(what).removeprefix('torch.')}{list(shape)}"
+
+
+def batch_change(before: BatchSignature, after: BatchSignature) -> str | None:
+    """The leaves that differ from ``before`` to ``after``, in words (``batch leaf 'x'
+    float32[64, 8] → float32[32, 8], ...``); None when the batches agree."""
+    if [leaf[0] for leaf in before] != [leaf[0] for leaf in after]:
+        return (f"the batch's leaves {[leaf[0] for leaf in before]} → "
+                f"{[leaf[0] for leaf in after]}")[:300]
+    changed = [f"batch leaf {path or '(the whole batch)'!r} {_leaf_text(s0, w0)} → "
+               f"{_leaf_text(s1, w1)}"
+               for (path, s0, w0), (_, s1, w1) in zip(before, after, strict=True)
+               if (s0, w0) != (s1, w1)]
+    return ", ".join(changed) or None
+
+
 class DynamoWatch:
     """Dynamo's accounting over one compiled run (see the module docstring): made right
-    before the compile step (after :func:`cold_compile` reset dynamo), told when the
-    compile step is done (:meth:`after_step`, the measured-step loop's hook), read at the
-    end (:meth:`record`)."""
+    before the compile step (after :func:`cold_compile` reset dynamo), shown each step's
+    batch (:meth:`batch`, as it is made), told when each step is done (:meth:`after_step`,
+    the measured-step loop's hook), read at the end (:meth:`record`).
 
-    def __init__(self) -> None:
+    ``batch_source`` names the function that makes the batches (``make_batch
+    (suites/x.py:12)``): a recompile at a step whose batch changed names it, the step and
+    each leaf that changed, before → after (:attr:`recompile_causes`)."""
+
+    def __init__(self, batch_source: str = "make_batch") -> None:
         self._graphs0 = _counter("stats", "unique_graphs")
         self._breaks0 = _break_count()
         self._frames1: int | None = None
+        self._frames_last = 0  # frames compiled by the end of the last step
         self._seen: list[Any] = []
+        self._batches: tuple[BatchSignature | None, BatchSignature | None] = (None, None)
+        self._source = batch_source
         self.graphs = 0
         self.break_reasons: list[str] = []
+        #: Why dynamo compiled again, one line per step that did (see :meth:`_cause`).
+        self.recompile_causes: list[str] = []
+
+    def batch(self, i: int, batch: Any) -> None:
+        """The batch of step ``i``, before the step runs: its signature is kept beside the
+        previous step's, what a recompile at this step is explained with."""
+        self._batches = (self._batches[1], batch_signature(batch))
 
     def after_step(self, i: int, handle: Any = None, measured: bool = False) -> None:
         """After step ``i`` (``run_steps``' ``after_step``): at the end of step 0, read
-        what compiling it made."""
-        if i != 0 or self._frames1 is not None:
-            return
-        from torch._dynamo.utils import graph_break_reasons
+        what compiling it made; after a later step that compiled a frame, why."""
+        if self._frames1 is None:
+            if i != 0:
+                return
+            from torch._dynamo.utils import graph_break_reasons
 
-        self.graphs = _counter("stats", "unique_graphs") - self._graphs0
-        self.break_reasons = [break_reason(r) for r in graph_break_reasons[self._breaks0:]]
-        self._frames1 = _counter("frames", "total")
-        self._seen = _compilations()
+            self.graphs = _counter("stats", "unique_graphs") - self._graphs0
+            self.break_reasons = [break_reason(r) for r in graph_break_reasons[self._breaks0:]]
+            self._frames1 = self._frames_last = _counter("frames", "total")
+            self._seen = _compilations()
+            return
+        frames = _counter("frames", "total")  # a dict lookup: cheap on every step
+        if frames > self._frames_last:
+            self.recompile_causes.append(self._cause(i))
+        self._frames_last = frames
+
+    def _cause(self, i: int) -> str:
+        """Why step ``i`` compiled again: the batch leaves that changed since the step
+        before (and the function that made them), else dynamo's guard that failed."""
+        before, now = self._batches
+        changed = batch_change(before, now) if before is not None and now is not None else None
+        if changed:
+            return f"step {i}: make_batch {self._source} changed {changed}"
+        new = [m for m in _compilations() if not any(m is seen for seen in self._seen)]
+        self._seen.extend(new)
+        # The first line of each (the guard, and the user's line it guards), without the
+        # compile id of the guard set ("0/0: "), which says nothing to the user.
+        reasons = [re.sub(r"^\d+/\d+:\s*", "", " ".join(
+            (str(m.recompile_reason or "").strip().splitlines() or [""])[0].split()))[:200]
+                   for m in new]
+        why = "; ".join(r for r in reasons if r) or "a frame compiled again"
+        return f"step {i}: {why} (the batch did not change)"
 
     @property
     def recompiles(self) -> int:
@@ -195,4 +280,5 @@ class DynamoWatch:
         return program_record("torch.compile", flops=flops, graphs=self.graphs,
                               graph_breaks=len(self.break_reasons),
                               break_reasons=list(self.break_reasons),
-                              recompiles=self.recompiles)
+                              recompiles=self.recompiles,
+                              recompile_causes=list(self.recompile_causes) or None)

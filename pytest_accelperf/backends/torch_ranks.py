@@ -81,7 +81,9 @@ from pytest_accelperf.backends.ranks import BlockControl, RankJob, serve_blocks
 from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
 from pytest_accelperf.backends.torch_task import (
     TorchTask,
+    as_tensors,
     flop_counter,
+    map_batch,
     sync,
     to_device,
     torch_probe,
@@ -217,28 +219,29 @@ def micro_batch(case: Case) -> int:
 
 
 def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> Any:
-    """Rank ``rank``'s rows of every tensor of the global batch (dicts, lists, tuples kept).
+    """Rank ``rank``'s rows of every tensor of the global batch (dicts, namedtuples, tuples
+    and lists kept).
 
     Tensors whose first dimension is the global batch are split; a scalar or any other
     tensor is given whole to every rank. (Also splits a rank's rows into micro-batches:
     ``slice_batch(rows, k, grad_accum, rows_per_rank)``.)
     """
-    if isinstance(batch, torch.Tensor):
-        if batch.dim() == 0 or batch.shape[0] != global_batch:
-            return batch
-        size = global_batch // world_size
-        return batch[rank * size:(rank + 1) * size]
-    if isinstance(batch, dict):
-        return {k: slice_batch(v, rank, world_size, global_batch) for k, v in batch.items()}
-    if isinstance(batch, list | tuple):
-        return type(batch)(slice_batch(v, rank, world_size, global_batch) for v in batch)
-    return batch
+    size = global_batch // world_size
+
+    def rows(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == global_batch:
+            return leaf[rank * size:(rank + 1) * size]
+        return leaf
+
+    return map_batch(batch, rows)
 
 
 def micro_batches(batch: Any, rank: int, case: Case) -> list[Any]:
     """Rank ``rank``'s micro-batches of the global batch of one step, in order: its rows
-    ``[rank * B/N, (rank+1) * B/N)``, cut into ``case.grad_accum`` consecutive parts."""
-    mine = slice_batch(batch, rank, case.world_size, case.batch)
+    ``[rank * B/N, (rank+1) * B/N)``, cut into ``case.grad_accum`` consecutive parts.
+    Numpy arrays are made tensors first (:func:`.torch_task.as_tensors`, as DataLoader
+    makes them): an array left one would be given whole to every rank."""
+    mine = slice_batch(as_tensors(batch), rank, case.world_size, case.batch)
     rows = case.batch // case.world_size
     return [slice_batch(mine, k, case.grad_accum, rows) for k in range(case.grad_accum)]
 

@@ -55,7 +55,10 @@ class TorchStep:
     against the baseline like the loss.
 
     ``make_batch(step)`` returns the batch of a step: tensors on the CPU in any nesting of
-    dicts, lists and tuples; the backend moves them to the device outside the timer.
+    dicts, lists, tuples and namedtuples; the backend moves them to the device outside the
+    timer. Numpy arrays and numpy scalars in it are made tensors first, as torch's
+    ``DataLoader`` makes them (``torch.utils.data.default_convert``: same dtype, memory
+    shared); Python numbers and strings are passed as they are.
 
     ``model`` is the ``nn.Module`` the step trains, or several (a list, or a dict by name):
     the backend moves it to the device (built on the CPU, its parameters keep their
@@ -121,8 +124,11 @@ class TorchStep:
             found = {"": model}
         bad = [k for k, v in found.items() if not isinstance(v, torch.nn.Module)]
         if bad or not found:
-            what = type(found[bad[0]]).__name__ if bad else "nothing"
-            raise TaskError(f"TorchStep.model of {self.label} must be the nn.Module the step "
+            # The element that is not a module, by its key or index, when several were given.
+            field = "TorchStep.model" + (f"[{bad[0]!r}]" if isinstance(model, Mapping) else
+                                         f"[{bad[0]}]" if bad and bad[0] else "")
+            what = given(found[bad[0]]) if bad else f"an empty {type(model).__name__}"
+            raise TaskError(f"{field} of {self.label} must be the nn.Module the step "
                             f"trains, or a list or dict of them; got {what}")
         return found
 
@@ -155,6 +161,26 @@ class TorchStep:
     def final_of(self) -> Any:
         """What the test gets back (``CaseResult.state``)."""
         return self.model if self.final is None else self.final()
+
+
+def given(value: Any) -> str:
+    """What a user gave where a module belongs, with the likely fix: a class or a function
+    that makes the model, named (the mistake of passing ``Net`` or ``make_model`` for
+    ``Net()``), else the value's type and its start."""
+    if isinstance(value, type):
+        if issubclass(value, torch.nn.Module):
+            return (f"the class {value.__name__}, not a model: pass an instance, "
+                    f"{value.__name__}(...)")
+        return f"the class {value.__name__}"
+    if callable(value) and not isinstance(value, torch.nn.Module):
+        return (f"the function {describe(value)}: pass the model it makes "
+                f"({getattr(value, '__name__', 'make_model')}())")
+    if value is None:
+        return "None"
+    text = repr(value)
+    if "\n" in text or len(text) > 60:  # an optimizer's repr is a table: its type says it
+        return f"a {type(value).__name__} object"
+    return f"{type(value).__name__} {text}"
 
 
 def host_array(value: torch.Tensor) -> np.ndarray:

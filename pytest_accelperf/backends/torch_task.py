@@ -3,22 +3,29 @@
 :class:`TorchTask` is trained by the torch backend (one process, as the
 :class:`~pytest_accelperf.backends.torch_step.TorchStep` that :meth:`TorchTask.to_step`
 makes of it), by DDP and DeepSpeed (ranks, :mod:`.torch_ranks`) and by the neuron
-backend; :func:`to_device` moves a batch,
+backend; :func:`to_device` moves a batch (numpy arrays made tensors as DataLoader makes
+them, :func:`as_tensors`),
 :func:`torch_probe` is the drift probe in torch's own kernels. Importing this module imports
 torch, and nothing of the backends that use it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import copy
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils.data import default_convert as _default_convert
 
-from pytest_accelperf.backends.common import describe
+from pytest_accelperf.backends.common import TaskError, describe
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
-from pytest_accelperf.backends.torch_step import TorchStep
+from pytest_accelperf.backends.torch_step import TorchStep, given
+
+#: ``torch.utils.data.default_convert``, untyped in torch: through Any for mypy --strict.
+default_convert: Any = _default_convert
 
 
 @dataclass
@@ -27,8 +34,9 @@ class TorchTask:
 
     ``make_model()`` is called after ``torch.manual_seed(seed)`` and builds the model on
     the CPU (the backend moves it). ``loss_fn(model, batch)`` returns a scalar loss;
-    ``make_batch(step)`` returns the batch of a step (tensors on the CPU, in any nesting of
-    dicts, lists and tuples; the backend moves them to the device, outside the timer).
+    ``make_batch(step)`` returns the batch of a step (tensors on the CPU, or numpy arrays,
+    made tensors as DataLoader makes them, in any nesting of dicts, lists, tuples and
+    namedtuples; the backend moves them to the device, outside the timer).
     ``compile`` wraps the model in ``torch.compile``; ``grad_clip`` clips the global
     gradient norm before every optimizer step.
     """
@@ -49,7 +57,11 @@ class TorchTask:
         returns ``{"loss": loss}``. With ``compile`` the step runs the
         ``torch.compile``-d model and FLOPs and memory are counted over the eager one."""
         torch.manual_seed(self.seed)
-        model = self.make_model().to(device)
+        made = self.make_model()
+        if not isinstance(made, torch.nn.Module):  # else an AttributeError on .to() below
+            raise TaskError(f"TorchTask.make_model {describe(self.make_model)} must return "
+                            f"the nn.Module to train; it returns {given(made)}")
+        model = made.to(device)
         optimizer = self.make_optimizer(model.parameters())
         runnable: Any = torch.compile(model) if self.compile else model
         loss_fn, grad_clip = self.loss_fn, self.grad_clip
@@ -117,15 +129,83 @@ def flop_counter() -> Any:
             _cpu_flash_attention_backward})
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
-    """``batch`` with every tensor moved to ``device`` (dicts, lists and tuples kept)."""
+def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
+    """``batch`` with ``leaf`` applied to each of its leaves (a tensor, an array, a number,
+    anything that is not a container), its containers kept: dicts and other mappings,
+    namedtuples, tuples and lists, nested."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
+        return leaf(batch)
+    if isinstance(batch, Mapping):
+        items = {k: map_batch(v, leaf) for k, v in batch.items()}
+        if type(batch) is dict:
+            return items
+        # Another mapping (an OrderedDict, a tokenizer's BatchEncoding) stays its type, as
+        # DataLoader's default_convert keeps it: a copy updated, else one made from items.
+        try:
+            if isinstance(batch, MutableMapping):
+                clone = copy.copy(batch)
+                clone.update(items)
+                return clone
+            kind: Any = type(batch)  # a Mapping subclass's constructor: unknown to mypy
+            return kind(items)
+        except TypeError:
+            return items
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(map_batch(v, leaf) for v in batch))
     if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
+        return type(batch)(map_batch(v, leaf) for v in batch)
+    return leaf(batch)
+
+
+def leaves_with_paths(batch: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """``(path, leaf)`` of each leaf of ``batch`` in order, paths as JAX's ``keystr``
+    writes them simply: ``x``, ``pair/0``, ``point/x`` (``""`` for a batch that is one
+    leaf)."""
+    if isinstance(batch, torch.Tensor):
+        return [(prefix, batch)]
+    items: Iterable[tuple[Any, Any]]
+    if isinstance(batch, Mapping):
+        items = batch.items()
+    elif isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        items = zip(batch._fields, batch, strict=True)
+    elif isinstance(batch, list | tuple):
+        items = enumerate(batch)
+    else:
+        return [(prefix, batch)]
+    out: list[tuple[str, Any]] = []
+    for key, value in items:
+        out.extend(leaves_with_paths(value, f"{prefix}/{key}" if prefix else str(key)))
+    return out
+
+
+def _as_tensor(leaf: Any) -> Any:
+    """A numpy array or numpy scalar as a tensor, as DataLoader converts one
+    (``default_convert``: ``torch.as_tensor``, sharing the array's memory); anything else
+    unchanged (a tensor, a Python number, a string). A read-only array (a memory-mapped
+    file's) is copied first: a tensor over it would be writable, which torch warns of."""
+    if isinstance(leaf, torch.Tensor):
+        return leaf
+    if isinstance(leaf, np.ndarray) and not leaf.flags.writeable:
+        leaf = leaf.copy()
+    return default_convert(leaf)
+
+
+def as_tensors(batch: Any) -> Any:
+    """``batch`` with its numpy arrays and numpy scalars as tensors, as torch's DataLoader
+    gives them (``torch.utils.data.default_convert``); its containers kept (dicts,
+    namedtuples, tuples, lists: ``default_convert`` alone turns a tuple into a list)."""
+    return map_batch(batch, _as_tensor)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor moved to ``device``, numpy arrays and numpy scalars made
+    tensors first (:func:`as_tensors`); its containers kept."""
+
+    def move(leaf: Any) -> Any:
+        leaf = _as_tensor(leaf)
+        return leaf.to(device) if isinstance(leaf, torch.Tensor) else leaf
+
+    return map_batch(batch, move)
 
 
 def sync(device: torch.device) -> None:

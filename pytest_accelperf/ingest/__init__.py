@@ -26,6 +26,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pytest_accelperf.ingest import cerebras, hf, neuron
 from pytest_accelperf.ingest.base import IngestError
 from pytest_accelperf.ingest.cerebras import parse_cerebras_log
 from pytest_accelperf.ingest.hf import parse_hf_trainer
@@ -39,11 +40,19 @@ PARSERS: dict[str, Parser] = {
     "hf-trainer": parse_hf_trainer,
     "cerebras": parse_cerebras_log,
 }
+#: What each parser reads: said when a file is not that at all (empty, not text).
+EXPECTS: dict[str, str] = {
+    "neuron": neuron.EXPECTS,
+    "hf-trainer": hf.EXPECTS,
+    "cerebras": cerebras.EXPECTS,
+}
 
 __all__ = [
+    "EXPECTS",
     "PARSERS",
     "IngestError",
     "Parser",
+    "decode",
     "parse_cerebras_log",
     "parse_file",
     "parse_hf_trainer",
@@ -54,25 +63,61 @@ __all__ = [
 
 
 def get_parser(parser: str | Parser) -> tuple[str, Parser]:
-    """``(name, function)`` of a registered parser name, or of a parser function."""
+    """``(name, function)`` of a registered parser name, or of a parser function; an
+    unknown name is an :class:`IngestError` naming the parsers there are."""
     if callable(parser):
         return getattr(parser, "__name__", "custom"), parser
     try:
         return parser, PARSERS[parser]
-    except KeyError:
-        raise ValueError(f"unknown parser {parser!r}; available: "
-                         f"{', '.join(sorted(PARSERS))} (or pass a function)") from None
+    except (KeyError, TypeError):  # TypeError: an unhashable value given as the name
+        raise IngestError(f"parser={parser!r}", 0,
+                          f"no such parser; the parsers are {', '.join(sorted(PARSERS))} "
+                          f"(or pass a function (text, source) -> list[Run])") from None
 
 
 def parse_file(path: str | os.PathLike[str], parser: str | Parser) -> list[Run]:
-    """The runs in the file at ``path``; errors name the file and line."""
-    _, parse = get_parser(parser)
+    """The runs in the file at ``path``; errors name the file and line. A file that is
+    empty, not text (a NUL byte, bytes that are not UTF-8) or UTF-16 is an
+    :class:`IngestError` naming the file, the parser and what it reads."""
+    name, parse = get_parser(parser)
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        data = p.read_bytes()
     except OSError as exc:
         raise IngestError(str(p), 0, f"cannot read: {exc.strerror or exc}") from None
-    return parse(text, str(p))
+    return parse(decode(data, str(p), name), str(p))
+
+
+def decode(data: bytes, source: str, parser: str) -> str:
+    """``data`` as text (UTF-8, a byte-order mark dropped), or an :class:`IngestError` that
+    says what the file is instead and what the parser reads."""
+    expects = EXPECTS.get(parser, "text")
+    wants = f"the {parser} parser expects {expects}"
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):  # what PowerShell's '>' writes
+        raise IngestError(source, 0, f"UTF-16 text (its byte-order mark); {wants}: save it as "
+                                     f"UTF-8 (iconv -f UTF-16 -t UTF-8)")
+    if not data.strip():
+        what = "empty" if not data else f"only whitespace ({len(data)} bytes)"
+        raise IngestError(source, 0, f"the file is {what}; {wants}")
+    # A NUL byte is valid UTF-8 but in no tool's log: a binary file (a profile's .ntff).
+    # Whichever of it and a byte that is not UTF-8 comes first is the one named.
+    nul = data.find(b"\0")
+    try:
+        text = data.decode("utf-8-sig")
+        why = ""
+    except UnicodeDecodeError as exc:
+        at = exc.start
+        if exc.reason == "unexpected end of data":
+            why = f"it ends inside a UTF-8 character at offset {at}: truncated?"
+        else:
+            why = f"byte 0x{data[at]:02x} at offset {at} is not UTF-8"
+        if 0 <= nul < at:
+            why = ""
+    if nul >= 0 and not why:
+        why = f"a NUL byte at offset {nul}"
+    if why:
+        raise IngestError(source, 0, f"not a text file ({why}); {wants}")
+    return text
 
 
 def select_run(runs: list[Run], section: str | None, source: str) -> Run:

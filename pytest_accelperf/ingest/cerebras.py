@@ -32,11 +32,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_accelperf.ingest.base import NUMBER, IngestError
+from pytest_accelperf.ingest.base import NUMBER, IngestError, clip, finite, parse_int
 from pytest_accelperf.run import Run
 from pytest_accelperf.units import UnitError, to_base_unit
 
-_LOG = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ([A-Z]+):\s+(.*?)\s*$")
+# The message is stripped in code: "(.*?)\s*$" backtracked quadratically on a long line.
+_LOG = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ([A-Z]+):\s+(.*)$")
+#: What this parser reads, for the errors of a file it cannot (:func:`.parse_file`).
+EXPECTS = ("a Cerebras Model Zoo run log as text ('2024-04-10 06:09:56,046 INFO:   ...' "
+           "lines, each run from 'Effective batch size is N.' to 'Processed N sample(s) in S "
+           "seconds.')")
 _BATCH = re.compile(r"^Effective batch size is (\d+)\.$")
 _STEP = re.compile(rf"^\| Train Device=(\w+), Step=(\d+), Loss=({NUMBER}|nan|inf), "
                    rf"Rate=({NUMBER}) (\S+), GlobalRate=({NUMBER}) (\S+)$")
@@ -77,15 +82,18 @@ def _rate(value: str, unit: str, source: str, line: int, what: str) -> float:
     except UnitError as exc:
         raise IngestError(source, line, f"{what}: {exc}") from None
     if dimension != "samples/s":
-        raise IngestError(source, line, f"{what}: {unit!r} is not a rate in samples/sec")
-    return rate
+        raise IngestError(source, line, f"{what}: {clip(unit)} is not a rate in samples/sec")
+    if not rate > 0:  # a step time is batch / rate
+        raise IngestError(source, line, f"{what}: {value} {clip(unit)} is no rate of a run "
+                                        f"that trained")
+    return finite(rate, source, line, what)
 
 
 def _step(log: _Log, m: re.Match[str], source: str, line: int) -> None:
     if log.done is not None:
         raise IngestError(source, line, f"a Step line after the run's summary at line "
                                         f"{log.done[2]} (reordered log?)")
-    step = int(m.group(2))
+    step = parse_int(m.group(2), source, line, "Step")
     if log.steps and step <= log.steps[-1]:
         raise IngestError(source, line, f"Step={step} follows Step={log.steps[-1]} of line "
                                         f"{log.step_lines[-1]}: steps must increase "
@@ -149,13 +157,20 @@ def parse_cerebras_log(text: str, source: str = "<text>") -> list[Run]:
         m = _LOG.match(raw)
         if m is None:
             continue
-        when = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
-        message = m.group(3)
+        try:
+            when = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:  # the shape of a timestamp, not a date: a month 13, a day 00
+            raise IngestError(source, lineno, f"timestamp {m.group(1)} is not a date and "
+                                              f"time") from None
+        message = m.group(3).rstrip()
         batch = _BATCH.match(message)
         if batch:
             if log is not None:
                 runs.append(_finish(log, source, lineno - 1))
-            log = _Log(int(batch.group(1)), lineno, note or f"batch size {batch.group(1)}")
+            size = parse_int(batch.group(1), source, lineno, "Effective batch size")
+            if size == 0:
+                raise IngestError(source, lineno, "Effective batch size is 0")
+            log = _Log(size, lineno, note or f"batch size {batch.group(1)}")
             note, last_time = "", None
         if log is None:
             continue
@@ -169,11 +184,13 @@ def parse_cerebras_log(text: str, source: str = "<text>") -> list[Run]:
             continue
         done = _DONE.match(message)
         if done:
-            log.done = (int(done.group(1)), float(done.group(2)), lineno)
+            log.done = (parse_int(done.group(1), source, lineno, "Processed samples"),
+                        finite(float(done.group(2)), source, lineno, "Processed seconds"),
+                        lineno)
             continue
         devices = _DEVICES.match(message)
         if devices:
-            log.devices = int(devices.group(1))
+            log.devices = parse_int(devices.group(1), source, lineno, "devices")
             continue
         if message.startswith("| Train"):
             raise IngestError(source, lineno, f"unrecognized step line: {message[:100]!r}")
@@ -181,7 +198,7 @@ def parse_cerebras_log(text: str, source: str = "<text>") -> list[Run]:
             if pattern.match(message):
                 log.events.setdefault(event, (when, lineno))
     if log is None:
-        raise IngestError(source, 0, "no 'Effective batch size is N.' line: not a Cerebras "
-                                     "run log")
+        raise IngestError(source, 0, f"no 'Effective batch size is N.' line: not a Cerebras "
+                                     f"run log; the cerebras parser expects {EXPECTS}")
     runs.append(_finish(log, source, lineno))
     return runs

@@ -32,13 +32,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_accelperf.ingest.base import IngestError, near_int, parse_number
+from pytest_accelperf.ingest.base import IngestError, clip, near_int, parse_number
 from pytest_accelperf.run import Run
 
 HEADER = re.compile(r"^\s*\*{5} (\w+) metrics \*{5}\s*$")
 _LINE = re.compile(r"^\s+(\w+)\s+=\s+(\S+)\s*$")
 _DURATION = re.compile(r"^(\d+):(\d{2}):(\d{2}(?:\.\d+)?)$")
 _FLOS = re.compile(r"^(\d+)GF$")
+#: What this parser reads, for the errors of a file it cannot (:func:`.parse_file`).
+EXPECTS = ("a Hugging Face Trainer log holding a '***** train metrics *****' block "
+           "(trainer.log_metrics('train', metrics)), as text")
 #: Keys a train block must have to make a run.
 REQUIRED = ("train_loss", "train_runtime", "train_samples_per_second", "train_steps_per_second")
 
@@ -58,13 +61,17 @@ def _value(key: str, text: str, source: str, line: int) -> float:
     if key.endswith("_runtime"):
         m = _DURATION.match(text)
         if m is None:
-            raise IngestError(source, line, f"{key}: {text!r} is not a duration H:MM:SS.ss")
+            raise IngestError(source, line, f"{key}: {clip(text)} is not a duration H:MM:SS.ss")
+        if len(m.group(1)) > 9:  # a billion hours: no run, and int() of a huge one is slow
+            raise IngestError(source, line, f"{key}: {clip(text)} is out of range")
         return int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
     if key == "total_flos":
         m = _FLOS.match(text)
         if m is None:
-            raise IngestError(source, line, f"total_flos: {text!r} is not '<n>GF' (the "
+            raise IngestError(source, line, f"total_flos: {clip(text)} is not '<n>GF' (the "
                                             f"Trainer prints FLOs in units of 2**30 as GF)")
+        if len(m.group(1)) > 30:  # beyond a float (and int() of a huge one is slow)
+            raise IngestError(source, line, f"total_flos: {clip(text)} is out of range")
         return float(int(m.group(1)) << 30)
     return parse_number(text, source, line, key)
 
@@ -87,7 +94,7 @@ def parse_blocks(lines: list[str], source: str, first_line: int = 1) -> list[Met
             if raw.strip() and "=" in raw:
                 raise IngestError(source, lineno, f"line in the {current.split} metrics block "
                                                   f"of line {current.line} is not 'key = value': "
-                                                  f"{raw.strip()!r}")
+                                                  f"{clip(raw.strip())}")
             current = None  # a blank line or a code fence ends the block
             continue
         key, text = m.group(1), m.group(2)
@@ -117,6 +124,11 @@ def run_from_block(block: MetricsBlock, source: str, case_id: str,
     m = block.metrics
     sps, steps_ps = m["train_samples_per_second"], m["train_steps_per_second"]
     at = block.lines["train_steps_per_second"]
+    for key in ("train_samples_per_second", "train_steps_per_second", "train_runtime"):
+        if m[key] <= 0:  # a rate or a time of 0 is no measurement (and 1/0 below)
+            raise IngestError(source, block.lines[key], f"{key} is {block.texts[key]}: a "
+                                                        f"training's rate and runtime are "
+                                                        f"positive")
     batch = near_int(sps / steps_ps, source, at, "train_samples_per_second / "
                                                   "train_steps_per_second (samples per step)")
     if batch_hint is not None and batch_hint != batch:
@@ -144,5 +156,6 @@ def parse_hf_trainer(text: str, source: str = "<text>") -> list[Run]:
     """One run per ``train`` metrics block of a Trainer log (eval-only blocks are skipped)."""
     blocks = [b for b in parse_blocks(text.splitlines(), source) if b.split == "train"]
     if not blocks:
-        raise IngestError(source, 0, "no '***** train metrics *****' block found")
+        raise IngestError(source, 0, f"no '***** train metrics *****' block found; the "
+                                     f"hf-trainer parser expects {EXPECTS}")
     return [run_from_block(b, source, f"hf-train-{i}") for i, b in enumerate(blocks)]

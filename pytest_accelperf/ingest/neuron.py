@@ -34,12 +34,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_accelperf.ingest.base import IngestError, parse_quantity, slug
+from pytest_accelperf.ingest.base import IngestError, clip, parse_int, parse_quantity, slug
 from pytest_accelperf.ingest.hf import HEADER as HF_HEADER
 from pytest_accelperf.ingest.hf import parse_blocks, run_from_block
 from pytest_accelperf.run import Run
 
-_HEADING = re.compile(r"^#{1,6}\s+(\S.*?)\s*$")
+# The title is stripped in code: "(\S.*?)\s*$" backtracked quadratically on a long line.
+_HEADING = re.compile(r"^#{1,6}\s+(\S.*)$")
 _LNC = re.compile(r"Logical NeuronCore config = (\d+)")
 _SEPARATOR = re.compile(r"^\|(\s*:?-+:?\s*\|)+\s*$")
 _BATCH = re.compile(r"batch\s*(\d+)", re.IGNORECASE)
@@ -47,6 +48,10 @@ SUMMARY_HEADER = ["Group", "Name", "Value"]
 MEMORY_HEADER = ["ND Idx", "NC Idx", "Usage Type", "Amount"]
 #: Groups whose values are text (versions, instance type), kept as strings.
 TEXT_GROUPS = ("system",)
+#: What this parser reads, for the errors of a file it cannot (:func:`.parse_file`).
+EXPECTS = ("the Markdown/text profile report of neuron-profile (the tables of `neuron-profile "
+           "view --output-format summary-text`, one '# heading' section per run), optionally "
+           "with Hugging Face Trainer '***** train metrics *****' blocks")
 #: Summary metrics without which a section is not a usable profile.
 REQUIRED = ("total_time", "model_flops", "hardware_flops", "mfu_estimated_percent",
             "hbm_read_bytes", "hbm_write_bytes")
@@ -85,8 +90,8 @@ def _plain(cell: str) -> str:
 def _add(profile: Profile, group: str, name: str, value: str, source: str, line: int,
          seen: dict[str, int]) -> None:
     if name in seen:
-        raise IngestError(source, line, f"metric {name} appears twice in this summary (first "
-                                        f"at line {seen[name]})")
+        raise IngestError(source, line, f"metric {clip(name)} appears twice in this summary "
+                                        f"(first at line {seen[name]})")
     seen[name] = line
     profile.groups[name] = group
     if group in TEXT_GROUPS:
@@ -111,7 +116,7 @@ def _summary_rows(rows: list[tuple[int, str]], profile: Profile, source: str) ->
             _add(profile, group, _plain(second), _plain(third), source, line, seen)
         elif _bold(first) and not third:  # continues the current group
             if group is None:
-                raise IngestError(source, line, f"metric {_plain(first)} comes before any "
+                raise IngestError(source, line, f"metric {_plain(first)[:80]} comes before any "
                                                 f"group row (reordered table?)")
             _add(profile, group, _plain(first), _plain(second), source, line, seen)
         else:
@@ -127,16 +132,16 @@ def _memory_rows(rows: list[tuple[int, str]], profile: Profile, source: str) -> 
             raise IngestError(source, line, f"memory row has {len(cells)} cells, expected 4 "
                                             f"(ND Idx | NC Idx | Usage Type | Amount)")
         nd, nc, usage, amount = cells[0], cells[1], cells[2], _plain(cells[3])
-        if not (nd.isdigit() and nc.isdigit()):
-            raise IngestError(source, line, f"memory row: ND/NC index {nd!r}/{nc!r} is not a "
-                                            f"number")
-        q = parse_quantity(amount, source, line, f"memory {usage!r}")
+        if not (nd.isascii() and nd.isdigit() and nc.isascii() and nc.isdigit()):
+            raise IngestError(source, line, f"memory row: ND/NC index {clip(nd, 20)}/"
+                                            f"{clip(nc, 20)} is not a number")
+        q = parse_quantity(amount, source, line, f"memory {clip(usage)}")
         if q.dimension != "bytes":
-            raise IngestError(source, line, f"memory {usage!r}: {amount!r} is not a size in "
-                                            f"bytes")
+            raise IngestError(source, line, f"memory {clip(usage)}: {clip(amount)} is not a "
+                                            f"size in bytes")
         usages = profile.memory.setdefault(f"nd{nd}:nc{nc}", {})
         if usage in usages:
-            raise IngestError(source, line, f"memory usage type {usage!r} appears twice")
+            raise IngestError(source, line, f"memory usage type {clip(usage)} appears twice")
         usages[usage] = round(q.value)
 
 
@@ -160,7 +165,7 @@ def _table(rows: list[tuple[int, str]], profile: Profile, source: str) -> None:
         profile.memory_line = hline
         _memory_rows([(hline, header), *body], profile, source)
     else:
-        raise IngestError(source, hline, f"unknown table header {names}; expected "
+        raise IngestError(source, hline, f"unknown table header {clip(str(names))}; expected "
                                          f"{SUMMARY_HEADER} or {MEMORY_HEADER}")
 
 
@@ -176,7 +181,7 @@ def _sections(text: str) -> list[_Section]:
     for i, raw in enumerate(text.splitlines(), start=1):
         m = _HEADING.match(raw)
         if m and not raw.startswith("#" * 7):
-            sections.append(_Section(m.group(1), i))
+            sections.append(_Section(m.group(1).rstrip(), i))
         else:
             sections[-1].lines.append(raw)
     return sections
@@ -197,7 +202,8 @@ def parse_profile(lines: list[str], first_line: int, source: str) -> Profile | N
             found, table = True, []
         m = _LNC.search(raw)
         if m:
-            profile.logical_cores = int(m.group(1))
+            profile.logical_cores = parse_int(m.group(1), source, lineno,
+                                              "Logical NeuronCore config")
     if not found:
         return None
     missing = [k for k in REQUIRED if k not in profile.metrics]
@@ -239,12 +245,16 @@ def _run(section: _Section, source: str) -> Run | None:
                                                      "section: give each run its own heading")
     title = section.title or "untitled"
     m = _BATCH.search(title)
-    batch = int(m.group(1)) if m else None
+    batch = parse_int(m.group(1), source, section.line, "the heading's batch") if m else None
     case_id = slug(title)
     if hf_blocks:
         run = run_from_block(hf_blocks[0], source, case_id, batch_hint=batch)
     else:
         assert profile is not None
+        if profile.metrics["total_time"] <= 0:  # the run's one step time
+            raise IngestError(source, profile.line, f"total_time is "
+                                                    f"{profile.metrics['total_time']:g} s: a "
+                                                    f"profiled execution takes time")
         run = Run(case_id=case_id, samples_per_step=batch or 0,
                   step_times=[profile.metrics["total_time"]],
                   extra={"source": f"{source}:{profile.line}"})
@@ -280,10 +290,11 @@ def parse_neuron_report(text: str, source: str = "<text>") -> list[Run]:
         if run is None:
             continue
         if run.case_id in seen:
-            raise IngestError(source, section.line, f"section {section.title!r} repeats the "
-                                                    f"heading of line {seen[run.case_id]}")
+            raise IngestError(source, section.line, f"section {clip(section.title)} repeats "
+                                                    f"the heading of line {seen[run.case_id]}")
         seen[run.case_id] = section.line
         runs.append(run)
     if not runs:
-        raise IngestError(source, 0, "no profiler summary table or train metrics block found")
+        raise IngestError(source, 0, f"no profiler summary table or train metrics block "
+                                     f"found; the neuron parser expects {EXPECTS}")
     return runs
