@@ -125,8 +125,9 @@ class TorchStep:
         bad = [k for k, v in found.items() if not isinstance(v, torch.nn.Module)]
         if bad or not found:
             # The element that is not a module, by its key or index, when several were given.
-            field = "TorchStep.model" + (f"[{bad[0]!r}]" if isinstance(model, Mapping) else
-                                         f"[{bad[0]}]" if bad and bad[0] else "")
+            field = "TorchStep.model" + ("" if not bad else
+                                         f"[{bad[0]!r}]" if isinstance(model, Mapping) else
+                                         f"[{bad[0]}]" if bad[0] else "")
             what = given(found[bad[0]]) if bad else f"an empty {type(model).__name__}"
             raise TaskError(f"{field} of {self.label} must be the nn.Module the step "
                             f"trains, or a list or dict of them; got {what}")
