@@ -337,7 +337,8 @@ class CaseRunner:
         __tracebackhide__ = True
         settings = self.settings
         try:
-            ray_cluster = cluster_for(self._item.config, settings.cluster)
+            ray_cluster = cluster_for(self._item.config, settings.cluster,
+                                      settings.cluster_wait)
             where = route(self.spec, self.case, cluster=ray_cluster is not None)
             if where == "ray":
                 # The cluster's resources, not the host lock, keep cases apart there.
