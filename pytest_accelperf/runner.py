@@ -47,7 +47,7 @@ from pytest_accelperf.checks.throughput import NOISY_KEY, recording_noise
 from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.fingerprint import differences
-from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, watchdog
+from pytest_accelperf.hangs import CaseTimeout, HostLockError, case_alarm, watchdog
 from pytest_accelperf.judge import (
     ABComparison,
     Confirmation,
@@ -381,7 +381,7 @@ class CaseRunner:
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(lock)
-            except HostLockTimeout as exc:
+            except HostLockError as exc:  # a wait past the timeout, or a lock file unusable
                 self._fail(Run(case_id=self.case.id, outcome="error", message=str(exc),
                                environment=self._session.environment), str(exc))
             yield
