@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import os
 import signal
 import socket
@@ -186,7 +187,17 @@ HOST_LOCK_NAME = "accelperf-cpu-host.lock"
 NOTICE_AFTER_S = 5.0
 
 
-class HostLockTimeout(Exception):
+#: Bytes of a holder file read: it holds one short line of JSON; a larger one is not ours.
+_HOLDER_BYTES = 4096
+#: Linux's largest possible pid (the ceiling of ``kernel.pid_max``); past it, not a pid.
+_PID_MAX = 2**22
+
+
+class HostLockError(Exception):
+    """The host lock could not be taken; the message names the lock and what to do."""
+
+
+class HostLockTimeout(HostLockError):
     """The host lock was not free within ``--accelperf-host-lock-timeout``."""
 
 
@@ -202,24 +213,70 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's process
         return True
+    except (OverflowError, ValueError):  # not a pid at all
+        return False
     return True
+
+
+@dataclass(frozen=True)
+class Holder:
+    """What a holder file says: ``pid`` and ``case``, since when (None where it does not
+    say so sensibly) and on which host."""
+
+    pid: int
+    case: str
+    since: float | None
+    host: str
+
+
+def read_holder(lock_path: Path) -> Holder | str:
+    """The holder that ``lock_path``'s sidecar file names, or why it names none (a file
+    that is missing, unreadable or not what a holder writes). Anything may be in that file
+    (a crash mid-write, another program, a hand edit): nothing in it raises here."""
+    try:
+        with holder_path(lock_path).open("rb") as f:
+            raw = f.read(_HOLDER_BYTES)
+    except FileNotFoundError:
+        return "no holder file"
+    except OSError as exc:
+        return f"its holder file cannot be read: {exc.strerror or exc}"
+    if not raw.strip():  # a holder between creating its file and writing it
+        return "no holder file"
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return f"its holder file is not JSON: {raw[:40]!r}"
+    if not isinstance(data, dict):
+        return f"its holder file is not what a holder writes: {raw[:40]!r}"
+    pid, case, since = data.get("pid"), data.get("case"), data.get("since")
+    # bool is an int to Python; pid 0 and negative pids name process groups to os.kill.
+    if type(pid) is not int or not 0 < pid <= _PID_MAX or not isinstance(case, str):
+        return f"its holder file is not what a holder writes: {raw[:40]!r}"
+    started: float | None = None  # a time that cannot be when it took the lock: unknown
+    if (isinstance(since, int | float) and not isinstance(since, bool)
+            and math.isfinite(since) and 0 < since <= time.time() + 60):
+        started = float(since)
+    host = data.get("host")
+    return Holder(pid=pid, case=case if case.isprintable() else repr(case), since=started,
+                  host=host if isinstance(host, str) else "")
 
 
 def describe_holder(lock_path: Path) -> str:
     """Who holds the lock, as its sidecar file says: ``pid 123 (case ..., for 2 min)``."""
-    try:
-        data = json.loads(holder_path(lock_path).read_text(encoding="utf-8"))
-        pid, case = int(data["pid"]), str(data["case"])
-        since, host = float(data["since"]), str(data.get("host", ""))
-    except (OSError, ValueError, KeyError, TypeError):
+    holder = read_holder(lock_path)
+    if holder == "no holder file":
         return ("a process that did not say who it is (a session of an older pytest-accelperf, "
                 "or one that has only just taken the lock)")
-    if host == socket.gethostname() and not _alive(pid):
-        return (f"a process that did not say who it is (the last holder recorded, pid {pid}, "
-                f"has exited)")
-    held = max(0.0, time.time() - since)
+    if isinstance(holder, str):
+        return f"a process that did not say who it is ({holder})"
+    if holder.host == socket.gethostname() and not _alive(holder.pid):
+        return (f"a process that did not say who it is (the last holder recorded, pid "
+                f"{holder.pid}, has exited)")
+    if holder.since is None:
+        return f"pid {holder.pid} (case {holder.case})"
+    held = max(0.0, time.time() - holder.since)
     for_ = f"{held:.0f} s" if held < 120 else f"{held / 60:.0f} min"
-    return f"pid {pid} (case {case}, holding it for {for_})"
+    return f"pid {holder.pid} (case {holder.case}, holding it for {for_})"
 
 
 @contextlib.contextmanager
@@ -244,6 +301,12 @@ def host_lock(case: str, timeout: float | None, notify: Callable[[str], None], *
             f"session, stop it if it is stuck, or raise --accelperf-host-lock-timeout (0 waits "
             f"forever)")
 
+    def unusable(exc: OSError) -> HostLockError:
+        return HostLockError(
+            f"{case}: cannot take the CPU host lock {path}: {exc.strerror or exc}. Every "
+            f"session on this machine locks that one file: make it a file this user can open "
+            f"for writing (remove what is there; a session creates it again)")
+
     first = NOTICE_AFTER_S if timeout is None else min(NOTICE_AFTER_S, timeout)
     try:
         lock.acquire(timeout=first)
@@ -258,6 +321,10 @@ def host_lock(case: str, timeout: float | None, notify: Callable[[str], None], *
             lock.acquire(timeout=left)
         except filelock.Timeout:
             raise give_up() from None
+        except OSError as exc:
+            raise unusable(exc) from None
+    except OSError as exc:  # a directory, a symlink loop, another user's file: not a wait
+        raise unusable(exc) from None
     sidecar = holder_path(path)
     try:
         with contextlib.suppress(OSError):

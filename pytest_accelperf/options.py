@@ -182,9 +182,11 @@ OPTIONS: tuple[Option, ...] = (
            "than the probe corrects for, and slows A/B mode's two revisions unequally. The "
            "same bound holds while a JAX step compiles. The machine's core count turns the "
            "check off. Default: 0.25.", "float", 0.25),
-    Option("cluster_wait", "--accelperf-cluster-wait", "seconds a case waits for a Ray "
-           "cluster that does not have the resources it asks for before it fails (a busy "
-           "cluster is waited for). Default: 60.", "float", 60.0),
+    Option("cluster_wait", "--accelperf-cluster-wait", "seconds to wait for a Ray cluster "
+           "before failing: for its address to answer (asked before Ray connects; a head "
+           "that is still starting is waited for; Ray's own connect then gets 30 s more), "
+           "and for the resources a case asks for (a busy cluster is waited for). "
+           "Default: 60.", "float", 60.0),
     Option("host_lock_timeout", "--accelperf-host-lock-timeout", "seconds a CPU case waits "
            "for the host-wide lock that makes CPU cases of all sessions on this machine train "
            "one at a time, before it fails naming the process that holds it. 0 waits "

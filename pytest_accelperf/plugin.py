@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from pytest_accelperf import hookspecs
-from pytest_accelperf.ab.tree import resolve
+from pytest_accelperf.ab.tree import RevisionError, resolve
 from pytest_accelperf.accel import (
     Accelerator,
     AcceleratorUnavailable,
@@ -110,7 +110,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                 raise pytest.UsageError(
                     "--accelperf-compare and --accelperf-cluster cannot be combined: A/B mode "
                     "alternates two revisions on this machine; drop one of them")
-            resolve(session.config.rootpath, settings.compare)  # a bad ref stops here
+            try:
+                resolve(session.config.rootpath, settings.compare)  # a bad ref stops here
+            except RevisionError as exc:
+                raise pytest.UsageError(str(exc)) from None
         ray_session.session_start(session.config, settings.cluster, is_worker(session.config))
 
 

@@ -48,7 +48,7 @@ from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.fingerprint import differences
-from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, watchdog
+from pytest_accelperf.hangs import CaseTimeout, HostLockError, case_alarm, watchdog
 from pytest_accelperf.judge import (
     ABComparison,
     Confirmation,
@@ -354,7 +354,8 @@ class CaseRunner:
         __tracebackhide__ = True
         settings = self.settings
         try:
-            ray_cluster = cluster_for(self._item.config, settings.cluster)
+            ray_cluster = cluster_for(self._item.config, settings.cluster,
+                                      settings.cluster_wait)
             where = route(self.spec, self.case, cluster=ray_cluster is not None)
             if where == "ray":
                 # The cluster's resources, not the host lock, keep cases apart there.
@@ -397,7 +398,7 @@ class CaseRunner:
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(lock)
-            except HostLockTimeout as exc:
+            except HostLockError as exc:  # a wait past the timeout, or a lock file unusable
                 self._fail(Run(case_id=self.case.id, outcome="error", message=str(exc),
                                environment=self._session.environment), str(exc))
             yield

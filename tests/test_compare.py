@@ -13,11 +13,14 @@ from pathlib import Path
 import pytest
 from conftest import Suite, verdicts
 
-from pytest_accelperf.ab.rounds import ABMeasurement, round_orders
-from pytest_accelperf.ab.tree import extract, moved_path, snapshot
+from pytest_accelperf.ab import CompareError, rounds, tree
+from pytest_accelperf.ab.rounds import ABMeasurement, Comparison, round_orders
+from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot
 from pytest_accelperf.ab.verdict import ab_check
+from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.contention import Contention, Load
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.stats import paired_ratio, throughput_verdict
 
 pytest.importorskip("jax")
@@ -258,3 +261,83 @@ def test_both_arms_run_from_trees_of_the_same_layout(tmp_path: Path) -> None:
     entries = [str(repo / "pkg"), "/usr/lib", str(repo)]
     assert ([p.replace(str(base), "T") for p in moved_path(entries, repo, base)]
             == [p.replace(str(head), "T") for p in moved_path(entries, repo, head)])
+
+
+def _committed(path: Path) -> Path:
+    """A git repository at ``path`` with one commit."""
+    path.mkdir(parents=True)
+    (path / "a.py").write_text("")
+    _git(path, "init", "-q")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "base")
+    return path
+
+
+def test_a_bad_revision_is_a_user_error_naming_the_option_and_the_ref(tmp_path: Path) -> None:
+    root = _committed(tmp_path / "repo")
+    with pytest.raises(UserError) as info:
+        resolve(root, "nosuchref")
+    assert str(info.value) == (
+        f"--accelperf-compare=nosuchref: git cannot resolve 'nosuchref' to a commit in "
+        f"{root}; pass a branch, tag or commit (in a shallow CI clone fetch it first, e.g. "
+        f"git fetch origin main && --accelperf-compare=origin/main)")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(UserError, match=rf"^--accelperf-compare=main: {plain} is not in a "
+                                        rf"git repository \(fatal: not a git repository"):
+        resolve(plain, "main")
+
+
+@pytest.fixture
+def stuck_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``git`` that never answers (10 s here), first on PATH; the plugin's git timeouts
+    cut to 1 s."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text("#!/bin/sh\nexec sleep 10\n")
+    (bin_dir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(tree, "GIT_TIMEOUT_S", 1.0, raising=False)  # none before the fix
+    monkeypatch.setattr(tree, "ARCHIVE_TIMEOUT_S", 1.0, raising=False)
+
+
+def test_a_git_that_does_not_answer_is_stopped_and_named(tmp_path: Path,
+                                                         stuck_git: None) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(UserError) as info:
+        resolve(tmp_path, "main")
+    assert time.monotonic() - t0 < 5
+    assert str(info.value) == (f"--accelperf-compare=main: git rev-parse in {tmp_path} did "
+                               f"not finish within 1 s (it was stopped); is the repository "
+                               f"on a filesystem that hangs?")
+    t0 = time.monotonic()
+    with pytest.raises(CompareError, match=r"^git archive 0123456789ab did not finish within "
+                                           r"1 s \(it was stopped\)$"):
+        extract(tmp_path, "0123456789abcdef", tmp_path)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_comparison_that_cannot_be_set_up_is_not_tried_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setup that failed after its timeout (git archive stuck for 600 s) must not cost
+    every later case of the session as long again."""
+    comparison = Comparison("HEAD", _committed(tmp_path / "repo"), "cpu", 1, None)
+    tried: list[str] = []
+
+    def stuck(root: Path, sha: str, into: Path) -> Path:
+        tried.append(sha)
+        raise CompareError("git archive 0123456789ab did not finish within 600 s")
+
+    monkeypatch.setattr(rounds, "extract", stuck)
+    case = Case(backend="jax", batch=8)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(CompareError) as info:
+            comparison.measure(case, "test_x.py", "test_x", rounds=2, block=1, budget=1,
+                               tolerance=0.01)
+        messages.append(str(info.value))
+    assert len(tried) == 1
+    assert messages == ["git archive 0123456789ab did not finish within 600 s",
+                        "git archive 0123456789ab did not finish within 600 s (found by an "
+                        "earlier case of this session; not tried again)"]
+    comparison.close()

@@ -7,7 +7,8 @@ import importlib
 
 import pytest
 
-MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines", "backends.common"]
+MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines", "backends.common",
+           "cluster.address"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -317,6 +317,95 @@ def test_a_dead_holders_sidecar_is_not_believed(tmp_path: Path) -> None:
         f"{int(dead.stdout)}, has exited)")
 
 
+def test_a_killed_holder_frees_the_lock_at_once(tmp_path: Path) -> None:
+    """The lock is the kernel's (flock): a holder killed with SIGKILL holds nothing, and its
+    holder file, left behind, is replaced by the next holder's. (True before issue 30 too:
+    kept as a guard, the lock being filelock's to implement.)"""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path), "60"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    proc.kill()
+    proc.communicate()
+    sidecar = tmp_path / f"{hangs.HOST_LOCK_NAME}.holder"
+    assert json.loads(sidecar.read_text())["pid"] == proc.pid  # left behind
+    said: list[str] = []
+    start = time.monotonic()
+    with host_lock("mine", 30, said.append, directory=tmp_path):
+        assert time.monotonic() - start < 1
+        assert json.loads(sidecar.read_text())["pid"] == os.getpid()
+    assert said == []
+
+
+def test_a_holder_file_that_is_garbage_names_nobody_and_breaks_nothing(
+        holder: tuple[Path, subprocess.Popen[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anything may be in the holder file (a crash mid-write, another program): the wait
+    goes on as the lock says, and the holder is not made up from it."""
+    directory, proc = holder
+    lock = directory / hangs.HOST_LOCK_NAME
+    sidecar = hangs.holder_path(lock)
+    here = socket.gethostname()
+    # a pid too large for os.kill: the wait used to end in OverflowError, our traceback
+    sidecar.write_text(f'{{"pid": 99999999999999999999, "case": "c", "since": 0, '
+                       f'"host": "{here}"}}')
+    monkeypatch.setattr(hangs, "NOTICE_AFTER_S", 0.2)
+    said: list[str] = []
+    with (pytest.raises(HostLockTimeout, match="held by a process that did not say who it is"),
+          host_lock("mine", 0.6, said.append, directory=directory)):
+        pytest.fail("the lock is held by the other process")
+    assert len(said) == 1 and "did not say who it is" in said[0]
+    nobody = {
+        b"\xff\xfe": "its holder file is not JSON: b'\\xff\\xfe'",
+        b"[" * 5000: "its holder file is not JSON: b'" + "[" * 40 + "'",  # too deep to parse
+        b"[1]": "its holder file is not what a holder writes: b'[1]'",
+        b'{"pid": true, "case": "c"}': "its holder file is not what a holder writes: "
+                                       "b'{\"pid\": true, \"case\": \"c\"}'",
+    }
+    for pid in ("99999999999999999999", "-1", "0", "1e400"):
+        text = f'{{"pid": {pid}, "case": "c", "since": 0, "host": "{here}"}}'.encode()
+        nobody[text] = f"its holder file is not what a holder writes: {text[:40]!r}"
+    for text, why in nobody.items():
+        sidecar.write_bytes(text)
+        assert hangs.describe_holder(lock) == f"a process that did not say who it is ({why})"
+    for since in ("1e308", "-1e308", "NaN"):  # when it took the lock: not a time
+        sidecar.write_text(f'{{"pid": {proc.pid}, "case": "c", "since": {since}, '
+                           f'"host": "{here}"}}')
+        assert hangs.describe_holder(lock) == f"pid {proc.pid} (case c)"
+
+
+def test_a_lock_path_that_is_no_lock_file_fails_the_case_at_once_naming_it(
+        suite: Suite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory where the lock file should be (or a symlink loop) is not a lock anyone
+    holds: no wait, and one line naming the path, not a traceback."""
+    locks = tmp_path / "locks"
+    (locks / hangs.HOST_LOCK_NAME).mkdir(parents=True)
+    monkeypatch.setattr(hangs, "HOST_LOCK_DIR", locks)
+    suite.write('''
+        from tinytask import make_task
+        from pytest_accelperf import cases
+
+        @cases(backend="jax", batch=[8], steps=3, warmup=1)
+        def test_locked_out(accelperf):
+            accelperf.train(make_task(accelperf.case))
+    ''')
+    result = suite.run("--accelperf-json=report.json")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["test_suite.py::test_locked_out?jax-nomesh-b8?: cannot take "
+                                 "the CPU host lock *: Is a directory. Every session *"])
+    assert "Traceback" not in result.stdout.str()
+    assert "IsADirectoryError" not in result.stdout.str()
+    (case,) = suite.report()["cases"]
+    assert case["run"]["outcome"] == "error" and "cannot take" in case["error"]
+    start = time.monotonic()
+    with (pytest.raises(hangs.HostLockError) as info,
+          host_lock("mine", 30, print, directory=locks)):
+        pytest.fail("the lock was taken")
+    assert time.monotonic() - start < 1
+    assert str(info.value) == (
+        f"mine: cannot take the CPU host lock {locks / hangs.HOST_LOCK_NAME}: Is a directory. "
+        f"Every session on this machine locks that one file: make it a file this user can "
+        f"open for writing (remove what is there; a session creates it again)")
+
+
 @pytest.mark.skipif(not os.access("/tmp", os.W_OK), reason="no writable /tmp here")
 def test_the_lock_lives_in_one_place_whatever_tmpdir_says() -> None:
     """Sessions with different $TMPDIR on one machine must still exclude each other."""

@@ -21,6 +21,7 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
+from pytest_accelperf.ab import CompareError
 from pytest_accelperf.ab.arms import BLOCK_TIMEOUT_S, PREPARE_TIMEOUT_S, Arm, start_arm
 from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot
 from pytest_accelperf.ab.worker import Setup, unsupported
@@ -63,12 +64,28 @@ class Comparison:
         self._accel, self._cpu_devices, self._platform = accel, cpu_devices, platform
         self._dir: Path | None = None
         self._arms: dict[str, Arm] = {}
+        #: Why the trees or arms could not be set up, once that failed.
+        self._failed: str | None = None
 
     @property
     def label(self) -> str:
         return f"{self.ref} ({self.sha[:10]})"
 
     def _start(self) -> None:
+        """The two trees and arms; a setup that failed (git stuck past its timeout, an arm
+        that did not start) is not tried again: every later case fails at once with its
+        message, instead of waiting as long again. Half of it (one arm) is stopped."""
+        if self._failed is not None:
+            raise CompareError(f"{self._failed} (found by an earlier case of this session; "
+                               f"not tried again)")
+        try:
+            self._start_arms()
+        except CompareError as exc:
+            self._failed = str(exc)
+            self.close()
+            raise
+
+    def _start_arms(self) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="accelperf-compare-"))
         trees = {"base": extract(self.root, self.sha, self._dir),
                  "head": snapshot(self.root, self._dir)}

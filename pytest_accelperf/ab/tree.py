@@ -17,29 +17,64 @@ from typing import Any
 import pytest
 
 from pytest_accelperf.ab import CompareError
+from pytest_accelperf.errors import UserError
+
+#: Seconds a git command that reads the repository (``rev-parse``, ``ls-files``) may take:
+#: instant on a healthy checkout; one that does not end is stuck (a network filesystem, a
+#: partial clone fetching from a remote that does not answer, an fsmonitor hook).
+GIT_TIMEOUT_S = 120.0
+#: Seconds ``git archive`` of the base revision may take: it writes every file of it.
+ARCHIVE_TIMEOUT_S = 600.0
 
 
-def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          check=False)
+class RevisionError(UserError):
+    """``--accelperf-compare`` names a revision git cannot give (no such ref, no
+    repository, git stuck); the message names the option, the ref and the fix."""
+
+
+class GitTimeout(CompareError):
+    """A git command that did not finish within its timeout (it was killed)."""
+
+
+def _git_env() -> dict[str, str]:
+    # No prompt: a partial clone that must fetch a missing object from a remote that asks
+    # for credentials fails at once instead of waiting for a terminal nobody watches.
+    return {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+
+
+def _git(repo: Path, *args: str, timeout: float | None = None) -> str:
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, env=_git_env(), check=False,
+                              timeout=GIT_TIMEOUT_S if timeout is None else timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise GitTimeout(f"git {args[0]} in {repo} did not finish within {exc.timeout:g} s "
+                         f"(it was stopped)") from None
     if proc.returncode:
         raise CompareError(proc.stderr.strip() or f"git {' '.join(args)} failed")
     return proc.stdout.strip()
 
 
 def resolve(rootdir: Path, ref: str) -> tuple[Path, str]:
-    """The repository root containing ``rootdir`` and the commit ``ref`` names."""
+    """The repository root containing ``rootdir`` and the commit ``ref`` names; a
+    :class:`RevisionError` naming ``--accelperf-compare`` where git cannot say."""
+    option = f"--accelperf-compare={ref}"
     try:
         root = Path(_git(rootdir, "rev-parse", "--show-toplevel"))
+    except GitTimeout as exc:
+        raise RevisionError(f"{option}: {exc}; is the repository on a filesystem that "
+                            f"hangs?") from None
     except (CompareError, FileNotFoundError) as exc:
-        raise pytest.UsageError(f"--accelperf-compare={ref}: {rootdir} is not in a git "
-                                f"repository ({exc})") from None
+        raise RevisionError(f"{option}: {rootdir} is not in a git repository ({exc})") from None
     try:
         sha = _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    except GitTimeout as exc:
+        raise RevisionError(f"{option}: {exc} resolving {ref!r}; is it a partial clone "
+                            f"whose remote does not answer?") from None
     except CompareError:
-        raise pytest.UsageError(
-            f"--accelperf-compare={ref}: git cannot resolve {ref!r} to a commit in {root}; "
-            f"pass a branch, tag or commit (in a shallow CI clone fetch it first, e.g. "
+        raise RevisionError(
+            f"{option}: git cannot resolve {ref!r} to a commit in {root}; pass a branch, "
+            f"tag or commit (in a shallow CI clone fetch it first, e.g. "
             f"git fetch origin main && --accelperf-compare=origin/main)") from None
     return root, sha
 
@@ -49,8 +84,13 @@ def extract(root: Path, sha: str, into: Path) -> Path:
     touched)."""
     archive = into / "base.tar"
     with archive.open("wb") as out:
-        proc = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", sha],
-                              stdout=out, stderr=subprocess.PIPE, check=False)
+        try:
+            proc = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", sha],
+                                  stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                  env=_git_env(), check=False, timeout=ARCHIVE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise GitTimeout(f"git archive {sha[:12]} did not finish within "
+                             f"{ARCHIVE_TIMEOUT_S:g} s (it was stopped)") from None
     if proc.returncode:
         raise CompareError(f"git archive {sha[:12]} failed: {proc.stderr.decode().strip()}")
     tree = into / "base"

@@ -7,18 +7,22 @@ what to do when neither works.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from pytest_accelperf.cluster.address import AddressError, Target, auto_target, probe, split_address
 from pytest_accelperf.errors import UserError
 
 #: The custom resource of a host whose CPU runs virtual devices (one per host).
@@ -26,6 +30,9 @@ HOST_RESOURCE = "accelperf_cpu_host"
 #: Object store of a ``local`` cluster: runs and parameters are small.
 LOCAL_OBJECT_STORE = 256 * 2**20
 _TOKEN_VARS = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+#: Seconds Ray's own connect gets past ``--accelperf-cluster-wait``, once the address has
+#: answered: a driver's start (its core worker, the cluster's node table) takes a few.
+RAY_CONNECT_GRACE_S = 30.0
 
 
 class ClusterError(UserError):
@@ -43,7 +50,8 @@ def import_ray() -> Any:
 
 
 def check_address(value: str) -> str:
-    """``local``, ``auto`` or ``HOST:PORT`` (a GCS address); Ray Client (``ray://``) is
+    """``local``, ``auto`` or ``HOST:PORT`` (a GCS address; ``[IPV6]:PORT`` for an IPv6
+    host; without a port, Ray's default 6379 is added); Ray Client (``ray://``) is
     refused: it is deprecated and drops connections under long calls."""
     value = value.strip()
     if value in ("local", "auto"):
@@ -53,12 +61,13 @@ def check_address(value: str) -> str:
             f"--accelperf-cluster={value}: Ray Client (ray://) is not supported; pass the "
             f"cluster's GCS address (HOST:6379, what `ray start --head` prints) so pytest "
             f"connects as a driver")
-    host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
+    try:
+        target = split_address(value)
+    except AddressError as exc:
         raise pytest.UsageError(
-            f"--accelperf-cluster={value}: expected local (start a Ray cluster on this "
-            f"machine for the session), auto, or HOST:PORT of a running cluster")
-    return value
+            f"--accelperf-cluster={exc}; expected local (start a Ray cluster on this "
+            f"machine for the session), auto, or HOST:PORT of a running cluster") from None
+    return target.text
 
 
 @dataclass
@@ -106,28 +115,31 @@ class Cluster:
                    start_seconds=time.perf_counter() - t0, _env_before=before)
 
     @classmethod
-    def connect(cls, address: str) -> Cluster:
+    def connect(cls, address: str, *, wait: float = 60.0) -> Cluster:
         """Connect to a running cluster as a driver (``auto``: the one ``ray start``
-        started on this machine). A process already connected to it is reused as is."""
+        started on this machine). A process already connected to it is reused as is.
+
+        Before Ray is asked, the address is asked itself until it answers as a GCS does
+        or ``wait`` seconds are spent (:func:`.address.probe`); Ray's own connect then
+        gets ``wait`` + :data:`RAY_CONNECT_GRACE_S` seconds. Either failing is a
+        ClusterError naming the option, the address and what was tried."""
+        __tracebackhide__ = True  # the error says it all: no frame of ours in the report
         ray = import_ray()
         if ray.is_initialized():
             current = str(ray.get_runtime_context().gcs_address)
             if address in ("auto", current):
                 return cls(address=current)
-            raise ClusterError(f"this process is already connected to the Ray cluster at "
-                               f"{current}, not {address}")
+            raise ClusterError(f"--accelperf-cluster={address}: this process is already "
+                               f"connected to the Ray cluster at {current}, not {address}")
+        option = f"--accelperf-cluster={address}"
+        target = _target(address)
+        if target is not None:
+            if target.source:
+                option = f"{option} ({target.source})"
+            _wait_for(target, wait, option)
         t0 = time.perf_counter()
-        try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            hint = ""
-            if "auth" in str(exc).lower() or "token" in str(exc).lower():
-                hint = (" The cluster uses token authentication: give this process its token "
-                        "as RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token; "
-                        "`ray get-auth-token` on the head prints it).")
-            raise ClusterError(f"cannot connect to the Ray cluster at {address}: {first}."
-                               f"{hint}") from exc
+        _init_within(ray, address, wait + RAY_CONNECT_GRACE_S, option,
+                     target.text if target is not None else address)
         return cls(address=str(ray.get_runtime_context().gcs_address), connected=True,
                    start_seconds=time.perf_counter() - t0)
 
@@ -143,6 +155,111 @@ class Cluster:
             if self.temp_dir:
                 shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.owned = False
+
+
+def _target(address: str) -> Target | None:
+    """Where ``ray.init(address=address)`` will connect, where that is cheap to know."""
+    if address == "local":
+        return None
+    if address != "auto":
+        return split_address(address)
+    try:  # Ray's own path of its current-cluster file (it follows RAY_TMPDIR and TMPDIR)
+        utils = importlib.import_module("ray._common.utils")
+        current: Path | None = Path(utils.get_ray_address_file(None))
+    except Exception:  # a private function of Ray's: without it, RAY_ADDRESS alone
+        current = None
+    try:
+        target = auto_target(os.environ, current)
+    except AddressError as exc:
+        raise ClusterError(f"--accelperf-cluster=auto: RAY_ADDRESS is not an address "
+                           f"({exc})") from None
+    if target is not None and os.environ.get("RAY_ADDRESS", "").startswith("ray://"):
+        raise ClusterError(
+            f"--accelperf-cluster=auto ({target.source}): Ray Client (ray://) is not "
+            f"supported; set RAY_ADDRESS to the cluster's GCS address (HOST:6379, what "
+            f"`ray start --head` prints), or unset it")
+    return target
+
+
+def _wait_for(target: Target, wait: float, option: str) -> None:
+    """Return once ``target`` answers as a GCS does; a ClusterError after ``wait`` s."""
+    __tracebackhide__ = True
+    silence = probe(target, wait)
+    if silence is None:
+        return
+    tried = f"{silence.tries} {'try' if silence.tries == 1 else 'tries'} in {wait:g} s"
+    if silence.answered:
+        raise ClusterError(
+            f"{option}: {target.text} is not a Ray GCS: {silence.reason}"
+            f"{'' if silence.final else f' ({tried})'}; pass the GCS address that "
+            f"'ray start --head' prints (port 6379 by default), not the dashboard's, the Ray "
+            f"Client's or another service's")
+    if silence.final:
+        raise ClusterError(f"{option}: {silence.reason}; pass the host name or IP address "
+                           f"of the Ray head")
+    raise ClusterError(
+        f"{option}: no answer from {target.text} ({silence.reason}, {silence.tries} "
+        f"{'try' if silence.tries == 1 else 'tries'}) for {wait:g} s "
+        f"(--accelperf-cluster-wait); is a Ray head running there? Start one with "
+        f"'ray start --head' or pass --accelperf-cluster=local")
+
+
+class _NotInMainThread(logging.Filter):
+    """Drops Ray's warning that a driver started outside the main thread sets no SIGTERM
+    handler: :func:`_init_within` does that on purpose, and pytest has its own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def _init_within(ray: Any, address: str, seconds: float, option: str, shown: str) -> None:
+    """``ray.init(address=address)``, given up after ``seconds``.
+
+    Ray retries a GCS that does not answer its RPCs for many minutes (the probe only saw
+    that something greets as gRPC does), so the connect runs in a thread of its own and
+    this one stops waiting for it at the deadline. A connect given up on may go on in
+    that (daemon) thread; the session never uses it, and it ends with the process.
+    """
+    __tracebackhide__ = True
+    box: dict[str, BaseException] = {}
+    done = threading.Event()
+    quiet = _NotInMainThread()
+    ray_log = logging.getLogger("ray._private.worker")
+
+    def connect() -> None:
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            box["error"] = exc
+        finally:
+            done.set()
+
+    ray_log.addFilter(quiet)
+    try:
+        thread = threading.Thread(target=connect, name="accelperf-ray-connect", daemon=True)
+        thread.start()
+        finished = done.wait(seconds)
+    finally:
+        ray_log.removeFilter(quiet)
+    if not finished:
+        raise ClusterError(
+            f"{option}: {shown} answers, but Ray did not connect to it within {seconds:g} s; "
+            f"is it the GCS address that 'ray start --head' printed, of a cluster this "
+            f"machine can reach?")
+    exc = box.get("error")
+    if exc is None:
+        return
+    if not isinstance(exc, Exception):
+        raise exc  # KeyboardInterrupt, SystemExit: not a connection's failure
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    hint = ""
+    if "auth" in text.lower() or "token" in text.lower():
+        hint = (" The cluster uses token authentication: give this process its token "
+                "as RAY_AUTH_TOKEN (or RAY_AUTH_TOKEN_PATH, or ~/.ray/auth_token; "
+                "`ray get-auth-token` on the head prints it).")
+    raise ClusterError(f"{option}: cannot connect to the Ray cluster at {shown}: {first}."
+                       f"{hint}") from exc
 
 
 def _refresh_ray_config() -> None:

@@ -16,6 +16,8 @@ from pytest_accelperf.xdist_role import worker_input
 #: workerinput key (xdist) carrying the controller's cluster address.
 WORKERINPUT_KEY = "accelperf_cluster_address"
 CLUSTER_KEY = pytest.StashKey[Cluster]()
+#: Why this process could not connect, once it tried and failed.
+FAILED_KEY = pytest.StashKey[str]()
 
 
 def session_start(config: pytest.Config, setting: str | None, is_worker: bool) -> None:
@@ -43,19 +45,32 @@ def worker_address(config: pytest.Config, setting: str | None) -> str | None:
     return check_address(setting)
 
 
-def cluster_for(config: pytest.Config, setting: str | None) -> Cluster | None:
-    """This process's cluster connection, made on first use; None without a cluster."""
+def cluster_for(config: pytest.Config, setting: str | None,
+                wait: float = 60.0) -> Cluster | None:
+    """This process's cluster connection, made on first use; None without a cluster.
+
+    ``wait`` bounds the connect (:meth:`.Cluster.connect`). A connect that failed is not
+    tried again: every later case of this process fails at once with the same message
+    (an address where nothing answers would otherwise cost each case the whole wait)."""
     __tracebackhide__ = True
     if not setting:
         return None
     cluster = config.stash.get(CLUSTER_KEY, None)
     if cluster is None:
+        failed = config.stash.get(FAILED_KEY, None)
+        if failed is not None:
+            raise ClusterError(f"{failed} (found by an earlier case of this session; not "
+                               f"tried again)")
         address = worker_address(config, setting)
         if address == "local":  # the controller starts it in pytest_sessionstart
             raise ClusterError("--accelperf-cluster=local: no cluster was started for this "
                                "session (pytest_sessionstart did not run)")
         assert address is not None
-        cluster = Cluster.connect(address)
+        try:
+            cluster = Cluster.connect(address, wait=wait)
+        except ClusterError as exc:
+            config.stash[FAILED_KEY] = str(exc)
+            raise
         config.stash[CLUSTER_KEY] = cluster
     return cluster
 
@@ -65,6 +80,8 @@ def session_finish(config: pytest.Config) -> None:
     if cluster is not None:
         cluster.stop()
         del config.stash[CLUSTER_KEY]
+    if FAILED_KEY in config.stash:
+        del config.stash[FAILED_KEY]
 
 
 def configure_node(config: pytest.Config, node: Any) -> None:
