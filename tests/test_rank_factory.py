@@ -223,7 +223,7 @@ def test_the_users_deepspeed_key_wins(runs: dict[str, TrainResult]) -> None:
     config = ds_config(c, None, extra={"zero_optimization": {"reduce_bucket_size": 30}})
     assert config["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 30,
                                            "allgather_bucket_size": 20}
-    assert size_buckets(config, 10**6, zero_defaults()) == {}  # both set by the user
+    assert size_buckets(config, 10**6, zero_defaults(), 2) == {}  # both set by the user
     with pytest.raises(ValueError, match=r"RankStep.ds_config sets .*come from the case"):
         ds_config(c, None, extra={"gradient_accumulation_steps": 4})
 
@@ -244,8 +244,8 @@ def test_bucket_sizes_fit_the_model(runs: dict[str, TrainResult]) -> None:
     # ZeRO-3 sizes its own keys too; stage 0 has no ZeRO buffers to size.
     zero3 = _ok(runs["zero3"]).extra["engine"]["plugin_set"]
     assert "zero_optimization.stage3_prefetch_bucket_size" in zero3
-    assert size_buckets({"zero_optimization": {"stage": 0}}, n, defaults) == {}
-    big_model = size_buckets({"zero_optimization": {"stage": 2}}, 10**12, defaults)
+    assert size_buckets({"zero_optimization": {"stage": 0}}, n, defaults, 2) == {}
+    big_model = size_buckets({"zero_optimization": {"stage": 2}}, 10**12, defaults, 2)
     assert big_model == {k: defaults[k] for k in ("reduce_bucket_size",
                                                   "allgather_bucket_size")}
 

@@ -24,8 +24,11 @@ The DeepSpeed configuration comes from the case (:func:`ds_config`):
 * ``case.params["ds_config"]`` and then the step's ``ds_config``: dicts merged over all
   this, except the batch, accumulation and clipping keys, which come from the case;
 * in the rank, once the model exists: each ZeRO size of :data:`SIZED_KEYS` that nobody set
-  becomes ``min(DeepSpeed's default, parameter count)`` (:func:`size_buckets`), listed in
-  the run's ``extra["engine"]["plugin_set"]``.
+  (the buckets; at ZeRO-3 also the prefetch, live-parameter, reuse-distance and persistence
+  limits and ``sub_group_size``) becomes an eighth of a rank's share of the parameters, at
+  least 65,536 elements, at most the model and DeepSpeed's own default
+  (:func:`size_buckets`), listed in the run's ``extra["engine"]["plugin_set"]``. With
+  these, per-rank memory falls with the stage (``tests/test_zero_memory.py``).
 
 Optimizer and schedule: the user's own (``build``), as a client optimizer and
 ``lr_scheduler``, so no C++ op is compiled for it and the engine steps the schedule once per
@@ -144,15 +147,42 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
 
 
 #: ZeRO sizes (``zero_optimization`` keys, DeepSpeed's field names) that the plugin sizes
-#: from the model when neither the case nor the step sets them: DeepSpeed's defaults are
-#: for billions of parameters (a 5e8-element gradient bucket is 1.86 GiB of fp32 per rank
-#: whatever the model). Each becomes ``min(DeepSpeed's default, parameter count)``: a
-#: bucket never needs to hold more than the whole model, so a large model keeps the
-#: defaults. ``stage3_param_persistence_threshold`` (a size below which a tensor is not
-#: partitioned; it allocates nothing) is left alone.
-SIZED_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-              "stage3_max_live_parameters", "stage3_max_reuse_distance")
+#: from the model when neither the case nor the step sets them (:func:`size_buckets`).
+#: DeepSpeed's defaults are for billions of parameters: a 5e8-element bucket is 1.86 GiB of
+#: fp32 per rank whatever the model, and 1e9 live parameters or reuse distance keep a whole
+#: ZeRO-3 model gathered. Sizing them to the model alone (``min(default, model)``, what
+#: the plugin did first) still made ZeRO-3 use *more* memory than ZeRO-0 (23.4 against 20.0
+#: bytes a parameter for a 3.1 M-parameter MLP at world size 2: a model-sized reduce
+#: bucket, its flat copy and gloo's copy of it at the reduce-scatter, 12 bytes a parameter);
+#: with only the buckets smaller, ZeRO-3's optimizer step over the whole partition (its fp32
+#: gradient and torch Adam's two temporaries) was still above ZeRO-2's peak (16.27 against
+#: 16.02). So each is a fraction of a rank's share:
+#:
+#: * the buckets (ZeRO 1-3), what ZeRO-3 prefetches, keeps gathered and re-uses, and
+#:   the total it leaves unpartitioned (``stage3_model_persistence_threshold``: DeepSpeed
+#:   keeps every tensor under ``stage3_param_persistence_threshold``, 1e5 elements, whole on
+#:   every rank, with no cap; a model of many small tensors would not be partitioned at
+#:   all);
+#: * ``sub_group_size`` (ZeRO-3 steps the optimizer one sub-group at a time: a sub-group of
+#:   the whole partition holds its flat fp32 gradient copy and the optimizer's temporaries
+#:   for all of it at once, more than ZeRO-2's step).
+BUCKET_KEYS = ("reduce_bucket_size", "allgather_bucket_size")
+STAGE3_KEYS = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters",
+               "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
+               "sub_group_size")
+SIZED_KEYS = BUCKET_KEYS + STAGE3_KEYS
 
+#: A sized key is this fraction (1 / ``BUCKET_FRACTION``) of one rank's share of the
+#: parameters: each bucket-sized buffer then costs ``4 / (8 N)`` bytes a parameter (0.25 at
+#: world size 2), one to three of which are live at a stage's peak, small against what the
+#: stages save (ZeRO-3 5.7 bytes a parameter under ZeRO-0 for that MLP, 8.2-8.5 for models of
+#: smaller layers: docs/backends.md).
+BUCKET_FRACTION = 8
+#: ... but never fewer elements than this (256 KiB of fp32), so that a small model or many
+#: ranks do not cut a step's gradients into hundreds of latency-bound collectives; and never
+#: more than the model (a bucket never needs to hold more than all of it) nor DeepSpeed's
+#: own default (a model of billions keeps DeepSpeed's sizes).
+BUCKET_FLOOR = 1 << 16
 
 #: Sized values are rounded up to a multiple of this many elements: ZeRO 1-2 assert that
 #: ``allgather_bucket_size`` is a multiple of their 4-byte alignment factor (2 elements),
@@ -160,22 +190,35 @@ SIZED_KEYS = ("reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bu
 ALIGN = 256
 
 
-def size_buckets(config: dict[str, Any], n_params: int,
-                 defaults: Mapping[str, int]) -> dict[str, int]:
+def _align(n: int) -> int:
+    return -(-max(int(n), 1) // ALIGN) * ALIGN
+
+
+def bucket_elements(n_params: int, world_size: int) -> int:
+    """The size the plugin gives every key of :data:`SIZED_KEYS` (before DeepSpeed's own
+    default caps it): ``1 / BUCKET_FRACTION`` of a rank's share of ``n_params``, at least
+    :data:`BUCKET_FLOOR`, at most the model, rounded up to :data:`ALIGN`."""
+    share = -(-int(n_params) // max(int(world_size), 1))
+    return min(_align(n_params), max(BUCKET_FLOOR, _align(-(-share // BUCKET_FRACTION))))
+
+
+def size_buckets(config: dict[str, Any], n_params: int, defaults: Mapping[str, int],
+                 world_size: int) -> dict[str, int]:
     """Set in ``config["zero_optimization"]`` each of :data:`SIZED_KEYS` that it lacks to
-    ``min(defaults[key], n_params)``, ``n_params`` rounded up to :data:`ALIGN` (ZeRO stages
-    1-3, ``stage3_*`` at 3 only; stage 0 has no ZeRO buffers); returns what it set. A key
-    already in the config (the user's) is never changed."""
+    ``min(defaults[key], bucket_elements(n_params, world_size))`` (ZeRO stages 1-3,
+    :data:`STAGE3_KEYS` at 3 only; stage 0 has no ZeRO buffers); returns what it set. A
+    key already in the config (the user's) is never changed."""
     zero = config.setdefault("zero_optimization", {})
-    if int(zero.get("stage", 0)) == 0:
+    stage = int(zero.get("stage", 0))
+    if stage == 0:
         return {}
-    keys = [k for k in SIZED_KEYS if zero.get("stage") == 3 or not k.startswith("stage3_")]
+    keys = BUCKET_KEYS + (STAGE3_KEYS if stage == 3 else ())
+    bucket = bucket_elements(n_params, world_size)
     set_here: dict[str, int] = {}
     for key in keys:
         if key in zero or key not in defaults:
             continue
-        value = min(int(defaults[key]), -(-max(int(n_params), 1) // ALIGN) * ALIGN)
-        zero[key] = set_here[key] = value
+        zero[key] = set_here[key] = min(int(defaults[key]), bucket)
     return set_here
 
 
@@ -277,7 +320,7 @@ class DeepSpeedRankEngine:
             built = step.built(rank)
             module = built.model.to(device)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in module.parameters())
-        self.sized = size_buckets(self.config, n_params, zero_defaults())
+        self.sized = size_buckets(self.config, n_params, zero_defaults(), case.world_size)
         self.groups = group_summary(built.optimizer)
         optimizer = built.optimizer
         scheduler = built.scheduler
