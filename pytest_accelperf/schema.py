@@ -154,6 +154,8 @@ class Program(_Strict):
     bytes_accessed: NonNegative | None = None
     collectives: dict[str, Collective] | None = None
     host_callbacks: Int | None = None
+    host_syncs: Int | None = None
+    host_sync_sites: dict[str, Int] | None = None
     custom_calls: Int | None = None
     graphs: Int | None = None
     graph_breaks: Int | None = None

@@ -130,6 +130,57 @@ def test_a_block_with_a_program_and_growth_validates_and_a_bad_one_does_not() ->
         validate_block(bad)
 
 
+# -- an eager torch step's record: host syncs, matmul dtypes, bytes -----------------------------
+def eager(**overrides: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "flops": 1.0e6, "bytes_accessed": 4.0e5, "host_syncs": 0, "host_sync_sites": {},
+        "ops": {"mm[bf16]": 3, "addmm[bf16]": 2, "_to_copy[f32]": 6, "convolution[f32]": 1},
+    }
+    fields.update(overrides)
+    return program_record("torch", **fields)
+
+
+def test_a_host_sync_is_a_regression_naming_where_and_one_less_an_improvement() -> None:
+    site = "_local_scalar_dense at train.py:40 in step"
+    now = eager(host_syncs=2, host_sync_sites={site: 2},
+                ops={**eager()["ops"], "_local_scalar_dense[f32]": 2})
+    result = check_program(block(now), block(eager()), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert result.detail.startswith(
+        f"host syncs: 0 → 2 per step ({site}: 0 → 2); FLOPs +0.0%; "
+        f"ops: _local_scalar_dense[f32] 0 → 2 ("), result.detail
+    back = check_program(block(eager()), block(now), TOL, comparable=True)
+    assert back is not None and back.verdict is Verdict.IMPROVEMENT
+    assert back.detail.startswith(f"host syncs: 2 → 0 per step ({site}: 2 → 0)")
+
+
+def test_wider_matmuls_are_a_regression_and_the_same_widths_in_another_mix_pass() -> None:
+    f32 = eager(ops={"mm[f32]": 3, "addmm[f32]": 2, "convolution[f32]": 1})
+    found = changes(eager(), f32, 0.01)
+    # bf16 x 5 (2 bytes) against f32 x 5 (4 bytes); convolution is no matrix product here
+    # (nor a precision, as XLA's convolution[highest] would be).
+    assert [(c.name, c.baseline, c.now) for c in found] == [("matmul_dtypes", 10.0, 20.0)]
+    assert describe_changes(eager(), f32, 0.01)[0] == "matmul dtypes: bf16 5 → 0, f32 0 → 5"
+    f16 = eager(ops={"mm[f16]": 3, "addmm[f16]": 2, "_to_copy[f32]": 6, "convolution[f32]": 1})
+    assert changes(eager(), f16, 0.01) == []
+    result = check_program(block(f16), block(eager()), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.PASS
+    assert "matmul dtypes: bf16 5 → 0, f16 0 → 5" in result.detail
+
+
+def test_a_torch_baseline_recorded_before_the_op_counts_passes() -> None:
+    old = program_record("torch", flops=1.0e6)
+    result = check_program(block(eager(host_syncs=3)), block(old), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.PASS, result.detail
+    assert result.detail.endswith(
+        "; the baseline has no bytes accessed, host syncs, op histogram (recorded before they "
+        "were read): not compared; re-record with --accelperf-update to gate them")
+    assert describe_changes(old, eager(), 0.01) == []
+    validate_block(block(eager(host_sync_sites={"nonzero at x.py:1 in f": 1}, host_syncs=1)))
+    with pytest.raises(ValueError):
+        validate_block(block({**eager(), "host_syncs": -1}))
+
+
 # -- compile time ----------------------------------------------------------------------------
 def timed(compile_time: float, probe: float = 0.001) -> dict[str, Any]:
     return block(compile_time=compile_time, probe={"kind": "matmul", "samples": [probe] * 8})
@@ -226,6 +277,12 @@ def test_ab_verdict_names_the_program_change_or_says_the_program_is_the_same() -
     assert "same program in both revisions" in ab_check("main", same, 32, 0.01, 5).detail
     unknown = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0)
     assert "program" not in ab_check("main", unknown, 32, 0.01, 5).detail
+    # A torch step's record is diffed by the same function, its new fields included.
+    head = eager(host_syncs=1, host_sync_sites={"nonzero at a.py:3 in f": 1})
+    synced = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0,
+                           programs={"base": eager(), "head": head})
+    assert "; program: host syncs: 0 → 1 per step (nonzero at a.py:3 in f: 0 → 1)" in ab_check(
+        "main", synced, 32, 0.01, 5).detail
 
 
 # -- confirmation backs off before re-measuring (issue 15, part 1) ----------------------------

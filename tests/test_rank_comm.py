@@ -195,3 +195,24 @@ def test_zero3_gathers_parameters_that_zero2_keeps(runs: dict[str, TrainResult])
 def test_an_unchanged_run_gives_the_same_record(runs: dict[str, TrainResult]) -> None:
     assert runs["zero3"].run.program == runs["zero3_again"].run.program
     assert collectives(runs["zero3"]) == collectives(runs["zero3_again"])
+
+
+def test_rank_zero_records_what_its_counted_micro_batch_dispatched(
+        runs: dict[str, TrainResult]) -> None:
+    """The same counted call as the FLOPs (tests/test_torch_ops.py has the rules): the
+    MLP's products, DDP's bucket all-reduce, and the wait ZeRO-3 adds (``.item()`` on a
+    tensor a GPU would hold: the ranks agree on the parameters they fetch)."""
+    from pytest_accelperf.program import matmul_dtypes
+
+    ddp = runs["ddp32"].run.program
+    assert ddp is not None
+    # 3 products forward, 3 weight gradients, 2 input gradients (the first layer's input
+    # needs none).
+    assert matmul_dtypes(ddp["ops"]) == {"f32": 8}
+    assert ddp["ops"]["c10d.allreduce_[f32]"] == 1
+    assert ddp["host_syncs"] == 0 and ddp["bytes_accessed"] > 0
+    zero3 = runs["zero3"].run.program
+    assert zero3 is not None and matmul_dtypes(zero3["ops"]) == {"f32": 8}
+    assert zero3["host_syncs"] == sum(zero3["host_sync_sites"].values()) >= 1
+    assert all(site.startswith("_local_scalar_dense at deepspeed/runtime/zero/")
+               for site in zero3["host_sync_sites"]), zero3["host_sync_sites"]

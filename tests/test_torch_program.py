@@ -23,9 +23,10 @@ from pytest_accelperf.backends.torch import (  # noqa: E402
     MEMORY_STEPS,
     TorchStep,
     _CudaGrowth,
+    count_step,
     count_step_flops,
 )
-from pytest_accelperf.backends.torch_program import COMPILE_TIME_COVERS  # noqa: E402
+from pytest_accelperf.backends.torch_program import COMPILE_TIME_COVERS, eager_program  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.program import changes, describe_changes  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
@@ -116,7 +117,10 @@ def test_an_eager_step_records_its_flops() -> None:
     training = Training()
     run = train(training)
     flops = count_step_flops(Training().torch_step(), make_batch(0))
-    assert run.program == {"source": "torch", "flops": flops}
+    counted = count_step(Training().torch_step(), make_batch(0), torch.device("cpu"))
+    # Its FLOPs and what the same counted step dispatched (tests/test_torch_ops.py).
+    assert run.program == eager_program(flops, counted.ops)
+    assert run.program["host_syncs"] == 0 and run.program["ops"]["addmm[f32]"] == 2
     # Forward and weight gradients of both layers, the input gradient of the second only.
     assert run.flops_per_step == flops == 2 * BATCH * (2 * (DIM * 32 + 32) + 32)
 

@@ -24,7 +24,8 @@ does), by the profiler's allocations. The method that counted is the run's
 compare numbers counted by different methods. A CPU case whose peak exceeds its declared
 ``memory_capacity`` is recorded as ``oom`` before it trains.
 
-FLOPs per step come from ``FlopCounterMode`` over one untimed call of the step on step 0's
+FLOPs per step come from ``FlopCounterMode`` (and the program's op counts from a dispatch
+mode beside it, :mod:`.torch_ops`) over one untimed call of the step on step 0's
 batch (``TorchStep.count_step`` where given), undone afterwards like the memory count:
 the optimizer, scheduler and scaler are not advanced by it.
 
@@ -34,11 +35,13 @@ after each (MemTracker's live tensors, or the profiler's allocations net of free
 growth over those steps, per step. On CUDA ``torch.cuda.memory_allocated`` after the
 warm-up and after the last measured step of the real training.
 
-The program (``Run.program``, :mod:`.torch_program`): an eager step's FLOPs; a compiled
-step's FLOPs and what dynamo made of it (graphs and graph breaks of the compile step,
-frames compiled after it). A compiled case compiles cold (:func:`.torch_program.cold_compile`:
-dynamo reset, inductor's caches empty), so its compile time does not depend on the cases
-that ran before it in the process; ``Run.extra["compile_time_covers"]`` says what was timed.
+The program (``Run.program``, :mod:`.torch_program`): an eager step's FLOPs and what the
+same counted call dispatched (:mod:`.torch_ops`: aten ops by dtype, the bytes they move,
+host syncs); a compiled step's FLOPs and what dynamo made of it (graphs and graph breaks
+of the compile step, frames compiled after it). A compiled case compiles cold
+(:func:`.torch_program.cold_compile`: dynamo reset, inductor's caches empty), so its
+compile time does not depend on the cases that ran before it in the process;
+``Run.extra["compile_time_covers"]`` says what was timed.
 
 Where the case's time went (``Run.extra["phases"]``, wall seconds, :class:`.common.Phases`):
 ``build`` (making the step: the user's model and optimizer; a process's first
@@ -67,6 +70,7 @@ from pytest_accelperf.backends.common import Phases, TaskError, describe, finger
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
 from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
+from pytest_accelperf.backends.torch_ops import OpCounter
 from pytest_accelperf.backends.torch_program import (
     COMPILE_TIME_COVERS,
     DynamoWatch,
@@ -167,18 +171,37 @@ def count_flops(model: torch.nn.Module, task: TorchTask, batch: Any) -> float | 
     return flops if flops > 0 else None
 
 
-def count_step_flops(step: TorchStep, batch: Any,
-                     stateful: Sequence[Any] | None = None) -> float | None:
-    """FLOPs of one call of the step (``count_step``, default ``step``) on ``batch``,
-    undone afterwards (:func:`~.torch_step.undone`, ``stateful`` as there): parameters,
-    optimizer, scheduler, scaler and RNG as before, so the measured run is the same with
-    or without it. ``FlopCounterMode`` counts matrix products and convolutions (forward
-    and backward): the optimizer's elementwise update adds none."""
-    counter = flop_counter()
-    with undone(step, stateful), counter:
+@dataclass(frozen=True)
+class StepCount:
+    """What one counted call of the step did: its ``flops`` (None when none were counted)
+    and ``ops``, what it dispatched (:meth:`.torch_ops.OpCounter.record`)."""
+
+    flops: float | None
+    ops: dict[str, Any]
+
+
+def count_step(step: TorchStep, batch: Any, device: torch.device,
+               stateful: Sequence[Any] | None = None) -> StepCount:
+    """FLOPs and dispatched ops of one call of the step (``count_step``, default
+    ``step``) on ``batch`` (on ``device``), undone afterwards
+    (:func:`~.torch_step.undone`, ``stateful`` as there): parameters, optimizer,
+    scheduler, scaler and RNG as before, so the measured run is the same with or without
+    it. ``FlopCounterMode`` counts matrix products and convolutions (forward and
+    backward): the optimizer's elementwise update adds none. The :class:`OpCounter`
+    beside it counts every op of the same call, the optimizer's included (entered first,
+    it sees the ops FlopCounterMode decomposes into)."""
+    ops, counter = OpCounter(device), flop_counter()
+    with undone(step, stateful), ops, counter:
         metrics_of(step, run_step(step, batch, counting=True))
     flops = float(counter.get_total_flops())
-    return flops if flops > 0 else None
+    return StepCount(flops if flops > 0 else None, ops.record())
+
+
+def count_step_flops(step: TorchStep, batch: Any,
+                     stateful: Sequence[Any] | None = None) -> float | None:
+    """FLOPs of one counted call of the step on ``batch`` (:func:`count_step`; the device
+    only decides which ops are host syncs, which this drops)."""
+    return count_step(step, batch, torch.device("cpu"), stateful).flops
 
 
 @dataclass(frozen=True)
@@ -327,7 +350,9 @@ def _step_fns(step: TorchStep, device: torch.device) -> StepFns[Any, Any]:
 class TorchStepper:
     """A case's step on its device, trained on demand in blocks of steps (the A/B
     comparison of :mod:`pytest_accelperf.ab`), timed as in a run
-    (:func:`.loop.time_block`)."""
+    (:func:`.loop.time_block`). ``program`` is an eager step's program record, counted
+    as a run counts it (one call of the step on step 0's batch, undone) before the first
+    block; None for a compiled step (its record needs dynamo's accounting over a run)."""
 
     def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
         if case.world_size > 1 or case.n_devices != 1:
@@ -337,6 +362,11 @@ class TorchStepper:
         self._step_fn = as_torch_step(task, device)
         self._step_fn.to(device)
         rewind(self._step_fn)
+        self.program: dict[str, Any] | None = None
+        if not self._step_fn.compile:
+            counted = count_step(self._step_fn, to_device(self._step_fn.make_batch(0), device),
+                                 device, step_stateful(self._step_fn))
+            self.program = eager_program(counted.flops, counted.ops)
         self._fns = _step_fns(self._step_fn, device)
         self._cycle = max(1, case.warmup + case.steps)
         self._step = 0
@@ -574,8 +604,9 @@ class TorchBackend:
         cuda_growth: _CudaGrowth | None = None
         try:
             with phases("flops"):
-                run.flops_per_step = count_step_flops(
-                    step, to_device(step.make_batch(0), device), stateful)
+                counted = count_step(step, to_device(step.make_batch(0), device), device,
+                                     stateful)
+                run.flops_per_step = counted.flops
             if device.type == "cuda":  # the peak of training, not of the counting step
                 torch.cuda.reset_peak_memory_stats(device)
                 cuda_growth = _CudaGrowth(device, _warmup(step, case))
@@ -614,7 +645,7 @@ class TorchBackend:
             if watch.recompiles:
                 run.extra["recompile_reasons"] = watch.recompile_reasons
         else:
-            run.program = eager_program(run.flops_per_step)
+            run.program = eager_program(run.flops_per_step, counted.ops)
         if cuda_growth is not None:
             run.memory_growth = cuda_growth.record()
         run.losses = trained.losses

@@ -1,9 +1,12 @@
 """What the in-process torch step's program does: the ``Run.program`` record of an eager or
 a ``torch.compile``-d step, and a cold compile to time.
 
-An eager step's record is its FLOPs (``source="torch"``). A compiled step's
-(``source="torch.compile"``) adds what dynamo made of it, read from dynamo's own
-accounting, never timed, so unchanged code gives the same record on every run:
+An eager step's record (``source="torch"``) is its FLOPs and what its counting step
+dispatched (:mod:`.torch_ops`: the aten ops by dtype, the bytes they move, the host syncs
+with their sites). A compiled step's (``source="torch.compile"``) is its FLOPs and what
+dynamo made of it, read from dynamo's own accounting, never timed, so unchanged code gives
+the same record on every run (the ops its eager counting step dispatches are not what the
+compiled graphs run, so they are not part of it):
 
 ``graphs``
     the FX graphs dynamo compiled during the compile step (step 0):
@@ -37,13 +40,13 @@ compile of this case alone (see :data:`COMPILE_TIME_COVERS`).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 
+from pytest_accelperf.backends.torch_ops import where
 from pytest_accelperf.backends.torch_task import leaves_with_paths
 from pytest_accelperf.program import program_record
 
@@ -57,9 +60,10 @@ COMPILE_TIME_COVERS = (
 _PRIMED: set[str] = set()
 
 
-def eager_program(flops: float | None) -> dict[str, Any]:
-    """The record of an eager step: its FLOPs only."""
-    return program_record("torch", flops=flops)
+def eager_program(flops: float | None, ops: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The record of an eager step: its FLOPs and ``ops``, what its counting step
+    dispatched (:meth:`.torch_ops.OpCounter.record`)."""
+    return program_record("torch", flops=flops, **(ops or {}))
 
 
 def _fresh_inductor_cache() -> contextlib.AbstractContextManager[Any]:
@@ -120,24 +124,13 @@ def _break_count() -> int:
     return len(graph_break_reasons)
 
 
-def _where(frame: Any) -> str:
-    """``path:line in function`` of a ``traceback.FrameSummary``, the path relative to the
-    working directory when under it."""
-    path = str(getattr(frame, "filename", "?"))
-    with contextlib.suppress(ValueError):
-        rel = os.path.relpath(path)
-        if not rel.startswith(".."):
-            path = rel
-    return f"{path}:{getattr(frame, 'lineno', '?')} in {getattr(frame, 'name', '?')}"
-
-
 def break_reason(reason: Any) -> str:
     """A dynamo ``GraphCompileReason`` as one line: the first line of its message and
     where in the user's code it broke."""
     lines = str(getattr(reason, "reason", reason)).strip().splitlines()
     text = lines[0].strip() if lines else "graph break"
     stack = list(getattr(reason, "user_stack", None) or [])
-    return f"{text} ({_where(stack[-1])})" if stack else text
+    return f"{text} ({where(stack[-1])})" if stack else text
 
 
 def _compilations() -> list[Any]:

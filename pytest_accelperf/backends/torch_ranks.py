@@ -43,6 +43,12 @@ What each rank measures, and how the run is assembled from it:
 * ``flops_per_step``: ``FlopCounterMode`` over the forward and backward of the first
   micro-batch of step 0 (a warm-up step) in every rank, times ``grad_accum``, summed over
   ranks.
+* ``program``: the collectives each rank counted (:mod:`.rank_comm`), the FLOPs, and what
+  rank 0 dispatched in the same counted call (:mod:`.torch_ops`: aten ops by dtype, the
+  bytes they move, host syncs), times ``grad_accum``: the user's forward and backward and
+  what the engine does inside ``backward`` on that micro-batch; the engine's optimizer
+  step is not in it, nor, with ``grad_accum > 1``, the reduction the boundary micro-batch
+  adds. Not counted for a compiled model (its eager ops are not what it runs).
 * ``compile=True``: the model is compiled (``engine.compile()``) right after the
   :data:`MEMORY_STEPS` counted steps, and the warm-up is one step longer, so the compile
   happens in an untimed step. The first steps run eager on purpose: MemTracker and
@@ -63,7 +69,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -79,6 +85,7 @@ from pytest_accelperf.backends.rank_comm import largest_over_ranks
 from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.ranks import BlockControl, RankJob, serve_blocks
 from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
+from pytest_accelperf.backends.torch_ops import OpCounter
 from pytest_accelperf.backends.torch_task import (
     TorchTask,
     as_tensors,
@@ -346,11 +353,15 @@ def rank_main(ctx: RankContext, plan: RankPlan,
                 boundary = k == accum - 1
                 with engine.micro_step(boundary):
                     if i == 0 and k == 0:
+                        # Rank 0 counts the dispatched ops of the same call (a compiled
+                        # model's eager ops are not what it will run: not counted).
+                        ops = OpCounter(device) if rank == 0 and not step.compile else None
                         flops = flop_counter()
-                        with flops:
+                        with ops or nullcontext(), flops:
                             loss, metrics = step.compute(engine.model, part)
                             engine.backward(loss)
                         out["flops"] = float(flops.get_total_flops()) * accum or None
+                        out["ops"] = ops.record(times=accum) if ops is not None else None
                     else:
                         loss, metrics = step.compute(engine.model, part)
                         engine.backward(loss)
@@ -404,7 +415,7 @@ def rank_main(ctx: RankContext, plan: RankPlan,
         trained = run_steps(fns, warmup=warmup, steps=measured, probe=probe, report=report,
                             after_step=after_step)
     if conn is not None:
-        ready = {"flops": out["flops"], "comm": engine.comm.summary(),
+        ready = {"flops": out["flops"], "ops": out.get("ops"), "comm": engine.comm.summary(),
                  "engine": engine.describe(), "peak_bytes": counter.peak()}
         blocks = serve_blocks(conn, fns, first=warmup, cycle=plan.total_steps, ready=ready,
                               done=lambda steps: ctx.progress(phase="blocks", step=steps - 1))
@@ -493,17 +504,19 @@ def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> di
 
 
 def ranks_program(engine: dict[str, Any], flops: list[float | None],
-                  comms: list[dict[str, Any] | None]) -> dict[str, Any] | None:
+                  comms: list[dict[str, Any] | None],
+                  ops: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The program record (:mod:`pytest_accelperf.program`) of a case's ranks: the FLOPs
-    of a step summed over ranks, and per kind of collective the largest count and bytes
-    over ranks; None unless every rank counted its collectives in some step. ``engine``
-    is rank 0's ``describe()``."""
+    of a step summed over ranks, per kind of collective the largest count and bytes over
+    ranks, and ``ops``, what rank 0 dispatched per step
+    (:meth:`.torch_ops.OpCounter.record`; None for a compiled model); None unless every
+    rank counted its collectives in some step. ``engine`` is rank 0's ``describe()``."""
     if not comms or not all(comms) or not comms[0] or not comms[0]["steps"]:
         return None
     collectives = largest_over_ranks([c["collectives"] or {} for c in comms if c]) or {}
     source = "deepspeed" if engine.get("engine") == "deepspeed" else "ddp"
     total = float(sum(f for f in flops if f)) if flops and all(flops) else None
-    return program_record(source, flops=total, collectives=collectives)
+    return program_record(source, flops=total, collectives=collectives, **(ops or {}))
 
 
 def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
@@ -555,7 +568,8 @@ def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
     if isinstance(res.get("step_load"), dict):  # rank 0's loop, whose times are the run's
         run.extra["step_load"] = res["step_load"]
     comms = [r["comm"] for r in ranks if r.get("comm")]
-    run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks])
+    run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks],
+                                res.get("ops"))
     if run.program is not None:
         per_rank = [c["collectives"] or {} for c in comms]
         run.extra["comm"] = {
@@ -649,7 +663,7 @@ class TorchRanks:
         """The program record of an A/B group, from what its ranks reported when ready
         (as :func:`build_run` makes a run's)."""
         return ranks_program(ready[0].get("engine") or {}, [r.get("flops") for r in ready],
-                             [r.get("comm") for r in ready])
+                             [r.get("comm") for r in ready], ready[0].get("ops"))
 
     def warm_modules(self) -> tuple[str, ...]:
         """What a pool's warm ranks import for this engine's cases (everything a rank

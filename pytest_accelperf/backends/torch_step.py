@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from pytest_accelperf.backends.common import TaskError, check_metric_keys, describe
+from pytest_accelperf.backends.torch_ops import uncounted
 
 Models = torch.nn.Module | Sequence[torch.nn.Module] | Mapping[str, torch.nn.Module]
 
@@ -379,7 +380,8 @@ def undone(step: TorchStep, stateful: Sequence[Any] | None = None) -> Iterator[N
     saved = _snapshot(step, stateful)
 
     def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        _save_optimizer(saved, optimizer)
+        with uncounted():  # the plugin's snapshot (copies to the host): not the step's ops
+            _save_optimizer(saved, optimizer)
 
     handle = register_optimizer_step_pre_hook(before_step)
     try:

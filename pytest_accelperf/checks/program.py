@@ -1,12 +1,14 @@
 """The program check: what the step's compiled program does, against the baseline's.
 
 No timing is involved: FLOPs, bytes accessed, collectives (count and bytes per step),
-host callbacks, custom calls, and torch.compile's graphs, graph breaks and recompiles
-are read from the program (:mod:`pytest_accelperf.program` describes the record), so the
-verdict is the same on a quiet machine and on a loaded one. The rule:
+host callbacks, custom calls, torch.compile's graphs, graph breaks and recompiles, and an
+eager torch step's host syncs and matrix-product dtypes are read from the program
+(:mod:`pytest_accelperf.program` describes the record), so the verdict is the same on a
+quiet machine and on a loaded one. The rule:
 
 * the same program (counts equal, amounts within ``program_tolerance``): ``pass``;
-* anything more (another all-gather, more FLOPs, a host callback, a graph break):
+* anything more (another all-gather, more FLOPs, a host callback, a graph break, a
+  ``.item()``, matrix products in float32 instead of bfloat16):
   ``regression``, naming each change (``all-gather: 2 → 6 per step (+48.00 MiB);
   FLOPs +0.0%``) and the largest changes of the op histogram, the likely cause;
 * only less: ``improvement``.
@@ -24,7 +26,14 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.program import changes, describe_changes
+from pytest_accelperf.program import (
+    AMOUNTS,
+    COUNTS,
+    TORCH_OPS,
+    changes,
+    describe_changes,
+    matmul_dtypes,
+)
 from pytest_accelperf.units import fmt_tolerance
 
 METRIC = "program"
@@ -45,11 +54,26 @@ def summary(program: dict[str, Any]) -> str:
         n = sum(int(c.get("count", 0)) for c in coll.values())
         kinds = ", ".join(f"{k} x{int(c.get('count', 0))}" for k, c in sorted(coll.items()))
         parts.append(f"{n} collective(s)" + (f" ({kinds})" if kinds else ""))
-    for key, label in (("host_callbacks", "host callback(s)"), ("graphs", "graph(s)"),
-                       ("graph_breaks", "graph break(s)"), ("recompiles", "recompile(s)")):
+    for key, label in (("host_callbacks", "host callback(s)"), ("host_syncs", "host sync(s)"),
+                       ("graphs", "graph(s)"), ("graph_breaks", "graph break(s)"),
+                       ("recompiles", "recompile(s)")):
         if isinstance(program.get(key), int):
             parts.append(f"{program[key]} {label}")
+    if program.get("source") in TORCH_OPS and isinstance(program.get("ops"), dict):
+        ops = program["ops"]
+        mm = ", ".join(f"{t} x{n}" for t, n in sorted(matmul_dtypes(ops).items()))
+        parts.append(f"{sum(int(n) for n in ops.values())} ops dispatched"
+                     + (f" (matmuls {mm})" if mm else ""))
     return f"{program.get('source', '?')} program" + (f": {', '.join(parts)}" if parts else "")
+
+
+def not_in_baseline(base: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What this run's record gates that the baseline's does not have (``host syncs``,
+    ``op histogram``): a baseline recorded before the backend read them. Those compare
+    as nothing, not as a change."""
+    labels = {**{k: label for k, (label, _) in AMOUNTS.items()}, **COUNTS,
+              "collectives": "collectives", "ops": "op histogram"}
+    return [label for key, label in labels.items() if key in now and key not in base]
 
 
 def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tolerances, *,
@@ -84,11 +108,18 @@ def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: T
     lines = describe_changes(base, now, tolerance)
     result.data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now}
                               for c in found]
+    unrecorded = not_in_baseline(base, now)
+    if unrecorded:
+        result.data["not_in_baseline"] = unrecorded
     if not found:
         result.detail = (f"same program as the baseline ({summary(now)}; amounts within "
                          f"{fmt_tolerance(tolerance)})")
         if lines:  # only the op histogram moved
             result.detail += f"; {'; '.join(lines)}"
+        if unrecorded:
+            result.detail += (f"; the baseline has no {', '.join(unrecorded)} (recorded "
+                              f"before they were read): not compared; re-record with "
+                              f"--accelperf-update to gate them")
         return result
     if any(c.more for c in found):
         result.verdict = Verdict.REGRESSION
