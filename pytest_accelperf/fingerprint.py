@@ -8,7 +8,7 @@ about this change, so a differing fingerprint makes the throughput check ``incom
 from __future__ import annotations
 
 import platform as _platform
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -25,6 +25,12 @@ PACKAGES = BACKENDS.packages()
 #: Keys that must match for step times to be comparable.
 THROUGHPUT_KEYS = ("platform", "device_kind", "device_count", "host_cpu", "cpu_isa", "python",
                    "packages")
+#: Keys that must match for the step's program to be comparable: what the frameworks
+#: compile or dispatch for the platform, not the host's CPU model or features. A baseline
+#: recorded on a CI runner with other CPU flags (avx_vnni) made every program check
+#: ``incomparable``, the one check that needs no timing; the torch eager records and the
+#: XLA:CPU programs of the suites were the same on both hosts.
+PROGRAM_KEYS = ("platform", "device_kind", "device_count", "python", "packages")
 
 
 def environment(accel: Accelerator, packages_of: Iterable[str] = PACKAGES) -> dict[str, Any]:
@@ -70,8 +76,10 @@ def _declared(backend: str | BackendSpec | None) -> tuple[str, ...] | None:
 
 def differences(now: dict[str, Any], base: dict[str, Any],
                 backend: str | BackendSpec | None = None, *,
-                known: Collection[str] = PACKAGES) -> list[str]:
-    """Human-readable differences that make throughput incomparable, empty when comparable.
+                known: Collection[str] = PACKAGES,
+                keys: Sequence[str] = THROUGHPUT_KEYS) -> list[str]:
+    """Human-readable differences that make throughput incomparable, empty when comparable
+    (``keys=PROGRAM_KEYS``: those that make the program incomparable).
 
     With ``backend`` (its spec, or a built-in's name), only the packages that backend
     declares are compared among the ``known`` backend packages: installing torch beside jax
@@ -87,7 +95,7 @@ def differences(now: dict[str, Any], base: dict[str, Any],
     ['cpu_isa: this host lacks avx512bw avx512f']
     """
     out: list[str] = []
-    for key in THROUGHPUT_KEYS:
+    for key in keys:
         a, b = base.get(key), now.get(key)
         if key == "packages" and isinstance(a, dict) and isinstance(b, dict):
             relevant = _declared(backend)

@@ -47,7 +47,7 @@ from pytest_accelperf.checks.throughput import NOISY_KEY, recording_noise
 from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.errors import UserError, render
-from pytest_accelperf.fingerprint import differences
+from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
 from pytest_accelperf.hangs import CaseTimeout, HostLockError, case_alarm, watchdog
 from pytest_accelperf.judge import (
     ABComparison,
@@ -484,11 +484,14 @@ class CaseRunner:
             session.environment if environment is None else environment))
         block = summarize(run)
         baseline = self._stored_baseline(run)
+        known = session.backends().packages()
         diffs = tuple(differences(run.environment, baseline["environment"], self.spec,
-                                  known=session.backends().packages())
-                      if baseline else [])
+                                  known=known) if baseline else [])
+        program_diffs = tuple(differences(run.environment, baseline["environment"], self.spec,
+                                          known=known, keys=PROGRAM_KEYS) if baseline else [])
         tol = self._tolerances()
         checks = run_checks(run, block, baseline, tol, differences=diffs,
+                            program_differences=program_diffs,
                             reference_params=result.reference_params, params=result.params,
                             loss_either_way=self.settings.loss_either_way,
                             max_foreign_load=self.settings.max_foreign_load)

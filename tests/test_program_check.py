@@ -307,3 +307,29 @@ def test_hfu_uses_the_hardware_flops_and_mfu_the_model_s() -> None:
     assert run.hfu == pytest.approx(2 * run.mfu)
     assert run.to_json()["derived"]["hfu"] == pytest.approx(0.5)
     assert Run(case_id="c", step_times=[0.5]).hfu is None
+
+
+def test_another_host_cpu_runs_the_same_program_but_not_the_same_step_times() -> None:
+    """The committed baselines were recorded on a runner whose CPU has avx_vnni; on one
+    without it every program check was `incomparable`, the one check that needs no timing.
+    The host's CPU makes step times and numerics incomparable, not the program."""
+    from pytest_accelperf.checks import run_checks
+    from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
+    from pytest_accelperf.run import Run
+
+    base_env = {"platform": "cpu-x8", "host_cpu": "Xeon A", "cpu_isa": "avx2 avx_vnni",
+                "python": "3.11.7", "packages": {"jax": "0.10.2"}}
+    now_env = {**base_env, "host_cpu": "Xeon B", "cpu_isa": "avx2"}
+    timing = differences(now_env, base_env)
+    assert timing == ["host_cpu: Xeon A -> Xeon B", "cpu_isa: this host lacks avx_vnni"]
+    assert differences(now_env, base_env, keys=PROGRAM_KEYS) == []
+    run = Run(case_id="c", losses=[1.0], loss_steps=[0], step_times=[0.01] * 5,
+              program=xla(flops=2e9))
+    baseline = block(xla(), environment=base_env)
+    checks = {c.metric: c for c in run_checks(run, None, baseline, TOL, differences=timing,
+                                              program_differences=[])}
+    assert checks["program"].verdict is Verdict.REGRESSION  # FLOPs doubled: still caught
+    before = {c.metric: c for c in run_checks(run, None, baseline, TOL, differences=timing)}
+    assert before["program"].verdict is Verdict.INCOMPARABLE  # what every CI run saw
+    newer = {**now_env, "packages": {"jax": "0.11.2"}}
+    assert differences(newer, base_env, keys=PROGRAM_KEYS) == ["jax: 0.10.2 -> 0.11.2"]

@@ -70,6 +70,7 @@ __all__ = [
 
 def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] | None,
                tol: Tolerances, *, comparable: bool = True, differences: Sequence[str] = (),
+               program_differences: Sequence[str] | None = None,
                reference_params: Mapping[str, Any] | None = None,
                params: Mapping[str, Any] | None = None,
                loss_either_way: bool = False,
@@ -81,6 +82,9 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     words, :func:`pytest_accelperf.fingerprint.differences`; any makes it not comparable):
     throughput, compile time and the program are then ``incomparable`` and the other
     checks still apply (numerics at its cross-environment tolerance).
+    ``program_differences`` (default: ``differences``) are those that make the program
+    incomparable (:data:`pytest_accelperf.fingerprint.PROGRAM_KEYS`): another host CPU
+    runs the same program.
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
     with a reference the ``reference`` check runs, baseline or not. ``loss_either_way``:
     a loss below its band fails too (``--accelperf-loss-either-way``).
@@ -90,6 +94,8 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     """
     if block is None:
         block = summarize(run)
+    program_comparable = comparable and not (
+        differences if program_differences is None else program_differences)
     comparable = comparable and not differences
     results: list[CheckResult] = [check_outcome(run, block, baseline)]
     optional: list[CheckResult | None]
@@ -102,7 +108,7 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
             check_compile_time(block, baseline, tol, comparable=comparable,
                                compile_load=run.extra.get("compile_load"),
                                max_foreign_load=max_foreign_load),
-            check_program(block, baseline, tol, comparable=comparable),
+            check_program(block, baseline, tol, comparable=program_comparable),
             check_memory(block, baseline, tol),
             check_numerics(block, baseline, tol, same_environment=comparable),
         ]
