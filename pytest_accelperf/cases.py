@@ -50,8 +50,10 @@ class Case:
     """One training case.
 
     ``mesh`` is a device-mesh shape such as ``(4, 2)``; ``None`` means a single device.
-    ``memory_capacity`` declares the device capacity in bytes on an accelerator whose
-    runtime has no memory counter (CPU): a compiled program larger than it is recorded as a
+    ``memory_capacity`` declares the device capacity in bytes: on an accelerator whose
+    runtime has no memory counter (CPU) it is the capacity, and where the device reports
+    one the smaller of the two counts (a suite written for a 16 GiB fleet keeps judging
+    against 16 GiB on a larger GPU). A compiled program larger than it is recorded as a
     predicted out-of-memory. ``reference=True`` also trains the case on one device and
     checks the parameters against that run (the check of seed 004): apart from the measured
     run, the sharded program and the single-device one each train ``reference_steps`` steps

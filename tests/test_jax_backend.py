@@ -261,3 +261,18 @@ def test_memory_is_the_cases_own_where_the_runtime_peak_cannot_be_reset(
     run = BACKEND.train(case, linear_task(16), accel).run
     assert run.memory_per_device == plan
     assert list(run.extra["runtime_peak"].values()) == [2 * 10**9]
+
+
+def test_a_declared_capacity_smaller_than_the_device_is_what_a_case_is_judged_against() -> None:
+    """Seen on an H100 (80 GB): seed 000's batch 4096, declared against a 16 GiB device,
+    trained instead of being predicted out of memory, and the suite's assertion failed."""
+    from pytest_accelperf.backends.jax import _capacity
+
+    gpu = Accelerator(name="gpu", platform="gpu-x1", device_kind="h100", device_count=1,
+                      memory_capacity=80 * GIB)
+    declared = Case(backend="jax", batch=8, memory_capacity=16 * GIB)
+    assert _capacity(gpu, declared) == 16 * GIB
+    assert _capacity(gpu, Case(backend="jax", batch=8)) == 80 * GIB
+    cpu = Accelerator(name="cpu", platform="cpu-x8", device_kind="cpu", device_count=8)
+    assert _capacity(cpu, declared) == 16 * GIB
+    assert _capacity(cpu, Case(backend="jax", batch=8)) is None

@@ -355,6 +355,15 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _capacity(accel: Accelerator, case: Case) -> int | None:
+    """Bytes per device a case is judged against: the smaller of the device's and the
+    case's declared ``memory_capacity`` (a suite that declares the fleet's 16 GiB keeps
+    predicting that out-of-memory on an 80 GB development GPU, as the torch backend does);
+    either one where only one is known (CPU: the declared one)."""
+    known = [c for c in (accel.memory_capacity, case.memory_capacity) if c]
+    return int(min(known)) if known else None
+
+
 def _runtime_peaks(mesh: Any) -> list[int] | None:
     """The runtime's peak bytes in use on each device of ``mesh`` since the process
     started (GPU, TPU), or None where a device has no counter (XLA:CPU, another host's)."""
@@ -605,9 +614,10 @@ class JaxBackend:
 
     def fits(self, case: Case, task: Any, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
-        """Compile only: the planned bytes per device against the capacity (the runtime's,
-        or ``case.memory_capacity``); a compile that itself runs out of memory does not fit."""
-        capacity = accel.memory_capacity or case.memory_capacity
+        """Compile only: the planned bytes per device against the capacity (the smaller of
+        the runtime's and ``case.memory_capacity``); a compile that itself runs out of
+        memory does not fit."""
+        capacity = _capacity(accel, case)
         if not capacity:
             raise ConfigError(f"{case.id}: no device capacity to search a maximum batch against; "
                              f"declare memory_capacity on the case")
@@ -684,7 +694,7 @@ class JaxBackend:
         if planned:
             run.memory_per_device = {label: planned["required_bytes"] for label in _labels(mesh)}
             run.memory_source = "memory_analysis"
-        capacity = accel.memory_capacity or case.memory_capacity
+        capacity = _capacity(accel, case)
         oom = _predicted_oom(planned, capacity)
         if oom is not None:
             run.outcome, run.oom = "oom", oom

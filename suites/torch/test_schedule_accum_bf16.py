@@ -63,7 +63,7 @@ def test_schedule_accum_bf16(accelperf: CaseRunner) -> None:
 
     def train_step(batch: dict[str, torch.Tensor]) -> dict[str, Any]:
         lr = scheduler.get_last_lr()[0]
-        total_loss = torch.zeros(())
+        total_loss = torch.zeros((), device=batch["x"].device)
         for x, y in zip(batch["x"].chunk(accum), batch["y"].chunk(accum), strict=True):
             with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
                 logits = model(x)
