@@ -24,7 +24,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.program import changes, describe_changes
+from pytest_accelperf.program import changes, comparable_flops, describe_changes
 from pytest_accelperf.units import fmt_tolerance
 
 METRIC = "program"
@@ -80,8 +80,12 @@ def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: T
         result.detail = (f"this program was read by {now.get('source')}, the baseline's by "
                          f"{base.get('source')}; re-record with --accelperf-update")
         return result
-    found = changes(base, now, tolerance)
-    lines = describe_changes(base, now, tolerance)
+    compared, unlike = comparable_flops(base, now)
+    if unlike:
+        result.baseline, result.change = None, None
+        result.data["not_compared"] = unlike
+    found = changes(compared, now, tolerance)
+    lines = describe_changes(compared, now, tolerance) + ([unlike] if unlike else [])
     result.data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now}
                               for c in found]
     if not found:
