@@ -57,8 +57,10 @@ class Case:
     predicted out-of-memory. ``reference=True`` also trains the case on one device and
     checks the parameters against that run (the check of seed 004): apart from the measured
     run, the sharded program and the single-device one each train ``reference_steps`` steps
-    (default 1, as the seed compares after one step) from the same initial state on the same
-    batches, and their parameters must agree within ``reference_atol``. Few steps compare
+    (default 1, as the seed compares after one step; more, up to 16, until the parameters
+    have moved beyond the tolerance, since parameters that have not moved match whatever the
+    sharding does) from the same initial state on the same batches, and their parameters
+    and the state beside them must agree within ``reference_atol``. Few steps compare
     the layout, not the chaos of training: rounding differences between the two programs
     grow with every step (a correct data-parallel CNN: max |Δ| 5.2e-6 after 2 steps,
     1.27e-2 after 32), while a sharding bug shows from the first step. A larger

@@ -48,7 +48,8 @@ def unrecordable(run: Run, checks: Sequence[CheckResult],
     for path, leaf in ((block or {}).get("numerics") or {}).items():
         values = [leaf.get("rms"), *(leaf.get("sample") or [])]
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            return f"parameter {path} is not finite after training"
+            what = "state leaf" if leaf.get("state") is True else "parameter"
+            return f"{what} {path} is not finite after training"
     return None
 
 

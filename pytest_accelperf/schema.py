@@ -150,6 +150,8 @@ class Program(_Strict):
 
     source: Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]
     flops: NonNegative | None = None
+    #: ``flops`` counted over the global batch on a second lowering (a bind_axes step).
+    global_flops: bool | None = None
     hardware_flops: NonNegative | None = None
     bytes_accessed: NonNegative | None = None
     collectives: dict[str, Collective] | None = None
@@ -175,24 +177,34 @@ class Leaf(_Strict):
     rms: NonNegative
     sample: list[Number]
     sketch: Number | None = None
+    #: A leaf of the training state beside the parameters (not a parameter).
+    state: bool | None = None
 
 
-class CompactNumerics(_Strict):
-    """The parameter fingerprint as the store keeps it
-    (:func:`pytest_accelperf.checks.numerics.compact`): one sketch value per leaf in path
-    order, a hash of the leaves' paths, shapes and dtypes, and a tag of 2 hex digits per
-    leaf (so that a changed structure names the run's leaves that changed)."""
+class CompactSection(_Strict):
+    """One section of a compact fingerprint: one sketch value per leaf in path order, a
+    hash of the leaves' paths, shapes and dtypes, and a tag of 2 hex digits per leaf (so
+    that a changed structure names the run's leaves that changed)."""
 
     sketch: list[NonNegative]
     structure: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
     tags: Annotated[str, Field(pattern=r"^([0-9a-f]{2})*$")]
 
     @model_validator(mode="after")
-    def _a_tag_per_leaf(self) -> CompactNumerics:
+    def _a_tag_per_leaf(self) -> CompactSection:
         if len(self.tags) != 2 * len(self.sketch):
             raise ValueError(f"numerics.tags has {len(self.tags) // 2} tag(s) of 2 hex digits "
                              f"for {len(self.sketch)} sketch value(s): one per leaf")
         return self
+
+
+class CompactNumerics(CompactSection):
+    """The fingerprint as the store keeps it
+    (:func:`pytest_accelperf.checks.numerics.compact`): the parameters' section, and the
+    training state's beside them (running statistics, step counters, a loss scale) under
+    ``state``; a block recorded before the state was fingerprinted has no ``state``."""
+
+    state: CompactSection | None = None
 
 
 def _numerics_kind(value: Any) -> str:

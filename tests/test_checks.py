@@ -631,6 +631,31 @@ def test_reference_after_steps_says_what_was_compared() -> None:
     assert check_reference(final, ReferenceParams(params()), TOL).verdict is Verdict.REGRESSION
 
 
+def test_reference_whose_parameters_never_moved_cannot_pass() -> None:
+    """Issue 23: parameters that did not move beyond the tolerance from where they started
+    (a schedule at learning rate 0) match the reference whatever the sharding did: that is
+    ``inconclusive`` with the reason, not a pass. The state beside the parameters (a step
+    counter always moves) does not count as moving; a mismatch still fails."""
+    start = params()
+    after = {**params(), "step": np.asarray(3)}
+    after["params/w"] = after["params/w"] + np.float32(1e-4)
+    ref = ReferenceParams(after, compared=dict(after), steps=3, mesh="8x1",
+                          state={"step"}, initial=start)
+    r = check_reference(None, ref, TOL)
+    assert r.verdict is Verdict.INCONCLUSIVE, r.detail
+    assert r.detail.startswith("the parameters did not move beyond atol=0.005 in 3 steps "
+                               "(largest move 0.0001 in params/w, of 2 parameter leaves; "
+                               "learning rate 0 at the start of the schedule?)"), r.detail
+    assert r.detail.endswith("raise reference_steps past the warm-up")
+    moved = ReferenceParams(after, compared=dict(after), steps=3, mesh="8x1", state={"step"},
+                            initial={**start, "params/b": start["params/b"] - 0.01})
+    assert check_reference(None, moved, TOL).verdict is Verdict.PASS
+    wrong = {**after, "params/b": after["params/b"] + 0.1}
+    bad = ReferenceParams(after, compared=wrong, steps=3, mesh="8x1", state={"step"},
+                          initial=start)
+    assert check_reference(None, bad, TOL).verdict is Verdict.REGRESSION
+
+
 def test_reference_mismatch_names_leaf_and_count() -> None:
     now = params()
     now["params/w"][0, :3] += np.float32(0.1)

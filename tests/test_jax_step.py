@@ -40,6 +40,8 @@ from pytest_accelperf.backends.jax import (  # noqa: E402
     nnx_step,
 )
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
+from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
@@ -68,10 +70,11 @@ class MLP(nn.Module):
 
     axis_name: str | None = None
     dropout: float = 0.0
+    momentum: float = 0.5
 
     @nn.compact
     def __call__(self, x: jax.Array, train: bool) -> jax.Array:
-        x = nn.BatchNorm(use_running_average=not train, momentum=0.5,
+        x = nn.BatchNorm(use_running_average=not train, momentum=self.momentum,
                          axis_name=self.axis_name)(x)
         x = nn.relu(nn.Dense(16)(x))
         x = nn.Dropout(rate=self.dropout, deterministic=not train)(x)
@@ -83,10 +86,11 @@ class TrainState(train_state.TrainState):
     key: jax.Array
 
 
-def make_state(axis_name: str | None = None, dropout: float = 0.0) -> Any:
+def make_state(axis_name: str | None = None, dropout: float = 0.0,
+               momentum: float = 0.5) -> Any:
     def create(key: jax.Array) -> TrainState:
         params_key, dropout_key = jax.random.split(key)
-        model = MLP(axis_name=axis_name, dropout=dropout)
+        model = MLP(axis_name=axis_name, dropout=dropout, momentum=momentum)
         variables = model.init(params_key, jnp.ones((1, DIM)), train=False)
         return TrainState.create(apply_fn=model.apply, params=variables["params"],
                                  batch_stats=variables["batch_stats"], key=dropout_key,
@@ -128,13 +132,58 @@ def test_batch_stats_change_across_steps_and_state_comes_back(accel: Accelerator
     mean = np.asarray(state.batch_stats["BatchNorm_0"]["mean"])
     # Initialized at 0; momentum 0.5 over 7 steps moves it close to the data's mean of 3.
     assert np.all(mean > 2.5), mean
-    # The numerics fingerprint is of state.params (the default accessor), not the state.
-    assert set(run.params_fingerprint) == {"BatchNorm_0/bias", "BatchNorm_0/scale",
-                                           "Dense_0/bias", "Dense_0/kernel", "Dense_1/bias",
-                                           "Dense_1/kernel"}
+    # The numerics fingerprint is of state.params (the default accessor) and, marked as
+    # state, every other leaf of the state but Adam's moments (issue 23).
+    fp = run.params_fingerprint
+    assert {k for k, v in fp.items() if not v.get("state")} == {
+        "BatchNorm_0/bias", "BatchNorm_0/scale", "Dense_0/bias", "Dense_0/kernel",
+        "Dense_1/bias", "Dense_1/kernel"}
+    assert {k for k, v in fp.items() if v.get("state")} == {
+        "batch_stats/BatchNorm_0/mean", "batch_stats/BatchNorm_0/var", "key",
+        "opt_state/0/count", "step"}
+    assert fp["step"]["rms"] == fp["opt_state/0/count"]["rms"] == STEPS + WARMUP
     assert len(run.metrics["grad_norm"]) == len(run.losses) == STEPS + WARMUP
     assert all(g > 0 for g in run.metrics["grad_norm"])
     assert run.losses[-1] < run.losses[0]
+
+
+def test_a_batchnorm_momentum_change_is_caught_naming_the_collection(
+        accel: Accelerator) -> None:
+    """Issue 23: a BatchNorm momentum changed 0.9 -> 0.99 in Flax's ImageNet example changed
+    only ``batch_stats`` (training normalizes with each batch's own statistics), and the
+    numerics fingerprint, of ``state.params`` alone, saw nothing. The default now covers
+    the state beside the parameters, and the check names the collection that moved."""
+    def trained(momentum: float) -> Run:
+        step = JaxStep(init=make_state(momentum=momentum), step=jax.jit(bn_step()),
+                       make_batch=regression_batch(32))
+        run = BACKEND.train(case(), step, accel).run
+        assert run.outcome == "ok", run.message
+        return run
+
+    base, changed = trained(0.9), trained(0.99)
+    now = {"numerics": changed.params_fingerprint}
+    check = check_numerics(now, {"numerics": compact(base.params_fingerprint)}, Tolerances())
+    assert check is not None and check.verdict is Verdict.REGRESSION, check.detail
+    assert check.detail.startswith("batch_stats/BatchNorm_0/"), check.detail
+    assert " differs from the baseline fingerprint: max |Δ| = " in check.detail
+    # Only the running statistics moved: every parameter is as it was, bit for bit.
+    assert set(check.data["failing"]) == {"batch_stats/BatchNorm_0/mean",
+                                          "batch_stats/BatchNorm_0/var"}
+    assert all(check.data["max_abs"][k] == 0 for k, v in base.params_fingerprint.items()
+               if not v.get("state"))
+
+
+def test_explicit_params_is_all_that_is_compared() -> None:
+    """``params=`` (the workaround of issue 23, ``{"params": ..., "batch_stats": ...}``)
+    keeps meaning exactly what is fingerprinted: nothing is added beside it."""
+    state = make_state()(jax.random.key(0))
+    both = JaxStep(init=state, step=bn_step(), make_batch=regression_batch(8),
+                   params=lambda s: {"params": s.params, "batch_stats": s.batch_stats})
+    assert both.beside_of(state, both.params_of(state)) == {}
+    default = JaxStep(init=state, step=bn_step(), make_batch=regression_batch(8))
+    beside = default.beside_of(state, default.params_of(state))
+    assert sorted(beside) == ["batch_stats/BatchNorm_0/mean", "batch_stats/BatchNorm_0/var",
+                              "key", "opt_state/0/count", "step"]
 
 
 def test_dropout_rng_is_new_every_step_and_reproducible(accel: Accelerator) -> None:
@@ -224,6 +273,112 @@ def test_named_axis_bound_to_the_mesh_matches_the_global_batch(accel: Accelerato
     assert BACKEND.train(case(mesh=(4, 2)), pmap_style, accel).run.outcome == "ok"
 
 
+def test_a_pmapped_step_is_one_line_naming_bind_axes_and_the_function() -> None:
+    """Issue 23: Flax's ImageNet example hands ``jax.pmap(train_step, axis_name='batch')``;
+    the plugin said something about a context mesh and ``shard_map``. Now: one line
+    naming the function pmap wraps and the ``bind_axes`` that replaces pmap's axis."""
+    import functools
+
+    def ready(axis: str) -> Any:
+        return jax.pmap(bn_step(axis), axis_name=axis)
+
+    for pmapped, axis in ((ready("batch"), "batch"), (jax.jit(ready("i")), "i")):
+        with pytest.raises(TaskError) as info:
+            JaxStep(init=make_state(), step=pmapped, make_batch=regression_batch(32))
+        text = str(info.value)
+        assert "\n" not in text
+        assert text.startswith("JaxStep.step train_step (tests/test_jax_step.py:"), text
+        assert "is wrapped in jax.pmap" in text
+        assert f"pass the function pmap wraps (train_step; the pmap-ed function's " \
+               f".__wrapped__) with bind_axes={{'{axis}': 'data'}}" in text
+    # Flax's ImageNet example pmaps a partial (the schedule bound): named as such.
+    partial = jax.pmap(functools.partial(bn_step("batch")), axis_name="batch")
+    with pytest.raises(TaskError, match=r"\(the functools.partial given to pmap; "):
+        JaxStep(init=make_state(), step=partial, make_batch=regression_batch(32))
+
+
+def test_a_none_leaf_is_an_empty_subtree_in_every_step_api(accel: Accelerator) -> None:
+    """Issue 23: Flax ImageNet's ``TrainState(dynamic_scale=None)`` crashed with ``zip()
+    argument 2 is longer than argument 1`` in ``_check_divisible``, with or without
+    ``state_specs``: a None is an empty subtree in JAX, and now in the plugin."""
+
+    class ScaledState(train_state.TrainState):
+        dynamic_scale: Any = None
+
+    def init(key: jax.Array) -> ScaledState:
+        return ScaledState.create(apply_fn=None, params={"w": jnp.zeros((DIM, 1))},
+                                  tx=optax.adam(1e-2))
+
+    def train_step(state: ScaledState, batch: Any) -> tuple[ScaledState, dict[str, Any]]:
+        loss, grads = jax.value_and_grad(
+            lambda p: jnp.mean((batch["x"] @ p["w"] - batch["y"]) ** 2))(state.params)
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+    task = JaxTask(init_params=lambda key: {"w": jnp.zeros((DIM, 1)), "b": None},
+                   loss_fn=lambda p, b: jnp.mean((b["x"] @ p["w"] - b["y"]) ** 2),
+                   make_batch=regression_batch(32), optimizer=optax.adam(1e-2))
+    for what, specs in (("JaxStep", None), ("JaxStep", P()),
+                        ("JaxStep", lambda abstract: jax.tree.map(lambda _: P(), abstract)),
+                        ("JaxTask", None)):
+        trained = (task if what == "JaxTask" else
+                   JaxStep(init=init, step=train_step, make_batch=regression_batch(32),
+                           state_specs=specs))
+        run = BACKEND.train(case(mesh=(8, 1)), trained, accel).run
+        assert run.outcome == "ok", (what, specs, run.message)
+        assert all(math.isfinite(loss) for loss in run.losses), (what, specs)
+        # The None holds no leaf of the fingerprint either (optax's count is the state).
+        assert sorted(run.params_fingerprint) == (
+            ["opt_state/0/count", "w"] if what == "JaxTask"
+            else ["opt_state/0/count", "step", "w"]), (what, specs)
+
+
+def test_bind_axes_flops_are_the_global_models(accel: Accelerator) -> None:
+    """Issue 23: a ``bind_axes`` (pmap-style) step counted one shard's FLOPs, 16.4 MFLOP on
+    8x1 against 113.2 MFLOP for the same step without a mesh (6.9x low, and MFU with it).
+    Now the count is the step's on one device over the global batch, for an MLP of
+    B x in -> h -> out the analytic 2B(in*h + h*out) forward and twice that backward, less
+    the input's gradient nobody takes: 4B*in*h + 6B*h*out."""
+    b, d_in, hidden, d_out = 256, 64, 128, 16
+
+    def init(key: jax.Array) -> dict[str, Any]:
+        k1, k2 = jax.random.split(key)
+        return {"params": {"w1": jax.random.normal(k1, (d_in, hidden)) * 0.1,
+                           "w2": jax.random.normal(k2, (hidden, d_out)) * 0.1}}
+
+    def mlp_step(axis: str | None) -> Any:
+        def train_step(state: Any, batch: Any) -> tuple[Any, dict[str, Any]]:
+            def loss_fn(p: Any) -> Any:
+                h = jnp.maximum(batch["x"] @ p["w1"], 0)
+                return jnp.mean((h @ p["w2"] - batch["y"]) ** 2)
+            loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+            if axis:
+                grads, loss = jax.lax.pmean((grads, loss), axis)
+            params = jax.tree.map(lambda p, g: p - 0.1 * g, state["params"], grads)
+            return {"params": params}, {"loss": loss}
+        return train_step
+
+    def make_batch(step: int) -> dict[str, np.ndarray]:
+        r = np.random.default_rng(step)
+        return {"x": r.normal(size=(b, d_in)).astype(np.float32),
+                "y": r.normal(size=(b, d_out)).astype(np.float32)}
+
+    one = Case(backend="jax", batch=b, mesh=None, steps=1, warmup=0)
+    plain = BACKEND.train(one, JaxStep(init, mlp_step(None), make_batch), accel).run
+    bound = BACKEND.train(Case(backend="jax", batch=b, mesh=(8, 1), steps=1, warmup=0),
+                          JaxStep(init, mlp_step("batch"), make_batch,
+                                  bind_axes={"batch": "data"}), accel).run
+    assert plain.outcome == bound.outcome == "ok", (plain.message, bound.message)
+    assert plain.flops_per_step is not None and bound.flops_per_step is not None
+    assert bound.flops_per_step == pytest.approx(plain.flops_per_step, rel=0.01)
+    analytic = 4 * b * d_in * hidden + 6 * b * hidden * d_out
+    assert bound.flops_per_step == pytest.approx(analytic, rel=0.05)
+    # What the devices execute stays per device times 8: at least the model's FLOPs.
+    assert bound.extra["hardware_flops_per_step"] >= bound.flops_per_step
+    # The record says how they were counted: a baseline of one shard's is not compared.
+    assert bound.program is not None and bound.program["global_flops"] is True
+    assert plain.program is not None and "global_flops" not in plain.program
+
+
 def test_batch_specs_per_leaf_and_state_specs(accel: Accelerator) -> None:
     def init(key: jax.Array) -> dict[str, Any]:
         return {"params": {"w": jax.random.normal(key, (DIM, 4)) * 0.1}}
@@ -297,8 +452,16 @@ def test_nnx_model_optimizer_and_metrics(accel: Accelerator) -> None:
     run = result.run
     assert run.outcome == "ok", run.message
     assert run.losses[-1] < run.losses[0]
-    assert "linear1/kernel" in run.params_fingerprint  # the model's nnx.Param state
-    assert not any(k.startswith("batch_norm/mean") for k in run.params_fingerprint)
+    fp = run.params_fingerprint
+    assert "linear1/kernel" in fp and not fp["linear1/kernel"].get("state")  # nnx.Param
+    assert not any(k.startswith("batch_norm/mean") for k in fp)
+    # Beside the parameters, every other variable, by object: the BatchStats, the RNG
+    # counters, the optimizer's step and count; not Adam's moments (its OptVariables), nor
+    # the metrics (issue 23).
+    assert {k for k, v in fp.items() if v.get("state")} == {
+        "model/batch_norm/mean", "model/batch_norm/var", "model/dropout/rngs/count",
+        "model/dropout/rngs/key", "optimizer/opt_state/0/count", "optimizer/step"}
+    assert fp["optimizer/step"]["rms"] == STEPS + WARMUP
     assert isinstance(result, JaxTrainResult)
     trained, trained_opt, trained_metrics = result.state
     assert int(trained_opt.step[...]) == STEPS + WARMUP

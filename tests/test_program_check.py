@@ -110,6 +110,33 @@ def test_another_environment_or_source_is_incomparable_and_no_record_no_check() 
     assert missing is not None and missing.verdict is Verdict.NEW
 
 
+def test_flops_of_a_bind_axes_step_recorded_as_one_shards_are_not_compared() -> None:
+    """Issue 23: a ``bind_axes`` step's FLOPs were one shard's (21.5 MFLOP stored for
+    ``test_pmap_style``'s 4x2 case); now the global batch's (``global_flops``). A baseline
+    that lacks the mark is not a +285 % regression of unchanged code: its FLOPs are left
+    out, and said so; the rest of the program is compared as ever."""
+    shard = xla(flops=21.5e6)
+    whole = xla(flops=82.7e6, global_flops=True)
+    assert whole["global_flops"] is True and "global_flops" not in shard
+    validate_block(block(whole))
+    result = check_program(block(whole), block(shard), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.PASS, result.detail
+    assert result.detail.endswith("; FLOPs not compared: the baseline's count is one shard's, "
+                                  "recorded before a bind_axes step was counted over the "
+                                  "global batch (--accelperf-update records it)")
+    assert result.baseline is None and result.now == 82.7e6
+    more = copy.deepcopy(whole)
+    more["host_callbacks"] = 1
+    result = check_program(block(more), block(shard), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert "host callbacks: 0 → 1" in result.detail
+    # Both counted over the global batch: compared.
+    result = check_program(block(xla(flops=90e6, global_flops=True)), block(whole), TOL,
+                           comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert result.detail.startswith("FLOPs +8.8%"), result.detail
+
+
 def test_describe_changes_is_empty_for_identical_programs() -> None:
     assert describe_changes(xla(), copy.deepcopy(xla()), 0.01) == []
 

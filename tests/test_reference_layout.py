@@ -46,11 +46,11 @@ from jax.sharding import PartitionSpec  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
-from pytest_accelperf.backends.jax import BACKEND  # noqa: E402
+from pytest_accelperf.backends.jax import BACKEND, REFERENCE_MAX_STEPS  # noqa: E402
 from pytest_accelperf.backends.jax_step import JaxStep  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import CheckResult, Tolerances, Verdict, run_checks  # noqa: E402
-from pytest_accelperf.checks.numerics import ReferenceParams  # noqa: E402
+from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
 BATCH, STEPS, LR = 32, 32, 0.2
@@ -190,9 +190,73 @@ def test_a_sharding_bug_fails_naming_the_leaf(bug: str, step: JaxStep,
     assert check.now is not None and check.now > 5e-3
 
 
+def linear(lr: Any) -> JaxStep:
+    """A linear regression trained by Adam at ``lr`` (a number, or a schedule of the step),
+    its state a Flax ``TrainState``."""
+
+    def init(key: jax.Array) -> train_state.TrainState:
+        w = jax.random.normal(key, (8, 1)) * 0.1
+        return train_state.TrainState.create(apply_fn=None, params={"w": w},
+                                             tx=optax.adam(lr))
+
+    def step(state: train_state.TrainState, batch: Any) -> tuple[Any, dict[str, Any]]:
+        x = batch["x"].reshape(BATCH, -1)[:, :8]
+        loss, grads = jax.value_and_grad(
+            lambda p: jnp.mean((x @ p["w"] - batch["y"][:, None]) ** 2))(state.params)
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+    return JaxStep(init=init, step=step, make_batch=make_batch)
+
+
+def test_a_warm_up_from_learning_rate_0_is_compared_once_the_parameters_moved(
+        accel: Accelerator) -> None:
+    """Issue 23: Flax's ImageNet schedule warms up from learning rate 0, so after the one
+    step compared the parameters had not moved, and ``largest |Δ| 0`` passed whatever the
+    sharding did. The reference now trains on until they moved beyond the tolerance, and
+    the comparison it makes then can fail: a program that updated nothing does."""
+    warm_up = optax.linear_schedule(0.0, 0.1, transition_steps=4)  # 0, then 0.025, ...
+    result = BACKEND.train(replace(CASE, steps=2), linear(warm_up), accel)
+    assert result.run.outcome == "ok", result.run.message
+    assert result.run.extra["reference_steps"] == 2  # step 1 (lr 0) left them unmoved
+    check = reference_check(result)
+    assert check.verdict is Verdict.PASS, check.detail
+    assert check.detail.startswith("parameters after 2 steps on the 8x1 mesh match"), \
+        check.detail
+    assert "; compared after 2 steps (the first after which the parameters had moved beyond " \
+           "the tolerance; reference_steps 1): rounding" in check.detail
+    ref = result.reference_params
+    assert isinstance(ref, ReferenceParams) and ref.initial is not None
+    # Beside the parameters the state is compared too: Adam's count, the schedule's.
+    assert ref.compared is not None
+    assert ref.state == {"opt_state/0/count", "opt_state/1/count", "step"}
+    idle = ReferenceParams(ref, compared={**ref.compared, **ref.initial}, steps=2,
+                           mesh="8x1", state=ref.state, initial=ref.initial)
+    failed = check_reference(None, idle, Tolerances())
+    assert failed.verdict is Verdict.REGRESSION, failed.detail
+    assert failed.detail.startswith("w differs from the single-device reference after 2 steps")
+
+
+def test_parameters_that_never_move_are_inconclusive_not_a_pass(accel: Accelerator) -> None:
+    """A learning rate of 0 throughout: no number of steps makes the check able to fail,
+    and it says so instead of passing with ``largest |Δ| 0``."""
+    result = BACKEND.train(replace(CASE, steps=1), linear(0.0), accel)
+    assert result.run.outcome == "ok", result.run.message
+    assert result.run.extra["reference_steps"] == REFERENCE_MAX_STEPS == 16
+    check = reference_check(result)
+    assert check.verdict is Verdict.INCONCLUSIVE, check.detail
+    assert check.detail == (
+        "the parameters did not move beyond atol=0.005 in 16 steps (largest move 0 in w, of "
+        "1 parameter leaf; learning rate 0 at the start of the schedule?), so a program "
+        "that updated nothing would match the reference: raise reference_steps past the "
+        "warm-up")
+
+
 def test_reference_steps_is_validated() -> None:
     assert CASE.reference_steps == 1
     assert CASE.to_json()["reference_steps"] == 1
-    for bad in (0, -1, 1.5, True, "2"):
+    for bad in (0, -1):
         with pytest.raises(ValueError, match="reference_steps must be a whole number >= 1"):
+            replace(CASE, reference_steps=bad)
+    for bad in (1.5, True, "2"):  # the wrong type, refused by the fields' own annotations
+        with pytest.raises(ValueError, match="Case.reference_steps must be int, got"):
             replace(CASE, reference_steps=bad)

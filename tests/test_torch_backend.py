@@ -78,7 +78,9 @@ def test_memory_counted_and_deterministic(first: TrainResult, second: TrainResul
 def test_training_is_deterministic(first: TrainResult, second: TrainResult) -> None:
     assert first.run.losses == second.run.losses
     assert first.run.params_fingerprint == second.run.params_fingerprint
-    assert set(first.params) == {n for n, _ in make_task(small()).make_model().named_parameters()}
+    # TorchTask's parameters by name and, beside them, its AdamW's step (issue 23).
+    named = {n for n, _ in make_task(small()).make_model().named_parameters()}
+    assert set(first.params) == named | {"optimizer/step"}
 
 
 def test_flop_count_leaves_the_model_unchanged() -> None:

@@ -40,6 +40,8 @@ from pytest_accelperf.backends.torch_step import (  # noqa: E402
     undone,
 )
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
+from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 
 STEPS, WARMUP, BATCH, DIM = 8, 2, 64, 8
@@ -155,9 +157,13 @@ def test_metrics_recorded_per_step(plain: tuple[Training, TorchTrainResult]) -> 
 def test_state_is_the_trained_model(plain: tuple[Training, TorchTrainResult]) -> None:
     training, result = plain
     assert result.state is training.model
-    # The numerics fingerprint is of the model's state_dict: parameters and buffers.
-    assert set(result.params) == set(training.model.state_dict())
-    assert "norm.running_mean" in result.run.params_fingerprint
+    # The numerics fingerprint is of the model's state_dict: parameters and buffers; beside
+    # them the AdamW's step (issue 23), not the disabled GradScaler's scale.
+    assert set(result.params) == set(training.model.state_dict()) | {"optimizer/step"}
+    fp = result.run.params_fingerprint
+    assert "norm.running_mean" in fp and not fp["norm.running_mean"].get("state")
+    assert fp["optimizer/step"]["state"] is True
+    assert fp["optimizer/step"]["rms"] == WARMUP + STEPS
     assert int(training.model.norm.num_batches_tracked) == WARMUP + STEPS
     back = pickle.loads(pickle.dumps(result))
     assert back.state is None and back.run.case_id == result.run.case_id
@@ -242,6 +248,8 @@ def test_a_step_that_names_its_schedulers_is_trained_without_the_scan(
         stateful=[training.scheduler, training.scaler]), CPU)
     assert isinstance(result, TorchTrainResult) and result.run.outcome == "ok"
     assert result.run.metrics["lr"] == pytest.approx(training.schedule())
+    # The scaler it names is the one fingerprinted (issue 23).
+    assert result.run.params_fingerprint["scaler/scale"]["rms"] == training.scaler.get_scale()
     task = TorchTask(make_model=Net, loss_fn=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
                      make_batch=make_batch,
                      make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
@@ -283,6 +291,9 @@ def test_bf16_autocast_and_a_grad_scaler() -> None:
     assert run.losses[-1] < run.losses[0] / 2
     # The scaler grew its tracker once per plugin step: the counting steps were undone.
     assert training.scaler.state_dict()["_growth_tracker"] == WARMUP + STEPS
+    # Found alive and moved by the training: its scale is fingerprinted (issue 23).
+    scale = run.params_fingerprint["scaler/scale"]
+    assert scale["state"] is True and scale["rms"] == training.scaler.get_scale()
 
 
 def test_fp16_autocast_with_a_grad_scaler() -> None:
@@ -291,6 +302,35 @@ def test_fp16_autocast_with_a_grad_scaler() -> None:
     assert run.outcome == "ok", run.message
     assert run.losses[-1] < run.losses[0] / 2
     assert training.scaler.get_scale() > 0
+
+
+def test_batchnorm_running_statistics_are_fingerprinted_beside_the_parameters() -> None:
+    """Issue 23: ``TorchTask`` fingerprinted ``named_parameters()`` alone, so a changed
+    BatchNorm momentum, which moves only the running statistics (training normalizes with
+    each batch's own), passed the numerics check. Its buffers and its optimizer's step are
+    now fingerprinted beside the parameters, and the check names the buffer."""
+    def task(momentum: float) -> TorchTask:
+        def make_model() -> Net:
+            net = Net()
+            net.norm.momentum = momentum
+            return net
+        return TorchTask(make_model=make_model,
+                         loss_fn=lambda m, b: ((m(b["x"]) - b["y"]) ** 2).mean(),
+                         make_batch=make_batch,
+                         make_optimizer=lambda p: torch.optim.Adam(p, lr=1e-2))
+
+    base = BACKEND.train(case(), task(0.1), CPU).run
+    changed = BACKEND.train(case(), task(0.01), CPU).run
+    assert base.outcome == changed.outcome == "ok", (base.message, changed.message)
+    fp = base.params_fingerprint
+    assert {k for k, v in fp.items() if v.get("state")} == {
+        "norm.running_mean", "norm.running_var", "norm.num_batches_tracked", "optimizer/step"}
+    assert fp["optimizer/step"]["rms"] == fp["norm.num_batches_tracked"]["rms"] == WARMUP + STEPS
+    check = check_numerics({"numerics": changed.params_fingerprint},
+                           {"numerics": compact(fp)}, Tolerances())
+    assert check is not None and check.verdict is Verdict.REGRESSION, check.detail
+    assert check.detail.startswith("norm.running_"), check.detail
+    assert set(check.data["failing"]) == {"norm.running_mean", "norm.running_var"}
 
 
 def test_an_optimizer_outside_the_model_is_undone_too() -> None:

@@ -8,7 +8,7 @@ import inspect
 import math
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -68,9 +68,34 @@ def _project(values: np.ndarray) -> float:
     return total
 
 
-def fingerprint(flat: dict[str, np.ndarray]) -> dict[str, Any]:
+def with_state(params: Mapping[str, Any],
+               state: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The flat ``params`` and the flat ``state`` beside them in one dict, and the names of
+    the state's leaves in it: a state leaf keeps its path from the state's root
+    (``batch_stats/BatchNorm_0/mean``, ``step``), or ``state/<path>`` should a parameter
+    have that name (parameters are named from their own root, so both could be ``step``).
+
+    >>> with_state({"w": 1, "step": 2}, {"step": 3, "count": 4})
+    ({'w': 1, 'step': 2, 'state/step': 3, 'count': 4}, ['state/step', 'count'])
+    """
+    merged = dict(params)
+    names: list[str] = []
+    for path, value in state.items():
+        name = path
+        while name in merged:
+            name = f"state/{name}"
+        merged[name] = value
+        names.append(name)
+    return merged, names
+
+
+def fingerprint(flat: dict[str, np.ndarray],
+                state: Collection[str] = ()) -> dict[str, Any]:
     """Per leaf: shape, dtype, RMS, 16 fixed samples and ``sketch``, rounded to 7
-    significant digits.
+    significant digits; the leaves named in ``state`` (the training state beside the
+    parameters: running statistics, step counters, a loss scale) are marked
+    ``"state": True``, which the store keeps apart from the parameters
+    (:func:`pytest_accelperf.checks.numerics.compact`).
 
     ``sketch`` is ``c = <r, x> / ||x||``, the leaf ``x`` (flattened) projected on a fixed
     random direction ``r`` (:func:`_project`) over its norm (0 for a zero leaf): a
@@ -92,6 +117,8 @@ def fingerprint(flat: dict[str, np.ndarray]) -> dict[str, Any]:
                     "rms": round_sig(rms, FINGERPRINT_DIGITS),
                     "sample": [round_sig(float(v), FINGERPRINT_DIGITS) for v in values[idx]],
                     "sketch": round_sig(sketch, FINGERPRINT_DIGITS)}
+        if key in state:
+            out[key]["state"] = True
     return out
 
 

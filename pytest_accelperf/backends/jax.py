@@ -22,7 +22,7 @@ import importlib.util
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 
 # Re-exported: both lived here before the torch backend needed them without jax.
 from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
-from pytest_accelperf.backends.common import Phases, describe
+from pytest_accelperf.backends.common import Phases, describe, with_state
 from pytest_accelperf.backends.common import TaskError as TaskError
 from pytest_accelperf.backends.common import fingerprint as fingerprint
 from pytest_accelperf.backends.jax_step import (
@@ -48,7 +48,6 @@ from pytest_accelperf.backends.jax_step import (
     check_outputs,
     explain,
     full_specs,
-    is_spec,
 )
 
 # The step API lives in jax_step; imported from here as before.
@@ -59,7 +58,8 @@ from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_s
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.xla_program import program_of
 from pytest_accelperf.cases import Case
-from pytest_accelperf.checks.numerics import ReferenceParams
+from pytest_accelperf.checks.base import Tolerances
+from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
 from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
@@ -102,8 +102,12 @@ class _Program:
     compiled: Any
     compile_time: float
     #: The step before it was partitioned over the mesh: its cost analysis counts the
-    #: model's FLOPs once however the mesh replicates them (:mod:`.xla_program`).
+    #: model's FLOPs once however the mesh replicates them (:mod:`.xla_program`). For a
+    #: ``bind_axes`` step, the same step lowered on one device over the global batch
+    #: (:func:`_global_lowering`): the shard_map-ed program is one shard's.
     lowered: Any = None
+    #: ``lowered`` is that global lowering (the program record says so).
+    global_flops: bool = False
     #: A fresh initial state from the compiled init, once :func:`_init_state` compiled it:
     #: the reference check's second start (:func:`_reference`) compiles nothing.
     fresh_state: Any = None
@@ -172,8 +176,11 @@ def _shardings(mesh: Any, specs: Any, tree: PyTree, rename: Mapping[str, str], w
                         f"{str(exc).strip().splitlines()[0]}; give one PartitionSpec, or a "
                         f"pytree of them shaped like (a prefix of) {what.split('_')[0]}") from exc
     axes = tuple(mesh.axis_names)
+    # Every leaf of ``full`` is a PartitionSpec; a None left in it is an empty subtree of
+    # ``tree`` (a ``TrainState(dynamic_scale=None)``), as JAX reads it: no sharding. Read
+    # as "replicated" (``is_spec``), it gave a sharding to a leaf the state does not have.
     return jax.tree.map(lambda s: NamedSharding(mesh, _restrict(s, axes, rename)), full,
-                        is_leaf=is_spec)
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
 def _check_divisible(tree: PyTree, shardings: PyTree, mesh: Any, what: str,
@@ -264,11 +271,40 @@ def _compile(case: Case, task: Any, accel: Accelerator,
     # The mesh in context while the user's code is traced: a step may constrain shardings
     # with bare PartitionSpecs, and Flax makes annotated variables on the context mesh.
     with _set_mesh(mesh):
-        return _compile_on(step, mesh, rename)
+        program = _compile_on(step, mesh, rename)
+    manual = [a for a in step.bind_axes if a in mesh.axis_names]
+    if math.prod(int(mesh.shape[a]) for a in manual) > 1:
+        # Under shard_map the unpartitioned program is one device's share of the step
+        # (its batch shard): its cost analysis counted 1.51 of the 11.8 MFLOP the MLP of
+        # tests/test_jax_step.py counts without a mesh, on 8x1 (16.4 of 113.2 in issue 23).
+        # The model's FLOPs are those of the step on one device over the global batch,
+        # which is lowered (not compiled) for them.
+        program.lowered = _global_lowering(step, accel.mesh(None, names), rename)
+        program.global_flops = program.lowered is not None
+    return program
 
 
-def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program:
-    abstract = abstract_state(step)
+def _global_lowering(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> Any:
+    """``step`` lowered on the one-device ``mesh`` over the global batch (its bound axes of
+    size 1): the program whose cost analysis is the model's FLOPs of a ``bind_axes`` step.
+    None if it cannot be lowered (the run then reports the devices' FLOPs)."""
+    try:
+        with _set_mesh(mesh):
+            abstract = abstract_state(step)
+            state_sh, batch_sh, abstract_in, abstract_batch, _ = _inputs(
+                step, mesh, rename, abstract)
+            jitted = jax.jit(_bound(step, mesh, state_sh, batch_sh),
+                             in_shardings=(state_sh, batch_sh),
+                             out_shardings=(state_sh, NamedSharding(mesh, P())))
+            return jitted.lower(abstract_in, abstract_batch)
+    except Exception:  # a step that traces on the mesh but not on one device: no count
+        return None
+
+
+def _inputs(step: JaxStep, mesh: Any, rename: Mapping[str, str],
+            abstract: PyTree) -> tuple[PyTree, PyTree, PyTree, PyTree, PyTree]:
+    """The shardings of the state and the batch on ``mesh`` (checked to divide), the
+    abstract inputs carrying them, and step 0's host batch."""
     state_specs = _resolve(step.state_specs, abstract, None, "state_specs", step)
     if state_specs is None:
         state_specs = _annotated_specs(abstract)
@@ -285,7 +321,13 @@ def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program
     abstract_batch = jax.tree.map(
         lambda x, s: _ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=s),
         host_batch, batch_sh)
-    abstract_in = _with_sharding(abstract, state_sh)
+    return state_sh, batch_sh, _with_sharding(abstract, state_sh), abstract_batch, host_batch
+
+
+def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program:
+    abstract = abstract_state(step)
+    state_sh, batch_sh, abstract_in, abstract_batch, host_batch = _inputs(
+        step, mesh, rename, abstract)
     fn = _bound(step, mesh, state_sh, batch_sh)
     t0 = time.perf_counter()
     try:  # jit's one trace of the step: the lowering below reuses it from jax's cache
@@ -524,7 +566,8 @@ class JaxStepper:
     def program(self) -> dict[str, Any]:
         """The step's program record, for A/B mode's diff of the two revisions."""
         program = self._program
-        return program_of(program.lowered, program.compiled, int(program.mesh.devices.size))
+        return program_of(program.lowered, program.compiled, int(program.mesh.devices.size),
+                          global_flops=program.global_flops)
 
 
 @dataclass
@@ -685,7 +728,8 @@ class JaxBackend:
         run.extra["compile_time_parts"] = {"step": program.compile_time}
         run.extra["trace_time"] = program.trace_time
         with phases("program"):
-            run.program = program_of(program.lowered, program.compiled, run.n_devices)
+            run.program = program_of(program.lowered, program.compiled, run.n_devices,
+                                     global_flops=program.global_flops)
             planned = _analysis_bytes(program.compiled)
         hardware = run.program.get("hardware_flops")
         run.flops_per_step = run.program.get("flops") or hardware
@@ -732,9 +776,9 @@ class JaxBackend:
             run.extra["runtime_peak"] = {
                 label: peak for label, peak, before
                 in zip(_labels(mesh), after, peaks_before, strict=True) if peak > before}
-        with phases("fingerprint"):
-            params = _flat(step.params_of(final))
-            run.params_fingerprint = fingerprint(params)
+        with phases("fingerprint"):  # the parameters and the state beside them
+            params, state_names = _fingerprinted(step, final)
+            run.params_fingerprint = fingerprint(params, state_names)
         # The final state goes back to the test; a case spanning processes holds shards
         # of it in each, and no process can hand it over whole.
         state = step.final_of(final) if jax.process_count() == 1 else None
@@ -760,40 +804,85 @@ def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | No
                run: Run, program: _Program) -> ReferenceParams | None:
     """The single-device reference of a sharded case (seed 004), apart from the measured
     run: the same task, seed and batches compiled for ONE device, and both it and the
-    case's own compiled ``program`` trained ``case.reference_steps`` steps from a fresh
-    initial state (the sharded program's compiled init is reused: no compile but the
-    single-device program's). Their flat parameters after those steps are compared
-    (:class:`ReferenceParams`), not the final ones: rounding differences between two
-    correct programs grow with every step, a sharding bug shows from the first. Neither's
-    times are recorded. When one device cannot hold the case, None, with the reason in
-    ``run.extra["reference"]``."""
-    n = case.reference_steps
+    case's own compiled ``program`` trained the same steps from a fresh initial state (the
+    sharded program's compiled init is reused: no compile but the single-device
+    program's). Their flat parameters and the state beside them after those steps are
+    compared (:class:`ReferenceParams`), not the final ones: rounding differences between
+    two correct programs grow with every step, a sharding bug shows from the first.
+    Neither's times are recorded. When one device cannot hold the case, None, with the
+    reason in ``run.extra["reference"]``.
+
+    How many steps: at least ``case.reference_steps``, and on until the reference's
+    parameters have moved from their initial values beyond the reference tolerance (the
+    case's, else the default), at most :data:`REFERENCE_MAX_STEPS` (or
+    ``reference_steps`` if more). Until they have, a program that updated nothing would
+    match the reference: a schedule that warms up from learning rate 0 (Flax's ImageNet
+    example) left the parameters where they started after the one step compared before,
+    and the check passed with a largest |Δ| of 0 whatever the sharding did. Where they
+    never moved, the check says so (``inconclusive``), from ``ReferenceParams.initial``."""
+    least = case.reference_steps
+    most = max(least, REFERENCE_MAX_STEPS)
+    tol = Tolerances().merged(dict(case.tolerances))
     try:
         single = _compile(case, step, accel, None)
         oom = _predicted_oom(_analysis_bytes(single.compiled), capacity)
         if oom is not None:
             raise _OutOfMemory(_oom_message(oom))
-        reference = _flat(step.params_of(_train_steps(single, n)))
+        initial: dict[str, np.ndarray] = {}
+
+        def moved(state: PyTree) -> bool:
+            now = _flat(step.params_of(state))
+            return any(compare_leaf(p, initial[p], now[p], rtol=tol.reference_rtol,
+                                    atol=tol.reference_atol).mismatched
+                       for p in now if p in initial)
+
+        final, n = _train_steps(single, least, most, moved=moved, initial=initial)
+        reference, state_names = _fingerprinted(step, final)
     except (_OutOfMemory, RuntimeError) as exc:
         if not isinstance(exc, _OutOfMemory) and not _is_oom(exc):
             raise
         run.extra["reference"] = f"single-device reference not run: {exc}".splitlines()[0]
         return None
-    compared = _flat(step.params_of(_train_steps(program, n)))
+    compared, _ = _fingerprinted(step, _train_steps(program, n, n)[0])
     run.extra["reference_steps"] = n
     mesh = "x".join(str(size) for size in case.mesh) if case.mesh is not None else ""
-    return ReferenceParams(reference, compared=compared, steps=n, mesh=mesh)
+    return ReferenceParams(reference, compared=compared, steps=n, mesh=mesh,
+                           state=state_names, initial=initial, least=least)
 
 
-def _train_steps(program: _Program, n: int) -> PyTree:
-    """The state after ``n`` steps of ``program`` from its initial state on batches
-    ``0 .. n-1`` (the first batches of a run), untimed."""
+#: The most steps the reference trains looking for the parameters to move (when
+#: ``Case.reference_steps`` is fewer): a few more than an Adam step of 1e-3 per step needs
+#: to move a parameter past the default tolerance of 5e-3, few enough that the rounding
+#: differences of two correct programs stay far below it (1.1e-05 after 32 steps for the
+#: CNN of tests/test_reference_layout.py).
+REFERENCE_MAX_STEPS = 16
+
+
+def _train_steps(program: _Program, least: int, most: int,
+                 moved: Callable[[PyTree], bool] | None = None,
+                 initial: dict[str, np.ndarray] | None = None) -> tuple[PyTree, int]:
+    """The state after ``least`` steps of ``program`` from its initial state on batches
+    ``0, 1, ...`` (the first batches of a run), untimed, and on to ``most`` steps until
+    ``moved(state)``; and the steps it took. ``initial`` is filled with the initial
+    state's flat parameters (before the first step donates it)."""
     state, _ = _init_state(program)
+    if initial is not None:
+        initial.update(_flat(program.step.params_of(state)))
     fns, holder = _step_fns(program, state)
     del state  # donated by the first step: holder[0] is the live state
-    for i in range(n):
+    for i in range(most):
         fns.run(i, fns.prepare(i))
-    return holder[0]
+        if i + 1 >= least and (moved is None or moved(holder[0])):
+            return holder[0], i + 1
+    return holder[0], most
+
+
+def _fingerprinted(step: JaxStep, state: PyTree) -> tuple[dict[str, np.ndarray], list[str]]:
+    """The flat parameters of ``state`` and the state beside them (:meth:`JaxStep.beside_of`)
+    in one dict, and the names of the state's leaves in it
+    (:func:`~pytest_accelperf.backends.common.with_state`)."""
+    params = step.params_of(state)
+    return with_state(_flat(params), _flat(step.beside_of(state, params)))
 
 
 def _predicted_oom(planned: dict[str, int], capacity: int | None) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ import inspect
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import jax
@@ -66,7 +67,13 @@ class JaxStep:
 
     ``params(state)`` returns the parameters that the numerics fingerprint and the
     single-device reference compare (default: ``state.params`` or ``state["params"]``, else
-    the whole state). ``bind_axes`` binds a named axis of the user's model to a mesh axis,
+    the whole state). Beside them both also compare the rest of the training state
+    (``beside``), by default every leaf of the state outside the parameters except the
+    optimizer's moments (:func:`state_beside`): Flax's ``batch_stats`` and any other mutable
+    collection, the step counter, a dropout key, a dynamic loss scale, optax's ``count``.
+    ``beside(state)`` returns that state instead (a pytree, its leaves named by their paths
+    in it); given ``params`` and no ``beside``, exactly what ``params`` returns is
+    compared. ``bind_axes`` binds a named axis of the user's model to a mesh axis,
     ``{"batch": "data"}`` for ``BatchNorm(axis_name="batch")`` / ``lax.pmean(x, "batch")``
     as pmap code writes them: the step then runs under ``jax.shard_map`` over that mesh
     axis (the others stay automatic), on its share of the batch, as it would under
@@ -83,6 +90,7 @@ class JaxStep:
     params: Callable[[Any], PyTree] | None = None
     loss: str = "loss"
     bind_axes: Mapping[str, str] = field(default_factory=dict)
+    beside: Callable[[Any], PyTree] | None = None
     donate: bool = True
     tokens_per_sample: int | None = None
     seed: int = 0
@@ -97,6 +105,17 @@ class JaxStep:
         if not callable(self.make_batch):
             raise TaskError(f"JaxStep.make_batch must be a function of the step number that "
                             f"returns the global host batch; got {type(self.make_batch).__name__}")
+        pmapped = _pmapped(self.step)
+        if pmapped is not None:
+            inner, axis = pmapped
+            what = ("the functools.partial given to pmap" if isinstance(inner, partial)
+                    else getattr(inner, "__name__", "the function it wraps"))
+            raise TaskError(
+                f"JaxStep.step {describe(self.step)} is wrapped in jax.pmap, but the plugin "
+                f"shards the step itself over the case's mesh: pass the function pmap wraps "
+                f"({what}; the pmap-ed function's .__wrapped__) with "
+                f"bind_axes={{{axis!r}: 'data'}}, which binds pmap's axis name to the mesh "
+                f"axis the batch is split on")
         if not self.label:
             self.label = f"the step {describe(self.step)}"
 
@@ -115,9 +134,68 @@ class JaxStep:
         found = getattr(state, "params", None)
         return state if found is None else found
 
+    def beside_of(self, state: Any, params: PyTree) -> PyTree:
+        """The training state beside ``params`` (what :meth:`params_of` returned for
+        ``state``) that the fingerprint and the reference compare too: ``beside(state)``,
+        else by the rule of :func:`state_beside` when the parameters are the default
+        accessor's, else nothing (an explicit ``params`` is all that is compared)."""
+        if self.beside is not None:
+            try:
+                return self.beside(state)
+            except TaskError:
+                raise
+            except Exception as exc:
+                raise TaskError(f"JaxStep.beside {describe(self.beside)} failed on the final "
+                                f"state: {type(exc).__name__}: {first_line(exc)}"
+                                f"{at_user_frame(exc)}; it must return the state beside the "
+                                f"parameters (e.g. lambda state: state.batch_stats)") from exc
+        if self.params is not None:
+            return {}
+        return state_beside(state, params)
+
     def final_of(self, state: Any) -> Any:
         """What the test gets back for ``state`` (``CaseResult.state``)."""
         return state if self.final is None else self.final(state)
+
+
+def state_beside(state: PyTree, params: PyTree) -> dict[str, Any]:
+    """The leaves of ``state`` beside ``params`` that the numerics fingerprint covers, by
+    their paths in ``state`` (``batch_stats/BatchNorm_0/mean``, ``step``,
+    ``opt_state/0/count``, ``dynamic_scale/scale``): every leaf of the state but
+
+    * the parameters themselves (the subtree, or leaves, that ``params`` returned), and
+    * the optimizer's moments: any subtree with exactly the parameters' structure, shapes
+      and dtypes (optax's ``mu`` and ``nu``, a momentum ``trace``). They follow from the
+      gradients the parameters already show, and would triple the fingerprint of an Adam
+      run. A subtree that copies the parameters (an EMA of them) is left out by the same
+      rule; a moment of an ``optax.masked`` optimizer, which lacks the masked leaves, is
+      kept.
+
+    A ``None`` is an empty subtree, as JAX reads it (``TrainState(dynamic_scale=None)``).
+    When the parameters are the whole state, nothing is beside them."""
+    param_leaves = jax.tree.leaves(params)
+    if not param_leaves:
+        return {}
+    own = {id(leaf) for leaf in param_leaves}
+    treedef: Any = jax.tree.structure(params)
+    shapes = [(np.shape(x), _leaf_dtype(x)) for x in param_leaves]
+
+    def mirrors(node: Any) -> bool:
+        if node is params:
+            return True
+        try:
+            if jax.tree.structure(node) != treedef:
+                return False
+        except Exception:  # a node that is not a pytree jax knows
+            return False
+        return [(np.shape(x), _leaf_dtype(x)) for x in jax.tree.leaves(node)] == shapes
+
+    out: dict[str, Any] = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state, is_leaf=mirrors)[0]:
+        if id(leaf) in own or mirrors(leaf):
+            continue
+        out[jax.tree_util.keystr(path, simple=True, separator="/") or "state"] = leaf
+    return out
 
 
 @dataclass
@@ -170,10 +248,64 @@ class JaxTask:
                 opt_specs = jax.tree.map(lambda _: P(), opt_state)
             return specs, opt_specs
 
+        def beside(state: tuple[PyTree, PyTree]) -> dict[str, Any]:
+            # The optimizer's state but its moments: optax's step count (a schedule's).
+            return state_beside({"opt_state": state[1]}, state[0])
+
         return JaxStep(init=init, step=step, make_batch=self.make_batch,
                        state_specs=state_specs, batch_specs=self.batch_spec,
-                       params=lambda state: state[0], tokens_per_sample=self.tokens_per_sample,
+                       params=lambda state: state[0], beside=beside,
+                       tokens_per_sample=self.tokens_per_sample,
                        seed=self.seed, label=f"JaxTask.loss_fn {describe(self.loss_fn)}")
+
+
+def _is_pmap_wrapper(fn: Any) -> bool:
+    """Whether ``fn`` is what ``jax.pmap`` returns: a ``PmapFunction`` (jaxlib's, before
+    jax 0.7), or the Python wrapper defined in ``jax/_src/pmap.py`` (jax 0.10.2: a plain
+    function with ``__wrapped__`` and ``lower``)."""
+    if "PmapFunction" in type(fn).__name__:
+        return True
+    code = getattr(fn, "__code__", None)
+    filename = str(getattr(code, "co_filename", "")).replace("\\", "/")
+    return filename.endswith("jax/_src/pmap.py") and hasattr(fn, "__wrapped__")
+
+
+def _pmapped(fn: Any) -> tuple[Any, str] | None:
+    """``(the function pmap wraps, pmap's axis name)`` when ``fn`` is ``jax.pmap``-ed (also
+    under ``jax.jit`` or another wrapper that sets ``__wrapped__``), else None. The axis
+    name is read from the wrapper's closure where it is there, else ``'batch'`` (what Flax's
+    examples name it)."""
+    target = fn
+    for _ in range(8):
+        if _is_pmap_wrapper(target):
+            return getattr(target, "__wrapped__", target), _pmap_axis(target)
+        inner = getattr(target, "__wrapped__", None)
+        if inner is None:
+            return None
+        target = inner
+    return None
+
+
+def _pmap_axis(wrapper: Any) -> str:
+    """pmap's ``axis_name`` from the closure of its wrapper (jax 0.10.2 keeps it in the
+    closure of the ``infer_params`` the wrapper calls), else ``'batch'``."""
+    seen: list[Any] = [wrapper]
+    i = 0
+    while i < min(len(seen), 8):  # the wrapper, then the functions in its closure
+        fn = seen[i]
+        i += 1
+        code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None) or ()
+        names = getattr(code, "co_freevars", ())
+        for name, cell in zip(names, cells, strict=False):
+            try:
+                value = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if name == "axis_name" and isinstance(value, str):
+                return value
+            if callable(value) and getattr(value, "__closure__", None):
+                seen.append(value)
+    return "batch"
 
 
 def scalar_loss(loss_fn: Callable[[PyTree, PyTree], Any],
@@ -224,8 +356,14 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
     (``nnx.metrics.Average('loss')`` in a ``MultiMetric``).
 
     ``params(objects)`` returns the parameters for the numerics (default: the model's
-    ``nnx.Param`` state). ``CaseResult.state`` is the tuple of trained objects. Sharding
-    annotations on the model (``nnx.with_partitioning``) are the default ``state_specs``.
+    ``nnx.Param`` state). Without ``params``, the numerics also compare every other
+    variable of the objects (:func:`nnx_beside`): the model's ``BatchStat`` and any other
+    variable type, its RNG counters, the optimizer's ``step`` and ``count``, the ``Rngs``
+    after the batch; not the optimizer's moments (its ``OptVariable`` state, one per
+    parameter) nor the metrics (they are the step's metrics, reset every step), named
+    ``model/batch_norm/mean``, ``optimizer/step``. ``CaseResult.state`` is the tuple of
+    trained objects. Sharding annotations on the model (``nnx.with_partitioning``) are the
+    default ``state_specs``.
     """
     from flax import nnx
 
@@ -246,6 +384,7 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
         known.setdefault("graphdef", graphdef)
         known.setdefault("metric_at", [i for i, o in enumerate(objs)
                                        if isinstance(o, nnx.Metric)])
+        known.setdefault("names", _object_names(nnx, objs))
         return state
 
     if ready:
@@ -300,13 +439,51 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
         return accessor(merge(state))
 
     params_of.__wrapped__ = accessor  # type: ignore[attr-defined]  # errors name it
+
+    def beside(state: Any) -> dict[str, Any]:
+        return nnx_beside(nnx, state, known["names"], known["metric_at"])
+
     return JaxStep(
         init=init, step=step, make_batch=make_batch,
         state_specs=state_specs if state_specs is not None else nnx.get_partition_spec,
-        batch_specs=batch_specs, params=params_of,
+        batch_specs=batch_specs, params=params_of, beside=beside if params is None else None,
         loss=loss, bind_axes=dict(bind_axes or {}), donate=donate,
         tokens_per_sample=tokens_per_sample, final=merge,
         label=label)
+
+
+def _object_names(nnx: Any, objects: Sequence[Any]) -> list[str]:
+    """How the numerics name the objects of an :func:`nnx_step`: ``model`` (the first),
+    ``optimizer`` (an ``nnx.Optimizer``), else the class's name in lower case (``rngs``),
+    numbered where two share one (``rngs``, ``rngs_3``)."""
+    names: list[str] = []
+    for i, obj in enumerate(objects):
+        name = ("model" if i == 0 else "optimizer" if isinstance(obj, nnx.Optimizer)
+                else type(obj).__name__.lower())
+        names.append(name if name not in names else f"{name}_{i}")
+    return names
+
+
+def nnx_beside(nnx: Any, state: Any, names: Sequence[str],
+               metric_at: Sequence[int]) -> dict[str, Any]:
+    """Every variable of an :func:`nnx_step`'s state (``nnx.split`` of its objects) that
+    the numerics compare beside the model's parameters, by object name and path
+    (``model/batch_norm/mean``): all but the model's ``nnx.Param`` (the parameters), the
+    optimizer's ``OptVariable`` (its moments, one per parameter: NNX's word for what
+    :func:`state_beside` leaves out) and the metrics' objects."""
+    moment: Any = getattr(nnx, "OptVariable", ())
+    out: dict[str, Any] = {}
+    for path, var in nnx.to_flat_state(state):
+        i = path[0]
+        if i in metric_at or (i == 0 and isinstance(var, nnx.Param)) \
+                or (moment and isinstance(var, moment)):
+            continue
+        value = var.get_value() if hasattr(var, "get_value") else var.value
+        if value is None:  # an empty variable, as an empty subtree
+            continue
+        where = names[i] if isinstance(i, int) and 0 <= i < len(names) else str(i)
+        out["/".join([where, *(str(k) for k in path[1:])])] = value
+    return out
 
 
 def _check_arity(train_step: Callable[..., Any], label: str, before: int, after: int) -> None:

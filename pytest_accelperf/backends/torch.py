@@ -66,7 +66,13 @@ import torch
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import Phases, TaskError, describe, fingerprint
+from pytest_accelperf.backends.common import (
+    Phases,
+    TaskError,
+    describe,
+    fingerprint,
+    with_state,
+)
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
 from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
@@ -83,6 +89,8 @@ from pytest_accelperf.backends.torch_step import (
     metrics_of,
     rewind,
     run_step,
+    scaler_readings,
+    state_beside,
     step_stateful,
     to_float,
     undone,
@@ -583,6 +591,7 @@ class TorchBackend:
         rewind(step)  # trained before (a re-measurement): start where that training started
         # The schedulers and scalers the counting steps put back: found once, for both.
         stateful = step_stateful(step)
+        scalers = scaler_readings(stateful)  # which scalers the training moves
         run = Run(case_id=case.id, samples_per_step=case.batch,
                   tokens_per_step=(case.batch * step.tokens_per_sample
                                    if step.tokens_per_sample else None),
@@ -654,9 +663,10 @@ class TorchBackend:
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         run.extra.update(load_json(trained))
-        with phases("fingerprint"):
-            params = step.params_of()
-            run.params_fingerprint = fingerprint(params)
+        with phases("fingerprint"):  # the parameters and the state beside them
+            own = step.params_of()
+            params, state_names = with_state(own, state_beside(step, own, stateful, scalers))
+            run.params_fingerprint = fingerprint(params, state_names)
         if trained.nan_step is not None and run.outcome == "ok":
             run.outcome = "nan"
             run.nan_step = trained.nan_step

@@ -66,6 +66,11 @@ class TorchStep:
     identity, so an optimizer made over them stays valid), counts its memory, and by default
     fingerprints its ``state_dict()`` for the numerics check. ``params()`` returns the final
     parameters instead (a ``{name: tensor}`` mapping), the documented accessor for them.
+    ``fingerprint_state``: whether the numerics also cover the training state beside what
+    ``params()`` returns (:func:`state_beside`): the models' buffers (BatchNorm's running
+    statistics) under their ``state_dict`` names, each optimizer's step count
+    (``optimizer/step``) and each ``GradScaler``'s scale (``scaler/scale``); default: when
+    ``params`` is not given (an explicit ``params()`` is all that is compared).
     ``final()`` is what the test gets back as ``CaseResult.state`` (default: ``model``).
 
     Seeding: the test seeds what it builds (``torch.manual_seed(0)`` before making the
@@ -99,6 +104,7 @@ class TorchStep:
     seed: int = 0
     label: str = ""
     stateful: Sequence[Any] | None = None
+    fingerprint_state: bool | None = None
     _initial: _Saved | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +169,59 @@ class TorchStep:
     def final_of(self) -> Any:
         """What the test gets back (``CaseResult.state``)."""
         return self.model if self.final is None else self.final()
+
+    def covers_state(self) -> bool:
+        """Whether the numerics cover the state beside the parameters (see the class)."""
+        return self.params is None if self.fingerprint_state is None else self.fingerprint_state
+
+
+def scaler_readings(stateful: Sequence[Any]) -> dict[int, Any]:
+    """The state of every enabled ``GradScaler`` among ``stateful``, by its id: taken
+    before the training, so that :func:`state_beside` knows which of those found alive in
+    the process the step used (their state moved)."""
+    return {id(obj): copy.deepcopy(obj.state_dict()) for obj in stateful
+            if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled()}
+
+
+def state_beside(step: TorchStep, params: Mapping[str, Any], stateful: Sequence[Any],
+                 before: Mapping[int, Any]) -> dict[str, np.ndarray]:
+    """The training state beside ``params`` (the flat host arrays :meth:`TorchStep.params_of`
+    gave) that the numerics fingerprint covers when :meth:`TorchStep.covers_state`:
+
+    * the models' buffers, by their ``state_dict`` names (``norm.running_mean``,
+      ``norm.num_batches_tracked``), but those already among ``params`` (the default
+      ``params`` is the whole ``state_dict``: buffers included);
+    * each optimizer the step stepped (found by the counting steps' hook): its step count,
+      ``optimizer/step`` (``optimizer0/step``, ... for several), the largest ``step`` in its
+      per-parameter state (Adam's, AdamW's; SGD keeps none);
+    * each enabled ``GradScaler`` the step names (``TorchStep.stateful``), or of those found
+      alive in the process each one whose state moved since ``before``
+      (:func:`scaler_readings`): its scale, ``scaler/scale``.
+    """
+    if not step.covers_state():
+        return {}
+    out: dict[str, np.ndarray] = {}
+    for prefix, module in step.modules().items():
+        own = {name for name, _ in module.named_parameters()}
+        for name, value in module.state_dict().items():
+            key = f"{prefix}/{name}" if prefix else name
+            if name in own or key in params or not isinstance(value, torch.Tensor):
+                continue
+            out[key] = host_array(value)
+    optimizers = [opt for opt, _ in step._initial.optimizers.values()] if step._initial else []
+    for i, optimizer in enumerate(optimizers):
+        counts = [float(state["step"]) for state in optimizer.state.values()
+                  if isinstance(state, Mapping) and "step" in state]
+        if counts:
+            name = "optimizer" if len(optimizers) == 1 else f"optimizer{i}"
+            out[f"{name}/step"] = np.asarray(max(counts), dtype=np.float32)
+    named = step.stateful is not None
+    scalers = [obj for obj in stateful if isinstance(obj, torch.amp.GradScaler)
+               and obj.is_enabled() and (named or obj.state_dict() != before.get(id(obj)))]
+    for i, scaler in enumerate(scalers):
+        name = "scaler" if len(scalers) == 1 else f"scaler{i}"
+        out[f"{name}/scale"] = np.asarray(scaler.get_scale(), dtype=np.float32)
+    return out
 
 
 def given(value: Any) -> str:

@@ -88,7 +88,10 @@ class TorchTask:
                          compile=self.compile, count_step=eager_step if self.compile else None,
                          tokens_per_sample=self.tokens_per_sample, seed=self.seed,
                          label=f"TorchTask.loss_fn {describe(self.loss_fn)}",
-                         stateful=())  # it steps its optimizer, no scheduler or scaler
+                         stateful=(),  # it steps its optimizer, no scheduler or scaler
+                         # The parameters by name, and beside them the buffers (BatchNorm's
+                         # running statistics) and the optimizer's step.
+                         fingerprint_state=True)
 
 
 def _cpu_flash_attention(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,

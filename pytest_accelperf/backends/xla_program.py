@@ -91,10 +91,13 @@ _PRECISION = re.compile(r"operand_precision=\{([^}]*)\}")
 _CONFIG_PRECISION = re.compile(r'"operand_precision"\s*:\s*\[([^\]]*)\]')
 
 
-def program_of(lowered: Any, compiled: Any, n_devices: int) -> dict[str, Any]:
+def program_of(lowered: Any, compiled: Any, n_devices: int, *,
+               global_flops: bool = False) -> dict[str, Any]:
     """The program record (``source="xla"``) of a jitted step: ``lowered`` is its
     ``jax.stages.Lowered`` (None: no model FLOPs), ``compiled`` its ``Compiled`` for a
-    mesh of ``n_devices``. What cannot be read is left out; this never raises."""
+    mesh of ``n_devices``; ``global_flops``: ``lowered`` is the step lowered again on one
+    device over the global batch (a ``bind_axes`` step), not ``compiled``'s own. What
+    cannot be read is left out; this never raises."""
     flops = _safe(model_flops, lowered) if lowered is not None else None
     cost = _safe(_cost, compiled) or {}
     per_device_flops = _number(cost.get("flops"))
@@ -108,7 +111,7 @@ def program_of(lowered: Any, compiled: Any, n_devices: int) -> dict[str, Any]:
         collectives=hlo.collectives if hlo else None,
         host_callbacks=hlo.host_callbacks if hlo else None,
         custom_calls=hlo.custom_calls if hlo else None,
-        ops=hlo.ops if hlo else None)
+        ops=hlo.ops if hlo else None, global_flops=global_flops)
 
 
 def model_flops(lowered: Any) -> float | None:

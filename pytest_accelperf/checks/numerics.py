@@ -2,10 +2,14 @@
 
 ``numerics`` compares the parameter fingerprint of the block (``block["numerics"]``) with
 the baseline's. A run's fingerprint has, per parameter path, ``{"shape", "dtype", "rms",
-"sample", "sketch"}`` (:func:`pytest_accelperf.backends.common.fingerprint`); the store
-keeps its compact form (:func:`compact`): one number per leaf in path order, ``rms *
-exp(sketch / 4)``, a hash of the leaves' paths, shapes and dtypes, and a 2-hex-digit tag
-per leaf. A changed structure (a path added or removed, a new shape or dtype) is a
+"sample", "sketch"}`` (:func:`pytest_accelperf.backends.common.fingerprint`), and the same
+for each leaf of the training state beside the parameters (running statistics, step
+counters, a loss scale), marked ``"state": true``; the store keeps its compact form
+(:func:`compact`): one number per leaf in path order, ``rms * exp(sketch / 4)``, a hash of
+the leaves' paths, shapes and dtypes, and a 2-hex-digit tag per leaf, for the parameters
+and, apart, for the state (``"state"``). A baseline recorded before the state was
+fingerprinted has no state: its parameters are compared as before and the run's state
+leaves are named as new. A changed structure (a path added or removed, a new shape or dtype) is a
 regression; so is any value outside ``np.isclose(now, baseline, rtol=numerics_rtol,
 atol=numerics_atol)``. It catches a change in the arithmetic (a new reduction order, a dtype
 promotion, a different RNG split) that leaves the loss inside its band, and names the leaf.
@@ -17,8 +21,11 @@ the same case, element by element, as ``np.testing.assert_allclose(params, refer
 rtol=reference_rtol, atol=reference_atol)`` would (except that a NaN never matches). It
 needs no baseline: sharding must not change what is learned. Where the backend gives a
 :class:`ReferenceParams` with ``compared`` (the JAX backend), the two compared are the
-sharded program's and the single-device program's parameters after the same few steps
-(``Case.reference_steps``, default 1) from the same initial state and batches: rounding
+sharded program's and the single-device program's parameters (and the state beside them)
+after the same few steps (``Case.reference_steps``, default 1, or more until the parameters
+moved: where they never moved beyond the tolerance, ``ReferenceParams.initial`` shows it and
+the check is ``inconclusive``, since a program that updated nothing would pass) from the
+same initial state and batches: rounding
 differences between two correct programs grow with every step of training (a correct
 data-parallel CNN: 5.2e-6 after 2 steps, 1.27e-2 after 32, beyond the seed's 5e-3), while
 a sharding bug (statistics over one shard, a missing gradient reduction) shows from the
@@ -30,7 +37,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,21 +181,51 @@ def _sketched(leaf: Any) -> bool:
             and all(isinstance(n, int) and not isinstance(n, bool) for n in leaf["shape"]))
 
 
-def compact(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The stored form of a per-leaf fingerprint: ``{"sketch": [one number per leaf, in
-    path order], "structure": hash, "tags": 2 hex digits per leaf}``.
+#: The mark of a state leaf in a per-leaf fingerprint (``"state": true``), and the key of
+#: the state's section in a compact one.
+STATE = "state"
 
-    The leaf paths are not stored: when the structure hash matches, the run being checked
-    has the same leaves in the same order, and names them; when it does not, the tags tell
-    which of the run's leaves are new or changed (:func:`check_numerics`).
-    """
+
+def split_state(fp: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A per-leaf fingerprint as ``(parameters, state)``: the leaves marked ``"state":
+    true`` (the training state beside the parameters) apart from the rest."""
+    params: dict[str, Any] = {}
+    state: dict[str, Any] = {}
+    for path, leaf in fp.items():
+        (state if isinstance(leaf, Mapping) and leaf.get(STATE) is True else params)[path] = leaf
+    return params, state
+
+
+def _section(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     whole, tags = structure(fp)
     return {"sketch": [sketch_value(fp[p]) for p in sorted(fp)], "structure": whole,
             "tags": tags}
 
 
+def compact(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The stored form of a per-leaf fingerprint: ``{"sketch": [one number per leaf, in
+    path order], "structure": hash, "tags": 2 hex digits per leaf}`` of the parameters,
+    and, when the fingerprint has leaves marked ``"state"``, the same three of those under
+    ``"state"``.
+
+    The leaf paths are not stored: when the structure hash matches, the run being checked
+    has the same leaves in the same order, and names them; when it does not, the tags tell
+    which of the run's leaves are new or changed (:func:`check_numerics`). The state is a
+    section of its own so that the parameters' section is what it was before the state
+    was fingerprinted: a baseline recorded then is compared with it unchanged.
+    """
+    params, state = split_state(fp)
+    out = _section(params)
+    if state:
+        out[STATE] = _section(state)
+    return out
+
+
 def _leaf_count(numerics: Mapping[str, Any]) -> int:
-    return len(numerics["sketch"]) if is_compact(numerics) else len(numerics)
+    if is_compact(numerics):
+        state: Any = numerics.get(STATE)
+        return len(numerics["sketch"]) + (len(state["sketch"]) if is_compact(state) else 0)
+    return len(numerics)
 
 
 def _tags(text: str) -> list[str]:
@@ -234,35 +271,79 @@ def _tag_changes(now: Mapping[str, Any], names: list[str] | None,
 
 def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping[str, Any],
                    rtol: float, atol: float, tols: str) -> CheckResult:
-    """``now_fp`` (per leaf, or compact) against a compact baseline fingerprint."""
-    names: list[str] | None = None
+    """``now_fp`` (per leaf, or compact) against a compact baseline fingerprint, section by
+    section: the parameters, then the state beside them."""
+    names: dict[str, list[str] | None] = {"params": None, STATE: None}
     leaves: Mapping[str, Mapping[str, Any]] = {}
     if is_compact(now_fp):
-        now = now_fp
+        now: dict[str, Any] = {"params": now_fp, STATE: now_fp.get(STATE)}
     elif compactable(now_fp):
-        names, leaves, now = sorted(now_fp), now_fp, compact(now_fp)
+        params, state = split_state(now_fp)
+        now = {"params": _section(params), STATE: _section(state) if state else None}
+        names, leaves = {"params": sorted(params), STATE: sorted(state)}, now_fp
     else:
         result.verdict = Verdict.INCOMPARABLE
         result.detail = ("the baseline's fingerprint is the compact one (a sketch per leaf), "
                          "this run's has no sketch to compare with it; re-record with "
                          "--accelperf-update")
         return result
-    if now["structure"] != base["structure"] or len(now["sketch"]) != len(base["sketch"]):
-        changes = _tag_changes(now, names, leaves, base)
-        result.verdict = Verdict.REGRESSION
-        result.detail = f"parameter structure changed: {_listed(changes)}"
-        result.data["changes"] = changes
-        return result
-    n = len(now["sketch"])
-    paths = names if names is not None else [f"leaf {i + 1} of {n}" for i in range(n)]
-    diffs = [compare_leaf(p, [a], [b], rtol=rtol, atol=atol)
-             for p, a, b in zip(paths, now["sketch"], base["sketch"], strict=True)]
-    return _verdict(result, diffs, tols)
+    then: dict[str, Any] = {"params": base, STATE: base.get(STATE)}
+    changed: dict[str, list[str]] = {}
+    diffs: list[LeafDiff] = []
+    new: list[str] = []
+    n_state = 0
+    for key in ("params", STATE):
+        section, recorded = now[key], then[key]
+        if section is None and recorded is None:
+            continue
+        if recorded is None:  # a baseline recorded before the state was fingerprinted
+            new = names[key] or [f"{len(section['sketch'])} state leaves"]
+            continue
+        if section is None:
+            n = len(recorded["sketch"])
+            changed[key] = [f"removed the {n} state lea{'f' if n == 1 else 'ves'} beside "
+                            f"the parameters that the baseline fingerprints"]
+            continue
+        if (section["structure"] != recorded["structure"]
+                or len(section["sketch"]) != len(recorded["sketch"])):
+            changed[key] = _tag_changes(section, names[key], leaves, recorded)
+            continue
+        n = len(section["sketch"])
+        what = "leaf" if key == "params" else "state leaf"
+        paths = names[key] or [f"{what} {i + 1} of {n}" for i in range(n)]
+        diffs.extend(compare_leaf(p, [a], [b], rtol=rtol, atol=atol)
+                     for p, a, b in zip(paths, section["sketch"], recorded["sketch"],
+                                        strict=True))
+        n_state += n if key == STATE else 0
+    if changed:
+        return _structure_changed(result, changed)
+    return _verdict(result, diffs, tols, n_state=n_state, new=new)
 
 
-def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str) -> CheckResult:
+def _structure_changed(result: CheckResult, changed: Mapping[str, list[str]]) -> CheckResult:
+    """A regression listing what changed of the parameters' structure (``changed["params"]``)
+    and of the state's (``changed["state"]``)."""
+    which = " and ".join(w for k, w in (("params", "parameter"), (STATE, "state")) if k in changed)
+    changes = [c for key in ("params", STATE) for c in changed.get(key, [])]
+    result.verdict = Verdict.REGRESSION
+    result.detail = f"{which} structure changed: {_listed(changes)}"
+    result.data["changes"] = changes
+    return result
+
+
+def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: int = 0,
+             new: list[str] | None = None) -> CheckResult:
+    """The verdict of ``diffs`` (the last ``n_state`` of them state leaves); ``new``: the
+    run's state leaves that a baseline recorded before the state was fingerprinted has
+    not, named in the detail and left uncompared."""
+    note = ""
+    if new:
+        result.data["new"] = list(new)
+        note = (f"; new, not compared: {_listed(new)} (the state beside the parameters, which "
+                f"the baseline, recorded before the plugin fingerprinted it, lacks: "
+                f"--accelperf-update records it)")
     if not diffs:
-        result.detail = "no parameter leaves to compare"
+        result.detail = "no parameter leaves to compare" + note
         return result
     worst = max(diffs, key=_rank)
     failing = [d for d in diffs if d.mismatched]
@@ -273,11 +354,14 @@ def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str) -> CheckResu
         result.verdict = Verdict.REGRESSION
         result.detail = (f"{bad.path} differs from the baseline fingerprint: max |Δ| = "
                          f"{fmt_num(bad.max_abs)} ({tols}); {len(failing)} of {len(diffs)} "
-                         f"leaves differ")
+                         f"leaves differ{note}")
         result.data["failing"] = [d.path for d in failing]
         return result
-    result.detail = (f"fingerprints of {len(diffs)} parameter leaves match the baseline "
-                     f"(max |Δ| = {fmt_num(worst.max_abs)}, {tols})")
+    n_params = len(diffs) - n_state
+    counted = (f"{n_params} parameter leaves" if not n_state
+               else f"{n_params} parameter and {n_state} state leaves")
+    result.detail = (f"fingerprints of {counted} match the baseline "
+                     f"(max |Δ| = {fmt_num(worst.max_abs)}, {tols}){note}")
     return result
 
 
@@ -321,42 +405,59 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
                          "run's is the compact one; re-record with --accelperf-update")
         return result
 
-    changes = structure_changes(
-        {p: (leaf.get("shape", ()), str(leaf.get("dtype", ""))) for p, leaf in now_fp.items()},
-        {p: (leaf.get("shape", ()), str(leaf.get("dtype", ""))) for p, leaf in base_fp.items()},
-    )
-    if changes:
-        result.verdict = Verdict.REGRESSION
-        result.detail = f"parameter structure changed: {_listed(changes)}"
-        result.data["changes"] = changes
-        return result
+    # Per leaf (recorded before the compact form, and so before the state was
+    # fingerprinted): the run's state leaves are new unless the baseline has some.
+    (now_params, now_state), (base_params, base_state) = split_state(now_fp), \
+        split_state(base_fp)
+    new = sorted(now_state) if now_state and not base_state else []
+    sections = [("params", now_params, base_params)]
+    if not new:
+        sections.append((STATE, now_state, base_state))
+    changed: dict[str, list[str]] = {}
+    for key, now_s, base_s in sections:
+        changes = structure_changes(
+            {p: (leaf.get("shape", ()), str(leaf.get("dtype", ""))) for p, leaf in now_s.items()},
+            {p: (leaf.get("shape", ()), str(leaf.get("dtype", ""))) for p, leaf in base_s.items()})
+        if changes:
+            changed[key] = changes
+    if changed:
+        return _structure_changed(result, changed)
 
     diffs: list[LeafDiff] = []
-    for path in sorted(now_fp):
-        now_v, base_v = _fingerprint_values(now_fp[path]), _fingerprint_values(base_fp[path])
-        if len(now_v) != len(base_v):
-            result.verdict = Verdict.INCOMPARABLE
-            result.detail = (f"the fingerprint of {path} has {len(now_v) - 1} sampled values, "
-                             f"the baseline's {len(base_v) - 1}; re-record with "
-                             f"--accelperf-update")
-            return result
-        diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol, atol=atol))
-    return _verdict(result, diffs, tols)
+    for _, now_s, base_s in sections:
+        for path in sorted(now_s):
+            now_v, base_v = _fingerprint_values(now_s[path]), _fingerprint_values(base_s[path])
+            if len(now_v) != len(base_v):
+                result.verdict = Verdict.INCOMPARABLE
+                result.detail = (f"the fingerprint of {path} has {len(now_v) - 1} sampled "
+                                 f"values, the baseline's {len(base_v) - 1}; re-record with "
+                                 f"--accelperf-update")
+                return result
+            diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol, atol=atol))
+    return _verdict(result, diffs, tols, n_state=0 if new else len(now_state), new=new)
 
 
 class ReferenceParams(dict[str, Any]):
-    """The single-device reference's parameters (a flat ``{path: array}`` dict), with what
-    they are compared with: ``compared``, the run's own parameters after the same ``steps``
-    steps from the same initial state and batches, on its ``mesh`` (``"4x2"``). Without
-    ``compared``, the check compares the run's final parameters (a reference that trained
-    every step of the case)."""
+    """The single-device reference's parameters and the state beside them (a flat ``{path:
+    array}`` dict; ``state`` names the state's leaves), with what they are compared with:
+    ``compared``, the run's own after the same ``steps`` steps from the same initial state
+    and batches, on its ``mesh`` (``"4x2"``). Without ``compared``, the check compares the
+    run's final parameters (a reference that trained every step of the case). ``initial``:
+    the reference's parameters before its first step, from which the check tells whether
+    they moved at all (when they did not, any program, one that updates nothing included,
+    would match). ``least``: the steps the case asked for (``Case.reference_steps``), where
+    ``steps`` may be more (the reference trains on until the parameters moved)."""
 
     def __init__(self, params: Mapping[str, Any], *, compared: Mapping[str, Any] | None = None,
-                 steps: int | None = None, mesh: str = "") -> None:
+                 steps: int | None = None, mesh: str = "", state: Collection[str] = (),
+                 initial: Mapping[str, Any] | None = None, least: int | None = None) -> None:
         super().__init__(params)
+        self.least = least
         self.compared = dict(compared) if compared is not None else None
         self.steps = steps
         self.mesh = mesh
+        self.state = frozenset(state)
+        self.initial = dict(initial) if initial is not None else None
 
 
 def _steps_text(steps: int) -> str:
@@ -413,17 +514,54 @@ def check_reference(params: Mapping[str, Any] | None, reference: Mapping[str, An
         result.detail = (f"{bad.path} differs from the single-device reference{after}: max "
                          f"|Δ| = {fmt_num(bad.max_abs)} beyond {within}; {mismatched:,} of "
                          f"{total:,} elements ({mismatched / total:.1%}) mismatched in "
-                         f"{len(failing)} of {len(diffs)} leaves{_growth(steps)}")
+                         f"{len(failing)} of {len(diffs)} leaves{_growth(steps, reference)}")
+        return result
+    unmoved = _unmoved(reference, rtol=rtol, atol=atol)
+    if unmoved is not None:
+        n = len(unmoved)
+        largest = max(unmoved, key=_rank)
+        result.verdict = Verdict.INCONCLUSIVE
+        result.data["moved"] = largest.max_abs
+        taken = _steps_text(steps) if steps is not None else "the run"
+        result.detail = (f"the parameters did not move beyond {within} in {taken} "
+                         f"(largest move {fmt_num(largest.max_abs)} in {largest.path}, of "
+                         f"{n} parameter lea{'f' if n == 1 else 'ves'}; learning rate 0 at "
+                         f"the start of the schedule?), so a program that updated nothing "
+                         f"would match the reference: raise reference_steps past the "
+                         f"warm-up")
         return result
     result.detail = (f"{what} match the single-device reference within {within} "
                      f"(largest |Δ| {fmt_num(worst.max_abs)} in {worst.path})"
-                     f"{_growth(steps)}")
+                     f"{_growth(steps, reference)}")
     return result
 
 
-def _growth(steps: int | None) -> str:
-    """What a comparison after more than one step adds to the detail."""
+def _unmoved(reference: Mapping[str, Any], *, rtol: float,
+             atol: float) -> list[LeafDiff] | None:
+    """How far each parameter of ``reference`` moved from where it started
+    (``ReferenceParams.initial``), when none moved beyond the tolerance: then a program
+    that updated nothing would pass the check. None when one did, or when the start is not
+    known (the state beside the parameters is left out: a step counter always moves)."""
+    initial = getattr(reference, "initial", None)
+    if not initial:
+        return None
+    state: Collection[str] = getattr(reference, "state", frozenset())
+    moves = [compare_leaf(p, initial[p], reference[p], rtol=rtol, atol=atol)
+             for p in sorted(initial) if p in reference and p not in state]
+    if not moves or any(d.mismatched for d in moves):
+        return None
+    return moves
+
+
+def _growth(steps: int | None, reference: Mapping[str, Any]) -> str:
+    """What a comparison after more than one step adds to the detail: why that many (the
+    case's ``reference_steps``, or the first step after which the parameters had moved,
+    when that was later: ``ReferenceParams.least``)."""
     if steps is None or steps <= 1:
         return ""
-    return (f"; compared after {steps} steps (reference_steps): rounding differences between "
+    least = getattr(reference, "least", None)
+    why = ("reference_steps" if least is None or steps <= least else
+           f"the first after which the parameters had moved beyond the tolerance; "
+           f"reference_steps {least}")
+    return (f"; compared after {steps} steps ({why}): rounding differences between "
             f"the two programs grow with every step")

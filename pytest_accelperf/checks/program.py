@@ -31,6 +31,7 @@ from pytest_accelperf.program import (
     COUNTS,
     TORCH_OPS,
     changes,
+    comparable_flops,
     describe_changes,
     matmul_dtypes,
 )
@@ -104,8 +105,12 @@ def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: T
         result.detail = (f"this program was read by {now.get('source')}, the baseline's by "
                          f"{base.get('source')}; re-record with --accelperf-update")
         return result
-    found = changes(base, now, tolerance)
-    lines = describe_changes(base, now, tolerance)
+    compared, unlike = comparable_flops(base, now)
+    if unlike:
+        result.baseline, result.change = None, None
+        result.data["not_compared"] = unlike
+    found = changes(compared, now, tolerance)
+    lines = describe_changes(compared, now, tolerance) + ([unlike] if unlike else [])
     result.data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now}
                               for c in found]
     unrecorded = not_in_baseline(base, now)
