@@ -25,14 +25,16 @@ three trials, a regression's session one.
 
 Per trial it records, from the session's ``--accelperf-json``: the program check's verdict
 and message, the memory check's (the leak verdict), the throughput check's, the compile
-check's, and the session's wall time. The throughput tolerance alternates between sessions:
-repetition r of every condition runs with the plugin's default (0.10) when r is even and
-``--tight-tolerance`` (0.05) when r is odd, so both tolerances see every condition and the
-same machine states (one pytest session judges a case at one tolerance; confirmation of a
-throughput regression, ``--accelperf-confirm=1``, is the plugin's default in both).
+check's, the input check's (the slow batch function: CPU time making each batch, outside
+the step's timer), and the session's wall time. The throughput tolerance alternates
+between sessions: repetition r of every condition runs with the plugin's default (0.10)
+when r is even and ``--tight-tolerance`` (0.05) when r is odd, so both tolerances see
+every condition and the same machine states (one pytest session judges a case at one
+tolerance; confirmation of a throughput regression, ``--accelperf-confirm=1``, is the
+plugin's default in both).
 
 It prints a table of false alarms over the unchanged trials (program, memory, throughput
-at both tolerances, compile) with 95 % Clopper-Pearson intervals, and a table of the
+at both tolerances, compile, input) with 95 % Clopper-Pearson intervals, and a table of the
 injected regressions (caught by the program check, by throughput at each tolerance, by
 memory, and whether the message names the change), and writes every raw trial to
 ``DIR/program-<time>.json`` (rewritten after every session) and the tables to
@@ -118,6 +120,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "lost_sharding": ("program", ("all-gather",)),
     "graph_break": ("program", ("graph breaks: 0 → ",)),
     "leak": ("memory", ("a leak", "live memory grew")),
+    "slow_batch": ("input", ("CPU per step", "x the baseline's")),
 }
 
 
@@ -210,7 +213,7 @@ def parse_trials(report_path: Path, session: Any, tests: Sequence[str]
             trials.append({"test": test, "error": "no case in the accelperf JSON report "
                            "(the session did not get that far)", "program": _check({}, ""),
                            "memory": _check({}, ""), "throughput": _check({}, ""),
-                           "compile": _check({}, "")})
+                           "compile": _check({}, ""), "input": _check({}, "")})
             continue
         checks = {c["metric"]: c for c in case.get("checks") or []}
         run = case.get("run") or {}
@@ -229,14 +232,17 @@ def parse_trials(report_path: Path, session: Any, tests: Sequence[str]
         prog["recompile_reasons"] = (run.get("extra") or {}).get("recompile_reasons")
         mem = _check(checks, "memory")
         mem["growth"] = run.get("memory_growth")
+        inp = _check(checks, "input")
+        inp_data = (checks.get("input") or {}).get("data") or {}
+        inp.update({"ratio": inp_data.get("ratio"), "share": inp_data.get("share")})
         trial: dict[str, Any] = {
             "test": test, "case_id": case.get("case_id"), "error": case.get("error"),
             "outcome": run.get("outcome"), "program": prog, "memory": mem, "throughput": tp,
-            "compile": _check(checks, "compile"),
+            "compile": _check(checks, "compile"), "input": inp,
             "other_regressions": sorted(m for m, c in checks.items()
                                         if c.get("verdict") == "regression"
                                         and m not in ("program", "memory", "throughput",
-                                                      "compile")),
+                                                      "compile", "input")),
             "wall_s": session.test_wall_s.get(case.get("nodeid", "").split("::")[-1]),
         }
         trials.append(trial)
@@ -256,7 +262,7 @@ def arms(tight: float) -> list[tuple[str, str, float | None]]:
     return [("program", "program", None), ("memory (leak, peak)", "memory", None),
             (f"throughput, tolerance {DEFAULT_TOLERANCE:g}", "throughput", DEFAULT_TOLERANCE),
             (f"throughput, tolerance {tight:g}", "throughput", tight),
-            ("compile time", "compile", None)]
+            ("compile time", "compile", None), ("input", "input", None)]
 
 
 def _decided(trials: Sequence[dict[str, Any]], check: str) -> list[dict[str, Any]]:
@@ -293,7 +299,7 @@ def false_alarm_rows(runs: Sequence[dict[str, Any]], loads: Sequence[str],
 def regression_rows(runs: Sequence[dict[str, Any]], regressions: Sequence[str],
                     loads: Sequence[str], tight: float) -> list[dict[str, Any]]:
     """Per injected regression and load: how often each check caught it, and the program
-    (or memory) check's messages."""
+    (or memory, or input) check's messages."""
     rows = []
     for inject in regressions:
         for load in [*loads, "all"]:
@@ -303,7 +309,7 @@ def regression_rows(runs: Sequence[dict[str, Any]], regressions: Sequence[str],
                 continue
             row: dict[str, Any] = {"regression": inject, "case": TARGETS[inject],
                                    "load": load, "trials": len(trials)}
-            for check in ("program", "memory"):
+            for check in ("program", "memory", "input"):
                 decided = [t for _, t in trials if t[check]["alarm"] is not None]
                 row[check] = {"caught": sum(1 for t in decided if t[check]["alarm"]),
                               "decided": len(decided),
@@ -342,13 +348,15 @@ def render(doc: dict[str, Any]) -> str:
     rg = []
     for r in doc["regressions"]:
         expected = EXPECTED[r["regression"]][0]
-        p, m = r["program"], r["memory"]
+        p, m, n = r["program"], r["memory"], r["input"]
         t0, t1 = r[f"throughput@{DEFAULT_TOLERANCE:g}"], r[f"throughput@{tight:g}"]
         rg.append([r["regression"], r["case"], r["load"], r["trials"],
                    _frac(p["caught"], p["decided"])
                    + (f" (named {p['named']})" if expected == "program" else ""),
                    _frac(m["caught"], m["decided"])
                    + (f" (named {m['named']})" if expected == "memory" else ""),
+                   _frac(n["caught"], n["decided"])
+                   + (f" (named {n['named']})" if expected == "input" else ""),
                    _frac(t0["caught"], t0["decided"])
                    + (f", {t0['inconclusive']} inconcl." if t0["inconclusive"] else ""),
                    _frac(t1["caught"], t1["decided"])
@@ -356,9 +364,10 @@ def render(doc: dict[str, Any]) -> str:
     text += ["\nInjected regressions: sessions that caught it (caught/trials; named: the "
              "message names the change)\n",
              tabulate(rg, headers=["regression", "case", "load", "trials", "program",
-                                   "memory", f"throughput {DEFAULT_TOLERANCE:g}",
+                                   "memory", "input", f"throughput {DEFAULT_TOLERANCE:g}",
                                    f"throughput {tight:g}"], tablefmt="github")]
-    text.append("\nMessages (program check; memory check for the leak):\n")
+    text.append("\nMessages (program check; memory check for the leak; input check for the "
+                "slow batch):\n")
     for r in doc["regressions"]:
         if r["load"] != "all":
             continue

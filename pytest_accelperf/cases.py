@@ -39,6 +39,7 @@ TOLERANCE_KEYS = (
     "reference_rtol",
     "program_tolerance",
     "compile_tolerance",
+    "input_tolerance",
     "leak_bytes_per_step",
     "max_probe_spread",
     "max_step_spread",

@@ -184,6 +184,7 @@ def _headline(block: dict[str, Any]) -> list[tuple[str, float | str | None, str]
         ("outcome", block.get("outcome"), ""),
         ("throughput", _num(block.get("samples_per_second")), "samples/s"),
         ("step time", _num(step.get("median")), "s"),
+        ("input time", _num((block.get("input") or {}).get("median")), "s"),
         ("final loss", _num(loss.get("final")), ""),
         ("peak memory", _num(memory.get("peak")), "bytes"),
         ("compile", _num(block.get("compile_time")), "sec"),

@@ -139,6 +139,11 @@ OPTIONS: tuple[Option, ...] = (
            "time, corrected for the machine's speed by the probe, that counts (a change "
            "under 0.5 s never does; 0.15 on a dedicated machine, as PyTorch's CI). Default: "
            f"{_TOL.compile_tolerance}.", "float", _TOL.compile_tolerance),
+    Option("input_tolerance", "--accelperf-input-tolerance", "relative change of the median "
+           "CPU time making a step's batch (the batch function or data iterator and the "
+           "conversion of what it returns, timed apart from the step) that counts; a "
+           "change under 5 percent of the median step time is never judged. "
+           f"Default: {_TOL.input_tolerance}.", "float", _TOL.input_tolerance),
     Option("leak_bytes_per_step", "--accelperf-leak-bytes-per-step", "growth of live memory "
            "per measured step that is a memory regression (a leak). Default: "
            f"{_TOL.leak_bytes_per_step:g}.", "float", _TOL.leak_bytes_per_step),

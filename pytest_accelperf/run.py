@@ -40,6 +40,14 @@ class Run:
     grew over the measured steps: ``{"bytes_per_step", "steps", "after_warmup",
     "after_steps", "source"}`` (bytes live after the warm-up and after the last measured
     step, and who counted them); the memory check judges a leak from it.
+
+    ``input_times`` are, per measured step (one per ``step_times`` entry), the CPU seconds
+    of the thread that made the step's batch (the user's ``make_batch`` or data iterator
+    and the host-side conversion, not the transfer to the device), timed apart from the
+    step (:mod:`pytest_accelperf.backends.loop`); ``input_wall_times`` the wall seconds of
+    the same. The ``input`` check judges the first (:mod:`pytest_accelperf.checks.input`).
+    Empty where a backend does not time them apart (DDP and DeepSpeed ranks, whose batch
+    preparation waits for the other ranks; Alpa, Neuron, ingested logs).
     """
 
     case_id: str
@@ -67,6 +75,8 @@ class Run:
     max_batch: dict[str, Any] | None = None
     program: dict[str, Any] | None = None
     memory_growth: dict[str, Any] | None = None
+    input_times: list[float] = field(default_factory=list)
+    input_wall_times: list[float] = field(default_factory=list)
 
     # -- derived --------------------------------------------------------------------------
     @property

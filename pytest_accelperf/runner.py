@@ -128,12 +128,13 @@ def retimed(first: TrainResult, again: TrainResult) -> TrainResult:
     """``first`` with the timing of ``again``, a re-measurement of the same case in this
     process (a throughput confirmation, a noisy recording measured again).
 
-    A re-measurement re-times the steps; everything else stays the first measurement's,
-    the only true one: trained again in this process, the step finds its program in JAX's
-    or inductor's in-memory cache (its "compile" is a lookup, 18 ms for a 2.9 s compile),
-    and a step that keeps state of its own (nanoGPT's ``iter_num``, which drives its
-    learning-rate schedule) trains on from where it stopped, so its loss curve and final
-    parameters are not the first's. A re-measurement that did not finish is what it is.
+    A re-measurement re-times the steps (and the making of their batches, timed beside
+    them); everything else stays the first measurement's, the only true one: trained again
+    in this process, the step finds its program in JAX's or inductor's in-memory cache (its
+    "compile" is a lookup, 18 ms for a 2.9 s compile), and a step that keeps state of its
+    own (nanoGPT's ``iter_num``, which drives its learning-rate schedule) trains on from
+    where it stopped, so its loss curve and final parameters are not the first's. A
+    re-measurement that did not finish is what it is.
     """
     if first.run.outcome != "ok" or again.run.outcome != "ok":
         return again
@@ -144,7 +145,8 @@ def retimed(first: TrainResult, again: TrainResult) -> TrainResult:
             extra[key] = again.run.extra[key]
     run = replace(first.run, step_times=list(again.run.step_times),
                   probe_times=list(again.run.probe_times), probe_kind=again.run.probe_kind,
-                  extra=extra)
+                  input_times=list(again.run.input_times),
+                  input_wall_times=list(again.run.input_wall_times), extra=extra)
     return replace(first, run=run)
 
 

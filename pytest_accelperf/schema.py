@@ -242,6 +242,15 @@ class Oom(_Strict):
     capacity_bytes: NonNegative | None = None
 
 
+class InputTime(_Strict):
+    """CPU seconds of the thread that made each measured step's batch (the ``input``
+    check): every sample, their median, and the median wall seconds of the same."""
+
+    median: NonNegative
+    samples: Annotated[list[NonNegative], Field(min_length=1)]
+    wall_median: NonNegative | None = None
+
+
 class Block(_Strict):
     """The baseline block of one case (:func:`pytest_accelperf.summary.summarize`)."""
 
@@ -267,6 +276,8 @@ class Block(_Strict):
     max_batch: MaxBatch | None = None
     memory: Memory | None = None
     program: Program | None = None
+    #: What making the batches cost the thread that made them (the ``input`` check).
+    input: InputTime | None = None
     #: Why the recording was too noisy to judge throughput against (re-measured, and it
     #: stayed so): the throughput check is inconclusive until the case is re-recorded.
     noisy: str | None = None
@@ -317,6 +328,8 @@ class ReportRun(_Report):
     max_batch: dict[str, Any] | None = None
     program: dict[str, Any] | None = None
     memory_growth: dict[str, Any] | None = None
+    input_times: list[float] = []
+    input_wall_times: list[float] = []
 
 
 class ReportCheck(_Report):

@@ -102,6 +102,19 @@ def with_added_session(baseline: dict[str, Any] | None, run: Run,
     return merged
 
 
+def input_block(run: Run) -> dict[str, Any]:
+    """The block's ``input``: CPU seconds making each measured step's batch (every sample,
+    rounded as step times are, and their median) and the median wall seconds of the same
+    (:attr:`pytest_accelperf.run.Run.input_times`)."""
+    out: dict[str, Any] = {
+        "median": _round(statistics.median(run.input_times)),
+        "samples": [_round(t, SAMPLE_DIGITS) for t in run.input_times],
+    }
+    if run.input_wall_times:
+        out["wall_median"] = _round(statistics.median(run.input_wall_times))
+    return out
+
+
 def metric_curves(run: Run) -> dict[str, dict[str, Any]]:
     """``{name: {"checkpoints", "final", "steps"}}`` of the step's other metrics, as the
     loss's curve; a metric with a non-finite value is left out (a baseline is strict JSON,
@@ -144,6 +157,8 @@ def summarize(run: Run) -> dict[str, Any]:
             entry = session_entry(run)
             if entry is not None:
                 block["step_time"]["sessions"] = [entry]
+        if run.input_times:
+            block["input"] = input_block(run)
         if run.probe_times and run.probe_kind:
             block["probe"] = {"kind": run.probe_kind,
                               "samples": [_round(t, SAMPLE_DIGITS) for t in run.probe_times]}

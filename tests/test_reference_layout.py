@@ -258,5 +258,5 @@ def test_reference_steps_is_validated() -> None:
         with pytest.raises(ValueError, match="reference_steps must be a whole number >= 1"):
             replace(CASE, reference_steps=bad)
     for bad in (1.5, True, "2"):  # the wrong type, refused by the fields' own annotations
-        with pytest.raises(ValueError, match="Case.reference_steps must be int, got"):
+        with pytest.raises(ValueError, match=r"Case\.reference_steps must be int, got"):
             replace(CASE, reference_steps=bad)

@@ -6,6 +6,7 @@ injections of :mod:`inject` (the same switches a pull request would flip in real
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import jax
@@ -21,11 +22,13 @@ D = 256  # width of both layers
 
 def mlp(batch: int, *, sharded: bool = False, lose_sharding: bool = False,
         extra_matmul: bool = False, precision: str | None = None,
-        leak: bool = False) -> JaxStep:
+        leak: bool = False, slow_batch: float = 0.0) -> JaxStep:
     """``sharded``: both parameters split by columns over ``model`` (``lose_sharding``:
     ``w1`` replicated instead); ``extra_matmul``: one more ``@ w2`` in the loss;
     ``precision``: the step traced under ``jax.default_matmul_precision``; ``leak``:
-    ``make_batch`` keeps each batch's inputs on the device in a list."""
+    ``make_batch`` keeps each batch's inputs on the device in a list; ``slow_batch``:
+    ``make_batch`` spends that many more seconds of CPU time a batch (a busy loop on the
+    thread's own clock: the same work whatever else the machine runs)."""
     kept: list[Any] = []
 
     def init(key: Any) -> dict[str, Any]:
@@ -53,6 +56,9 @@ def mlp(batch: int, *, sharded: bool = False, lose_sharding: bool = False,
         x = r.standard_normal((batch, D), dtype=np.float32)
         if leak:  # "cache" the batch on the device, and never drop it
             kept.append(jax.device_put(x))
+        end = time.thread_time() + slow_batch
+        while time.thread_time() < end:  # a slower batch function: more CPU work a batch
+            pass
         return {"x": x, "y": np.tanh(x)}
 
     col = P(None, "model")

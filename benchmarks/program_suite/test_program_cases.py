@@ -28,7 +28,8 @@ def test_jax_step(accelperf: CaseRunner) -> None:
 
     which = injected()
     task = mlp(accelperf.case.batch, extra_matmul=which == "extra_matmul",
-               precision="highest" if which == "precision" else None, leak=which == "leak")
+               precision="highest" if which == "precision" else None, leak=which == "leak",
+               slow_batch=0.003 if which == "slow_batch" else 0.0)
     assert accelperf.train(task).run.outcome == "ok"
 
 

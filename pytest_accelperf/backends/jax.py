@@ -39,6 +39,7 @@ from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
 from pytest_accelperf.backends.common import Phases, describe, with_state
 from pytest_accelperf.backends.common import TaskError as TaskError
 from pytest_accelperf.backends.common import fingerprint as fingerprint
+from pytest_accelperf.backends.data import expect, source_label
 from pytest_accelperf.backends.jax_step import (
     BatchSignature,
     abstract_state,
@@ -53,6 +54,7 @@ from pytest_accelperf.backends.jax_step import (
 # The step API lives in jax_step; imported from here as before.
 from pytest_accelperf.backends.jax_step import JaxStep as JaxStep
 from pytest_accelperf.backends.jax_step import JaxTask as JaxTask
+from pytest_accelperf.backends.jax_step import host_batch as as_host  # "host_batch": a local
 from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
@@ -311,11 +313,11 @@ def _inputs(step: JaxStep, mesh: Any, rename: Mapping[str, str],
     state_sh = _shardings(mesh, state_specs, abstract, rename, "state_specs", step)
     _check_divisible(abstract, state_sh, mesh, f"state_specs of {step.label}",
                      "shard that dimension over fewer devices, or replicate it (P())")
-    host_batch = step.make_batch(0)  # only its shapes: batches are deterministic per step
+    host_batch = as_host(step.make_batch(0))  # its shapes: batches are deterministic per step
     batch_specs = _resolve(step.batch_specs, host_batch, P("data"), "batch_specs", step)
     batch_sh = _shardings(mesh, batch_specs, host_batch, rename, "batch_specs", step)
     _check_divisible(host_batch, batch_sh, mesh,
-                     f"the batch of make_batch {describe(step.make_batch)}",
+                     f"the batch of {source_label(step.make_batch)}",
                      "make the case's batch a multiple of the devices it is split over, or "
                      "replicate that leaf with batch_specs")
     abstract_batch = jax.tree.map(
@@ -495,7 +497,9 @@ def _step_fns(program: _Program, state: PyTree) -> tuple[StepFns[PyTree, Any], l
         values = jax.device_get(metrics)
         return float(values[key]), {k: float(v) for k, v in values.items() if k != key}
 
-    return StepFns(prepare=lambda i: _batch(program, i), run=run, read=read), holder
+    return StepFns(prepare=lambda i: _batch(program, i), run=run, read=read,
+                   host=lambda i: _host(program, i),
+                   put=lambda i, host: _put(program, i, host)), holder
 
 
 def _init_state(program: _Program) -> tuple[PyTree, float]:
@@ -534,10 +538,20 @@ def _init_state(program: _Program) -> tuple[PyTree, float]:
 
 
 def _batch(program: _Program, i: int) -> PyTree:
-    """Batch ``i`` on the program's shardings, transferred (outside any timer); one whose
-    shapes or dtypes are not those the step was compiled for is a :class:`TaskError`
-    naming ``make_batch``, the step and the leaves that changed."""
-    host = program.step.make_batch(i)
+    """Batch ``i`` on the program's shardings, transferred (outside any timer)."""
+    return _put(program, i, _host(program, i))
+
+
+def _host(program: _Program, i: int) -> PyTree:
+    """Batch ``i`` on the host: what the user's ``make_batch`` (or data) gives, its torch
+    or TensorFlow tensors as numpy arrays (the step's input time, :mod:`.loop`)."""
+    return as_host(program.step.make_batch(i))
+
+
+def _put(program: _Program, i: int, host: PyTree) -> PyTree:
+    """``host``, batch ``i``, on the program's shardings, transferred; one whose shapes or
+    dtypes are not those the step was compiled for is a :class:`TaskError` naming
+    ``make_batch``, the step and the leaves that changed."""
     if program.batch_signature is not None:
         check_batch(program.step, i, program.batch_signature, host)
     batch = _device_put(host, program.batch_shardings)
@@ -551,7 +565,9 @@ class JaxStepper:
     are timed exactly as in a run (:func:`.loop.time_block`)."""
 
     def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
-        self._program = _compile(case, task, accel, case.mesh)
+        step = as_step(task)
+        expect(step.make_batch, case.warmup + case.steps)  # data given as an iterable
+        self._program = _compile(case, step, accel, case.mesh)
         self._cycle = max(1, case.warmup + case.steps)  # the batches a run would see
         self._fns, self._state = _step_fns(self._program, _init_state(self._program)[0])
         self._step = 0
@@ -601,6 +617,14 @@ def _execute(program: _Program, case: Case, probe: Probe | None = None,
         current[0] = fns.prepare(i)
         return current[0]
 
+    def host(i: int) -> PyTree:
+        current[0] = None  # the last step's batch is not kept while this one is made
+        return _host(program, i)
+
+    def put(i: int, made: PyTree) -> PyTree:
+        current[0] = _put(program, i, made)
+        return current[0]
+
     readings: dict[str, int] = {}
     last = case.warmup + case.steps - 1
 
@@ -613,7 +637,7 @@ def _execute(program: _Program, case: Case, probe: Probe | None = None,
     if case.warmup == 0:
         readings["after_warmup"] = _live_bytes(None)
     trained = run_steps(StepFns(prepare=prepare, run=fns.run, read=fns.read, sync=fns.sync,
-                                sync_before=fns.sync_before),
+                                sync_before=fns.sync_before, host=host, put=put),
                         warmup=case.warmup, steps=case.steps, probe=probe, deadline=deadline,
                         after_step=after_step)
     growth: dict[str, Any] | None = None
@@ -710,6 +734,7 @@ class JaxBackend:
         each), ``fingerprint``, ``reference`` (the single-device reference)."""
         with phases("build"):  # the user's task as a step (JaxTask.to_step)
             step = as_step(task)
+        expect(step.make_batch, case.warmup + case.steps)  # data given as an iterable
         deadline = time.monotonic() + timeout if timeout else None
         run = Run(case_id=case.id, samples_per_step=case.batch,
                   tokens_per_step=(case.batch * step.tokens_per_sample
@@ -766,6 +791,7 @@ class JaxBackend:
         run.metrics = trained.metrics
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
+        run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
         run.extra.update(load_json(trained))
         # The gate's figure stays the compiler's plan on every platform. GPU/TPU runtimes
         # also count a peak, but since the process started, with no reset: on an H100 every

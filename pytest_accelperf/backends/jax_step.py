@@ -34,6 +34,7 @@ from pytest_accelperf.backends.common import (
     describe,
     first_line,
 )
+from pytest_accelperf.backends.data import batch_function, source_label
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -59,11 +60,16 @@ class JaxStep:
     case's shardings (jit of jit is one program).
 
     ``make_batch(step)`` returns the global host batch of a step, the same whatever the
-    mesh. ``state_specs`` and ``batch_specs`` are ``PartitionSpec`` pytrees (full, or a
-    prefix: one spec for a whole subtree), or functions of the abstract state / host batch
-    that return one; mesh axes a case lacks are dropped. Defaults: the state's own Flax
-    annotations (``nn.with_partitioning``), else replicated; every batch leaf split on
-    ``data`` along its first dimension.
+    mesh. Or, instead, ``data`` is the user's own pipeline: an iterable of batches (a
+    ``DataLoader``, a ``tf.data`` dataset; iterated again with ``iter()`` for every
+    training the plugin runs) or a function of no arguments that returns an iterator (a
+    generator function); batch ``i`` is its ``i``-th item, and every pass must give the
+    same batches (:mod:`pytest_accelperf.backends.data`). ``state_specs`` and
+    ``batch_specs`` are ``PartitionSpec`` pytrees (full, or a prefix: one spec for a whole
+    subtree), or functions of the abstract state / host batch that return one; mesh axes a
+    case lacks are dropped. Defaults: the state's own Flax annotations
+    (``nn.with_partitioning``), else replicated; every batch leaf split on ``data`` along
+    its first dimension.
 
     ``params(state)`` returns the parameters that the numerics fingerprint and the
     single-device reference compare (default: ``state.params`` or ``state["params"]``, else
@@ -84,7 +90,9 @@ class JaxStep:
 
     init: Any
     step: Callable[[Any, Any], Any]
-    make_batch: Callable[[int], PyTree]
+    # Optional as a field (``data=`` instead), always a function after __post_init__:
+    # typed as that so the backends call it unchecked.
+    make_batch: Callable[[int], PyTree] = None  # type: ignore[assignment]
     state_specs: Any = None
     batch_specs: Any = None
     params: Callable[[Any], PyTree] | None = None
@@ -96,15 +104,14 @@ class JaxStep:
     seed: int = 0
     final: Callable[[Any], Any] | None = None
     label: str = ""
+    data: Any = None
 
     def __post_init__(self) -> None:
         if not callable(self.step):
             raise TaskError(f"JaxStep.step must be the training step, a function "
                             f"step(state, batch) -> (state, metrics); got "
                             f"{type(self.step).__name__}")
-        if not callable(self.make_batch):
-            raise TaskError(f"JaxStep.make_batch must be a function of the step number that "
-                            f"returns the global host batch; got {type(self.make_batch).__name__}")
+        self.make_batch = batch_function(self.make_batch, self.data, "JaxStep")
         pmapped = _pmapped(self.step)
         if pmapped is not None:
             inner, axis = pmapped
@@ -333,8 +340,9 @@ def scalar_loss(loss_fn: Callable[[PyTree, PyTree], Any],
     return wrapped
 
 
-def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[[int], PyTree],
-             *, params: Callable[[tuple[Any, ...]], PyTree] | None = None, loss: str = "loss",
+def nnx_step(train_step: Callable[..., Any], objects: Any,
+             make_batch: Callable[[int], PyTree] | None = None, *, data: Any = None,
+             params: Callable[[tuple[Any, ...]], PyTree] | None = None, loss: str = "loss",
              state_specs: Any = None, batch_specs: Any = None,
              bind_axes: Mapping[str, str] | None = None, donate: bool = True,
              tokens_per_sample: int | None = None, after: Sequence[Any] = ()) -> JaxStep:
@@ -363,9 +371,14 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
     parameter) nor the metrics (they are the step's metrics, reset every step), named
     ``model/batch_norm/mean``, ``optimizer/step``. ``CaseResult.state`` is the tuple of
     trained objects. Sharding annotations on the model (``nnx.with_partitioning``) are the
-    default ``state_specs``.
+    default ``state_specs``. ``make_batch(step)`` makes the
+    batches, or ``data`` is the user's iterable of them (a ``tf.data`` dataset, a
+    ``DataLoader``) or a function of no arguments that returns an iterator, as
+    :class:`JaxStep` takes them.
     """
     from flax import nnx
+
+    batches = batch_function(make_batch, data, "nnx_step")
 
     label = f"the NNX train_step {describe(train_step)}"
     ready = isinstance(objects, tuple | list) or _is_graph_node(nnx, objects)
@@ -444,7 +457,7 @@ def nnx_step(train_step: Callable[..., Any], objects: Any, make_batch: Callable[
         return nnx_beside(nnx, state, known["names"], known["metric_at"])
 
     return JaxStep(
-        init=init, step=step, make_batch=make_batch,
+        init=init, step=step, make_batch=batches,
         state_specs=state_specs if state_specs is not None else nnx.get_partition_spec,
         batch_specs=batch_specs, params=params_of, beside=beside if params is None else None,
         loss=loss, bind_axes=dict(bind_axes or {}), donate=donate,
@@ -654,6 +667,23 @@ def _leaf_dtype(leaf: Any) -> Any:
     return dtype if dtype is not None else np.asarray(leaf).dtype  # a Python number
 
 
+def _host_leaf(leaf: Any) -> Any:
+    if isinstance(leaf, np.ndarray | np.generic | jax.Array | int | float | bool | str):
+        return leaf
+    if hasattr(leaf, "__array__"):  # a torch CPU tensor, a TensorFlow EagerTensor
+        return np.asarray(leaf)
+    return leaf
+
+
+def host_batch(batch: PyTree) -> PyTree:
+    """``batch`` with every leaf jax can take as it is (numpy arrays, jax arrays, Python
+    numbers), and every other array-like leaf as a numpy array: a ``DataLoader``'s torch
+    tensors (shared memory, no copy) or a ``tf.data`` iterator's tensors, which
+    ``jax.device_put`` refuses. Part of the input time of a step (the host-side
+    conversion)."""
+    return jax.tree.map(_host_leaf, batch)
+
+
 def batch_signature(batch: PyTree) -> BatchSignature:
     """The structure of ``batch`` and each leaf's ``(shape, dtype)``: what the compiled
     step's batch must keep. Read from the leaves' attributes, never their values (about
@@ -672,7 +702,8 @@ def _canonical(signature: BatchSignature) -> BatchSignature:
 
 def check_batch(step: JaxStep, i: int, compiled: BatchSignature, batch: PyTree) -> None:
     """Refuse batch ``i`` of ``step`` unless it has the structure, shapes and dtypes of the
-    batch the step was compiled for (``compiled``: step 0's), naming ``make_batch``, the
+    batch the step was compiled for (``compiled``: step 0's), naming ``make_batch`` (or the
+    data), the
     step and every leaf that changed, before and after. Without it XLA refuses the call
     with ``Argument types differ from the types for which this computation was
     compiled``, naming neither the function nor the step.
@@ -682,7 +713,7 @@ def check_batch(step: JaxStep, i: int, compiled: BatchSignature, batch: PyTree) 
     now = batch_signature(batch)
     if now == compiled or _canonical(now) == _canonical(compiled):
         return
-    head = (f"make_batch {describe(step.make_batch)} returns at step {i} a batch unlike step "
+    head = (f"{source_label(step.make_batch)} returns at step {i} a batch unlike step "
             f"0's, which {step.label} was compiled for")
     fix = ("the step is compiled once, for the shapes and dtypes of step 0's batch: return "
            "batches of one shape every step (a fixed batch size; a data loader with "

@@ -3,7 +3,14 @@
 A backend says how to do one step; the loop owns what makes a measurement one:
 
 - the batch of step ``i`` is made and moved to the device *before* the timer starts
-  (``prepare``);
+  (``prepare``); where a backend splits that into making the batch on the host (``host``:
+  the user's ``make_batch`` or data iterator and the conversion of what it returns) and
+  moving it to the device (``put``), making it is measured on its own, per measured step:
+  the CPU time of this thread (``time.thread_time()``, which another process cannot
+  inflate: ``input_times``, what the ``input`` check judges,
+  :mod:`pytest_accelperf.checks.input`) and the wall time (``input_wall_times``). The
+  transfer is left out: waiting for it (JAX's copy to 8 virtual devices) spins this
+  thread, and under load its CPU time grew 2.6x on unchanged code;
 - the device is synchronized before the timer starts and inside it at the end
   (``sync``), so a step time is the step's device work, not a queue's;
 - the loss and the other metrics are read *after* the timer stopped (``read``: a
@@ -81,6 +88,10 @@ class StepFns(Generic[B, H]):
     runs before the timer starts and, inside the timer, after ``run``); ``read(handle)``
     gives ``(loss, other metrics)`` as floats, after the timer stopped. A backend whose
     ``prepare`` already ends by waiting for the device sets ``sync_before=False``.
+
+    ``host(i)`` and ``put(i, host_batch)``, when a backend gives both, are ``prepare``'s
+    two halves: the user's data work on the host, and the move to the device. The loop
+    then calls them instead of ``prepare`` and times ``host`` as the step's input.
     """
 
     prepare: Callable[[int], B]
@@ -88,6 +99,8 @@ class StepFns(Generic[B, H]):
     read: Callable[[H], tuple[float, Mapping[str, float]]]
     sync: Callable[[], None] = lambda: None
     sync_before: bool = True
+    host: Callable[[int], Any] | None = None
+    put: Callable[[int, Any], B] | None = None
 
 
 @dataclass
@@ -108,6 +121,14 @@ class LoopResult:
     #: Wall seconds making the batches and moving them to the device (``prepare``, every
     #: step): the user's data work, which any training loop does too.
     batch_time: float = 0.0
+    #: Per measured step (one per ``step_times`` entry): CPU seconds of this thread in
+    #: ``host`` (the user's batch function or iterator and the host-side conversion; empty
+    #: for a backend without ``host``). Work done in other processes or threads (a
+    #: DataLoader's workers, tf.data's threads) is not in it: what this thread waited for
+    #: them is in ``input_wall_times``, less this.
+    input_times: list[float] = field(default_factory=list)
+    #: Per measured step: wall seconds of the same ``host``.
+    input_wall_times: list[float] = field(default_factory=list)
 
     @property
     def steps_done(self) -> int:
@@ -140,8 +161,14 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
     for i in range(total):
         if i == warmup:
             watch = Contention([measuring_root()]).start()
-        t0 = time.perf_counter()
-        batch = fns.prepare(i)  # outside the timer
+        t0, c0 = time.perf_counter(), time.thread_time()
+        inputs: tuple[float, float] | None = None
+        if fns.host is not None and fns.put is not None:  # outside the timer
+            made = fns.host(i)
+            inputs = (time.thread_time() - c0, time.perf_counter() - t0)
+            batch = fns.put(i, made)
+        else:
+            batch = fns.prepare(i)
         out.batch_time += time.perf_counter() - t0
         handle, seconds = timed(fns, i, batch, slower)
         out.last = handle
@@ -152,6 +179,9 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
         measured = i >= warmup
         if measured:
             out.step_times.append(seconds)
+            if inputs is not None:
+                out.input_times.append(inputs[0])
+                out.input_wall_times.append(inputs[1])
             if probe is not None and (i - warmup + 1) % every == 0:
                 out.probe_times.append(probe.time())
         else:

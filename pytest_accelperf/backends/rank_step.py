@@ -35,6 +35,7 @@ from pytest_accelperf.backends.common import (
     describe,
     first_line,
 )
+from pytest_accelperf.backends.data import batch_function
 from pytest_accelperf.backends.torch_task import TorchTask
 
 
@@ -75,7 +76,11 @@ class RankStep:
     samples, tensors on the CPU, or numpy arrays, made tensors first as DataLoader makes
     them: :func:`~.torch_task.as_tensors`): rank ``r`` takes rows ``[r*B/N, (r+1)*B/N)`` of
     every tensor whose first dimension is ``case.batch``, and splits them into
-    ``case.grad_accum`` micro-batches in order.
+    ``case.grad_accum`` micro-batches in order. Or, instead, ``data`` is an iterable of
+    those global batches (a ``DataLoader``) or a function of no arguments that returns an
+    iterator of them, as :class:`~pytest_accelperf.backends.torch_step.TorchStep` takes it
+    (:mod:`pytest_accelperf.backends.data`): every rank, and the single-process
+    reference, iterates it from the start.
 
     Metrics: the loss and every other scalar ``loss_fn`` returns, averaged over the
     micro-batches and ranks of a step, and the learning rate the step used (first
@@ -92,7 +97,8 @@ class RankStep:
 
     build: Callable[[int], Any]
     loss_fn: Callable[[Any, Any], Any]
-    make_batch: Callable[[int], Any]
+    # Optional as a field (``data=`` instead), always a function after __post_init__.
+    make_batch: Callable[[int], Any] = None  # type: ignore[assignment]
     ds_config: Mapping[str, Any] = field(default_factory=dict)
     compile: bool = False
     grad_clip: float | None = None
@@ -102,17 +108,18 @@ class RankStep:
     tokens_per_sample: int | None = None
     seed: int = 0
     label: str = ""
+    data: Any = None
 
     def __post_init__(self) -> None:
         for name, what in (("build", "a function of the rank that returns (model, optimizer"
                                      "[, scheduler])"),
                            ("loss_fn", "a function loss_fn(model, batch) that returns the "
-                                       "scalar loss"),
-                           ("make_batch", "a function of the step number that returns the "
-                                          "global batch")):
+                                       "scalar loss")):
             value = getattr(self, name)
             if not callable(value):
                 raise TaskError(f"RankStep.{name} must be {what}; got {type(value).__name__}")
+        object.__setattr__(self, "make_batch",
+                           batch_function(self.make_batch, self.data, "RankStep"))
         if not isinstance(self.ds_config, Mapping):
             raise TaskError(f"RankStep.ds_config must be a dict of DeepSpeed config keys; got "
                             f"{type(self.ds_config).__name__}")

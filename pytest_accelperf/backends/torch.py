@@ -69,10 +69,10 @@ from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import (
     Phases,
     TaskError,
-    describe,
     fingerprint,
     with_state,
 )
+from pytest_accelperf.backends.data import expect, source_label
 from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
 from pytest_accelperf.backends.probe import Probe
 from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
@@ -98,7 +98,7 @@ from pytest_accelperf.backends.torch_step import (
 
 # Re-exported: they lived here before DDP and DeepSpeed needed them without this backend.
 from pytest_accelperf.backends.torch_task import TorchTask as TorchTask
-from pytest_accelperf.backends.torch_task import flop_counter, sync
+from pytest_accelperf.backends.torch_task import as_tensors, flop_counter, sync
 from pytest_accelperf.backends.torch_task import to_device as to_device
 from pytest_accelperf.backends.torch_task import torch_probe as torch_probe
 from pytest_accelperf.cases import Case
@@ -352,7 +352,11 @@ def _step_fns(step: TorchStep, device: torch.device) -> StepFns[Any, Any]:
 
     return StepFns(prepare=lambda i: to_device(step.make_batch(i), device),
                    run=lambda i, batch: step.step(batch), read=read,
-                   sync=lambda: sync(device))
+                   sync=lambda: sync(device),
+                   # The user's data work and the conversion (the step's input time), then
+                   # the move, apart (:mod:`.loop`).
+                   host=lambda i: as_tensors(step.make_batch(i)),
+                   put=lambda i, host: to_device(host, device))
 
 
 class TorchStepper:
@@ -369,6 +373,7 @@ class TorchStepper:
         device = _device(accel)
         self._step_fn = as_torch_step(task, device)
         self._step_fn.to(device)
+        expect(self._step_fn.make_batch, case.warmup + case.steps)
         rewind(self._step_fn)
         self.program: dict[str, Any] | None = None
         if not self._step_fn.compile:
@@ -406,14 +411,17 @@ def _execute(step: TorchStep, case: Case, device: torch.device, probe: Probe | N
     step that compiled again."""
     fns = _step_fns(step, device)
     if watch is not None:
-        make = fns.prepare
-
         def prepare(i: int) -> Any:
-            batch = make(i)
+            batch = to_device(step.make_batch(i), device)
             watch.batch(i, batch)
             return batch
 
-        fns = replace(fns, prepare=prepare)
+        def put(i: int, host: Any) -> Any:
+            batch = to_device(host, device)
+            watch.batch(i, batch)
+            return batch
+
+        fns = replace(fns, prepare=prepare, put=put)
     trained = run_steps(fns, warmup=_warmup(step, case),
                         steps=case.steps, probe=probe, deadline=deadline,
                         after_step=after_step)
@@ -588,6 +596,9 @@ class TorchBackend:
         with phases("build"):  # the user's model and optimizer (TorchTask.to_step)
             step = as_torch_step(task, device)
             step.to(device)
+        # Data given as an iterable: the counting steps and the run each take a pass.
+        expect(step.make_batch, max(_warmup(step, case) + case.steps,
+                                    MEMORY_STEPS + GROWTH_STEPS))
         rewind(step)  # trained before (a re-measurement): start where that training started
         # The schedulers and scalers the counting steps put back: found once, for both.
         stateful = step_stateful(step)
@@ -624,7 +635,7 @@ class TorchBackend:
                 probe = torch_probe(device, n=PROBE_N)
             with (phases("train"),
                   cold_compile(device) if step.compile else contextlib.nullcontext()):
-                watch = DynamoWatch(describe(step.make_batch)) if step.compile else None
+                watch = DynamoWatch(source_label(step.make_batch)) if step.compile else None
                 compile_load = _CompileLoad() if step.compile else None
                 trained = _execute(step, case, device, probe, deadline, after_step=_hooks(
                     watch.after_step if watch else None,
@@ -662,6 +673,7 @@ class TorchBackend:
         run.metrics = trained.metrics
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
+        run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
         run.extra.update(load_json(trained))
         with phases("fingerprint"):  # the parameters and the state beside them
             own = step.params_of()

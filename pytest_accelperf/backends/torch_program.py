@@ -187,9 +187,10 @@ class DynamoWatch:
     batch (:meth:`batch`, as it is made), told when each step is done (:meth:`after_step`,
     the measured-step loop's hook), read at the end (:meth:`record`).
 
-    ``batch_source`` names the function that makes the batches (``make_batch
-    (suites/x.py:12)``): a recompile at a step whose batch changed names it, the step and
-    each leaf that changed, before → after (:attr:`recompile_causes`)."""
+    ``batch_source`` names what makes the batches (``make_batch make_batch
+    (suites/x.py:12)``, or the data: :func:`~.data.source_label`): a recompile at a step
+    whose batch changed names it, the step and each leaf that changed, before → after
+    (:attr:`recompile_causes`)."""
 
     def __init__(self, batch_source: str = "make_batch") -> None:
         self._graphs0 = _counter("stats", "unique_graphs")
@@ -233,7 +234,7 @@ class DynamoWatch:
         before, now = self._batches
         changed = batch_change(before, now) if before is not None and now is not None else None
         if changed:
-            return f"step {i}: make_batch {self._source} changed {changed}"
+            return f"step {i}: {self._source} changed {changed}"
         new = [m for m in _compilations() if not any(m is seen for seen in self._seen)]
         self._seen.extend(new)
         # The first line of each (the guard, and the user's line it guards), without the

@@ -79,6 +79,7 @@ import torch
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.base import Fit, TrainResult
 from pytest_accelperf.backends.common import TaskError, describe, fingerprint
+from pytest_accelperf.backends.data import expect
 from pytest_accelperf.backends.launch import CapacityExceeded, LaunchResult, RankReport, launch
 from pytest_accelperf.backends.loop import StepFns, load_json, run_steps
 from pytest_accelperf.backends.rank_comm import largest_over_ranks
@@ -642,7 +643,9 @@ class TorchRanks:
         step = as_rank_step(task)
         if self.check is not None:
             self.check(case, step)
-        return make_plan(self.engine, case, step, accel, fits=fits)
+        plan = make_plan(self.engine, case, step, accel, fits=fits)
+        expect(step.make_batch, plan.total_steps)  # data given as an iterable: refused now
+        return plan
 
     def job(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *, cpu_devices: int,
             platform: str | None, timeout: float | None) -> RankJob:

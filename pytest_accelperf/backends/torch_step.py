@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from pytest_accelperf.backends.common import TaskError, check_metric_keys, describe
+from pytest_accelperf.backends.data import batch_function
 from pytest_accelperf.backends.torch_ops import uncounted
 
 Models = torch.nn.Module | Sequence[torch.nn.Module] | Mapping[str, torch.nn.Module]
@@ -59,7 +60,11 @@ class TorchStep:
     dicts, lists, tuples and namedtuples; the backend moves them to the device outside the
     timer. Numpy arrays and numpy scalars in it are made tensors first, as torch's
     ``DataLoader`` makes them (``torch.utils.data.default_convert``: same dtype, memory
-    shared); Python numbers and strings are passed as they are.
+    shared); Python numbers and strings are passed as they are. Or, instead, ``data`` is
+    the user's own pipeline: an iterable of batches (a ``DataLoader``: iterated again with
+    ``iter()`` for every training the plugin runs) or a function of no arguments that
+    returns an iterator (a generator function); batch ``i`` is its ``i``-th item, and every
+    pass must give the same batches (:mod:`pytest_accelperf.backends.data`).
 
     ``model`` is the ``nn.Module`` the step trains, or several (a list, or a dict by name):
     the backend moves it to the device (built on the CPU, its parameters keep their
@@ -93,8 +98,10 @@ class TorchStep:
     """
 
     step: Callable[[Any], Any]
-    make_batch: Callable[[int], Any]
-    model: Models
+    # Optional as fields (``data=`` instead of make_batch; the model is required, refused in
+    # __post_init__ when missing), and typed as what they are after it.
+    make_batch: Callable[[int], Any] = None  # type: ignore[assignment]
+    model: Models = None  # type: ignore[assignment]
     params: Callable[[], Mapping[str, Any]] | None = None
     loss: str = "loss"
     final: Callable[[], Any] | None = None
@@ -105,15 +112,14 @@ class TorchStep:
     label: str = ""
     stateful: Sequence[Any] | None = None
     fingerprint_state: bool | None = None
+    data: Any = None
     _initial: _Saved | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not callable(self.step):
             raise TaskError(f"TorchStep.step must be the training step, a function "
                             f"step(batch) -> metrics; got {type(self.step).__name__}")
-        if not callable(self.make_batch):
-            raise TaskError(f"TorchStep.make_batch must be a function of the step number that "
-                            f"returns its batch; got {type(self.make_batch).__name__}")
+        self.make_batch = batch_function(self.make_batch, self.data, "TorchStep")
         if not self.label:
             self.label = f"the step {describe(self.step)}"
         self.modules()  # refuse a model that is not one

@@ -11,6 +11,9 @@ that applies to the run, in a fixed order:
     the loss curve within a band (:mod:`.convergence`);
 each metric of the training step (``accuracy``, ``lr``, ...)
     its curve within a band, when the step returns metrics (:mod:`.metrics`);
+``input``
+    CPU time making each step's batch, where it is a meaningful share of the step
+    (:mod:`.input`);
 ``compile``
     compile time, corrected for the machine's speed (:mod:`.compile_time`);
 ``program``
@@ -39,6 +42,7 @@ from typing import Any
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.compile_time import check_compile_time
 from pytest_accelperf.checks.convergence import check_convergence, nan_result
+from pytest_accelperf.checks.input import check_input
 from pytest_accelperf.checks.max_batch import check_max_batch
 from pytest_accelperf.checks.memory import check_memory
 from pytest_accelperf.checks.metrics import check_metrics
@@ -56,6 +60,7 @@ __all__ = [
     "Verdict",
     "check_compile_time",
     "check_convergence",
+    "check_input",
     "check_max_batch",
     "check_memory",
     "check_metrics",
@@ -80,7 +85,7 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     ``block`` is ``summarize(run)`` (computed here when None). ``comparable`` is False when
     the baseline was recorded in another environment, and ``differences`` say how (in
     words, :func:`pytest_accelperf.fingerprint.differences`; any makes it not comparable):
-    throughput, compile time and the program are then ``incomparable`` and the other
+    throughput, input time, compile time and the program are then ``incomparable`` and the other
     checks still apply (numerics at its cross-environment tolerance).
     ``program_differences`` (default: ``differences``) are those that make the program
     incomparable (:data:`pytest_accelperf.fingerprint.PROGRAM_KEYS`): another host CPU
@@ -105,6 +110,7 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
                              differences=differences, max_foreign_load=max_foreign_load),
             check_convergence(run, block, baseline, tol, either_way=loss_either_way),
             *check_metrics(block, baseline, tol),
+            check_input(block, baseline, tol, comparable=comparable),
             check_compile_time(block, baseline, tol, comparable=comparable,
                                compile_load=run.extra.get("compile_load"),
                                max_foreign_load=max_foreign_load),

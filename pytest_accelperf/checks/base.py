@@ -71,6 +71,13 @@ class Tolerances:
     speed by the probe) that counts; PyTorch's CI gates compile latency at 1.15x on
     dedicated machines (set 0.15 there), while one compile on a shared 2-core runner moved
     from 288 ms to 778 ms on unchanged code under load: the default is 1.0 (twice as long).
+    ``input_tolerance``: relative change of the median CPU time making a step's batch
+    (:mod:`pytest_accelperf.checks.input`) that counts, where the change is at least 5 % of
+    the step. CPU time of a thread is steadier than wall time, not exact: between processes
+    of unchanged code on a shared 2-core machine under load, the median of 0.6-1.9 ms of
+    batch work moved up to 1.33x (its wall time up to 7.7x); 0.25 gave 2 false alarms in
+    112 pairs, 0.5 none, and a batch function twice as slow still fails
+    (docs/measured.md).
     ``leak_bytes_per_step``: growth of live memory per measured step that is a leak.
     ``max_probe_spread``: the largest interquartile range over median of the drift probe
     (in this run or the baseline's) for which a timing verdict is given; beyond it the
@@ -97,6 +104,7 @@ class Tolerances:
     reference_atol: float = 5e-3
     program_tolerance: float = 0.01
     compile_tolerance: float = 1.0
+    input_tolerance: float = 0.5
     leak_bytes_per_step: float = 16384.0
     max_probe_spread: float = 0.5
     max_step_spread: float = 2.0

@@ -78,7 +78,14 @@ def device_rows(check: CheckResult) -> list[tuple[str, ...]]:
 def metric_label(check: CheckResult) -> str:
     """The metric column of a check's row: the ``memory`` row names the method that counted
     this run's peak (``memory (mem_tracker)``, ``memory (profiler)``), so a case whose
-    counting method changed is never silent about it."""
+    counting method changed is never silent about it; the ``input`` row of an input-bound
+    case says in how many steps the batch took longer to make than the step
+    (``input (bound 38/40)``)."""
+    if check.metric == "input":
+        bound, steps = check.data.get("input_bound_steps"), check.data.get("steps")
+        if isinstance(bound, int) and bound > 0 and isinstance(steps, int):
+            return f"input (bound {bound}/{steps})"
+        return check.metric
     source = check.data.get("source") if check.metric == "memory" else None
     return f"{check.metric} ({source})" if isinstance(source, str) and source else check.metric
 

@@ -1,0 +1,161 @@
+"""The input check: did making each step's batch get slower than the baseline's?
+
+The step loop times a step's device work and, apart from it, what making its batch cost
+(:mod:`pytest_accelperf.backends.loop`): the user's ``make_batch`` or data iterator and
+the host-side conversion of what it returns (numpy to tensors for torch, tensors to numpy
+for JAX), not the transfer to the device that follows. A training loop pays that on
+every step, so a batch function that went from 0.1 ms to 4.7 ms slows the training by as
+much while every step time stays the same: the throughput check cannot see it. This check
+can.
+
+What is measured is the **CPU time of the thread that makes the batch**
+(``time.thread_time()``), not its wall time: another process on the machine delays the
+thread but does not add to its CPU time, so the figure moves far less between runs than
+a wall time. What it leaves out: work done in other threads or processes, a
+``DataLoader``'s workers (``num_workers > 0``) and tf.data's threads; this thread's wait for
+them is wall time, recorded beside it (``wall_median``, and the check's ``wait_median``,
+wall less CPU) but not judged, as it moves with everything else on the machine.
+
+What is judged is a change that matters to the training: the input is judged where its
+median moved by at least :data:`MIN_SHARE` of the median step time (5 %: the step plus
+its batch then take that much longer, or shorter; the longer of this run's and the
+baseline's median step, so that a session the machine slowed as a whole does not lower
+the bar). So an input that is a
+meaningful share of the step, at least 5 % of it, fails when it becomes twice as slow (it
+adds its whole share); a batch function that grows from a small share to a large one is
+judged (the issue's 0.1 ms that became 4.7 ms of a 30 ms step: 15 %); and a change smaller
+than that ``pass``-es, the detail saying it was too small a share of the step to judge.
+Below it, a change moves the training less than the step times' own noise, and
+sub-millisecond CPU times moved up to 2.7x between sessions of unchanged code under load
+(measured: docs/measured.md), which at a small share would otherwise be a verdict about
+nothing.
+
+A change past that floor is judged by the ratio of median input times, with the
+throughput check's bootstrap interval and verdict rule
+(:func:`pytest_accelperf.stats.step_time_ratio`,
+:func:`~pytest_accelperf.stats.throughput_verdict`) under ``input_tolerance``: a
+``regression`` when the interval lies beyond it, ``inconclusive`` when the noise is too
+large to resolve it.
+
+A step whose batch took longer to make than the step itself is *input-bound*: the
+accelerator waits on the host. The check counts such steps in this run (per step, input
+CPU time against step time) and says so in its detail and in ``data["input_bound_steps"]``
+whatever the verdict. Like throughput, input times are compared only in the environment
+the baseline was recorded in; a baseline recorded before input times were kept gives
+``new`` (a missing figure), never a failure.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.stats import MIN_SAMPLES, step_time_ratio, throughput_verdict
+from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_tolerance
+
+METRIC = "input"
+UNIT = "s"
+#: The change of the median input time, as a share of the (longer of the two runs')
+#: median step time, from which the input is judged.
+MIN_SHARE = 0.05
+#: Input samples are floored at this many seconds before their ratio is taken: a batch
+#: served from memory can take less CPU time than the clock resolves (0 s), and a ratio
+#: needs positive numbers.
+FLOOR_S = 1e-7
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _samples(block: dict[str, Any] | None, key: str) -> list[float]:
+    part = (block or {}).get(key) or {}
+    return [float(t) for t in part.get("samples") or []]
+
+
+def _share_text(input_s: float, step: float | None) -> str:
+    return f"{fmt_percent(input_s / step)} of the step" if step else "step time unknown"
+
+
+def input_bound(inputs: list[float], steps: list[float]) -> int:
+    """How many steps took longer to make the batch of (input CPU time) than to run
+    (device step time); the two lists are per measured step, in order."""
+    return sum(1 for made, ran in zip(inputs, steps, strict=False) if made > ran)
+
+
+def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tolerances, *,
+                comparable: bool = True) -> CheckResult | None:
+    """``block``'s input CPU time against ``baseline``'s (see the module docstring); None
+    when this run timed no input (a backend that does not, an ingested log)."""
+    now_samples = _samples(block, "input")
+    if not now_samples:
+        return None
+    now = statistics.median(now_samples)
+    step_samples = _samples(block, "step_time")
+    step_now = statistics.median(step_samples) if step_samples else None
+    bound = input_bound(now_samples, step_samples)
+    data: dict[str, Any] = {
+        "tolerance": tol.input_tolerance, "min_share": MIN_SHARE,
+        "share": now / step_now if step_now else None,
+        "input_bound_steps": bound, "steps": len(now_samples),
+    }
+    wall = (block.get("input") or {}).get("wall_median")
+    if isinstance(wall, int | float):
+        data["wall_median"] = float(wall)
+        data["wait_median"] = max(0.0, float(wall) - now)
+    bound_text = (f"; input-bound: the batch took longer to make than the step in {bound} of "
+                  f"{len(now_samples)} steps" if bound else "")
+    if baseline is None:
+        return new_result(METRIC, now=now, unit=UNIT, data=data,
+                          detail=f"no baseline; run with --accelperf-update to record it"
+                                 f"{bound_text}")
+    base_samples = _samples(baseline, "input")
+    if not base_samples:
+        result = missing_in_baseline(METRIC, "input time", baseline, now=now, unit=UNIT)
+        result.data.update(data)
+        result.detail += bound_text
+        return result
+    base = statistics.median(base_samples)
+    base_steps = _samples(baseline, "step_time")
+    step_base = statistics.median(base_steps) if base_steps else None
+    data["baseline_share"] = base / step_base if step_base else None
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
+                         change=now / base - 1 if base > 0 else None, data=data)
+    words = (f"input {_ms(now)} CPU per step ({_share_text(now, step_now)}), baseline "
+             f"{_ms(base)} ({_share_text(base, step_base)})")
+    if not comparable:
+        result.verdict = Verdict.INCOMPARABLE
+        result.detail = "baseline recorded in another environment; input time not compared"
+        return result
+    # The floor: a change that moves the training by less than MIN_SHARE of its step is
+    # not judged, however sure (module docstring). The longer of the two medians: a session
+    # whose steps the machine slowed (4x, measured) slowed sub-millisecond CPU times too.
+    step_ref = max((t for t in (step_base, step_now) if t), default=None)
+    floor = MIN_SHARE * step_ref if step_ref else 0.0
+    data["min_change_s"] = floor
+    if step_ref and abs(now - base) < floor:
+        result.detail = (f"{words}: a change of {_ms(abs(now - base))}, under the "
+                         f"{fmt_percent(MIN_SHARE)} of the {_ms(step_ref)} step from which "
+                         f"it is judged: too small a share of the step to judge{bound_text}")
+        return result
+    if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
+        result.verdict = Verdict.INCONCLUSIVE
+        result.detail = (f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: "
+                         f"too few to judge{bound_text}")
+        return result
+    est = step_time_ratio([max(t, FLOOR_S) for t in now_samples],
+                          [max(t, FLOOR_S) for t in base_samples])
+    tolerance = tol.input_tolerance
+    result.verdict = throughput_verdict(est, tolerance)
+    result.change = est.ratio - 1
+    data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc})
+    stats_text = (f"{fmt_ratio(est.ratio)}x the baseline's, {est.confidence * 100:.0f}% CI "
+                  f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
+                  f"{fmt_tolerance(tolerance)}")
+    tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
+            Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
+                result.verdict, "")
+    result.detail = f"{words}: {stats_text}{tail}{bound_text}"
+    return result
