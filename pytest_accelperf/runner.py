@@ -191,7 +191,6 @@ class CaseRunner:
             pytest.fail(f"{INJECT_ENV} is set: a baseline recorded with an injected "
                         f"slowdown would be wrong; unset it to run --accelperf-update",
                         pytrace=False)
-        self._skip_without_devices()
         found = self.search_max_batch(max_batch) if max_batch is not None else None
 
         first = self._train_once(task, found)
@@ -202,7 +201,7 @@ class CaseRunner:
 
         return self._finish(self._judged(self._judge(remeasure), evaluated))
 
-    def _skip_without_devices(self) -> None:
+    def skip_without_devices(self) -> None:
         """Skip a case that needs more accelerators than this host has (a 4x2 mesh, or two
         DeepSpeed ranks, on a one-GPU machine): the hardware is missing, not the suite
         wrong. On the CPU the devices are virtual and a flag sets their number, so there a
