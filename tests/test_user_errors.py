@@ -22,6 +22,14 @@ def no_plugin_frames(out: str) -> None:
     assert "Traceback" not in out, out
 
 
+def fails_in_one_line(suite: Suite, lines: list[str]) -> None:
+    """The suite written last fails its one test with ``lines``, and no frame of ours."""
+    result = suite.run()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(lines)
+    no_plugin_frames(result.stdout.str())
+
+
 def test_a_bad_case_field_is_a_collection_error_of_one_line_naming_the_users_line(
         suite: Suite) -> None:
     suite.write('''
@@ -48,11 +56,7 @@ def test_a_mesh_larger_than_the_devices_fails_the_case_in_one_line(suite: Suite)
         def test_big(accelperf):
             accelperf.train(make_task(accelperf.case))
     ''', name="test_big_mesh")
-    result = suite.run()
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
-    result.stdout.fnmatch_lines(["*mesh (16, 2) needs 32 devices but cpu-x8 has 8*"])
-    no_plugin_frames(out)
+    fails_in_one_line(suite, ["*mesh (16, 2) needs 32 devices but cpu-x8 has 8*"])
 
 
 def test_a_mesh_asked_for_in_the_test_body_names_the_users_line(suite: Suite) -> None:
@@ -63,12 +67,8 @@ def test_a_mesh_asked_for_in_the_test_body_names_the_users_line(suite: Suite) ->
         def test_body(accelperf):
             accelperf.accelerator.mesh((4, 4))
     ''', name="test_body_mesh")
-    result = suite.run()
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
-    result.stdout.fnmatch_lines(["*mesh (4, 4) needs 16 devices*",
+    fails_in_one_line(suite, ["*mesh (4, 4) needs 16 devices*",
                                  "*(at test_body_mesh.py:5 (in test_body))*"])
-    no_plugin_frames(out)
 
 
 def test_a_torch_step_model_that_is_not_a_module_is_one_line(suite: Suite) -> None:
@@ -84,11 +84,7 @@ def test_a_torch_step_model_that_is_not_a_module_is_one_line(suite: Suite) -> No
                 return torch.zeros(())
             accelperf.train(TorchStep(step, lambda i: torch.zeros(4, 2), model="not a module"))
     ''', name="test_not_module")
-    result = suite.run()
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
-    result.stdout.fnmatch_lines(["*TorchStep.model*must be the nn.Module*"])
-    no_plugin_frames(out)
+    fails_in_one_line(suite, ["*TorchStep.model*must be the nn.Module*"])
 
 
 def test_a_log_that_cannot_be_read_in_the_test_body_names_the_file_and_the_users_line(
@@ -99,12 +95,8 @@ def test_a_log_that_cannot_be_read_in_the_test_body_names_the_file_and_the_users
         def test_ingest():
             parse_file("missing.log", "neuron")
     ''', name="test_read_log")
-    result = suite.run()
-    result.assert_outcomes(failed=1)
-    out = result.stdout.str()
-    result.stdout.fnmatch_lines(["*missing.log: cannot read: No such file or directory*",
+    fails_in_one_line(suite, ["*missing.log: cannot read: No such file or directory*",
                                  "*(at test_read_log.py:4 (in test_ingest))*"])
-    no_plugin_frames(out)
 
 
 def test_the_cli_prints_a_user_error_as_one_line(capsys: pytest.CaptureFixture[str],
