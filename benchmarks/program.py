@@ -5,6 +5,7 @@ program regressions it catches and names, next to the throughput check in the sa
 ::
 
     python benchmarks/program.py [--sessions 50] [--per-regression 3] [--load none,cpu]
+                                 [--tests test_jax_step,test_torch_eager_gpt,...]
                                  [--regressions extra_matmul,precision,lost_sharding,...]
                                  [--tight-tolerance 0.05] [--steps 30] [--out DIR] [--keep]
 
@@ -14,19 +15,24 @@ devices, ``baselines/``), records every case's baseline there in one quiet sessi
 gate benchmark's one-core numpy loop), ``--sessions`` N unchanged sessions and
 ``--per-regression`` K sessions of each injected regression, interleaved.
 
-A *session* is one pytest process. An unchanged session runs all three cases of the suite
+A *session* is one pytest process. An unchanged session runs all five cases of the suite
 (``test_jax_sharded``: a JAX MLP on a 4x2 mesh, both parameters split over ``model``;
 ``test_jax_step``: the same MLP without a mesh; ``test_torch_compiled``: a torch MLP
-through ``torch.compile``), with ``ACCELPERF_BENCH_INJECT=none``. A regression's session
+through ``torch.compile``; ``test_torch_eager_gpt``: Hugging Face's GPT-2, eager, trained
+by a nanoGPT-style loop of 4 micro-steps under bfloat16 autocast, fed by a generator;
+``test_flax_bn``: a Flax CNN with BatchNorm trained as Flax's ImageNet example trains),
+with ``ACCELPERF_BENCH_INJECT=none``. A regression's session
 runs only the case its injection changes (``ACCELPERF_BENCH_INJECT=<name>``; see
 ``program_suite/inject.py``): the same files, whose code then behaves as a pull request
 would make it. A *trial* is one case's checks in one session: an unchanged session gives
-three trials, a regression's session one.
+five trials, a regression's session one.
 
 Per trial it records, from the session's ``--accelperf-json``: the program check's verdict
 and message, the memory check's (the leak verdict), the throughput check's, the compile
 check's, the input check's (the slow batch function: CPU time making each batch, outside
-the step's timer), and the session's wall time. The throughput tolerance alternates
+the step's timer), the numerics check's (the whole training state's fingerprint:
+BatchNorm's running statistics), and the session's wall time. The host-side regressions
+need ``pip install transformers`` (the eager GPT's model). The throughput tolerance alternates
 between sessions: repetition r of every condition runs with the plugin's default (0.10)
 when r is even and ``--tight-tolerance`` (0.05) when r is odd, so both tolerances see
 every condition and the same machine states (one pytest session judges a case at one
@@ -97,7 +103,8 @@ def _rate_text(k: int, n: int) -> str:
 
 SUITE = HERE / "program_suite"
 SUITE_MODULE = "test_program_cases.py"
-TESTS = ("test_jax_sharded", "test_jax_step", "test_torch_compiled")
+TESTS = ("test_jax_sharded", "test_jax_step", "test_torch_compiled", "test_torch_eager_gpt",
+         "test_flax_bn")
 #: The plugin's default throughput tolerance, and the tight one of the comparison.
 DEFAULT_TOLERANCE = 0.10
 TIGHT_TOLERANCE = 0.05
@@ -121,7 +128,15 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "graph_break": ("program", ("graph breaks: 0 → ",)),
     "leak": ("memory", ("a leak", "live memory grew")),
     "slow_batch": ("input", ("CPU per step", "x the baseline's")),
+    "item_sync": ("program", ("host syncs: 0 → 4 per step", "_local_scalar_dense")),
+    "manual_attention": ("program", ("_scaled_dot_product_flash_attention", "bmm")),
+    "autocast_off": ("program", ("matmul dtypes: bf16", "f32 0 → ")),
+    "bn_momentum": ("numerics", ("batch_stats/",)),
 }
+#: The checks a trial records, and whether each reads wall-clock time (the target of the
+#: host-side regressions: caught by a check that does not).
+CHECKS = ("program", "memory", "numerics", "input", "throughput", "compile")
+WALL_CLOCK = frozenset({"throughput", "compile"})
 
 
 # --------------------------------------------------------------------------------------
@@ -132,6 +147,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
 class Condition:
     load: str
     inject: str  # "none" or one of REGRESSIONS
+    suite: tuple[str, ...] = TESTS  # the tests of an unchanged session
 
     @property
     def label(self) -> str:
@@ -139,7 +155,7 @@ class Condition:
 
     @property
     def tests(self) -> tuple[str, ...]:
-        return TESTS if self.inject == "none" else (TARGETS[self.inject],)
+        return self.suite if self.inject == "none" else (TARGETS[self.inject],)
 
 
 def tolerance_of(rep: int, tight: float) -> float:
@@ -152,7 +168,8 @@ def tolerance_of(rep: int, tight: float) -> float:
 
 
 def schedule(loads: Sequence[str], sessions: int, per_regression: int,
-             regressions: Sequence[str]) -> list[tuple[int, Condition]]:
+             regressions: Sequence[str], tests: Sequence[str] = TESTS
+             ) -> list[tuple[int, Condition]]:
     """Repetition ``r`` runs, in an order rotated by ``r``, every condition that still has
     repetitions: the unchanged one while ``r < sessions``, each regression while ``r <
     per_regression``; so the regressions come first, spread over the machine's states like
@@ -163,7 +180,7 @@ def schedule(loads: Sequence[str], sessions: int, per_regression: int,
     """
     plan: list[tuple[int, Condition]] = []
     for r in range(max(sessions, per_regression)):
-        conds = [Condition(load, inj) for load in loads
+        conds = [Condition(load, inj, tuple(tests)) for load in loads
                  for inj, n in (("none", sessions), *((x, per_regression) for x in regressions))
                  if r < n]
         k = r % len(conds)
@@ -212,8 +229,7 @@ def parse_trials(report_path: Path, session: Any, tests: Sequence[str]
         if case is None:
             trials.append({"test": test, "error": "no case in the accelperf JSON report "
                            "(the session did not get that far)", "program": _check({}, ""),
-                           "memory": _check({}, ""), "throughput": _check({}, ""),
-                           "compile": _check({}, ""), "input": _check({}, "")})
+                           **{c: _check({}, "") for c in CHECKS if c != "program"}})
             continue
         checks = {c["metric"]: c for c in case.get("checks") or []}
         run = case.get("run") or {}
@@ -239,10 +255,10 @@ def parse_trials(report_path: Path, session: Any, tests: Sequence[str]
             "test": test, "case_id": case.get("case_id"), "error": case.get("error"),
             "outcome": run.get("outcome"), "program": prog, "memory": mem, "throughput": tp,
             "compile": _check(checks, "compile"), "input": inp,
+            "numerics": _check(checks, "numerics"),
             "other_regressions": sorted(m for m, c in checks.items()
                                         if c.get("verdict") == "regression"
-                                        and m not in ("program", "memory", "throughput",
-                                                      "compile", "input")),
+                                        and m not in CHECKS),
             "wall_s": session.test_wall_s.get(case.get("nodeid", "").split("::")[-1]),
         }
         trials.append(trial)
@@ -262,7 +278,8 @@ def arms(tight: float) -> list[tuple[str, str, float | None]]:
     return [("program", "program", None), ("memory (leak, peak)", "memory", None),
             (f"throughput, tolerance {DEFAULT_TOLERANCE:g}", "throughput", DEFAULT_TOLERANCE),
             (f"throughput, tolerance {tight:g}", "throughput", tight),
-            ("compile time", "compile", None), ("input", "input", None)]
+            ("compile time", "compile", None), ("input", "input", None),
+            ("numerics (state fingerprint)", "numerics", None)]
 
 
 def _decided(trials: Sequence[dict[str, Any]], check: str) -> list[dict[str, Any]]:
@@ -309,7 +326,7 @@ def regression_rows(runs: Sequence[dict[str, Any]], regressions: Sequence[str],
                 continue
             row: dict[str, Any] = {"regression": inject, "case": TARGETS[inject],
                                    "load": load, "trials": len(trials)}
-            for check in ("program", "memory", "input"):
+            for check in ("program", "memory", "input", "numerics"):
                 decided = [t for _, t in trials if t[check]["alarm"] is not None]
                 row[check] = {"caught": sum(1 for t in decided if t[check]["alarm"]),
                               "decided": len(decided),
@@ -341,14 +358,14 @@ def render(doc: dict[str, Any]) -> str:
     fa = [[r["load"], r["check"], r["sessions"], r["trials"],
            _rate_text(r["alarms"], r["decided"]), r["inconclusive"] or "",
            r["errors"] or ""] for r in doc["false_alarms"]]
-    text = ["False alarms over the unchanged trials (3 cases per session; throughput's "
-            "tolerance alternates between sessions)\n",
+    text = [f"False alarms over the unchanged trials ({len(cfg['tests'])} cases per session; "
+            "throughput's tolerance alternates between sessions)\n",
             tabulate(fa, headers=["load", "check", "sessions", "trials", "alarms [95% CI]",
                                   "inconclusive", "errors"], tablefmt="github")]
     rg = []
     for r in doc["regressions"]:
         expected = EXPECTED[r["regression"]][0]
-        p, m, n = r["program"], r["memory"], r["input"]
+        p, m, n, q = r["program"], r["memory"], r["input"], r["numerics"]
         t0, t1 = r[f"throughput@{DEFAULT_TOLERANCE:g}"], r[f"throughput@{tight:g}"]
         rg.append([r["regression"], r["case"], r["load"], r["trials"],
                    _frac(p["caught"], p["decided"])
@@ -357,6 +374,8 @@ def render(doc: dict[str, Any]) -> str:
                    + (f" (named {m['named']})" if expected == "memory" else ""),
                    _frac(n["caught"], n["decided"])
                    + (f" (named {n['named']})" if expected == "input" else ""),
+                   _frac(q["caught"], q["decided"])
+                   + (f" (named {q['named']})" if expected == "numerics" else ""),
                    _frac(t0["caught"], t0["decided"])
                    + (f", {t0['inconclusive']} inconcl." if t0["inconclusive"] else ""),
                    _frac(t1["caught"], t1["decided"])
@@ -364,10 +383,11 @@ def render(doc: dict[str, Any]) -> str:
     text += ["\nInjected regressions: sessions that caught it (caught/trials; named: the "
              "message names the change)\n",
              tabulate(rg, headers=["regression", "case", "load", "trials", "program",
-                                   "memory", "input", f"throughput {DEFAULT_TOLERANCE:g}",
+                                   "memory", "input", "numerics",
+                                   f"throughput {DEFAULT_TOLERANCE:g}",
                                    f"throughput {tight:g}"], tablefmt="github")]
-    text.append("\nMessages (program check; memory check for the leak; input check for the "
-                "slow batch):\n")
+    text.append("\nMessages (of the check expected to catch each; program, memory, input and "
+                "numerics read no wall-clock time):\n")
     for r in doc["regressions"]:
         if r["load"] != "all":
             continue
@@ -450,7 +470,7 @@ def run_benchmark(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     prepare_workdir(workdir)
     extra = shlex.split(ns.pytest_args or "")
     command = shlex.join([Path(sys.executable).name, *argv])
-    plan = schedule(ns.load, ns.sessions, ns.per_regression, ns.regressions)
+    plan = schedule(ns.load, ns.sessions, ns.per_regression, ns.regressions, ns.tests)
     doc: dict[str, Any] = {
         "command": command, "argv": list(argv), "cwd": os.getcwd(),
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -458,7 +478,7 @@ def run_benchmark(ns: argparse.Namespace, argv: Sequence[str]) -> int:
                    "loads": ns.load, "regressions": ns.regressions, "steps": ns.steps,
                    "default_tolerance": DEFAULT_TOLERANCE,
                    "tight_tolerance": ns.tight_tolerance, "pytest_args": extra,
-                   "workdir": str(workdir), "tests": list(TESTS), "targets": TARGETS},
+                   "workdir": str(workdir), "tests": list(ns.tests), "targets": TARGETS},
         "machine": gate._machine(), "plugin": plugin_source(session_env("none", None)),
         "record": {}, "runs": [],
     }
@@ -469,7 +489,7 @@ def run_benchmark(ns: argparse.Namespace, argv: Sequence[str]) -> int:
           f"suite {workdir}", flush=True)
     t_start = time.monotonic()
     try:
-        rec = run_session(workdir, workdir / "runs" / "record", test_ids(TESTS),
+        rec = run_session(workdir, workdir / "runs" / "record", test_ids(ns.tests),
                           ["--accelperf-update",
                            f"--accelperf-json={workdir / 'record.json'}", *extra],
                           session_env("none", ns.steps), SESSION_TIMEOUT)
@@ -541,8 +561,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sessions of each injected regression per load (default 3)")
     p.add_argument("--load", type=parse_names(LOADS), default=list(LOADS),
                    help="competing load conditions: none, cpu (default none,cpu)")
-    p.add_argument("--regressions", type=parse_names(REGRESSIONS), default=list(REGRESSIONS),
-                   help=f"injected regressions (default {','.join(REGRESSIONS)})")
+    p.add_argument("--tests", type=parse_names(TESTS), default=list(TESTS),
+                   help=f"the suite's tests of an unchanged session (default all: "
+                        f"{','.join(TESTS)})")
+    p.add_argument("--regressions", type=parse_names(REGRESSIONS), default=None,
+                   help=f"injected regressions (default: every one whose test is in "
+                        f"--tests: {','.join(REGRESSIONS)})")
     p.add_argument("--tight-tolerance", type=float, default=TIGHT_TOLERANCE,
                    help=f"the throughput tolerance of odd repetitions (default "
                         f"{TIGHT_TOLERANCE:g}; even ones use the plugin's "
@@ -569,6 +593,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     if ns.sessions < 0 or ns.per_regression < 0 or ns.sessions + ns.per_regression == 0:
         parser.error("--sessions and --per-regression must be >= 0, and not both 0")
+    if ns.regressions is None:
+        ns.regressions = [r for r in REGRESSIONS if TARGETS[r] in ns.tests]
+    outside = [r for r in ns.regressions if TARGETS[r] not in ns.tests]
+    if outside:
+        parser.error(f"--regressions {','.join(outside)}: their tests "
+                     f"({', '.join(sorted({TARGETS[r] for r in outside}))}) are not in "
+                     f"--tests; add them there")
     return run_benchmark(ns, ["benchmarks/program.py", *argv])
 
 

@@ -51,6 +51,17 @@ def test_schedule_interleaves_and_puts_the_regressions_first() -> None:
     assert bench.Condition("cpu", "graph_break").tests == ("test_torch_compiled",)
 
 
+def test_regressions_follow_the_tests(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--tests", "test_jax_step", "--regressions", "graph_break"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--regressions graph_break: their tests (test_torch_compiled) are not in --tests" \
+        in err
+    plan = bench.schedule(["none"], 1, 0, [], ["test_flax_bn"])
+    assert [c.tests for _, c in plan] == [("test_flax_bn",)]
+
+
 def test_throughput_tolerance_alternates() -> None:
     assert [bench.tolerance_of(r, 0.05) for r in range(4)] == [0.10, 0.05, 0.10, 0.05]
 
@@ -93,50 +104,59 @@ def test_trials_are_read_from_the_report(tmp_path: Path) -> None:
 
 # -- end to end ------------------------------------------------------------------------
 
+#: The end-to-end run's cases and regressions: one of each kind of check that catches a
+#: regression without a clock (program: XLA and torch eager; input; numerics).
+TESTS = ("test_jax_step", "test_torch_eager_gpt", "test_flax_bn")
+REGRESSIONS = ("precision", "slow_batch", "item_sync", "autocast_off", "bn_momentum")
+
 
 def test_program_benchmark_end_to_end(tmp_path: Path) -> None:
-    """The smallest benchmark: the baselines, one unchanged session (three trials) and one
-    session of each injected regression, no competing load, 5 measured steps. The program
-    check passes the unchanged trials and catches (and names) every program regression;
-    the memory check catches the leak."""
+    """The smallest benchmark on three of its cases (the JAX MLP, the eager GPT-2 of a
+    nanoGPT-style loop, the Flax BatchNorm CNN): the baselines, one unchanged session
+    (three trials) and one session of five injected regressions, no competing load, 5
+    measured steps. The program check passes the unchanged trials and catches (and names)
+    the precision change, the host sync and the float32 matmuls; the input check the slow
+    batch; the numerics check the BatchNorm momentum."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("ACCELPERF_BENCH_INJECT", "ACCELPERF_INJECT_SLOWDOWN")}
     proc = subprocess.run(
         [sys.executable, str(PROGRAM), "--sessions", "1", "--per-regression", "1", "--load",
-         "none", "--steps", "5", "--out", str(tmp_path)],
+         "none", "--steps", "5", "--tests", ",".join(TESTS), "--regressions",
+         ",".join(REGRESSIONS), "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [path] = tmp_path.glob("program-*.json")
     doc = json.loads(path.read_text())
     assert "benchmarks/program.py --sessions 1" in doc["command"]
     assert doc["record"]["rc"] == 0
-    assert doc["config"]["regressions"] == list(bench.REGRESSIONS)
+    assert doc["config"]["regressions"] == list(REGRESSIONS)
     runs = doc["runs"]
-    assert sorted(r["inject"] for r in runs) == sorted(["none", *bench.REGRESSIONS])
+    assert sorted(r["inject"] for r in runs) == sorted(["none", *REGRESSIONS])
     for run in runs:
         assert run["load"] == "none" and run["tolerance"] == 0.10 and run["wall_s"] > 0
         tests = [t["test"] for t in run["trials"]]
-        assert tests == (list(bench.TESTS) if run["inject"] == "none"
+        assert tests == (list(TESTS) if run["inject"] == "none"
                          else [bench.TARGETS[run["inject"]]])
         for trial in run["trials"]:
             assert not trial["error"], trial
             assert trial["outcome"] == "ok"
-            for check in ("program", "memory", "throughput"):
+            for check in ("program", "memory", "throughput", "numerics"):
                 assert trial[check]["verdict"] is not None, (check, trial)
     unchanged = next(r for r in runs if r["inject"] == "none")
     for trial in unchanged["trials"]:
         assert trial["program"]["verdict"] == "pass", trial["program"]
     rows = {(r["regression"], r["load"]): r for r in doc["regressions"]}
-    for inject, (check, _words) in bench.EXPECTED.items():
+    for inject in REGRESSIONS:
+        check = bench.EXPECTED[inject][0]
         row = rows[(inject, "none")]
         assert row[check]["caught"] == row[check]["decided"] == 1, (inject, row)
         assert row[check]["named"] == 1, (inject, row[check]["messages"])
         assert rows[(inject, "all")]["trials"] == 1
-    assert rows[("leak", "none")]["program"]["caught"] == 0  # the same program, leaking
+    assert rows[("bn_momentum", "none")]["program"]["caught"] == 0  # the same program
     fa = {(r["load"], r["check"]): r for r in doc["false_alarms"]}
     assert fa[("none", "program")]["trials"] == 3 and fa[("none", "program")]["alarms"] == 0
     assert fa[("none", "program")]["alarm_ci"][0] == 0.0
     assert "False alarms over the unchanged trials" in proc.stdout
-    assert "| extra_matmul" in proc.stdout and "dot[highest]" in proc.stdout
+    assert "| item_sync" in proc.stdout and "dot[highest]" in proc.stdout
     md = next(tmp_path.glob("program-*.md")).read_text()
     assert "benchmarks/program.py --sessions 1" in md

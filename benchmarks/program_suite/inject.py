@@ -13,7 +13,15 @@ change of the code's behaviour the way a pull request would make it, in one case
 * ``lost_sharding`` (``test_jax_sharded``): ``w1``'s spec replicated (``P()``) instead of
   split over ``model``;
 * ``graph_break`` (``test_torch_compiled``): a Python branch on ``.item()`` in the
-  forward of the compiled model.
+  forward of the compiled model;
+* ``item_sync`` (``test_torch_eager_gpt``): ``loss.item()`` in every micro-step of the
+  nanoGPT-style loop (a host sync);
+* ``manual_attention`` (``test_torch_eager_gpt``): GPT-2's attention through
+  ``attn_implementation="eager"`` (matmul, mask, softmax) instead of ``"sdpa"``;
+* ``autocast_off`` (``test_torch_eager_gpt``): the forward without
+  ``torch.autocast(bfloat16)``: every matmul in float32;
+* ``bn_momentum`` (``test_flax_bn``): BatchNorm's momentum 0.9 -> 0.99 (only the running
+  statistics change).
 
 ``ACCELPERF_BENCH_STEPS`` sets the measured steps of every case (default 30).
 """
@@ -32,6 +40,10 @@ INJECTIONS = {
     "slow_batch": "test_jax_step",
     "lost_sharding": "test_jax_sharded",
     "graph_break": "test_torch_compiled",
+    "item_sync": "test_torch_eager_gpt",
+    "manual_attention": "test_torch_eager_gpt",
+    "autocast_off": "test_torch_eager_gpt",
+    "bn_momentum": "test_flax_bn",
 }
 
 

@@ -40,3 +40,24 @@ def test_torch_compiled(accelperf: CaseRunner) -> None:
 
     task = compiled_step(accelperf.case.batch, item_branch=injected() == "graph_break")
     assert accelperf.train(task).run.outcome == "ok"
+
+
+@cases(Case(backend="torch", batch=8, steps=STEPS, warmup=WARMUP, label="eager-gpt",
+            accels=("cpu",)))
+def test_torch_eager_gpt(accelperf: CaseRunner) -> None:
+    from torch_cases import gpt_eager
+
+    which = injected()
+    task = gpt_eager(accelperf.case.batch, item_sync=which == "item_sync",
+                     manual_attention=which == "manual_attention",
+                     autocast=which != "autocast_off")
+    assert accelperf.train(task).run.outcome == "ok"
+
+
+@cases(Case(backend="jax", batch=32, steps=STEPS, warmup=WARMUP, label="flax-bn"))
+def test_flax_bn(accelperf: CaseRunner) -> None:
+    from flax_cases import bn_cnn
+
+    task = bn_cnn(accelperf.case.batch,
+                  momentum=0.99 if injected() == "bn_momentum" else 0.9)
+    assert accelperf.train(task).run.outcome == "ok"
