@@ -166,9 +166,17 @@ OPTIONS: tuple[Option, ...] = (
            "'pytest-accelperf[ray]'). Default: train in the pytest process.", "str", None),
     Option("compare", "--accelperf-compare", "A/B mode for a pull request: measure each "
            "case's step time on this git revision (e.g. origin/main) and on the working tree "
-           "in alternation, two long-lived worker processes taking turns, and gate "
-           "throughput on their paired ratio; loss, memory and numerics are still checked "
-           "against the stored baselines. Default: off.", "str", None),
+           "in alternation, pairs of long-lived worker processes (one of each revision) "
+           "taking turns, and gate throughput on their paired ratio; loss, memory and "
+           "numerics are still checked against the stored baselines. Default: off.", "str",
+           None),
+    Option("compare_processes", "--accelperf-compare-processes", "worker processes per "
+           "revision in A/B mode: the rounds are spread over this many process pairs, and "
+           "the interval is over the pairs (two-level: the speed of a process, from its "
+           "memory layout and thread placement, varies as much as a small regression). "
+           "0: 3, or one per 10 s of --accelperf-compare-budget when that is more (at most "
+           "8). 1: one process per revision, rounds only (the interval then misses the "
+           "between-process variance). Default: 0.", "count", 0, maximum=16),
     Option("compare_tolerance", "--accelperf-compare-tolerance", "relative change of the "
            "paired step-time ratio that counts in A/B mode. Default: 0.01.", "float", 0.01),
     Option("compare_rounds", "--accelperf-compare-rounds", "fewest alternating rounds per "
@@ -311,10 +319,19 @@ class Settings:
     compare_rounds: int = 10
     compare_block: int = 5
     compare_budget: float = 20.0
+    compare_processes: int = 0
     max_foreign_load: float = 0.25
     add_session: bool = False
     loss_either_way: bool = False
     host_lock_timeout: float | None = 1800.0
+
+    @property
+    def compare_pairs(self) -> int:
+        """The process pairs of A/B mode: ``compare_processes``, or for 0 (automatic) 3,
+        or one per 10 s of the budget when that is more, at most 8."""
+        if self.compare_processes:
+            return self.compare_processes
+        return max(3, min(8, int(self.compare_budget // 10)))
 
     @classmethod
     def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
@@ -365,6 +382,7 @@ class Settings:
             compare_rounds=int(values["compare_rounds"]),
             compare_block=int(values["compare_block"]),
             compare_budget=float(values["compare_budget"]),
+            compare_processes=int(values["compare_processes"]),
             max_foreign_load=float(values["max_foreign_load"]),
             host_lock_timeout=float(values["host_lock_timeout"]) or None,
         )

@@ -54,7 +54,8 @@ class AccelperfSession:
         if self._comparison is None:
             s = self.settings
             self._comparison = Comparison(str(s.compare), self.config.rootpath, s.accel,
-                                          s.cpu_devices, s.platform)
+                                          s.cpu_devices, s.platform,
+                                          processes=s.compare_pairs)
         return self._comparison
 
     def backends(self) -> BackendRegistry:

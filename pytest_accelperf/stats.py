@@ -327,14 +327,7 @@ def paired_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Se
     >>> round(est.ratio, 6), round(est.mdc, 6)
     (1.1, 0.0)
     """
-    if len(now_blocks) != len(base_blocks):
-        raise ValueError(f"{len(now_blocks)} rounds of the new revision against "
-                         f"{len(base_blocks)} of the base: rounds must be paired")
-    if len(now_blocks) < MIN_SAMPLES:
-        raise ValueError(f"{len(now_blocks)} round(s); at least {MIN_SAMPLES} are needed")
-    logs = np.array([math.log(float(np.median(_as_samples(a, "the new revision"))) /
-                              float(np.median(_as_samples(b, "the base revision"))))
-                     for a, b in zip(now_blocks, base_blocks, strict=True)])
+    logs = _round_logs(now_blocks, base_blocks)
     ratio = math.exp(float(_trimmed_mean(logs)))
     if np.ptp(logs) == 0:
         return RatioEstimate(ratio, ratio, ratio, 0.0, len(logs), len(logs), confidence)
@@ -347,3 +340,83 @@ def paired_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Se
     high = math.exp(float(res.confidence_interval.high))
     return RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), len(logs), len(logs),
                          confidence)
+
+
+def _round_logs(now_blocks: Sequence[Sequence[float]],
+                base_blocks: Sequence[Sequence[float]]) -> FloatArray:
+    """Each round's ``log(median(now_i) / median(base_i))``."""
+    if len(now_blocks) != len(base_blocks):
+        raise ValueError(f"{len(now_blocks)} rounds of the new revision against "
+                         f"{len(base_blocks)} of the base: rounds must be paired")
+    if len(now_blocks) < MIN_SAMPLES:
+        raise ValueError(f"{len(now_blocks)} round(s); at least {MIN_SAMPLES} are needed")
+    return np.array([math.log(float(np.median(_as_samples(a, "the new revision"))) /
+                              float(np.median(_as_samples(b, "the base revision"))))
+                     for a, b in zip(now_blocks, base_blocks, strict=True)])
+
+
+@dataclass(frozen=True)
+class ProcessSpread:
+    """How the paired log-ratios of an A/B measurement vary at its two levels: between
+    process pairs (``process_sd``: the standard deviation of a pair's true mean, from its
+    memory layout, allocator state, thread placement) and between rounds within one pair
+    (``within_sd``), both as standard deviations of a log-ratio (about a relative change).
+    ``processes`` pairs took ``rounds`` rounds in all."""
+
+    processes: int
+    rounds: int
+    process_sd: float
+    within_sd: float
+
+    @property
+    def process_dominates(self) -> bool:
+        """Whether the process level contributes more to a pair's mean than its rounds."""
+        per_pair = self.rounds / max(self.processes, 1)
+        return self.process_sd ** 2 > self.within_sd ** 2 / max(per_pair, 1.0)
+
+
+def process_ratio(now_blocks: Sequence[Sequence[float]],
+                  base_blocks: Sequence[Sequence[float]], pairs: Sequence[int], *,
+                  confidence: float = 0.95) -> tuple[RatioEstimate, ProcessSpread]:
+    """The step-time ratio of two revisions measured in alternation by several process
+    pairs (A/B mode with ``--accelperf-compare-processes``): round ``i`` was timed by pair
+    ``pairs[i]``, one fresh worker process of each revision.
+
+    A process carries its own memory layout, allocator state and thread placement, so
+    steady-state speed differs between two processes of the same program (by around 1 %
+    on a CPU), and rounds inside one pair of processes share that offset: an interval over
+    rounds alone is too narrow by exactly the between-process variance. This is the
+    two-level (random-effects) estimate instead: each pair's mean is the 10 %-trimmed mean
+    of its rounds' log-ratios, the estimate is the mean of the pairs' means, and the
+    interval is Student's t over the pairs' means (``k - 1`` degrees of freedom for ``k``
+    pairs), which carries both levels of variance, whatever their sizes. The spread at
+    each level is estimated by the method of moments (:class:`ProcessSpread`).
+
+    >>> est, spread = process_ratio([[1.1] * 3] * 4, [[1.0] * 3] * 4, [0, 0, 1, 1])
+    >>> round(est.ratio, 6), round(est.mdc, 6), spread.processes
+    (1.1, 0.0, 2)
+    """
+    logs = _round_logs(now_blocks, base_blocks)
+    if len(pairs) != len(logs):
+        raise ValueError(f"{len(pairs)} pair labels for {len(logs)} rounds")
+    labels = sorted(set(pairs))
+    if len(labels) < 2:
+        raise ValueError(f"rounds of {len(labels)} process pair(s); at least 2 are needed "
+                         f"to estimate the between-process variance")
+    groups = [logs[np.asarray(pairs) == label] for label in labels]
+    means = np.array([float(_trimmed_mean(g)) for g in groups])
+    k, n = len(groups), len(logs)
+    center = float(means.mean())
+    ratio = math.exp(center)
+    sd_means = float(means.std(ddof=1))
+    within_ss = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
+    within_var = within_ss / (n - k) if n > k else 0.0
+    process_var = max(0.0, sd_means ** 2 - within_var / (n / k))
+    spread = ProcessSpread(k, n, math.sqrt(process_var), math.sqrt(within_var))
+    if sd_means == 0.0:
+        return RatioEstimate(ratio, ratio, ratio, 0.0, n, n, confidence), spread
+    t = float(_scipy_stats().t.ppf((1 + confidence) / 2, k - 1))
+    half = t * sd_means / math.sqrt(k)
+    low, high = math.exp(center - half), math.exp(center + half)
+    return (RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), n, n, confidence),
+            spread)

@@ -21,7 +21,7 @@ from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.stats import paired_ratio, throughput_verdict
+from pytest_accelperf.stats import paired_ratio, process_ratio, throughput_verdict
 
 pytest.importorskip("jax")
 
@@ -68,6 +68,7 @@ def test_step(accelperf):
 '''
 
 FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=6",
+        "--accelperf-compare-processes=2",
         "--accelperf-compare-budget=4", "--accelperf-json=report.json")
 #: The contamination bound off: these tests run beside other tests (``-n 2``), and what
 #: they check is the verdict of the ratio; contamination has tests of its own below.
@@ -341,3 +342,139 @@ def test_a_comparison_that_cannot_be_set_up_is_not_tried_again(
                         "git archive 0123456789ab did not finish within 600 s (found by an "
                         "earlier case of this session; not tried again)"]
     comparison.close()
+
+
+# -- issue 24, part 1: the process is a level of the interval ----------------------------
+
+
+def _rounds_of_pairs(offsets: list[tuple[float, float]], per_pair: int, jitter: float,
+                     seed: int = 0) -> tuple[list[list[float]], list[list[float]], list[int]]:
+    """Rounds of an unchanged program timed by process pairs whose processes run at their
+    own speed (``offsets``: each pair's base and head factors), ``jitter`` the rounds'
+    own noise: base blocks, head blocks, and the pair of each round."""
+    rng = random.Random(seed)
+    base: list[list[float]] = []
+    head: list[list[float]] = []
+    pairs: list[int] = []
+    for j, (b, h) in enumerate(offsets):
+        for _ in range(per_pair):
+            base.append([b * (1 + rng.gauss(0, jitter)) for _ in range(5)])
+            head.append([h * (1 + rng.gauss(0, jitter)) for _ in range(5)])
+            pairs.append(j)
+    return base, head, pairs
+
+
+def test_a_process_level_offset_is_not_called_a_change() -> None:
+    """Two processes of the same program differ in speed by around 1 % (memory layout,
+    allocator, thread placement). The rounds of one pair share that offset: the interval
+    over rounds alone (the old statistic) calls it a change; the two-level interval over
+    process pairs does not, and reports the between-process spread beside the rounds'."""
+    offsets = [(1.0, 1.013), (1.0, 0.992), (1.006, 1.0)]
+    base, head, pairs = _rounds_of_pairs(offsets, per_pair=20, jitter=0.002)
+    first = [i for i, p in enumerate(pairs) if p == 0]
+    old = paired_ratio([head[i] for i in first], [base[i] for i in first])
+    assert throughput_verdict(old, 0.01) is Verdict.REGRESSION  # 1.3 %, a tight interval
+    est, spread = process_ratio(head, base, pairs)
+    assert throughput_verdict(est, 0.01) in (Verdict.PASS, Verdict.INCONCLUSIVE)
+    assert est.low < 1 < est.high
+    assert spread.processes == 3 and spread.rounds == 60
+    assert 0.005 < spread.process_sd < 0.02 and spread.within_sd < 0.003
+    assert spread.process_dominates
+    # a real change still shows through the process noise, given enough pairs
+    slower = [[t * 1.05 for t in b] for b in head]
+    assert throughput_verdict(process_ratio(slower, base, pairs)[0], 0.01) \
+        is Verdict.REGRESSION
+    with pytest.raises(ValueError, match="at least 2 are needed"):
+        process_ratio(head, base, [0] * len(pairs))
+
+
+def test_the_detail_names_both_levels_of_the_interval() -> None:
+    base, head, pairs = _rounds_of_pairs([(1.0, 1.0), (1.0, 1.0)], per_pair=4, jitter=0.01)
+    measured = ABMeasurement(base=base, head=head, seconds=3.0, first=["base", "head"] * 4,
+                             pairs=pairs, processes=2)
+    check = ab_check("HEAD", measured, 32, 0.5, 5)
+    assert "over 2 process pairs (between" in check.detail
+    assert "between processes sd" in check.detail and "between rounds sd" in check.detail
+    assert check.data["processes"] == 2 and check.data["pairs"] == pairs
+    assert check.data["process_sd"] is not None and check.data["within_sd"] > 0
+    single = ABMeasurement(base=base, head=head, seconds=3.0, first=["base", "head"] * 4,
+                           pairs=[0] * len(pairs))
+    assert "one process per revision" in ab_check("HEAD", single, 32, 0.5, 5).detail
+
+
+#: A torch step whose speed is set per worker process (the stand-in for a process's memory
+#: layout, which no test can set reliably): the worker's pair and arm choose a sleep.
+PROCESS_MODEL = '''
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from pytest_accelperf.backends.torch import TorchStep
+
+#: (arm, pair) -> the process's speed: pair 0's head and pair 1's base 20 % slower.
+SLOW = {("head", "0"), ("base", "1"), ("head", "2")}
+ARM = Path(__file__).resolve().parent.name  # "base" or "head" in a worker's tree
+FACTOR = 1.2 if (ARM, os.environ.get("ACCELPERF_AB_PAIR", "")) in SLOW else 1.0
+
+
+def make_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(batch):
+        optimizer.zero_grad()
+        loss = ((model(batch["x"]) - batch["y"]) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        time.sleep(0.004 * FACTOR)
+        return loss.detach()
+
+    def make_batch(i):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(i))
+        return {"x": x, "y": x.sum(dim=1, keepdim=True)}
+
+    return TorchStep(step=step, make_batch=make_batch, model=model, stateful=())
+'''
+
+PROCESS_SUITE = '''
+from process_model import make_step
+from pytest_accelperf import cases
+
+@cases(backend="torch", batch=[16], steps=6, warmup=1)
+def test_step(accelperf):
+    accelperf.train(make_step())
+'''
+
+
+def test_processes_of_different_speed_are_sampled_not_called_a_change(suite: Suite) -> None:
+    """The same program in every worker, each process at its own speed: with one process
+    per revision the rounds' interval calls the 20 % between its two processes a
+    regression; over three process pairs the interval carries the between-process
+    variance and the verdict is not a regression."""
+    pytest.importorskip("torch")
+    path = suite.pytester.path
+    (path / "process_model.py").write_text(PROCESS_MODEL)
+    suite.write(PROCESS_SUITE)
+    _git(path, "init", "-q")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "base")
+    args = ("--accel=cpu", "--accelperf-compare=HEAD", "--accelperf-compare-rounds=4",
+            "--accelperf-compare-budget=2", "--accelperf-compare-tolerance=0.05",
+            "--accelperf-json=report.json", UNBOUNDED)
+    one = suite.run(*args, "--accelperf-compare-processes=1", subprocess=True)
+    check = _throughput(suite)
+    assert check["verdict"] == "regression", check["detail"]  # the old statistic
+    assert "one process per revision" in str(check["detail"])
+    one.assert_outcomes(failed=1)
+    three = suite.run(*args, "--accelperf-compare-processes=3", subprocess=True)
+    check = _throughput(suite)
+    assert check["verdict"] in ("pass", "inconclusive"), check["detail"]
+    data = check["data"]
+    assert isinstance(data, dict) and data["processes"] == 3
+    assert sorted(set(data["pairs"])) == [0, 1, 2]
+    assert data["process_sd"] > 0.1  # the 20 % between processes, seen as such
+    assert "over 3 process pairs (between processes sd" in str(check["detail"])
+    three.assert_outcomes(passed=1)

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest_accelperf
 from pytest_accelperf.ab import CompareError
-from pytest_accelperf.ab.worker import ADDRESS_ENV, AUTHKEY_ENV, SETUP_ENV, Setup
+from pytest_accelperf.ab.worker import ADDRESS_ENV, AUTHKEY_ENV, PAIR_ENV, SETUP_ENV, Setup
 
 #: Seconds a worker may take to start, import a suite and compile a case's step.
 PREPARE_TIMEOUT_S = 600.0
@@ -40,9 +40,27 @@ class Arm:
     log: Path
 
     def call(self, timeout: float, op: str, *args: Any) -> Any:
+        """Ask the worker to do ``op`` and wait (at most ``timeout`` seconds) for its
+        answer."""
+        __tracebackhide__ = True
+        self.send(op, *args)
+        return self.answer(timeout, op)
+
+    def send(self, op: str, *args: Any) -> None:
+        """Ask the worker to do ``op``, without waiting: :meth:`answer` collects the reply
+        (so that several workers can work at once)."""
         __tracebackhide__ = True
         try:
             self.conn.send((op, *args))
+        except (OSError, BrokenPipeError):
+            code = self.proc.poll()
+            raise CompareError(f"the {self.name} worker (pid {self.proc.pid}) died (exit "
+                               f"{code}) before {op!r}. {self._tail()}") from None
+
+    def answer(self, timeout: float, op: str) -> Any:
+        """The worker's reply to the ``op`` sent last, within ``timeout`` seconds."""
+        __tracebackhide__ = True
+        try:
             deadline = time.monotonic() + timeout
             while not self.conn.poll(0.2):
                 if self.proc.poll() is not None:
@@ -119,7 +137,8 @@ def start_arm(setup: Setup, listener: Listener, authkey: bytes, log: Path) -> Ar
     process has it, in both arms; everything else from the arm's ``sys.path``."""
     plugin_parent = str(Path(pytest_accelperf.__file__).resolve().parents[1])
     env = {**os.environ, ADDRESS_ENV: str(listener.address), AUTHKEY_ENV: authkey.hex(),
-           SETUP_ENV: json.dumps(setup.__dict__), "PYTHONPATH": plugin_parent}
+           SETUP_ENV: json.dumps(setup.__dict__), "PYTHONPATH": plugin_parent,
+           PAIR_ENV: str(setup.pair)}
     with log.open("wb") as out:
         proc = subprocess.Popen(list(WORKER_COMMAND), cwd=setup.tree, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)

@@ -29,7 +29,7 @@ from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.contention import Contention, Load
-from pytest_accelperf.stats import paired_ratio
+from pytest_accelperf.stats import RatioEstimate, paired_ratio, process_ratio
 
 
 @dataclass
@@ -45,6 +45,10 @@ class ABMeasurement:
     load: Load | None = None
     #: Each arm's program record (:mod:`pytest_accelperf.program`), where its stepper has one.
     programs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: Which process pair (0, 1, ...) timed each round: its base and head workers.
+    pairs: list[int] = field(default_factory=list)
+    #: Process pairs the rounds were spread over.
+    processes: int = 1
 
 
 def round_orders(rng: random.Random) -> tuple[bool, bool]:
@@ -54,16 +58,27 @@ def round_orders(rng: random.Random) -> tuple[bool, bool]:
     return base_first, not base_first
 
 
+def estimate(measured: ABMeasurement) -> RatioEstimate:
+    """The paired step-time ratio of ``measured``: over its process pairs when it has more
+    than one (:func:`~pytest_accelperf.stats.process_ratio`), else over its rounds
+    (:func:`~pytest_accelperf.stats.paired_ratio`)."""
+    if len(set(measured.pairs)) > 1:
+        return process_ratio(measured.head, measured.base, measured.pairs)[0]
+    return paired_ratio(measured.head, measured.base)
+
+
 class Comparison:
     """The session's A/B setup: the base tree and the two workers (started lazily)."""
 
     def __init__(self, ref: str, rootdir: Path, accel: str, cpu_devices: int,
-                 platform: str | None) -> None:
+                 platform: str | None, processes: int = 1) -> None:
         self.ref = ref
         self.root, self.sha = resolve(rootdir, ref)
         self._accel, self._cpu_devices, self._platform = accel, cpu_devices, platform
+        #: Worker processes per arm: pair ``j`` is ``_pairs[j]``, one base and one head.
+        self.processes = max(1, processes)
         self._dir: Path | None = None
-        self._arms: dict[str, Arm] = {}
+        self._pairs: list[dict[str, Arm]] = []
         #: Why the trees or arms could not be set up, once that failed.
         self._failed: str | None = None
 
@@ -92,16 +107,23 @@ class Comparison:
         authkey = secrets.token_bytes(16)
         listener = Listener(str(self._dir / "socket"), family="AF_UNIX", authkey=authkey)
         try:
-            for arm, arm_tree in trees.items():
-                entries = [p or os.getcwd() for p in sys.path]
-                setup = Setup(arm=arm, tree=str(arm_tree), head_root=str(self.root),
-                              sys_path=moved_path(entries, self.root, arm_tree),
-                              accel=self._accel, cpu_devices=self._cpu_devices,
-                              platform=self._platform)
-                self._arms[arm] = start_arm(setup, listener, authkey,
-                                            self._dir / f"{arm}.log")
+            for j in range(self.processes):
+                pair: dict[str, Arm] = {}
+                self._pairs.append(pair)
+                for arm, arm_tree in trees.items():
+                    entries = [p or os.getcwd() for p in sys.path]
+                    setup = Setup(arm=arm, tree=str(arm_tree), head_root=str(self.root),
+                                  sys_path=moved_path(entries, self.root, arm_tree),
+                                  accel=self._accel, cpu_devices=self._cpu_devices,
+                                  platform=self._platform, pair=j)
+                    pair[arm] = start_arm(setup, listener, authkey,
+                                          self._dir / f"{arm}-{j}.log")
         finally:
             listener.close()
+
+    def _workers(self) -> list[Arm]:
+        """Every worker, the base arm's first in each pair."""
+        return [pair[arm] for pair in self._pairs for arm in ("base", "head")]
 
     def measure(self, case: Case, rel_file: str, qualname: str, *, rounds: int, block: int,
                 budget: float, tolerance: float, spec: BackendSpec | None = None
@@ -120,54 +142,91 @@ class Comparison:
                 return "unsupported", str(exc), out
         elif not spec.importable:
             return "unsupported", unsupported(spec), out
-        if not self._arms:
+        if not self._pairs:
             self._start()
-        base, head = self._arms["base"], self._arms["head"]
         key = case.id
-        status, why = base.call(PREPARE_TIMEOUT_S, "prepare", key, rel_file, qualname, case,
-                                spec)
-        if status != "ready":
-            return status, why, out
+        prepared: list[Arm] = []
         try:
-            status, why = head.call(PREPARE_TIMEOUT_S, "prepare", key, rel_file, qualname,
-                                    case, spec)
+            status, why = self._prepare(key, rel_file, qualname, case, spec, prepared)
             if status != "ready":
                 return status, why, out
-            for arm in (base, head):
-                out.programs[arm.name] = arm.call(BLOCK_TIMEOUT_S, "program", key)
+            first = self._pairs[0]
+            for name in ("base", "head"):
+                out.programs[name] = first[name].call(BLOCK_TIMEOUT_S, "program", key)
+            out.processes = len(self._pairs)
             rng = random.Random(secrets.randbits(64))
             pending: list[bool] = []
-            ranks = [pid for arm in (base, head) for pid in arm.call(BLOCK_TIMEOUT_S, "pids", key)]
-            load = Contention([os.getpid(), base.proc.pid, head.proc.pid, *ranks]).start()
+            ranks = [pid for arm in prepared for pid in arm.call(BLOCK_TIMEOUT_S, "pids", key)]
+            load = Contention([os.getpid(), *(arm.proc.pid for arm in prepared),
+                               *ranks]).start()
+            cycle = 2 * len(self._pairs)  # rounds that give every pair one of each order
             t0 = time.monotonic()
             while True:
+                # Two rounds (one of each order) per pair, the pairs in turn: every pair's
+                # processes see the same span of the machine's states, and none sits idle
+                # long enough to cool down.
+                pair_index = (len(out.base) // 2) % len(self._pairs)
+                pair = self._pairs[pair_index]
+                base, head = pair["base"], pair["head"]
                 if not pending:
                     pending.extend(round_orders(rng))
                 order = (base, head) if pending.pop(0) else (head, base)
                 out.first.append(order[0].name)
+                out.pairs.append(pair_index)
                 for arm in order:
                     times = arm.call(BLOCK_TIMEOUT_S, "run", key, block)
                     (out.base if arm is base else out.head).append(times)
                 out.seconds = time.monotonic() - t0
                 n = len(out.base)
-                if n < rounds:
-                    continue
+                if n < max(rounds, cycle) or n % cycle:
+                    continue  # the fewest rounds, and whole cycles: balanced pairs
                 if out.seconds >= budget:
                     break
-                est = paired_ratio(out.head, out.base)
-                if est.mdc <= tolerance / 2 and n % 2 == 0:
+                if estimate(out).mdc <= tolerance / 2:
                     break  # resolved well within the tolerance
             out.load = load.reading()
             return "ready", "", out
         finally:
-            for arm in (base, head):
+            for arm in prepared:
                 if arm.proc.poll() is None:
                     arm.call(60, "drop", key)
 
+    def _prepare(self, key: str, rel_file: str, qualname: str, case: Case,
+                 spec: BackendSpec, prepared: list[Arm]) -> tuple[str, str]:
+        """The case built, compiled and warmed up in every worker at once (a pair's
+        compile is outside the timed rounds, and the workers compile side by side).
+        Every worker that answered is added to ``prepared`` (to be told to drop the
+        case); the first status that is not ``ready`` (a base worker's first: the base
+        revision may not have the case) is returned with why."""
+        __tracebackhide__ = True
+        workers = self._workers()
+        first = workers[0]
+        status, why = first.call(PREPARE_TIMEOUT_S, "prepare", key, rel_file, qualname, case,
+                                 spec)
+        prepared.append(first)
+        if status != "ready":
+            return status, why
+        rest = workers[1:]
+        for arm in rest:
+            arm.send("prepare", key, rel_file, qualname, case, spec)
+        answers, errors = [], []
+        for arm in rest:  # every answer read, so that no worker is left a reply behind
+            try:
+                answers.append(arm.answer(PREPARE_TIMEOUT_S, "prepare"))
+                prepared.append(arm)
+            except CompareError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+        for status, why in answers:
+            if status != "ready":
+                return status, why
+        return "ready", ""
+
     def close(self) -> None:
-        for arm in self._arms.values():
+        for arm in self._workers():
             arm.stop()
-        self._arms.clear()
+        self._pairs.clear()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None

@@ -17,7 +17,12 @@ from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.contention import contaminated
 from pytest_accelperf.program import describe_changes
-from pytest_accelperf.stats import RatioEstimate, paired_ratio, throughput_verdict
+from pytest_accelperf.stats import (
+    ProcessSpread,
+    paired_ratio,
+    process_ratio,
+    throughput_verdict,
+)
 from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 
 METRIC = "throughput"
@@ -40,7 +45,11 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
     arms' programs are diffed and the difference follows the verdict: a slowdown comes
     with its likely cause (``program: all-gather: 2 → 6 per step (+48.00 MiB)``), or with
     ``same program`` when only the kernels' speed can explain it."""
-    est: RatioEstimate = paired_ratio(measured.head, measured.base)
+    spread: ProcessSpread | None = None
+    if len(set(measured.pairs)) > 1:
+        est, spread = process_ratio(measured.head, measured.base, measured.pairs)
+    else:
+        est = paired_ratio(measured.head, measured.base)
     verdict = throughput_verdict(est, tolerance)
     dirty = contaminated(measured.load, max_foreign_load)
     if dirty:
@@ -53,7 +62,7 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
         return samples_per_step / median if samples_per_step else median
 
     ci = (f"{est.confidence * 100:.0f}% CI of the paired step-time ratio "
-          f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
+          f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}{_levels(spread)}, tolerance "
           f"{fmt_tolerance(tolerance)}; {len(measured.base)} alternating rounds of {block} "
           f"steps in {measured.seconds:.1f} s")
     if verdict is Verdict.REGRESSION:
@@ -84,11 +93,25 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
         "rounds": len(measured.base), "block": block, "seconds": measured.seconds,
         "first": measured.first, "load": measured.load.to_json() if measured.load else None,
         "max_foreign_load": max_foreign_load if math.isfinite(max_foreign_load) else None,
-        "contaminated": dirty,
+        "contaminated": dirty, "processes": measured.processes, "pairs": measured.pairs,
+        "process_sd": spread.process_sd if spread else None,
+        "within_sd": spread.within_sd if spread else None,
         "median_step_time": {"now": head_median, "baseline": base_median},
         "blocks": {"base": measured.base, "head": measured.head}, "program_diff": diff}
     return CheckResult(METRIC, verdict, f"A/B {text}", baseline=rate(base_median),
                        now=rate(head_median), unit=unit, change=1 / est.ratio - 1, data=data)
+
+
+def _levels(spread: ProcessSpread | None) -> str:
+    """The interval's two levels, in words: over how many process pairs, and the spread
+    between them beside the spread between rounds (the larger named first)."""
+    if spread is None:
+        return (" over the rounds of one process per revision (the between-process "
+                "variance is not sampled: --accelperf-compare-processes)")
+    between = f"between processes sd {fmt_percent(spread.process_sd, 2)}"
+    within = f"between rounds sd {fmt_percent(spread.within_sd, 2)}"
+    levels = f"{between}, {within}" if spread.process_dominates else f"{within}, {between}"
+    return f" over {spread.processes} process pairs ({levels})"
 
 
 def _median(values: list[float]) -> float:

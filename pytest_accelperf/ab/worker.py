@@ -34,6 +34,8 @@ from typing import Any
 
 #: Environment of a worker: the controller's address and key, and its arm's setup (JSON).
 ADDRESS_ENV = "ACCELPERF_AB_ADDRESS"
+#: Set in a worker's environment: its process pair (``Setup.pair``), and its arm.
+PAIR_ENV = "ACCELPERF_AB_PAIR"
 AUTHKEY_ENV = "ACCELPERF_AB_AUTHKEY"
 SETUP_ENV = "ACCELPERF_AB_SETUP"
 
@@ -83,6 +85,9 @@ class Setup:
     accel: str
     cpu_devices: int
     platform: str | None
+    #: Which process pair of the comparison this worker belongs to (0, 1, ...); the
+    #: worker's environment has it as ``ACCELPERF_AB_PAIR``.
+    pair: int = 0
 
 
 def _foreign_modules(setup: Setup) -> list[str]:
