@@ -34,7 +34,8 @@ calling the same step.
 
 A/B mode::
 
-    python benchmarks/gate.py ab [--workload jax|zero2] [--runs 8] [--slowdowns ...]
+    python benchmarks/gate.py ab [--workload jax,gpt,flax,zero2] [--runs 8] [--slowdowns ...]
+                                 [--ab-sessions 1] [--ab-processes P]
                                  [--load none,cpu] [--ab-budget 20] [--ab-tolerance 0.01]
 
 measures ``--accelperf-compare=HEAD`` instead of a stored baseline: per load condition, a
@@ -1053,6 +1054,25 @@ AB_WORKLOADS: dict[str, ABWorkload] = {w.name: w for w in (
         'CASE = Case(backend="deepspeed", zero_stage=2, offload="none", model="gpt", '
         "batch=8, steps=10,\n            warmup=2, world_size=2, accels=(\"cpu\",))\n",
         args=("-p", "no:cacheprovider", "--accel=cpu")),
+    ABWorkload(
+        "gpt", "the small torch GPT of suites/torch/gpt.py, eager, one process, batch 8",
+        ((HERE.parent / "suites" / "torch" / "gpt.py", "torch/gpt.py"),
+         (HERE.parent / "suites" / "jax" / "data" / "tiny_corpus.txt",
+          "jax/data/tiny_corpus.txt")),
+        "torch",
+        "from gpt import make_task\n\nfrom pytest_accelperf import Case\n\n"
+        'CASE = Case(backend="torch", model="gpt", batch=8, steps=10, warmup=2, '
+        "accels=(\"cpu\",))\n",
+        args=("-p", "no:cacheprovider", "--accel=cpu")),
+    ABWorkload(
+        "flax", "a Flax CNN with BatchNorm trained by its own train_step "
+        "(benchmarks/program_suite/flax_cases.py), batch 32, one CPU device",
+        ((HERE / "program_suite" / "flax_cases.py", "flax_cases.py"),),
+        "",
+        "from flax_cases import bn_cnn\n\nfrom pytest_accelperf import Case\n\n"
+        'CASE = Case(backend="jax", model="cnn", batch=32, steps=10, warmup=2)\n\n\n'
+        "def make_task(case):\n    return bn_cnn(case.batch)\n",
+        args=("-p", "no:cacheprovider", "--accel=cpu", "--accelperf-cpu-devices=1")),
 )}
 
 
@@ -1112,6 +1132,8 @@ def ab_case_result(case: dict[str, Any], slowdowns: Sequence[float]) -> dict[str
             "compared": data.get("mode") == "ab",
             "ratio": data.get("ratio"), "ci": data.get("ci"), "rounds": data.get("rounds"),
             "seconds": data.get("seconds"), "foreign_cores": load.get("foreign_cores"),
+            "processes": data.get("processes"), "process_sd": data.get("process_sd"),
+            "within_sd": data.get("within_sd"),
             "contaminated": data.get("contaminated"),
             "detail": (check or {}).get("detail") or case.get("error")}
 
@@ -1120,11 +1142,15 @@ def ab_summary(results: Sequence[dict[str, Any]], workload: str, loads: Sequence
                slowdowns: Sequence[float]) -> list[dict[str, Any]]:
     """Table rows per load and slowdown. "not pass/inconclusive" counts every other
     verdict (regression, improvement, error, ...): at slowdown 0 (an A/A comparison) each
-    is a false verdict."""
+    is a false verdict. The spreads are the medians of the cases' two levels
+    (``data.process_sd``, ``data.within_sd``: A/B mode's interval over process pairs)."""
     rows = []
     for load in loads:
         for fraction in slowdowns:
-            mine = [r for r in results if r["load"] == load and r["slowdown"] == fraction]
+            mine = [r for r in results if r["load"] == load and r["slowdown"] == fraction
+                    and r["workload"] == workload]
+            if not mine:
+                continue
             n = len(mine)
             verdicts = [r["verdict"] for r in mine]
             ratios = [r["ratio"] for r in mine]
@@ -1133,6 +1159,7 @@ def ab_summary(results: Sequence[dict[str, Any]], workload: str, loads: Sequence
             wall = _fmt(_median([r["wall_s"] for r in mine]), ".1f")
             rows.append({
                 "workload": workload, "load": load, "slowdown": f"{fraction:.0%}", "runs": n,
+                "sessions": len({r.get("session") for r in mine}),
                 "A/B alarms [95% CI]": _rate_text(verdicts.count("regression"), n),
                 "improvement": _rate_text(verdicts.count("improvement"), n),
                 "inconclusive": _rate_text(verdicts.count("inconclusive"), n),
@@ -1140,82 +1167,114 @@ def ab_summary(results: Sequence[dict[str, Any]], workload: str, loads: Sequence
                 "median ratio": _fmt(_median(ratios), ".3f"),
                 "median abs(ratio-1)": _fmt(_median([None if r is None else abs(r - 1)
                                                      for r in ratios]), ".3f"),
+                "median process sd": _fmt(_median([r.get("process_sd") for r in mine]),
+                                          ".4f"),
+                "median within sd": _fmt(_median([r.get("within_sd") for r in mine]), ".4f"),
                 "s/case measured (wall)": f"{measured} ({wall})",
             })
     return rows
 
 
 def run_ab(ns: argparse.Namespace, argv: Sequence[str]) -> int:
-    """A/B mode (``--accelperf-compare``): per load condition, one session whose cases are
-    every slowdown x ``--runs`` repetitions of ``--workload``'s case, interleaved; the
-    working tree is slower by the case's slowdown, the base revision is not."""
-    spec = AB_WORKLOADS[ns.workload]
+    """A/B mode (``--accelperf-compare``): per workload, session and load condition, one
+    session whose cases are every slowdown x ``--runs`` repetitions of the workload's
+    case, interleaved; the working tree is slower by the case's slowdown, the base
+    revision is not. ``--slowdowns 0`` is an A/A self-test: every verdict but pass or
+    inconclusive is false. Sessions are the process level: each starts its own workers."""
+    specs = [AB_WORKLOADS[w] for w in ns.workload]
     out_dir = Path(ns.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    scratch = Path(tempfile.mkdtemp(prefix=f"accelperf-ab-{spec.name}-"))
+    name = "+".join(spec.name for spec in specs)
+    scratch = Path(tempfile.mkdtemp(prefix=f"accelperf-ab-{name}-"))
     results: list[dict[str, Any]] = []
     sessions: list[dict[str, Any]] = []
     n_cases = len(ns.slowdowns) * ns.runs
     # A bound for a session that hangs, far above what it takes: budget plus 2 minutes
     # (ranks, compiles) per case.
     timeout = 300.0 + n_cases * (ns.ab_budget + 120.0)
-    env = {**os.environ, **dict(spec.env)}
-    env.pop(INJECT_ENV, None)
+    json_path, md_path = out_dir / f"ab-{name}-{stamp}.json", out_dir / f"ab-{name}-{stamp}.md"
+    command = f"python {' '.join(argv)}"
     try:
-        for load in ns.load:
-            repo = scratch / load
-            _ab_repo(repo, ns.slowdowns, ns.runs, spec.name)
-            report = scratch / f"{load}-report.json"
-            args = [*spec.args, "--accelperf-compare=HEAD", f"--accelperf-json={report}",
-                    f"--accelperf-compare-tolerance={ns.ab_tolerance:g}",
-                    f"--accelperf-compare-budget={ns.ab_budget:g}",
-                    f"--accelperf-max-foreign-load={ns.ab_max_foreign_load:g}"]
-            load0 = os.getloadavg()
-            with competing_load(load):
-                session = run_session(repo, scratch / f"{load}-session", [spec.test_path],
-                                      args, env, timeout=timeout)
-            load1 = os.getloadavg()
-            sessions.append({"load": load, "wall_s": round(session.wall_s, 1),
-                             "exit": session.rc, "timed_out": session.timed_out,
-                             "loadavg_before": load0, "loadavg_after": load1,
-                             "command": (session.run_dir / "command.txt").read_text().strip()})
-            if not report.exists():
-                print(session.output[-6000:], file=sys.stderr)
-                raise SystemExit(f"the A/B session under load {load} wrote no report "
-                                 f"(exit {session.rc}; scratch {scratch})")
-            cases = json.loads(report.read_text(encoding="utf-8"))["cases"]
-            sessions[-1]["cases"] = len(cases)
-            for case in cases:
-                row = ab_case_result(case, ns.slowdowns)
-                test_name = f"test_ab[{case['case_id']}]"
-                results.append({"workload": spec.name, "load": load, **row,
-                                "wall_s": session.test_wall_s.get(test_name)})
+        for index in range(ns.ab_sessions):
+            for spec in specs:  # interleaved: session i of every workload, then i + 1
+                env = {**os.environ, **dict(spec.env)}
+                env.pop(INJECT_ENV, None)
+                for load in ns.load:
+                    repo = scratch / f"{spec.name}-{load}"
+                    if not repo.exists():
+                        _ab_repo(repo, ns.slowdowns, ns.runs, spec.name)
+                    tag = f"{spec.name}-{load}-{index}"
+                    report = scratch / f"{tag}-report.json"
+                    args = [*spec.args, "--accelperf-compare=HEAD",
+                            f"--accelperf-json={report}",
+                            f"--accelperf-compare-tolerance={ns.ab_tolerance:g}",
+                            f"--accelperf-compare-budget={ns.ab_budget:g}",
+                            f"--accelperf-max-foreign-load={ns.ab_max_foreign_load:g}"]
+                    if ns.ab_processes is not None:
+                        args.append(f"--accelperf-compare-processes={ns.ab_processes}")
+                    load0 = os.getloadavg()
+                    with competing_load(load):
+                        session = run_session(repo, scratch / f"{tag}-session",
+                                              [spec.test_path], args, env, timeout=timeout)
+                    load1 = os.getloadavg()
+                    sessions.append({
+                        "workload": spec.name, "load": load, "session": index,
+                        "wall_s": round(session.wall_s, 1), "exit": session.rc,
+                        "timed_out": session.timed_out, "loadavg_before": load0,
+                        "loadavg_after": load1,
+                        "command": (session.run_dir / "command.txt").read_text().strip()})
+                    if not report.exists():
+                        print(session.output[-6000:], file=sys.stderr)
+                        raise SystemExit(f"the A/B session {tag} wrote no report (exit "
+                                         f"{session.rc}; scratch {scratch})")
+                    cases = json.loads(report.read_text(encoding="utf-8"))["cases"]
+                    sessions[-1]["cases"] = len(cases)
+                    for case in cases:
+                        row = ab_case_result(case, ns.slowdowns)
+                        test_name = f"test_ab[{case['case_id']}]"
+                        results.append({"workload": spec.name, "load": load,
+                                        "session": index, **row,
+                                        "wall_s": session.test_wall_s.get(test_name)})
+                    print(f"session {tag}: {len(cases)} cases, "
+                          f"{session.wall_s:.0f} s, verdicts "
+                          f"{sorted(r['verdict'] for r in results[-len(cases):])}",
+                          flush=True)
+                    _write(json_path, {"command": command, "workloads": ns.workload,
+                                       "machine": _machine(), "sessions": sessions,
+                                       "results": results})
+    except KeyboardInterrupt:
+        print("interrupted: the sessions so far are in the results below", file=sys.stderr)
     finally:
         if ns.keep:
             print(f"scratch kept: {scratch}")
         else:
             shutil.rmtree(scratch, ignore_errors=True)
-    rows = ab_summary(results, spec.name, ns.load, ns.slowdowns)
+    rows = [row for spec in specs
+            for row in ab_summary(results, spec.name, ns.load, ns.slowdowns)]
     table = tabulate(rows, headers="keys", tablefmt="github")
-    command = f"python {' '.join(argv)}"
-    header = (f"`{command}`\n\nA/B mode, workload {spec.name}: {spec.description}. "
-              f"--accelperf-compare=HEAD, tolerance {ns.ab_tolerance:g}, budget "
+    walls = [s["wall_s"] for s in sessions]
+    header = (f"`{command}`\n\nA/B mode, workloads: "
+              + "; ".join(f"{spec.name}: {spec.description}" for spec in specs)
+              + f". --accelperf-compare=HEAD, tolerance {ns.ab_tolerance:g}, budget "
               f"{ns.ab_budget:g} s per case, max foreign load {ns.ab_max_foreign_load:g} "
-              f"cores; sessions: "
-              + ", ".join(f"{s['load']} {s['wall_s']:.0f} s ({s['cases']} cases, load "
-                          f"average {s['loadavg_before'][0]:.2f} before)" for s in sessions)
-              + "\n")
+              f"cores, process pairs "
+              f"{ns.ab_processes if ns.ab_processes is not None else 'the default'}; "
+              f"{len(sessions)} sessions, {sum(walls) / 60:.1f} min; load average before a "
+              f"session {min((s['loadavg_before'][0] for s in sessions), default=0):.2f}"
+              f"-{max((s['loadavg_before'][0] for s in sessions), default=0):.2f}\n")
     print(header)
     print(table)
-    odd = [r for r in results if r["verdict"] not in ("pass", "inconclusive", "regression")]
+    odd = [r for r in results if r["verdict"] not in ("pass", "inconclusive", "regression")
+           or (r["verdict"] == "regression" and r["slowdown"] == 0)]
     for r in odd:
-        print(f"{r['load']} {r['case']}: {r['verdict']}: {r['detail']}")
-    _write(out_dir / f"ab-{spec.name}-{stamp}.json", {
-        "command": command, "workload": spec.name, "workload_description": spec.description,
+        print(f"{r['workload']} {r['load']} {r['case']}: {r['verdict']}: {r['detail']}")
+    _write(json_path, {
+        "command": command, "workloads": ns.workload,
+        "workload_descriptions": {spec.name: spec.description for spec in specs},
         "machine": _machine(), "sessions": sessions, "results": results, "summary": rows})
-    (out_dir / f"ab-{spec.name}-{stamp}.md").write_text(header + "\n" + table + "\n")
-    print(f"raw results: {out_dir / f'ab-{spec.name}-{stamp}.json'}")
+    md_path.write_text(header + "\n" + table + "\n")
+    print(f"raw results: {json_path}")
     return 0
 
 
@@ -1260,10 +1319,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "missing (its arm is left out)")
     g.add_argument("--keep", action="store_true", help="keep the scratch suite and outputs")
     a = p.add_argument_group("ab mode (also --runs, --slowdowns, --load, --keep)")
-    a.add_argument("--workload", choices=list(AB_WORKLOADS), default="jax",
-                   help="what the cases train: jax, the suite's ~10 ms jitted JAX MLP "
-                        "(default); zero2, DeepSpeed ZeRO-2 at world size 2 on the GPT of "
-                        "suites/torch/gpt.py, batch 8")
+    a.add_argument("--workload", type=parse_names(list(AB_WORKLOADS)), default=["jax"],
+                   help="what the cases train, one or several (comma-separated; "
+                        f"{', '.join(AB_WORKLOADS)}; default jax): jax, the suite's MLP; "
+                        "gpt, the torch GPT of suites/torch/gpt.py; flax, a Flax BatchNorm "
+                        "CNN; zero2, DeepSpeed ZeRO-2 at world size 2")
+    a.add_argument("--ab-sessions", type=int, default=1, metavar="S",
+                   help="sessions per workload and load (default 1); each starts its own "
+                        "worker processes")
+    a.add_argument("--ab-processes", type=int, default=None, metavar="P",
+                   help="--accelperf-compare-processes of every session (default: the "
+                        "plugin's)")
     a.add_argument("--ab-tolerance", type=float, default=0.01,
                    help="--accelperf-compare-tolerance (default 0.01)")
     a.add_argument("--ab-budget", type=float, default=20.0,

@@ -223,7 +223,7 @@ def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(GATE), "ab", "--runs", "1", "--slowdowns", "0,1", "--load",
          "none", "--ab-budget", "2", "--ab-tolerance", "0.2", "--ab-max-foreign-load", "64",
-         "--out", str(tmp_path)],
+         "--ab-processes", "2", "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     [path] = tmp_path.glob("ab-*.json")
@@ -234,10 +234,11 @@ def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     # only catches a ratio counted twice.
     assert 1.6 < results[1.0]["ratio"] < 4.0
     assert results[0.0]["verdict"] != "regression", results
+    assert results[1.0]["processes"] == 2 and results[1.0]["within_sd"] is not None
     assert "A/B alarms [95% CI]" in proc.stdout
 
 
-@pytest.mark.parametrize("workload", ["jax", "zero2"])
+@pytest.mark.parametrize("workload", ["jax", "zero2", "gpt", "flax"])
 def test_ab_repo_of_each_workload(tmp_path: Path, workload: str) -> None:
     """``--workload``'s repository, without running its session: the workload's files and
     the cases' module in the base commit with every slowdown 0, the working tree with the
@@ -255,6 +256,10 @@ def test_ab_repo_of_each_workload(tmp_path: Path, workload: str) -> None:
         assert (root / "jax/data/tiny_corpus.txt").stat().st_size > 1000
         assert 'backend="deepspeed", zero_stage=2' in source and "world_size=2" in source
         assert "from gpt import make_task" in source
+    elif workload == "gpt":
+        assert 'backend="torch", model="gpt"' in source and "world_size" not in source
+    elif workload == "flax":
+        assert "from flax_cases import bn_cnn" in source and (root / "flax_cases.py").is_file()
     else:
         assert "from steptask import CASE, make_task" in source
 
