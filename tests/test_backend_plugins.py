@@ -187,7 +187,8 @@ def test_a_backend_named_by_module_is_compared_in_ab_mode(suite: Suite,
     suite.write(AB_SUITE.replace('"dim": 1024', '"dim": 4096'))
     result = suite.run("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare=HEAD",
                        "--accelperf-compare-rounds=6", "--accelperf-compare-budget=4",
-                       "--accelperf-json=report.json", "--accelperf-max-foreign-load=64",
+                       "--accelperf-compare-processes=2", "--accelperf-json=report.json",
+                       "--accelperf-max-foreign-load=64",
                        subprocess=True)  # judged beside other tests (-n 2): bound off
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*throughput: A/B slower than HEAD (*)*"])
