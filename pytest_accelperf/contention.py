@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,6 +65,28 @@ class Load:
                    steal_cores=float(data.get("steal_cores") or 0.0),
                    cores=int(data.get("cores") or 1), seconds=float(data.get("seconds") or 0.0),
                    foreign_ticks=None if ticks is None else int(ticks))
+
+    @classmethod
+    def pooled(cls, loads: Sequence[Load]) -> Load:
+        """One reading for several measurements taken one after another (a re-measurement
+        over more than one training): their foreign and stolen cores averaged over their
+        seconds, the seconds and ticks summed (ticks unknown when any is)."""
+        if not loads:
+            raise ValueError("no load to pool")
+        seconds = sum(max(0.0, load.seconds) for load in loads)
+
+        def mean(values: Sequence[float]) -> float:
+            if seconds <= 0:
+                return sum(values) / len(values)
+            return sum(v * max(0.0, load.seconds)
+                       for v, load in zip(values, loads, strict=True)) / seconds
+
+        ticks = [load.foreign_ticks for load in loads]
+        return cls(foreign_cores=mean([load.foreign_cores for load in loads]),
+                   steal_cores=mean([load.steal_cores for load in loads]),
+                   cores=max(load.cores for load in loads), seconds=seconds,
+                   foreign_ticks=(None if any(t is None for t in ticks)
+                                  else sum(t for t in ticks if t is not None)))
 
     def text(self) -> str:
         steal = (f", {self.steal_cores:.2f} of it stolen by the hypervisor"

@@ -14,8 +14,8 @@ takes the evaluated result and returns a new one, never changing what it was giv
     stands only if confirmed;
 :class:`Recording`
     ``--accelperf-update`` and ``--accelperf-add-session``: a recording too noisy to be a
-    baseline is re-measured (the same loop, :func:`remeasure_until`), and one that stays
-    noisy is recorded marked so;
+    baseline is re-measured (the same loop, :func:`remeasure_until`, each re-measurement
+    over more steps), and one that stays noisy is recorded marked so;
 :class:`ABComparison`
     A/B mode (``--accelperf-compare``): the throughput check becomes the paired comparison
     with the base revision (:mod:`pytest_accelperf.ab`).
@@ -145,11 +145,12 @@ class Confirmation:
     One slow measurement on a shared machine is weak evidence: another job may have taken
     the cores for exactly those seconds. So a ``regression`` of throughput, or a slowdown
     left ``inconclusive`` because the measurement was contaminated (another job's load,
-    an unsteady probe), trains the case again (``remeasure``, up to ``times`` times, each
-    after waiting for a machine where other processes use at most ``max_foreign_load``
-    cores); the first re-measurement that says neither decides, and its verdict is
-    reported with a note of what the earlier measurements said. One that stays
-    contaminated stays ``inconclusive``: never a verdict the evidence does not carry.
+    step times far more dispersed than the baseline's), trains the case again
+    (``remeasure``, up to ``times`` times, each after waiting for a machine where other
+    processes use at most ``max_foreign_load`` cores); the first re-measurement that says
+    neither decides, and its verdict is reported with a note of what the earlier
+    measurements said. One that stays contaminated stays ``inconclusive``: never a verdict
+    the evidence does not carry.
     """
 
     remeasure: Callable[[], Evaluated]
@@ -191,13 +192,17 @@ class Confirmation:
 class Recording:
     """``--accelperf-update`` / ``--accelperf-add-session``: refuse a blind baseline.
 
-    A recording too noisy to be a level (``noise(run)`` says why: step times or the drift
-    probe far more dispersed than a quiet machine gives,
-    :func:`~pytest_accelperf.checks.throughput.recording_noise`) trains the case again, up
-    to ``times`` times (``--accelperf-confirm``), each after the same back-off as
-    :class:`Confirmation`; the first quiet measurement is recorded. One that stays noisy is
-    recorded as the least dispersed of the measurements, and the caller stores it marked
-    ``noisy``; ``recording_note`` says what happened.
+    A recording too noisy to be a level (``noise(run)`` says why: step times far more
+    dispersed than a quiet machine gives, or measured beside another job,
+    :func:`~pytest_accelperf.checks.throughput.recording_noise`; never the drift probe's
+    spread) trains the case again, up to ``times`` times (``--accelperf-confirm``), each
+    after the same back-off as :class:`Confirmation`; the first quiet measurement is
+    recorded. ``remeasure`` is the caller's: the runner's measures over
+    :data:`~pytest_accelperf.runner.RECORDING_WINDOWS` trainings, twice the measured steps
+    (a longer window dilutes a burst of another job's work), and the note says how many
+    steps it measured. One that stays noisy is recorded as the least dispersed of the
+    measurements, and the caller stores it marked ``noisy``; ``recording_note`` says what
+    happened.
     """
 
     remeasure: Callable[[], Evaluated]
@@ -214,14 +219,26 @@ class Recording:
                                         self.max_foreign_load,
                                         lambda ev: not self.noise(ev.run))
         n = len(seen) - 1
+        longer = _steps_text(first, seen[1:])
         if not self.noise(seen[-1].run):
             return replace(seen[-1], recording_note=(
                 f"re-measured before recording: the first measurement was too noisy to be a "
-                f"baseline: {why}; measurement {n + 1} was not{_notes(backoff)}"))
+                f"baseline: {why}; measurement {n + 1} was not{longer}{_notes(backoff)}"))
         kept = min(range(len(seen)), key=lambda i: spread(list(seen[i].run.step_times)))
         return replace(seen[kept], recording_note=(
-            f"still noisy after {n} re-measurement(s){_notes(backoff)}; recorded measurement "
-            f"{kept + 1} of {n + 1}, the least dispersed"))
+            f"still noisy after {n} re-measurement(s){longer}{_notes(backoff)}; recorded "
+            f"measurement {kept + 1} of {n + 1}, the least dispersed"))
+
+
+def _steps_text(first: Evaluated, again: Sequence[Evaluated]) -> str:
+    """How many steps the re-measurements timed, when not as many as the first: e.g.
+    ``" (re-measured over 60 measured steps, the first over 30)"``."""
+    counts = sorted({len(ev.run.step_times) for ev in again})
+    if not counts or counts == [len(first.run.step_times)]:
+        return ""
+    shown = "/".join(str(c) for c in counts)
+    return (f" (re-measured over {shown} measured steps, the first over "
+            f"{len(first.run.step_times)})")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import pytest
 from pytest_accelperf.accel import ACCELS
 from pytest_accelperf.baselines import BaselineError, validate_platform
 from pytest_accelperf.checks.base import NON_NEGATIVE, Tolerances, non_negative_number
+from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -149,17 +150,20 @@ OPTIONS: tuple[Option, ...] = (
            f"{_TOL.leak_bytes_per_step:g}.", "float", _TOL.leak_bytes_per_step),
     Option("max_probe_spread", "--accelperf-max-probe-spread", "largest spread (IQR over "
            "median) of the drift probe timed after each step, in this run or in the "
-           "baseline's, for which throughput and compile time get a verdict; beyond it the "
-           "measurement is contaminated (another job on the cores) and the verdict is "
-           f"inconclusive. Default: {_TOL.max_probe_spread}.", "float",
+           "baseline's, for which a compile-time change gets a verdict (inconclusive beyond "
+           "it); also the least spread of a run's step times that, at 3x the baseline's, "
+           "leaves a throughput change unjudged. Throughput never counts the probe's spread "
+           f"as noise: past {MAX_PROBE_SPREAD:g} the probe only stops correcting drift, and "
+           f"raw step times are judged. Default: {_TOL.max_probe_spread}.", "float",
            _TOL.max_probe_spread),
     Option("max_step_spread", "--accelperf-max-step-spread", "largest spread (IQR over "
            "median) of the measured step times that --accelperf-update and "
-           "--accelperf-add-session record without re-measuring; a recording past it, or past "
-           "--accelperf-max-probe-spread, is re-measured (--accelperf-confirm times, after "
-           "waiting for a quieter machine), and one that stays so is stored marked noisy, its "
-           "throughput inconclusive until re-recorded. Default: "
-           f"{_TOL.max_step_spread}.", "float", _TOL.max_step_spread),
+           "--accelperf-add-session record without re-measuring; a recording past it, or "
+           "measured past --accelperf-max-foreign-load, is re-measured over twice the "
+           "measured steps (--accelperf-confirm times, after waiting for a quieter "
+           "machine), and one that stays so is stored marked noisy, its throughput "
+           f"inconclusive until re-recorded. Default: {_TOL.max_step_spread}.", "float",
+           _TOL.max_step_spread),
     Option("cluster", "--accelperf-cluster", "train each case in a Ray worker that holds its "
            "devices: local (start a Ray cluster on this machine for the session and stop it "
            "at the end) or HOST:PORT of a running cluster (needs pip install "

@@ -175,7 +175,7 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     other arm's parsing is tested above."""
     arms = ["accelperf"]
     env = {k: v for k, v in os.environ.items() if k != INJECT_ENV}
-    # Beside the other xdist worker the drift probe is unsteady and the worker's CPU time
+    # Beside the other xdist worker the step times are dispersed and the worker's CPU time
     # is foreign load: the recording would be stored marked noisy and every verdict against
     # it inconclusive, as it should on a shared machine. This test is about the benchmark's
     # plumbing, so its sessions (which inherit this environment) take any spread and load.

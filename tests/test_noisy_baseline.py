@@ -3,9 +3,14 @@
 Seen: a compiled case recorded under contention stored a median of 173 ms (IQR/median 4.4)
 against a true 8 ms; every later run said ``improvement`` and a real 15 % slowdown was
 invisible. Now ``--accelperf-update`` and ``--accelperf-add-session`` re-measure a recording
-whose step times (or drift probe) are far more dispersed than a quiet machine gives, and one
-that stays so is stored marked ``noisy``: a warning in the terminal and the reports, and a
-throughput verdict of ``inconclusive`` until it is re-recorded.
+whose step times are far more dispersed than a quiet machine gives (over twice the measured
+steps), and one that stays so is stored marked ``noisy``: a warning in the terminal and the
+reports, and a throughput verdict of ``inconclusive`` until it is re-recorded.
+
+Issue 24: the drift probe's spread is no part of that. Flax MNIST's short ``[nomesh-b64]``
+case timed its probe at IQR 64-78 % of its median on an idle machine, was stored noisy in
+3 of 3 recordings, and was never judged again; an unsteady probe now only turns drift
+correction off.
 
 The noise is injected for real: the step sleeps 1 s in 1 of every 3 steps in the trainings
 a marker file asks for, so the step times' IQR is 15x their median or more (one run beside
@@ -112,7 +117,7 @@ def _run(times: list[float], probes: list[float] | None = None) -> Run:
                probe_times=probes or [], probe_kind="numpy" if probes else "")
 
 
-def test_the_criterion_is_the_step_times_dispersion_or_the_probes() -> None:
+def test_the_criterion_is_the_step_times_dispersion_not_the_probes() -> None:
     tol = Tolerances(max_step_spread=2.0, max_probe_spread=0.5)
     quiet = _run([0.010, 0.011, 0.0105, 0.0102, 0.0108, 0.0101] * 3)
     assert recording_noise(quiet, tol) == ""
@@ -122,8 +127,12 @@ def test_the_criterion_is_the_step_times_dispersion_or_the_probes() -> None:
     why = recording_noise(blind, tol)
     assert why.startswith("its step times varied by IQR ")
     assert "(bound 200%, --accelperf-max-step-spread)" in why
-    probe = _run([0.010] * 12, probes=[0.001, 0.004, 0.001, 0.009] * 3)
-    assert "--accelperf-max-probe-spread" in recording_noise(probe, tol)
+    # Issue 24: steady steps beside an unsteady probe (Flax MNIST's short case: IQR 64-78 %
+    # on an idle machine) are a level; the probe only stops correcting drift.
+    probe = _run([0.010, 0.011, 0.0105, 0.0102] * 3, probes=[0.001, 0.004, 0.001, 0.009] * 3)
+    assert spread(probe.probe_times) > tol.max_probe_spread
+    assert recording_noise(probe, tol) == ""
+    assert recording_noise(probe, Tolerances(max_probe_spread=0.0)) == ""
     assert recording_noise(blind, Tolerances(max_step_spread=100.0)) == ""  # the bound counts
     assert recording_noise(_run([0.1, 5.0, 0.1]), tol) == ""  # too few steps to say
 
@@ -160,34 +169,136 @@ def test_a_session_added_noisy_gives_no_level() -> None:
 
 
 # -- end to end --------------------------------------------------------------------------------
+#: A backend of the suite's own: a short, steady step (a 2 ms sleep) and a drift probe that is
+#: not (sleeps of 0.5, 1, 2 and 3 ms in turn: IQR over median ~1.6, past any bound whatever
+#: the machine adds to a sleep; Flax MNIST's probe was at 0.64-0.78 on an idle machine).
+WOBBLY_CONFTEST = '''
+import itertools
+import time
+
+from pytest_accelperf.backends import BackendSpec, TrainResult
+from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.report import progress
+from pytest_accelperf.run import Run
+
+
+class Wobbly:
+    name = "wobbly"
+
+    def unavailable_reason(self):
+        return None
+
+    def train(self, case, task, accel, *, timeout=None):
+        waits = itertools.cycle([0.0005, 0.001, 0.002, 0.003])
+        probe = Probe("wobbly-sleep", lambda: time.sleep(next(waits)))
+        run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=1,
+                  probe_kind=probe.kind)
+        total = case.warmup + case.steps
+        for step in range(total):
+            t0 = time.perf_counter()
+            time.sleep(0.002)
+            seconds = time.perf_counter() - t0
+            run.losses.append(1.0 / (step + 1))
+            run.loss_steps.append(step)
+            if step >= case.warmup:
+                run.step_times.append(seconds)
+                run.probe_times.append(probe.time())
+            progress.step(step + 1, total, run.losses[-1], seconds)
+        return TrainResult(run=run)
+
+
+def pytest_accelperf_backends(config):
+    return [BackendSpec("wobbly", backend=Wobbly())]
+'''
+
+WOBBLY_SUITE = '''
+from pytest_accelperf import Case, cases
+
+@cases(Case(backend="wobbly", batch=64, steps=30, warmup=2))
+def test_short(accelperf):
+    accelperf.train({})
+'''
+
+WOBBLY = "test_short[wobbly-nomesh-b64]"
+#: The plugin's own bound, which the suite's pyproject raises for the other tests.
+PROBE_BOUND = "--accelperf-max-probe-spread=0.5"
+
+
+def test_a_short_case_whose_probe_is_unsteady_is_recorded_and_judged(suite: Suite) -> None:
+    """Issue 24, end to end: recorded with an unsteady probe and steady steps, the case is
+    not stored noisy, and later runs judge it on its step times, saying that drift
+    correction was off: a pass as it is, a regression against a baseline 10x faster."""
+    suite.pytester.makeconftest(WOBBLY_CONFTEST)
+    suite.write(WOBBLY_SUITE)
+    recorded = suite.run("--accelperf-update", PROBE_BOUND)
+    recorded.assert_outcomes(passed=1)
+    assert "recorded on a noisy machine" not in recorded.stdout.str()
+    assert "re-measured before recording" not in recorded.stdout.str()
+    stored = suite.load()["cases"][WOBBLY]
+    assert "noisy" not in stored
+    assert spread(stored["probe"]["samples"]) > 0.5  # the probe was past the bound
+    assert spread(stored["step_time"]["samples"]) < 0.5  # the steps were not
+
+    # A baseline stored noisy for its probe (as before issue 24) is healed by re-recording.
+    why = ("the wobbly-sleep probe timed after each step varied by IQR 71% of its median "
+           "(bound 50%, --accelperf-max-probe-spread)")
+    suite.edit(lambda b: b.update(noisy=why))
+    suite.run("--accelperf-json=report.json", PROBE_BOUND).assert_outcomes(passed=1)
+    assert throughput(suite.report())["detail"].startswith(
+        "not judged, the baseline was stored marked noisy (the wobbly-sleep probe")
+    suite.run("--accelperf-update", PROBE_BOUND).assert_outcomes(passed=1)
+    assert "noisy" not in suite.load()["cases"][WOBBLY]
+
+    suite.run("--accelperf-json=report.json", PROBE_BOUND).assert_outcomes(passed=1)
+    tp = throughput(suite.report())
+    assert tp["verdict"] == "pass", tp["detail"]
+    assert tp["detail"].startswith("within tolerance: step time "), tp["detail"]
+    assert ("[drift correction off: this run's wobbly-sleep probe varied by IQR "
+            in tp["detail"]), tp["detail"]
+    assert tp["data"]["drift_corrected"] is False and not tp["data"]["contaminated"]
+
+    suite.edit(lambda b: b["step_time"].update(
+        samples=[t / 10 for t in b["step_time"]["samples"]]))
+    suite.run("--accelperf-json=report.json", PROBE_BOUND,
+              "--accelperf-confirm=0").assert_outcomes(failed=1)
+    tp = throughput(suite.report())
+    assert tp["verdict"] == "regression", tp["detail"]
+    assert tp["detail"].startswith("slower: step time "), tp["detail"]
+    assert "[drift correction off: " in tp["detail"]
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_noisy_recording_is_re_measured_and_the_quiet_one_stored(suite: Suite) -> None:
     noisy_suite(suite)
     noise_for(suite, 1)  # the first training only
     result = suite.run("--accelperf-update", BOUND)
     result.assert_outcomes(passed=1)
+    # The re-measurement is twice as long: two trainings, their 40 measured steps pooled.
     result.stdout.fnmatch_lines([
         f"*{PATTERN}: re-measured before recording: the first measurement was too noisy to be "
         f"a baseline: its step times varied by IQR *% of their median (bound 1000%, "
-        f"--accelperf-max-step-spread); measurement 2 was not*"])
+        f"--accelperf-max-step-spread); measurement 2 was not (re-measured over 40 measured "
+        f"steps, the first over 20)*"])
     stored = block(suite)
     assert "noisy" not in stored
     assert spread(stored["step_time"]["samples"]) < 10.0
+    assert len(stored["step_time"]["samples"]) == len(stored["probe"]["samples"]) == 40
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_recording_that_stays_noisy_is_stored_marked_and_never_judged(suite: Suite) -> None:
     noisy_suite(suite)
     noise_for(suite, -1)
-    result = suite.run("--accelperf-update", BOUND, "--accelperf-confirm=2",
+    result = suite.run("--accelperf-update", BOUND, "--accelperf-confirm=1",
                        "--accelperf-json=report.json", "--accelperf-markdown=report.md")
     result.assert_outcomes(passed=1)
     # the terminal: a warning that names the case, why, and the fix
     result.stdout.fnmatch_lines([
         f"*{PATTERN}: recorded on a noisy machine: its step times varied by IQR *; still noisy "
-        f"after 2 re-measurement(s)*; recorded measurement * of 3, the least dispersed; "
-        f"stored marked noisy: its throughput is inconclusive until it is re-recorded with "
-        f"--accelperf-update on a quiet machine"])
+        f"after 1 re-measurement(s) (re-measured over 40 measured steps, the first over 20)*; "
+        f"recorded measurement * of 2, the least dispersed; stored marked noisy: its "
+        f"throughput is inconclusive until it is re-recorded with --accelperf-update on a "
+        f"quiet machine"])
     stored = block(suite)
     assert stored["noisy"].startswith("its step times varied by IQR ")
     assert spread(stored["step_time"]["samples"]) > 10.0

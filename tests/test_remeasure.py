@@ -141,3 +141,56 @@ def test_a_confirmation_keeps_the_first_compile_time(suite: Suite) -> None:
     # order of the recorded one; the re-measurement's would be a cache lookup (~1 %).
     assert case["run"]["compile_time"] > 0.2 * block["compile_time"], (
         case["run"]["compile_time"], block["compile_time"])
+
+
+# -- what a re-measurement contributes, on runs built by hand --------------------------------
+def _trained(times: list[float], *, foreign: float | None = None, seconds: float = 1.0,
+             loss: float = 1.0) -> Any:
+    from pytest_accelperf.backends.base import TrainResult
+    from pytest_accelperf.run import Run
+
+    extra: dict[str, Any] = {"warmup_step_times": [0.5]}
+    if foreign is not None:
+        extra["step_load"] = {"foreign_cores": foreign, "steal_cores": 0.0, "cores": 2,
+                              "seconds": seconds, "foreign_ticks": int(foreign * seconds * 100)}
+    return TrainResult(run=Run(case_id="c", samples_per_step=8, n_devices=1, step_times=times,
+                               probe_times=[0.001] * len(times), probe_kind="numpy",
+                               losses=[loss], extra=extra))
+
+
+def test_a_re_measurement_brings_the_load_it_was_measured_under() -> None:
+    """A recording measured beside another job and re-measured on a quiet machine was
+    still judged by the first measurement's load (the re-measurement kept the first's
+    ``step_load``): stored noisy though the stored step times were quiet, and so again at
+    every re-recording under the same luck."""
+    from pytest_accelperf.checks.base import Tolerances
+    from pytest_accelperf.checks.throughput import recording_noise
+    from pytest_accelperf.runner import retimed
+
+    first = _trained([0.010] * 20, foreign=1.0, loss=2.0)
+    again = retimed(first, _trained([0.011] * 20, foreign=0.0, loss=9.0))
+    assert again.run.extra["step_load"]["foreign_cores"] == 0.0
+    assert again.run.step_times == [0.011] * 20 and again.run.losses == [2.0]
+    assert recording_noise(first.run, Tolerances(), 0.25)
+    assert recording_noise(again.run, Tolerances(), 0.25) == ""
+
+
+def test_a_longer_re_measurement_pools_its_trainings() -> None:
+    """A noisy recording is re-measured over two trainings (runner.RECORDING_WINDOWS): one
+    measurement of all their steps, under the load of all their seconds."""
+    from pytest_accelperf.runner import RECORDING_WINDOWS, retimed
+
+    assert RECORDING_WINDOWS == 2
+    first = _trained([0.010] * 20, foreign=0.0, loss=2.0)
+    pooled = retimed(first, _trained([0.011] * 20, foreign=0.9, seconds=1.0),
+                     _trained([0.012] * 20, foreign=0.1, seconds=3.0))
+    run = pooled.run
+    assert run.step_times == [0.011] * 20 + [0.012] * 20
+    assert len(run.probe_times) == 40 and run.losses == [2.0]
+    load = run.extra["step_load"]
+    assert load["seconds"] == 4.0 and load["foreign_cores"] == pytest.approx(0.3)
+    assert load["foreign_ticks"] == 90 + 30
+    # a training that did not finish is what it is
+    failed = _trained([0.011] * 3)
+    failed.run.outcome = "timeout"
+    assert retimed(first, _trained([0.011] * 20), failed).run.outcome == "timeout"

@@ -80,16 +80,21 @@ class Tolerances:
     (docs/measured.md).
     ``leak_bytes_per_step``: growth of live memory per measured step that is a leak.
     ``max_probe_spread``: the largest interquartile range over median of the drift probe
-    (in this run or the baseline's) for which a timing verdict is given; beyond it the
-    machine had no one speed and throughput or compile time is ``inconclusive``. (Above
-    0.25 the probe no longer corrects drift, and raw step times are compared; a quiet
-    2-core machine still showed 0.25-0.34 on 3 of 45 cases.)
+    (in this run or the baseline's) for which a compile-time change is judged: a compile
+    is one sample, and beyond it the machine had no one speed to tell a slower compile
+    from, so the compile time is ``inconclusive``. Throughput never reads the probe's
+    spread as noise: above 0.25 (:data:`~pytest_accelperf.checks.throughput.MAX_PROBE_SPREAD`)
+    the probe no longer corrects drift and raw step times are judged (a quiet 2-core machine
+    still showed 0.25-0.34 on 3 of 45 cases, and Flax MNIST's short case 0.64-0.78 on an
+    idle one). It is also the floor of the step-time criterion of contamination: a run
+    whose step times' spread is past both it and three times the baseline's is not judged.
     ``max_step_spread``: the largest interquartile range over median of the measured step
     times that ``--accelperf-update`` and ``--accelperf-add-session`` store as a level
-    without re-measuring; past it the case is re-measured, and a recording that stays so is
-    stored marked ``noisy`` (its throughput is ``inconclusive`` until re-recorded). The
-    suite's quiet recordings on a 2-core machine span 0.06-0.36 (one pipeline case 1.04);
-    the recording under contention this guards against showed 4.4.
+    without re-measuring; past it the case is re-measured (over twice the measured steps),
+    and a recording that stays so is stored marked ``noisy`` (its throughput is
+    ``inconclusive`` until re-recorded). The suite's quiet recordings on a 2-core machine
+    span 0.06-0.36 (one pipeline case 1.04); the recording under contention this guards
+    against showed 4.4.
     """
 
     throughput_tolerance: float = 0.10
