@@ -362,6 +362,52 @@ class ReportCase(_Report):
     baseline: dict[str, Any] | None = None
 
 
+class ReportTested(_Report):
+    """A timing regression of the suite verdict (:class:`pytest_accelperf.family.Tested`)."""
+
+    nodeid: str
+    metric: str
+    ratio: float
+    ci: list[float]
+    confidence: float
+    df: int | None = None
+    p_value: float
+    q_value: float
+
+
+class ReportStatistical(_Report):
+    """The statistical checks of a session: how many, how many regressed, how many false
+    alarms chance would give, and which regressions hold at the false-discovery rate."""
+
+    checks: int
+    set_aside: int
+    regressions: int
+    expected_false: float
+    at_least: int
+    p_at_least: float
+    fdr: float
+    held: list[ReportTested]
+    not_held: list[ReportTested]
+
+
+class ReportTally(_Report):
+    """Checks only counted (:class:`pytest_accelperf.family.Tally`)."""
+
+    checks: int
+    regressions: int
+    by_metric: dict[str, int]
+
+
+class ReportSuite(_Report):
+    """The session as one verdict (:class:`pytest_accelperf.family.SuiteVerdict`)."""
+
+    cases: int
+    regressed: int
+    statistical: ReportStatistical
+    other_timing: ReportTally
+    deterministic: ReportTally
+
+
 class ReportFile(_Report):
     """A ``--accelperf-json`` report (:class:`pytest_accelperf.report.data.SessionReport`)."""
 
@@ -373,6 +419,8 @@ class ReportFile(_Report):
     environment: dict[str, Any] = {}
     baselines_written: list[str] = []
     errors: list[str] = []
+    #: Absent from reports written before the suite verdict was.
+    suite: ReportSuite | None = None
 
 
 # -- helpers -----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines", "backends.common",
-           "cluster.address"]
+           "cluster.address", "family"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -160,7 +160,8 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
     tolerance = tol.input_tolerance
     result.verdict = throughput_verdict(est, tolerance)
     result.change = est.ratio - 1
-    data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc})
+    data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
+                 "confidence": est.confidence})
     stats_text = (f"{fmt_ratio(est.ratio)}x the baseline's, {est.confidence * 100:.0f}% CI "
                   f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
                   f"{fmt_tolerance(tolerance)}")

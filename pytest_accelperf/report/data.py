@@ -13,6 +13,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.numerics import REFERENCE_METRIC
+from pytest_accelperf.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.recordable import clearable
 
 REPORT_SCHEMA_VERSION = 1
@@ -130,7 +131,19 @@ class SessionReport:
         """The cases whose baseline this session stored marked noisy."""
         return [r for r in self.sorted_records() if r.recorded_noisy]
 
+    def suite(self) -> SuiteVerdict:
+        """The session as one verdict (:mod:`pytest_accelperf.family`), over
+        :meth:`sorted_records`: its positions are those of the report's cases."""
+        return suite_verdict(self.sorted_records())
+
     def to_json(self, exit_status: int | None = None) -> dict[str, Any]:
+        """The JSON report: the session, its suite verdict (``suite``), and its cases, each
+        statistical check's data with its ``p_value`` and ``q_value`` across the session."""
+        suite = self.suite()
+        cases = [r.to_json() for r in self.sorted_records()]
+        for tested in suite.tested:
+            data = cases[tested.case]["checks"][tested.check]["data"]
+            data.update({"p_value": tested.p_value, "q_value": tested.q_value})
         return {
             "schema_version": REPORT_SCHEMA_VERSION,
             "accel": self.accel,
@@ -143,7 +156,8 @@ class SessionReport:
             "recorded_noisy": [{"nodeid": r.nodeid, "platform": r.platform,
                                 "why": r.recorded_noisy} for r in self.recorded_noisy],
             "errors": self.errors,
-            "cases": [r.to_json() for r in self.sorted_records()],
+            "suite": suite.to_json(),
+            "cases": cases,
         }
 
     @classmethod

@@ -1,6 +1,8 @@
 """The Markdown summary for a pull-request comment and the CI job summary.
 
-Ordered by what a reviewer must act on: regressions (and errors) first, then improvements
+Ordered by what a reviewer must act on: under the headline, one line for the whole suite
+(how many cases regressed, and whether the timing regressions are more than chance would
+give: :mod:`pytest_accelperf.family`); then regressions (and errors), then improvements
 (which ask for a baseline refresh), then checks that could not decide (inconclusive, new,
 incomparable), then a folded ``<details>`` list of the cases that passed. Text only; the
 plugin and ``accelperf report`` decide where it goes.
@@ -12,7 +14,7 @@ from collections.abc import Iterable
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.report.data import CaseRecord, SessionReport
-from pytest_accelperf.report.terminal import fmt_change, fmt_value
+from pytest_accelperf.report.terminal import fmt_change, fmt_value, suite_text
 from pytest_accelperf.units import fmt_bytes
 
 #: Longest detail shown in a table cell; the JSON report has the rest.
@@ -95,6 +97,8 @@ def markdown(report: SessionReport, *, title: str = "accelperf",
     e.g. ``accelperf baselines accept accelperf.json --case PATTERN``.
     """
     lines = [f"## {title}", "", headline(report), ""]
+    if report.records:
+        lines += [f"Suite: {suite_text(report.suite())}", ""]
     regression_rows = _checks_with(report, (Verdict.REGRESSION,))
     errors = [r for r in report.sorted_records() if r.error and not r.checks]
     if regression_rows or errors or report.errors:

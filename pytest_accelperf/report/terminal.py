@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 from tabulate import tabulate
 
 from pytest_accelperf.checks.base import CheckResult
+from pytest_accelperf.family import SuiteVerdict, Tally
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.stats import MIN_SESSIONS
 from pytest_accelperf.units import fmt_bytes, fmt_flops
@@ -113,6 +116,7 @@ def table_lines(report: SessionReport) -> list[str]:
         lines.append(f"{ADJUSTED} the gate's estimate (drift-corrected and/or against the "
                      f"baseline's session mean), not now/baseline: see the check's detail")
     lines.append("")
+    lines.append(f"accelperf: suite: {suite_text(report.suite())}")
     lines.append(f"accelperf: {len(report.records)} case(s) on {report.platform}: "
                  f"{count_text(report)}")
     for path in report.written:
@@ -148,3 +152,90 @@ def session_lines(report: SessionReport) -> list[str]:
     else:
         line += "; their spread now widens the throughput interval"
     return [line]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _qs(values: list[float], *, bound: str) -> str:
+    """q-values in words: each of up to three; past that, the bound (``<=`` the largest or
+    ``>=`` the smallest)."""
+    if len(values) <= 3:
+        return "q = " + ", ".join(f"{q:.2g}" for q in values)
+    return f"q <= {max(values):.2g}" if bound == "max" else f"q >= {min(values):.2g}"
+
+
+def _metrics(tally: Tally) -> str:
+    return ", ".join(m if n == 1 else f"{m} x{n}" for m, n in tally.by_metric)
+
+
+def _up(x: float, digits: int = 2) -> str:
+    """``x`` >= 0 rounded *up* to ``digits`` significant digits (a bound stays a bound)."""
+    if x <= 0:
+        return "0"
+    scale = 10.0 ** (math.floor(math.log10(x)) - digits + 1)
+    value = math.ceil(x / scale * (1 - 1e-12)) * scale
+    return f"{value:.0f}" if value >= 10 ** digits else f"{value:.{digits}g}"
+
+
+def _percent(p: float) -> str:
+    """A bound on a chance as a percentage, rounded up: whole percents, two significant
+    digits below 1 %."""
+    percent = p * 100
+    if percent >= 1:
+        return f"{math.ceil(percent * (1 - 1e-12))}%"
+    return f"{_up(percent)}%"
+
+
+def suite_text(suite: SuiteVerdict) -> str:
+    """The session as one verdict, in one line (:mod:`pytest_accelperf.family`): how many
+    cases regressed; how many timing checks gave a verdict from an interval, how many false
+    alarms chance would give them at most, and whether the timing regressions hold at the
+    suite's false-discovery rate; the regressions of the other checks, counted.
+
+    ``1 of 12 cases regressed; 24 timing checks with an interval (at most 0.6 false alarms
+    expected by chance, P(>=1) <= 46%): 1 regression, which holds at a 5% false discovery
+    rate (q = 0.0004); 36 deterministic checks: 1 regression (program)``
+
+    The expected false alarms and the chance are bounds, and are rounded up (two
+    significant digits; whole percents from 1 %)."""
+    parts = [f"{suite.regressed_cases} of {_plural(suite.cases, 'case')} regressed"]
+    m, k = len(suite.tested), len(suite.regressions)
+    if not m:
+        parts.append("no timing check with an interval")
+    else:
+        chance = (f"at most {_up(suite.expected_false)} false alarms expected by chance, "
+                  f"P(>={suite.at_least}) <= {_percent(suite.p_at_least)}")
+        fdr = f"{suite.fdr:.0%} false discovery rate"
+        held = [t.q_value for t in suite.held]
+        not_held = [t.q_value for t in suite.not_held]
+        if not k:
+            verdict = "no regression"
+        elif not not_held:
+            which = "which holds" if k == 1 else "all of which hold"
+            verdict = (f"{_plural(k, 'regression')}, {which} at a {fdr} "
+                       f"({_qs(held, bound='max')})")
+        elif not held:
+            which = "which does not hold" if k == 1 else "none of which holds"
+            verdict = (f"{_plural(k, 'regression')}, {which} at a {fdr} "
+                       f"({_qs(not_held, bound='min')})")
+        else:
+            verdict = (f"{_plural(k, 'regression')}: {len(held)} "
+                       f"{'holds' if len(held) == 1 else 'hold'} at a {fdr} "
+                       f"({_qs(held, bound='max')}), {len(not_held)} "
+                       f"{'does' if len(not_held) == 1 else 'do'} not "
+                       f"({_qs(not_held, bound='min')})")
+        parts.append(f"{_plural(m, 'timing check')} with an interval ({chance}): {verdict}")
+    if suite.set_aside:
+        parts.append(f"{_plural(suite.set_aside, 'timing check')} set aside, which cannot "
+                     f"regress (measured beside another job, or against a noisy baseline)")
+    other = suite.other_timing
+    if other.regressions:
+        parts.append(f"{_plural(other.regressions, 'timing regression')} without an interval "
+                     f"({_metrics(other)})")
+    fixed = suite.deterministic
+    parts.append(f"{_plural(fixed.checks, 'deterministic check')}: " + (
+        f"{_plural(fixed.regressions, 'regression')} ({_metrics(fixed)})" if fixed.regressions
+        else "no regression"))
+    return "; ".join(parts)
