@@ -1133,9 +1133,25 @@ def ab_case_result(case: dict[str, Any], slowdowns: Sequence[float]) -> dict[str
             "ratio": data.get("ratio"), "ci": data.get("ci"), "rounds": data.get("rounds"),
             "seconds": data.get("seconds"), "foreign_cores": load.get("foreign_cores"),
             "processes": data.get("processes"), "process_sd": data.get("process_sd"),
-            "within_sd": data.get("within_sd"),
+            "within_sd": data.get("within_sd"), "pairs": data.get("pairs"),
+            "blocks": data.get("blocks"),
+            "rounds_only": _rounds_only(data),
             "contaminated": data.get("contaminated"),
             "detail": (check or {}).get("detail") or case.get("error")}
+
+
+def _rounds_only(data: dict[str, Any]) -> dict[str, Any] | None:
+    """What the statistic before issue 24 (an interval over the rounds alone, as if every
+    round came from one pair of processes: ``paired_ratio``) says of the same rounds, at
+    the same tolerance: the comparison the two-level interval is measured against."""
+    blocks, tolerance = data.get("blocks"), data.get("tolerance")
+    if not blocks or tolerance is None or len(blocks.get("head") or []) < 3:
+        return None
+    from pytest_accelperf.stats import paired_ratio, throughput_verdict
+
+    est = paired_ratio(blocks["head"], blocks["base"])
+    return {"verdict": throughput_verdict(est, float(tolerance)).value, "ratio": est.ratio,
+            "ci": [est.low, est.high], "mdc": est.mdc}
 
 
 def ab_summary(results: Sequence[dict[str, Any]], workload: str, loads: Sequence[str],
@@ -1167,6 +1183,10 @@ def ab_summary(results: Sequence[dict[str, Any]], workload: str, loads: Sequence
                 "median ratio": _fmt(_median(ratios), ".3f"),
                 "median abs(ratio-1)": _fmt(_median([None if r is None else abs(r - 1)
                                                      for r in ratios]), ".3f"),
+                **{f"rounds-only interval: {v}": _rate_text(
+                    sum(1 for r in mine if (r.get("rounds_only") or {}).get("verdict") == v),
+                    sum(1 for r in mine if r.get("rounds_only")))
+                   for v in ("regression", "improvement")},
                 "median process sd": _fmt(_median([r.get("process_sd") for r in mine]),
                                           ".4f"),
                 "median within sd": _fmt(_median([r.get("within_sd") for r in mine]), ".4f"),

@@ -306,3 +306,20 @@ def test_ab_case_result_and_summary() -> None:
     assert zero["not pass/inconclusive [95% CI]"].startswith("3/4 ")
     assert zero["median ratio"] == "1.010" and zero["median abs(ratio-1)"] == "0.040"
     assert two["not pass/inconclusive [95% CI]"].startswith("0/1 ")
+
+
+def test_ab_rows_say_what_the_rounds_only_interval_would_have_said() -> None:
+    """Each A/B result keeps its rounds and what the statistic before issue 24 (an interval
+    over the rounds alone) says of them: the comparison the A/A self-test reports."""
+    offset = {"base": [[1.0, 1.0, 1.01]] * 6, "head": [[1.03, 1.03, 1.04]] * 6}
+    case = {"case_id": "jax-mlp-nomesh-b256-s0000-r0", "checks": [
+        {"metric": "throughput", "verdict": "inconclusive", "detail": "d",
+         "data": {"mode": "ab", "ratio": 1.03, "ci": [0.9, 1.2], "tolerance": 0.01,
+                  "blocks": offset, "pairs": [0, 0, 1, 1, 2, 2], "processes": 3}}]}
+    row = {"workload": "jax", "load": "none", "wall_s": 1.0, "session": 0,
+           **gate.ab_case_result(case, [0.0])}
+    assert row["rounds_only"]["verdict"] == "regression"  # 3 % with a zero-width interval
+    assert row["pairs"] == [0, 0, 1, 1, 2, 2] and row["blocks"] == offset
+    [summary] = gate.ab_summary([row], "jax", ["none"], [0.0])
+    assert summary["rounds-only interval: regression"].startswith("1/1 ")
+    assert summary["not pass/inconclusive [95% CI]"].startswith("0/1 ")
