@@ -360,7 +360,8 @@ class ProcessSpread:
     """How the paired log-ratios of an A/B measurement vary at its two levels: between
     process pairs (``process_sd``: the standard deviation of a pair's true mean, from its
     memory layout, allocator state, thread placement) and between rounds within one pair
-    (``within_sd``), both as standard deviations of a log-ratio (about a relative change).
+    (``within_sd``, winsorized: the spread the pair's trimmed mean sees), both as standard
+    deviations of a log-ratio (about a relative change).
     ``processes`` pairs took ``rounds`` rounds in all."""
 
     processes: int
@@ -371,8 +372,21 @@ class ProcessSpread:
     @property
     def process_dominates(self) -> bool:
         """Whether the process level contributes more to a pair's mean than its rounds."""
-        per_pair = self.rounds / max(self.processes, 1)
-        return self.process_sd ** 2 > self.within_sd ** 2 / max(per_pair, 1.0)
+        per_pair = max(self.rounds / max(self.processes, 1), 1.0)
+        rounds_var = self.within_sd ** 2 / ((1 - 2 * TRIM) ** 2 * per_pair)
+        return self.process_sd ** 2 > rounds_var
+
+
+def _trimmed_mean_se(logs: FloatArray) -> float:
+    """Standard error of the 10 %-trimmed mean of ``logs``: the winsorized standard
+    deviation over ``(1 - 2 * TRIM) * sqrt(n)`` (Tukey & McLaughlin), robust to the few
+    rounds another job disturbed, as the trimmed mean itself is."""
+    n = len(logs)
+    if n < 2:
+        return 0.0
+    winsorized = np.asarray(_scipy_stats().mstats.winsorize(logs, limits=(TRIM, TRIM)),
+                            dtype=np.float64)
+    return float(winsorized.std(ddof=1) / ((1 - 2 * TRIM) * math.sqrt(n)))
 
 
 def process_ratio(now_blocks: Sequence[Sequence[float]],
@@ -386,11 +400,16 @@ def process_ratio(now_blocks: Sequence[Sequence[float]],
     steady-state speed differs between two processes of the same program (by around 1 %
     on a CPU), and rounds inside one pair of processes share that offset: an interval over
     rounds alone is too narrow by exactly the between-process variance. This is the
-    two-level (random-effects) estimate instead: each pair's mean is the 10 %-trimmed mean
-    of its rounds' log-ratios, the estimate is the mean of the pairs' means, and the
-    interval is Student's t over the pairs' means (``k - 1`` degrees of freedom for ``k``
-    pairs), which carries both levels of variance, whatever their sizes. The spread at
-    each level is estimated by the method of moments (:class:`ProcessSpread`).
+    two-level (random-effects) estimate instead. Each pair's mean is the 10 %-trimmed mean
+    of its rounds' log-ratios, with its own standard error from its rounds (winsorized:
+    :func:`_trimmed_mean_se`); the estimate is the mean of the pairs' means. The variance
+    of one pair's mean is estimated as the larger of the pairs' means' observed variance
+    (both levels) and what the rounds alone give it (the method of moments' estimate with
+    the between-process part truncated at 0: three means that agree by chance cannot
+    claim more precision than their own rounds have), and the interval is Student's t over
+    the pairs (``k - 1`` degrees of freedom for ``k`` pairs). The spread at each level is
+    reported (:class:`ProcessSpread`; ``within_sd`` is the rounds' winsorized standard
+    deviation).
 
     >>> est, spread = process_ratio([[1.1] * 3] * 4, [[1.0] * 3] * 4, [0, 0, 1, 1])
     >>> round(est.ratio, 6), round(est.mdc, 6), spread.processes
@@ -408,15 +427,17 @@ def process_ratio(now_blocks: Sequence[Sequence[float]],
     k, n = len(groups), len(logs)
     center = float(means.mean())
     ratio = math.exp(center)
-    sd_means = float(means.std(ddof=1))
-    within_ss = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
-    within_var = within_ss / (n - k) if n > k else 0.0
-    process_var = max(0.0, sd_means ** 2 - within_var / (n / k))
-    spread = ProcessSpread(k, n, math.sqrt(process_var), math.sqrt(within_var))
-    if sd_means == 0.0:
+    var_means = float(means.var(ddof=1))
+    ses = [_trimmed_mean_se(g) for g in groups]
+    rounds_var = float(np.mean(np.square(ses)))  # one pair mean's variance from its rounds
+    per_pair = n / k
+    within_sd = math.sqrt(rounds_var * per_pair) * (1 - 2 * TRIM)
+    spread = ProcessSpread(k, n, math.sqrt(max(0.0, var_means - rounds_var)), within_sd)
+    pair_var = max(var_means, rounds_var)
+    if pair_var == 0.0:
         return RatioEstimate(ratio, ratio, ratio, 0.0, n, n, confidence), spread
     t = float(_scipy_stats().t.ppf((1 + confidence) / 2, k - 1))
-    half = t * sd_means / math.sqrt(k)
+    half = t * math.sqrt(pair_var / k)
     low, high = math.exp(center - half), math.exp(center + half)
     return (RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), n, n, confidence),
             spread)
