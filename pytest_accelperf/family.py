@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.stats import _scipy_stats
 
 #: The suite's false-discovery rate: a timing regression whose q-value is at most this holds.
 FDR = 0.05
@@ -54,13 +55,6 @@ OTHER_TIMING_METRICS = ("compile", "scaling")
 DEFAULT_CONFIDENCE = 0.95
 #: The data keys that mark a timing check whose interval was set aside (see the module).
 SET_ASIDE_KEYS = ("contaminated", "noisy_baseline", "probe_only")
-
-
-def _scipy_stats() -> Any:
-    """``scipy.stats``, imported on first use (most of the plugin's start-up time)."""
-    from scipy import stats
-
-    return stats
 
 
 class Case(Protocol):

@@ -441,3 +441,13 @@ def process_ratio(now_blocks: Sequence[Sequence[float]],
     low, high = math.exp(center - half), math.exp(center + half)
     return (RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), n, n, confidence),
             spread)
+
+
+def ab_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Sequence[float]],
+             pairs: Sequence[int]) -> tuple[RatioEstimate, ProcessSpread | None]:
+    """A/B mode's statistic: over the process pairs (:func:`process_ratio`) when the
+    rounds came from more than one, else over the rounds of the one pair
+    (:func:`paired_ratio`, no spread)."""
+    if len(set(pairs)) > 1:
+        return process_ratio(now_blocks, base_blocks, pairs)
+    return paired_ratio(now_blocks, base_blocks), None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import Suite
 
@@ -44,6 +46,8 @@ def test_bad_numbers_are_usage_errors(pytester: pytest.Pytester, flag: str) -> N
     ("--accelperf-host-lock-timeout=-1", "a finite number >= 0"),
     # 100000 virtual devices hang XLA's start-up; 32768 abort it after a minute.
     ("--accelperf-cpu-devices=100000", "an integer from 1 to 4096"),
+    ("--accelperf-compare-processes=17", "an integer from 0 to 16"),
+    ("--accelperf-compare-processes=-1", "an integer from 0 to 16"),
 ])
 def test_non_finite_and_out_of_range_numbers_are_refused(pytester: pytest.Pytester, flag: str,
                                                          expected: str) -> None:
@@ -213,3 +217,17 @@ def test_platform_override(suite: Suite) -> None:
     suite.write()
     suite.run("--accelperf-platform=ci-runner", "--accelperf-update").assert_outcomes(passed=2)
     assert suite.baseline_path(platform="ci-runner").exists()
+
+
+def test_compare_processes_automatic_and_explicit() -> None:
+    """0 (the default): 3 pairs, one per 4 s of the budget when that is more, at most 8."""
+    from dataclasses import replace
+
+    from pytest_accelperf.checks.base import Tolerances
+    from pytest_accelperf.options import Settings
+
+    base = Settings(accel="cpu", cpu_devices=8, update=False, baselines=Path("b"), json=None,
+                    platform=None, tolerances=Tolerances())
+    assert [replace(base, compare_budget=b).compare_pairs for b in (4, 20, 60, 600)] == \
+        [3, 5, 8, 8]
+    assert replace(base, compare_processes=1, compare_budget=60).compare_pairs == 1

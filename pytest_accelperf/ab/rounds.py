@@ -29,7 +29,7 @@ from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.contention import Contention, Load
-from pytest_accelperf.stats import RatioEstimate, paired_ratio, process_ratio
+from pytest_accelperf.stats import ab_ratio
 
 
 @dataclass
@@ -56,15 +56,6 @@ def round_orders(rng: random.Random) -> tuple[bool, bool]:
     which one comes first drawn at random."""
     base_first = rng.random() < 0.5
     return base_first, not base_first
-
-
-def estimate(measured: ABMeasurement) -> RatioEstimate:
-    """The paired step-time ratio of ``measured``: over its process pairs when it has more
-    than one (:func:`~pytest_accelperf.stats.process_ratio`), else over its rounds
-    (:func:`~pytest_accelperf.stats.paired_ratio`)."""
-    if len(set(measured.pairs)) > 1:
-        return process_ratio(measured.head, measured.base, measured.pairs)[0]
-    return paired_ratio(measured.head, measured.base)
 
 
 class Comparison:
@@ -182,7 +173,7 @@ class Comparison:
                     continue  # the fewest rounds, and whole cycles: balanced pairs
                 if out.seconds >= budget:
                     break
-                if estimate(out).mdc <= tolerance / 2:
+                if ab_ratio(out.head, out.base, out.pairs)[0].mdc <= tolerance / 2:
                     break  # resolved well within the tolerance
             out.load = load.reading()
             return "ready", "", out
