@@ -98,7 +98,7 @@ def _write(out: Path, stamp: str, sha: str, ns: argparse.Namespace, extra: list[
         totals.update(r["verdicts"])
     command = " ".join(["python benchmarks/suites_sessions.py",
                         f"--sessions {ns.sessions}", *extra])
-    summary = {"sessions": len(rows), "failed": failed,
+    summary: dict[str, Any] = {"sessions": len(rows), "failed": failed,
                "failure_rate_ci95": [ci.low, ci.high], "verdicts": dict(totals),
                "wall_s": [min(r["wall_s"] for r in rows), max(r["wall_s"] for r in rows)],
                "load_before": [min(r["load_before"] for r in rows),
