@@ -478,3 +478,24 @@ def test_processes_of_different_speed_are_sampled_not_called_a_change(suite: Sui
     assert data["process_sd"] > 0.1  # the 20 % between processes, seen as such
     assert "over 3 process pairs (between processes sd" in str(check["detail"])
     three.assert_outcomes(passed=1)
+
+
+def test_close_after_a_start_cut_short_stops_the_arms_that_started(tmp_path: Path) -> None:
+    """A start interrupted between a pair's two arms (Ctrl-C, a head arm that failed to
+    start) left a pair with one arm, and closing raised KeyError: 'base' over the real
+    error (seen on an H100). The arm that started is stopped."""
+    import sys
+    from multiprocessing import Pipe
+
+    from pytest_accelperf.ab.arms import Arm
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ours, theirs = Pipe()
+    comparison = object.__new__(Comparison)
+    comparison._pairs = [{"head": Arm("head", proc, ours, tmp_path / "head-0.log")}]
+    comparison._dir = None
+    theirs.close()  # the worker never answers: stop() must still end it
+    comparison.close()
+    proc.wait(timeout=20)
+    assert proc.returncode is not None
+    assert comparison._pairs == []

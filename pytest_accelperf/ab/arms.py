@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
@@ -131,6 +132,30 @@ def _accept(listener: Listener, proc: subprocess.Popen[bytes], arm: str,
     return conn
 
 
+#: What JAX does with an accelerator's memory at start-up: it takes 75 % of it at once.
+_JAX_MEMORY_ENV = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                   "XLA_PYTHON_CLIENT_ALLOCATOR")
+
+
+def shared_device_env(accel: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment that lets every A/B worker share one accelerator: all of them (two
+    per process pair) run on the same GPU, and JAX's default of taking 75 % of the device's
+    memory when a process starts fits one worker, not ten (on an H100 the comparison never
+    got past preparing its cases). Workers then allocate as they go, in both arms alike;
+    where the user set any of JAX's memory variables, theirs stand and nothing is added.
+
+    >>> shared_device_env("gpu", {})
+    {'XLA_PYTHON_CLIENT_PREALLOCATE': 'false'}
+    >>> shared_device_env("gpu", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".1"})
+    {}
+    >>> shared_device_env("cpu", {})
+    {}
+    """
+    if accel in ("cpu", "external") or any(name in environ for name in _JAX_MEMORY_ENV):
+        return {}
+    return {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+
+
 def start_arm(setup: Setup, listener: Listener, authkey: bytes, log: Path) -> Arm:
     """Start the worker process of ``setup.arm`` in its tree, its output going to ``log``,
     and wait until it connects to ``listener``. The plugin is imported from where this
@@ -138,7 +163,7 @@ def start_arm(setup: Setup, listener: Listener, authkey: bytes, log: Path) -> Ar
     plugin_parent = str(Path(pytest_accelperf.__file__).resolve().parents[1])
     env = {**os.environ, ADDRESS_ENV: str(listener.address), AUTHKEY_ENV: authkey.hex(),
            SETUP_ENV: json.dumps(setup.__dict__), "PYTHONPATH": plugin_parent,
-           PAIR_ENV: str(setup.pair)}
+           PAIR_ENV: str(setup.pair), **shared_device_env(setup.accel, os.environ)}
     with log.open("wb") as out:
         proc = subprocess.Popen(list(WORKER_COMMAND), cwd=setup.tree, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)

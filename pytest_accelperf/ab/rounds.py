@@ -113,8 +113,9 @@ class Comparison:
             listener.close()
 
     def _workers(self) -> list[Arm]:
-        """Every worker, the base arm's first in each pair."""
-        return [pair[arm] for pair in self._pairs for arm in ("base", "head")]
+        """Every worker, the base arm's first in each pair (a pair whose start was cut
+        short, by a failed start or an interrupt, has the arms that started)."""
+        return [pair[arm] for pair in self._pairs for arm in ("base", "head") if arm in pair]
 
     def measure(self, case: Case, rel_file: str, qualname: str, *, rounds: int, block: int,
                 budget: float, tolerance: float, spec: BackendSpec | None = None
