@@ -312,7 +312,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = config.stash.get(SESSION_KEY, None)
     if state is None:
         return
-    state.close()  # A/B workers
+    kept = state.close(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)  # A/B workers
+    if kept is not None:
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        line = (f"accelperf: interrupted during an A/B comparison; what its workers printed "
+                f"is kept in {kept}/ (base-<pair>.log, head-<pair>.log)")
+        if terminal is not None:
+            terminal.write_line(line)
     if is_worker(config):
         workeroutput: Any = getattr(config, "workeroutput")
         workeroutput[_WORKER_KEY] = json.dumps({

@@ -271,6 +271,10 @@ class Block(_Strict):
     #: the loss's.
     metrics: dict[str, Loss] | None = None
     numerics: Numerics | None = None
+    #: Per leaf, how far a replay of the same steps moved it (``||run - replay|| /
+    #: ||run||``), where the platform does not repeat its arithmetic exactly (a GPU's
+    #: atomic reductions); only the leaves that moved, absent where none did.
+    numerics_spread: dict[str, NonNegative] | None = None
     flops_per_step: NonNegative | None = None
     mfu: NonNegative | None = None
     max_batch: MaxBatch | None = None

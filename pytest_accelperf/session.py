@@ -67,11 +67,14 @@ class AccelperfSession:
         return BackendRegistry.from_hook(
             self.config.hook.pytest_accelperf_backends(config=self.config))
 
-    def close(self) -> None:
-        """Stop what the session started (A/B workers)."""
+    def close(self, *, interrupted: bool = False) -> Path | None:
+        """Stop what the session started (A/B workers). After an interrupt, their output
+        is kept: the folder it is in is returned."""
+        kept = None
         if self._comparison is not None:
-            self._comparison.close()
+            kept = self._comparison.close(keep_logs=interrupted)
             self._comparison = None
+        return kept
 
     def store(self, platform: str) -> BaselineStore:
         key = (self.settings.baselines, platform)

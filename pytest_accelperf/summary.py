@@ -173,6 +173,9 @@ def summarize(run: Run) -> dict[str, Any]:
         if metrics:
             block["metrics"] = metrics
         block["numerics"] = run.params_fingerprint
+        replay = run.extra.get("replay")
+        if isinstance(replay, dict) and replay.get("leaves"):
+            block["numerics_spread"] = dict(replay["leaves"])
         block["flops_per_step"] = _round(run.flops_per_step) if run.flops_per_step else None
         block["mfu"] = _round(run.mfu) if run.mfu is not None else None
     if run.max_batch is not None:

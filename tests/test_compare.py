@@ -499,3 +499,22 @@ def test_close_after_a_start_cut_short_stops_the_arms_that_started(tmp_path: Pat
     proc.wait(timeout=20)
     assert proc.returncode is not None
     assert comparison._pairs == []
+
+
+def test_an_interrupted_comparison_keeps_what_its_workers_printed(tmp_path: Path) -> None:
+    """Interrupted while a worker hung (an H100 session that never got past preparing its
+    first case), nothing told why: the workers' logs went with their folder. Now they
+    stay (the trees do not), and the folder is named."""
+    folder = tmp_path / "accelperf-compare-x"
+    (folder / "base").mkdir(parents=True)
+    (folder / "base" / "model.py").write_text("x = 1\n")
+    (folder / "base-0.log").write_text("compiling...\n")
+    (folder / "socket").write_text("")
+    comparison = object.__new__(Comparison)
+    comparison._pairs, comparison._dir = [], folder
+    assert comparison.close(keep_logs=True) == folder
+    assert sorted(p.name for p in folder.iterdir()) == ["base-0.log"]
+
+    comparison._dir = folder
+    assert comparison.close() is None
+    assert not folder.exists()

@@ -215,10 +215,25 @@ class Comparison:
                 return status, why
         return "ready", ""
 
-    def close(self) -> None:
+    def close(self, *, keep_logs: bool = False) -> Path | None:
+        """Stop every worker and remove the trees; with ``keep_logs`` (the session was
+        interrupted, perhaps while a worker hung), the workers' output (``base-0.log``,
+        ``head-0.log``, ...) stays where it was, and its folder is returned."""
         for arm in self._workers():
             arm.stop()
         self._pairs.clear()
+        kept = None
         if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            logs = sorted(self._dir.glob("*.log"))
+            if keep_logs and logs:
+                kept = self._dir
+                for entry in self._dir.iterdir():
+                    if entry.suffix != ".log":
+                        if entry.is_dir():
+                            shutil.rmtree(entry, ignore_errors=True)
+                        else:
+                            entry.unlink(missing_ok=True)
+            else:
+                shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+        return kept

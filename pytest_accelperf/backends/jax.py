@@ -65,6 +65,7 @@ from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
 from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
+from pytest_accelperf.units import round_sig
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -805,6 +806,10 @@ class JaxBackend:
         with phases("fingerprint"):  # the parameters and the state beside them
             params, state_names = _fingerprinted(step, final)
             run.params_fingerprint = fingerprint(params, state_names)
+        if (trained.nan_step is None and not trained.timed_out
+                and _replayed_on(next(iter(mesh.devices.flat)).platform)):
+            with phases("replay"):  # the same steps again: does the platform repeat them?
+                run.extra["replay"] = _replay(program, len(trained.losses), params)
         # The final state goes back to the test; a case spanning processes holds shards
         # of it in each, and no process can hand it over whole.
         state = step.final_of(final) if jax.process_count() == 1 else None
@@ -901,6 +906,45 @@ def _train_steps(program: _Program, least: int, most: int,
         if i + 1 >= least and (moved is None or moved(holder[0])):
             return holder[0], i + 1
     return holder[0], most
+
+
+#: Platforms whose programs need not repeat their arithmetic exactly: XLA:GPU reduces with
+#: atomics (a bias's gradient summed over the batch), so two runs of one program from one
+#: initial state differ in the last bits, and after a case's steps by more than the
+#: numerics tolerance (on an H100, 6e-4 to 4.5e-3 in 2 of 31 leaves of the charlm MLP, and
+#: a BatchNorm's running mean: 5 of 11 unchanged cases failed the check against their own
+#: recording). On these, the training is replayed (:func:`_replay`). XLA:CPU and TPUs
+#: repeat their programs exactly.
+REPLAYED_PLATFORMS = frozenset({"gpu", "cuda", "rocm"})
+
+
+def _replayed_on(platform: str) -> bool:
+    return platform in REPLAYED_PLATFORMS
+
+
+def _replay(program: _Program, steps: int, flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """The case's training replayed: the same ``steps`` steps of the same compiled program
+    from the same initial state and batches, untimed, and its parameters and state against
+    the run's (``flat``), leaf by leaf: ``spread``, the largest relative difference
+    ``||run - replay|| / ||run||`` of a leaf (0 where the platform repeated the run
+    exactly), ``leaf`` where it is, and each differing leaf's (``leaves``). Each leaf's
+    norm is over all its elements, so one replay measures the spread well where a single
+    number per leaf (the stored sketch) would not. The numerics check compares a run with
+    its baseline at a relative tolerance no tighter than a multiple of each leaf's spread:
+    two runs of unchanged code differ by as much
+    (:func:`pytest_accelperf.checks.numerics.check_numerics`)."""
+    again, _ = _fingerprinted(program.step, _train_steps(program, steps, steps)[0])
+    spreads: dict[str, float] = {}
+    for path, ran in flat.items():
+        if path in again:
+            a = np.asarray(ran, np.float64)
+            norm = float(np.linalg.norm(a))
+            diff = float(np.linalg.norm(a - np.asarray(again[path], np.float64)))
+            spreads[path] = diff / norm if norm > 0 else (math.inf if diff else 0.0)
+    worst = max(spreads, key=spreads.__getitem__, default="")
+    return {"steps": steps, "spread": round_sig(spreads.get(worst, 0.0), 4),
+            "leaf": worst or None,
+            "leaves": {p: round_sig(d, 4) for p, d in sorted(spreads.items()) if d > 0}}
 
 
 def _fingerprinted(step: JaxStep, state: PyTree) -> tuple[dict[str, np.ndarray], list[str]]:

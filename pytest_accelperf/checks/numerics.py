@@ -37,7 +37,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,7 @@ import numpy.typing as npt
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.units import fmt_num, round_sig
+from pytest_accelperf.units import fmt_num, fmt_percent, round_sig
 
 METRIC = "numerics"
 REFERENCE_METRIC = "reference"
@@ -270,9 +270,9 @@ def _tag_changes(now: Mapping[str, Any], names: list[str] | None,
 
 
 def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping[str, Any],
-                   rtol: float, atol: float, tols: str) -> CheckResult:
+                   rtol: Callable[[str], float], atol: float, tols: str) -> CheckResult:
     """``now_fp`` (per leaf, or compact) against a compact baseline fingerprint, section by
-    section: the parameters, then the state beside them."""
+    section: the parameters, then the state beside them; ``rtol`` per leaf path."""
     names: dict[str, list[str] | None] = {"params": None, STATE: None}
     leaves: Mapping[str, Mapping[str, Any]] = {}
     if is_compact(now_fp):
@@ -311,7 +311,7 @@ def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping
         n = len(section["sketch"])
         what = "leaf" if key == "params" else "state leaf"
         paths = names[key] or [f"{what} {i + 1} of {n}" for i in range(n)]
-        diffs.extend(compare_leaf(p, [a], [b], rtol=rtol, atol=atol)
+        diffs.extend(compare_leaf(p, [a], [b], rtol=rtol(p), atol=atol)
                      for p, a, b in zip(paths, section["sketch"], recorded["sketch"],
                                         strict=True))
         n_state += n if key == STATE else 0
@@ -365,9 +365,35 @@ def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: 
     return result
 
 
+#: A run is compared with its baseline at a relative tolerance of at least this many times
+#: the spread of a replay (``numerics_spread``, the largest ``||run - replay|| / ||run||``
+#: of a leaf, where the platform does not repeat its arithmetic exactly: a GPU's atomic
+#: reductions). Two runs of unchanged code differ by about the spread; a leaf's stored
+#: number (its RMS and a projection on a fixed direction) moves by at most about
+#: ``(1 + |N(0, 1)| / 4)`` times a leaf's relative difference.
+SPREAD_FACTOR = 10
+
+
+def _spread(*blocks: Mapping[str, Any] | None) -> dict[str, float]:
+    """Per leaf, the larger replay spread of the blocks (``numerics_spread``)."""
+    out: dict[str, float] = {}
+    for block in blocks:
+        value: Any = (block or {}).get("numerics_spread")
+        for path, d in (value.items() if isinstance(value, Mapping) else ()):
+            if _finite(d):
+                out[path] = max(out.get(path, 0.0), float(d))
+    return out
+
+
 def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
                    tol: Tolerances, *, same_environment: bool = True) -> CheckResult | None:
     """The parameter fingerprint of ``block`` against ``baseline``'s; None without any.
+
+    Where the platform does not repeat its arithmetic exactly (``numerics_spread`` in
+    the block or the baseline: how far a replay of the same steps moved the fingerprint,
+    on a GPU), the relative tolerance of each leaf that moved is at least
+    :data:`SPREAD_FACTOR` times its larger spread (a relative difference), and the detail
+    says so.
 
     ``same_environment=False`` (the baseline came from another host CPU or framework
     version) compares at ``numerics_cross_rtol/atol`` instead, and says so: other kernels
@@ -390,15 +416,28 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
     if not base_fp:
         return missing_in_baseline(METRIC, "parameter fingerprint", baseline, unit=UNIT)
 
+    spread = _spread(block, baseline)
     result = CheckResult(METRIC, Verdict.PASS, "", unit=UNIT,
                          data={"rtol": rtol, "atol": atol,
                                "leaves": _leaf_count(now_fp) if now_fp else 0})
     tols = f"rtol {fmt_num(rtol)}, atol {fmt_num(atol)}"
+    loosened = {p: SPREAD_FACTOR * d for p, d in spread.items() if SPREAD_FACTOR * d > rtol}
+    if loosened:
+        result.data["spread"] = spread
+        worst = max(spread, key=spread.__getitem__)
+        tols += (f"; rtol {SPREAD_FACTOR}x this platform's own spread for the "
+                 f"{len(loosened)} lea{'f' if len(loosened) == 1 else 'ves'} a replay of the "
+                 f"same steps moved (up to {fmt_percent(spread[worst])} of {worst}'s norm): "
+                 f"finer changes of them cannot be told from it")
+    base_rtol = rtol
+
+    def rtol_of(path: str) -> float:
+        return loosened.get(path, base_rtol)
     if not same_environment:
         tols += ", the cross-environment tolerance: the baseline is from another environment"
     if is_compact(base_fp):
         result.data["format"] = "compact"
-        return _check_compact(result, now_fp, base_fp, rtol, atol, tols)
+        return _check_compact(result, now_fp, base_fp, rtol_of, atol, tols)
     if is_compact(now_fp):
         result.verdict = Verdict.INCOMPARABLE
         result.detail = ("the baseline's fingerprint is per leaf (RMS and samples), this "
@@ -433,7 +472,7 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
                                  f"values, the baseline's {len(base_v) - 1}; re-record with "
                                  f"--accelperf-update")
                 return result
-            diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol, atol=atol))
+            diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol_of(path), atol=atol))
     return _verdict(result, diffs, tols, n_state=0 if new else len(now_state), new=new)
 
 
