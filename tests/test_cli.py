@@ -58,6 +58,7 @@ def test_sweep(accelperf):
 
 def test_regression_writes_every_report_and_accept_makes_the_next_run_pass(
         suite: Suite, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")  # --accelperf-html
     suite.write(ONE_CASE)
     suite.run("--accelperf-update").assert_outcomes(passed=1)
     suite.edit(_claim_forty_times_the_throughput)
@@ -366,6 +367,7 @@ def test_prune_collects_with_pytest(workdir: Path, capsys: pytest.CaptureFixture
 
 def test_report_renders_markdown_and_html(workdir: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")  # --html
     (workdir / "r.json").write_text(json.dumps(synthetic_report().to_json(1), default=str))
     status, out, _ = _run(capsys, "report", "r.json")
     assert status == 0

@@ -119,6 +119,7 @@ def _left_running(marker: str) -> list[str]:
 
 
 def test_ddp_and_zero2_against_the_base_in_their_own_rank_groups(suite: Suite) -> None:
+    pytest.importorskip("deepspeed")  # the zero2 cases (the inner session skips them)
     path = suite.pytester.path
     (path / "rankmodel.py").write_text(textwrap.dedent(MODEL))
     for name in ("same", "slow"):

@@ -17,10 +17,14 @@ from pytest_accelperf.accel import prepare_environment
 # Before jax is imported anywhere: 8 virtual CPU devices for the (4, 2) and (8, 1) meshes.
 prepare_environment("cpu", 8)
 
+import pytest  # noqa: E402
+
+# The JAX backend's own frameworks (pip install 'pytest-accelperf[jax]').
+pytest.importorskip("flax")
+pytest.importorskip("optax")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402

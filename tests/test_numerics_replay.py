@@ -16,11 +16,15 @@ from pytest_accelperf.accel import prepare_environment
 
 prepare_environment("cpu", 8)
 
+import pytest  # noqa: E402
+
+# The JAX backend's own frameworks (pip install 'pytest-accelperf[jax]').
+pytest.importorskip("flax")
+pytest.importorskip("optax")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-import pytest  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends import jax as jax_backend  # noqa: E402

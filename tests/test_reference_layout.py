@@ -35,12 +35,16 @@ from pytest_accelperf.accel import prepare_environment
 # Before jax is imported anywhere: 8 virtual CPU devices for the 8x1 mesh.
 prepare_environment("cpu", 8)
 
+import pytest  # noqa: E402
+
+# The JAX backend's own frameworks (pip install 'pytest-accelperf[jax]').
+pytest.importorskip("flax")
+pytest.importorskip("optax")
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
-import pytest  # noqa: E402
 from flax.training import train_state  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 

@@ -271,6 +271,7 @@ def _history_for(report: SessionReport, tmp_path: Path) -> list[dict[str, Any]]:
 
 
 def test_html_is_self_contained_with_plots_and_regressions_first(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # the plots
     report = synthetic_report()
     text = html_report(report, history=_history_for(report, tmp_path))
     assert "<script" not in text
@@ -301,6 +302,7 @@ def _chromium() -> str | None:
                     reason="headless Chromium is not installed (apt-get install -y chromium); "
                            "it renders the HTML report in this test")
 def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")  # the plots
     from PIL import Image
 
     report = synthetic_report()
