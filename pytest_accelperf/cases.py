@@ -18,32 +18,16 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from pytest_accelperf.checks.base import non_negative_number
+from pytest_accelperf.checks.base import Tolerances, non_negative_number
 from pytest_accelperf.errors import ConfigError
 
 MARKER = "accelperf"
 #: Where DeepSpeed's ZeRO may offload to the CPU: nothing, optimizer state, parameters, both.
 OFFLOADS = ("none", "optimizer", "param", "all")
 
-#: Tolerance names a case (or ``[tool.accelperf]``) may override.
-TOLERANCE_KEYS = (
-    "throughput_tolerance",
-    "loss_rtol",
-    "loss_atol",
-    "memory_tolerance",
-    "numerics_rtol",
-    "numerics_atol",
-    "numerics_cross_rtol",
-    "numerics_cross_atol",
-    "reference_atol",
-    "reference_rtol",
-    "program_tolerance",
-    "compile_tolerance",
-    "input_tolerance",
-    "leak_bytes_per_step",
-    "max_probe_spread",
-    "max_step_spread",
-)
+#: Tolerance names a case (or ``[tool.accelperf]``) may override: every field of
+#: :class:`~pytest_accelperf.checks.base.Tolerances`.
+TOLERANCE_KEYS = tuple(f.name for f in fields(Tolerances))
 
 
 @dataclass(frozen=True)

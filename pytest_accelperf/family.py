@@ -6,7 +6,8 @@ at 95 % intervals, a false alarm somewhere is no rare event. Per-case verdicts (
 outcomes) stay as the checks gave them; this module only reads them, to say at the top of a
 report what a reviewer needs (:func:`suite_verdict`):
 
-*Statistical* checks are those whose verdict comes from an interval on a timing:
+*Statistical* checks are those whose verdict comes from an interval on a timing (kind
+``interval`` in the table of checks, :attr:`pytest_accelperf.checks.protocol.Check.kind`):
 ``throughput`` (stored-baseline mode: ``data["ratio"]``, ``data["ci"]``,
 ``data["confidence"]``; A/B mode the same, with ``data["mode"] == "ab"``) and ``input``
 (``data["ratio"]``, ``data["ci_low"]``, ``data["ci_high"]``). A timing check with such an
@@ -14,10 +15,11 @@ interval that was set aside, and so could not have regressed (measured beside an
 ``data["contaminated"]``; against a baseline stored marked noisy,
 ``data["noisy_baseline"]``; a verdict only the drift probe gave, ``data["probe_only"]``),
 is counted apart (:attr:`SuiteVerdict.set_aside`). Timing checks without an interval
-(``compile``, one sample against a fixed threshold; ``scaling``; a timing check that was
-``new``, ``incomparable`` or not measured) are counted apart too: no false-alarm rate can
-be stated for them. Every other check (outcome, loss, step metrics, program, memory,
-numerics, reference, max batch, a hook's own) is *deterministic* here, and only counted.
+(kind ``timing``: ``compile``, one sample against a fixed threshold; ``scaling``; a timing
+check that was ``new``, ``incomparable`` or not measured) are counted apart too: no
+false-alarm rate can be stated for them. Every other check (outcome, loss, step metrics,
+program, memory, numerics, reference, max batch, a hook's own) is *deterministic* here, and
+only counted.
 
 For each statistical check, a one-sided p-value for "no slowdown" (H0: ratio <= 1) is
 recovered from its interval (:func:`p_value`); Benjamini-Hochberg q-values across the
@@ -42,14 +44,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.stats import _scipy_stats
 
 #: The suite's false-discovery rate: a timing regression whose q-value is at most this holds.
 FDR = 0.05
-#: Checks whose verdict may come from an interval on a timing.
-STATISTICAL_METRICS = ("throughput", "input")
-#: Checks about time that have no interval (their regressions are counted, with no rate).
-OTHER_TIMING_METRICS = ("compile", "scaling")
 #: The confidence of an interval whose check did not store one (the input check before it
 #: did: :func:`pytest_accelperf.stats.step_time_ratio`'s default).
 DEFAULT_CONFIDENCE = 0.95
@@ -219,7 +218,7 @@ def interval(check: CheckResult) -> Interval | None:
     """The interval a statistical check's verdict came from, or None: a check of another
     metric, one without an interval (``new``, ``incomparable``, an input change under the
     floor), or one with a malformed interval."""
-    if check.metric not in STATISTICAL_METRICS:
+    if check_of(check.metric).kind != "interval":
         return None
     data = check.data
     if isinstance(data.get("ci"), list | tuple) and len(data["ci"]) == 2:
@@ -318,7 +317,7 @@ def suite_verdict(records: Sequence[Case], *, fdr: float = FDR) -> SuiteVerdict:
                 found.append((i, j, record.nodeid, check.metric, iv, failed))
             elif iv is not None:
                 aside += 1
-            elif check.metric in STATISTICAL_METRICS + OTHER_TIMING_METRICS:
+            elif check_of(check.metric).kind != "deterministic":
                 other_checks += 1
                 other[check.metric] += failed
             else:

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from pytest_accelperf.accel import Accelerator
     from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.checks.base import CheckResult, Tolerances
+    from pytest_accelperf.checks.protocol import Check
     from pytest_accelperf.run import Run
 
 
@@ -59,10 +60,44 @@ def pytest_accelperf_environment(config: pytest.Config,
     """
 
 
+def pytest_accelperf_checks(config: pytest.Config) -> list[Check] | None:
+    """Return the checks this conftest or plugin adds: objects of the ``Check`` protocol
+    (:mod:`pytest_accelperf.checks.protocol`; subclass ``BaseCheck`` for its defaults).
+
+    They run after the built-in ones, for every case, and are everything a built-in check
+    is: a row of the terminal table, a result in the reports, their ``record(run)``
+    stored in the baseline block (validated by their ``section_models``), their failures
+    judged, cleared by a baseline or not, and counted in the suite's verdict as they say.
+    Registered for the session (:func:`pytest_accelperf.checks.table.register`); a metric
+    that another check has is a usage error::
+
+        # conftest.py
+        from pytest_accelperf.checks import BaseCheck, CheckResult, Verdict
+
+        class StepCount(BaseCheck):
+            metric = "steps"
+            sections = ("loss",)
+
+            def check(self, given):
+                now = (given.block.get("loss") or {}).get("steps")
+                base = ((given.baseline or {}).get("loss") or {}).get("steps")
+                if now is None or base is None:
+                    return ()
+                verdict = Verdict.PASS if now == base else Verdict.REGRESSION
+                return (CheckResult("steps", verdict, f"{now} steps, baseline {base}",
+                                    baseline=base, now=now),)
+
+        def pytest_accelperf_checks(config):
+            return [StepCount()]
+    """
+
+
 def pytest_accelperf_extra_checks(run: Run, block: dict[str, Any],
                                   baseline: dict[str, Any] | None,
                                   tolerances: Tolerances) -> list[CheckResult] | None:
-    """Return additional checks of a run against its baseline block (a metric of your own).
+    """Return additional checks of a run against its baseline block (a metric of your own;
+    for a check with a section of the baseline block and a say in the table, see
+    ``pytest_accelperf_checks``).
 
     ``block`` is what will be stored for this run; ``baseline`` the stored one (or None).
     A returned ``CheckResult`` with verdict ``regression`` fails the case::

@@ -34,6 +34,8 @@ from pytest_accelperf.backends.registry import BackendRegistry
 from pytest_accelperf.backends.spec import BackendSpecError
 from pytest_accelperf.baselines import BaselineError, validate_platform
 from pytest_accelperf.cases import MARKER, Case
+from pytest_accelperf.checks.protocol import Check
+from pytest_accelperf.checks.table import register, unregister
 from pytest_accelperf.cluster import session as ray_session
 from pytest_accelperf.contention import ROOT_ENV
 from pytest_accelperf.errors import UserError, render
@@ -104,6 +106,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             state.backends()  # the conftests loaded so far: a bad registration stops here
         except BackendSpecError as exc:
             raise pytest.UsageError(str(exc)) from None
+        _register_checks(session.config)
         settings = state.settings
         if settings.compare:
             if settings.cluster:
@@ -117,6 +120,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         ray_session.session_start(session.config, settings.cluster, is_worker(session.config))
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _register_checks(session.config)  # those of the conftests collection loaded
+
+
+#: The checks this session registered (``pytest_accelperf_checks``), removed at its end.
+_CHECKS_KEY = pytest.StashKey[list[Check]]()
+
+
+def _register_checks(config: pytest.Config) -> None:
+    """Register in the table of checks what ``pytest_accelperf_checks`` implementations
+    return that this session has not registered yet (a conftest deeper in the tree loads
+    during collection); a metric another check has is a usage error."""
+    mine = config.stash.setdefault(_CHECKS_KEY, [])
+    known = {check.metric for check in mine}
+    new = [check for found in config.hook.pytest_accelperf_checks(config=config)
+           for check in found or () if check.metric not in known]
+    try:
+        register(*new)
+    except ValueError as exc:
+        raise pytest.UsageError(f"pytest_accelperf_checks: {exc}") from None
+    mine.extend(new)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: give each worker the address of the session's Ray cluster."""
@@ -128,6 +154,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     rank_pool.close_all()  # the session's warm ranks (multi-process cases) end with it
     if SESSION_KEY in config.stash:
         del config.stash[SESSION_KEY]
+    unregister(*config.stash.get(_CHECKS_KEY, []))
 
 
 def _skip_reason(case: Case, accel: str, backends: BackendRegistry) -> str | None:

@@ -7,12 +7,15 @@ loss or parameter is a failure, and storing it would make the next run compare a
 broken expectation; so the plugin and the CLI refuse it alike, and say why
 (:func:`unrecordable`).
 
-Some failures are no baseline matter at all (:func:`not_cleared_by_a_baseline`): the
-reference check (a correctness bug), an A/B comparison (the base revision decides it), a
-leak (judged against ``--accelperf-leak-bytes-per-step``, baseline or not) and a scaling
-curve (judged against its expected shape). Accepting a run cannot clear them, so no
-failure message offers it for them and ``accelperf baselines accept`` refuses a case that
-has no other failure.
+Some failures are no baseline matter at all (:func:`not_cleared_by_a_baseline`): an A/B
+comparison (the base revision decides it), and what each check says it cannot be cleared by
+a baseline (:meth:`pytest_accelperf.checks.protocol.Check.not_cleared`): the reference
+check (a correctness bug), a leak (judged against ``--accelperf-leak-bytes-per-step``,
+baseline or not) and a scaling curve (judged against its expected shape). Accepting a run
+cannot clear them, so no failure message offers it for them and ``accelperf baselines
+accept`` refuses a case that has no other failure. A check may also refuse the run as a
+baseline altogether (:meth:`~pytest_accelperf.checks.protocol.Check.refuses_recording`:
+the reference check's failure).
 """
 
 from __future__ import annotations
@@ -22,9 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult
-from pytest_accelperf.checks.memory import METRIC as MEMORY_METRIC
-from pytest_accelperf.checks.numerics import REFERENCE_METRIC
-from pytest_accelperf.checks.scaling import METRIC as SCALING_METRIC
+from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.run import Run
 
 #: Outcomes never stored as a baseline: they are failures, not expectations.
@@ -38,10 +39,9 @@ def unrecordable(run: Run, checks: Sequence[CheckResult],
     if run.outcome in UNRECORDABLE:
         why = f" ({run.message})" if run.message else ""
         return f"the run ended with outcome {run.outcome}{why}"
-    for check in checks:
-        if check.metric == REFERENCE_METRIC and check.failed:
-            return (f"the reference check failed: {check.detail}. A correctness failure is "
-                    f"not an intended change")
+    refusal = next((r for r in map(refused, checks) if r is not None), None)
+    if refusal is not None:
+        return refusal
     for step, loss in zip(run.loss_steps or range(len(run.losses)), run.losses, strict=False):
         if not math.isfinite(loss):
             return f"loss is {loss} at step {step}"
@@ -53,26 +53,22 @@ def unrecordable(run: Run, checks: Sequence[CheckResult],
     return None
 
 
+def refused(check: CheckResult) -> str | None:
+    """Why ``check``'s failure makes its run no baseline (a correctness failure), in words;
+    None when it does not (or ``check`` did not fail)."""
+    return check_of(check.metric).refuses_recording(check) if check.failed else None
+
+
 def not_cleared_by_a_baseline(check: CheckResult) -> str | None:
     """What clears a failed ``check`` when storing a new baseline does not, in words (a
     sentence that names the fix), or None: the check is not failed, or a baseline clears
     it."""
     if not check.failed:
         return None
-    if check.metric == REFERENCE_METRIC:
-        return ("the run disagrees with its single-device reference, a correctness bug in "
-                "the parallel code (a partition spec, a missing gradient reduction): fix it")
     if check.data.get("mode") == "ab":
         return ("A/B verdicts are not stored: the base revision is what changes them, if the "
                 "slowdown is intended")
-    if check.metric == MEMORY_METRIC and check.data.get("leak"):
-        return ("live memory grows with every step, a leak judged against "
-                "--accelperf-leak-bytes-per-step whatever the baseline: fix the step (or "
-                "raise the bound if the growth is intended)")
-    if check.metric == SCALING_METRIC:
-        return ("the scaling curve is judged against its expected shape, not a baseline: "
-                "fix the scaling, or change the test's expect=")
-    return None
+    return check_of(check.metric).not_cleared(check)
 
 
 def clearable(checks: Sequence[CheckResult]) -> list[CheckResult]:

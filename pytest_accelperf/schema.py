@@ -18,6 +18,7 @@ Schema of either (:func:`json_schema`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -33,10 +34,12 @@ from pydantic import (
     Tag,
     TypeAdapter,
     ValidationError,
+    create_model,
     model_validator,
 )
 
 from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.checks.table import checks
 
 #: Outcomes that a baseline records: the outcomes of a run (:data:`pytest_accelperf.run.OUTCOMES`)
 #: less the failures (``nan``, ``error``, ``timeout``), which are never a baseline.
@@ -428,12 +431,38 @@ class ReportFile(_Report):
 
 
 # -- helpers -----------------------------------------------------------------------------------
+def added_sections() -> tuple[tuple[str, Any], ...]:
+    """``((section, model), ...)`` of the sections that checks of the table declare
+    (:attr:`pytest_accelperf.checks.protocol.Check.section_models`) and :class:`Block`
+    does not: a check added after this schema was written validates its own section."""
+    return tuple((name, model) for check in checks()
+                 for name, model in check.section_models.items()
+                 if name not in Block.model_fields)
+
+
+@functools.cache
+def _block_model(sections: tuple[tuple[str, Any], ...]) -> type[Block]:
+    if not sections:
+        return Block
+    fields: dict[str, Any] = {name: (model | None, None) for name, model in sections}
+    model: type[Block] = create_model("Block", __base__=Block, **fields)
+    return model
+
+
+def block_model() -> type[Block]:
+    """:class:`Block`, with the sections of :func:`added_sections` where there are any."""
+    return _block_model(added_sections())
+
+
 def validate_block(data: Any) -> Block:
-    """``data`` as a :class:`Block`; :class:`pydantic.ValidationError` if it is not one."""
-    return Block.model_validate(data)
+    """``data`` as a :class:`Block` (:func:`block_model`); :class:`pydantic.ValidationError`
+    if it is not one."""
+    return block_model().model_validate(data)
 
 
-_BLOCKS: TypeAdapter[dict[str, Block]] = TypeAdapter(dict[str, Block])
+@functools.cache
+def _blocks_adapter(model: type[Block]) -> TypeAdapter[dict[str, Block]]:
+    return TypeAdapter(dict[str, model])  # type: ignore[valid-type]
 
 
 def invalid_blocks(cases: Mapping[str, Any]) -> dict[str, ValidationError]:
@@ -445,7 +474,7 @@ def invalid_blocks(cases: Mapping[str, Any]) -> dict[str, ValidationError]:
     each error is that block's own, as :func:`validate_block` raises it.
     """
     try:
-        _BLOCKS.validate_python(cases)
+        _blocks_adapter(block_model()).validate_python(cases)
     except ValidationError as exc:
         named = {err["loc"][0] for err in exc.errors(include_url=False) if err["loc"]}
     else:
@@ -501,5 +530,5 @@ def _short(value: Any, width: int = 60) -> str:
 
 def json_schema(kind: Literal["baseline", "report"]) -> dict[str, Any]:
     """The JSON Schema of a baseline block (``baseline``) or of a report (``report``)."""
-    model: type[BaseModel] = Block if kind == "baseline" else ReportFile
+    model: type[BaseModel] = block_model() if kind == "baseline" else ReportFile
     return model.model_json_schema()

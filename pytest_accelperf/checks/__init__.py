@@ -1,7 +1,10 @@
 """The checks: a run (and its baseline block) against the stored baseline block.
 
 :func:`run_checks` is the one entry point. It returns one :class:`CheckResult` per metric
-that applies to the run, in a fixed order:
+that applies to the run, in the order of the table of checks
+(:data:`pytest_accelperf.checks.table.BUILTIN`, then any a plugin registered): each check is
+one module defining ``CHECK`` (:class:`pytest_accelperf.checks.protocol.Check`), and the
+table is the one place that lists them. The built-in ones:
 
 ``outcome``
     did it finish as the baseline did (:mod:`.outcome`);
@@ -26,7 +29,10 @@ each metric of the training step (``accuracy``, ``lr``, ...)
 ``reference``
     the parameters against a single-device reference run, when the case has one;
 ``max_batch``
-    the largest batch that fits, when the test searched for it (:mod:`.max_batch`).
+    the largest batch that fits, when the test searched for it (:mod:`.max_batch`);
+``scaling``
+    the shape of a scaling curve, judged across the cases of a group when its last point
+    arrives (:mod:`.scaling`), never by :func:`run_checks`.
 
 A run that did not finish gets the ``outcome`` check, ``memory`` where there are numbers,
 and, for a non-finite loss, a ``loss`` regression naming the step. With no baseline every
@@ -39,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_accelperf import summary
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.compile_time import check_compile_time
 from pytest_accelperf.checks.convergence import check_convergence, nan_result
@@ -49,12 +56,16 @@ from pytest_accelperf.checks.metrics import check_metrics
 from pytest_accelperf.checks.numerics import check_numerics, check_reference
 from pytest_accelperf.checks.outcome import NO_BASELINE, check_outcome
 from pytest_accelperf.checks.program import check_program
+from pytest_accelperf.checks.protocol import BaseCheck, Check, CheckInput
+from pytest_accelperf.checks.table import check_of, checks
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.run import Run
-from pytest_accelperf.summary import summarize
 
 __all__ = [
     "NO_BASELINE",
+    "BaseCheck",
+    "Check",
+    "CheckInput",
     "CheckResult",
     "Tolerances",
     "Verdict",
@@ -65,10 +76,13 @@ __all__ = [
     "check_memory",
     "check_metrics",
     "check_numerics",
+    "check_of",
     "check_outcome",
     "check_program",
     "check_reference",
     "check_throughput",
+    "checks",
+    "nan_result",
     "run_checks",
 ]
 
@@ -98,34 +112,12 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     judged (``--accelperf-max-foreign-load``).
     """
     if block is None:
-        block = summarize(run)
-    program_comparable = comparable and not (
-        differences if program_differences is None else program_differences)
-    comparable = comparable and not differences
-    results: list[CheckResult] = [check_outcome(run, block, baseline)]
-    optional: list[CheckResult | None]
-    if run.outcome == "ok":
-        optional = [
-            check_throughput(run, block, baseline, tol, comparable=comparable,
-                             differences=differences, max_foreign_load=max_foreign_load),
-            check_convergence(run, block, baseline, tol, either_way=loss_either_way),
-            *check_metrics(block, baseline, tol),
-            check_input(block, baseline, tol, comparable=comparable),
-            check_compile_time(block, baseline, tol, comparable=comparable,
-                               compile_load=run.extra.get("compile_load"),
-                               max_foreign_load=max_foreign_load),
-            check_program(block, baseline, tol, comparable=program_comparable),
-            check_memory(block, baseline, tol),
-            check_numerics(block, baseline, tol, same_environment=comparable),
-        ]
-        if reference_params is not None:
-            optional.append(check_reference(params, reference_params, tol))
-    else:
-        optional = [
-            nan_result(run, baseline) if run.outcome == "nan" else None,
-            check_memory(block, baseline, tol) if baseline is None or baseline.get("memory")
-            else None,
-        ]
-    optional.append(check_max_batch(block, baseline))
-    results.extend(r for r in optional if r is not None)
-    return results
+        block = summary.summarize(run)
+    given = CheckInput(
+        run=run, block=block, baseline=baseline, tol=tol,
+        comparable=comparable and not differences,
+        program_comparable=comparable and not (
+            differences if program_differences is None else program_differences),
+        differences=tuple(differences), params=params, reference_params=reference_params,
+        loss_either_way=loss_either_way, max_foreign_load=max_foreign_load)
+    return [result for check in checks() for result in check.check(given)]

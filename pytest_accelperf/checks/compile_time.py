@@ -36,8 +36,10 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.checks.throughput import spread
-from pytest_accelperf.units import fmt_signed_percent, fmt_tolerance
+from pytest_accelperf.run import Run
+from pytest_accelperf.units import fmt_signed_percent, fmt_tolerance, round_sig
 
 METRIC = "compile"
 UNIT = "s"
@@ -111,3 +113,34 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
         result.verdict = Verdict.IMPROVEMENT
         result.detail = f"{words}; run with --accelperf-update to record it"
     return result
+
+
+class CompileCheck(BaseCheck):
+    """The ``compile`` row: one sample, so a timing without an interval."""
+
+    metric = METRIC
+    tolerances = ("compile_tolerance", "max_probe_spread")
+    sections = ("compile_time", "probe")
+    kind = "timing"
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.ok:
+            return ()
+        return one(check_compile_time(given.block, given.baseline, given.tol,
+                                      comparable=given.comparable,
+                                      compile_load=given.run.extra.get("compile_load"),
+                                      max_foreign_load=given.max_foreign_load))
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``compile_time``, where the run timed a compile."""
+        if run.outcome != "ok" or not run.compile_time:
+            return {}
+        return {"compile_time": round_sig(run.compile_time)}
+
+    def adjusted(self, result: CheckResult) -> bool:
+        """A compile time corrected for the machine's speed by the probe."""
+        return result.change is not None and \
+            str(result.data.get("correction", "")).startswith("corrected")
+
+
+CHECK = CompileCheck()

@@ -1,7 +1,7 @@
 """The convergence check: does the loss curve stay within a band around the baseline's?
 
 The curve is compared at the baseline block's checkpoints (the mean loss of each window of
-steps, see :func:`pytest_accelperf.summary.loss_checkpoints`) and at the final loss. At
+steps, see :func:`loss_checkpoints`) and at the final loss. At
 each point the band is
 
     |now - baseline| <= loss_atol + loss_rtol * |baseline|
@@ -28,11 +28,14 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_num, fmt_signed_percent, fmt_tolerance
+from pytest_accelperf.units import fmt_num, fmt_signed_percent, fmt_tolerance, round_sig
 
 METRIC = "loss"
 UNIT = "loss"
+#: Loss checkpoints kept per case (the seed logs every 20 steps of ~400).
+N_CHECKPOINTS = 10
 _REMEDY = "re-record with --accelperf-update"
 
 
@@ -171,3 +174,54 @@ def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] 
         result.detail += (f"; largest deviation {fmt_signed_percent(worst[0])} at step "
                           f"{_step(worst[1])}")
     return result
+
+
+def loss_checkpoints(losses: list[float], steps: list[int] | None = None,
+                     n: int = N_CHECKPOINTS) -> list[list[float]]:
+    """``[[step, mean loss of the window ending at step], ...]`` at ``n`` even checkpoints.
+
+    The mean over each window smooths the step-to-step noise of small batches, so the band
+    compares the trend rather than one lucky batch. Non-finite losses propagate (a NaN
+    anywhere in a window makes that checkpoint NaN), so they cannot hide in an average.
+    """
+    if not losses:
+        return []
+    steps = steps if steps is not None else list(range(len(losses)))
+    k = min(n, len(losses))
+    bounds = [round((i + 1) * len(losses) / k) for i in range(k)]
+    out: list[list[float]] = []
+    start = 0
+    for end in bounds:
+        window = losses[start:end]
+        out.append([float(steps[end - 1]), round_sig(math.fsum(window) / len(window))])
+        start = end
+    return out
+
+
+class LossCheck(BaseCheck):
+    """The ``loss`` row: the curve of a finished run, or the step where it became NaN."""
+
+    metric = METRIC
+    tolerances = ("loss_rtol", "loss_atol")
+    sections = ("loss",)
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if given.ok:
+            return one(check_convergence(given.run, given.block, given.baseline, given.tol,
+                                         either_way=given.loss_either_way))
+        if given.run.outcome == "nan":
+            return (nan_result(given.run, given.baseline),)
+        return ()
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``loss``: the curve's checkpoints, the final loss and the step count."""
+        if run.outcome != "ok":
+            return {}
+        return {"loss": {
+            "checkpoints": loss_checkpoints(run.losses, run.loss_steps),
+            "final": round_sig(run.losses[-1]) if run.losses else None,
+            "steps": len(run.losses),
+        }}
+
+
+CHECK = LossCheck()

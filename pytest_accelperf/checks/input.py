@@ -52,8 +52,10 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.run import Run
 from pytest_accelperf.stats import MIN_SAMPLES, step_time_ratio, throughput_verdict
-from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_tolerance
+from pytest_accelperf.units import SAMPLE_DIGITS, fmt_percent, fmt_ratio, fmt_tolerance, round_sig
 
 METRIC = "input"
 UNIT = "s"
@@ -170,3 +172,46 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
                 result.verdict, "")
     result.detail = f"{words}: {stats_text}{tail}{bound_text}"
     return result
+
+
+def input_block(run: Run) -> dict[str, Any]:
+    """The block's ``input``: CPU seconds making each measured step's batch (every sample,
+    rounded as step times are, and their median) and the median wall seconds of the same
+    (:attr:`pytest_accelperf.run.Run.input_times`)."""
+    out: dict[str, Any] = {
+        "median": round_sig(statistics.median(run.input_times)),
+        "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.input_times],
+    }
+    if run.input_wall_times:
+        out["wall_median"] = round_sig(statistics.median(run.input_wall_times))
+    return out
+
+
+class InputCheck(BaseCheck):
+    """The ``input`` row; an input-bound case says so in its label."""
+
+    metric = METRIC
+    tolerances = ("input_tolerance",)
+    sections = ("input", "step_time")
+    kind = "interval"
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.ok:
+            return ()
+        return one(check_input(given.block, given.baseline, given.tol,
+                               comparable=given.comparable))
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``input``, where the run timed the making of its batches."""
+        return {"input": input_block(run)} if run.outcome == "ok" and run.input_times else {}
+
+    def label(self, result: CheckResult) -> str:
+        """``input (bound 38/40)``: in how many steps the batch took longer to make than
+        the step."""
+        bound, steps = result.data.get("input_bound_steps"), result.data.get("steps")
+        if isinstance(bound, int) and bound > 0 and isinstance(steps, int):
+            return f"input (bound {bound}/{steps})"
+        return result.metric
+
+
+CHECK = InputCheck()

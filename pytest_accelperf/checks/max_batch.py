@@ -20,6 +20,8 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_bytes
 
 METRIC = "max_batch"
@@ -75,3 +77,21 @@ def check_max_batch(block: dict[str, Any], baseline: dict[str, Any] | None) -> C
     else:
         result.detail = f"the largest batch that fits in {cap} is still {now_value}"
     return result
+
+
+class MaxBatchCheck(BaseCheck):
+    """The ``max_batch`` row, when the test searched for the largest batch, whatever the
+    run's outcome."""
+
+    metric = METRIC
+    sections = ("max_batch",)
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        return one(check_max_batch(given.block, given.baseline))
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``max_batch``: the search (:mod:`pytest_accelperf.maxbatch`)."""
+        return {"max_batch": run.max_batch} if run.max_batch is not None else {}
+
+
+CHECK = MaxBatchCheck()

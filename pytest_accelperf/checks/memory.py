@@ -28,10 +28,14 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow, one
+from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_bytes, fmt_percent, fmt_signed_percent, fmt_tolerance
 
 METRIC = "memory"
 UNIT = "bytes"
+#: Most devices listed one row each under a ``memory`` row (seed 002's eight GPU columns).
+MAX_DEVICE_ROWS = 8
 _REMEDY = "re-record with --accelperf-update"
 #: Devices named in a sentence before the rest are counted.
 _MAX_NAMED = 4
@@ -179,3 +183,67 @@ def _check_peak(block: dict[str, Any], baseline: dict[str, Any] | None,
                      f"{fmt_signed_percent(ratios[worst] - 1)} on {worst})")
     result.data["device"] = worst
     return result
+
+
+class MemoryCheck(BaseCheck):
+    """The ``memory`` row, for runs that did not finish too (an out-of-memory run still
+    says what it would have needed); its label names how the peak was counted, and a row
+    per device follows where their peaks differ."""
+
+    metric = METRIC
+    tolerances = ("memory_tolerance", "leak_bytes_per_step")
+    sections = ("memory",)
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.ok and given.baseline is not None and not given.baseline.get("memory"):
+            return ()
+        return one(check_memory(given.block, given.baseline, given.tol))
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``memory``: peak bytes per device, their maximum, how they were counted, and
+        live memory's growth per step where the backend read it."""
+        if not run.memory_per_device:
+            return {}
+        memory: dict[str, Any] = {"per_device": dict(sorted(run.memory_per_device.items())),
+                                  "peak": run.peak_memory, "source": run.memory_source}
+        if run.memory_growth is not None:
+            memory["growth"] = run.memory_growth
+        return {"memory": memory}
+
+    def not_cleared(self, result: CheckResult) -> str | None:
+        """A leak is judged against ``--accelperf-leak-bytes-per-step``, baseline or not."""
+        if not result.data.get("leak"):
+            return None
+        return ("live memory grows with every step, a leak judged against "
+                "--accelperf-leak-bytes-per-step whatever the baseline: fix the step (or "
+                "raise the bound if the growth is intended)")
+
+    def label(self, result: CheckResult) -> str:
+        """``memory (mem_tracker)``, ``memory (profiler)``: the method that counted this
+        run's peak, so that a case whose counting method changed is never silent about
+        it."""
+        source = result.data.get("source")
+        return f"{result.metric} ({source})" if isinstance(source, str) and source \
+            else result.metric
+
+    def sub_rows(self, result: CheckResult) -> list[SubRow]:
+        """One per device (or rank) when their peaks differ, up to
+        :data:`MAX_DEVICE_ROWS`; none when every device holds the same bytes (the check's
+        own row already says it) or when there are more devices than that."""
+        per = result.data.get("per_device") or {}
+        if not 1 < len(per) <= MAX_DEVICE_ROWS:
+            return []
+        rows: list[SubRow] = []
+        seen: set[tuple[object, object]] = set()
+        for label, value in per.items():
+            if isinstance(value, dict):
+                base, now, ratio = value.get("baseline"), value.get("now"), value.get("ratio")
+            else:
+                base, now, ratio = None, value, None
+            seen.add((base, now))
+            rows.append(SubRow(label, base, now,
+                               ratio - 1 if isinstance(ratio, float) else None, UNIT))
+        return rows if len(seen) > 1 else []
+
+
+CHECK = MemoryCheck()

@@ -3,7 +3,7 @@ norm, learning rate) follow the baseline's curves?
 
 A training step may return metrics besides its loss (``JaxStep``); the run records each
 per step and the baseline block keeps each as a curve of checkpoints, like the loss
-(:func:`pytest_accelperf.summary.metric_curves`). Each metric is one check, named after
+(:func:`metric_curves`). Each metric is one check, named after
 it, against the band of the loss check,
 
     |now - baseline| <= loss_rtol * |baseline| + loss_atol * scale
@@ -21,8 +21,11 @@ import math
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.convergence import loss_checkpoints
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.units import fmt_num, fmt_tolerance
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput
+from pytest_accelperf.run import Run
+from pytest_accelperf.units import fmt_num, fmt_tolerance, round_sig
 
 _REMEDY = "re-record with --accelperf-update"
 
@@ -93,3 +96,37 @@ def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | N
     result.data["checkpoints"] = rows
     result.detail = f"all {len(rows)} checkpoints within the band ({band_text})"
     return result
+
+
+def metric_curves(run: Run) -> dict[str, dict[str, Any]]:
+    """``{name: {"checkpoints", "final", "steps"}}`` of the step's other metrics, as the
+    loss's curve; a metric with a non-finite value is left out (a baseline is strict JSON,
+    and a NaN learning rate would have made the loss NaN anyway)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, values in sorted(run.metrics.items()):
+        if not values or not all(math.isfinite(v) for v in values):
+            continue
+        steps = run.loss_steps if len(run.loss_steps) == len(values) else None
+        out[name] = {"checkpoints": loss_checkpoints(values, steps),
+                     "final": round_sig(values[-1]), "steps": len(values)}
+    return out
+
+
+class MetricsCheck(BaseCheck):
+    """One row per metric of the training step, each named after the metric (``accuracy``,
+    ``lr``): the results carry those names, not this check's."""
+
+    metric = "metrics"
+    tolerances = ("loss_rtol", "loss_atol")
+    sections = ("metrics",)
+
+    def check(self, given: CheckInput) -> list[CheckResult]:
+        return check_metrics(given.block, given.baseline, given.tol) if given.ok else []
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``metrics``: a curve per step metric, where the step returned any."""
+        curves = metric_curves(run) if run.outcome == "ok" else {}
+        return {"metrics": curves} if curves else {}
+
+
+CHECK = MetricsCheck()

@@ -46,6 +46,8 @@ import numpy.typing as npt
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_num, fmt_percent, round_sig
 
 METRIC = "numerics"
@@ -604,3 +606,56 @@ def _growth(steps: int | None, reference: Mapping[str, Any]) -> str:
            f"reference_steps {least}")
     return (f"; compared after {steps} steps ({why}): rounding differences between "
             f"the two programs grow with every step")
+
+
+class NumericsCheck(BaseCheck):
+    """The ``numerics`` row: the parameter fingerprint, at the cross-environment tolerance
+    against a baseline recorded elsewhere."""
+
+    metric = METRIC
+    tolerances = ("numerics_rtol", "numerics_atol", "numerics_cross_rtol",
+                  "numerics_cross_atol")
+    sections = ("numerics", "numerics_spread")
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.ok:
+            return ()
+        return one(check_numerics(given.block, given.baseline, given.tol,
+                                  same_environment=given.comparable))
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``numerics``: the run's per-leaf fingerprint (the store keeps its compact
+        form, :func:`compact`); ``numerics_spread``: how far a replay moved each leaf, where
+        the backend replayed the training."""
+        if run.outcome != "ok":
+            return {}
+        out: dict[str, Any] = {"numerics": run.params_fingerprint}
+        replay = run.extra.get("replay")
+        if isinstance(replay, dict) and replay.get("leaves"):
+            out["numerics_spread"] = dict(replay["leaves"])
+        return out
+
+
+class ReferenceCheck(BaseCheck):
+    """The ``reference`` row: the parameters against a single-device reference run, when
+    the case has one (no baseline needed). A failure is a correctness bug: no baseline
+    clears it, and such a run is never stored."""
+
+    metric = REFERENCE_METRIC
+    tolerances = ("reference_rtol", "reference_atol")
+    cleared_by_a_baseline = False
+    uncleared = ("the run disagrees with its single-device reference, a correctness bug in "
+                 "the parallel code (a partition spec, a missing gradient reduction): fix it")
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.ok or given.reference_params is None:
+            return ()
+        return (check_reference(given.params, given.reference_params, given.tol),)
+
+    def refuses_recording(self, result: CheckResult) -> str | None:
+        return (f"the reference check failed: {result.detail}. A correctness failure is not "
+                f"an intended change")
+
+
+CHECK = NumericsCheck()
+REFERENCE = ReferenceCheck()

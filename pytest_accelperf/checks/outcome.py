@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput
 from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_bytes
 
@@ -143,3 +144,16 @@ def check_outcome(run: Run, block: dict[str, Any],
         result.detail = (f"{now_desc}; the baseline records a failure ({base_desc}), which "
                          f"is never a baseline: re-record with --accelperf-update")
     return result
+
+
+class OutcomeCheck(BaseCheck):
+    """The ``outcome`` row: every run gets it, finished or not."""
+
+    metric = METRIC
+    sections = ("outcome", "oom", "message")
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        return (check_outcome(given.run, given.block, given.baseline),)
+
+
+CHECK = OutcomeCheck()

@@ -26,6 +26,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.program import (
     AMOUNTS,
     COUNTS,
@@ -35,6 +36,7 @@ from pytest_accelperf.program import (
     describe_changes,
     matmul_dtypes,
 )
+from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_tolerance
 
 METRIC = "program"
@@ -134,3 +136,26 @@ def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: T
         result.detail = (f"{'; '.join(lines)}: less work than the baseline; run with "
                          f"--accelperf-update to record it")
     return result
+
+
+class ProgramCheck(BaseCheck):
+    """The ``program`` row: the compiled program, compared where another host CPU would
+    run the same program (``program_comparable``)."""
+
+    metric = METRIC
+    tolerances = ("program_tolerance",)
+    sections = ("program",)
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.ok:
+            return ()
+        return one(check_program(given.block, given.baseline, given.tol,
+                                 comparable=given.program_comparable))
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``program``, the record of what the step's compiled program does."""
+        return {"program": run.program} if run.outcome == "ok" and run.program is not None \
+            else {}
+
+
+CHECK = ProgramCheck()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.protocol import BaseCheck
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
@@ -172,3 +173,19 @@ class ScalingCollector:
     def incomplete(self) -> list[str]:
         return [f"{name} ({len(g.points)} of {g.size} points)"
                 for name, g in sorted(self.groups.items()) if len(g.points) < g.size]
+
+
+class ScalingCheck(BaseCheck):
+    """The ``scaling`` row: judged across the cases of a group by :class:`ScalingCollector`
+    when the group's last point arrives (:meth:`pytest_accelperf.CaseRunner.scaling`), not
+    per run, so :meth:`check` gives nothing. The curve is judged against its expected
+    shape, not a baseline."""
+
+    metric = METRIC
+    kind = "timing"
+    cleared_by_a_baseline = False
+    uncleared = ("the scaling curve is judged against its expected shape, not a baseline: "
+                 "fix the scaling, or change the test's expect=")
+
+
+CHECK = ScalingCheck()

@@ -69,6 +69,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.contention import Load, contaminated
 from pytest_accelperf.run import Run
 from pytest_accelperf.stats import (
@@ -79,7 +80,14 @@ from pytest_accelperf.stats import (
     throughput_verdict,
     widen_by_sessions,
 )
-from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
+from pytest_accelperf.units import (
+    SAMPLE_DIGITS,
+    fmt_percent,
+    fmt_ratio,
+    fmt_signed_percent,
+    fmt_tolerance,
+    round_sig,
+)
 
 METRIC = "throughput"
 UNIT = "samples/s"
@@ -410,3 +418,68 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
                         "session_outliers": list(spread.outliers) if spread is not None
                         else []})
     return result
+
+
+def session_level(median: float, probes: Sequence[float]) -> dict[str, float | None]:
+    """One ``step_time.sessions`` entry: the median step time and the probe's median (the
+    throughput check divides the two when it corrects for drift), None without a probe."""
+    return {"median": round_sig(median),
+            "probe_median": round_sig(statistics.median(probes)) if probes else None}
+
+
+def session_entry(run: Run) -> dict[str, float | None] | None:
+    """This session's step-time level for ``step_time.sessions``; None without step times."""
+    med = run.median_step_time
+    if med is None:
+        return None
+    return session_level(med, run.probe_times if run.probe_kind else [])
+
+
+class ThroughputCheck(BaseCheck):
+    """The ``throughput`` row: against the stored step times, or (A/B mode,
+    :mod:`pytest_accelperf.ab.verdict`) against the base revision."""
+
+    metric = METRIC
+    tolerances = ("throughput_tolerance", "max_probe_spread", "max_step_spread")
+    sections = ("step_time", "probe", "samples_per_second", "samples_per_step", "noisy")
+    kind = "interval"
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.ok:
+            return ()
+        return one(check_throughput(given.run, given.block, given.baseline, given.tol,
+                                    comparable=given.comparable,
+                                    differences=given.differences,
+                                    max_foreign_load=given.max_foreign_load))
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """``step_time`` (every sample, their median, this session's level), ``probe``
+        (the drift probe's samples) and ``samples_per_second``, of a finished run."""
+        if run.outcome != "ok":
+            return {}
+        out: dict[str, Any] = {}
+        med = run.median_step_time
+        if med is not None:  # no step times (an ingested log without them): no step_time
+            out["step_time"] = {"median": round_sig(med),
+                                "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.step_times]}
+            entry = session_entry(run)
+            if entry is not None:
+                out["step_time"]["sessions"] = [entry]
+        if run.probe_times and run.probe_kind:
+            out["probe"] = {"kind": run.probe_kind,
+                            "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.probe_times]}
+        sps = run.samples_per_second
+        if sps is not None:
+            out["samples_per_second"] = round_sig(sps)
+        return out
+
+    def adjusted(self, result: CheckResult) -> bool:
+        """A change corrected by the drift probe, or taken against the mean level of the
+        baseline's sessions (not in A/B mode, whose change is its paired ratio's)."""
+        if result.change is None or result.data.get("mode") == "ab":
+            return False
+        return bool(result.data.get("drift_corrected")) or \
+            result.data.get("session_sd") is not None
+
+
+CHECK = ThroughputCheck()

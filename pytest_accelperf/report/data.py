@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
-from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.family import SuiteVerdict, suite_verdict
-from pytest_accelperf.recordable import clearable
+from pytest_accelperf.recordable import clearable, refused
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -123,8 +122,7 @@ class SessionReport:
         in part; :func:`pytest_accelperf.recordable.clearable`), and that may be stored: a
         reference failure, an A/B comparison, a leak are no baseline matter."""
         return [r for r in self.regressions
-                if clearable(r.checks) and not any(c.failed and c.metric == REFERENCE_METRIC
-                                                   for c in r.checks)]
+                if clearable(r.checks) and not any(refused(c) for c in r.checks)]
 
     @property
     def recorded_noisy(self) -> list[CaseRecord]:

@@ -1,4 +1,8 @@
-"""The terminal summary: one table row per check, then counts. Lines only; no printing here."""
+"""The terminal summary: one table row per check, then counts. Lines only; no printing here.
+
+What a row shows beyond its numbers is the check's to say (the table of checks,
+:mod:`pytest_accelperf.checks.table`): its label, whether its change is the gate's
+estimate, and rows under it (:class:`pytest_accelperf.checks.protocol.Check`)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,8 @@ import math
 from tabulate import tabulate
 
 from pytest_accelperf.checks.base import CheckResult
+from pytest_accelperf.checks.memory import MAX_DEVICE_ROWS as MAX_DEVICE_ROWS
+from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.family import SuiteVerdict, Tally
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.stats import MIN_SESSIONS
@@ -41,56 +47,28 @@ ADJUSTED = "*"
 
 def adjusted(check: CheckResult) -> bool:
     """Whether a check's change is the gate's estimate rather than now over the baseline
-    column: a throughput change corrected by the drift probe or taken against the mean
-    level of the baseline's sessions, or a compile time corrected for the machine's speed
-    by the probe."""
-    if check.change is None:
-        return False
-    if check.metric == "compile":
-        return str(check.data.get("correction", "")).startswith("corrected")
-    if check.metric != "throughput" or check.data.get("mode") == "ab":
-        return False
-    return bool(check.data.get("drift_corrected")) or check.data.get("session_sd") is not None
+    column (:meth:`pytest_accelperf.checks.protocol.Check.adjusted`): a throughput change
+    corrected by the drift probe or taken against the mean level of the baseline's
+    sessions, or a compile time corrected for the machine's speed by the probe."""
+    return check.change is not None and check_of(check.metric).adjusted(check)
 
 
-#: Most devices listed one row each under a ``memory`` row (seed 002's eight GPU columns).
-MAX_DEVICE_ROWS = 8
-
-
-def device_rows(check: CheckResult) -> list[tuple[str, ...]]:
-    """Per-device sub-rows of a ``memory`` check: one per device (or rank) when their peaks
-    differ, up to :data:`MAX_DEVICE_ROWS`; none when every device holds the same bytes (the
-    check's own row already says it) or when there are more devices than that."""
-    per = check.data.get("per_device") or {}
-    if check.metric != "memory" or not 1 < len(per) <= MAX_DEVICE_ROWS:
-        return []
-    rows: list[tuple[str, ...]] = []
-    seen: set[tuple[object, object]] = set()
-    for label, value in per.items():
-        if isinstance(value, dict):
-            base, now, ratio = value.get("baseline"), value.get("now"), value.get("ratio")
-        else:
-            base, now, ratio = None, value, None
-        seen.add((base, now))
-        change = "-" if not isinstance(ratio, float) else f"{(ratio - 1) * 100:+.1f}%"
-        rows.append(("", f"  {label}", fmt_value(base, "bytes"), fmt_value(now, "bytes"),
-                     change, ""))
-    return rows if len(seen) > 1 else []
+def sub_rows(check: CheckResult) -> list[tuple[str, ...]]:
+    """The rows under a check's own (:meth:`pytest_accelperf.checks.protocol.Check.
+    sub_rows`): a ``memory`` check's one per device where their peaks differ, up to
+    :data:`MAX_DEVICE_ROWS`."""
+    return [("", f"  {row.label}", fmt_value(row.baseline, row.unit),
+             fmt_value(row.now, row.unit),
+             "-" if row.change is None else f"{row.change * 100:+.1f}%", "")
+            for row in check_of(check.metric).sub_rows(check)]
 
 
 def metric_label(check: CheckResult) -> str:
-    """The metric column of a check's row: the ``memory`` row names the method that counted
-    this run's peak (``memory (mem_tracker)``, ``memory (profiler)``), so a case whose
-    counting method changed is never silent about it; the ``input`` row of an input-bound
-    case says in how many steps the batch took longer to make than the step
-    (``input (bound 38/40)``)."""
-    if check.metric == "input":
-        bound, steps = check.data.get("input_bound_steps"), check.data.get("steps")
-        if isinstance(bound, int) and bound > 0 and isinstance(steps, int):
-            return f"input (bound {bound}/{steps})"
-        return check.metric
-    source = check.data.get("source") if check.metric == "memory" else None
-    return f"{check.metric} ({source})" if isinstance(source, str) and source else check.metric
+    """The metric column of a check's row (:meth:`pytest_accelperf.checks.protocol.Check.
+    label`): the ``memory`` row names the method that counted this run's peak
+    (``memory (mem_tracker)``), the ``input`` row of an input-bound case says in how many
+    steps the batch took longer to make than the step (``input (bound 38/40)``)."""
+    return check_of(check.metric).label(check)
 
 
 def table_lines(report: SessionReport) -> list[str]:
@@ -108,7 +86,7 @@ def table_lines(report: SessionReport) -> list[str]:
                 fmt_change(check) + (ADJUSTED if adjusted(check) else ""),
                 check.verdict.value.upper() if check.failed else check.verdict.value,
             ))
-            rows.extend(device_rows(check))
+            rows.extend(sub_rows(check))
     if not rows:
         return []
     lines = tabulate(rows, headers=HEADERS, tablefmt="simple", disable_numparse=True).splitlines()

@@ -1,0 +1,194 @@
+"""What a check is: the :class:`Check` protocol, what every check is given
+(:class:`CheckInput`), and :class:`BaseCheck`, whose defaults a check overrides where it
+differs.
+
+A check is one module of :mod:`pytest_accelperf.checks` that defines ``CHECK``, an object
+of this protocol, and one line of the table (:data:`pytest_accelperf.checks.table.BUILTIN`)
+that names it. Everything that handles checks by kind loops over that table and asks the
+check, rather than testing ``metric == "..."``:
+
+* :func:`pytest_accelperf.checks.run_checks` calls every check's :meth:`~Check.check`, in
+  the table's order (the order of the report's rows);
+* :func:`pytest_accelperf.summary.summarize` stores every check's :meth:`~Check.record` of
+  the run in the baseline block (the sections it owns), and the schema validates a
+  section that :class:`pytest_accelperf.schema.Block` does not declare with the check's
+  :attr:`~Check.section_models`;
+* :mod:`pytest_accelperf.recordable` asks whether storing a baseline clears a failure
+  (:meth:`~Check.not_cleared`) and whether a failure may never be stored
+  (:meth:`~Check.refuses_recording`);
+* :mod:`pytest_accelperf.family` counts a check as an interval, another timing or a
+  deterministic check by its :attr:`~Check.kind`;
+* the terminal table (:mod:`pytest_accelperf.report.terminal`) asks for the metric
+  column's label, whether the change is the gate's estimate, and rows under the check's.
+
+A result is matched to its check by :attr:`CheckResult.metric
+<pytest_accelperf.checks.base.CheckResult.metric>` (:func:`pytest_accelperf.checks.table.
+check_of`); a result no check of the table names (a step metric such as ``accuracy``, a
+hook's own check) gets :class:`BaseCheck`'s defaults. Checks never modify their inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
+
+from pytest_accelperf.checks.base import CheckResult, Tolerances
+from pytest_accelperf.run import Run
+
+#: How :mod:`pytest_accelperf.family` counts a check's results: ``interval`` (a timing whose
+#: verdict may come from an interval, with a false-alarm rate), ``timing`` (a timing without
+#: one: counted apart), ``deterministic`` (only counted).
+Kind = Literal["interval", "timing", "deterministic"]
+
+
+@dataclass(frozen=True)
+class CheckInput:
+    """What every check is given: the run, its baseline block, the stored block (None:
+    nothing stored) and the case's tolerances, with what the session knows about them.
+
+    ``comparable``: the baseline was recorded in this environment, so timings are compared
+    (``differences`` say how it differs, in words, when it is not). ``program_comparable``:
+    the same for the compiled program (another host CPU runs the same program).
+    ``params``/``reference_params``: flat ``{path: array}`` final parameters of the run and
+    of its single-device reference (None: no reference). ``loss_either_way``:
+    ``--accelperf-loss-either-way``. ``max_foreign_load``: ``--accelperf-max-foreign-load``.
+    """
+
+    run: Run
+    block: dict[str, Any]
+    baseline: dict[str, Any] | None
+    tol: Tolerances
+    comparable: bool = True
+    program_comparable: bool = True
+    differences: tuple[str, ...] = ()
+    params: Mapping[str, Any] | None = None
+    reference_params: Mapping[str, Any] | None = None
+    loss_either_way: bool = False
+    max_foreign_load: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run finished (outcome ``ok``): most checks judge only such a run."""
+        return self.run.outcome == "ok"
+
+
+@dataclass(frozen=True)
+class SubRow:
+    """A row the terminal table shows under a check's own (a device's memory): numbers in
+    ``unit``, formatted by the table as a check's are."""
+
+    label: str
+    baseline: float | None
+    now: float | None
+    change: float | None
+    unit: str
+
+
+class Check(Protocol):
+    """One check: a metric of a run judged against the stored baseline.
+
+    ``metric``: the metric its results carry (:attr:`CheckResult.metric
+    <pytest_accelperf.checks.base.CheckResult.metric>`), and the name a reader sees in the
+    table. ``tolerances``: the fields of :class:`~pytest_accelperf.checks.base.Tolerances`
+    it reads. ``sections``: the fields of the baseline block it reads
+    (:class:`pytest_accelperf.schema.Block`). ``section_models``: the schema of sections it
+    adds that :class:`~pytest_accelperf.schema.Block` does not declare (``{name: pydantic
+    model or type}``). ``cleared_by_a_baseline``: whether storing the run as the baseline
+    (``--accelperf-update``, ``accelperf baselines accept``) clears its failure.
+    ``kind``: how the suite's verdict counts it (:data:`Kind`).
+    """
+
+    @property
+    def metric(self) -> str: ...
+
+    @property
+    def tolerances(self) -> tuple[str, ...]: ...
+
+    @property
+    def sections(self) -> tuple[str, ...]: ...
+
+    @property
+    def section_models(self) -> Mapping[str, Any]: ...
+
+    @property
+    def cleared_by_a_baseline(self) -> bool: ...
+
+    @property
+    def kind(self) -> Kind: ...
+
+    def check(self, given: CheckInput) -> Sequence[CheckResult]:
+        """Its results for the run in ``given`` (none where it does not apply)."""
+        ...
+
+    def record(self, run: Run) -> dict[str, Any]:
+        """The sections of the baseline block it owns, for ``run`` (``{}``: none)."""
+        ...
+
+    def not_cleared(self, result: CheckResult) -> str | None:
+        """Why storing a baseline does not clear ``result``, a failure of this check (a
+        sentence that names the fix); None where it does."""
+        ...
+
+    def refuses_recording(self, result: CheckResult) -> str | None:
+        """Why a run with ``result``, a failure of this check, must never be stored as a
+        baseline; None where it may be."""
+        ...
+
+    def label(self, result: CheckResult) -> str:
+        """The metric column of ``result``'s row in the terminal table."""
+        ...
+
+    def adjusted(self, result: CheckResult) -> bool:
+        """Whether ``result.change`` is the gate's estimate rather than now over the
+        baseline column (the table marks it)."""
+        ...
+
+    def sub_rows(self, result: CheckResult) -> Sequence[SubRow]:
+        """Rows the terminal table shows under ``result``'s own."""
+        ...
+
+
+class BaseCheck:
+    """The defaults of :class:`Check`: no tolerance, no section, cleared by a baseline,
+    deterministic, the metric as its label, no rows of its own. A check subclasses it, sets
+    what differs and writes :meth:`check`."""
+
+    metric: str = ""
+    tolerances: tuple[str, ...] = ()
+    sections: tuple[str, ...] = ()
+    section_models: Mapping[str, Any] = MappingProxyType({})
+    cleared_by_a_baseline: bool = True
+    #: The sentence of :meth:`not_cleared` where a baseline does not clear a failure.
+    uncleared: str = ""
+    kind: Kind = "deterministic"
+
+    def check(self, given: CheckInput) -> Sequence[CheckResult]:
+        return ()
+
+    def record(self, run: Run) -> dict[str, Any]:
+        return {}
+
+    def not_cleared(self, result: CheckResult) -> str | None:
+        return None if self.cleared_by_a_baseline else self.uncleared
+
+    def refuses_recording(self, result: CheckResult) -> str | None:
+        return None
+
+    def label(self, result: CheckResult) -> str:
+        return result.metric
+
+    def adjusted(self, result: CheckResult) -> bool:
+        return False
+
+    def sub_rows(self, result: CheckResult) -> Sequence[SubRow]:
+        return ()
+
+    def __repr__(self) -> str:
+        return f"<check {self.metric}>"
+
+
+def one(result: CheckResult | None) -> tuple[CheckResult, ...]:
+    """``result`` as the sequence :meth:`Check.check` returns: empty for None."""
+    return () if result is None else (result,)
