@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, TextIO, cast
 
 import pytest
+from pydantic import ValidationError
 from tabulate import tabulate
 
 from pytest_accelperf.baselines import (
@@ -43,7 +44,7 @@ from pytest_accelperf.baselines import (
     read,
 )
 from pytest_accelperf.errors import UserError, render
-from pytest_accelperf.jsonfile import gc_paused
+from pytest_accelperf.jsonfile import field_path, gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
 from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
@@ -55,7 +56,7 @@ from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.terminal import fmt_value
 from pytest_accelperf.report.writing import OutputError, write_output
 from pytest_accelperf.run import Run
-from pytest_accelperf.schema import json_schema
+from pytest_accelperf.schema import error_lines, json_schema, validate_block
 from pytest_accelperf.summary import summarize
 
 
@@ -109,7 +110,9 @@ def iter_store(root: Path, platform: str | None, errors: list[str], *,
                invalid_blocks: bool = False) -> Iterator[tuple[str, str, dict[str, Any]]]:
     """:func:`store_files` one file at a time, so that a caller that keeps only a summary
     of each holds one file in memory; the errors are appended to ``errors`` (raise them
-    when the walk is done)."""
+    when the walk is done). The blocks are those the schema accepts (the store's read,
+    :func:`pytest_accelperf.baselines.read`); with ``invalid_blocks`` the invalid ones too,
+    as they are, and no error for them."""
     for name in _platforms(root, platform):
         base = root / name
         for path in sorted(base.rglob("*.json")):
@@ -120,11 +123,13 @@ def iter_store(root: Path, platform: str | None, errors: list[str], *,
             except BaselineError as exc:
                 errors.append(str(exc))
                 continue
-            if not invalid_blocks:
-                errors.extend(b.message for b in bf.invalid.values())
             module = path.relative_to(base).as_posix().removesuffix(".json")
-            blocks = {k: b.raw for k, b in bf.invalid.items()}
-            blocks.update(bf.cases)
+            if invalid_blocks:
+                blocks = {k: b.raw for k, b in bf.invalid.items()}
+                blocks.update(bf.cases)
+            else:
+                errors.extend(b.message for b in bf.invalid.values())
+                blocks = bf.cases
             yield name, module, blocks
 
 
@@ -161,6 +166,23 @@ def _block_of(record: CaseRecord) -> dict[str, Any]:
     except (TypeError, ValueError, KeyError) as exc:
         raise CliError(f"{record.nodeid}: the report's run cannot be read back ({exc!r}); "
                        f"re-run the case with --accelperf-update instead") from None
+
+
+def _stored_block(report: Path, index: int, record: CaseRecord) -> None:
+    """A CliError naming the report, the line and the case where the block that the
+    report's case stored is not one the schema accepts (as the store's own read refuses
+    it, field by field)."""
+    if record.block is None:
+        return
+    try:
+        validate_block(record.block)
+    except ValidationError as exc:
+        shown = "; ".join(f"{field_path(loc) or 'the block'}: {msg}" if loc else msg
+                          for loc, msg in error_lines(exc))
+        raise CliError(f"{report}:{case_line(report, index)}: case {record.nodeid!r}: "
+                       f"invalid baseline block: {shown}; the report was edited or written "
+                       f"by another version: write one with pytest --accelperf-json=PATH"
+                       ) from None
 
 
 def _load(path: Path) -> list[CaseRecord]:
@@ -254,8 +276,11 @@ def _side(path: Path, platform: str | None) -> tuple[dict[tuple[str, str], dict[
         return store_blocks(path, platform), False
     if not path.exists():
         raise CliError(f"{path}: neither a baseline store directory nor a JSON report")
-    blocks = {(r.platform, r.nodeid): _block_of(r) for r in _load(path)
-              if platform is None or r.platform == platform}
+    blocks = {}
+    for i, record in enumerate(_load(path)):
+        if platform is None or record.platform == platform:
+            _stored_block(path, i, record)
+            blocks[(record.platform, record.nodeid)] = _block_of(record)
     return blocks, True
 
 
@@ -334,6 +359,8 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
         raise CliError(f"{record.nodeid}: the report's run cannot be read back ({exc!r}); "
                        f"re-run the case with --accelperf-update instead") from None
     block = _block_of(record)
+    if record.block is not None:  # the schema first: what unrecordable reads is typed
+        block = check_block(record.nodeid, block)
     why = unrecordable(run, record.checks, block)
     if why is not None:
         raise CliError(f"never stored as a baseline: {why}; fix the run, or leave the case "

@@ -18,6 +18,7 @@ import pytest
 from conftest import Suite, verdicts
 from test_reports import MODULE, PLATFORM, make_run, synthetic_report
 
+from pytest_accelperf import jsonfile
 from pytest_accelperf.baselines import BaselineStore
 from pytest_accelperf.cases import Case
 from pytest_accelperf.cli import main
@@ -242,6 +243,61 @@ def test_diff_of_a_report_against_the_store(workdir: Path,
     assert status == 0
     assert "(removed)" not in out  # a report covers only what ran
     assert f"cpu-x2:{MODULE}::test_sweep[jax-mesh2x1-b64]" in out
+
+
+def test_show_and_diff_read_the_store_through_the_schema(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A stored block the schema refuses (a loss that is a list, which ``show`` read as a
+    dict: AttributeError) is one line naming the file, the line, the case and the field,
+    from ``show`` as from ``diff`` and the pytest run."""
+    _store(workdir / "baselines", {"a": 0.01, "b": 0.02})
+    [path] = (workdir / "baselines").rglob("*.json")
+    data = json.loads(path.read_text())
+    key = next(k for k in data["cases"] if k.endswith("-b]"))
+    data["cases"][key]["loss"] = [1, 2]
+    path.write_text(json.dumps(data, indent=2))
+    line = next(i for i, text in enumerate(path.read_text().splitlines(), 1)
+                if '"loss": [' in text)
+    for argv in (("baselines", "show"), ("baselines", "diff", "baselines", "baselines")):
+        status, out, err = _run(capsys, *argv)
+        assert status == 1, argv
+        assert err.splitlines() == [
+            f"accelperf: error: {path.relative_to(workdir)}:{line}: case {key!r}: invalid "
+            f"baseline block: loss: should be a JSON object (found [1, 2]). Fix the block, or "
+            f"re-record the case with --accelperf-update (which replaces an invalid block and "
+            f"keeps the file's other cases)"], argv
+        assert out == ""
+
+
+def test_a_report_whose_stored_block_is_invalid_is_named_not_a_traceback(
+        workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The block a report's case stored is read through the schema too: ``diff`` names the
+    report's line and the case; ``accept`` refuses it before reading what the schema did
+    not type (a ``numerics`` list ended in AttributeError)."""
+    _store(workdir / "baselines", {"a": 0.01})
+    good = json.loads(json.dumps(summarize(make_run(Case(backend="jax", batch=8),
+                                                    step_time=0.01))))
+    for field, value, shown in (("loss", [1, 2], "loss: should be a JSON object (found [1, 2])"),
+                                ("numerics", [1], "numerics: should be a JSON object (found "
+                                                  "[1])")):
+        data = json.loads(json.dumps(synthetic_report().to_json(1), default=str))
+        data["cases"][0]["block"] = {**good, field: value}
+        nodeid = data["cases"][0]["nodeid"]
+        text = json.dumps(data, indent=1)
+        (workdir / "r.json").write_text(text)
+        line = jsonfile.locate(text, ["cases", 0])
+        status, _, err = _run(capsys, "baselines", "diff", "baselines", "r.json")
+        assert status == 1
+        assert err.splitlines() == [
+            f"accelperf: error: r.json:{line}: case {nodeid!r}: invalid baseline block: "
+            f"{shown}; the report was edited or written by another version: write one with "
+            f"pytest --accelperf-json=PATH"]
+        status, _, err = _run(capsys, "baselines", "accept", "r.json", "--case", nodeid)
+        assert status == 1
+        assert err.startswith(f"accelperf: error: r.json:{line}: case {nodeid!r} "
+                              f"[{data['cases'][0]['platform']}]: not stored as a baseline: "
+                              f"invalid block: {shown}.")
+        assert "Traceback" not in err and "nothing was written" in err
 
 
 def test_accept_needs_a_choice_and_names_unknown_patterns(
