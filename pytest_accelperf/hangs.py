@@ -15,7 +15,11 @@ off sooner (pytest-timeout's), and the handler and timer that were there are put
 **The host lock.** CPU cases of every session on a machine train one at a time
 (:func:`host_lock`). A session that waits says for whom (pid and case, from a sidecar file
 its holder writes) after :data:`NOTICE_AFTER_S`, and gives up after a bound
-(``--accelperf-host-lock-timeout``) with an error naming the holder.
+(``--accelperf-host-lock-timeout``) with an error naming the holder. It does not wait at all
+for a holder known to be stuck (:func:`stuck_holder`): one that is stopped (Ctrl-Z), or that
+has held the lock past its own case's timeout by more than :data:`STUCK_GRACE_S` (its own
+alarm and watchdog end a case seconds after it). A holder that has exited holds nothing:
+the lock is the kernel's, released with the process.
 """
 
 from __future__ import annotations
@@ -185,6 +189,13 @@ HOST_LOCK_DIR = (Path("/tmp") if os.access("/tmp", os.W_OK | os.X_OK)
 HOST_LOCK_NAME = "accelperf-cpu-host.lock"
 #: Seconds a case waits for the host lock before it says whom it waits for.
 NOTICE_AFTER_S = 5.0
+#: Seconds between two looks at who holds the lock, while waiting for it.
+POLL_S = 1.0
+#: Seconds past its own case's timeout after which a holder still holding the lock is
+#: stuck: its alarm interrupts a case :data:`ALARM_GRACE_S` past the timeout, its watchdog
+#: ends the process :data:`NATIVE_GRACE_S` later, a multi-process launch is killed at the
+#: timeout and waited for 10 s; a minute is well past all of them.
+STUCK_GRACE_S = 60.0
 
 
 #: Bytes of a holder file read: it holds one short line of JSON; a larger one is not ours.
@@ -199,6 +210,10 @@ class HostLockError(Exception):
 
 class HostLockTimeout(HostLockError):
     """The host lock was not free within ``--accelperf-host-lock-timeout``."""
+
+
+class HostLockStuck(HostLockError):
+    """The host lock is held by a process known to be stuck: not waited for."""
 
 
 def holder_path(lock_path: Path) -> Path:
@@ -221,12 +236,14 @@ def _alive(pid: int) -> bool:
 @dataclass(frozen=True)
 class Holder:
     """What a holder file says: ``pid`` and ``case``, since when (None where it does not
-    say so sensibly) and on which host."""
+    say so sensibly), on which host, and the most its case may hold the lock: the case's
+    timeout in seconds (None: not bounded, or not said)."""
 
     pid: int
     case: str
     since: float | None
     host: str
+    timeout: float | None = None
 
 
 def read_holder(lock_path: Path) -> Holder | str:
@@ -256,9 +273,79 @@ def read_holder(lock_path: Path) -> Holder | str:
     if (isinstance(since, int | float) and not isinstance(since, bool)
             and math.isfinite(since) and 0 < since <= time.time() + 60):
         started = float(since)
-    host = data.get("host")
+    host, bound = data.get("host"), data.get("timeout")
+    if isinstance(bound, bool) or not isinstance(bound, int | float) \
+            or not math.isfinite(bound) or bound <= 0:
+        bound = None
     return Holder(pid=pid, case=case if case.isprintable() else repr(case), since=started,
-                  host=host if isinstance(host, str) else "")
+                  host=host if isinstance(host, str) else "",
+                  timeout=float(bound) if bound is not None else None)
+
+
+def lock_owners(lock_path: Path) -> set[int] | None:
+    """The pids the kernel says hold a lock on ``lock_path`` (``/proc/locks``: the file's
+    device and inode), or None where it cannot say (no ``/proc/locks``, no file)."""
+    try:
+        st = os.stat(lock_path)
+        text = Path("/proc/locks").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    owners: set[int] = set()
+    for line in text.splitlines():
+        # "1: FLOCK  ADVISORY  WRITE 8311 fe:00:2163306 0 EOF"; a process blocked waiting
+        # for a lock is listed after its holder as "1: -> FLOCK ...", and holds nothing.
+        parts = line.split()
+        if len(parts) >= 6 and parts[1] != "->" and parts[5] == where and parts[4].isdigit():
+            owners.add(int(parts[4]))
+    return owners
+
+
+def _state(pid: int) -> str:
+    """The state letter of process ``pid`` (``/proc/<pid>/stat``: ``R``, ``S``, ``T`` for
+    stopped...), ``""`` where it cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    fields = text.rpartition(")")[2].split()  # after "pid (command name)", which may hold ")"
+    return fields[0] if fields else ""
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def stuck_holder(lock_path: Path) -> str | None:
+    """Why the holder of ``lock_path`` will not release it by itself, in words, or None
+    (not known to be stuck: waiting is right).
+
+    Only a holder that its file names on this host, and that the kernel confirms holds the
+    lock (:func:`lock_owners`), is judged: it is stuck when it is stopped (``T``: Ctrl-Z,
+    SIGSTOP, a debugger; it keeps the lock until resumed), or when it has held the lock
+    past its own case's timeout by more than :data:`STUCK_GRACE_S` (what ends a case past
+    its timeout, its alarm and watchdog, has not: the process hangs where they cannot
+    reach). Anything that cannot be told for sure (another host, a holder file that names
+    another process, no ``/proc``) is not stuck."""
+    holder = read_holder(lock_path)
+    if isinstance(holder, str) or holder.host != socket.gethostname():
+        return None
+    owners = lock_owners(lock_path)
+    if owners is None or holder.pid not in owners:
+        return None
+    who = f"pid {holder.pid} (case {holder.case})"
+    if _state(holder.pid) in ("T", "t"):
+        return (f"{who} is stopped (Ctrl-Z, SIGSTOP or a debugger) and keeps it until it is "
+                f"resumed: resume it (kill -CONT {holder.pid}) or end it (kill "
+                f"{holder.pid})")
+    if holder.timeout is not None and holder.since is not None:
+        held = time.time() - holder.since
+        if held > holder.timeout + STUCK_GRACE_S:
+            return (f"{who} has held it for {_duration(held)}, past its case's "
+                    f"{holder.timeout:g} s timeout (--accelperf-timeout), after which a "
+                    f"case is ended within {STUCK_GRACE_S:g} s: it is stuck; end it (kill "
+                    f"{holder.pid})")
+    return None
 
 
 def describe_holder(lock_path: Path) -> str:
@@ -275,18 +362,21 @@ def describe_holder(lock_path: Path) -> str:
     if holder.since is None:
         return f"pid {holder.pid} (case {holder.case})"
     held = max(0.0, time.time() - holder.since)
-    for_ = f"{held:.0f} s" if held < 120 else f"{held / 60:.0f} min"
-    return f"pid {holder.pid} (case {holder.case}, holding it for {for_})"
+    return f"pid {holder.pid} (case {holder.case}, holding it for {_duration(held)})"
 
 
 @contextlib.contextmanager
 def host_lock(case: str, timeout: float | None, notify: Callable[[str], None], *,
-              directory: Path | None = None) -> Iterator[Path]:
+              directory: Path | None = None, hold_timeout: float | None = None
+              ) -> Iterator[Path]:
     """Hold the host-wide lock for the block; yields its path.
 
     After :data:`NOTICE_AFTER_S` of waiting, ``notify`` gets one line naming the holder;
-    past ``timeout`` seconds (None: wait forever) :class:`HostLockTimeout` is raised. While
-    held, the sidecar file names this process and ``case``.
+    past ``timeout`` seconds (None: wait forever) :class:`HostLockTimeout` is raised, and
+    at once :class:`HostLockStuck` where the holder is known to be stuck
+    (:func:`stuck_holder`, looked at every :data:`POLL_S` of the wait). While held, the
+    sidecar file names this process, ``case`` and ``hold_timeout``: the most this block
+    holds the lock (the case's timeout; None: not bounded).
     """
     path = (directory or HOST_LOCK_DIR) / HOST_LOCK_NAME
     # mode 0o666: the lock is shared by every user's sessions on the machine.
@@ -307,28 +397,37 @@ def host_lock(case: str, timeout: float | None, notify: Callable[[str], None], *
             f"session on this machine locks that one file: make it a file this user can open "
             f"for writing (remove what is there; a session creates it again)")
 
-    first = NOTICE_AFTER_S if timeout is None else min(NOTICE_AFTER_S, timeout)
-    try:
-        lock.acquire(timeout=first)
-    except filelock.Timeout:
-        notify(f"accelperf: {case} is waiting for the CPU host lock {path}, held by "
-               f"{describe_holder(path)}"
-               + (f"; giving up after {timeout:g} s" if timeout else ""))
-        left = -1.0 if timeout is None else timeout - (time.monotonic() - started)
-        if timeout is not None and left <= 0:
-            raise give_up() from None
+    notice = NOTICE_AFTER_S if timeout is None else min(NOTICE_AFTER_S, timeout)
+    wait = 0.0  # the first try does not wait: a stuck holder is not waited for at all
+    noticed = False
+    while True:
         try:
-            lock.acquire(timeout=left)
+            lock.acquire(timeout=wait)
+            break
         except filelock.Timeout:
-            raise give_up() from None
-        except OSError as exc:
+            pass
+        except OSError as exc:  # a directory, a symlink loop, another user's file: not a wait
             raise unusable(exc) from None
-    except OSError as exc:  # a directory, a symlink loop, another user's file: not a wait
-        raise unusable(exc) from None
+        stuck = stuck_holder(path)
+        if stuck is not None:
+            raise HostLockStuck(
+                f"{case}: not waiting for the CPU host lock {path}: {stuck}. CPU cases of all "
+                f"sessions on this machine train one at a time")
+        waited = time.monotonic() - started
+        if not noticed and waited >= notice:
+            noticed = True
+            notify(f"accelperf: {case} is waiting for the CPU host lock {path}, held by "
+                   f"{describe_holder(path)}"
+                   + (f"; giving up after {timeout:g} s" if timeout else ""))
+        if timeout is not None and waited >= timeout:
+            raise give_up()
+        ends = [POLL_S] + ([notice - waited] if not noticed else []) \
+            + ([timeout - waited] if timeout is not None else [])
+        wait = max(0.0, min(ends))
     sidecar = holder_path(path)
     try:
         with contextlib.suppress(OSError):
-            _write_holder(sidecar, case)
+            _write_holder(sidecar, case, hold_timeout)
         yield path
     finally:
         with contextlib.suppress(OSError):
@@ -336,9 +435,9 @@ def host_lock(case: str, timeout: float | None, notify: Callable[[str], None], *
         lock.release()
 
 
-def _write_holder(sidecar: Path, case: str) -> None:
+def _write_holder(sidecar: Path, case: str, hold_timeout: float | None = None) -> None:
     text = json.dumps({"pid": os.getpid(), "case": case, "since": time.time(),
-                       "host": socket.gethostname()})
+                       "host": socket.gethostname(), "timeout": hold_timeout})
     with contextlib.suppress(FileNotFoundError):
         sidecar.unlink()  # one left behind by a holder that was killed
     fd = os.open(sidecar, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

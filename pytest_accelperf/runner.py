@@ -286,7 +286,7 @@ class CaseRunner:
         __tracebackhide__ = True
         settings = self.settings
         rel_file, qualname = node_location(self._item, comparison.root)
-        with self._host():
+        with self._host(bounded=False):  # rounds and workers have bounds of their own
             return comparison.measure(self.case, rel_file, qualname, spec=self.spec,
                                       rounds=settings.compare_rounds,
                                       block=settings.compare_block,
@@ -420,14 +420,17 @@ class CaseRunner:
         return result
 
     @contextlib.contextmanager
-    def _host(self) -> Iterator[None]:
+    def _host(self, *, bounded: bool = True) -> Iterator[None]:
         """The host lock around this case's training (CPU only); a wait past
-        ``--accelperf-host-lock-timeout`` fails the test naming the lock's holder (the
-        case is recorded as an error, without a traceback)."""
+        ``--accelperf-host-lock-timeout``, or for a holder known to be stuck, fails the
+        test naming the lock's holder (the case is recorded as an error, without a
+        traceback). ``bounded``: what runs under it ends within ``--accelperf-timeout``
+        (the holder file says so, and a waiter takes a holder past it as stuck)."""
         __tracebackhide__ = True
         lock: AbstractContextManager[object] = exclusive_host(
             self.accelerator, case=self._item.nodeid, timeout=self.settings.host_lock_timeout,
-            notify=lambda text: say(self._item.config, text))
+            notify=lambda text: say(self._item.config, text),
+            hold_timeout=self.settings.timeout if bounded else None)
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(lock)

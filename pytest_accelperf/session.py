@@ -109,19 +109,21 @@ class AccelperfSession:
 
 def exclusive_host(accelerator: Accelerator, *, case: str = "", timeout: float | None = None,
                    notify: Callable[[str], None] | None = None,
-                   ) -> AbstractContextManager[object]:
+                   hold_timeout: float | None = None) -> AbstractContextManager[object]:
     """A host-wide lock around the training of a case where devices share the host's cores.
 
     Virtual CPU devices are not independent hardware: two xdist workers (or two sessions)
     training at once would each measure half a machine, and their step times would not be
     comparable with a baseline recorded alone. So on ``cpu`` cases train one at a time per
     host; on GPUs and TPUs each worker owns its devices and no lock is taken. A wait says
-    whom it waits for and ends after ``timeout`` seconds (:func:`pytest_accelperf.hangs.
-    host_lock`).
+    whom it waits for and ends after ``timeout`` seconds, at once where the holder is known
+    to be stuck; ``hold_timeout`` is the most this holder keeps it (the case's timeout, that
+    a waiter judges it by; None: not bounded) (:func:`pytest_accelperf.hangs.host_lock`).
     """
     if accelerator.name != "cpu":
         return contextlib.nullcontext()
-    return host_lock(case or f"pid {os.getpid()}", timeout, notify or say_on_stderr)
+    return host_lock(case or f"pid {os.getpid()}", timeout, notify or say_on_stderr,
+                     hold_timeout=hold_timeout)
 
 
 def say_on_stderr(text: str) -> None:

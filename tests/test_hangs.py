@@ -21,7 +21,13 @@ import pytest
 from conftest import Suite
 
 from pytest_accelperf import hangs
-from pytest_accelperf.hangs import CaseTimeout, HostLockTimeout, case_alarm, host_lock
+from pytest_accelperf.hangs import (
+    CaseTimeout,
+    HostLockStuck,
+    HostLockTimeout,
+    case_alarm,
+    host_lock,
+)
 
 needs_alarm = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="no SIGALRM timer")
 
@@ -247,8 +253,9 @@ import sys, time
 from pathlib import Path
 from pytest_accelperf.hangs import host_lock
 
+bound = float(sys.argv[3]) if len(sys.argv) > 3 else None  # its case's timeout
 with host_lock("test_other.py::test_holder[jax-nomesh-b8]", None, print,
-               directory=Path(sys.argv[1])):
+               directory=Path(sys.argv[1]), hold_timeout=bound):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))
 '''
@@ -442,3 +449,129 @@ def test_a_case_that_waits_too_long_fails_naming_the_holder(
     assert "Traceback" not in result.stdout.str()
     (case,) = suite.report()["cases"]
     assert case["run"]["outcome"] == "error" and "gave up waiting" in case["error"]
+
+
+# -- a holder known to be stuck is not waited for ----------------------------------------------
+def _hold(directory: Path, seconds: float, bound: float | None = None
+          ) -> subprocess.Popen[str]:
+    """Another process holding the host lock in ``directory`` for ``seconds``, its holder
+    file saying that its case may hold it ``bound`` seconds."""
+    args = [sys.executable, "-c", HOLDER, str(directory), str(seconds)]
+    proc = subprocess.Popen(args + ([str(bound)] if bound is not None else []),
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_stopped_holder_is_not_waited_for(tmp_path: Path) -> None:
+    """A session suspended with Ctrl-Z keeps the lock until it is resumed: a waiter names
+    it and what to do at once, instead of waiting out its timeout."""
+    proc = _hold(tmp_path, 60)
+    try:
+        lock = tmp_path / hangs.HOST_LOCK_NAME
+        assert hangs.lock_owners(lock) == {proc.pid}  # the kernel's word, not the file's
+        assert hangs.stuck_holder(lock) is None  # running: waited for
+        os.kill(proc.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        said: list[str] = []
+        with pytest.raises(HostLockStuck) as info, host_lock("mine", 30, said.append,
+                                                             directory=tmp_path):
+            pytest.fail("the lock is held by the stopped process")
+        assert time.monotonic() - start < 1
+        assert said == []
+        assert str(info.value) == (
+            f"mine: not waiting for the CPU host lock {lock}: pid {proc.pid} (case "
+            f"test_other.py::test_holder[jax-nomesh-b8]) is stopped (Ctrl-Z, SIGSTOP or a "
+            f"debugger) and keeps it until it is resumed: resume it (kill -CONT {proc.pid}) "
+            f"or end it (kill {proc.pid}). CPU cases of all sessions on this machine train "
+            f"one at a time")
+        os.kill(proc.pid, signal.SIGCONT)
+        assert hangs.stuck_holder(lock) is None
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_holder_past_its_case_timeout_is_stuck_and_one_within_it_is_waited_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A holder whose case may hold the lock 1 s (its --accelperf-timeout) still holding it
+    past that and the grace its own alarm and watchdog need is stuck: a waiter that was
+    waiting stops at the next look, one that comes later does not wait at all. A holder
+    within its bound is waited for, up to --accelperf-host-lock-timeout."""
+    monkeypatch.setattr(hangs, "STUCK_GRACE_S", 1.0)
+    monkeypatch.setattr(hangs, "POLL_S", 0.2)
+    lock = tmp_path / hangs.HOST_LOCK_NAME
+    within = _hold(tmp_path, 60, bound=600)
+    try:
+        assert json.loads(hangs.holder_path(lock).read_text())["timeout"] == 600
+        with pytest.raises(HostLockTimeout), host_lock("mine", 2.5, print, directory=tmp_path):
+            pytest.fail("the lock is held")
+    finally:
+        within.kill()
+        within.communicate()
+    proc = _hold(tmp_path, 60, bound=1)
+    try:
+        start = time.monotonic()
+        with pytest.raises(HostLockStuck) as info, host_lock("mine", 30, print,
+                                                             directory=tmp_path):
+            pytest.fail("the lock is held by the stuck process")
+        waited = time.monotonic() - start
+        assert 1.5 < waited < 10  # 1 s of bound, 1 s of grace; not the 30 s of the wait
+        assert str(info.value).startswith(
+            f"mine: not waiting for the CPU host lock {lock}: pid {proc.pid} (case "
+            f"test_other.py::test_holder[jax-nomesh-b8]) has held it for ")
+        assert (f", past its case's 1 s timeout (--accelperf-timeout), after which a case is "
+                f"ended within 1 s: it is stuck; end it (kill {proc.pid})") in str(info.value)
+        start = time.monotonic()
+        with pytest.raises(HostLockStuck), host_lock("later", 30, print, directory=tmp_path):
+            pytest.fail("the lock is held by the stuck process")
+        assert time.monotonic() - start < 1
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_holder_file_naming_a_process_that_holds_no_lock_is_not_stuck(
+        holder: tuple[Path, subprocess.Popen[str]]) -> None:
+    """A holder file left behind (its pid since reused by another process, here this one)
+    says nothing about who holds the lock now: only the kernel's owner is judged."""
+    directory, proc = holder
+    lock = directory / hangs.HOST_LOCK_NAME
+    hangs.holder_path(lock).write_text(json.dumps({
+        "pid": os.getpid(), "case": "old", "since": 1.0, "timeout": 1.0,
+        "host": socket.gethostname()}))
+    assert hangs.lock_owners(lock) == {proc.pid}
+    assert hangs.stuck_holder(lock) is None
+    with pytest.raises(HostLockTimeout), host_lock("mine", 0.5, print, directory=directory):
+        pytest.fail("the lock is held by the other process")
+    hangs.holder_path(lock).write_text(json.dumps({
+        "pid": proc.pid, "case": "c", "since": 1.0, "timeout": 1.0, "host": "elsewhere"}))
+    assert hangs.stuck_holder(lock) is None  # another host's pid means nothing here
+
+
+def test_a_session_s_holder_file_says_its_case_timeout(
+        suite: Suite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a waiter judges a holder by: a session's holder file carries its
+    --accelperf-timeout (read here by a command that runs holding the lock, as a training
+    does)."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    monkeypatch.setattr(hangs, "HOST_LOCK_DIR", locks)
+    suite.write(f'''
+        import json
+        from pathlib import Path
+        from pytest_accelperf import Run, cases
+
+        def parse(text, source):
+            Path("holder.json").write_text(text)
+            return [Run(case_id="x", samples_per_step=8, step_times=[0.01] * 5,
+                        losses=[1.0] * 5, loss_steps=list(range(5)))]
+
+        @cases(backend="external", batch=[8])
+        def test_holder(accelperf):
+            accelperf.ingest(["cat", "{locks / hangs.HOST_LOCK_NAME}.holder"], parser=parse)
+    ''')
+    suite.run("--accelperf-update", "--accelperf-timeout=77").assert_outcomes(passed=1)
+    holder = json.loads((suite.pytester.path / "holder.json").read_text())
+    assert holder["timeout"] == 77 and holder["pid"] == os.getpid()
+    assert holder["case"] == "test_suite.py::test_holder[external-nomesh-b8]"
