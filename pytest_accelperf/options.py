@@ -54,8 +54,9 @@ class Option:
 
 _TOL = Tolerances()
 #: The default wait for the CPU host lock, per case: ten minutes. A healthy holder keeps it
-#: for one case's training (the suites' longest trains in about 9 s here), and a stuck one
-#: is not waited for at all; 30 minutes per case outlasted many CI jobs' own time limits.
+#: for one case's training (the longest case of suites/ compiles and times its steps in
+#: about 9 s, by its stored baseline), and a stuck one is not waited for at all; 30 minutes
+#: per case outlasted many CI jobs' own time limits (docs/checks-and-statistics.md).
 HOST_LOCK_TIMEOUT_S = 600.0
 #: The most virtual CPU devices: XLA:CPU takes 6 s to start 4096 of them on one core,
 #: 16 s for 8192, and aborts (after minutes) or hangs far beyond that.
