@@ -35,7 +35,11 @@ def _tolerance(command: str) -> float:
     return 0.01
 
 
-def recompute(path: Path) -> list[dict[str, Any]]:
+def recompute(path: Path, max_foreign_load: float | None) -> list[dict[str, Any]]:
+    """The rows of one results file, each with its verdict as run and ``now``; with
+    ``max_foreign_load``, a ``regression`` or ``improvement`` measured while other processes
+    used more cores than that becomes ``inconclusive`` (``guarded``), as the plugin's
+    ``--accelperf-max-foreign-load`` does."""
     data = json.loads(path.read_text())
     tolerance = _tolerance(str(data.get("command", "")))
     rows = []
@@ -44,10 +48,16 @@ def recompute(path: Path) -> list[dict[str, Any]]:
         if not blocks.get("base") or not r.get("pairs"):
             continue  # a case that never measured (an error): nothing to recompute
         est, spread = ab_ratio(blocks["head"], blocks["base"], r["pairs"])
+        now = throughput_verdict(est, tolerance).value
+        foreign = r.get("foreign_cores")
+        guarded = now
+        if (max_foreign_load is not None and isinstance(foreign, (int, float))
+                and foreign > max_foreign_load and now in ("regression", "improvement")):
+            guarded = "inconclusive"
         rows.append({"file": path.name, "workload": r["workload"],
                      "load": r.get("load", "none"), "slowdown": r["slowdown"],
-                     "as_run": r["verdict"],
-                     "now": throughput_verdict(est, tolerance).value,
+                     "as_run": r["verdict"], "now": now, "guarded": guarded,
+                     "foreign_cores": foreign,
                      "ratio": est.ratio, "half_width": est.mdc,
                      "pairs": spread.processes if spread else 1})
     return rows
@@ -69,12 +79,14 @@ def table(rows: list[dict[str, Any]]) -> str:
         out.append([workload, load, f"{slowdown:.0%}", n,
                     _share(sum(r["as_run"] in alarm for r in mine), n),
                     _share(sum(r["now"] in alarm for r in mine), n),
+                    _share(sum(r["guarded"] in alarm for r in mine), n),
                     ", ".join(f"{v} {sum(r['now'] == v for r in mine)}"
                               for v in sorted({r["now"] for r in mine})),
                     f"{float(np.median([r['ratio'] for r in mine])):.4f}",
                     f"{float(np.median([r['half_width'] for r in mine])):.2%}"])
     return tabulate(out, headers=["workload", "load", "slowdown", "cases",
                                   "alarms as run [95% CI]", "alarms now [95% CI]",
+                                  "alarms now, load guard on",
                                   "verdicts now", "median ratio",
                                   "median half-width now"], tablefmt="github")
 
@@ -83,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", type=Path)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--max-foreign-load", type=float, default=0.25,
+                        help="the plugin's --accelperf-max-foreign-load for the guarded "
+                             "column (default 0.25, the plugin's)")
     ns = parser.parse_args(argv)
-    rows = [row for path in ns.results for row in recompute(path)]
+    rows = [row for path in ns.results for row in recompute(path, ns.max_foreign_load)]
     if not rows:
         print("no rows with stored rounds in those files", file=sys.stderr)
         return 1
