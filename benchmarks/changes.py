@@ -77,6 +77,7 @@ sys.path.insert(0, str(REPO))
 from pytest_accelperf.report.changes import (  # noqa: E402
     Detection,
     Point,
+    analyse,
     find_changes,
     load_points,
 )
@@ -399,13 +400,19 @@ def cmd_scale(args: argparse.Namespace) -> dict[str, Any]:
 
         parts = []
         for jobs in (1, None):
-            t0 = time.perf_counter()
-            points = load_points(hist, jobs=jobs)
-            t1 = time.perf_counter()
-            changes = find_changes(points)
-            t2 = time.perf_counter()
-            parts.append({"jobs": jobs or os.cpu_count(), "read_s": round(t1 - t0, 3),
-                          "find_s": round(t2 - t1, 3), "change_points": len(changes)})
+            w0, c0 = time.perf_counter(), time.process_time()
+            found = analyse(hist, jobs=jobs)
+            parts.append({"jobs": jobs or os.cpu_count(),
+                          "analyse_s": round(time.perf_counter() - w0, 3),
+                          "analyse_cpu_s (this process)": round(time.process_time() - c0, 3),
+                          "change_points": len(found.changes)})
+        w0 = time.perf_counter()
+        points = load_points(hist)
+        w1 = time.perf_counter()
+        find_changes(points)
+        w2 = time.perf_counter()
+        parts.append({"jobs": 1, "read_and_validate_s": round(w1 - w0, 3),
+                      "find_s": round(w2 - w1, 3)})
         load_after = os.getloadavg()
     return {"lines": lines, "bytes": size, "bytes_per_line": size // lines,
             "cases": args.cases, "sessions": args.sessions, "command": runs,

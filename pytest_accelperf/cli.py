@@ -53,8 +53,7 @@ from pytest_accelperf.report.changes import (
     ChangePoint,
     ChangesError,
     Detection,
-    find_changes,
-    load_points,
+    analyse,
     since_order,
 )
 from pytest_accelperf.report.data import CaseRecord
@@ -594,14 +593,14 @@ def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
         raise CliError(f"--max-pvalue {args.max_pvalue}: a p-value between 0 and 1, such "
                        f"as 0.001")
     try:
-        points = load_points(args.directory, args.platform)
-        if not points:
+        found = analyse(args.directory, args.platform, Detection(max_pvalue=args.max_pvalue))
+        if not found.sessions:
             raise CliError(f"{args.directory}: no history lines"
                            f"{f' of platform {args.platform}' if args.platform else ''}; "
                            f"write them with pytest --accelperf-history={args.directory}")
-        changes = find_changes(points, Detection(max_pvalue=args.max_pvalue))
+        changes = found.changes
         if args.since is not None:
-            cut = since_order(points, args.since, Path.cwd())
+            cut = since_order(found.sessions, args.since, Path.cwd())
             changes = [c for c in changes if c.first_after.order > cut]
     except (HistoryError, ChangesError) as exc:
         raise CliError(str(exc)) from None
@@ -612,11 +611,9 @@ def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
         out.write(tabulate(change_rows(changes),
                            headers=("case", "metric", "before → after", "change", "commits",
                                     "how sure"), disable_numparse=True) + "\n")
-    sessions = len({p.session for p in points})
-    cases = len({(p.platform, p.nodeid) for p in points})
     since = f" since {args.since}" if args.since is not None else ""
-    out.write(f"{len(changes)} change point(s){since} in {cases} case(s) over {sessions} "
-              f"session(s) of {args.directory}\n")
+    out.write(f"{len(changes)} change point(s){since} in {found.cases} case(s) over "
+              f"{len(found.sessions)} session(s) of {args.directory}\n")
     return 0
 
 

@@ -18,10 +18,12 @@ import pytest
 from test_reports import synthetic_report
 
 from pytest_accelperf.cli import main
+from pytest_accelperf.report import changes
 from pytest_accelperf.report.changes import (
     ENVIRONMENT,
     ChangesError,
     Detection,
+    analyse,
     exact_changes,
     find_changes,
     load_points,
@@ -163,12 +165,12 @@ def test_since_a_commit_or_a_date(tmp_path: Path) -> None:
     lines = [line(i, program=PROGRAM if i < 10 else {**PROGRAM, "flops": 3e9 if i < 20
                                                       else 4e9})
              for i in range(30)]
-    points = load_points(write(tmp_path / "h", lines))
-    changes = find_changes(points)
+    found = analyse(write(tmp_path / "h", lines))
+    changes = found.changes
     assert [c.first_after.session for c in changes] == ["s0010", "s0020"]
 
     def since(ref: str) -> list[str]:
-        cut = since_order(points, ref, tmp_path)
+        cut = since_order(found.sessions, ref, tmp_path)
         return [c.first_after.session for c in changes if c.first_after.order > cut]
 
     assert since(commit(5)[:8]) == ["s0010", "s0020"]
@@ -248,16 +250,29 @@ def test_the_command_without_a_history(tmp_path: Path,
     assert "no history lines; write them with pytest" in capsys.readouterr().err
 
 
-def test_a_parallel_read_equals_a_serial_one(tmp_path: Path) -> None:
-    lines = [line(i, nodeid=f"m.py::t[c{c}]", sps=1000.0 + c + i)
-             for i in range(100) for c in range(210)]
+def test_cases_analysed_in_two_processes_give_what_one_gives(tmp_path: Path) -> None:
+    # 210 cases x 100 sessions, every tenth case 15 % slower from session 60 and every
+    # 21st with more FLOPs from session 30
+    lines = [line(i, nodeid=f"m.py::t[c{c}]",
+                  sps=v * (0.85 if c % 10 == 0 and i >= 60 else 1.0),
+                  program={**PROGRAM, "flops": 3e9} if c % 21 == 0 and i >= 30 else None)
+             for c in range(210) for i, v in enumerate(noisy(100, seed=c))]
     hist = write(tmp_path / "h", lines)
-    assert load_points(hist, jobs=2) == load_points(hist, jobs=1)
+    two, one = analyse(hist, jobs=2), analyse(hist, jobs=1)
+    assert two == one
+    routed = changes._parallel(changes._lines_of(hist, None), 2, Detection())
+    assert routed is not None  # each case's lines went to one process
+    assert sorted(len(cases) for _, _, cases in routed) != [0, 210]
+    assert (one.cases, len(one.sessions)) == (210, 100)
+    found = {(c.nodeid, c.metric, c.first_after.session) for c in one.changes}
+    assert found >= {(f"m.py::t[c{c}]", "throughput", "s0060") for c in range(0, 210, 10)}
+    assert found >= {(f"m.py::t[c{c}]", "FLOPs", "s0030") for c in range(0, 210, 21)}
     with (hist / "cpu-x8.jsonl").open("a") as f:
+        f.write('{"nodeid": "m.py::t[c1]", "session": "s", "dirty": "no"}\n')
         f.write('{"nodeid": 1, "session": "s"}\n')
     with pytest.raises(HistoryError, match=r"cpu-x8.jsonl:21001: not a history entry \("
-                                           r"nodeid: Input should be a valid string"):
-        load_points(hist, jobs=2)
+                                           r"dirty: Input should be a valid boolean"):
+        analyse(hist, jobs=2)
 
 
 # -- the HTML report ---------------------------------------------------------------------------

@@ -32,9 +32,11 @@ recorded noise.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import multiprocessing
+import operator
 import os
 import re
 import statistics
@@ -50,7 +52,12 @@ from numpy.typing import ArrayLike
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.program import AMOUNTS, COUNTS
-from pytest_accelperf.report.history import history_files, parse_numbers, read_bytes
+from pytest_accelperf.report.history import (
+    HistoryError,
+    history_files,
+    parse_numbers,
+    read_bytes,
+)
 from pytest_accelperf.report.terminal import fmt_value
 from pytest_accelperf.schema import HistoryNumbers, Program
 
@@ -333,55 +340,45 @@ def _program_tables(points: Sequence[Point]) -> list[dict[tuple[str, str], float
     return out
 
 
-def _parse(path: Path, first: int, lines: list[bytes]) -> list[Point]:
-    """The points of ``lines`` of ``path``, the first of them line ``first``."""
-    out: list[Point] = []
-    with gc_paused():  # a history has no cycles to collect (see gc_paused)
-        for n, raw in enumerate(lines, start=first):
-            if raw.strip():
-                out.append(point(parse_numbers(path, n, raw)))
+Line = tuple[Path, int, bytes]  # (file, line number, the line)
+
+
+class _BadLine(Exception):
+    """A line that is not a history entry, raised in a worker process: ``(file, line
+    number, message)``, plain values that cross back to the parent."""
+
+
+def _lines_of(directory: Path, platform: str | None) -> list[Line]:
+    out: list[Line] = []
+    for path in history_files(directory, platform):
+        out.extend((path, n, raw) for n, raw in
+                   enumerate(read_bytes(path).splitlines(), start=1) if raw.strip())
     return out
 
 
-#: The lines of the files read by :func:`load_points`' worker processes (forked with it).
-_CHUNKS: list[tuple[Path, int, list[bytes]]] = []
+def _points(lines: Iterable[Line]) -> list[Point]:
+    """The points of ``lines``, oldest first (:class:`_BadLine` at one that is not a
+    history entry)."""
+    out: list[Point] = []
+    with gc_paused():  # a history has no cycles to collect (see gc_paused)
+        for path, n, raw in lines:
+            try:
+                out.append(point(parse_numbers(path, n, raw)))
+            except HistoryError as exc:
+                raise _BadLine(str(path), n, str(exc)) from None
+        out.sort(key=lambda p: (p.time, p.session))  # stable: equal keys keep file order
+        return out
 
 
-def _parse_chunk(index: int) -> list[Point]:
-    path, first, lines = _CHUNKS[index]
-    return _parse(path, first, lines)
-
-
-def load_points(directory: Path, platform: str | None = None, *, jobs: int | None = None
-                ) -> list[Point]:
+def load_points(directory: Path, platform: str | None = None) -> list[Point]:
     """The points of every line of the history under ``directory`` (of one platform, if
     given), oldest first; each line validated (a
     :class:`~pytest_accelperf.report.history.HistoryError` names the file, line and field
-    of the first that is not a history entry). Parsed in ``jobs`` processes (default: one
-    per CPU, where ``fork`` is how processes start) when there are 20,000 lines or more."""
-    chunks: list[tuple[Path, int, list[bytes]]] = []
-    for path in history_files(directory, platform):
-        lines = read_bytes(path).splitlines()
-        chunks.append((path, 1, lines))
-    total = sum(len(c[2]) for c in chunks)
-    workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    parallel = (workers > 1 and total >= 20_000
-                and "fork" in multiprocessing.get_all_start_methods())
-    if not parallel:
-        results = [_parse(*c) for c in chunks]
-    else:
-        size = -(-total // (workers * 2))  # a few chunks a worker: an even finish
-        _CHUNKS[:] = [(path, first + i, lines[i:i + size]) for path, first, lines in chunks
-                      for i in range(0, len(lines), size)]
-        try:
-            context = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(workers, mp_context=context) as pool:
-                results = list(pool.map(_parse_chunk, range(len(_CHUNKS))))
-        finally:
-            _CHUNKS.clear()
-    out = [p for part in results for p in part]
-    out.sort(key=lambda p: (p.time, p.session))  # stable: equal keys keep file order
-    return out
+    of the first that is not a history entry)."""
+    try:
+        return _points(_lines_of(directory, platform))
+    except _BadLine as exc:
+        raise HistoryError(exc.args[2]) from None
 
 
 def points_of(entries: Iterable[Mapping[str, Any]]) -> list[Point]:
@@ -396,8 +393,7 @@ THROUGHPUT = ("throughput", "throughput", "samples/s")
 STEP_TIME = ("step time", "step_time", "s")
 MEASURED = (("peak memory", "memory", "bytes"), ("final loss", "loss", ""))
 _FIELDS: dict[str, Callable[[Point], float | None]] = {
-    "throughput": lambda p: p.throughput, "step_time": lambda p: p.step_time,
-    "memory": lambda p: p.memory, "loss": lambda p: p.loss}
+    name: operator.attrgetter(name) for name in ("throughput", "step_time", "memory", "loss")}
 
 
 def _session(p: Point, order: int) -> Session:
@@ -508,24 +504,118 @@ def find_changes(points: Iterable[Point], detection: Detection | None = None
     return out
 
 
+# -- a history directory, in parallel ----------------------------------------------------------
+#: ``(time, session, commit)`` of a session.
+SessionKey = tuple[str, str, str | None]
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """The change points of a history directory, and what they were found over."""
+
+    changes: list[ChangePoint]
+    sessions: list[SessionKey]  #: every session, oldest first
+    cases: int
+
+
+#: The lines of the history and each worker's share, set before the workers are forked.
+_LINES: list[Line] = []
+_PARTS: list[list[int]] = []
+_NODEID = re.compile(rb'"nodeid"\s*:\s*"((?:[^"\\]|\\.)*)"')
+
+Part = tuple[list[ChangePoint], dict[str, tuple[str, str | None]], set[tuple[str, str]]]
+
+
+def _analyse(lines: Iterable[Line], detection: Detection) -> Part:
+    points = _points(lines)
+    return (find_changes(points, detection), {p.session: (p.time, p.commit) for p in points},
+            {(p.platform, p.nodeid) for p in points})
+
+
+def _analyse_part(index: int, detection: Detection) -> Part:
+    return _analyse((_LINES[i] for i in _PARTS[index]), detection)
+
+
+def _parallel(lines: list[Line], workers: int, detection: Detection) -> list[Part] | None:
+    """:func:`_analyse` of the lines of each case in one of ``workers`` forked processes
+    (a case's lines are routed by the node id the line names); None where a case was
+    split between processes after all (a line whose ``nodeid`` the routing misread)."""
+    parts: list[list[int]] = [[] for _ in range(workers)]
+    for i, (_, _, raw) in enumerate(lines):
+        found = _NODEID.search(raw)
+        parts[hash(found.group(1) if found else raw) % workers].append(i)
+    _LINES[:], _PARTS[:] = lines, parts
+    try:
+        context = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = [pool.submit(_analyse_part, k, detection) for k in range(workers)]
+            errors = [f.exception() for f in futures]
+    finally:
+        _LINES.clear()
+        _PARTS.clear()
+    bad = [e for e in errors if isinstance(e, _BadLine)]
+    if bad:  # the first line of the files that is not a history entry, as serially
+        raise min(bad, key=lambda e: (e.args[0], e.args[1]))
+    for error in errors:
+        if error is not None:
+            raise error
+    results = [f.result() for f in futures]
+    seen: set[tuple[str, str]] = set()
+    for _, _, cases in results:
+        if seen & cases:
+            return None
+        seen |= cases
+    return results
+
+
+def analyse(directory: Path, platform: str | None = None,
+            detection: Detection | None = None, *, jobs: int | None = None) -> Analysis:
+    """The change points of the history under ``directory`` (of one platform, if given),
+    as :func:`find_changes` finds them over :func:`load_points`; each line validated. With
+    20,000 lines or more, the cases are shared among ``jobs`` processes (default: one per
+    CPU, where processes can be forked), each parsing and analysing its cases' lines."""
+    detection = detection or Detection()
+    lines = _lines_of(directory, platform)
+    workers = jobs if jobs is not None else (os.cpu_count() or 1)
+    results: list[Part] | None = None
+    try:
+        if (workers > 1 and len(lines) >= 20_000
+                and "fork" in multiprocessing.get_all_start_methods()):
+            results = _parallel(lines, workers, detection)
+        if results is None:
+            results = [_analyse(lines, detection)]
+    except _BadLine as exc:
+        raise HistoryError(exc.args[2]) from None
+    sessions: dict[str, tuple[str, str | None]] = {}
+    for _, table, _ in results:
+        sessions.update(table)
+    keys = sorted((time, session, commit) for session, (time, commit) in sessions.items())
+    order = {session: i for i, (_, session, _) in enumerate(keys)}
+
+    def placed(s: Session) -> Session:
+        return dataclasses.replace(s, order=order[s.session])
+
+    changes = [dataclasses.replace(c, last_before=placed(c.last_before),
+                                   first_after=placed(c.first_after))
+               for part, _, _ in results for c in part]
+    changes.sort(key=lambda c: (c.first_after.order, c.platform, c.nodeid, c.metric))
+    return Analysis(changes, keys, sum(len(cases) for _, _, cases in results))
+
+
 # -- since -------------------------------------------------------------------------------------
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}([T ].*)?$")
 
 
-def since_order(points: Iterable[Point], ref: str, cwd: Path) -> int:
-    """The order of the last session before the change points ``--since REF`` lists: the
-    first session that ran commit ``REF`` (a commit or its prefix, or anything ``git
-    rev-parse`` resolves in ``cwd``), or the last one before the date ``REF``
-    (``2026-11-20``, ``2026-11-20T14:00``)."""
-    sessions: dict[str, tuple[str, str | None]] = {}
-    for p in points:
-        sessions.setdefault(p.session, (p.time, p.commit))
-    ordered = list(sessions.values())
+def since_order(sessions: Sequence[SessionKey], ref: str, cwd: Path) -> int:
+    """The order of the last session before the change points ``--since REF`` lists, in
+    ``sessions`` (oldest first): the first session that ran commit ``REF`` (a commit or
+    its prefix, or anything ``git rev-parse`` resolves in ``cwd``), or the last one before
+    the date ``REF`` (``2026-11-20``, ``2026-11-20T14:00``)."""
     if _DATE.match(ref):
-        return sum(time < ref for time, _ in ordered) - 1
+        return sum(time < ref for time, _, _ in sessions) - 1
     full = _rev_parse(ref, cwd)
     prefixes = [p.lower() for p in (full, ref) if p]
-    for i, (_, commit) in enumerate(ordered):
+    for i, (_, _, commit) in enumerate(sessions):
         if commit and any(commit.lower().startswith(p) for p in prefixes):
             return i
     shown = f"{ref} ({full[:12]})" if full and full != ref else ref
