@@ -41,7 +41,7 @@ import os
 import re
 import statistics
 import subprocess
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -248,7 +248,9 @@ def noisy_changes(values: Sequence[float], detection: Detection, *, log: bool = 
     """``[(index, p-value)]`` of the change points of a series measured with noise:
     ``index`` is the first value at the new level. ``log``: search the log of the
     values (a slowdown is a ratio); the test, on ranks, is the same either way."""
-    signal = [math.log(v) for v in values] if log else list(values)
+    if len(values) < 2 * detection.min_sessions:
+        return []
+    signal = list(map(math.log, values)) if log else list(values)
     return significant(values, candidates(signal, detection), detection)
 
 
@@ -271,7 +273,7 @@ def repeats(values: Sequence[float]) -> bool:
     :data:`REPEATS` of its consecutive pairs are equal): a deterministic one."""
     if len(values) < 2:
         return True
-    same = sum(a == b for a, b in itertools.pairwise(values))
+    same: int = sum(map(operator.eq, values, itertools.islice(values, 1, None)))
     return same >= REPEATS * (len(values) - 1)
 
 
@@ -392,23 +394,21 @@ def points_of(entries: Iterable[Mapping[str, Any]]) -> list[Point]:
 THROUGHPUT = ("throughput", "throughput", "samples/s")
 STEP_TIME = ("step time", "step_time", "s")
 MEASURED = (("peak memory", "memory", "bytes"), ("final loss", "loss", ""))
-_FIELDS: dict[str, Callable[[Point], float | None]] = {
-    name: operator.attrgetter(name) for name in ("throughput", "step_time", "memory", "loss")}
 
 
-def _session(p: Point, order: int) -> Session:
-    return Session(p.session, p.time, p.commit, p.dirty, p.fingerprint, order)
+Orders = Mapping[str, int]  # {session: its order among the history's sessions}
+
+
+def _session(p: Point, orders: Orders) -> Session:
+    return Session(p.session, p.time, p.commit, p.dirty, p.fingerprint, orders[p.session])
 
 
 def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
-Indexed = tuple[int, Point]  # (the session's order in the history, the point)
-
-
 def _series_changes(platform: str, nodeid: str, metric: str, unit: str,
-                    points: Sequence[Indexed], values: Sequence[float],
+                    points: Sequence[Point], values: Sequence[float], orders: Orders,
                     detection: Detection, *, log: bool, exact: bool
                     ) -> Iterator[ChangePoint]:
     """The change points of one metric over one fingerprint's sessions of a case."""
@@ -422,43 +422,50 @@ def _series_changes(platform: str, nodeid: str, metric: str, unit: str,
         before = values[i - 1] if exact else _median(values[lo:i])
         after = values[i] if exact else _median(values[i:hi])
         yield ChangePoint(platform, nodeid, metric, unit, before, after, p,
-                          _session(points[i - 1][1], points[i - 1][0]),
-                          _session(points[i][1], points[i][0]), i - lo, hi - i)
+                          _session(points[i - 1], orders), _session(points[i], orders),
+                          i - lo, hi - i)
 
 
-def _case_changes(platform: str, nodeid: str, seq: Sequence[Indexed],
+def _case_changes(platform: str, nodeid: str, seq: Sequence[Point], orders: Orders,
                   detection: Detection) -> Iterator[ChangePoint]:
     """The change points of one case (its sessions oldest first)."""
-    by_fingerprint: dict[str | None, list[Indexed]] = {}
-    for k, (order, p) in enumerate(seq):
+    by_fingerprint: dict[str | None, list[Point]] = {}
+    for k, p in enumerate(seq):
         if p.fingerprint not in by_fingerprint and k:
-            yield from _new_environment(platform, nodeid, seq[k - 1], (order, p))
-        by_fingerprint.setdefault(p.fingerprint, []).append((order, p))
+            yield from _new_environment(platform, nodeid, seq[k - 1], p, orders)
+        by_fingerprint.setdefault(p.fingerprint, []).append(p)
     for series in by_fingerprint.values():
-        yield from _fingerprint_changes(platform, nodeid, series, detection)
+        yield from _fingerprint_changes(platform, nodeid, series, orders, detection)
 
 
-def _fingerprint_changes(platform: str, nodeid: str, series: Sequence[Indexed],
+_COLUMN = {name: i for i, name in enumerate(Point._fields)}
+
+
+def _fingerprint_changes(platform: str, nodeid: str, series: Sequence[Point], orders: Orders,
                          detection: Detection) -> Iterator[ChangePoint]:
-    timing = THROUGHPUT if any(p.throughput for _, p in series) else STEP_TIME
+    columns = list(zip(*series, strict=True))  # one pass in C: a column per field
+    timing = THROUGHPUT if any(columns[_COLUMN["throughput"]]) else STEP_TIME
     for (metric, field, unit), noisy in ((timing, True), *((m, False) for m in MEASURED)):
-        pairs = [(x, v) for x in series if (v := _FIELDS[field](x[1])) is not None
-                 and (v > 0 or not noisy)]
-        points, values = [x for x, _ in pairs], [v for _, v in pairs]
-        yield from _series_changes(platform, nodeid, metric, unit, points, values, detection,
-                                   log=noisy, exact=not noisy and repeats(values))
-    yield from _program_changes(platform, nodeid, series)
+        column = columns[_COLUMN[field]]
+        points: Sequence[Point]
+        values: Sequence[float]
+        if None in column or (noisy and 0 in column):
+            keep = [i for i, v in enumerate(column) if v is not None and (v > 0 or not noisy)]
+            points, values = [series[i] for i in keep], [float(column[i]) for i in keep]
+        else:
+            points, values = series, column
+        yield from _series_changes(platform, nodeid, metric, unit, points, values, orders,
+                                   detection, log=noisy, exact=not noisy and repeats(values))
+    programs = columns[_COLUMN["program"]]
+    if len(set(programs)) > 1:  # the records compared whole first: equal almost always
+        yield from _program_changes(platform, nodeid, series, orders)
 
 
-def _program_changes(platform: str, nodeid: str, series: Sequence[Indexed]
+def _program_changes(platform: str, nodeid: str, series: Sequence[Point], orders: Orders
                      ) -> Iterator[ChangePoint]:
-    """Exact changes of the program fields: the records are compared whole first (equal
-    in all but a handful of sessions), their fields only where some differ."""
-    records = [(o, p) for o, p in series if p.program is not None]
-    if all(records[i][1].program == records[i - 1][1].program
-           for i in range(1, len(records))):
-        return
-    values = _program_tables([p for _, p in records])
+    """Exact changes of the program fields of one fingerprint's sessions of a case."""
+    records = [p for p in series if p.program is not None]
+    values = _program_tables(records)
     for name in sorted({k for v in values for k in v}):
         column = [v.get(name) for v in values]
         at = exact_changes(column)
@@ -467,19 +474,18 @@ def _program_changes(platform: str, nodeid: str, series: Sequence[Indexed]
         for k, i in enumerate(at):
             j = max(j for j in known if j < i)  # the last session that recorded it before
             yield ChangePoint(platform, nodeid, name[0], name[1], column[j], column[i], None,
-                              _session(records[j][1], records[j][0]),
-                              _session(records[i][1], records[i][0]),
+                              _session(records[j], orders), _session(records[i], orders),
                               i - bounds[k], bounds[k + 2] - i)
 
 
-def _new_environment(platform: str, nodeid: str, last: Indexed, first: Indexed
+def _new_environment(platform: str, nodeid: str, last: Point, first: Point, orders: Orders
                      ) -> Iterator[ChangePoint]:
     """A case's first session with a fingerprint it never had: the change point
     ``environment``, and each program field that differs across it."""
-    s0, s1 = _session(last[1], last[0]), _session(first[1], first[0])
+    s0, s1 = _session(last, orders), _session(first, orders)
     yield ChangePoint(platform, nodeid, ENVIRONMENT, "", None, None, None, s0, s1, 0, 0,
                       new_environment=True)
-    before, after = _program_tables([last[1], first[1]])
+    before, after = _program_tables([last, first])
     for name in sorted(set(before) & set(after)):
         if before[name] != after[name]:
             yield ChangePoint(platform, nodeid, name[0], name[1], before[name], after[name],
@@ -493,13 +499,18 @@ def find_changes(points: Iterable[Point], detection: Detection | None = None
     and metric."""
     detection = detection or Detection()
     orders: dict[str, int] = {}
-    cases: dict[tuple[str, str], list[Indexed]] = {}
+    cases: dict[tuple[str, str], list[Point]] = {}
     for p in points:
-        order = orders.setdefault(p.session, len(orders))
-        cases.setdefault((p.platform, p.nodeid), []).append((order, p))
+        if p.session not in orders:
+            orders[p.session] = len(orders)
+        key = (p.platform, p.nodeid)
+        if key in cases:
+            cases[key].append(p)
+        else:
+            cases[key] = [p]
     out: list[ChangePoint] = []
     for (platform, nodeid), seq in cases.items():
-        out.extend(_case_changes(platform, nodeid, seq, detection))
+        out.extend(_case_changes(platform, nodeid, seq, orders, detection))
     out.sort(key=lambda c: (c.first_after.order, c.platform, c.nodeid, c.metric))
     return out
 
