@@ -41,6 +41,7 @@ import os
 import re
 import statistics
 import subprocess
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -584,13 +585,15 @@ def analyse(directory: Path, platform: str | None = None,
     """The change points of the history under ``directory`` (of one platform, if given),
     as :func:`find_changes` finds them over :func:`load_points`; each line validated. With
     20,000 lines or more, the cases are shared among ``jobs`` processes (default: one per
-    CPU, where processes can be forked), each parsing and analysing its cases' lines."""
+    CPU), each parsing and analysing its cases' lines: processes forked from this one,
+    where it has no other thread (a fork copies one thread; a lock another held would
+    stay held in the child), else all in this one."""
     detection = detection or Detection()
     lines = _lines_of(directory, platform)
     workers = jobs if jobs is not None else (os.cpu_count() or 1)
     results: list[Part] | None = None
     try:
-        if (workers > 1 and len(lines) >= 20_000
+        if (workers > 1 and len(lines) >= 20_000 and threading.active_count() == 1
                 and "fork" in multiprocessing.get_all_start_methods()):
             results = _parallel(lines, workers, detection)
         if results is None:
