@@ -313,3 +313,11 @@ def test_a_change_point_is_a_vertical_line_with_its_label() -> None:
     assert lines == [(1.5, BAD_COLOR), (2.5, GOOD_COLOR)]
     assert [t.get_text() for t in ax.texts] == ["throughput -25%\nFLOPs +100%",
                                                 "peak memory -10%"]
+
+
+def test_the_schema_of_a_history_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema", "history"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    assert schema["title"] == "HistoryLine" and schema["required"] == ["nodeid", "session"]
+    assert {"samples_per_second", "program", "fingerprint", "commit"} <= set(
+        schema["properties"])
