@@ -77,10 +77,10 @@ sys.path.insert(0, str(REPO))
 from pytest_accelperf.report.changes import (  # noqa: E402
     Detection,
     Point,
-    analyse,
     find_changes,
     load_points,
 )
+from pytest_accelperf.schema import Program  # noqa: E402
 
 STEPS = (0.02, 0.05, 0.10)
 OLD_THRESHOLDS = (0.05, 0.10)
@@ -211,7 +211,7 @@ def _points(nodeid: str, values: Sequence[float], kind: str) -> list[Point]:
     ``kind`` names."""
     out = []
     for i, v in enumerate(values):
-        program = None
+        program: Program | None = None
         throughput = memory = loss = None
         if kind == "timing":
             throughput = v
@@ -220,18 +220,21 @@ def _points(nodeid: str, values: Sequence[float], kind: str) -> list[Point]:
         elif kind == "final loss":
             loss = v
         else:
-            program = ((kind, "", v),)
+            field = {"FLOPs": "flops", "bytes accessed": "bytes_accessed"}[kind]
+            program = Program.model_validate({"source": "xla", field: v})
         out.append(Point(f"2026-01-01T{i:05d}", f"s{i:04d}", "cpu", nodeid, _commit(i),
-                         False, "f", throughput, None, memory, loss, program, None))
+                         False, "f", throughput, None, memory, loss, program))
     return out
 
 
 def replay(kind: str, draw: Callable[[random.Random], list[float]], *, series: int,
-           sessions: int, seed: int, detection: Detection) -> dict[str, dict[str, Tally]]:
+           sessions: int, seed: int, detections: dict[str, Detection]
+           ) -> dict[str, dict[str, Tally]]:
     """``{method: {"flat" or step: Tally}}`` over ``series`` flat series and as many per
-    step size, for the change points and for the rule before at each threshold."""
+    step size, for the change points (at each of ``detections``) and for the rule before
+    at each threshold."""
     rng = random.Random(seed)
-    methods = ["change points", *(f"step_changes {t:.0%}" for t in OLD_THRESHOLDS)]
+    methods = [*detections, *(f"step_changes {t:.0%}" for t in OLD_THRESHOLDS)]
     out = {m: {c: Tally() for c in ("flat", *map(str, STEPS))} for m in methods}
     exact = kind != "timing"
     for condition in ("flat", *STEPS):
@@ -243,12 +246,14 @@ def replay(kind: str, draw: Callable[[random.Random], list[float]], *, series: i
                 factor = 1 + float(condition) if exact else 1 / (1 + float(condition))
                 values = values[:at] + [v * factor for v in values[at:]]
             nodeid = f"m.py::t[{kind}-{condition}-{k}]"
-            found_new = [(int(c.first_after.session[1:]), c.change or 0.0)
-                         for c in find_changes(_points(nodeid, values, kind), detection)]
+            points = _points(nodeid, values, kind)
+            found: dict[str, list[tuple[int, float]]] = {
+                name: [(int(c.first_after.session[1:]), c.change or 0.0)
+                       for c in find_changes(points, detection)]
+                for name, detection in detections.items()}
             entries = [{"nodeid": nodeid, "session": f"s{i:04d}", "commit": _commit(i),
                         "time": f"{i:05d}", "fingerprint": "f", "samples_per_second": v}
                        for i, v in enumerate(values)]
-            found: dict[str, list[tuple[int, float]]] = {"change points": found_new}
             for t in OLD_THRESHOLDS:
                 found[f"step_changes {t:.0%}"] = [
                     (int(str(c.commit), 16), c.after / c.before - 1)
@@ -292,7 +297,8 @@ def cmd_detection(args: argparse.Namespace) -> dict[str, Any]:
     lines = _history_lines(args.history)
     history_timing, recorded = history_noise(lines)
     gate = gate_noise(args.gate)
-    detection = Detection()
+    detections = {"change points (p ≤ 0.001, the default)": Detection(),
+                  "change points (--max-pvalue 0.0001)": Detection(max_pvalue=1e-4)}
     sources: dict[str, tuple[str, Callable[[random.Random], list[float]]]] = {}
     if gate:
         sources["timing, gate.py sessions"] = ("timing", _timing_draw(gate, args.sessions))
@@ -307,7 +313,7 @@ def cmd_detection(args: argparse.Namespace) -> dict[str, Any]:
     for i, (source, (kind, draw)) in enumerate(sources.items()):
         t0 = time.perf_counter()
         tallies = replay(kind, draw, series=args.series, sessions=args.sessions,
-                         seed=args.seed + i, detection=detection)
+                         seed=args.seed + i, detections=detections)
         results[source] = {m: {c: vars(t) for c, t in by.items()}
                            for m, by in tallies.items()}
         print(f"{source}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -319,9 +325,7 @@ def cmd_detection(args: argparse.Namespace) -> dict[str, Any]:
                       "history sessions": len({e["session"] for e in lines}),
                       "history cases": len({e["nodeid"] for e in lines}),
                       "gate files": [p.name for p in args.gate]},
-            "detection": {"max_pvalue": detection.max_pvalue,
-                          "min_sessions": detection.min_sessions,
-                          "penalty": detection.penalty},
+            "detections": {name: vars(d) for name, d in detections.items()},
             "series": args.series, "sessions": args.sessions, "results": results}
 
 
@@ -408,21 +412,15 @@ def cmd_scale(args: argparse.Namespace) -> dict[str, Any]:
         import ruptures  # noqa: F401  (imported before the parts are timed: imports_s)
         import scipy.stats  # noqa: F401
 
-        parts = []
-        for jobs in (1, None):
-            w0, c0 = time.perf_counter(), time.process_time()
-            found = analyse(hist, jobs=jobs)
-            parts.append({"jobs": jobs or os.cpu_count(),
-                          "analyse_s": round(time.perf_counter() - w0, 3),
-                          "analyse_cpu_s (this process)": round(time.process_time() - c0, 3),
-                          "change_points": len(found.changes)})
-        w0 = time.perf_counter()
+        w0, c0 = time.perf_counter(), time.process_time()
         points = load_points(hist)
-        w1 = time.perf_counter()
-        find_changes(points)
-        w2 = time.perf_counter()
-        parts.append({"jobs": 1, "read_and_validate_s": round(w1 - w0, 3),
-                      "find_s": round(w2 - w1, 3)})
+        w1, c1 = time.perf_counter(), time.process_time()
+        changes = find_changes(points)
+        w2, c2 = time.perf_counter(), time.process_time()
+        parts = {"read_and_validate_s": round(w1 - w0, 3),
+                 "read_and_validate_cpu_s": round(c1 - c0, 3),
+                 "find_s": round(w2 - w1, 3), "find_cpu_s": round(c2 - c1, 3),
+                 "change_points": len(changes)}
         load_after = os.getloadavg()
     return {"lines": lines, "bytes": size, "bytes_per_line": size // lines,
             "cases": args.cases, "sessions": args.sessions,

@@ -18,7 +18,6 @@ import pytest
 from test_reports import synthetic_report
 
 from pytest_accelperf.cli import main
-from pytest_accelperf.report import changes
 from pytest_accelperf.report.changes import (
     ENVIRONMENT,
     ChangesError,
@@ -250,7 +249,7 @@ def test_the_command_without_a_history(tmp_path: Path,
     assert "no history lines; write them with pytest" in capsys.readouterr().err
 
 
-def test_cases_analysed_in_two_processes_give_what_one_gives(tmp_path: Path) -> None:
+def test_many_cases_each_with_its_own_change_points(tmp_path: Path) -> None:
     # 210 cases x 100 sessions, every tenth case 15 % slower from session 60 and every
     # 21st with more FLOPs from session 30
     lines = [line(i, nodeid=f"m.py::t[c{c}]",
@@ -258,21 +257,22 @@ def test_cases_analysed_in_two_processes_give_what_one_gives(tmp_path: Path) -> 
                   program={**PROGRAM, "flops": 3e9} if c % 21 == 0 and i >= 30 else None)
              for c in range(210) for i, v in enumerate(noisy(100, seed=c))]
     hist = write(tmp_path / "h", lines)
-    two, one = analyse(hist, jobs=2), analyse(hist, jobs=1)
-    assert two == one
-    routed = changes._parallel(changes._lines_of(hist, None), 2, Detection())
-    assert routed is not None  # each case's lines went to one process
-    assert sorted(len(cases) for _, _, cases in routed) != [0, 210]
-    assert (one.cases, len(one.sessions)) == (210, 100)
-    found = {(c.nodeid, c.metric, c.first_after.session) for c in one.changes}
-    assert found >= {(f"m.py::t[c{c}]", "throughput", "s0060") for c in range(0, 210, 10)}
-    assert found >= {(f"m.py::t[c{c}]", "FLOPs", "s0030") for c in range(0, 210, 21)}
+    found = analyse(hist)
+    assert (found.cases, len(found.sessions)) == (210, 100)
+    got = {(c.nodeid, c.metric, c.first_after.session) for c in found.changes}
+    assert got >= {(f"m.py::t[c{c}]", "throughput", "s0060") for c in range(0, 210, 10)}
+    assert got >= {(f"m.py::t[c{c}]", "FLOPs", "s0030") for c in range(0, 210, 21)}
+    false = got - {(f"m.py::t[c{c}]", "throughput", "s0060") for c in range(0, 210, 10)} - {
+        (f"m.py::t[c{c}]", "FLOPs", "s0030") for c in range(0, 210, 21)}
+    # the rest are false: the p-value is not corrected for the search (benchmarks/changes.py
+    # measures the rate over recorded noise); on these Gaussian series, under 1 in 10
+    assert len(false) < 21, false
     with (hist / "cpu-x8.jsonl").open("a") as f:
         f.write('{"nodeid": "m.py::t[c1]", "session": "s", "dirty": "no"}\n')
         f.write('{"nodeid": 1, "session": "s"}\n')
     with pytest.raises(HistoryError, match=r"cpu-x8.jsonl:21001: not a history entry \("
                                            r"dirty: Input should be a valid boolean"):
-        analyse(hist, jobs=2)
+        analyse(hist)
 
 
 # -- the HTML report ---------------------------------------------------------------------------

@@ -32,18 +32,13 @@ recorded noise.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
-import multiprocessing
 import operator
-import os
 import re
 import statistics
 import subprocess
-import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -54,7 +49,6 @@ from pytest_accelperf.errors import UserError
 from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.history import (
-    HistoryError,
     history_files,
     parse_numbers,
     read_bytes,
@@ -294,48 +288,45 @@ class Point(NamedTuple):
     step_time: float | None
     memory: float | None
     loss: float | None
-    #: ``((metric, unit, value), ...)`` of the program's gated fields; None: not recorded.
-    program: tuple[tuple[str, str, float], ...] | None
-    #: The kinds of collective the program record lists; None: it did not count them.
-    collective_kinds: tuple[str, ...] | None = None
+    #: The gated fields of the program record (read by :func:`program_values` only
+    #: where two sessions' records differ); None: not recorded.
+    program: Program | None
 
 
-def program_values(program: Program | None) -> tuple[tuple[str, str, float], ...] | None:
-    """``((metric, unit, value), ...)`` of the gated fields of a program record."""
+def program_values(program: Program | None) -> dict[tuple[str, str], float]:
+    """``{(metric, unit): value}`` of the gated fields of a program record."""
     if program is None:
-        return None
-    out: list[tuple[str, str, float]] = []
+        return {}
+    out: dict[tuple[str, str], float] = {}
     for name, (label, unit) in AMOUNTS.items():
         value = getattr(program, name)
         if value is not None:
-            out.append((label, unit, float(value)))
+            out[(label, unit)] = float(value)
     for kind, c in sorted((program.collectives or {}).items()):
-        out.append((f"{kind} count", "", float(c.count)))
-        out.append((f"{kind} bytes", "bytes", float(c.bytes)))
+        out[(f"{kind} count", "")] = float(c.count)
+        out[(f"{kind} bytes", "bytes")] = float(c.bytes)
     for name, label in COUNTS.items():
         value = getattr(program, name)
         if value is not None:
-            out.append((label, "", float(value)))
-    return tuple(out)
+            out[(label, "")] = float(value)
+    return out
 
 
 def point(e: HistoryNumbers) -> Point:
-    collectives = e.program.collectives if e.program is not None else None
     return Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
                  e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
-                 e.final_loss, program_values(e.program),
-                 tuple(sorted(collectives)) if collectives is not None else None)
+                 e.final_loss, e.program)
 
 
 def _program_tables(points: Sequence[Point]) -> list[dict[tuple[str, str], float]]:
-    """``{(metric, unit): value}`` of each point's program; a kind of collective that
-    another point's record lists counts as 0 in a record that counted collectives but
-    not that kind (as the ``program`` check compares them: an all-gather added)."""
-    kinds = sorted({k for p in points for k in p.collective_kinds or ()})
+    """:func:`program_values` of each point's program; a kind of collective that another
+    point's record lists counts as 0 in a record that counted collectives but not that
+    kind (as the ``program`` check compares them: an all-gather added)."""
+    kinds = sorted({k for p in points if p.program for k in p.program.collectives or ()})
     out: list[dict[tuple[str, str], float]] = []
     for p in points:
-        table = {(m, u): v for m, u, v in p.program or ()}
-        if p.collective_kinds is not None:
+        table = program_values(p.program)
+        if p.program is not None and p.program.collectives is not None:
             for kind in kinds:
                 table.setdefault((f"{kind} count", ""), 0.0)
                 table.setdefault((f"{kind} bytes", "bytes"), 0.0)
@@ -346,11 +337,6 @@ def _program_tables(points: Sequence[Point]) -> list[dict[tuple[str, str], float
 Line = tuple[Path, int, bytes]  # (file, line number, the line)
 
 
-class _BadLine(Exception):
-    """A line that is not a history entry, raised in a worker process: ``(file, line
-    number, message)``, plain values that cross back to the parent."""
-
-
 def _lines_of(directory: Path, platform: str | None) -> list[Line]:
     out: list[Line] = []
     for path in history_files(directory, platform):
@@ -359,29 +345,17 @@ def _lines_of(directory: Path, platform: str | None) -> list[Line]:
     return out
 
 
-def _points(lines: Iterable[Line]) -> list[Point]:
-    """The points of ``lines``, oldest first (:class:`_BadLine` at one that is not a
-    history entry)."""
-    out: list[Point] = []
-    with gc_paused():  # a history has no cycles to collect (see gc_paused)
-        for path, n, raw in lines:
-            try:
-                out.append(point(parse_numbers(path, n, raw)))
-            except HistoryError as exc:
-                raise _BadLine(str(path), n, str(exc)) from None
-        out.sort(key=lambda p: (p.time, p.session))  # stable: equal keys keep file order
-        return out
-
-
 def load_points(directory: Path, platform: str | None = None) -> list[Point]:
     """The points of every line of the history under ``directory`` (of one platform, if
     given), oldest first; each line validated (a
     :class:`~pytest_accelperf.report.history.HistoryError` names the file, line and field
     of the first that is not a history entry)."""
-    try:
-        return _points(_lines_of(directory, platform))
-    except _BadLine as exc:
-        raise HistoryError(exc.args[2]) from None
+    out: list[Point] = []
+    with gc_paused():  # a history has no cycles to collect (see gc_paused)
+        for path, n, raw in _lines_of(directory, platform):
+            out.append(point(parse_numbers(path, n, raw)))
+        out.sort(key=lambda p: (p.time, p.session))  # stable: equal keys keep file order
+        return out
 
 
 def points_of(entries: Iterable[Mapping[str, Any]]) -> list[Point]:
@@ -457,8 +431,9 @@ def _fingerprint_changes(platform: str, nodeid: str, series: Sequence[Point], or
             points, values = series, column
         yield from _series_changes(platform, nodeid, metric, unit, points, values, orders,
                                    detection, log=noisy, exact=not noisy and repeats(values))
-    programs = columns[_COLUMN["program"]]
-    if len(set(programs)) > 1:  # the records compared whole first: equal almost always
+    programs = [r for r in columns[_COLUMN["program"]] if r is not None]
+    if any(map(operator.ne, programs, itertools.islice(programs, 1, None))):
+        # the records compared whole first: equal but where the program changed
         yield from _program_changes(platform, nodeid, series, orders)
 
 
@@ -516,7 +491,7 @@ def find_changes(points: Iterable[Point], detection: Detection | None = None
     return out
 
 
-# -- a history directory, in parallel ----------------------------------------------------------
+# -- a history directory -----------------------------------------------------------------------
 #: ``(time, session, commit)`` of a session.
 SessionKey = tuple[str, str, str | None]
 
@@ -530,90 +505,17 @@ class Analysis:
     cases: int
 
 
-#: The lines of the history and each worker's share, set before the workers are forked.
-_LINES: list[Line] = []
-_PARTS: list[list[int]] = []
-_NODEID = re.compile(rb'"nodeid"\s*:\s*"((?:[^"\\]|\\.)*)"')
-
-Part = tuple[list[ChangePoint], dict[str, tuple[str, str | None]], set[tuple[str, str]]]
-
-
-def _analyse(lines: Iterable[Line], detection: Detection) -> Part:
-    points = _points(lines)
-    return (find_changes(points, detection), {p.session: (p.time, p.commit) for p in points},
-            {(p.platform, p.nodeid) for p in points})
-
-
-def _analyse_part(index: int, detection: Detection) -> Part:
-    return _analyse((_LINES[i] for i in _PARTS[index]), detection)
-
-
-def _parallel(lines: list[Line], workers: int, detection: Detection) -> list[Part] | None:
-    """:func:`_analyse` of the lines of each case in one of ``workers`` forked processes
-    (a case's lines are routed by the node id the line names); None where a case was
-    split between processes after all (a line whose ``nodeid`` the routing misread)."""
-    parts: list[list[int]] = [[] for _ in range(workers)]
-    for i, (_, _, raw) in enumerate(lines):
-        found = _NODEID.search(raw)
-        parts[hash(found.group(1) if found else raw) % workers].append(i)
-    _LINES[:], _PARTS[:] = lines, parts
-    try:
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = [pool.submit(_analyse_part, k, detection) for k in range(workers)]
-            errors = [f.exception() for f in futures]
-    finally:
-        _LINES.clear()
-        _PARTS.clear()
-    bad = [e for e in errors if isinstance(e, _BadLine)]
-    if bad:  # the first line of the files that is not a history entry, as serially
-        raise min(bad, key=lambda e: (e.args[0], e.args[1]))
-    for error in errors:
-        if error is not None:
-            raise error
-    results = [f.result() for f in futures]
-    seen: set[tuple[str, str]] = set()
-    for _, _, cases in results:
-        if seen & cases:
-            return None
-        seen |= cases
-    return results
-
-
 def analyse(directory: Path, platform: str | None = None,
-            detection: Detection | None = None, *, jobs: int | None = None) -> Analysis:
+            detection: Detection | None = None) -> Analysis:
     """The change points of the history under ``directory`` (of one platform, if given),
-    as :func:`find_changes` finds them over :func:`load_points`; each line validated. With
-    20,000 lines or more, the cases are shared among ``jobs`` processes (default: one per
-    CPU), each parsing and analysing its cases' lines: processes forked from this one,
-    where it has no other thread (a fork copies one thread; a lock another held would
-    stay held in the child), else all in this one."""
-    detection = detection or Detection()
-    lines = _lines_of(directory, platform)
-    workers = jobs if jobs is not None else (os.cpu_count() or 1)
-    results: list[Part] | None = None
-    try:
-        if (workers > 1 and len(lines) >= 20_000 and threading.active_count() == 1
-                and "fork" in multiprocessing.get_all_start_methods()):
-            results = _parallel(lines, workers, detection)
-        if results is None:
-            results = [_analyse(lines, detection)]
-    except _BadLine as exc:
-        raise HistoryError(exc.args[2]) from None
+    as :func:`find_changes` finds them over :func:`load_points`; each line validated."""
+    points = load_points(directory, platform)
     sessions: dict[str, tuple[str, str | None]] = {}
-    for _, table, _ in results:
-        sessions.update(table)
-    keys = sorted((time, session, commit) for session, (time, commit) in sessions.items())
-    order = {session: i for i, (_, session, _) in enumerate(keys)}
-
-    def placed(s: Session) -> Session:
-        return dataclasses.replace(s, order=order[s.session])
-
-    changes = [dataclasses.replace(c, last_before=placed(c.last_before),
-                                   first_after=placed(c.first_after))
-               for part, _, _ in results for c in part]
-    changes.sort(key=lambda c: (c.first_after.order, c.platform, c.nodeid, c.metric))
-    return Analysis(changes, keys, sum(len(cases) for _, _, cases in results))
+    for p in points:
+        sessions.setdefault(p.session, (p.time, p.commit))
+    keys = [(time, session, commit) for session, (time, commit) in sessions.items()]
+    return Analysis(find_changes(points, detection), keys,
+                    len({(p.platform, p.nodeid) for p in points}))
 
 
 # -- since -------------------------------------------------------------------------------------
