@@ -321,3 +321,29 @@ def test_the_schema_of_a_history_line(capsys: pytest.CaptureFixture[str]) -> Non
     assert schema["title"] == "HistoryLine" and schema["required"] == ["nodeid", "session"]
     assert {"samples_per_second", "program", "fingerprint", "commit"} <= set(
         schema["properties"])
+
+
+def test_which_way_is_worse(tmp_path: Path) -> None:
+    from pytest_accelperf.report.changes import worse
+
+    values = noisy(30, seed=9, step_at=15, step=-0.3)
+    lines = [line(i, sps=v, memory=7.5e6 if i < 20 else 6e6,
+                  program=PROGRAM if i < 10 else {**PROGRAM, "host_callbacks": 2})
+             for i, v in enumerate(values)]
+    got = {c.metric: worse(c) for c in find_changes(load_points(write(tmp_path / "h", lines)))}
+    assert got == {"throughput": True, "peak memory": False, "host callbacks": True}
+
+
+def test_the_command_takes_one_platform_and_refuses_a_p_value_out_of_range(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hist = write(tmp_path / "h", [line(i, program=PROGRAM if i < 5 else {**PROGRAM, "flops": 1e9})
+                                  for i in range(10)])
+    (hist / "tpu-v5e-x8.jsonl").write_text("")
+    assert main(["history", "changes", str(hist), "--platform", "cpu-x8"]) == 0
+    assert capsys.readouterr().out.endswith(
+        f"1 change point(s) in 1 case(s) over 10 session(s) of {hist}\n")
+    assert main(["history", "changes", str(hist), "--platform", "tpu-v5e-x8"]) == 1
+    assert "no history lines of platform tpu-v5e-x8" in capsys.readouterr().err
+    assert main(["history", "changes", str(hist), "--max-pvalue", "2"]) == 1
+    assert capsys.readouterr().err == ("accelperf: error: --max-pvalue 2.0: a p-value between "
+                                       "0 and 1, such as 0.001\n")

@@ -552,7 +552,7 @@ def worse(change: ChangePoint) -> bool | None:
     """Whether a change point is for the worse: less throughput, more step time, and more
     of anything else (memory, loss, FLOPs, bytes, collectives, syncs, recompiles); None
     for a new environment or an unknown level."""
-    pct = change.change
-    if change.metric == ENVIRONMENT or pct is None or pct == 0:
+    before, after = change.before, change.after
+    if change.metric == ENVIRONMENT or before is None or after is None or before == after:
         return None
-    return pct < 0 if change.metric == THROUGHPUT[0] else pct > 0
+    return after < before if change.metric == THROUGHPUT[0] else after > before

@@ -183,8 +183,12 @@ def _history_section(records: list[CaseRecord], history: list[dict[str, Any]]
 def _mark_label(change: ChangePoint, case: bool) -> str:
     """A change point's label on a trend plot: metric and change (and its case's id when
     the plot has several)."""
-    pct = change.change
-    text = change.metric + (f" {pct * 100:+.0f}%" if pct is not None else "")
+    pct, before, after = change.change, change.before, change.after
+    text = change.metric
+    if pct is not None:
+        text += f" {pct * 100:+.0f}%"
+    elif before is not None and after is not None:
+        text += f" {before:g} → {after:g}"
     if case:
         name = change.nodeid.split("::", 1)[-1]
         text += f" [{name[name.find('[') + 1:-1] if name.endswith(']') else name}]"
