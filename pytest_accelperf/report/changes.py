@@ -274,8 +274,8 @@ def repeats(values: Sequence[float]) -> bool:
 
 # -- the points of a history ------------------------------------------------------------------
 class Point(NamedTuple):
-    """What change points are found in of one history line (one case, one session):
-    plain values, cheap to compare, sort and send between processes."""
+    """What change points are found in of one history line (one case, one session): a
+    tuple, whose fields a case's series reads as columns in one pass."""
 
     time: str
     session: str
