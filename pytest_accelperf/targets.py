@@ -119,18 +119,16 @@ def parse_target(text: str) -> Target:
                       for c in CHIPS.values())
     match = _TARGET.match(value)
     if not match:
-        raise ValueError(f"--accelperf-target={text!r} is not a target; give "
-                         f"tpu-<chip>:<topology>, e.g. {known}")
+        raise ValueError(f"invalid target {text!r}: give tpu-<chip>:<topology>, e.g. {known}")
     chip = CHIPS.get(match["chip"])
     if chip is None:
-        raise ValueError(f"--accelperf-target={text!r}: no TPU chip {match['chip']!r}; the "
-                         f"chips are {', '.join(CHIPS)} (e.g. {known})")
+        raise ValueError(f"invalid target {text!r}: no TPU chip {match['chip']!r}; the chips "
+                         f"are {', '.join(CHIPS)} (e.g. {known})")
     topology = tuple(int(n) for n in match["topology"].split("x"))
     if len(topology) != chip.dims or not all(topology):
         example = "2x4" if chip.dims == 2 else "2x2x1"
-        raise ValueError(f"--accelperf-target={text!r}: a {chip.name} topology has "
-                         f"{chip.dims} dimensions of at least 1 chip, e.g. "
-                         f"tpu-{chip.name}:{example}")
+        raise ValueError(f"invalid target {text!r}: a {chip.name} topology has {chip.dims} "
+                         f"dimensions of at least 1 chip, e.g. tpu-{chip.name}:{example}")
     return Target(chip, topology)
 
 
