@@ -148,8 +148,10 @@ def skip_compile_only(run: Run, what: str) -> None:
     (no step executed); else nothing."""
     target = run.extra.get("compile_only") if isinstance(run.extra, dict) else None
     if target:
-        pytest.skip(f"{run.case_id}: the test asks for {what}, which only executed steps give: "
-                    f"{not_run(str(target))}")
+        # Reported at the test (as a skip mark's is), not at this line of the plugin.
+        raise pytest.skip.Exception(
+            f"{run.case_id}: the test asks for {what}, which only executed steps give: "
+            f"{not_run(str(target))}", _use_item_location=True)
 
 
 class CompiledRun(Run):

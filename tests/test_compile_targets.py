@@ -366,7 +366,8 @@ def test_a_test_that_reads_what_only_steps_give_is_skipped_naming_it(
     result = suite.run("--accelperf-target=tpu-v5e:2x4", "--accelperf-update", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines([
-        "SKIPPED * jax-mesh4x2-b64: the test asks for run.losses, which only executed steps "
+        "SKIPPED [[]1[]] test_suite.py:*: jax-mesh4x2-b64: the test asks for run.losses, which "
+        "only executed steps "
         "give: compile-only (tpu-v5e:2x4): compiled for the target, no step executed; *"])
     # The gate ran and recorded before the test read what was not there.
     assert suite.load(platform="tpu-v5e-x8")["cases"]
