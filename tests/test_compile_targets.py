@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec  # noqa: E402
 from pytest_accelperf.backends.jax import BACKEND, JaxStep  # noqa: E402
 from pytest_accelperf.backends.xla_program import read_hlo  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.checks.outcome import oom_sentence  # noqa: E402
 from pytest_accelperf.targets import (  # noqa: E402
     CHIPS,
     GIB,
@@ -114,6 +115,12 @@ def test_a_callback_in_a_tpu_program_is_a_host_callback() -> None:
     counts = read_hlo(TPU_CALLBACK_HLO)
     assert (counts.host_callbacks, counts.custom_calls) == (1, 0)
     assert counts.ops["send"] == counts.ops["recv"] == 1
+
+
+def test_an_out_of_memory_names_whose_memory_plan_it_is() -> None:
+    oom = {"required_bytes": 38229874136, "capacity_bytes": 16 * GIB, "planned_by": "XLA:CPU"}
+    assert oom_sentence(oom) == "needs 35.60 GiB of 16.00 GiB (XLA:CPU's memory plan)"
+    assert oom_sentence({**oom, "planned_by": None}) == "needs 35.60 GiB of 16.00 GiB"
 
 
 def _hide_libtpu(monkeypatch: pytest.MonkeyPatch) -> None:
