@@ -22,6 +22,7 @@ from pytest_accelperf.accel import ACCELS
 from pytest_accelperf.baselines import BaselineError, validate_platform
 from pytest_accelperf.checks.base import NON_NEGATIVE, Tolerances, non_negative_number
 from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD
+from pytest_accelperf.targets import check_target
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,6 +65,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("cpu_devices", "--accelperf-cpu-devices", "number of virtual devices for --accel=cpu "
            f"(XLA's --xla_force_host_platform_device_count), 1 to {MAX_CPU_DEVICES}. "
            "Default: 8.", "int", 8, maximum=MAX_CPU_DEVICES),
+    Option("target", "--accelperf-target", "compile each JAX case ahead of time for a TPU "
+           "slice that is not here, through libtpu's compiler on this host (pip install "
+           "'pytest-accelperf[tpu-aot]'), and gate that program without running a step: "
+           "memory per device against the chip's HBM (a predicted out-of-memory), FLOPs, "
+           "bytes accessed, collectives, host callbacks, precision, compile time; step time, "
+           "loss and numerics are not run. tpu-v4:AxBxC, tpu-v5e:AxB, tpu-v5p:AxBxC or "
+           "tpu-v6e:AxB (e.g. tpu-v5e:2x4); baselines under tpu-<chip>-x<devices> "
+           "(tpu-v5e-x8). Cases of other backends are skipped. Default: off (cases run on "
+           "--accel).", "str", None, check=check_target),
     Option("update", "--accelperf-update", "write or refresh the baselines of the cases that "
            "ran; regressions are reported but do not fail.", "bool", False),
     Option("add_session", "--accelperf-add-session", "measure the cases again on unchanged "
@@ -329,6 +339,14 @@ class Settings:
     add_session: bool = False
     loss_either_way: bool = False
     host_lock_timeout: float | None = 1800.0
+    #: The compile-only target (``tpu-v5e:2x4``, :mod:`pytest_accelperf.targets`), or None.
+    target: str | None = None
+
+    @property
+    def case_accel(self) -> str:
+        """The accelerator the cases are for: ``tpu`` under a compile-only target (its
+        compile runs on this host's CPU), else ``accel``."""
+        return "tpu" if self.target else self.accel
 
     @property
     def compare_pairs(self) -> int:
@@ -363,8 +381,11 @@ class Settings:
                 f"{which} and --accelperf-compare cannot be combined: A/B mode measures "
                 f"against a git revision and never stores baselines; record baselines in a "
                 f"run without --accelperf-compare")
+        if values["target"]:
+            _check_target_combination(values)
         tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
         return cls(
+            target=values["target"],
             accel=values["accel"],
             cpu_devices=values["cpu_devices"],
             update=bool(values["update"]) or bool(values["add_session"]),
@@ -392,6 +413,21 @@ class Settings:
             max_foreign_load=float(values["max_foreign_load"]),
             host_lock_timeout=float(values["host_lock_timeout"]) or None,
         )
+
+
+def _check_target_combination(values: Mapping[str, Any]) -> None:
+    """Refuse what a compile-only target cannot be combined with, naming the fix."""
+    target = values["target"]
+    if values["accel"] not in ("cpu", "auto"):
+        raise pytest.UsageError(
+            f"--accelperf-target={target} compiles on this host's CPU for a TPU that is not "
+            f"here; --accel={values['accel']} asks for devices that run: drop one of them")
+    for key, what in (("compare", "A/B mode times two revisions"),
+                      ("cluster", "a Ray cluster trains cases on its workers")):
+        if values[key]:
+            raise pytest.UsageError(
+                f"--accelperf-target and --accelperf-{key} cannot be combined: {what}, and a "
+                f"compile-only target runs no step; drop one of them")
 
 
 def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir: Path,

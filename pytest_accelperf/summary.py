@@ -164,18 +164,21 @@ def summarize(run: Run) -> dict[str, Any]:
                               "samples": [_round(t, SAMPLE_DIGITS) for t in run.probe_times]}
         block["samples_per_second"] = _round(sps) if sps is not None else None
         block["compile_time"] = _round(run.compile_time) if run.compile_time else None
-        block["loss"] = {
-            "checkpoints": loss_checkpoints(run.losses, run.loss_steps),
-            "final": _round(run.losses[-1]) if run.losses else None,
-            "steps": len(run.losses),
-        }
+        stepped = not run.extra.get("compile_only")  # a compile-only run has no steps
+        if stepped:
+            block["loss"] = {
+                "checkpoints": loss_checkpoints(run.losses, run.loss_steps),
+                "final": _round(run.losses[-1]) if run.losses else None,
+                "steps": len(run.losses),
+            }
         metrics = metric_curves(run)
         if metrics:
             block["metrics"] = metrics
-        block["numerics"] = run.params_fingerprint
-        replay = run.extra.get("replay")
-        if isinstance(replay, dict) and replay.get("leaves"):
-            block["numerics_spread"] = dict(replay["leaves"])
+        if stepped:
+            block["numerics"] = run.params_fingerprint
+            replay = run.extra.get("replay")
+            if isinstance(replay, dict) and replay.get("leaves"):
+                block["numerics_spread"] = dict(replay["leaves"])
         block["flops_per_step"] = _round(run.flops_per_step) if run.flops_per_step else None
         block["mfu"] = _round(run.mfu) if run.mfu is not None else None
     if run.max_batch is not None:

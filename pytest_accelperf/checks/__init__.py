@@ -29,7 +29,11 @@ each metric of the training step (``accuracy``, ``lr``, ...)
     the largest batch that fits, when the test searched for it (:mod:`.max_batch`).
 
 A run that did not finish gets the ``outcome`` check, ``memory`` where there are numbers,
-and, for a non-finite loss, a ``loss`` regression naming the step. With no baseline every
+and, for a non-finite loss, a ``loss`` regression naming the step. A compile-only run
+(``--accelperf-target``: ``run.extra["compile_only"]``, no step executed) gets the checks
+its program answers, ``outcome``, ``compile``, ``program`` and ``memory``; the ``outcome``
+check names the ones not run (:data:`pytest_accelperf.targets.NOT_RUN`), which are never a
+verdict. With no baseline every
 applicable metric is ``new`` (except that a failed run never passes); ``reference`` needs
 no baseline. Checks never modify their inputs.
 """
@@ -104,7 +108,15 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     comparable = comparable and not differences
     results: list[CheckResult] = [check_outcome(run, block, baseline)]
     optional: list[CheckResult | None]
-    if run.outcome == "ok":
+    if run.outcome == "ok" and run.extra.get("compile_only"):
+        optional = [
+            check_compile_time(block, baseline, tol, comparable=comparable,
+                               compile_load=run.extra.get("compile_load"),
+                               max_foreign_load=max_foreign_load),
+            check_program(block, baseline, tol, comparable=program_comparable),
+            check_memory(block, baseline, tol),
+        ]
+    elif run.outcome == "ok":
         optional = [
             check_throughput(run, block, baseline, tol, comparable=comparable,
                              differences=differences, max_foreign_load=max_foreign_load),

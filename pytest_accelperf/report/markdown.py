@@ -67,6 +67,12 @@ def _pass_row(record: CaseRecord) -> list[str]:
     sps = _metric(record, "samples_per_second")
     peak = _metric(record, "peak_memory")
     losses = [x for x in record.run.get("losses") or [] if isinstance(x, (int, float))]
+    target = (record.run.get("extra") or {}).get("compile_only")
+    if target:  # no step executed: what steps measure was not run, never a pass
+        return [f"`{case_name(record)}`", f"{record.run.get('outcome', '-')}, compile-only "
+                f"({target})", "not run", "not run",
+                fmt_bytes(int(peak)) if peak is not None else "-",
+                ", ".join(c.metric for c in record.checks)]
     return [f"`{case_name(record)}`", str(record.run.get("outcome", "-")),
             f"{sps:,.1f}/s" if sps is not None else "-",
             f"{losses[-1]:.4g}" if losses else "-",

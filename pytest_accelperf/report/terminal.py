@@ -78,12 +78,23 @@ def device_rows(check: CheckResult) -> list[tuple[str, ...]]:
     return rows if len(seen) > 1 else []
 
 
+def not_run_rows(check: CheckResult) -> list[tuple[str, ...]]:
+    """The row under a compile-only case's ``outcome`` row that names the checks it did not
+    run (no step executed): their verdict column says ``not run``, never ``pass``."""
+    names = check.data.get("not_run") if check.metric == "outcome" else None
+    if not isinstance(names, list) or not names:
+        return []
+    return [("", ", ".join(str(n) for n in names), "-", "-", "-", "not run")]
+
+
 def metric_label(check: CheckResult) -> str:
     """The metric column of a check's row: the ``memory`` row names the method that counted
     this run's peak (``memory (mem_tracker)``, ``memory (profiler)``), so a case whose
     counting method changed is never silent about it; the ``input`` row of an input-bound
     case says in how many steps the batch took longer to make than the step
     (``input (bound 38/40)``)."""
+    if check.metric == "outcome" and check.data.get("compile_only"):
+        return f"outcome (compile-only {check.data['compile_only']})"
     if check.metric == "input":
         bound, steps = check.data.get("input_bound_steps"), check.data.get("steps")
         if isinstance(bound, int) and bound > 0 and isinstance(steps, int):
@@ -108,6 +119,7 @@ def table_lines(report: SessionReport) -> list[str]:
                 fmt_change(check) + (ADJUSTED if adjusted(check) else ""),
                 check.verdict.value.upper() if check.failed else check.verdict.value,
             ))
+            rows.extend(not_run_rows(check))
             rows.extend(device_rows(check))
     if not rows:
         return []
