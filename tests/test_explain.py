@@ -38,7 +38,8 @@ def _regressed(suite: Suite, *args: str) -> pytest.RunResult:
 
 
 def test_a_jax_regression_keeps_a_real_trace_beside_the_report(suite: Suite) -> None:
-    result = _regressed(suite)
+    result = _regressed(suite, "--accelperf-markdown=out/summary.md",
+                        "--accelperf-html=out/report.html")
     where = suite.pytester.path / "out" / "accelperf-explain" / "jax-nomesh-b16"
     traces = [f for f in where.rglob("*") if f.is_file()]
     assert any(f.name.endswith(".xplane.pb") for f in traces), traces
@@ -48,6 +49,15 @@ def test_a_jax_regression_keeps_a_real_trace_beside_the_report(suite: Suite) -> 
     explained = suite.report("out/report.json")["cases"][0]["run"]["extra"]["explain"]
     assert explained["path"] == str(where) and explained["size"] == size
     assert explained["steps"] == 3
+    # linked from both reports, with the program diff (the FLOPs doubled) as a table
+    md = (suite.pytester.path / "out" / "summary.md").read_text()
+    assert "### 🔎 Profiler traces of the regressions" in md
+    assert f"| `test_small[jax-nomesh-b16]` | `{where}` | trace of 3 step(s)" in md
+    now = suite.report("out/report.json")["cases"][0]["run"]["program"]["flops"]
+    assert f"| `test_small[jax-nomesh-b16]` | program | `flops` | {now / 2:g} | {now:g} |" in md
+    html = (suite.pytester.path / "out" / "report.html").read_text()
+    assert f'<a href="{where.as_uri()}">{where}</a>' in html
+    assert "<code>flops</code>" in html
 
 
 def test_a_trace_over_the_cap_is_deleted_and_the_failure_says_so(suite: Suite) -> None:
