@@ -5,13 +5,11 @@ makes the case regress (the program check), as a changed model would."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import json
 from typing import Any
 
 import pytest
 from conftest import Suite
-
-from pytest_accelperf.cli import main
 
 SMALL = '''
 from tinytask import make_task
@@ -75,3 +73,18 @@ def test_off_traces_nothing(suite: Suite) -> None:
     assert "Profiler" not in result.stdout.str()
     assert not (suite.pytester.path / "out" / "accelperf-explain").exists()
     assert "explain" not in suite.report("out/report.json")["cases"][0]["run"]["extra"]
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
+def test_a_torch_regression_keeps_a_chrome_trace(suite: Suite) -> None:
+    from test_confirm_timeout_maxbatch import torch_suite
+
+    torch_suite(suite)
+    suite.run("--accelperf-update").assert_outcomes(passed=1)
+    suite.edit(halve_the_flops)
+    result = suite.run("--accelperf-json=report.json")
+    result.assert_outcomes(failed=1)
+    trace = suite.pytester.path / "accelperf-explain" / "torch-nomesh-b128" / "trace.json"
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any("aten::" in str(e.get("name")) for e in events)  # the step's own ops
+    result.stdout.fnmatch_lines([f"*Profiler trace of 3 step(s) (*): {trace.parent}"])
