@@ -50,7 +50,7 @@ def test_a_jax_regression_keeps_a_real_trace_beside_the_report(suite: Suite) -> 
     # linked from both reports, with the program diff (the FLOPs doubled) as a table
     md = (suite.pytester.path / "out" / "summary.md").read_text()
     assert "### 🔎 Profiler traces of the regressions" in md
-    assert f"| `test_small[jax-nomesh-b16]` | `{where}` | trace of 3 step(s)" in md
+    assert f"| `test_small[jax-nomesh-b16]` | `{where}` | 3 step(s), " in md
     now = suite.report("out/report.json")["cases"][0]["run"]["program"]["flops"]
     assert f"| `test_small[jax-nomesh-b16]` | program | `flops` | {now / 2:g} | {now:g} |" in md
     html = (suite.pytester.path / "out" / "report.html").read_text()

@@ -110,7 +110,8 @@ def _explained_lines(report: SessionReport) -> list[str]:
     regressed = [r for r in report.sorted_records()
                  if any(c.verdict is Verdict.REGRESSION for c in r.checks)]
     traces = [[f"`{case_name(r)}`", f"`{found['path']}`" if found.get("path") else "-",
-               _short(str(found.get("note", "")))]
+               (f"{found.get('steps')} step(s), {fmt_bytes(int(found.get('size') or 0))}"
+                if found.get("path") else _short(str(found.get("note", ""))))]
               for r in regressed if (found := explanation(r)) is not None]
     diffs = [[f"`{case_name(r)}`", kind, f"`{what}`", f"{b:g}", f"{n:g}"]
              for r in regressed for kind, what, b, n in program_diff(r)]
