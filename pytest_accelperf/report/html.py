@@ -125,7 +125,7 @@ def _explained(record: CaseRecord) -> list[str]:
         out.append("<table><tr><th>kind</th><th>program diff</th><th>baseline</th>"
                    "<th>now</th></tr>")
         out += [f'<tr><td>{escape(kind)}</td><td><code>{escape(what)}</code></td>'
-                f'<td class="num">{b:g}</td><td class="num">{n:g}</td></tr>'
+                f'<td class="num">{escape(b)}</td><td class="num">{escape(n)}</td></tr>'
                 for kind, what, b, n in diff]
         out.append("</table>")
     return out

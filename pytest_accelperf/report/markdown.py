@@ -90,18 +90,22 @@ def _kind(name: str) -> str:
     return "program"
 
 
-def program_diff(record: CaseRecord) -> list[tuple[str, str, float, float]]:
-    """The program check's changes of a case as ``(kind, what, baseline, now)``: the gated
-    quantities (FLOPs, collectives, matmul dtypes, counts), then the op histogram's largest
-    moves (XLA's ops, torch's ops by dtype)."""
-    rows: list[tuple[str, str, float, float]] = []
+def program_diff(record: CaseRecord) -> list[tuple[str, str, str, str]]:
+    """The program changes of a case as ``(kind, what, baseline, now)``: the program check's
+    gated quantities (FLOPs, collectives, matmul dtypes, counts), then the op histogram's
+    largest moves (XLA's ops, torch's ops by dtype); in A/B mode, the two revisions'
+    program diff as the throughput check words it (base against head)."""
+    rows: list[tuple[str, str, str, str]] = []
     for check in record.checks:
-        if check.metric != "program":
-            continue
-        for c in check.data.get("changes") or []:
-            rows.append((_kind(str(c["name"])), str(c["name"]), c["baseline"], c["now"]))
-        for c in check.data.get("op_changes") or []:
-            rows.append(("op", str(c["name"]), c["baseline"], c["now"]))
+        if check.metric == "program":
+            for c in check.data.get("changes") or []:
+                rows.append((_kind(str(c["name"])), str(c["name"]), f"{c['baseline']:g}",
+                             f"{c['now']:g}"))
+            for c in check.data.get("op_changes") or []:
+                rows.append(("op", str(c["name"]), f"{c['baseline']:g}", f"{c['now']:g}"))
+        elif check.data.get("mode") == "ab":
+            rows += [("A/B", str(line), "base", "head")
+                     for line in check.data.get("program_diff") or []]
     return rows
 
 
@@ -113,7 +117,7 @@ def _explained_lines(report: SessionReport) -> list[str]:
                (f"{found.get('steps')} step(s), {fmt_bytes(int(found.get('size') or 0))}"
                 if found.get("path") else _short(str(found.get("note", ""))))]
               for r in regressed if (found := explanation(r)) is not None]
-    diffs = [[f"`{case_name(r)}`", kind, f"`{what}`", f"{b:g}", f"{n:g}"]
+    diffs = [[f"`{case_name(r)}`", kind, f"`{what}`", b, n]
              for r in regressed for kind, what, b, n in program_diff(r)]
     lines: list[str] = []
     if traces:
