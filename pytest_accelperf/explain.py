@@ -93,6 +93,9 @@ def explain(backend: Any, case: Case, task: Any, accel: Accelerator, root: Path,
     out = trace_dir(root, case.id)
     shutil.rmtree(out, ignore_errors=True)
     try:
+        if not root.exists():  # a directory of ours: traces are not for version control
+            root.mkdir(parents=True)
+            (root / ".gitignore").write_text("# traces of pytest-accelperf\n*\n")
         out.mkdir(parents=True)
         stepper = make_stepper(case, task, accel)
         try:

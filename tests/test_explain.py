@@ -47,6 +47,7 @@ def test_a_jax_regression_keeps_a_real_trace_beside_the_report(suite: Suite) -> 
     explained = suite.report("out/report.json")["cases"][0]["run"]["extra"]["explain"]
     assert explained["path"] == str(where) and explained["size"] == size
     assert explained["steps"] == 3
+    assert (where.parent / ".gitignore").read_text().endswith("*\n")
     # linked from both reports, with the program diff (the FLOPs doubled) as a table
     md = (suite.pytester.path / "out" / "summary.md").read_text()
     assert "### 🔎 Profiler traces of the regressions" in md
