@@ -219,6 +219,16 @@ OPTIONS: tuple[Option, ...] = (
            "for the host-wide lock that makes CPU cases of all sessions on this machine train "
            "one at a time, before it fails naming the process that holds it. 0 waits "
            "forever. Default: 1800.", "float", 1800.0),
+    Option("explain", "--accelperf-explain", "on a regression (stored baseline or A/B), "
+           "train the case 3 more steps under its framework's profiler (jax.profiler, "
+           "torch.profiler) and keep the trace beside the report; the failure message and "
+           "the reports say where. on or off. Default: on.", "choice", "on", ("on", "off")),
+    Option("explain_dir", "--accelperf-explain-dir", "directory of the regressions' traces, "
+           "one folder per case. Default: accelperf-explain/ beside --accelperf-json, else "
+           ".accelperf/explain/ in the rootdir.", "path", None),
+    Option("explain_max_mb", "--accelperf-explain-max-mb", "largest trace kept, in MB "
+           "(10^6 bytes); a larger one is deleted and the failure says so. Default: 20.",
+           "float", 20.0),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
 TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerances))
@@ -341,6 +351,9 @@ class Settings:
     host_lock_timeout: float | None = 1800.0
     #: The compile-only target (``tpu-v5e:2x4``, :mod:`pytest_accelperf.targets`), or None.
     target: str | None = None
+    #: Where a regression's profiler trace goes (None: --accelperf-explain=off).
+    explain_dir: Path | None = None
+    explain_max_bytes: int = 20_000_000
 
     @property
     def case_accel(self) -> str:
@@ -412,6 +425,8 @@ class Settings:
             compare_processes=int(values["compare_processes"]),
             max_foreign_load=float(values["max_foreign_load"]),
             host_lock_timeout=float(values["host_lock_timeout"]) or None,
+            explain_dir=_explain_dir(values, getoption, rootdir, invocation_dir),
+            explain_max_bytes=int(float(values["explain_max_mb"]) * 1_000_000),
         )
 
 
@@ -429,6 +444,22 @@ def _check_target_combination(values: Mapping[str, Any]) -> None:
                 f"--accelperf-target and --accelperf-{key} cannot be combined: {what}, and a "
                 f"compile-only target runs no step; drop one of them")
 
+def _explain_dir(values: Mapping[str, Any], getoption: Callable[[str], Any], rootdir: Path,
+                 invocation_dir: Path | None) -> Path | None:
+    """Where a regression's trace goes: ``--accelperf-explain-dir``, else
+    ``accelperf-explain/`` beside the JSON report (a file), else
+    ``.accelperf/explain/`` in the rootdir; None when ``--accelperf-explain=off``."""
+    if values["explain"] == "off":
+        return None
+    given = _output_path("explain_dir", values["explain_dir"], getoption, rootdir,
+                         invocation_dir)
+    if given is not None:
+        return given
+    json = _output_path("json", values["json"], getoption, rootdir, invocation_dir)
+    if json is not None and str(json) != "-" and not str(json).startswith("/dev/"):
+        return json.parent / "accelperf-explain"
+    return rootdir / ".accelperf" / "explain"
+
 
 def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir: Path,
                  invocation_dir: Path | None) -> Path | None:
@@ -441,7 +472,7 @@ def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir:
     to, which a rename would replace), not the descriptor."""
     if not value:
         return None
-    if str(value) == "-" and key != "history":
+    if str(value) == "-" and key not in ("history", "explain_dir"):
         return Path("-")
     base = invocation_dir if getoption(BY_KEY[key].dest) and invocation_dir else rootdir
     return Path(os.path.abspath(base / str(value)))

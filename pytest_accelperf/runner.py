@@ -40,7 +40,7 @@ from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.baselines import BaselineError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import CheckResult, Tolerances
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import NOISY_KEY, recording_noise
@@ -48,6 +48,7 @@ from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.contention import Load
 from pytest_accelperf.errors import UserError, render
+from pytest_accelperf.explain import EXPLAIN_KEY, explain
 from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
 from pytest_accelperf.hangs import CaseTimeout, HostLockError, case_alarm, watchdog
 from pytest_accelperf.judge import (
@@ -273,7 +274,26 @@ class CaseRunner:
                     break
             return self._evaluate(retimed(first, *again))
 
-        return self._finish(self._judged(self._judge(remeasure), evaluated))
+        judged = self._judged(self._judge(remeasure), evaluated)
+        return self._finish(self._explained(judged, task))
+
+    def _explained(self, ev: Evaluated, task: Any) -> Evaluated:
+        """``ev`` with a profiler trace of a few more steps attached when it regressed
+        (:mod:`pytest_accelperf.explain`): only where the case trains in this process, never
+        while recording, not under a compile-only target (no step can run), and not with
+        ``--accelperf-explain=off``."""
+        __tracebackhide__ = True
+        settings = self.settings
+        root = settings.explain_dir
+        if (root is None or settings.update or settings.cluster or settings.target
+                or not any(c.verdict is Verdict.REGRESSION for c in ev.checks)
+                or route(self.spec, self.case, cluster=False) != "in-process"):
+            return ev
+        with self._host():
+            found = explain(self.spec.load(), self.case, task, self.accelerator, root,
+                            max_bytes=settings.explain_max_bytes)
+        run = replace(ev.run, extra={**ev.run.extra, EXPLAIN_KEY: found.to_json()})
+        return replace(ev, run=run)
 
     def skip_without_devices(self) -> None:
         """Skip a case that needs more accelerators than this host has (a 4x2 mesh, or two
@@ -686,8 +706,11 @@ class CaseRunner:
             return
         failed = [c for c in checks if c.failed]
         if failed:
-            pytest.fail(self._failure_message(failed, baseline, unstorable, accept),
-                        pytrace=False)
+            message = self._failure_message(failed, baseline, unstorable, accept)
+            explained = run.extra.get(EXPLAIN_KEY)
+            if explained:
+                message += f"\nProfiler {explained['note']}"
+            pytest.fail(message, pytrace=False)
         if baseline is None and not self.settings.compare:
             pytest.fail(
                 f"{self._item.nodeid}: no baseline; run with --accelperf-update to record it:\n"

@@ -12,13 +12,14 @@ import base64
 import datetime as _dt
 import importlib.util
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.report.changes import ChangePoint, find_changes, points_of, worse
 from pytest_accelperf.report.data import CaseRecord, SessionReport
-from pytest_accelperf.report.markdown import case_name
+from pytest_accelperf.report.markdown import case_name, explanation, program_diff
 from pytest_accelperf.report.terminal import fmt_change, fmt_value
 
 INSTALL = "pip install 'pytest-accelperf[report]'"
@@ -108,6 +109,28 @@ def _summary_table(records: list[CaseRecord]) -> list[str]:
     return out
 
 
+def _explained(record: CaseRecord) -> list[str]:
+    """A regressed case's profiler trace (a link) and program diff (a table)."""
+    out: list[str] = []
+    found = explanation(record)
+    if found is not None:
+        path = found.get("path")
+        link = (f'<a href="{escape(Path(path).as_uri())}">{escape(path)}</a> · '
+                if path else "")
+        out.append(f'<p class="sub">Profiler trace: {link}{escape(str(found.get("note")))}'
+                   f"</p>")
+    regressed = any(c.verdict is Verdict.REGRESSION for c in record.checks)
+    diff = program_diff(record) if regressed else []
+    if diff:
+        out.append("<table><tr><th>kind</th><th>program diff</th><th>baseline</th>"
+                   "<th>now</th></tr>")
+        out += [f'<tr><td>{escape(kind)}</td><td><code>{escape(what)}</code></td>'
+                f'<td class="num">{escape(b)}</td><td class="num">{escape(n)}</td></tr>'
+                for kind, what, b, n in diff]
+        out.append("</table>")
+    return out
+
+
 def _case_section(record: CaseRecord) -> list[str]:
     from pytest_accelperf.report.plots import case_figure
 
@@ -129,6 +152,7 @@ def _case_section(record: CaseRecord) -> list[str]:
                 f"<td>{_badge(c.verdict.value)}</td>"
                 f'<td class="detail">{escape(c.detail)}</td></tr>')
         out.append("</table>")
+    out += _explained(record)
     png = case_figure(record)
     if png:
         out.append(_img(png, f"loss, step time and memory of {case_name(record)}"))
