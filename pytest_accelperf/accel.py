@@ -167,6 +167,9 @@ class Accelerator:
     ``gpu-h100-80gb-hbm3-x8``). ``memory_capacity`` is bytes per device where the runtime
     reports it (None on CPU, where a case declares it). ``peak_flops`` is per device where
     known. ``devices`` are the framework's device objects (jax devices here).
+    ``compile_only`` names the compile-only target these devices stand for
+    (``tpu-v5e:2x4``, :mod:`pytest_accelperf.targets`): a program can be compiled for them
+    but not run; None for devices that run.
     """
 
     name: str
@@ -176,6 +179,7 @@ class Accelerator:
     memory_capacity: int | None = None
     peak_flops: float | None = None
     devices: Sequence[Any] = field(default_factory=list, repr=False)
+    compile_only: str | None = None
 
     def mesh(self, shape: Sequence[int] | None,
              axis_names: Sequence[str] = ("data", "model")) -> Any:
@@ -193,12 +197,23 @@ class Accelerator:
         shape = tuple(shape) if shape is not None else (1,)
         names = tuple(axis_names)[: len(shape)]
         n = int(np.prod(shape))
+        if n > len(self.devices) and self.compile_only:
+            raise ConfigError(
+                f"mesh {shape} needs {n} devices but {self.compile_only} has "
+                f"{len(self.devices)}: compile for a larger topology (--accelperf-target) or "
+                f"choose a smaller mesh")
         if n > len(self.devices):
             raise ConfigError(
                 f"mesh {shape} needs {n} devices but {self.platform} has {len(self.devices)}: "
                 f"pass --accelperf-cpu-devices={n} (cpu) or choose a smaller mesh"
             )
         devs = np.asarray(list(self.devices)[:n]).reshape(shape)
+        if self.compile_only and n == len(self.devices) and n > 1:
+            # A whole TPU slice: its devices laid out by their place in the torus, as
+            # jax.make_mesh lays out a TPU host's (neighbours on the fastest axis).
+            from jax.experimental import mesh_utils
+
+            devs = mesh_utils.create_device_mesh(shape, list(self.devices))
         return Mesh(devs, names, axis_types=(AxisType.Auto,) * len(shape))
 
 

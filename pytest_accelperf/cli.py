@@ -7,7 +7,8 @@
     accelperf baselines accept REPORT --case PAT    store cases of a CI report without re-running
     accelperf baselines prune [PYTEST ARGS ...]     drop cases that are no longer collected
     accelperf report REPORT --markdown/--html PATH  render a saved JSON report
-    accelperf schema baseline|report                the JSON Schema of a block or a report
+    accelperf history changes DIR [--since REF]     change points over the run history
+    accelperf schema baseline|report|history        the JSON Schema of a block, report or line
 
 Paths are relative to the current directory. Node ids and baseline files are keyed relative
 to the pytest rootdir; ``prune`` takes the node ids and that rootdir from a collection it runs
@@ -48,6 +49,14 @@ from pytest_accelperf.jsonfile import field_path, gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
 from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
+from pytest_accelperf.report.changes import (
+    MAX_PVALUE,
+    ChangePoint,
+    ChangesError,
+    Detection,
+    analyse,
+    since_order,
+)
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.history import HistoryError, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report
@@ -566,7 +575,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
         try:
             if args.history is not None:
                 history = read_history(args.history, report.platform or None)
-            text = html_report(report, history=history, threshold=args.threshold)
+            text = html_report(report, history=history)
         except (HistoryError, ReportDependencyError) as exc:
             raise CliError(str(exc)) from None
         if str(args.html) == "-":
@@ -590,9 +599,54 @@ def _write(path: Path, text: str, option: str) -> None:
         raise CliError(render(exc)) from None
 
 
+# -- history changes ---------------------------------------------------------------------------
+def change_rows(changes: Sequence[ChangePoint]) -> list[tuple[str, ...]]:
+    """Table rows of change points: case (named once for its rows), metric, levels,
+    change, commit range, how sure."""
+    rows: list[tuple[str, ...]] = []
+    last = None
+    for c in sorted(changes, key=lambda c: (c.platform, c.nodeid, c.first_after.order,
+                                            c.metric)):
+        name = f"{c.platform}:{c.nodeid}" if c.platform else c.nodeid
+        change = c.change
+        rows.append((name if name != last else "", c.metric, c.levels(),
+                     "" if change is None else f"{change * 100:+.1f}%", c.commits, c.sure))
+        last = name
+    return rows
+
+
+def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
+    if not 0 < args.max_pvalue < 1:
+        raise CliError(f"--max-pvalue {args.max_pvalue}: a p-value between 0 and 1, such "
+                       f"as 0.001")
+    try:
+        found = analyse(args.directory, args.platform, Detection(max_pvalue=args.max_pvalue))
+        if not found.sessions:
+            raise CliError(f"{args.directory}: no history lines"
+                           f"{f' of platform {args.platform}' if args.platform else ''}; "
+                           f"write them with pytest --accelperf-history={args.directory}")
+        changes = found.changes
+        if args.since is not None:
+            cut = since_order(found.sessions, args.since, Path.cwd())
+            changes = [c for c in changes if c.first_after.order > cut]
+    except (HistoryError, ChangesError) as exc:
+        raise CliError(str(exc)) from None
+    if args.json:
+        out.write(json.dumps([c.to_json() for c in changes], indent=2) + "\n")
+        return 0
+    if changes:
+        out.write(tabulate(change_rows(changes),
+                           headers=("case", "metric", "before → after", "change", "commits",
+                                    "how sure"), disable_numparse=True) + "\n")
+    since = f" since {args.since}" if args.since is not None else ""
+    out.write(f"{len(changes)} change point(s){since} in {found.cases} case(s) over "
+              f"{len(found.sessions)} session(s) of {args.directory}\n")
+    return 0
+
+
 # -- schema ------------------------------------------------------------------------------------
 def cmd_schema(args: argparse.Namespace, out: TextIO) -> int:
-    kind = cast(Literal["baseline", "report"], args.kind)
+    kind = cast(Literal["baseline", "report", "history"], args.kind)
     out.write(json.dumps(json_schema(kind), indent=2, sort_keys=True) + "\n")
     return 0
 
@@ -659,17 +713,42 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the HTML report with plots here (- for stdout; needs "
                              "matplotlib)")
     report.add_argument("--history", type=Path, metavar="DIR",
-                        help="the --accelperf-history directory, for the trend plots")
-    report.add_argument("--threshold", type=float, default=0.1, metavar="REL",
-                        help="relative throughput change listed as a step change in the "
-                             "history (default 0.1)")
+                        help="the --accelperf-history directory, for the trend plots and "
+                             "their change points")
     report.set_defaults(func=cmd_report)
 
-    schema = sub.add_parser("schema", help="print the JSON Schema of a baseline block or of "
-                                           "a JSON report")
-    schema.add_argument("kind", choices=("baseline", "report"),
+    history = sub.add_parser("history", help="change points over the --accelperf-history "
+                                             "of runs")
+    hsub = history.add_subparsers(dest="action", required=True, metavar="ACTION")
+    changes = hsub.add_parser(
+        "changes", help="list each change point: case, metric, before → after, the commit "
+                        "range it lies in, and how sure",
+        description="Change points of each case's throughput (step time), program fields "
+                    "(FLOPs, bytes, collectives, callbacks, syncs, graphs, recompiles), peak "
+                    "memory and final loss over the sessions of an --accelperf-history "
+                    "directory, per environment fingerprint. A deterministic field's change "
+                    "is exact; a measured one must hold 3 sessions and pass the "
+                    "Mann-Whitney U test at --max-pvalue.")
+    changes.add_argument("directory", type=Path, metavar="DIR",
+                         help="the --accelperf-history directory")
+    changes.add_argument("--since", metavar="REF",
+                         help="only change points after the first session of commit REF (a "
+                              "commit, its prefix, or a ref git resolves here) or after the "
+                              "date REF (2026-11-20, 2026-11-20T14:00)")
+    changes.add_argument("--platform", help="only this platform's file (DIR/PLATFORM.jsonl)")
+    changes.add_argument("--max-pvalue", type=float, default=MAX_PVALUE, metavar="P",
+                         help=f"the largest p-value of a measured change (default "
+                              f"{MAX_PVALUE})")
+    changes.add_argument("--json", action="store_true",
+                         help="print the change points as JSON")
+    changes.set_defaults(func=cmd_history_changes)
+
+    schema = sub.add_parser("schema", help="print the JSON Schema of a baseline block, a "
+                                           "JSON report or a history line")
+    schema.add_argument("kind", choices=("baseline", "report", "history"),
                         help="baseline: one case's block in a baseline file; report: a "
-                             "--accelperf-json report")
+                             "--accelperf-json report; history: one line of "
+                             "--accelperf-history")
     schema.set_defaults(func=cmd_schema)
     return parser
 

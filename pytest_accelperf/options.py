@@ -22,6 +22,7 @@ from pytest_accelperf.accel import ACCELS
 from pytest_accelperf.baselines import BaselineError, validate_platform
 from pytest_accelperf.checks.base import NON_NEGATIVE, Tolerances, non_negative_number
 from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD
+from pytest_accelperf.targets import check_target
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -69,6 +70,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("cpu_devices", "--accelperf-cpu-devices", "number of virtual devices for --accel=cpu "
            f"(XLA's --xla_force_host_platform_device_count), 1 to {MAX_CPU_DEVICES}. "
            "Default: 8.", "int", 8, maximum=MAX_CPU_DEVICES),
+    Option("target", "--accelperf-target", "compile each JAX case ahead of time for a TPU "
+           "slice that is not here, through libtpu's compiler on this host (pip install "
+           "'pytest-accelperf[tpu-aot]'), and gate that program without running a step: "
+           "memory per device against the chip's HBM (a predicted out-of-memory), FLOPs, "
+           "bytes accessed, collectives, host callbacks, precision, compile time; step time, "
+           "loss and numerics are not run. tpu-v4:AxBxC, tpu-v5e:AxB, tpu-v5p:AxBxC or "
+           "tpu-v6e:AxB (e.g. tpu-v5e:2x4); baselines under tpu-<chip>-x<devices> "
+           "(tpu-v5e-x8). Cases of other backends are skipped. Default: off (cases run on "
+           "--accel).", "str", None, check=check_target),
     Option("update", "--accelperf-update", "write or refresh the baselines of the cases that "
            "ran; regressions are reported but do not fail.", "bool", False),
     Option("add_session", "--accelperf-add-session", "measure the cases again on unchanged "
@@ -215,6 +225,16 @@ OPTIONS: tuple[Option, ...] = (
            "one at a time, before it fails naming the process that holds it; a holder known "
            "to be stuck (stopped, or past its own case's timeout) is not waited for. 0 waits "
            f"forever. Default: {HOST_LOCK_TIMEOUT_S:g}.", "float", HOST_LOCK_TIMEOUT_S),
+    Option("explain", "--accelperf-explain", "on a regression (stored baseline or A/B), "
+           "train the case 3 more steps under its framework's profiler (jax.profiler, "
+           "torch.profiler) and keep the trace beside the report; the failure message and "
+           "the reports say where. on or off. Default: on.", "choice", "on", ("on", "off")),
+    Option("explain_dir", "--accelperf-explain-dir", "directory of the regressions' traces, "
+           "one folder per case. Default: accelperf-explain/ beside --accelperf-json, else "
+           ".accelperf/explain/ in the rootdir.", "path", None),
+    Option("explain_max_mb", "--accelperf-explain-max-mb", "largest trace kept, in MB "
+           "(10^6 bytes); a larger one is deleted and the failure says so. Default: 20.",
+           "float", 20.0),
 )
 BY_KEY = {o.key: o for o in OPTIONS}
 TOLERANCE_FIELDS = tuple(f.name for f in fields(Tolerances))
@@ -335,6 +355,17 @@ class Settings:
     add_session: bool = False
     loss_either_way: bool = False
     host_lock_timeout: float | None = HOST_LOCK_TIMEOUT_S
+    #: The compile-only target (``tpu-v5e:2x4``, :mod:`pytest_accelperf.targets`), or None.
+    target: str | None = None
+    #: Where a regression's profiler trace goes (None: --accelperf-explain=off).
+    explain_dir: Path | None = None
+    explain_max_bytes: int = 20_000_000
+
+    @property
+    def case_accel(self) -> str:
+        """The accelerator the cases are for: ``tpu`` under a compile-only target (its
+        compile runs on this host's CPU), else ``accel``."""
+        return "tpu" if self.target else self.accel
 
     @property
     def compare_pairs(self) -> int:
@@ -369,8 +400,11 @@ class Settings:
                 f"{which} and --accelperf-compare cannot be combined: A/B mode measures "
                 f"against a git revision and never stores baselines; record baselines in a "
                 f"run without --accelperf-compare")
+        if values["target"]:
+            _check_target_combination(values)
         tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
         return cls(
+            target=values["target"],
             accel=values["accel"],
             cpu_devices=values["cpu_devices"],
             update=bool(values["update"]) or bool(values["add_session"]),
@@ -397,7 +431,40 @@ class Settings:
             compare_processes=int(values["compare_processes"]),
             max_foreign_load=float(values["max_foreign_load"]),
             host_lock_timeout=float(values["host_lock_timeout"]) or None,
+            explain_dir=_explain_dir(values, getoption, rootdir, invocation_dir),
+            explain_max_bytes=int(float(values["explain_max_mb"]) * 1_000_000),
         )
+
+
+def _check_target_combination(values: Mapping[str, Any]) -> None:
+    """Refuse what a compile-only target cannot be combined with, naming the fix."""
+    target = values["target"]
+    if values["accel"] not in ("cpu", "auto"):
+        raise pytest.UsageError(
+            f"--accelperf-target={target} compiles on this host's CPU for a TPU that is not "
+            f"here; --accel={values['accel']} asks for devices that run: drop one of them")
+    for key, what in (("compare", "A/B mode times two revisions"),
+                      ("cluster", "a Ray cluster trains cases on its workers")):
+        if values[key]:
+            raise pytest.UsageError(
+                f"--accelperf-target and --accelperf-{key} cannot be combined: {what}, and a "
+                f"compile-only target runs no step; drop one of them")
+
+def _explain_dir(values: Mapping[str, Any], getoption: Callable[[str], Any], rootdir: Path,
+                 invocation_dir: Path | None) -> Path | None:
+    """Where a regression's trace goes: ``--accelperf-explain-dir``, else
+    ``accelperf-explain/`` beside the JSON report (a file), else
+    ``.accelperf/explain/`` in the rootdir; None when ``--accelperf-explain=off``."""
+    if values["explain"] == "off":
+        return None
+    given = _output_path("explain_dir", values["explain_dir"], getoption, rootdir,
+                         invocation_dir)
+    if given is not None:
+        return given
+    json = _output_path("json", values["json"], getoption, rootdir, invocation_dir)
+    if json is not None and str(json) != "-" and not str(json).startswith("/dev/"):
+        return json.parent / "accelperf-explain"
+    return rootdir / ".accelperf" / "explain"
 
 
 def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir: Path,
@@ -411,7 +478,7 @@ def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir:
     to, which a rename would replace), not the descriptor."""
     if not value:
         return None
-    if str(value) == "-" and key != "history":
+    if str(value) == "-" and key not in ("history", "explain_dir"):
         return Path("-")
     base = invocation_dir if getoption(BY_KEY[key].dest) and invocation_dir else rootdir
     return Path(os.path.abspath(base / str(value)))

@@ -50,6 +50,7 @@ from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.report.writing import stream_fd
 from pytest_accelperf.runner import CaseRunner
 from pytest_accelperf.session import AccelperfSession
+from pytest_accelperf.targets import TargetError, libtpu_missing, parse_target, provision_target
 from pytest_accelperf.xdist_role import is_worker, worker_id, worker_input
 
 SESSION_KEY = pytest.StashKey[AccelperfSession]()
@@ -157,15 +158,33 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     unregister(*config.stash.get(_CHECKS_KEY, []))
 
 
-def _skip_reason(case: Case, accel: str, backends: BackendRegistry) -> str | None:
-    """Why ``case`` cannot run here (a framework not installed, another accelerator), or
-    None. An unknown backend is not a reason to skip: it is an error in the suite."""
-    reason = backends[case.backend].unavailable_reason()
+def _skip_reason(case: Case, settings: Settings, backends: BackendRegistry) -> str | None:
+    """Why ``case`` cannot run here (a framework not installed, another accelerator, a
+    compile-only target its backend cannot be compiled for, libtpu missing), or None. An
+    unknown backend is not a reason to skip: it is an error in the suite."""
+    spec = backends[case.backend]
+    reason = spec.unavailable_reason()
     if reason:
         return reason
+    target, accel = settings.target, settings.accel
+    if target:
+        if not spec.compile_only:
+            return (f"--accelperf-target={target} compiles JAX cases for a TPU that is not "
+                    f"here; backend {case.backend!r} is not compiled ahead of time: run it "
+                    f"with --accel")
+        if "tpu" not in case.accels:
+            return (f"case {case.id} runs on {', '.join(case.accels)} only: not compiled for "
+                    f"--accelperf-target={target}")
+        if case.world_size > 1:
+            return (f"case {case.id} trains in {case.world_size} processes; a compile-only "
+                    f"target compiles a one-process case over the slice's devices")
+        return libtpu_missing(target)
     if accel != "auto" and accel not in case.accels:
+        also = (", or compile it for a TPU on this host with "
+                "--accelperf-target=tpu-v5e:2x4 (docs/compile-targets.md)"
+                if "tpu" in case.accels and spec.compile_only else "")
         return (f"case {case.id} runs on {', '.join(case.accels)}, not --accel={accel}; "
-                f"pass --accel={case.accels[0]}")
+                f"pass --accel={case.accels[0]}{also}")
     return None
 
 
@@ -178,7 +197,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             f"{metafunc.definition.nodeid}: @cases needs the test to use the 'accelperf' fixture"
         )
     session = metafunc.config.stash[SESSION_KEY]
-    accel = session.settings.accel
     try:
         backends = session.backends()  # the built-in ones and the conftests' loaded by now
         bad = ""
@@ -195,7 +213,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                     f"{', '.join(sorted(backends))}", pytrace=False)
     params = []
     for case in marker.kwargs["cases"]:
-        reason = _skip_reason(case, accel, backends)
+        reason = _skip_reason(case, session.settings, backends)
         marks = [pytest.mark.skip(reason=reason)] if reason else []
         params.append(pytest.param(case, id=case.id, marks=marks))
     metafunc.parametrize("accelperf_case", params)
@@ -219,10 +237,15 @@ def accelerator(pytestconfig: pytest.Config) -> Accelerator:
             early = jax_initialized_too_early(settings.cpu_devices)
             if early:
                 pytest.fail(early, pytrace=False)
-        try:
-            acc = provision(settings.accel, settings.cpu_devices, settings.platform)
-        except AcceleratorUnavailable as exc:
-            pytest.skip(str(exc))
+        packages = session.backends().packages()
+        if settings.target:
+            acc = _provision_target(settings.target, settings.platform)
+            packages = (*packages, "libtpu")  # its compiler made the program
+        else:
+            try:
+                acc = provision(settings.accel, settings.cpu_devices, settings.platform)
+            except AcceleratorUnavailable as exc:
+                pytest.skip(str(exc))
         if settings.platform is None:
             custom = pytestconfig.hook.pytest_accelperf_platform(config=pytestconfig,
                                                                  accelerator=acc)
@@ -232,7 +255,7 @@ def accelerator(pytestconfig: pytest.Config) -> Accelerator:
                 except BaselineError as exc:
                     pytest.fail(f"the pytest_accelperf_platform hook returned {custom!r}: {exc}",
                                 pytrace=False)
-        env = environment(acc, session.backends().packages())
+        env = environment(acc, packages)
         for extra in pytestconfig.hook.pytest_accelperf_environment(config=pytestconfig,
                                                                     accelerator=acc):
             for key, value in (extra or {}).items():
@@ -246,6 +269,18 @@ def accelerator(pytestconfig: pytest.Config) -> Accelerator:
         session.report.platform = acc.platform
         session.report.environment = env
     return session.accelerator
+
+
+def _provision_target(target: str, platform: str | None) -> Accelerator:
+    """The compile-only devices of ``target``; without libtpu the case is skipped with the
+    install line; a topology libtpu refuses ends the session (a usage error, one line)."""
+    missing = libtpu_missing(target)
+    if missing:
+        pytest.skip(missing)
+    try:
+        return provision_target(parse_target(target), platform)
+    except TargetError as exc:
+        pytest.exit(render(exc), returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 @pytest.fixture

@@ -277,22 +277,30 @@ def _precise(op: str) -> bool:
     return "[" in op and op.split("[", 1)[0] in ("dot", "convolution")
 
 
+def ops_deltas(baseline: Mapping[str, Any],
+               now: Mapping[str, Any]) -> list[tuple[str, int, int]]:
+    """Every op whose count differs, as ``(op, baseline, now)``, largest change first;
+    torch's ops that appeared or went come first (see :func:`_ops_delta`)."""
+    b_ops = baseline.get("ops") if isinstance(baseline.get("ops"), Mapping) else None
+    n_ops = now.get("ops") if isinstance(now.get("ops"), Mapping) else None
+    if b_ops is None or n_ops is None:
+        return []
+    deltas = [(op, int(b_ops.get(op, 0)), int(n_ops.get(op, 0)))
+              for op in set(b_ops) | set(n_ops) if b_ops.get(op, 0) != n_ops.get(op, 0)]
+    swapped_first = now.get("source") in TORCH_OPS
+    deltas.sort(key=lambda d: (swapped_first and bool(d[1] and d[2]), -abs(d[2] - d[1]), d[0]))
+    return deltas
+
+
 def _ops_delta(baseline: Mapping[str, Any], now: Mapping[str, Any]) -> str:
     """``"ops: dot 12 → 14, fusion 30 → 31"``: the largest changes of the op histogram.
     Torch's ops that appeared or went come first (a kernel swapped for several, attention
     falling back to matmuls and a softmax: the likely cause, where the larger counts are
     the kernels replacing it; six are shown, as one swap changes several)."""
-    b_ops = baseline.get("ops") if isinstance(baseline.get("ops"), Mapping) else None
-    n_ops = now.get("ops") if isinstance(now.get("ops"), Mapping) else None
-    if b_ops is None or n_ops is None:
-        return ""
-    deltas = [(op, int(b_ops.get(op, 0)), int(n_ops.get(op, 0)))
-              for op in set(b_ops) | set(n_ops) if b_ops.get(op, 0) != n_ops.get(op, 0)]
+    deltas = ops_deltas(baseline, now)
     if not deltas:
         return ""
-    swapped_first = now.get("source") in TORCH_OPS
-    limit = 6 if swapped_first else 4
-    deltas.sort(key=lambda d: (swapped_first and bool(d[1] and d[2]), -abs(d[2] - d[1]), d[0]))
+    limit = 6 if now.get("source") in TORCH_OPS else 4
     shown = ", ".join(f"{op} {b} → {n}" for op, b, n in deltas[:limit])
     more = f" (+{len(deltas) - limit} more)" if len(deltas) > limit else ""
     return f"ops: {shown}{more}"

@@ -24,7 +24,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -40,7 +40,7 @@ from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.baselines import BaselineError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import CheckResult, Tolerances
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import NOISY_KEY, recording_noise
@@ -48,6 +48,7 @@ from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.contention import Load
 from pytest_accelperf.errors import UserError, render
+from pytest_accelperf.explain import EXPLAIN_KEY, explain
 from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
 from pytest_accelperf.hangs import CaseTimeout, HostLockError, case_alarm, watchdog
 from pytest_accelperf.judge import (
@@ -75,6 +76,7 @@ from pytest_accelperf.session import (
     say_on_stderr,
 )
 from pytest_accelperf.summary import summarize, with_added_session
+from pytest_accelperf.targets import NOT_RUN, not_run
 from pytest_accelperf.xdist_role import worker_id
 
 #: Seconds the devices get to become idle after a case was interrupted mid-step.
@@ -108,17 +110,60 @@ class CaseResult:
     """What ``accelperf.train`` returns: the run and the verdicts of its checks, and the
     final state of the training where the backend hands it back (the JAX backend: the
     step's state, or ``JaxStep.final`` of it; None otherwise), for an eval step or the
-    test's own asserts."""
+    test's own asserts.
+
+    A compile-only case (``--accelperf-target``) executed no step: its ``run`` is a
+    :class:`CompiledRun`, and a test that asks for what only steps give (``state``, the
+    run's losses, metrics or step times, a ``loss`` or ``reference`` check) is skipped
+    there with the reason, after the gate's verdicts were recorded; a regression has
+    already failed it."""
 
     run: Run
     checks: list[CheckResult]
     state: Any = None
 
+    def __getattribute__(self, name: str) -> Any:
+        if name == "state":
+            skip_compile_only(object.__getattribute__(self, "run"), "the trained state")
+        return object.__getattribute__(self, name)
+
     def check(self, metric: str) -> CheckResult:
         for c in self.checks:
             if c.metric == metric:
                 return c
+        if metric in NOT_RUN or metric not in ("outcome", "compile", "program", "memory"):
+            skip_compile_only(self.run, f"the {metric!r} check")
         raise KeyError(f"no {metric!r} check; have {[c.metric for c in self.checks]}")
+
+
+#: What only executed steps give: a compile-only case's run has none of it
+#: (:class:`CompiledRun`).
+STEP_FIELDS = frozenset({
+    "step_times", "losses", "loss_steps", "metrics", "params_fingerprint", "probe_times",
+    "input_times", "input_wall_times", "memory_growth", "median_step_time",
+    "samples_per_second", "mfu", "hfu", "final_loss"})
+
+
+def skip_compile_only(run: Run, what: str) -> None:
+    """Skip the test, naming ``what`` it asked for, when ``run`` is a compile-only case's
+    (no step executed); else nothing."""
+    target = run.extra.get("compile_only") if isinstance(run.extra, dict) else None
+    if target:
+        # Reported at the test (as a skip mark's is), not at this line of the plugin.
+        raise pytest.skip.Exception(
+            f"{run.case_id}: the test asks for {what}, which only executed steps give: "
+            f"{not_run(str(target))}", _use_item_location=True)
+
+
+class CompiledRun(Run):
+    """The run a compile-only case hands its test (:class:`CaseResult`): what the compile
+    gave (outcome, memory, FLOPs, program, compile time) reads as in any run; reading
+    what only executed steps give (:data:`STEP_FIELDS`) skips the test, naming it."""
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in STEP_FIELDS:
+            skip_compile_only(self, f"run.{name}")
+        return super().__getattribute__(name)
 
 
 #: What a re-measurement's run contributes besides its step, probe and input times: what
@@ -229,7 +274,26 @@ class CaseRunner:
                     break
             return self._evaluate(retimed(first, *again))
 
-        return self._finish(self._judged(self._judge(remeasure), evaluated))
+        judged = self._judged(self._judge(remeasure), evaluated)
+        return self._finish(self._explained(judged, task))
+
+    def _explained(self, ev: Evaluated, task: Any) -> Evaluated:
+        """``ev`` with a profiler trace of a few more steps attached when it regressed
+        (:mod:`pytest_accelperf.explain`): only where the case trains in this process, never
+        while recording, not under a compile-only target (no step can run), and not with
+        ``--accelperf-explain=off``."""
+        __tracebackhide__ = True
+        settings = self.settings
+        root = settings.explain_dir
+        if (root is None or settings.update or settings.cluster or settings.target
+                or not any(c.verdict is Verdict.REGRESSION for c in ev.checks)
+                or route(self.spec, self.case, cluster=False) != "in-process"):
+            return ev
+        with self._host(bounded=False):  # the profiled steps have no timeout of their own
+            found = explain(self.spec.load(), self.case, task, self.accelerator, root,
+                            max_bytes=settings.explain_max_bytes)
+        run = replace(ev.run, extra={**ev.run.extra, EXPLAIN_KEY: found.to_json()})
+        return replace(ev, run=run)
 
     def skip_without_devices(self) -> None:
         """Skip a case that needs more accelerators than this host has (a 4x2 mesh, or two
@@ -240,6 +304,10 @@ class CaseRunner:
         accel, case = self.accelerator, self.case
         if accel.name == "cpu" or self.settings.cluster or case.backend == "external":
             return
+        if case.n_devices > accel.device_count and accel.compile_only:
+            pytest.skip(f"{case.id} needs {case.n_devices} devices; {accel.compile_only} has "
+                        f"{accel.device_count}: compile it for a larger topology "
+                        f"(--accelperf-target)")
         if case.n_devices > accel.device_count:
             pytest.skip(f"{case.id} needs {case.n_devices} devices; {accel.platform} has "
                         f"{accel.device_count}: run it on a host with {case.n_devices} or "
@@ -578,7 +646,10 @@ class CaseRunner:
         if refused:
             pytest.fail(f"{self._item.nodeid}: no session added: {refused}", pytrace=False)
         self._gate(ev.run, ev.checks, ev.baseline, unstorable)
-        return CaseResult(run=ev.run, checks=list(ev.checks), state=ev.state)
+        run = ev.run
+        if run.extra.get("compile_only"):
+            run = CompiledRun(**{f.name: getattr(run, f.name) for f in fields(Run)})
+        return CaseResult(run=run, checks=list(ev.checks), state=ev.state)
 
     def _marked_noisy(self, block: dict[str, Any], noisy: str, note: str) -> dict[str, Any]:
         """``block`` stored marked noisy (a new baseline: the block; an added session:
@@ -638,8 +709,11 @@ class CaseRunner:
             return
         failed = [c for c in checks if c.failed]
         if failed:
-            pytest.fail(self._failure_message(failed, baseline, unstorable, accept),
-                        pytrace=False)
+            message = self._failure_message(failed, baseline, unstorable, accept)
+            explained = run.extra.get(EXPLAIN_KEY)
+            if explained:
+                message += f"\nProfiler {explained['note']}"
+            pytest.fail(message, pytrace=False)
         if baseline is None and not self.settings.compare:
             pytest.fail(
                 f"{self._item.nodeid}: no baseline; run with --accelperf-update to record it:\n"
@@ -699,5 +773,7 @@ class CaseRunner:
         return "\n".join(lines)
 
     def accept_command(self) -> str:
-        accel = self.settings.accel
-        return f"pytest '{self._item.nodeid}' --accel={accel} --accelperf-update"
+        settings = self.settings
+        where = (f"--accelperf-target={settings.target}" if settings.target
+                 else f"--accel={settings.accel}")
+        return f"pytest '{self._item.nodeid}' {where} --accelperf-update"

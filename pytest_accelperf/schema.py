@@ -1,5 +1,5 @@
 """The schema of the files pytest-accelperf writes: the baseline block, the baseline file's
-header, and the JSON report. Described once, as pydantic models.
+header, the JSON report and the history line. Described once, as pydantic models.
 
 The baseline block is what :func:`pytest_accelperf.summary.summarize` makes of a run and
 what the checks (:mod:`pytest_accelperf.checks`) read. Every field a check reads is typed,
@@ -12,8 +12,11 @@ is not a number, ``1.0`` is not an integer (an integer is a number, though).
 The store (:mod:`pytest_accelperf.baselines`) validates every block it reads and every
 block it writes with :func:`validate_block`; ``accelperf baselines accept`` goes through
 the same write. The report loader (:mod:`pytest_accelperf.report.loading`) validates a
-report with :class:`ReportFile`. ``accelperf schema baseline|report`` prints the JSON
-Schema of either (:func:`json_schema`).
+report with :class:`ReportFile`; the history reader
+(:mod:`pytest_accelperf.report.history`) each line of ``--accelperf-history`` with
+:class:`HistoryLine`, or with :class:`HistoryNumbers` (the fields change points are found
+in) where only those are read. ``accelperf schema baseline|report|history`` prints the JSON
+Schema of each (:func:`json_schema`).
 """
 
 from __future__ import annotations
@@ -430,6 +433,54 @@ class ReportFile(_Report):
     suite: ReportSuite | None = None
 
 
+# -- the history -------------------------------------------------------------------------------
+class HistoryNumbers(BaseModel):
+    """What change-point analysis (:mod:`pytest_accelperf.report.changes`) reads of a
+    ``--accelperf-history`` line: the case, the session, its commit and fingerprint, the
+    headline numbers and the program record. The other keys are skipped unread (not built
+    as Python objects: a history of 100,000 lines is read in under a second); a line is
+    still checked whole by :class:`HistoryLine` where the whole line is read."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    nodeid: str
+    session: str
+    schema_version: Literal[1] = 1
+    time: str = ""
+    commit: str | None = None
+    #: Tracked files had changes when the session ran.
+    dirty: bool | None = None
+    platform: str | None = None
+    #: A hash of the environment (:func:`pytest_accelperf.report.history.fingerprint_hash`).
+    fingerprint: str | None = None
+    samples_per_second: NonNegative | None = None
+    median_step_time: NonNegative | None = None
+    peak_memory: NonNegative | None = None
+    final_loss: Number | None = None
+    #: The gated fields of the run's program record; absent from lines written before it
+    #: was kept.
+    program: Program | None = None
+
+
+class HistoryLine(HistoryNumbers):
+    """One line of ``--accelperf-history`` (:func:`pytest_accelperf.report.history.entry`):
+    one case of one session. Only ``nodeid`` and ``session`` are required; unknown keys are
+    kept (a newer version may add some)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, JsonValue]
+
+    case_id: str | None = None
+    case: dict[str, JsonValue] | None = None
+    outcome: RunOutcome | None = None
+    verdict: str | None = None
+    checks: dict[str, str] | None = None
+    update: bool | None = None
+    mfu: NonNegative | None = None
+    compile_time: NonNegative | None = None
+    environment: Environment | None = None
+
+
 # -- helpers -----------------------------------------------------------------------------------
 def added_sections() -> tuple[tuple[str, Any], ...]:
     """``((section, model), ...)`` of the sections that checks of the table declare
@@ -528,7 +579,9 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 4] + " ..."
 
 
-def json_schema(kind: Literal["baseline", "report"]) -> dict[str, Any]:
-    """The JSON Schema of a baseline block (``baseline``) or of a report (``report``)."""
-    model: type[BaseModel] = block_model() if kind == "baseline" else ReportFile
-    return model.model_json_schema()
+def json_schema(kind: Literal["baseline", "report", "history"]) -> dict[str, Any]:
+    """The JSON Schema of a baseline block (``baseline``), of a report (``report``) or of
+    a history line (``history``)."""
+    models: dict[str, type[BaseModel]] = {"baseline": block_model(), "report": ReportFile,
+                                          "history": HistoryLine}
+    return models[kind].model_json_schema()

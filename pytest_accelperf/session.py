@@ -115,10 +115,13 @@ def exclusive_host(accelerator: Accelerator, *, case: str = "", timeout: float |
     Virtual CPU devices are not independent hardware: two xdist workers (or two sessions)
     training at once would each measure half a machine, and their step times would not be
     comparable with a baseline recorded alone. So on ``cpu`` cases train one at a time per
-    host; on GPUs and TPUs each worker owns its devices and no lock is taken. A wait says
-    whom it waits for and ends after ``timeout`` seconds, at once where the holder is known
-    to be stuck; ``hold_timeout`` is the most this holder keeps it (the case's timeout, that
-    a waiter judges it by; None: not bounded) (:func:`pytest_accelperf.hangs.host_lock`).
+    host; on GPUs and TPUs each worker owns its devices and no lock is taken, and neither
+    for a compile-only target (``--accelperf-target``), which times no step: its compile
+    time is judged with the load other processes put on the machine meanwhile
+    (:mod:`pytest_accelperf.checks.compile_time`). A wait says whom it waits for and ends
+    after ``timeout`` seconds, at once where the holder is known to be stuck;
+    ``hold_timeout`` is the most this holder keeps it (the case's timeout, that a waiter
+    judges it by; None: not bounded) (:func:`pytest_accelperf.hangs.host_lock`).
     """
     if accelerator.name != "cpu":
         return contextlib.nullcontext()

@@ -103,7 +103,8 @@ def _throughput(suite: Suite) -> dict[str, object]:
 def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> None:
     model = repo.pytester.path / "model.py"
     model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 2048"))
-    result = repo.run(*FAST, "--accelperf-compare=HEAD", UNBOUNDED, subprocess=True)
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", UNBOUNDED,
+                      "--accelperf-markdown=summary.md", subprocess=True)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*throughput: A/B slower than HEAD (*): step time *% longer (95% CI of the paired "
@@ -125,6 +126,12 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> 
     diff = data["program_diff"]
     assert diff and diff[0].startswith("FLOPs +"), diff
     assert "; program: FLOPs +" in str(check["detail"])
+    # and a profiler trace of the working tree's step, beside the report (issue 27, part 3)
+    explained = repo.report()["cases"][0]["run"]["extra"]["explain"]
+    assert explained["path"] and explained["steps"] == 3, explained
+    assert any(f.name.endswith(".xplane.pb") for f in Path(explained["path"]).rglob("*"))
+    md = (repo.pytester.path / "summary.md").read_text()
+    assert f"| `test_step[jax-nomesh-b512]` | A/B | `{diff[0]}` | base | head |" in md, md
 
 
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:

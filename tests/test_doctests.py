@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines", "backends.common",
-           "cluster.address", "family", "ab.arms"]
+           "cluster.address", "family", "ab.arms", "targets", "backends.jax"]
 
 
 @pytest.mark.parametrize("name", MODULES)

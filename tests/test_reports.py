@@ -30,7 +30,6 @@ from pytest_accelperf.report.history import (
     append_history,
     fingerprint_hash,
     read_history,
-    step_changes,
 )
 from pytest_accelperf.report.html import html_report
 from pytest_accelperf.report.junit import junit_properties, suite_properties
@@ -249,17 +248,6 @@ def test_history_corrupt_line_names_file_and_line(tmp_path: Path) -> None:
         read_history(hist)
     with pytest.raises(HistoryError, match="no history directory"):
         read_history(tmp_path / "absent")
-
-
-def test_step_changes_flag_a_jump_against_the_median_before() -> None:
-    def e(i: int, sps: float) -> dict[str, Any]:
-        return {"nodeid": "m.py::t[a]", "session": f"s{i}", "time": f"2026-01-0{i}",
-                "commit": f"c{i}", "samples_per_second": sps, "fingerprint": "f"}
-
-    entries = [e(1, 100), e(2, 104), e(3, 98), e(4, 60), e(5, 61)]
-    changes = step_changes(entries, threshold=0.2)
-    assert [(c.commit_before, c.commit) for c in changes] == [("c3", "c4")]
-    assert changes[0].change == pytest.approx(60 / 100 - 1)
 
 
 # -- HTML --------------------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def _pytest_help_group() -> str:
 
 
 CLI_COMMANDS = ("", "baselines show", "baselines diff", "baselines accept", "baselines prune",
-                "report", "schema")
+                "report", "history changes", "schema")
 
 
 def _accelperf_help() -> str:

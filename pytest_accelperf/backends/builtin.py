@@ -26,7 +26,7 @@ SPECS: tuple[BackendSpec, ...] = (
     BackendSpec(
         "jax", "pytest_accelperf.backends.jax", requires=("jax", "flax", "optax"),
         install="pip install 'pytest-accelperf[jax]'", packages=_JAX,
-        ranks="pytest_accelperf.backends.jax_multihost", ab_blocks=True,
+        ranks="pytest_accelperf.backends.jax_multihost", ab_blocks=True, compile_only=True,
     ),
     BackendSpec(
         "torch", "pytest_accelperf.backends.torch", requires=("torch",),

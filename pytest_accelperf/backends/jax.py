@@ -21,9 +21,11 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -65,6 +67,7 @@ from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
 from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
+from pytest_accelperf.targets import compiling, not_run
 from pytest_accelperf.units import round_sig
 
 PyTree = Any
@@ -123,6 +126,9 @@ class _Program:
     #: What the step was compiled for of its batch (step 0's): every batch is checked
     #: against it before it is transferred (:func:`.jax_step.check_batch`).
     batch_signature: BatchSignature | None = None
+    #: What the compiler wrote to stderr while compiling for a compile-only target (kept
+    #: off the terminal: :func:`pytest_accelperf.targets.compiling`).
+    compiler_log: list[str] = field(default_factory=list)
 
 
 class _OutOfMemory(Exception):
@@ -273,10 +279,18 @@ def _compile(case: Case, task: Any, accel: Accelerator,
                         f"{case.axis_names[0]!r})")
     # The mesh in context while the user's code is traced: a step may constrain shardings
     # with bare PartitionSpecs, and Flax makes annotated variables on the context mesh.
-    with _set_mesh(mesh):
+    log: list[str] = []
+    with _set_mesh(mesh), _target_compile(accel, log):
         program = _compile_on(step, mesh, rename)
+    program.compiler_log = log
     manual = [a for a in step.bind_axes if a in mesh.axis_names]
-    if math.prod(int(mesh.shape[a]) for a in manual) > 1:
+    if accel.compile_only:
+        # libtpu gives the unpartitioned program no cost analysis (None): the model's
+        # FLOPs are those of the same step lowered (not compiled) for one host CPU device
+        # over the global batch, HLO's count of the same operations.
+        program.lowered = _global_lowering(step, _host_mesh(names), rename)
+        program.global_flops = program.lowered is not None
+    elif math.prod(int(mesh.shape[a]) for a in manual) > 1:
         # Under shard_map the unpartitioned program is one device's share of the step
         # (its batch shard): its cost analysis counted 1.51 of the 11.8 MFLOP the MLP of
         # tests/test_jax_step.py counts without a mesh, on 8x1 (16.4 of 113.2 in issue 23).
@@ -285,6 +299,20 @@ def _compile(case: Case, task: Any, accel: Accelerator,
         program.lowered = _global_lowering(step, accel.mesh(None, names), rename)
         program.global_flops = program.lowered is not None
     return program
+
+
+def _host_mesh(names: tuple[str, ...]) -> Any:
+    """A one-device mesh of this host's first CPU device (axes ``names``)."""
+    from jax.sharding import AxisType, Mesh
+
+    device = jax.devices("cpu")[0]
+    return Mesh(np.asarray([device]), names[:1], axis_types=(AxisType.Auto,))
+
+
+def _target_compile(accel: Accelerator, log: list[str]) -> AbstractContextManager[None]:
+    """Where a program is made for a compile-only target: in libtpu's environment, its log
+    lines into ``log`` (:func:`pytest_accelperf.targets.compiling`); elsewhere nothing."""
+    return compiling(log) if accel.compile_only else nullcontext()
 
 
 def _global_lowering(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> Any:
@@ -741,11 +769,14 @@ class JaxBackend:
                   tokens_per_step=(case.batch * step.tokens_per_sample
                                    if step.tokens_per_sample else None),
                   n_devices=case.n_devices, peak_flops_per_device=accel.peak_flops)
+        if accel.compile_only:  # every result of this case says what it did not measure
+            run.extra["compile_only"] = accel.compile_only
+            run.message = not_run(accel.compile_only)
         try:
             with phases("compile"):  # tracing and checking the step, then compiling it
                 program = _compile(case, step, accel, case.mesh)
         except _OutOfMemory as exc:
-            return TrainResult(run=_oom_run(run, str(exc)))
+            return TrainResult(run=_oom_run(run, str(exc), planner(accel)))
         mesh = program.mesh
         run.n_devices = int(mesh.devices.size)
         run.compile_time = program.compile_time
@@ -765,11 +796,24 @@ class JaxBackend:
             run.memory_per_device = {label: planned["required_bytes"] for label in _labels(mesh)}
             run.memory_source = "memory_analysis"
         capacity = _capacity(accel, case)
-        oom = _predicted_oom(planned, capacity)
+        oom = _predicted_oom(planned, capacity, planner(accel))
         if oom is not None:
             run.outcome, run.oom = "oom", oom
             run.message = _oom_message(oom)
             return TrainResult(run=run)  # no parameter was ever allocated
+        if accel.compile_only:
+            # Compiled for devices that are not here: nothing runs. What the compiler said
+            # on stderr is summarized in one line, kept off the terminal.
+            if program.compiler_log:
+                run.extra["compiler_log"] = program.compiler_log[:20]
+            run.extra["planned_by"] = planner(accel)
+            # The plan's parts, and the compiler's own peak (XLA:TPU's, from its heap
+            # simulation; the gate's figure stays the sum above, as on every platform).
+            run.extra["memory_plan"] = planned
+            peak = getattr(program.compiled.memory_analysis(), "peak_memory_in_bytes", 0)
+            if peak:
+                run.extra["memory_plan"] = {**planned, "compiler_peak_bytes": int(peak)}
+            return TrainResult(run=run)
 
         peaks_before = _runtime_peaks(mesh)
         # This process's first device (with jax.distributed, others belong to other hosts).
@@ -856,7 +900,7 @@ def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | No
     tol = Tolerances().merged(dict(case.tolerances))
     try:
         single = _compile(case, step, accel, None)
-        oom = _predicted_oom(_analysis_bytes(single.compiled), capacity)
+        oom = _predicted_oom(_analysis_bytes(single.compiled), capacity, planner(accel))
         if oom is not None:
             raise _OutOfMemory(_oom_message(oom))
         initial: dict[str, np.ndarray] = {}
@@ -955,24 +999,71 @@ def _fingerprinted(step: JaxStep, state: PyTree) -> tuple[dict[str, np.ndarray],
     return with_state(_flat(params), _flat(step.beside_of(state, params)))
 
 
-def _predicted_oom(planned: dict[str, int], capacity: int | None) -> dict[str, Any] | None:
-    """The ``Run.oom`` record when the planned bytes exceed the capacity, else None."""
+def planner(accel: Accelerator) -> str:
+    """Whose memory plan a prediction is: ``XLA:CPU`` (virtual CPU devices: not what an
+    accelerator's compiler plans for the same step), ``XLA:TPU`` (a TPU's, or a
+    compile-only target's: libtpu's compiler), ``XLA:GPU``."""
+    return f"XLA:{accel.name.upper()}"
+
+
+def _predicted_oom(planned: dict[str, int], capacity: int | None,
+                   planned_by: str = "") -> dict[str, Any] | None:
+    """The ``Run.oom`` record when the planned bytes exceed the capacity, else None;
+    ``planned_by`` names the compiler whose plan it is (:func:`planner`)."""
     if not planned or not capacity or planned["required_bytes"] <= capacity:
         return None
     need = planned["required_bytes"]
-    return {"required_bytes": need, "capacity_bytes": int(capacity),
-            "exceeded_by_bytes": need - int(capacity), "source": "memory_analysis"}
+    oom: dict[str, Any] = {"required_bytes": need, "capacity_bytes": int(capacity),
+                           "exceeded_by_bytes": need - int(capacity),
+                           "source": "memory_analysis"}
+    if planned_by:
+        oom["planned_by"] = planned_by
+    return oom
 
 
 def _oom_message(oom: dict[str, Any]) -> str:
+    whose = f"; {oom['planned_by']}'s memory plan" if oom.get("planned_by") else ""
     return (f"predicted out of memory: program needs {_gib(oom['required_bytes'])} per device "
             f"of {_gib(oom['capacity_bytes'])} capacity "
-            f"(exceeded by {_gib(oom['exceeded_by_bytes'])})")
+            f"(exceeded by {_gib(oom['exceeded_by_bytes'])}{whose})")
 
 
-def _oom_run(run: Run, message: str) -> Run:
+#: XLA:TPU's refusal of a program larger than HBM, as the runtime words it ("Used 20.93G
+#: of 15.48G hbm", seed 000) and as the compile-only compiler does ("the total memory
+#: required for HLO temporaries (17.17G) exceeds available HBM (15.75G)"). Sizes are
+#: binary (tsl's HumanReadableNumBytes).
+_HBM_USED = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", re.IGNORECASE)
+_HBM_REQUIRED = re.compile(r"\(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)",
+                           re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def compiler_oom(message: str, planned_by: str = "") -> dict[str, Any] | None:
+    """The ``Run.oom`` record of a compiler's out-of-memory error: what it said the program
+    needs and what it had (``source: compiler``); None when it did not say.
+
+    >>> oom = compiler_oom("Ran out of memory in memory space hbm. Used 20.93G of 15.48G hbm.")
+    >>> [round(oom[k] / 2**30, 2) for k in ("required_bytes", "capacity_bytes")]
+    [20.93, 15.48]
+    """
+    found = _HBM_USED.search(message) or _HBM_REQUIRED.search(message)
+    if not found:
+        return None
+    need = round(float(found[1]) * _UNITS[found[2].upper()])
+    have = round(float(found[3]) * _UNITS[found[4].upper()])
+    oom: dict[str, Any] = {"required_bytes": need, "capacity_bytes": have,
+                           "exceeded_by_bytes": need - have, "source": "compiler"}
+    if planned_by:
+        oom["planned_by"] = planned_by
+    return oom
+
+
+def _oom_run(run: Run, message: str, planned_by: str = "") -> Run:
     run.outcome = "oom"
     run.message = f"out of memory: {message.splitlines()[0] if message else 'RESOURCE_EXHAUSTED'}"
+    oom = compiler_oom(message, planned_by)
+    if oom is not None:
+        run.oom = oom
     return run
 
 

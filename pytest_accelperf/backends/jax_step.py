@@ -751,7 +751,9 @@ def abstract_state(step: JaxStep) -> PyTree:
     """The shapes and dtypes of ``step``'s initial state, without allocating it."""
     try:
         if callable(step.init):
-            return _eval_shape(step.init, jax.random.key(step.seed))
+            # The key made inside the trace too: a concrete key would be computed on the
+            # context mesh's devices, which a compile-only target's cannot run.
+            return _eval_shape(lambda: step.init(jax.random.key(step.seed)))
         return _eval_shape(lambda state: state, step.init)
     except TaskError:
         raise

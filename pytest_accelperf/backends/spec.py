@@ -78,6 +78,10 @@ class BackendSpec:
     * ``ab_blocks``: the backend has ``stepper(case, task, accel)`` whose ``run(n)``
       trains ``n`` more steps and returns their times (A/B mode, ``--accelperf-compare``).
     * ``ray``: its cases may train on a Ray cluster (``--accelperf-cluster``).
+    * ``compile_only``: its ``train`` compiles a case for a compile-only target
+      (``--accelperf-target``: :attr:`Accelerator.compile_only
+      <pytest_accelperf.accel.Accelerator.compile_only>` set) and runs no step; the
+      cases of a backend without it are skipped under a target.
     """
 
     name: str
@@ -90,6 +94,7 @@ class BackendSpec:
     ab_blocks: bool = False
     ray: bool = True
     backend: Backend | None = None
+    compile_only: bool = False
 
     def __post_init__(self) -> None:
         where = f"BackendSpec(name={self.name!r})"
@@ -116,7 +121,7 @@ class BackendSpec:
                     f"{where}: {field_name} is a tuple of names, e.g. ('numpy',), not "
                     f"{value!r}")
             object.__setattr__(self, field_name, tuple(value))
-        for flag in ("in_process", "ab_blocks", "ray"):
+        for flag in ("in_process", "ab_blocks", "ray", "compile_only"):
             if not isinstance(getattr(self, flag), bool):
                 raise BackendSpecError(f"{where}: {flag} is True or False, not "
                                        f"{getattr(self, flag)!r}")

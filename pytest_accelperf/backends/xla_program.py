@@ -34,10 +34,12 @@ How the HLO is counted (checked on XLA:CPU's text in jax 0.10.2):
   ``xla_ffi_python_cpu_callback`` (``jax.debug.callback``, ``jax.debug.print``,
   ``jax.pure_callback``, ``io_callback`` on CPU; each sits in a conditional that runs it
   on one device only, so one callback is one per step), the ``_gpu_`` and
-  ``_partitioned_`` variants, and ``xla_buffer_python_*_callback``. TPU sends a callback's
-  operands to the host as ``send``/``recv`` instead: those are not counted as callbacks
-  (they are in ``ops``). Every other custom-call is a ``custom_calls`` (on GPU that
-  includes cuBLAS matmuls).
+  ``_partitioned_`` variants, and ``xla_buffer_python_*_callback``. XLA:TPU makes a
+  callback a ``send`` of its operands to the host and a ``recv`` of its results
+  (``is_host_transfer=true``; checked on libtpu 0.0.42's text for a compile-only v5e): each
+  host-transfer ``recv`` is a host callback (one per callback, whose results come back in
+  one ``recv`` each; a callback without results still receives one). Every other
+  custom-call is a ``custom_calls`` (on GPU that includes cuBLAS matmuls).
 * ``ops`` is a static histogram of every instruction in every computation (fused
   computations included, so a dot inside a fusion counts as a ``dot``; loops not
   multiplied), without the bookkeeping that is no work: ``parameter``, ``constant``,
@@ -309,6 +311,8 @@ def _own(comp: _Computation) -> Counter[str]:
                 own["host_callbacks"] += 1
             else:
                 own["custom_calls"] += 1
+        elif ins.opcode == "recv" and "is_host_transfer=true" in ins.attrs:
+            own["host_callbacks"] += 1  # XLA:TPU's callback: results back from the host
     return own
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
 from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_num, fmt_signed_percent, fmt_tolerance, round_sig
 
@@ -206,7 +206,7 @@ class LossCheck(BaseCheck):
     sections = ("loss",)
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
-        if given.ok:
+        if given.stepped:
             return one(check_convergence(given.run, given.block, given.baseline, given.tol,
                                          either_way=given.loss_either_way))
         if given.run.outcome == "nan":
@@ -214,8 +214,9 @@ class LossCheck(BaseCheck):
         return ()
 
     def record(self, run: Run) -> dict[str, Any]:
-        """``loss``: the curve's checkpoints, the final loss and the step count."""
-        if run.outcome != "ok":
+        """``loss``: the curve's checkpoints, the final loss and the step count (none for
+        a compile-only run, which has no steps)."""
+        if not stepped(run):
             return {}
         return {"loss": {
             "checkpoints": loss_checkpoints(run.losses, run.loss_steps),

@@ -196,7 +196,7 @@ class InputCheck(BaseCheck):
     kind = "interval"
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
-        if not given.ok:
+        if not given.stepped:
             return ()
         return one(check_input(given.block, given.baseline, given.tol,
                                comparable=given.comparable))

@@ -241,7 +241,7 @@ class MemoryCheck(BaseCheck):
             else:
                 base, now, ratio = None, value, None
             seen.add((base, now))
-            rows.append(SubRow(label, base, now,
+            rows.append(SubRow(f"  {label}", base, now,
                                ratio - 1 if isinstance(ratio, float) else None, UNIT))
         return rows if len(seen) > 1 else []
 

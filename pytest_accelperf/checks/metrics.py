@@ -121,7 +121,7 @@ class MetricsCheck(BaseCheck):
     sections = ("metrics",)
 
     def check(self, given: CheckInput) -> list[CheckResult]:
-        return check_metrics(given.block, given.baseline, given.tol) if given.ok else []
+        return check_metrics(given.block, given.baseline, given.tol) if given.stepped else []
 
     def record(self, run: Run) -> dict[str, Any]:
         """``metrics``: a curve per step metric, where the step returned any."""

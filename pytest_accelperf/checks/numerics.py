@@ -46,7 +46,7 @@ import numpy.typing as npt
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
 from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_num, fmt_percent, round_sig
 
@@ -618,7 +618,7 @@ class NumericsCheck(BaseCheck):
     sections = ("numerics", "numerics_spread")
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
-        if not given.ok:
+        if not given.stepped:
             return ()
         return one(check_numerics(given.block, given.baseline, given.tol,
                                   same_environment=given.comparable))
@@ -626,8 +626,9 @@ class NumericsCheck(BaseCheck):
     def record(self, run: Run) -> dict[str, Any]:
         """``numerics``: the run's per-leaf fingerprint (the store keeps its compact
         form, :func:`compact`); ``numerics_spread``: how far a replay moved each leaf, where
-        the backend replayed the training."""
-        if run.outcome != "ok":
+        the backend replayed the training; none for a compile-only run, which trained
+        nothing."""
+        if not stepped(run):
             return {}
         out: dict[str, Any] = {"numerics": run.params_fingerprint}
         replay = run.extra.get("replay")
@@ -648,7 +649,7 @@ class ReferenceCheck(BaseCheck):
                  "the parallel code (a partition spec, a missing gradient reduction): fix it")
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
-        if not given.ok or given.reference_params is None:
+        if not given.stepped or given.reference_params is None:
             return ()
         return (check_reference(given.params, given.reference_params, given.tol),)
 

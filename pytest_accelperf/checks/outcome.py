@@ -25,8 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow
 from pytest_accelperf.run import Run
+from pytest_accelperf.targets import NOT_RUN, not_run
 from pytest_accelperf.units import fmt_bytes
 
 METRIC = "outcome"
@@ -55,13 +56,15 @@ def missing_in_baseline(metric: str, what: str, baseline: dict[str, Any], *,
 
 
 def oom_sentence(oom: dict[str, Any] | None) -> str:
-    """``"needs 20.93 GiB of 15.48 GiB"`` from an ``oom`` record, or ``""`` without one."""
+    """``"needs 20.93 GiB of 15.48 GiB"`` from an ``oom`` record, or ``""`` without one;
+    whose memory plan it is where the record says (``(XLA:CPU's memory plan)``)."""
     if not oom:
         return ""
     required, capacity = oom.get("required_bytes"), oom.get("capacity_bytes")
     if required is None or capacity is None:
         return ""
-    return f"needs {fmt_bytes(required)} of {fmt_bytes(capacity)}"
+    whose = f" ({oom['planned_by']}'s memory plan)" if oom.get("planned_by") else ""
+    return f"needs {fmt_bytes(required)} of {fmt_bytes(capacity)}{whose}"
 
 
 def _describe(outcome: str, oom: dict[str, Any] | None, nan_step: int | None = None) -> str:
@@ -92,8 +95,22 @@ def check_outcome(run: Run, block: dict[str, Any],
     """This run's outcome against the baseline's (see the table in the module docstring).
 
     Where either side ran out of memory, ``baseline``/``now`` are the bytes the case
-    needs (unit ``bytes``), so the table shows how far from fitting it is.
+    needs (unit ``bytes``), so the table shows how far from fitting it is. A compile-only
+    run's (``run.extra["compile_only"]``) says so, and names the checks that did not run
+    (``data["not_run"]``).
     """
+    result = _check_outcome(run, block, baseline)
+    target = run.extra.get("compile_only")
+    if target:
+        result.data["compile_only"] = str(target)
+        result.data["not_run"] = list(NOT_RUN)
+        if run.outcome == "ok":
+            result.detail = f"{result.detail}; {not_run(str(target))}"
+    return result
+
+
+def _check_outcome(run: Run, block: dict[str, Any],
+                   baseline: dict[str, Any] | None) -> CheckResult:
     now_oom: dict[str, Any] | None = block.get("oom", run.oom)
     data: dict[str, Any] = {"now": run.outcome, "message": run.message}
     if now_oom:
@@ -122,7 +139,8 @@ def check_outcome(run: Run, block: dict[str, Any],
         result.change = result.now / result.baseline - 1
 
     if run.outcome == base_outcome:
-        result.detail = ("finished as in the baseline" if run.outcome == "ok"
+        done = "compiled" if run.extra.get("compile_only") else "finished"
+        result.detail = (f"{done} as in the baseline" if run.outcome == "ok"
                          else f"{now_desc}, as in the baseline")
         if run.outcome == "oom" and now_oom:
             result.detail = f"out of memory as in the baseline: {oom_sentence(now_oom)}"
@@ -147,13 +165,27 @@ def check_outcome(run: Run, block: dict[str, Any],
 
 
 class OutcomeCheck(BaseCheck):
-    """The ``outcome`` row: every run gets it, finished or not."""
+    """The ``outcome`` row: every run gets it, finished or not; a compile-only case's names
+    its target, and the checks it did not run follow it."""
 
     metric = METRIC
     sections = ("outcome", "oom", "message")
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
         return (check_outcome(given.run, given.block, given.baseline),)
+
+    def label(self, result: CheckResult) -> str:
+        """``outcome (compile-only tpu-v5e:2x4)`` for a compile-only case."""
+        target = result.data.get("compile_only")
+        return f"{result.metric} (compile-only {target})" if target else result.metric
+
+    def sub_rows(self, result: CheckResult) -> list[SubRow]:
+        """A compile-only case's checks that did not run (no step executed), in one row
+        whose verdict column says ``not run``, never ``pass``."""
+        names = result.data.get("not_run")
+        if not isinstance(names, list) or not names:
+            return []
+        return [SubRow(", ".join(str(n) for n in names), verdict="not run")]
 
 
 CHECK = OutcomeCheck()

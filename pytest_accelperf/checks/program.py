@@ -35,11 +35,14 @@ from pytest_accelperf.program import (
     comparable_flops,
     describe_changes,
     matmul_dtypes,
+    ops_deltas,
 )
 from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_tolerance
 
 METRIC = "program"
+#: The op-histogram moves a program check keeps for the reports (``data["op_changes"]``).
+OP_CHANGES = 8
 UNIT = "flop"
 _REMEDY = "if the change is intended, re-record with --accelperf-update"
 
@@ -115,6 +118,9 @@ def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: T
     lines = describe_changes(compared, now, tolerance) + ([unlike] if unlike else [])
     result.data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now}
                               for c in found]
+    # The op histogram's largest moves, for the reports' program-diff table.
+    result.data["op_changes"] = [{"name": op, "baseline": b, "now": n}
+                                 for op, b, n in ops_deltas(compared, now)[:OP_CHANGES]]
     unrecorded = not_in_baseline(base, now)
     if unrecorded:
         result.data["not_in_baseline"] = unrecorded

@@ -70,20 +70,35 @@ class CheckInput:
 
     @property
     def ok(self) -> bool:
-        """Whether the run finished (outcome ``ok``): most checks judge only such a run."""
+        """Whether the run finished (outcome ``ok``)."""
         return self.run.outcome == "ok"
+
+    @property
+    def stepped(self) -> bool:
+        """Whether the run finished having executed its steps (:func:`stepped`): most checks
+        judge only such a run."""
+        return stepped(self.run)
+
+
+def stepped(run: Run) -> bool:
+    """Whether ``run`` finished (outcome ``ok``) having executed its steps: not a
+    compile-only run (``--accelperf-target``, ``run.extra["compile_only"]``), which has a
+    program, a compile time and a memory plan, and no step times, loss or parameters."""
+    return run.outcome == "ok" and not run.extra.get("compile_only")
 
 
 @dataclass(frozen=True)
 class SubRow:
-    """A row the terminal table shows under a check's own (a device's memory): numbers in
-    ``unit``, formatted by the table as a check's are."""
+    """A row the terminal table shows under a check's own (a device's memory, the checks a
+    compile-only case did not run): numbers in ``unit``, formatted by the table as a
+    check's are, and what its verdict column says."""
 
     label: str
-    baseline: float | None
-    now: float | None
-    change: float | None
-    unit: str
+    baseline: float | None = None
+    now: float | None = None
+    change: float | None = None
+    unit: str = ""
+    verdict: str = ""
 
 
 class Check(Protocol):

@@ -445,7 +445,7 @@ class ThroughputCheck(BaseCheck):
     kind = "interval"
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
-        if not given.ok:
+        if not given.stepped:
             return ()
         return one(check_throughput(given.run, given.block, given.baseline, given.tol,
                                     comparable=given.comparable,

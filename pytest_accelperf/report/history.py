@@ -2,12 +2,19 @@
 
 ``--accelperf-history=DIR`` appends the session's runs to ``DIR/<platform>.jsonl``. Each
 line carries the git commit the session ran on, the environment fingerprint, the headline
-numbers and the verdicts, so trends and step changes can be plotted (the HTML report) and
-listed (:func:`step_changes`) over commits, and read by anything that reads JSON lines::
+numbers, the gated fields of the program record and the verdicts, so trends and change
+points can be plotted (the HTML report) and listed (``accelperf history changes``,
+:mod:`pytest_accelperf.report.changes`) over commits, and read by anything that reads JSON
+lines::
 
     {"commit": "3d153e9...", "dirty": false, "fingerprint": "5f0c...", "nodeid": "...",
      "samples_per_second": 1020.2, "median_step_time": 0.0627, "final_loss": 2.404,
-     "peak_memory": 7539712, "verdict": "regression", "checks": {"throughput": ...}, ...}
+     "peak_memory": 7539712, "program": {"source": "xla", "flops": 2.1e9, ...},
+     "verdict": "regression", "checks": {"throughput": ...}, ...}
+
+Every line read is validated by the schema (:class:`pytest_accelperf.schema.HistoryLine`;
+:class:`~pytest_accelperf.schema.HistoryNumbers` where only the numbers are read): a line
+that is not one is an error naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -16,19 +23,22 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import statistics
 import subprocess
 import tempfile
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock
+from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.jsonfile import field_path
+from pytest_accelperf.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.writing import OutputError, append_output, describe
+from pytest_accelperf.schema import HistoryLine, HistoryNumbers, error_lines
 
 HISTORY_SCHEMA_VERSION = 1
 
@@ -71,6 +81,19 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+#: The fields of a program record a history line keeps: those the ``program`` check gates
+#: (:mod:`pytest_accelperf.program`), not the op histogram or the reasons and sites shown
+#: beside a change (kilobytes a line).
+PROGRAM_FIELDS = ("source", "global_flops", *AMOUNTS, "collectives", *COUNTS)
+
+
+def program_fields(program: Any) -> dict[str, Any] | None:
+    """The gated fields of a run's program record (:data:`PROGRAM_FIELDS`), or None."""
+    if not isinstance(program, dict) or not isinstance(program.get("source"), str):
+        return None
+    return {k: program[k] for k in PROGRAM_FIELDS if program.get(k) is not None}
+
+
 def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
           dirty: bool | None, update: bool) -> dict[str, Any]:
     """The history line of one case."""
@@ -100,6 +123,7 @@ def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
         "final_loss": float(losses[-1]) if losses else None,
         "fingerprint": fingerprint_hash(environment),
         "environment": environment,
+        "program": program_fields(run.get("program")),
     }
 
 
@@ -145,72 +169,79 @@ def _lock_path(path: Path) -> str:
     return os.path.join(tempfile.gettempdir(), f"accelperf-history-{digest}.lock")
 
 
-def read_history(directory: Path, platform: str | None = None) -> list[dict[str, Any]]:
-    """Every entry under ``directory`` (of one platform, if given), oldest first."""
+def history_files(directory: Path, platform: str | None = None) -> list[Path]:
+    """The ``.jsonl`` files of a history directory (of one platform, if given)."""
     if not directory.is_dir():
         raise HistoryError(f"{directory}: no history directory; write one with "
                            f"--accelperf-history={directory}")
     paths = ([directory / f"{platform}.jsonl"] if platform
              else sorted(directory.glob("*.jsonl")))
+    return [p for p in paths if p.is_file()]
+
+
+def read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise HistoryError(f"{path}: cannot read the history: {describe(exc)}") from None
+
+
+def _lines(directory: Path, platform: str | None) -> Iterator[tuple[Path, int, bytes]]:
+    """``(file, line number, line)`` of every non-blank line of the history files."""
+    for path in history_files(directory, platform):
+        for n, raw in enumerate(read_bytes(path).splitlines(), start=1):
+            if raw.strip():
+                yield path, n, raw
+
+
+def parse_numbers(path: Path, n: int, raw: bytes) -> HistoryNumbers:
+    """Line ``n`` of ``path`` as :class:`~pytest_accelperf.schema.HistoryNumbers`: only
+    the fields change points are found in, validated, the rest of the line skipped unbuilt
+    (one pass in pydantic's JSON parser); a :class:`HistoryError` naming the file, the line
+    and the field where it is not a history entry."""
+    try:
+        return HistoryNumbers.model_validate_json(raw)
+    except ValidationError as exc:
+        raise _invalid(path, n, raw, exc) from None
+
+
+def _invalid(path: Path, n: int, raw: bytes, exc: ValidationError) -> HistoryError:
+    """The error of a line that is not a history entry: file, line, field, fix."""
+    first = exc.errors(include_url=False)[0]
+    if first["type"] == "json_invalid":
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return _not_utf8(path, n, raw, bad)
+        msg = "not JSON: " + first["msg"].removeprefix("Invalid JSON: ").replace(
+            "at line 1 column", "at column")
+    else:
+        loc, msg = error_lines(exc, limit=1)[0]
+        msg = f"{field_path(loc)}: {msg}" if loc else msg
+    return HistoryError(f"{path}:{n}: not a history entry ({msg}); delete or fix that line")
+
+
+def _not_utf8(path: Path, n: int, raw: bytes, exc: UnicodeDecodeError) -> HistoryError:
+    return HistoryError(f"{path}:{n}: not a history entry (byte 0x{raw[exc.start]:02x} at "
+                        f"column {exc.start + 1} is not UTF-8); delete or fix that line")
+
+
+def read_history(directory: Path, platform: str | None = None) -> list[dict[str, Any]]:
+    """Every entry under ``directory`` (of one platform, if given), oldest first, each line
+    validated as a :class:`~pytest_accelperf.schema.HistoryLine`."""
     out: list[dict[str, Any]] = []
-    for path in paths:
-        if not path.is_file():
-            continue
-        for n, raw in enumerate(path.read_bytes().splitlines(), start=1):
-            if not raw.strip():
-                continue
-            try:
-                item = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                raise HistoryError(f"{path}:{n}: not a history entry (byte "
-                                   f"0x{raw[exc.start]:02x} at column {exc.start + 1} is not "
-                                   f"UTF-8); delete or fix that line") from None
-            except json.JSONDecodeError as exc:
-                raise HistoryError(f"{path}:{n}: not a history entry ({exc.msg}); delete or "
-                                   f"fix that line") from None
-            if not isinstance(item, dict) or "nodeid" not in item or "session" not in item:
-                raise HistoryError(f"{path}:{n}: not a history entry (no nodeid/session); "
-                                   f"delete or fix that line")
-            out.append(item)
+    for path, n, raw in _lines(directory, platform):
+        try:
+            item = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise _not_utf8(path, n, raw, exc) from None
+        except json.JSONDecodeError as exc:
+            raise HistoryError(f"{path}:{n}: not a history entry (not JSON: {exc.msg.lower()} "
+                               f"at column {exc.colno}); delete or fix that line") from None
+        try:
+            HistoryLine.model_validate(item)
+        except ValidationError as exc:
+            raise _invalid(path, n, raw, exc) from None
+        out.append(item)
     out.sort(key=lambda e: (str(e.get("time", "")), str(e.get("session", ""))))
-    return out
-
-
-@dataclass(frozen=True)
-class StepChange:
-    """A throughput step: an entry whose samples/s differs from the median of the entries
-    before it by more than the threshold."""
-
-    nodeid: str
-    before: float
-    after: float
-    commit_before: str | None
-    commit: str | None
-    time: str
-
-    @property
-    def change(self) -> float:
-        return self.after / self.before - 1
-
-
-def step_changes(entries: list[dict[str, Any]], threshold: float,
-                 window: int = 5) -> list[StepChange]:
-    """Steps in samples/s along each case's history: each entry against the median of up to
-    ``window`` entries before it (same environment fingerprint), counting only entries since
-    the last step, so a new level is reported once, where it began."""
-    by_case: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for e in entries:
-        if isinstance(e.get("samples_per_second"), (int, float)):
-            by_case.setdefault((e["nodeid"], str(e.get("fingerprint"))), []).append(e)
-    out: list[StepChange] = []
-    for (nodeid, _), seq in sorted(by_case.items()):
-        start = 0
-        for i in range(1, len(seq)):
-            previous = seq[max(start, i - window):i]
-            before = statistics.median(float(p["samples_per_second"]) for p in previous)
-            after = float(seq[i]["samples_per_second"])
-            if before > 0 and abs(after / before - 1) > threshold:
-                out.append(StepChange(nodeid, before, after, previous[-1].get("commit"),
-                                      seq[i].get("commit"), str(seq[i].get("time", ""))))
-                start = i
     return out

@@ -2,7 +2,7 @@
 
 No scripts, no fonts, no links to fetch: the file opens from a CI artifact, an e-mail or a
 disk with no network. Sections: the verdict counts; one row per case; throughput across
-batch sizes and meshes per test; the trend over the stored history with its step changes;
+batch sizes and meshes per test; the trend over the stored history with its change points;
 then each case (regressions first) with its checks and its loss, step-time and memory plots.
 """
 
@@ -12,13 +12,14 @@ import base64
 import datetime as _dt
 import importlib.util
 from html import escape
+from pathlib import Path
 from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.report.changes import ChangePoint, find_changes, points_of, worse
 from pytest_accelperf.report.data import CaseRecord, SessionReport
-from pytest_accelperf.report.history import step_changes
-from pytest_accelperf.report.markdown import case_name
+from pytest_accelperf.report.markdown import case_name, explanation, program_diff
 from pytest_accelperf.report.terminal import fmt_change, fmt_value
 
 INSTALL = "pip install 'pytest-accelperf[report]'"
@@ -108,6 +109,28 @@ def _summary_table(records: list[CaseRecord]) -> list[str]:
     return out
 
 
+def _explained(record: CaseRecord) -> list[str]:
+    """A regressed case's profiler trace (a link) and program diff (a table)."""
+    out: list[str] = []
+    found = explanation(record)
+    if found is not None:
+        path = found.get("path")
+        link = (f'<a href="{escape(Path(path).as_uri())}">{escape(path)}</a> · '
+                if path else "")
+        out.append(f'<p class="sub">Profiler trace: {link}{escape(str(found.get("note")))}'
+                   f"</p>")
+    regressed = any(c.verdict is Verdict.REGRESSION for c in record.checks)
+    diff = program_diff(record) if regressed else []
+    if diff:
+        out.append("<table><tr><th>kind</th><th>program diff</th><th>baseline</th>"
+                   "<th>now</th></tr>")
+        out += [f'<tr><td>{escape(kind)}</td><td><code>{escape(what)}</code></td>'
+                f'<td class="num">{escape(b)}</td><td class="num">{escape(n)}</td></tr>'
+                for kind, what, b, n in diff]
+        out.append("</table>")
+    return out
+
+
 def _case_section(record: CaseRecord) -> list[str]:
     from pytest_accelperf.report.plots import case_figure
 
@@ -129,6 +152,7 @@ def _case_section(record: CaseRecord) -> list[str]:
                 f"<td>{_badge(c.verdict.value)}</td>"
                 f'<td class="detail">{escape(c.detail)}</td></tr>')
         out.append("</table>")
+    out += _explained(record)
     png = case_figure(record)
     if png:
         out.append(_img(png, f"loss, step time and memory of {case_name(record)}"))
@@ -153,8 +177,8 @@ def _throughput_section(records: list[CaseRecord]) -> list[str]:
             "with hollow markers).</p>", *out]
 
 
-def _history_section(records: list[CaseRecord], history: list[dict[str, Any]],
-                     threshold: float) -> list[str]:
+def _history_section(records: list[CaseRecord], history: list[dict[str, Any]]
+                     ) -> list[str]:
     from pytest_accelperf.report.plots import trend_figure
 
     if not history:
@@ -162,41 +186,69 @@ def _history_section(records: list[CaseRecord], history: list[dict[str, Any]],
     out = ["<h2>History</h2>",
            f'<p class="sub">{len(history)} entries over '
            f"{len({e.get('session') for e in history})} session(s).</p>"]
+    ours = {r.nodeid for r in records}
+    changes = find_changes(points_of(e for e in history if e.get("nodeid") in ours))
     groups: dict[str, list[str]] = {}
     for r in records:
         groups.setdefault(r.nodeid.split("[", 1)[0], []).append(r.nodeid)
     for test, nodeids in sorted(groups.items()):
         platform_entries = [e for e in history if e.get("nodeid") in set(nodeids)]
+        several = len(nodeids) > 1
+        marks = [(c.first_after.session, _mark_label(c, several), worse(c))
+                 for c in changes if c.nodeid in set(nodeids)]
         png = trend_figure(f"{test.split('::', 1)[-1]}: samples/s over sessions",
-                           platform_entries, sorted(nodeids))
+                           platform_entries, sorted(nodeids), marks=marks)
         if png:
             out.append(_img(png, f"throughput trend of {test}"))
-    ours = {r.nodeid for r in records}
-    changes = [c for c in step_changes(history, threshold) if c.nodeid in ours]
-    if changes:
-        out.append(f"<h3>Step changes in throughput (over {threshold:.0%} against the median "
-                   f"of the sessions before)</h3>")
-        out.append("<table><tr><th>case</th><th>commit before</th><th>commit</th>"
-                   "<th>before</th><th>after</th><th>change</th><th>time</th></tr>")
-        for c in changes[-50:]:
-            out.append(
-                f"<tr><td>{escape(c.nodeid.split('::', 1)[-1])}</td>"
-                f"<td><code>{escape(str(c.commit_before or '-')[:10])}</code></td>"
-                f"<td><code>{escape(str(c.commit or '-')[:10])}</code></td>"
-                f'<td class="num">{c.before:,.1f}/s</td><td class="num">{c.after:,.1f}/s</td>'
-                f'<td class="num">{c.change:+.1%}</td><td>{escape(c.time)}</td></tr>')
-        out.append("</table>")
-    else:
-        out.append(f'<p class="sub">No step change over {threshold:.0%} in throughput.</p>')
+    out += _changes_table(changes)
+    return out
+
+
+def _mark_label(change: ChangePoint, case: bool) -> str:
+    """A change point's label on a trend plot: metric and change (and its case's id when
+    the plot has several)."""
+    pct, before, after = change.change, change.before, change.after
+    text = change.metric
+    if pct is not None:
+        text += f" {pct * 100:+.0f}%"
+    elif before is not None and after is not None:
+        text += f" {before:g} → {after:g}"
+    if case:
+        name = change.nodeid.split("::", 1)[-1]
+        text += f" [{name[name.find('[') + 1:-1] if name.endswith(']') else name}]"
+    return text
+
+
+def _changes_table(changes: list[ChangePoint]) -> list[str]:
+    if not changes:
+        return ['<p class="sub">No change point in the history of these cases '
+                "(<code>accelperf history changes</code>).</p>"]
+    out = [f"<h3>Change points ({len(changes)}; the last 50)</h3>" if len(changes) > 50
+           else f"<h3>Change points ({len(changes)})</h3>",
+           '<p class="sub">Deterministic fields (program, memory and loss that repeat) '
+           "exactly; throughput where a new level held 3 sessions or more and the "
+           "Mann-Whitney U test gives p at most 0.001. <code>accelperf history changes"
+           "</code> lists the same.</p>",
+           "<table><tr><th>case</th><th>metric</th><th>before → after</th><th>change</th>"
+           "<th>commits</th><th>how sure</th></tr>"]
+    for c in changes[-50:]:
+        pct = c.change
+        out.append(
+            f"<tr><td>{escape(c.nodeid.split('::', 1)[-1])}</td><td>{escape(c.metric)}</td>"
+            f'<td class="num">{escape(c.levels())}</td>'
+            f'<td class="num">{"" if pct is None else f"{pct * 100:+.1f}%"}</td>'
+            f"<td><code>{escape(c.commits)}</code></td><td>{escape(c.sure)}</td></tr>")
+    out.append("</table>")
+    return out
     return out
 
 
 def html_report(report: SessionReport, *, history: list[dict[str, Any]] | None = None,
-                threshold: float = 0.1, title: str = "accelperf report",
+                title: str = "accelperf report",
                 generated: _dt.datetime | None = None) -> str:
     """The whole report as one HTML document. ``history`` (entries of
-    :func:`~pytest_accelperf.report.history.read_history`) adds the trend section;
-    ``threshold`` is the relative throughput change listed as a step change."""
+    :func:`~pytest_accelperf.report.history.read_history`) adds the trend section with
+    its change points (:mod:`pytest_accelperf.report.changes`)."""
     require_matplotlib()
     moment = (generated or _dt.datetime.now(_dt.timezone.utc)).replace(microsecond=0)
     records = sorted(report.records, key=_sort_key)
@@ -220,7 +272,7 @@ def html_report(report: SessionReport, *, history: list[dict[str, Any]] | None =
              for r in report.recorded_noisy]
     body += ["<h2>Cases</h2>", *_summary_table(records)]
     body += _throughput_section(records)
-    body += _history_section(records, history or [], threshold)
+    body += _history_section(records, history or [])
     body.append("<h2>Each case</h2>")
     for r in records:
         body += _case_section(r)

@@ -11,8 +11,10 @@ plugin and ``accelperf report`` decide where it goes.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.explain import EXPLAIN_KEY
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.terminal import fmt_change, fmt_value, suite_text
 from pytest_accelperf.units import fmt_bytes
@@ -67,11 +69,70 @@ def _pass_row(record: CaseRecord) -> list[str]:
     sps = _metric(record, "samples_per_second")
     peak = _metric(record, "peak_memory")
     losses = [x for x in record.run.get("losses") or [] if isinstance(x, (int, float))]
+    target = (record.run.get("extra") or {}).get("compile_only")
+    if target:  # no step executed: what steps measure was not run, never a pass
+        return [f"`{case_name(record)}`", f"{record.run.get('outcome', '-')}, compile-only "
+                f"({target})", "not run", "not run",
+                fmt_bytes(int(peak)) if peak is not None else "-",
+                ", ".join(c.metric for c in record.checks)]
     return [f"`{case_name(record)}`", str(record.run.get("outcome", "-")),
             f"{sps:,.1f}/s" if sps is not None else "-",
             f"{losses[-1]:.4g}" if losses else "-",
             fmt_bytes(int(peak)) if peak is not None else "-",
             ", ".join(c.metric for c in record.checks)]
+
+
+def explanation(record: CaseRecord) -> dict[str, Any] | None:
+    """The profiler trace attached to a regressed case (:mod:`pytest_accelperf.explain`)."""
+    found = (record.run.get("extra") or {}).get(EXPLAIN_KEY)
+    return found if isinstance(found, dict) else None
+
+
+def _kind(name: str) -> str:
+    if name.startswith("collectives."):
+        return "collective"
+    if name == "matmul_dtypes":
+        return "dtype"
+    return "program"
+
+
+def program_diff(record: CaseRecord) -> list[tuple[str, str, str, str]]:
+    """The program changes of a case as ``(kind, what, baseline, now)``: the program check's
+    gated quantities (FLOPs, collectives, matmul dtypes, counts), then the op histogram's
+    largest moves (XLA's ops, torch's ops by dtype); in A/B mode, the two revisions'
+    program diff as the throughput check words it (base against head)."""
+    rows: list[tuple[str, str, str, str]] = []
+    for check in record.checks:
+        if check.metric == "program":
+            for c in check.data.get("changes") or []:
+                rows.append((_kind(str(c["name"])), str(c["name"]), f"{c['baseline']:g}",
+                             f"{c['now']:g}"))
+            for c in check.data.get("op_changes") or []:
+                rows.append(("op", str(c["name"]), f"{c['baseline']:g}", f"{c['now']:g}"))
+        elif check.data.get("mode") == "ab":
+            rows += [("A/B", str(line), "base", "head")
+                     for line in check.data.get("program_diff") or []]
+    return rows
+
+
+def _explained_lines(report: SessionReport) -> list[str]:
+    """Per regressed case: where its profiler trace is, and its program diff."""
+    regressed = [r for r in report.sorted_records()
+                 if any(c.verdict is Verdict.REGRESSION for c in r.checks)]
+    traces = [[f"`{case_name(r)}`", f"`{found['path']}`" if found.get("path") else "-",
+               (f"{found.get('steps')} step(s), {fmt_bytes(int(found.get('size') or 0))}"
+                if found.get("path") else _short(str(found.get("note", ""))))]
+              for r in regressed if (found := explanation(r)) is not None]
+    diffs = [[f"`{case_name(r)}`", kind, f"`{what}`", b, n]
+             for r in regressed for kind, what, b, n in program_diff(r)]
+    lines: list[str] = []
+    if traces:
+        lines += ["### 🔎 Profiler traces of the regressions", "",
+                  *_table(("case", "trace", "note"), traces), ""]
+    if diffs:
+        lines += ["### 🔎 Program diff of the regressions", "",
+                  *_table(("case", "kind", "what", "baseline", "now"), diffs), ""]
+    return lines
 
 
 def headline(report: SessionReport) -> str:
@@ -112,6 +173,7 @@ def markdown(report: SessionReport, *, title: str = "accelperf",
             lines.append("")
         if accept_hint and regression_rows:
             lines += [f"If a change is intended, accept it: `{accept_hint}`", ""]
+        lines += _explained_lines(report)
     noisy = report.recorded_noisy
     if noisy:
         lines += ["### ⚠️ Recorded noisy", "",

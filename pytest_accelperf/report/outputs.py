@@ -94,8 +94,7 @@ def write_outputs(report: SessionReport, settings: Settings, rootdir: Path) -> l
             history = []
             if settings.history is not None and settings.history.is_dir():
                 history = read_history(settings.history, report.platform or None)
-            text = html_report(report, history=history,
-                               threshold=settings.tolerances.throughput_tolerance)
+            text = html_report(report, history=history)
             write_output(settings.html, text, option="--accelperf-html")
             lines.append(f"accelperf: HTML report written to {shown(settings.html, rootdir)}")
         except OutputError as exc:

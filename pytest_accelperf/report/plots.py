@@ -238,10 +238,17 @@ def _mesh_bars(fig: Figure, ax: Any, title: str,
     return _png(fig)
 
 
+GOOD_COLOR = "#1a7f37"
+
+
 def trend_figure(title: str, entries: list[dict[str, Any]], nodeids: list[str],
-                 max_sessions: int = 30) -> bytes | None:
+                 max_sessions: int = 30,
+                 marks: Sequence[tuple[str, str, bool | None]] = ()) -> bytes | None:
     """Samples/s of ``nodeids`` over the last ``max_sessions`` sessions of the history, one
-    line per case, x labelled by commit; regressions marked. None with under two sessions."""
+    line per case, x labelled by commit; regressions marked. ``marks`` are change points,
+    ``(first session after, label, worse)``: a vertical line before that session (red
+    where worse, green where better, grey where neither), labelled. None with under two
+    sessions."""
     sessions: list[str] = []
     labels: dict[str, str] = {}
     for e in entries:
@@ -276,11 +283,32 @@ def trend_figure(title: str, entries: list[dict[str, Any]], nodeids: list[str],
                     mew=2, color=BAD_COLOR)
     if not drawn:
         return None
+    _mark_changes(ax, index, marks)
     ax.set_xticks(range(len(sessions)), [labels[s] for s in sessions],
                   rotation=0 if len(sessions) <= 8 else 60, fontsize=7)
-    ax.set_xlabel("session (commit, * uncommitted changes; date time UTC); "
-                  "red x: a regression verdict")
+    ax.set_xlabel("session (commit, * uncommitted changes; date time UTC); red x: a "
+                  "regression verdict; vertical lines: change points")
     ax.set_ylabel("samples / s")
     ax.set_title(title)
     ax.legend(fontsize=7, ncols=2)
     return _png(fig)
+
+
+def _mark_changes(ax: Any, index: dict[str, int],
+                  marks: Sequence[tuple[str, str, bool | None]]) -> None:
+    """A vertical line before each marked session of the plot, its labels beside it."""
+    at: dict[int, list[tuple[str, bool | None]]] = {}
+    for session, label, worse in marks:
+        if session in index and index[session] > 0:
+            at.setdefault(index[session], []).append((label, worse))
+    for x, items in sorted(at.items()):
+        verdicts = {w for _, w in items}
+        color = (BAD_COLOR if True in verdicts else GOOD_COLOR if False in verdicts
+                 else BASE_COLOR)
+        ax.axvline(x - 0.5, color=color, ls="--", lw=1.2)
+        text = "\n".join(label for label, _ in items[:4])
+        if len(items) > 4:
+            text += f"\n+{len(items) - 4} more"
+        ax.annotate(text, (x - 0.5, 1), xycoords=("data", "axes fraction"),
+                    xytext=(3, -3), textcoords="offset points", ha="left", va="top",
+                    fontsize=6.5, color=color)

@@ -56,10 +56,10 @@ def adjusted(check: CheckResult) -> bool:
 def sub_rows(check: CheckResult) -> list[tuple[str, ...]]:
     """The rows under a check's own (:meth:`pytest_accelperf.checks.protocol.Check.
     sub_rows`): a ``memory`` check's one per device where their peaks differ, up to
-    :data:`MAX_DEVICE_ROWS`."""
-    return [("", f"  {row.label}", fmt_value(row.baseline, row.unit),
-             fmt_value(row.now, row.unit),
-             "-" if row.change is None else f"{row.change * 100:+.1f}%", "")
+    :data:`MAX_DEVICE_ROWS`; under a compile-only case's ``outcome``, the checks it did not
+    run (``not run``, never ``pass``)."""
+    return [("", row.label, fmt_value(row.baseline, row.unit), fmt_value(row.now, row.unit),
+             "-" if row.change is None else f"{row.change * 100:+.1f}%", row.verdict)
             for row in check_of(check.metric).sub_rows(check)]
 
 
@@ -67,7 +67,8 @@ def metric_label(check: CheckResult) -> str:
     """The metric column of a check's row (:meth:`pytest_accelperf.checks.protocol.Check.
     label`): the ``memory`` row names the method that counted this run's peak
     (``memory (mem_tracker)``), the ``input`` row of an input-bound case says in how many
-    steps the batch took longer to make than the step (``input (bound 38/40)``)."""
+    steps the batch took longer to make than the step (``input (bound 38/40)``), a
+    compile-only case's ``outcome`` row its target (``outcome (compile-only tpu-v5e:2x4)``)."""
     return check_of(check.metric).label(check)
 
 
