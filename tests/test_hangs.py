@@ -472,6 +472,9 @@ def test_a_stopped_holder_is_not_waited_for(tmp_path: Path) -> None:
         assert hangs.lock_owners(lock) == {proc.pid}  # the kernel's word, not the file's
         assert hangs.stuck_holder(lock) is None  # running: waited for
         os.kill(proc.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10  # a signal is delivered soon, not at once
+        while hangs._state(proc.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
         start = time.monotonic()
         said: list[str] = []
         with pytest.raises(HostLockStuck) as info, host_lock("mine", 30, said.append,
