@@ -90,7 +90,7 @@ def test_dies(accelperf):
 #: even beside other tests (the contamination bound is off so that a slowdown is judged).
 ARGS = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare=HEAD",
         "--accelperf-compare-rounds=6", "--accelperf-compare-budget=4",
-        "--accelperf-compare-processes=2", "--accelperf-compare-tolerance=0.3",
+        "--accelperf-compare-processes=3", "--accelperf-compare-tolerance=0.3",
         "--accelperf-max-foreign-load=64", "--accelperf-json=report.json",
         "--accelperf-timeout=300")
 
