@@ -77,8 +77,11 @@ def test_xdist_update_writes_once_on_the_controller(suite: Suite) -> None:
                                  "*baselines written to baselines/cpu-x8/test_suite.json*"])
 
 
-@pytest.mark.parametrize("mode", [["-n", "2"], ["-p", "no:xdist"], ["-n", "0"]])
-def test_same_verdicts_with_and_without_xdist(suite: Suite, mode: list[str]) -> None:
+def test_same_verdicts_with_and_without_xdist(suite: Suite) -> None:
+    """One recording and one plain session, then the same session under ``-n 2``, with
+    xdist disabled and with ``-n 0``: the same verdicts each time (one test, not three
+    parametrized ones: each recorded and ran the plain session again, 330 s of a CI
+    worker)."""
     suite.write(XDIST_SUITE)
     suite.run("--accelperf-update").assert_outcomes(passed=6)
     # Make one case regress in memory, so the comparison covers a failing verdict too.
@@ -90,11 +93,12 @@ def test_same_verdicts_with_and_without_xdist(suite: Suite, mode: list[str]) -> 
 
     base = suite.run("--accelperf-json=plain.json", "--accelperf-throughput-tolerance=10")
     base.assert_outcomes(passed=5, failed=1)
-    other = suite.run(*mode, "--accelperf-json=other.json",
-                      "--accelperf-throughput-tolerance=10")
-    other.assert_outcomes(passed=5, failed=1)
-    assert other.ret == base.ret == 1
-    assert (_verdicts_without_throughput(suite.report("other.json"))
-            == _verdicts_without_throughput(suite.report("plain.json")))
-    assert (verdicts(suite.report("other.json"))["test_sweep[jax-mesh4x2-b32]"]["memory"]
-            == "regression")
+    for mode in (["-n", "2"], ["-p", "no:xdist"], ["-n", "0"]):
+        other = suite.run(*mode, "--accelperf-json=other.json",
+                          "--accelperf-throughput-tolerance=10")
+        other.assert_outcomes(passed=5, failed=1)
+        assert other.ret == base.ret == 1, mode
+        assert (_verdicts_without_throughput(suite.report("other.json"))
+                == _verdicts_without_throughput(suite.report("plain.json"))), mode
+        assert (verdicts(suite.report("other.json"))["test_sweep[jax-mesh4x2-b32]"]["memory"]
+                == "regression"), mode

@@ -104,20 +104,21 @@ def test_trials_are_read_from_the_report(tmp_path: Path) -> None:
 
 # -- end to end ------------------------------------------------------------------------
 
-#: The end-to-end run's cases and regressions: one of each kind of check that catches a
-#: regression without a clock (program: XLA and torch eager; input; numerics).
-TESTS = ("test_jax_step", "test_torch_eager_gpt", "test_flax_bn")
-REGRESSIONS = ("precision", "slow_batch", "item_sync", "bn_momentum")
+#: The end-to-end run's cases and regressions: the benchmark's harness, run through with
+#: the checks that catch a regression without a clock (program: XLA and torch eager; input).
+#: The Flax BatchNorm case and its momentum change (numerics, the same program) are left to
+#: tests/test_jax_step.py: with them this one test took 425 s of a CI worker (6 sessions).
+TESTS = ("test_jax_step", "test_torch_eager_gpt")
+REGRESSIONS = ("precision", "slow_batch", "item_sync")
 
 
 def test_program_benchmark_end_to_end(tmp_path: Path) -> None:
-    """The smallest benchmark on three of its cases (the JAX MLP, the eager GPT-2 of a
-    nanoGPT-style loop, the Flax BatchNorm CNN): the baselines, one unchanged session
-    (three trials) and one session of four injected regressions, no competing load, 5
-    measured steps. The program check passes the unchanged trials and catches (and names)
-    the precision change (XLA) and the host sync (torch eager); the input check the slow
-    batch; the numerics check the BatchNorm momentum."""
-    for framework in ("flax", "torch", "transformers"):  # the Flax CNN, the eager GPT-2
+    """The smallest benchmark on two of its cases (the JAX MLP, the eager GPT-2 of a
+    nanoGPT-style loop): the baselines, one unchanged session (two trials) and one session
+    of each of three injected regressions, no competing load, 5 measured steps. The program
+    check passes the unchanged trials and catches (and names) the precision change (XLA)
+    and the host sync (torch eager); the input check the slow batch."""
+    for framework in ("torch", "transformers"):  # the eager GPT-2
         pytest.importorskip(framework)
     env = {k: v for k, v in os.environ.items()
            if k not in ("ACCELPERF_BENCH_INJECT", "ACCELPERF_INJECT_SLOWDOWN")}
@@ -154,9 +155,8 @@ def test_program_benchmark_end_to_end(tmp_path: Path) -> None:
         assert row[check]["caught"] == row[check]["decided"] == 1, (inject, row)
         assert row[check]["named"] == 1, (inject, row[check]["messages"])
         assert rows[(inject, "all")]["trials"] == 1
-    assert rows[("bn_momentum", "none")]["program"]["caught"] == 0  # the same program
     fa = {(r["load"], r["check"]): r for r in doc["false_alarms"]}
-    assert fa[("none", "program")]["trials"] == 3 and fa[("none", "program")]["alarms"] == 0
+    assert fa[("none", "program")]["trials"] == len(TESTS) and fa[("none", "program")]["alarms"] == 0
     assert fa[("none", "program")]["alarm_ci"][0] == 0.0
     assert "False alarms over the unchanged trials" in proc.stdout
     assert "| item_sync" in proc.stdout and "dot[highest]" in proc.stdout
