@@ -47,7 +47,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from pytest_accelperf.backends.jax import BACKEND, JaxStep  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND, JaxStep  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import run_checks  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances  # noqa: E402

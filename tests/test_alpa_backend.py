@@ -21,8 +21,8 @@ jax = pytest.importorskip("jax")
 optax = pytest.importorskip("optax")
 
 from pytest_accelperf.accel import provision  # noqa: E402
-from pytest_accelperf.backends.alpa import BACKEND  # noqa: E402
-from pytest_accelperf.backends.jax import JaxTask  # noqa: E402
+from pytest_accelperf.backends.jax.alpa import BACKEND  # noqa: E402
+from pytest_accelperf.backends.jax.backend import JaxTask  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 
 

@@ -35,7 +35,7 @@ from flax.training import train_state  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends.jax import (  # noqa: E402
+from pytest_accelperf.backends.jax.backend import (  # noqa: E402
     BACKEND,
     JaxStep,
     JaxTask,
@@ -673,7 +673,7 @@ import numpy as np
 import optax
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax import JaxTask
+from pytest_accelperf.backends.jax.backend import JaxTask
 
 
 def loss_fn(params, batch):
@@ -712,7 +712,7 @@ import optax
 from flax.training import train_state
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax import JaxStep
+from pytest_accelperf.backends.jax.backend import JaxStep
 
 
 def create(key):

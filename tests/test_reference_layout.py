@@ -50,8 +50,8 @@ from jax.sharding import PartitionSpec  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
-from pytest_accelperf.backends.jax import BACKEND, REFERENCE_MAX_STEPS  # noqa: E402
-from pytest_accelperf.backends.jax_step import JaxStep  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND, REFERENCE_MAX_STEPS  # noqa: E402
+from pytest_accelperf.backends.jax.step import JaxStep  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import CheckResult, Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402

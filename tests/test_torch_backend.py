@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
-from pytest_accelperf.backends.torch import BACKEND, TorchTask, count_flops  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND, TorchTask, count_flops  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
@@ -154,7 +154,7 @@ def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
     multiply-add is two FLOPs) and 3 (the forward, and the backward's two products each)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pytest_accelperf.backends.torch import count_flops
+    from pytest_accelperf.backends.torch.backend import count_flops
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
     import gpt
@@ -179,8 +179,8 @@ def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
 def test_a_long_run_probes_drift_at_most_max_probes_times() -> None:
     """Up to MAX_PROBES measured steps the drift probe runs after every one (every suite
     of this project); a longer run probes after every k-th, evenly, MAX_PROBES at most."""
-    from pytest_accelperf.backends.loop import MAX_PROBES, StepFns, run_steps
-    from pytest_accelperf.backends.probe import Probe
+    from pytest_accelperf.backends.measure.loop import MAX_PROBES, StepFns, run_steps
+    from pytest_accelperf.backends.measure.probe import Probe
 
     probed: list[int] = []
     done: list[int] = []

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pytest_accelperf.backends.pipeline import PipelineTask
+from pytest_accelperf.backends.jax.pipeline import PipelineTask
 from pytest_accelperf.cases import Case
 
 DIM = 64

@@ -1,4 +1,4 @@
-"""The Alpa backend: a :class:`~pytest_accelperf.backends.jax.JaxTask` parallelized by
+"""The Alpa backend: a :class:`~pytest_accelperf.backends.jax.backend.JaxTask` parallelized by
 ``alpa.parallelize`` with ``PipeshardParallel`` (pipeline + shard parallelism, seed 004).
 
 Alpa runs on Ray with its own jaxlib build and needs Python <= 3.9 and jax 0.3.x, so the
@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import fingerprint
-from pytest_accelperf.backends.jax import JaxTask
-from pytest_accelperf.backends.loop import StepFns, load_json, run_steps
+from pytest_accelperf.backends.jax.backend import JaxTask
+from pytest_accelperf.backends.measure.common import fingerprint
+from pytest_accelperf.backends.measure.loop import StepFns, load_json, run_steps
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.cases import Case
 from pytest_accelperf.run import Run
 

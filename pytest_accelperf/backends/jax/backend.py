@@ -1,6 +1,6 @@
 """The JAX backend: AOT-compile a sharded train step, predict its memory, then time it.
 
-What it trains is a :class:`~pytest_accelperf.backends.jax_step.JaxStep`: the user's own
+What it trains is a :class:`~pytest_accelperf.backends.jax.step.JaxStep`: the user's own
 ``step(state, batch) -> (state, metrics)`` and its state (a :class:`JaxTask` and an
 :func:`nnx_step` are built on it). One code path serves every case: no mesh is a one-device
 mesh, so the single-device reference run of a sharded case is the same function called
@@ -8,7 +8,7 @@ with another mesh. The step is lowered on abstract values and compiled *before* 
 exists, so a case that cannot fit (seed 000's batch 4096 without a mesh) costs one compile
 and is recorded as a predicted out-of-memory instead of allocating, or being killed by the
 host. What the compiled step does (FLOPs, bytes, collectives, host callbacks) is read from
-it into ``Run.program`` (:mod:`.xla_program`); the compile time counts the init's compile
+it into ``Run.program`` (:mod:`.jax.program`); the compile time counts the init's compile
 with the step's; and the live arrays are counted after the warm-up and after the last
 measured step (``Run.memory_growth``), so a step that keeps device memory shows it. Where
 the case's time went is ``Run.extra["phases"]`` (wall seconds: :meth:`JaxBackend._train`);
@@ -34,15 +34,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-
-# Re-exported: both lived here before the torch backend needed them without jax.
-from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
-from pytest_accelperf.backends.common import Phases, describe, with_state
-from pytest_accelperf.backends.common import TaskError as TaskError
-from pytest_accelperf.backends.common import fingerprint as fingerprint
-from pytest_accelperf.backends.data import expect, source_label
-from pytest_accelperf.backends.jax_step import (
+from pytest_accelperf.backends.jax.program import program_of
+from pytest_accelperf.backends.jax.step import (
     BatchSignature,
     abstract_state,
     as_step,
@@ -54,13 +47,26 @@ from pytest_accelperf.backends.jax_step import (
 )
 
 # The step API lives in jax_step; imported from here as before.
-from pytest_accelperf.backends.jax_step import JaxStep as JaxStep
-from pytest_accelperf.backends.jax_step import JaxTask as JaxTask
-from pytest_accelperf.backends.jax_step import host_batch as as_host  # "host_batch": a local
-from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
-from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
-from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
-from pytest_accelperf.backends.xla_program import program_of
+from pytest_accelperf.backends.jax.step import JaxStep as JaxStep
+from pytest_accelperf.backends.jax.step import JaxTask as JaxTask
+from pytest_accelperf.backends.jax.step import host_batch as as_host  # "host_batch": a local
+from pytest_accelperf.backends.jax.step import nnx_step as nnx_step
+
+# Re-exported: both lived here before the torch backend needed them without jax.
+from pytest_accelperf.backends.measure.common import N_SAMPLES as N_SAMPLES
+from pytest_accelperf.backends.measure.common import Phases, describe, with_state
+from pytest_accelperf.backends.measure.common import TaskError as TaskError
+from pytest_accelperf.backends.measure.common import fingerprint as fingerprint
+from pytest_accelperf.backends.measure.data import expect, source_label
+from pytest_accelperf.backends.measure.loop import (
+    LoopResult,
+    StepFns,
+    load_json,
+    run_steps,
+    time_block,
+)
+from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
@@ -108,7 +114,7 @@ class _Program:
     compiled: Any
     compile_time: float
     #: The step before it was partitioned over the mesh: its cost analysis counts the
-    #: model's FLOPs once however the mesh replicates them (:mod:`.xla_program`). For a
+    #: model's FLOPs once however the mesh replicates them (:mod:`.jax.program`). For a
     #: ``bind_axes`` step, the same step lowered on one device over the global batch
     #: (:func:`_global_lowering`): the shard_map-ed program is one shard's.
     lowered: Any = None
@@ -124,7 +130,7 @@ class _Program:
     #: from jax's cache) and not in ``compile_time`` (the lowering and XLA's compile).
     trace_time: float = 0.0
     #: What the step was compiled for of its batch (step 0's): every batch is checked
-    #: against it before it is transferred (:func:`.jax_step.check_batch`).
+    #: against it before it is transferred (:func:`.jax.step.check_batch`).
     batch_signature: BatchSignature | None = None
     #: What the compiler wrote to stderr while compiling for a compile-only target (kept
     #: off the terminal: :func:`pytest_accelperf.targets.compiling`).
@@ -994,7 +1000,7 @@ def _replay(program: _Program, steps: int, flat: Mapping[str, np.ndarray]) -> di
 def _fingerprinted(step: JaxStep, state: PyTree) -> tuple[dict[str, np.ndarray], list[str]]:
     """The flat parameters of ``state`` and the state beside them (:meth:`JaxStep.beside_of`)
     in one dict, and the names of the state's leaves in it
-    (:func:`~pytest_accelperf.backends.common.with_state`)."""
+    (:func:`~pytest_accelperf.backends.measure.common.with_state`)."""
     params = step.params_of(state)
     return with_state(_flat(params), _flat(step.beside_of(state, params)))
 

@@ -5,7 +5,7 @@ running the JAX backend's own training on the global mesh (multi-controller JAX)
 This module is the JAX backend's ranks (``RANKS``, named by its spec): the plugin, not the
 JAX backend, sends a ``world_size > 1`` case here (:mod:`pytest_accelperf.routing`).
 Without a cluster the processes are launched on this machine by
-:mod:`pytest_accelperf.backends.launch` (coordinator on 127.0.0.1); on a Ray cluster
+:mod:`pytest_accelperf.backends.procs.launch` (coordinator on 127.0.0.1); on a Ray cluster
 (:mod:`pytest_accelperf.cluster`) they are actors, one per host. Either way each process
 runs :func:`rank_main`: :func:`join`, then ``JaxBackend.train``, so a baseline recorded one
 way is compared with a run taken the other. Each process reports its steps as it trains,
@@ -23,16 +23,16 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.launch import LaunchResult
-from pytest_accelperf.backends.ranks import RankJob, train_in_ranks
+from pytest_accelperf.backends.procs.launch import LaunchResult
+from pytest_accelperf.backends.procs.ranks import RankJob, train_in_ranks
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.report import progress
 from pytest_accelperf.run import Outcome, Run
 
 if TYPE_CHECKING:
-    from pytest_accelperf.backends._rank import RankContext
+    from pytest_accelperf.backends.procs._rank import RankContext
 
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
 
@@ -80,7 +80,7 @@ def train_here(case: Case, task: Any, accel: str, cpu_devices: int, platform: st
     """After :func:`join`: the JAX backend's training over the global devices, and the
     platform key this process sees."""
     from pytest_accelperf.accel import provision
-    from pytest_accelperf.backends.jax import BACKEND
+    from pytest_accelperf.backends.jax.backend import BACKEND
 
     acc = provision(accel, cpu_devices, platform)
     return acc.platform, BACKEND.train(case, task, acc, timeout=timeout)
@@ -115,7 +115,7 @@ def rank_main(ctx: RankContext, case: Case, task: Any, accel: str, cpu_devices: 
 
 
 class JaxProcesses:
-    """The JAX backend's :class:`~pytest_accelperf.backends.ranks.RankTrainer`: every
+    """The JAX backend's :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer`: every
     process runs :func:`rank_main`; process 0's result is the run."""
 
     def job(self, case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
@@ -151,7 +151,7 @@ class JaxProcesses:
     def fits(self, case: Case, task: Any, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """The JAX backend's own answer (a compile and its memory analysis), here."""
-        from pytest_accelperf.backends.jax import BACKEND
+        from pytest_accelperf.backends.jax.backend import BACKEND
 
         return BACKEND.fits(case, task, accel, timeout=timeout)
 

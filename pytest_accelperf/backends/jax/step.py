@@ -2,14 +2,14 @@
 
 A :class:`JaxStep` is any pytree state and a ``step(state, batch) -> (state, metrics)``,
 written as the user would write it (a Flax ``TrainState`` with ``batch_stats``, a step that
-is already ``jax.jit``-ed); the backend (:mod:`pytest_accelperf.backends.jax`) jits it with
+is already ``jax.jit``-ed); the backend (:mod:`pytest_accelperf.backends.jax.backend`) jits it with
 the case's shardings, compiles it before anything is allocated, and times it. The two
 conveniences are built on it: :class:`JaxTask` (params, a loss and an optax optimizer)
 becomes a step through :meth:`JaxTask.to_step`, and :func:`nnx_step` turns a Flax NNX
 train step (a model, an ``nnx.Optimizer`` and metrics, updated in place) into one.
 
 Whatever the user's function gets wrong is raised here as a
-:class:`~pytest_accelperf.backends.common.TaskError` that names the function, where it is
+:class:`~pytest_accelperf.backends.measure.common.TaskError` that names the function, where it is
 defined, and the fix (:func:`explain`, :func:`check_outputs`).
 """
 
@@ -27,14 +27,14 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from pytest_accelperf.backends.common import (
+from pytest_accelperf.backends.measure.common import (
     TaskError,
     at_user_frame,
     check_metric_keys,
     describe,
     first_line,
 )
-from pytest_accelperf.backends.data import batch_function, source_label
+from pytest_accelperf.backends.measure.data import batch_function, source_label
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -64,7 +64,7 @@ class JaxStep:
     ``DataLoader``, a ``tf.data`` dataset; iterated again with ``iter()`` for every
     training the plugin runs) or a function of no arguments that returns an iterator (a
     generator function); batch ``i`` is its ``i``-th item, and every pass must give the
-    same batches (:mod:`pytest_accelperf.backends.data`). ``state_specs`` and
+    same batches (:mod:`pytest_accelperf.backends.measure.data`). ``state_specs`` and
     ``batch_specs`` are ``PartitionSpec`` pytrees (full, or a prefix: one spec for a whole
     subtree), or functions of the abstract state / host batch that return one; mesh axes a
     case lacks are dropped. Defaults: the state's own Flax annotations
@@ -540,7 +540,7 @@ def as_step(task: Any) -> JaxStep:
         if isinstance(step, JaxStep):
             return step
     raise TaskError(f"the jax backend trains a JaxStep (your own step), a JaxTask or "
-                    f"nnx_step(...) (pytest_accelperf.backends.jax); got {type(task).__name__}")
+                    f"nnx_step(...) (pytest_accelperf.jax); got {type(task).__name__}")
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:

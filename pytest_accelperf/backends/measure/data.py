@@ -39,7 +39,7 @@ import inspect
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from pytest_accelperf.backends.common import TaskError, describe
+from pytest_accelperf.backends.measure.common import TaskError, describe
 
 
 def _shown(data: Any) -> str:

@@ -41,8 +41,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from pytest_accelperf.backends.common import injected_slowdown, stretch
-from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.backends.measure.common import injected_slowdown, stretch
+from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.contention import Contention, Load, measuring_root
 from pytest_accelperf.report import progress
 

@@ -1,13 +1,13 @@
-"""One rank of a launch (see :mod:`pytest_accelperf.backends.launch`): the child's side.
+"""One rank of a launch (see :mod:`pytest_accelperf.backends.procs.launch`): the child's side.
 
-``python -m pytest_accelperf.backends._rank WORKDIR RANK`` loads ``(fn, args)`` from
+``python -m pytest_accelperf.backends.procs._rank WORKDIR RANK`` loads ``(fn, args)`` from
 ``WORKDIR/payload.pkl``, calls ``fn(ctx, *args)`` and writes the result to
 ``WORKDIR/rank{RANK}.result.pkl``; progress and any error go, one JSON object a line, to
 ``WORKDIR/rank{RANK}.jsonl``. An exception is reported (type, message, traceback, whether
 it was an out-of-memory) and the process exits with ``EXIT_RAISED``.
 
-``python -m pytest_accelperf.backends._rank --warm MODULES RANK`` is a pool's warm rank
-(:mod:`pytest_accelperf.backends.rank_pool`): it imports ``MODULES`` once, then forks one
+``python -m pytest_accelperf.backends.procs._rank --warm MODULES RANK`` is a pool's warm rank
+(:mod:`pytest_accelperf.backends.procs.rank_pool`): it imports ``MODULES`` once, then forks one
 child per case it is sent on stdin; the child runs the case as above (:func:`run_case`).
 """
 
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
     os._exit(run_case(workdir, rank))
 
 
-# -- a warm rank of a pool (see pytest_accelperf.backends.rank_pool) ------------------------
+# -- a warm rank of a pool (see pytest_accelperf.backends.procs.rank_pool) ------------------------
 def warm_main(modules: str, rank: int) -> int:
     """A pool's warm rank: import ``modules`` (comma-separated; ``module:function`` also
     calls ``function()`` of it, without arguments; one that fails is skipped: a case that

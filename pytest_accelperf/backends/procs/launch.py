@@ -7,7 +7,7 @@ can hang or crash the session.
 How a launch goes:
 
 * The rank function and its arguments are serialized with ``cloudpickle`` into a payload
-  file; ``N`` interpreters run ``python -m pytest_accelperf.backends._rank`` on it, each in
+  file; ``N`` interpreters run ``python -m pytest_accelperf.backends.procs._rank`` on it, each in
   its own session (process group), with ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``/``MASTER_PORT`` (a free local port), ``PYTHONPATH`` = this process's
   ``sys.path`` (so the test's own modules, like ``gpt``, import in the ranks),
@@ -30,7 +30,7 @@ How a launch goes:
   with the steps each rank had reported.
 
 Pooled ranks: a launch given ``warm`` modules (multi-process torch cases on the CPU) runs in
-a pool's *warm ranks* (:mod:`pytest_accelperf.backends.rank_pool`): ``N`` interpreters that
+a pool's *warm ranks* (:mod:`pytest_accelperf.backends.procs.rank_pool`): ``N`` interpreters that
 imported those modules once for the session and fork one child per case; the child is the
 rank above (same environment, files, progress, result and outcome), so only the
 interpreter start and the imports are saved. Any outcome but ``ok`` kills the warm ranks
@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pytest_accelperf.backends import rank_pool
+from pytest_accelperf.backends.procs import rank_pool
 from pytest_accelperf.report import progress as live_progress
 
 #: Seconds between polls of the ranks.
@@ -349,7 +349,7 @@ def launch(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, *,
            warm: tuple[str, ...] | None = None) -> LaunchResult:
     """Run ``fn(ctx, *args)`` in ``world_size`` processes and report how it went.
 
-    ``fn`` gets a :class:`pytest_accelperf.backends._rank.RankContext` (rank, world size,
+    ``fn`` gets a :class:`pytest_accelperf.backends.procs._rank.RankContext` (rank, world size,
     ``progress(**fields)`` to report) and returns a picklable result (rank ``r``'s is
     ``ranks[r].result``). ``device`` is ``"cpu"`` or ``"cuda"`` (ranks use ``LOCAL_RANK`` as
     the CUDA device index). ``timeout`` bounds the whole launch, process start included.
@@ -357,7 +357,7 @@ def launch(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, *,
     is removed afterwards unless ``keep_dir`` names one to use instead.
 
     ``warm`` (module names) lets the case run in a pool's warm ranks that imported them
-    (:mod:`pytest_accelperf.backends.rank_pool`: each case in a child forked for it, the
+    (:mod:`pytest_accelperf.backends.procs.rank_pool`: each case in a child forked for it, the
     same files and outcomes; CPU only, ``ACCELPERF_RANK_POOL=0`` turns it off); None
     launches fresh interpreters.
     """
@@ -387,7 +387,7 @@ class _Fresh:
         for rank, env in enumerate(envs):
             with (workdir / f"rank{rank}.log").open("wb") as log:
                 self.procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "pytest_accelperf.backends._rank",
+                    [sys.executable, "-m", "pytest_accelperf.backends.procs._rank",
                      str(workdir), str(rank)],
                     env=env, stdin=subprocess.DEVNULL,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True))

@@ -5,7 +5,7 @@ DeepSpeed): 8-11 s for two ranks on a 2-core machine, against 0.05-0.13 s a trai
 A :class:`RankPool` starts ``world_size`` *warm ranks* once and keeps them for every later
 case with the same key (world size, device, the modules to import, the environment):
 
-* A warm rank (``python -m pytest_accelperf.backends._rank --warm MODULES RANK``) imports
+* A warm rank (``python -m pytest_accelperf.backends.procs._rank --warm MODULES RANK``) imports
   ``MODULES`` (torch, DeepSpeed, the rank loop) and waits on its stdin for cases. It never
   initializes a process group, touches a device or starts a thread.
 * For each case the pool writes one JSON line to every warm rank (the case's directory, its
@@ -164,7 +164,7 @@ class RankPool:
             log = self.directory / f"rank{rank}.warm.log"
             with log.open("wb") as err:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "pytest_accelperf.backends._rank", "--warm",
+                    [sys.executable, "-m", "pytest_accelperf.backends.procs._rank", "--warm",
                      ",".join(self.warm), str(rank)],
                     env=self.envs[rank], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                     stderr=err, start_new_session=True)

@@ -5,16 +5,16 @@ A backend that can train a case over several processes names, in its
 :class:`RankTrainer`. The trainer only says *what* every process runs (a :class:`RankJob`)
 and how the run is assembled from what they reported; *where* they run is not its
 business. The plugin launches them on this machine (:func:`train_in_ranks`, through
-:mod:`pytest_accelperf.backends.launch`) or as Ray actors, one per host
+:mod:`pytest_accelperf.backends.procs.launch`) or as Ray actors, one per host
 (:mod:`pytest_accelperf.cluster.dispatch`), and hands the trainer the same
-:class:`~pytest_accelperf.backends.launch.LaunchResult` either way, so a baseline recorded
+:class:`~pytest_accelperf.backends.procs.launch.LaunchResult` either way, so a baseline recorded
 one way is compared with a run taken the other.
 
 A trainer may also train a case in *blocks of steps on demand*, for A/B mode
 (:mod:`pytest_accelperf.ab.ranks`): its ``block_job(case, task, accel, control)`` returns
 the job of a long-lived group whose ranks build and warm up the engine as a run does, then
 take orders through :class:`BlockControl` (:func:`serve_blocks`: "run n steps", timed by
-the same loop as a run's, :func:`~pytest_accelperf.backends.loop.time_block`), and its
+the same loop as a run's, :func:`~pytest_accelperf.backends.measure.loop.time_block`), and its
 ``block_program(job, ready)`` makes the program record from what the ranks reported when
 ready. A trainer without them (JAX over processes) keeps its cases out of A/B mode.
 
@@ -31,23 +31,23 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.launch import LaunchResult, launch
-from pytest_accelperf.backends.loop import StepFns, time_block
+from pytest_accelperf.backends.measure.loop import StepFns, time_block
+from pytest_accelperf.backends.procs.launch import LaunchResult, launch
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.cases import Case
 
 
 @dataclass(frozen=True)
 class RankJob:
     """What every process of a case runs: ``fn(ctx, *args)``, where ``ctx`` is a
-    :class:`~pytest_accelperf.backends._rank.RankContext` and ``fn`` a module-level
+    :class:`~pytest_accelperf.backends.procs._rank.RankContext` and ``fn`` a module-level
     function (it travels by reference, pickled with ``cloudpickle``; ``args`` by value).
 
     ``device`` is ``"cpu"`` or ``"cuda"`` (one GPU per rank); ``total_steps`` the steps
     a rank reports, for messages ("in step 3 of 12"); ``plan`` is the trainer's own note,
     handed back to :meth:`RankTrainer.result` and :meth:`RankTrainer.reference`.
     ``warm`` names the modules a pool's warm ranks import once for every case of the
-    session that names the same ones (:mod:`pytest_accelperf.backends.rank_pool`: each case
+    session that names the same ones (:mod:`pytest_accelperf.backends.procs.rank_pool`: each case
     still runs in a process of its own, forked from them); None (the default) launches
     fresh ranks for every case, as a job whose ranks keep state that a fork cannot carry
     (threads, an initialized device) must.
@@ -86,7 +86,7 @@ class RankTrainer(Protocol):
 
     def fits(self, case: Case, task: Any, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
-        """:meth:`Backend.fits <pytest_accelperf.backends.base.Backend.fits>` for a case
+        """:meth:`Backend.fits <pytest_accelperf.backends.protocol.Backend.fits>` for a case
         trained in ranks."""
 
 
@@ -141,7 +141,7 @@ def serve_blocks(conn: Connection, fns: StepFns[Any, Any], *, first: int, cycle:
                  ready: dict[str, Any], done: Callable[[int], None] | None = None) -> int:
     """A rank of an A/B group after its warm-up: send ``("ready", ready)``, then for every
     ``("run", n)`` train steps ``first, first + 1, ...`` (batches modulo ``cycle``) with
-    ``fns``, timed as in a run (:func:`~pytest_accelperf.backends.loop.time_block`), and
+    ``fns``, timed as in a run (:func:`~pytest_accelperf.backends.measure.loop.time_block`), and
     send ``("times", seconds)``; ``done(steps so far)`` is called once ready and after
     each block (the rank's progress report, for a failure's message). Returns the number
     of blocks at ``("stop",)``. Every rank

@@ -3,7 +3,7 @@
 The torch backend's spec names this module as its ranks (``RANKS``): the plugin trains
 such a case here, in ``world_size`` launched ranks (or Ray actors), each wrapping the task's
 model in ``DistributedDataParallel`` with the task's own optimizer. The rank loop, what is
-measured and how, are :mod:`pytest_accelperf.backends.torch_ranks`'s, shared with DeepSpeed.
+measured and how, are :mod:`pytest_accelperf.backends.torch.ranks`'s, shared with DeepSpeed.
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ import numpy as np
 import torch
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.rank_comm import CommCounter, register_ddp_hook
-from pytest_accelperf.backends.rank_step import RankStep, compiled_graphs, group_summary
-from pytest_accelperf.backends.ranks import train_in_ranks
+from pytest_accelperf.backends.procs.ranks import train_in_ranks
+from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.torch.comm import CommCounter, register_ddp_hook
+from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 
 # Re-exported: they lived here before DeepSpeed needed them without DDP.
-from pytest_accelperf.backends.torch_ranks import RankPlan, TorchRanks
-from pytest_accelperf.backends.torch_ranks import build_run as build_run
-from pytest_accelperf.backends.torch_ranks import make_plan as make_plan
-from pytest_accelperf.backends.torch_ranks import rank_main as rank_main
-from pytest_accelperf.backends.torch_ranks import slice_batch as slice_batch
-from pytest_accelperf.backends.torch_ranks import train_reference as train_reference
-from pytest_accelperf.backends.torch_task import TorchTask
+from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks
+from pytest_accelperf.backends.torch.ranks import build_run as build_run
+from pytest_accelperf.backends.torch.ranks import make_plan as make_plan
+from pytest_accelperf.backends.torch.ranks import rank_main as rank_main
+from pytest_accelperf.backends.torch.ranks import slice_batch as slice_batch
+from pytest_accelperf.backends.torch.ranks import train_reference as train_reference
+from pytest_accelperf.backends.torch.task import TorchTask
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError
 
@@ -40,10 +40,10 @@ class DDPRankEngine:
     ``scheduler.step()``. ``compile=True`` compiles the DDP module with ``torch.compile``
     (torch's DDP-aware compilation: graphs split at the gradient buckets), when the rank
     loop asks (:meth:`compile`). The gradient buckets are all-reduced by torch's default
-    comm hook, wrapped to count them (:func:`~.rank_comm.register_ddp_hook`)."""
+    comm hook, wrapped to count them (:func:`~.torch.comm.register_ddp_hook`)."""
 
     #: What a pool's warm ranks import for DDP cases.
-    warm_modules: tuple[str, ...] = ("torch.nn.parallel", "pytest_accelperf.backends.ddp")
+    warm_modules: tuple[str, ...] = ("torch.nn.parallel", "pytest_accelperf.backends.torch.ddp")
 
     def __init__(self, plan: RankPlan, device: torch.device, rank: int) -> None:
         from torch.nn.parallel import DistributedDataParallel

@@ -1,14 +1,14 @@
 """The DeepSpeed backend: ZeRO stages 0-3, optional CPU offload, ``world_size`` ranks.
 
 A ``backend="deepspeed"`` case trains a
-:class:`~pytest_accelperf.backends.rank_step.RankStep` (the user's own ``build(rank) ->
+:class:`~pytest_accelperf.backends.torch.rank_step.RankStep` (the user's own ``build(rank) ->
 (model, optimizer, scheduler)`` and loss) or a
-:class:`~pytest_accelperf.backends.torch_task.TorchTask` (the same task the torch backend
+:class:`~pytest_accelperf.backends.torch.task.TorchTask` (the same task the torch backend
 trains, converted to one) with ``deepspeed.initialize`` in
 ``case.world_size`` processes that the plugin launches itself (no ``deepspeed`` or
-``torchrun`` launcher: :mod:`pytest_accelperf.backends.launch`; gloo on the CPU, nccl on
+``torchrun`` launcher: :mod:`pytest_accelperf.backends.procs.launch`; gloo on the CPU, nccl on
 GPUs), or as Ray actors. The rank loop, what is measured and how, are those of
-:mod:`pytest_accelperf.backends.torch_ranks` (shared with DDP); this module builds the
+:mod:`pytest_accelperf.backends.torch.ranks` (shared with DDP); this module builds the
 engine, and its ``RANKS`` is what the backend's spec names as its ranks.
 
 The DeepSpeed configuration comes from the case (:func:`ds_config`):
@@ -40,7 +40,7 @@ rank holds only its partition from the start, as it must for a model that does n
 device; off by default, as DeepSpeed recommends for a model that fits (a model's own init
 after construction, and optimizer groups made by ``p.dim()``, see empty tensors inside it).
 ``compile=True`` calls DeepSpeed's ``engine.compile()`` (after the counted steps, see
-:mod:`.torch_ranks`).
+:mod:`.torch.ranks`).
 
 C++ ops: DeepSpeed compiles ``deepspeed_shm_comm`` (the CPU accelerator's shared-memory
 collectives, at ``init_distributed`` on the CPU) and ``cpu_adam`` (for offload) on first use,
@@ -70,12 +70,12 @@ import numpy as np
 import torch
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.rank_comm import CommCounter, count_deepspeed
-from pytest_accelperf.backends.rank_step import RankStep, compiled_graphs, group_summary
-from pytest_accelperf.backends.ranks import train_in_ranks
-from pytest_accelperf.backends.torch_ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
-from pytest_accelperf.backends.torch_task import TorchTask
+from pytest_accelperf.backends.procs.ranks import train_in_ranks
+from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
+from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
+from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
+from pytest_accelperf.backends.torch.task import TorchTask
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError
 
@@ -301,7 +301,7 @@ class DeepSpeedRankEngine:
         "torch._functorch.aot_autograd", "deepspeed.module_inject.auto_ep_layer",
         "deepspeed.moe.ep_experts", "deepspeed.runtime.superoffload.superoffload_stage3",
         "deepspeed.runtime.zero.muon.muon_optimizer", "deepspeed.comm.mori",
-        "deepspeed.ops.triton_ops", "pytest_accelperf.backends.deepspeed:preload_ops")
+        "deepspeed.ops.triton_ops", "pytest_accelperf.backends.torch.deepspeed:preload_ops")
 
     def __init__(self, plan: RankPlan, device: torch.device, rank: int) -> None:
         deepspeed = import_deepspeed()
@@ -417,7 +417,7 @@ class DeepSpeedBackend:
     def train(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         """Train and measure ``case`` in ranks launched on this machine (see
-        :mod:`.torch_ranks` for what is measured). With ``case.reference`` the task is also
+        :mod:`.torch.ranks` for what is measured). With ``case.reference`` the task is also
         trained in this process by plain torch on the full global batch, and its parameters
         are returned for the reference check."""
         return train_in_ranks(RANKS, case, task, accel, timeout=timeout)

@@ -1,4 +1,4 @@
-"""The Neuron backend: a :class:`~pytest_accelperf.backends.torch.TorchTask` trained on a
+"""The Neuron backend: a :class:`~pytest_accelperf.backends.torch.backend.TorchTask` trained on a
 Trainium/Inferentia NeuronCore through torch-xla (torch-neuronx).
 
 XLA devices are lazy: a step records a graph, ``xm.mark_step()`` (``torch_xla.sync()`` in
@@ -30,10 +30,10 @@ import numpy as np
 import torch
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import fingerprint
-from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps
-from pytest_accelperf.backends.torch import (
+from pytest_accelperf.backends.measure.common import fingerprint
+from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
+from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.torch.backend import (
     TorchTask,
     _build,
     _step,
@@ -42,7 +42,7 @@ from pytest_accelperf.backends.torch import (
     timeout_message,
     to_device,
 )
-from pytest_accelperf.backends.torch_task import as_tensors
+from pytest_accelperf.backends.torch.task import as_tensors
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run

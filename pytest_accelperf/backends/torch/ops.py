@@ -90,7 +90,7 @@ _OPTIMIZER_FILE = os.path.join(_TORCH_DIR, "optim", "optimizer.py")
 @contextlib.contextmanager
 def uncounted() -> Iterator[None]:
     """Ops run in the block are the plugin's, not the step's (the optimizer snapshot taken
-    inside a counted step, :func:`~.torch_step.undone`): :class:`OpCounter` leaves them
+    inside a counted step, :func:`~.torch.step.undone`): :class:`OpCounter` leaves them
     out. Other dispatch modes (FlopCounterMode, MemTracker) still see them."""
     token = _UNCOUNTED.set(True)
     try:

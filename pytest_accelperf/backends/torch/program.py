@@ -2,7 +2,7 @@
 a ``torch.compile``-d step, and a cold compile to time.
 
 An eager step's record (``source="torch"``) is its FLOPs and what its counting step
-dispatched (:mod:`.torch_ops`: the aten ops by dtype, the bytes they move, the host syncs
+dispatched (:mod:`.torch.ops`: the aten ops by dtype, the bytes they move, the host syncs
 with their sites). A compiled step's (``source="torch.compile"``) is its FLOPs and what
 dynamo made of it, read from dynamo's own accounting, never timed, so unchanged code gives
 the same record on every run (the ops its eager counting step dispatches are not what the
@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from pytest_accelperf.backends.torch_ops import where
-from pytest_accelperf.backends.torch_task import leaves_with_paths
+from pytest_accelperf.backends.torch.ops import where
+from pytest_accelperf.backends.torch.task import leaves_with_paths
 from pytest_accelperf.program import program_record
 
 #: What a compiled case's ``compile_time`` covers (``Run.extra["compile_time_covers"]``).
@@ -62,7 +62,7 @@ _PRIMED: set[str] = set()
 
 def eager_program(flops: float | None, ops: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The record of an eager step: its FLOPs and ``ops``, what its counting step
-    dispatched (:meth:`.torch_ops.OpCounter.record`)."""
+    dispatched (:meth:`.torch.ops.OpCounter.record`)."""
     return program_record("torch", flops=flops, **(ops or {}))
 
 

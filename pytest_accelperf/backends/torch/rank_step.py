@@ -1,7 +1,7 @@
 """What DDP and DeepSpeed train: the user's own model, optimizer and schedule, built per rank.
 
 A :class:`RankStep` is the multi-process counterpart of
-:class:`~pytest_accelperf.backends.jax_step.JaxStep`: instead of the plugin building a
+:class:`~pytest_accelperf.backends.jax.step.JaxStep`: instead of the plugin building a
 model and an optimizer from separate pieces, the user's ``build(rank)`` builds them in each
 rank the way their training script does (``model.configure_optimizers(...)`` with
 weight-decay groups, a learning-rate schedule), and the plugin wraps them in the case's
@@ -12,9 +12,9 @@ lr_scheduler=...)``) and runs the loop DeepSpeed's docs write::
     engine.backward(loss)
     engine.step()                         # optimizer and schedule at accumulation boundaries
 
-:class:`~pytest_accelperf.backends.torch_task.TorchTask` is a convenience built on it
+:class:`~pytest_accelperf.backends.torch.task.TorchTask` is a convenience built on it
 (:func:`from_task`). Whatever the user's functions get wrong is a
-:class:`~pytest_accelperf.backends.common.TaskError` naming the function and the fix.
+:class:`~pytest_accelperf.backends.measure.common.TaskError` naming the function and the fix.
 Importing this module imports torch, and no engine.
 """
 
@@ -28,15 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.backends.common import (
+from pytest_accelperf.backends.measure.common import (
     RESERVED_METRICS,
     TaskError,
     at_user_frame,
     describe,
     first_line,
 )
-from pytest_accelperf.backends.data import batch_function
-from pytest_accelperf.backends.torch_task import TorchTask
+from pytest_accelperf.backends.measure.data import batch_function
+from pytest_accelperf.backends.torch.task import TorchTask
 
 
 @dataclass(frozen=True)
@@ -74,12 +74,12 @@ class RankStep:
 
     ``make_batch(step)`` returns the *global* batch of an optimizer step (``case.batch``
     samples, tensors on the CPU, or numpy arrays, made tensors first as DataLoader makes
-    them: :func:`~.torch_task.as_tensors`): rank ``r`` takes rows ``[r*B/N, (r+1)*B/N)`` of
+    them: :func:`~.torch.task.as_tensors`): rank ``r`` takes rows ``[r*B/N, (r+1)*B/N)`` of
     every tensor whose first dimension is ``case.batch``, and splits them into
     ``case.grad_accum`` micro-batches in order. Or, instead, ``data`` is an iterable of
     those global batches (a ``DataLoader``) or a function of no arguments that returns an
-    iterator of them, as :class:`~pytest_accelperf.backends.torch_step.TorchStep` takes it
-    (:mod:`pytest_accelperf.backends.data`): every rank, and the single-process
+    iterator of them, as :class:`~pytest_accelperf.backends.torch.step.TorchStep` takes it
+    (:mod:`pytest_accelperf.backends.measure.data`): every rank, and the single-process
     reference, iterates it from the start.
 
     Metrics: the loss and every other scalar ``loss_fn`` returns, averaged over the
@@ -238,7 +238,7 @@ def as_rank_step(task: Any) -> RankStep:
     if isinstance(task, TorchTask):
         return from_task(task)
     raise TaskError(f"DDP and DeepSpeed train a RankStep (your own build(rank) -> (model, "
-                    f"optimizer, scheduler) and loss_fn; pytest_accelperf.backends.rank_step) "
+                    f"optimizer, scheduler) and loss_fn; pytest_accelperf.torch) "
                     f"or a TorchTask; got {type(task).__name__}")
 
 

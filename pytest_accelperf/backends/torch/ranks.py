@@ -1,15 +1,15 @@
 """Multi-process torch training: the rank loop that DDP and DeepSpeed share.
 
 A case with ``world_size = N`` trains a
-:class:`~pytest_accelperf.backends.rank_step.RankStep` (the user's ``build(rank)`` and loss;
-a :class:`~pytest_accelperf.backends.torch_task.TorchTask` is converted to one) in ``N``
+:class:`~pytest_accelperf.backends.torch.rank_step.RankStep` (the user's ``build(rank)`` and loss;
+a :class:`~pytest_accelperf.backends.torch.task.TorchTask` is converted to one) in ``N``
 processes (gloo on the
 CPU, nccl on CUDA, one GPU per rank), launched on this machine by
-:mod:`pytest_accelperf.backends.launch` or as Ray actors. Which engine wraps the model in
+:mod:`pytest_accelperf.backends.procs.launch` or as Ray actors. Which engine wraps the model in
 each rank is the plan's ``engine`` (a :class:`RankEngine` class): DDP's
-(:mod:`pytest_accelperf.backends.ddp`) or DeepSpeed's
-(:mod:`pytest_accelperf.backends.deepspeed`); this module knows neither. :class:`TorchRanks`
-is the :class:`~pytest_accelperf.backends.ranks.RankTrainer` both of them declare.
+(:mod:`pytest_accelperf.backends.torch.ddp`) or DeepSpeed's
+(:mod:`pytest_accelperf.backends.torch.deepspeed`); this module knows neither. :class:`TorchRanks`
+is the :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` both of them declare.
 
 Data parallel: ``step.make_batch(i)`` is the *global* batch of ``case.batch`` samples of
 optimizer step ``i``, the one a single process would train on, and rank ``r`` trains on rows
@@ -31,7 +31,7 @@ What each rank measures, and how the run is assembled from it:
   step used (``lr``). A non-finite one ends the run
   as ``nan`` on every rank at the same step.
 * ``probe_times``: after each measured step, every rank runs the drift probe
-  (:func:`~pytest_accelperf.backends.torch_task.torch_probe`) at once, so the machine is as
+  (:func:`~pytest_accelperf.backends.torch.task.torch_probe`) at once, so the machine is as
   busy as during the step; rank 0's times are the run's.
 * ``memory_per_device``: ``{"rank0": bytes, "rank1": bytes, ...}``. CUDA: each rank's
   ``torch.cuda.max_memory_allocated`` over the whole run. CPU (no allocator counter):
@@ -43,8 +43,8 @@ What each rank measures, and how the run is assembled from it:
 * ``flops_per_step``: ``FlopCounterMode`` over the forward and backward of the first
   micro-batch of step 0 (a warm-up step) in every rank, times ``grad_accum``, summed over
   ranks.
-* ``program``: the collectives each rank counted (:mod:`.rank_comm`), the FLOPs, and what
-  rank 0 dispatched in the same counted call (:mod:`.torch_ops`: aten ops by dtype, the
+* ``program``: the collectives each rank counted (:mod:`.torch.comm`), the FLOPs, and what
+  rank 0 dispatched in the same counted call (:mod:`.torch.ops`: aten ops by dtype, the
   bytes they move, host syncs), times ``grad_accum``: the user's forward and backward and
   what the engine does inside ``backward`` on that micro-batch; the engine's optimizer
   step is not in it, nor, with ``grad_accum > 1``, the reduction the boundary micro-batch
@@ -77,17 +77,22 @@ import numpy as np
 import torch
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import TaskError, describe, fingerprint
-from pytest_accelperf.backends.data import expect
-from pytest_accelperf.backends.launch import CapacityExceeded, LaunchResult, RankReport, launch
-from pytest_accelperf.backends.loop import StepFns, load_json, run_steps
-from pytest_accelperf.backends.rank_comm import largest_over_ranks
-from pytest_accelperf.backends.rank_step import RankStep, as_rank_step
-from pytest_accelperf.backends.ranks import BlockControl, RankJob, serve_blocks
-from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
-from pytest_accelperf.backends.torch_ops import OpCounter
-from pytest_accelperf.backends.torch_task import (
+from pytest_accelperf.backends.measure.common import TaskError, describe, fingerprint
+from pytest_accelperf.backends.measure.data import expect
+from pytest_accelperf.backends.measure.loop import StepFns, load_json, run_steps
+from pytest_accelperf.backends.procs.launch import (
+    CapacityExceeded,
+    LaunchResult,
+    RankReport,
+    launch,
+)
+from pytest_accelperf.backends.procs.ranks import BlockControl, RankJob, serve_blocks
+from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.torch.comm import largest_over_ranks
+from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
+from pytest_accelperf.backends.torch.ops import OpCounter
+from pytest_accelperf.backends.torch.rank_step import RankStep, as_rank_step
+from pytest_accelperf.backends.torch.task import (
     TorchTask,
     as_tensors,
     flop_counter,
@@ -102,15 +107,15 @@ from pytest_accelperf.program import program_record
 from pytest_accelperf.run import Run
 
 if TYPE_CHECKING:
-    from pytest_accelperf.backends._rank import RankContext
-    from pytest_accelperf.backends.rank_comm import CommCounter
+    from pytest_accelperf.backends.procs._rank import RankContext
+    from pytest_accelperf.backends.torch.comm import CommCounter
 
 GIB = 2**30
 #: What a pool's warm ranks import for every torch engine
-#: (:mod:`pytest_accelperf.backends.rank_pool`); the engine class adds its own.
+#: (:mod:`pytest_accelperf.backends.procs.rank_pool`); the engine class adds its own.
 WARM_MODULES = ("cloudpickle", "numpy", "torch", "torch.distributed",
                 "torch.distributed._tools.mem_tracker", "torch.utils.flop_counter",
-                "pytest_accelperf.backends.torch_ranks")
+                "pytest_accelperf.backends.torch.ranks")
 #: Warm-up steps the CPU memory count covers (the first creates the optimizer state, the
 #: second is the steady state with it); the multi-process warm-up is at least this long.
 MEMORY_STEPS = 2
@@ -149,7 +154,7 @@ class RankEngine(Protocol):
 
     def counting(self) -> AbstractContextManager[object]:
         """The context of a step whose collectives the engine's
-        :class:`~pytest_accelperf.backends.rank_comm.CommCounter` (``comm``) counts."""
+        :class:`~pytest_accelperf.backends.torch.comm.CommCounter` (``comm``) counts."""
 
 
 class EngineFactory(Protocol):
@@ -166,7 +171,7 @@ class EngineFactory(Protocol):
 @dataclass(frozen=True)
 class RankPlan:
     """Everything a rank needs, pickled by cloudpickle: the case, the user's
-    :class:`~pytest_accelperf.backends.rank_step.RankStep`, the engine class (it travels
+    :class:`~pytest_accelperf.backends.torch.rank_step.RankStep`, the engine class (it travels
     by reference: an importable class), the device type, the resolved clipping, and whether
     this is a training run or a memory probe of :data:`MEMORY_STEPS` steps (``fits``)."""
 
@@ -247,7 +252,7 @@ def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> An
 def micro_batches(batch: Any, rank: int, case: Case) -> list[Any]:
     """Rank ``rank``'s micro-batches of the global batch of one step, in order: its rows
     ``[rank * B/N, (rank+1) * B/N)``, cut into ``case.grad_accum`` consecutive parts.
-    Numpy arrays are made tensors first (:func:`.torch_task.as_tensors`, as DataLoader
+    Numpy arrays are made tensors first (:func:`.torch.task.as_tensors`, as DataLoader
     makes them): an array left one would be given whole to every rank."""
     mine = slice_batch(as_tensors(batch), rank, case.world_size, case.batch)
     rows = case.batch // case.world_size
@@ -510,7 +515,7 @@ def ranks_program(engine: dict[str, Any], flops: list[float | None],
     """The program record (:mod:`pytest_accelperf.program`) of a case's ranks: the FLOPs
     of a step summed over ranks, per kind of collective the largest count and bytes over
     ranks, and ``ops``, what rank 0 dispatched per step
-    (:meth:`.torch_ops.OpCounter.record`; None for a compiled model); None unless every
+    (:meth:`.torch.ops.OpCounter.record`; None for a compiled model); None unless every
     rank counted its collectives in some step. ``engine`` is rank 0's ``describe()``."""
     if not comms or not all(comms) or not comms[0] or not comms[0]["steps"]:
         return None
@@ -579,7 +584,7 @@ def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
             "symmetric": all(c == per_rank[0] for c in per_rank),
             "record": "per kind, the largest count and bytes over ranks (each rank's in "
                       "extra['ranks'][r]['comm']); bytes are a rank's payload (see "
-                      "pytest_accelperf.backends.rank_comm)",
+                      "pytest_accelperf.backends.torch.comm)",
         }
     params: dict[str, Any] = {}
     if launched.outcome != "ok":
@@ -630,7 +635,7 @@ def train_reference(case: Case, task: TorchTask | RankStep,
 
 @dataclass(frozen=True)
 class TorchRanks:
-    """The :class:`~pytest_accelperf.backends.ranks.RankTrainer` of a torch engine: a
+    """The :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` of a torch engine: a
     :class:`RankStep` (or a :class:`TorchTask`, converted) trained by :func:`rank_main` in
     every rank with ``engine``. ``check(case, step)`` refuses what the engine cannot train
     (before any launch)."""

@@ -3,10 +3,10 @@
 A :class:`TorchStep` is a ``step(batch) -> metrics`` written as PyTorch's docs write a
 training loop: a closure over the user's model, optimizer (built by a model method, with
 weight-decay groups), LR scheduler, ``torch.amp.GradScaler`` and gradient accumulation,
-unchanged. The backend (:mod:`pytest_accelperf.backends.torch`) moves each batch to the
+unchanged. The backend (:mod:`pytest_accelperf.backends.torch.backend`) moves each batch to the
 device outside the timer, times and synchronizes every step, records the loss and the other
 metrics the step returns, counts FLOPs and memory, and hands the trained model back to the
-test. :class:`~pytest_accelperf.backends.torch_task.TorchTask` is a convenience built on it
+test. :class:`~pytest_accelperf.backends.torch.task.TorchTask` is a convenience built on it
 (``TorchTask.to_step``).
 
 Counting FLOPs and memory runs the step for real, untimed, before the measured run, and
@@ -20,7 +20,7 @@ regression re-measured under ``--accelperf-confirm``) is first put back there
 (:func:`rewind`), so every training of it starts from the same weights and schedule.
 
 Whatever the user's function returns wrong is a
-:class:`~pytest_accelperf.backends.common.TaskError` that names the function, where it is
+:class:`~pytest_accelperf.backends.measure.common.TaskError` that names the function, where it is
 defined, and the fix.
 """
 
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.backends.common import TaskError, check_metric_keys, describe
-from pytest_accelperf.backends.data import batch_function
-from pytest_accelperf.backends.torch_ops import uncounted
+from pytest_accelperf.backends.measure.common import TaskError, check_metric_keys, describe
+from pytest_accelperf.backends.measure.data import batch_function
+from pytest_accelperf.backends.torch.ops import uncounted
 
 Models = torch.nn.Module | Sequence[torch.nn.Module] | Mapping[str, torch.nn.Module]
 
@@ -64,7 +64,7 @@ class TorchStep:
     the user's own pipeline: an iterable of batches (a ``DataLoader``: iterated again with
     ``iter()`` for every training the plugin runs) or a function of no arguments that
     returns an iterator (a generator function); batch ``i`` is its ``i``-th item, and every
-    pass must give the same batches (:mod:`pytest_accelperf.backends.data`).
+    pass must give the same batches (:mod:`pytest_accelperf.backends.measure.data`).
 
     ``model`` is the ``nn.Module`` the step trains, or several (a list, or a dict by name):
     the backend moves it to the device (built on the CPU, its parameters keep their
@@ -261,7 +261,7 @@ def host_array(value: torch.Tensor) -> np.ndarray:
 
 def as_torch_step(task: Any, device: torch.device | None = None) -> TorchStep:
     """``task`` as the :class:`TorchStep` to train: itself, or what its ``to_step(device)``
-    gives (:class:`~pytest_accelperf.backends.torch_task.TorchTask`)."""
+    gives (:class:`~pytest_accelperf.backends.torch.task.TorchTask`)."""
     if isinstance(task, TorchStep):
         return task
     to_step = getattr(task, "to_step", None)
@@ -270,7 +270,7 @@ def as_torch_step(task: Any, device: torch.device | None = None) -> TorchStep:
         if isinstance(step, TorchStep):
             return step
     raise TaskError(f"the torch backend trains a TorchStep (your own training step) or a "
-                    f"TorchTask (pytest_accelperf.backends.torch); got {type(task).__name__}")
+                    f"TorchTask (pytest_accelperf.torch); got {type(task).__name__}")
 
 
 # -- what a step returns --------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """What the torch-based backends share: the task they train and its batches on a device.
 
 :class:`TorchTask` is trained by the torch backend (one process, as the
-:class:`~pytest_accelperf.backends.torch_step.TorchStep` that :meth:`TorchTask.to_step`
-makes of it), by DDP and DeepSpeed (ranks, :mod:`.torch_ranks`) and by the neuron
+:class:`~pytest_accelperf.backends.torch.step.TorchStep` that :meth:`TorchTask.to_step`
+makes of it), by DDP and DeepSpeed (ranks, :mod:`.torch.ranks`) and by the neuron
 backend; :func:`to_device` moves a batch (numpy arrays made tensors as DataLoader makes
 them, :func:`as_tensors`),
 :func:`torch_probe` is the drift probe in torch's own kernels. Importing this module imports
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch.utils.data import default_convert as _default_convert
 
-from pytest_accelperf.backends.common import TaskError, describe
-from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
-from pytest_accelperf.backends.torch_step import TorchStep, given
+from pytest_accelperf.backends.measure.common import TaskError, describe
+from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
+from pytest_accelperf.backends.torch.step import TorchStep, given
 
 #: ``torch.utils.data.default_convert``, untyped in torch: through Any for mypy --strict.
 default_convert: Any = _default_convert

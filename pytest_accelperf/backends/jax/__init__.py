@@ -1,0 +1,1 @@
+"""The JAX backends: JAX (``backend``), GPipe (``pipeline``), Alpa (``alpa``)."""
