@@ -870,7 +870,8 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     prepare_environment("cpu", 1)  # before jax initializes: one CPU device, as the suite
     import jax
 
-    from pytest_accelperf.backends.jax.backend import _compile, _execute, _init_state, jax_probe
+    from pytest_accelperf.backends.jax.backend import _execute, _init_state, jax_probe
+    from pytest_accelperf.backends.jax.compile import _compile
     from pytest_accelperf.cases import with_overrides
 
     steptask = _load_steptask()
@@ -934,8 +935,8 @@ def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     import torch
 
-    from pytest_accelperf.backends.torch.backend import PROBE_N, _execute, torch_probe
-    from pytest_accelperf.backends.torch.task import to_device
+    from pytest_accelperf.backends.torch.backend import PROBE_N, _execute
+    from pytest_accelperf.backends.torch.task import to_device, torch_probe
     from pytest_accelperf.cases import Case
 
     gpt = _load_module("gpt", HERE.parent / "suites" / "torch" / "gpt.py")

@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from pytest_accelperf.backends.jax.backend import JaxTask
+from pytest_accelperf.jax import JaxTask
 
 
 def make_task(case, lr=0.05, nan_at=None, sleep=0.0):
@@ -79,7 +79,7 @@ import time
 
 import torch
 
-from pytest_accelperf.backends.torch.backend import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 
 def make_task(case):

@@ -22,8 +22,8 @@ optax = pytest.importorskip("optax")
 
 from pytest_accelperf.accel import provision  # noqa: E402
 from pytest_accelperf.backends.jax.alpa import BACKEND  # noqa: E402
-from pytest_accelperf.backends.jax.backend import JaxTask  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.jax import JaxTask  # noqa: E402
 
 
 class _Executable:

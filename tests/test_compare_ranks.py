@@ -22,7 +22,7 @@ from pytest_accelperf import Case  # noqa: E402
 from pytest_accelperf.ab.ranks import RankGroupError, RankGroupStepper  # noqa: E402
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends.procs import rank_pool  # noqa: E402
-from pytest_accelperf.backends.torch.task import TorchTask  # noqa: E402
+from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 MODEL = '''
 import os
@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from pytest_accelperf.backends.torch.task import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 
 def make_task(case, spin=0.0, die_in_head_at=None):

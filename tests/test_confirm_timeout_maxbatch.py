@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_accelperf.backends.torch.backend import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 SLOW = Path(__file__).with_name("slow.flag")
 

@@ -30,11 +30,12 @@ import numpy as np  # noqa: E402
 from conftest import Suite  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends.jax.backend import BACKEND, JaxStep  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.base import CheckResult  # noqa: E402
 from pytest_accelperf.checks.input import MIN_SHARE, check_input  # noqa: E402
+from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.report.terminal import metric_label  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 from pytest_accelperf.schema import validate_block  # noqa: E402
@@ -233,7 +234,7 @@ def test_a_jax_make_batch_20x_slower_fails_and_an_unchanged_rerun_does_not(
 def test_a_torch_make_batch_20x_slower_fails() -> None:
     torch = pytest.importorskip("torch")
     from pytest_accelperf.backends.torch.backend import BACKEND as TORCH
-    from pytest_accelperf.backends.torch.backend import TorchStep
+    from pytest_accelperf.torch import TorchStep
 
     def make(cost: float) -> TorchStep:
         torch.manual_seed(0)
@@ -267,7 +268,7 @@ import os, time
 import numpy as np
 import optax
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax.backend import JaxTask
+from pytest_accelperf.jax import JaxTask
 import jax.numpy as jnp
 
 

@@ -28,9 +28,10 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends.jax.backend import BACKEND, JaxStep  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.backends.jax.program import program_of, read_hlo, shape_bytes  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.program import changes, describe_changes  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 

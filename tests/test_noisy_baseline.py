@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_accelperf.backends.torch.backend import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 NOISY = Path(__file__).with_name("noisy.flag")
 STATE = {"calls": 0, "noisy": False}

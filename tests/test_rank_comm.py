@@ -24,10 +24,9 @@ from pytest_accelperf.backends.torch.comm import (  # noqa: E402
     largest_over_ranks,
     payload_bytes,
 )
-from pytest_accelperf.backends.torch.ddp import train_ddp  # noqa: E402
 from pytest_accelperf.backends.torch.deepspeed import BACKEND  # noqa: E402
-from pytest_accelperf.backends.torch.rank_step import RankStep  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.torch import RankStep, train_ddp  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 BATCH, STEPS, WARMUP, IN = 8, 2, 2, 16

@@ -22,7 +22,7 @@ COUNTER_SUITE = '''
 import torch
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.torch.step import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 
 @cases(backend="torch", batch=[64], steps=20, warmup=1, accels=("cpu",))
@@ -91,7 +91,7 @@ import optax
 from flax import nnx
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax.backend import nnx_step
+from pytest_accelperf.jax import nnx_step
 
 
 class MLP(nnx.Module):

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
-from pytest_accelperf.backends.torch.backend import BACKEND, TorchTask, count_flops  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND, count_flops  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
 from gpt import make_task, n_params  # noqa: E402

@@ -19,7 +19,7 @@ from pytest_accelperf.backends.torch.memory import (  # noqa: E402
     device_total,
     memory_tracker,
 )
-from pytest_accelperf.backends.torch.step import TorchStep  # noqa: E402
+from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 CPU = torch.device("cpu")
 WIDTH, DEPTH, BATCH = 32, 6, 16

@@ -27,13 +27,7 @@ from conftest import Suite  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
-from pytest_accelperf.backends.torch.backend import (  # noqa: E402
-    BACKEND,
-    TorchStep,
-    TorchTask,
-    TorchTrainResult,
-    count_step_flops,
-)
+from pytest_accelperf.backends.torch.backend import BACKEND, TorchTrainResult, count_step_flops  # noqa: E402
 from pytest_accelperf.backends.torch.step import (  # noqa: E402
     as_torch_step,
     live_stateful,
@@ -43,6 +37,7 @@ from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
+from pytest_accelperf.torch import TorchStep, TorchTask  # noqa: E402
 
 STEPS, WARMUP, BATCH, DIM = 8, 2, 64, 8
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
@@ -560,7 +555,7 @@ def test_a_result_without_state_pickles() -> None:
 TORCH_SUITE = '''
 import torch
 from pytest_accelperf import Case, cases
-from pytest_accelperf.backends.torch.step import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 LR_SCALE = {scale}
 

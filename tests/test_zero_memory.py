@@ -28,8 +28,8 @@ pytest.importorskip("cloudpickle")
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
 from pytest_accelperf.backends.torch.deepspeed import BACKEND, size_buckets  # noqa: E402
-from pytest_accelperf.backends.torch.rank_step import RankStep  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.torch import RankStep  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 WIDTH, DEPTH, BATCH, WORLD = 1024, 3, 8, 2

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pytest_accelperf.backends.jax.backend import JaxTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.jax import JaxTask
 
 #: Model size: about 10 ms a step on this project's 2-core CPU machine, one device
 #: (measured on a quiet moment: hidden 704 took 7.1-8.2 ms, 832 9.3-10.6 ms, 896 9.7-11.6).

@@ -32,7 +32,8 @@ def test_step(accelperf: CaseRunner) -> None:
 def test_step_benchmark(benchmark: Any, accelerator: Any) -> None:
     import jax
 
-    from pytest_accelperf.backends.jax.backend import _compile, _init_state, _step_fns
+    from pytest_accelperf.backends.jax.backend import _init_state, _step_fns
+    from pytest_accelperf.backends.jax.compile import _compile
     from pytest_accelperf.backends.measure.loop import timed
     from pytest_accelperf.session import exclusive_host
 

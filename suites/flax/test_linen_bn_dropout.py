@@ -25,7 +25,7 @@ from flax.training import train_state
 from patterns import batch
 
 from pytest_accelperf import CaseRunner, cases
-from pytest_accelperf.backends.jax.backend import JaxStep
+from pytest_accelperf.jax import JaxStep
 
 
 class CNN(nn.Module):

@@ -20,7 +20,7 @@ from flax import nnx
 from patterns import batch
 
 from pytest_accelperf import CaseRunner, cases
-from pytest_accelperf.backends.jax.backend import nnx_step
+from pytest_accelperf.jax import nnx_step
 
 
 class CNN(nnx.Module):

@@ -24,8 +24,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as _PartitionSpec
 
-from pytest_accelperf.backends.jax.backend import JaxTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.jax import JaxTask
 
 # Untyped in jax: through Any so the module passes mypy --strict too.
 P: Any = _PartitionSpec

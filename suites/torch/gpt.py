@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_accelperf.backends.torch.backend import TorchTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.torch import TorchTask
 
 CORPUS = Path(__file__).resolve().parent.parent / "jax" / "data" / "tiny_corpus.txt"
 SEQ_LEN, D_MODEL, N_LAYERS, N_HEADS, LR = 32, 64, 2, 4, 3e-3

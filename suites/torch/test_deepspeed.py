@@ -40,8 +40,7 @@ import torch.nn.functional as F
 from gpt import GPT, LR, load_corpus, make_task
 
 from pytest_accelperf import Case, CaseRunner, MaxBatchSearch, cases
-from pytest_accelperf.backends.torch.ddp import train_ddp
-from pytest_accelperf.backends.torch.task import TorchTask
+from pytest_accelperf.torch import TorchTask, train_ddp
 
 VOCAB = len(load_corpus()[1])
 D_MODEL = 384

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.jax.backend import JaxTask
+from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import StepFns, load_json, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult

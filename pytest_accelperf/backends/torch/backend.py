@@ -89,8 +89,8 @@ from pytest_accelperf.backends.torch.program import (
     cold_compile,
     eager_program,
 )
-from pytest_accelperf.backends.torch.step import TorchStep as TorchStep
 from pytest_accelperf.backends.torch.step import (
+    TorchStep,
     as_torch_step,
     metrics_of,
     rewind,
@@ -101,12 +101,14 @@ from pytest_accelperf.backends.torch.step import (
     to_float,
     undone,
 )
-
-# Re-exported: they lived here before DDP and DeepSpeed needed them without this backend.
-from pytest_accelperf.backends.torch.task import TorchTask as TorchTask
-from pytest_accelperf.backends.torch.task import as_tensors, flop_counter, sync
-from pytest_accelperf.backends.torch.task import to_device as to_device
-from pytest_accelperf.backends.torch.task import torch_probe as torch_probe
+from pytest_accelperf.backends.torch.task import (
+    TorchTask,
+    as_tensors,
+    flop_counter,
+    sync,
+    to_device,
+    torch_probe,
+)
 from pytest_accelperf.cases import Case
 from pytest_accelperf.contention import Contention, Load, measuring_root
 from pytest_accelperf.errors import ConfigError

@@ -19,14 +19,7 @@ from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, register_ddp_hook
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
-
-# Re-exported: they lived here before DeepSpeed needed them without DDP.
 from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks
-from pytest_accelperf.backends.torch.ranks import build_run as build_run
-from pytest_accelperf.backends.torch.ranks import make_plan as make_plan
-from pytest_accelperf.backends.torch.ranks import rank_main as rank_main
-from pytest_accelperf.backends.torch.ranks import slice_batch as slice_batch
-from pytest_accelperf.backends.torch.ranks import train_reference as train_reference
 from pytest_accelperf.backends.torch.task import TorchTask
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError

@@ -34,15 +34,13 @@ from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.backend import (
-    TorchTask,
     _build,
     _step,
     count_flops,
     deadline_after,
     timeout_message,
-    to_device,
 )
-from pytest_accelperf.backends.torch.task import as_tensors
+from pytest_accelperf.backends.torch.task import TorchTask, as_tensors, to_device
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
