@@ -1,0 +1,12 @@
+"""Deprecated: now :mod:`pytest_accelperf.backends.jax.pipeline`; what a suite imports of it
+(PipelineTask) is in :mod:`pytest_accelperf.jax`. This path goes in the next release."""
+
+from typing import Any
+
+from pytest_accelperf.backends._moved import forward, warn_moved
+
+warn_moved(__name__)
+
+
+def __getattr__(name: str) -> Any:
+    return forward(__name__, name)
