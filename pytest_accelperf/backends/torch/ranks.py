@@ -79,7 +79,7 @@ import torch
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.measure.common import TaskError, describe, fingerprint
 from pytest_accelperf.backends.measure.data import expect
-from pytest_accelperf.backends.measure.loop import StepFns, load_json, run_steps
+from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
 from pytest_accelperf.backends.procs.launch import (
     CapacityExceeded,
     LaunchResult,
@@ -107,6 +107,9 @@ from pytest_accelperf.program import program_record
 from pytest_accelperf.run import Run
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from pytest_accelperf.backends.measure.probe import Probe
     from pytest_accelperf.backends.procs._rank import RankContext
     from pytest_accelperf.backends.torch.comm import CommCounter
 
@@ -312,12 +315,33 @@ def rank_main(ctx: RankContext, plan: RankPlan,
     With ``control`` (A/B mode, :meth:`TorchRanks.block_job`) the rank first waits for its
     arm worker, builds the engine and warms up as a run does (one step longer, so that a
     step's collectives are counted), then trains the blocks of steps it is told to, with
-    the same step functions (:func:`~.ranks.serve_blocks`)."""
-    import torch.distributed as dist
+    the same step functions (:func:`~.ranks.serve_blocks`).
 
-    case, step = plan.case, plan.step
-    rank, world = ctx.rank, ctx.world_size
-    conn = control.connect(rank) if control is not None else None
+    Its phases: join the process group (:func:`_join`); inside the memory count, build the
+    engine (:func:`_build_engine`) and train (:class:`_RankSteps`, the step functions, for
+    :func:`_step_counts` steps); then serve the A/B blocks (:func:`_serve_ab_blocks`) or
+    gather the rank's result (:func:`_rank_result`)."""
+    conn = control.connect(ctx.rank) if control is not None else None
+    device, marks = _join(ctx, plan)
+    counter = _MemoryCounter(device, plan.case.memory_capacity, enforce=not plan.fits)
+    probe = None if plan.fits else torch_probe(device)  # its matrices are not the case's
+    with ExitStack() as window:
+        window.enter_context(counter.counting())
+        engine = _build_engine(ctx, plan, device, counter, marks)
+        steps = _RankSteps(ctx, plan, device, engine, counter, window)
+        fns = steps.fns()
+        warmup, measured = _step_counts(plan, blocks=conn is not None)
+        trained = run_steps(fns, warmup=warmup, steps=measured, probe=probe,
+                            report=steps.report, after_step=steps.after_step)
+    if conn is not None:
+        return _serve_ab_blocks(ctx, conn, fns, steps, first=warmup)
+    marks["trained"] = time.time()
+    return _rank_result(steps, trained, probe, marks)
+
+
+def _join(ctx: RankContext, plan: RankPlan) -> tuple[torch.device, dict[str, float]]:
+    """This rank's device, set, and the process group joined; the wall clocks of entering
+    and of joining (comparable with the launcher's)."""
     device = (torch.device("cuda", ctx.local_rank) if plan.device == "cuda"
               else torch.device("cpu"))
     if device.type == "cuda":
@@ -326,107 +350,156 @@ def rank_main(ctx: RankContext, plan: RankPlan,
     ctx.progress(phase="init")
     plan.engine.init_distributed("nccl" if device.type == "cuda" else "gloo")
     marks["joined"] = time.time()
-    counter = _MemoryCounter(device, case.memory_capacity, enforce=not plan.fits)
-    out: dict[str, Any] = {"rank": rank, "local_losses": [], "flops": None}
-    probe = None if plan.fits else torch_probe(device)  # its matrices are not the case's
-    accum = case.grad_accum
-    names: list[str] | None = None
-    lrs: list[float] = []
-    with ExitStack() as window:
-        window.enter_context(counter.counting())
-        engine = plan.engine(plan, device, rank)
-        counter.check()  # an overrun here: cannot even initialize the model
-        marks["built"] = time.time()
-        ctx.progress(phase="train", peak_bytes=counter.peak())
+    return device, marks
 
-        def prepare(i: int) -> tuple[int, list[Any]]:
-            micro = [to_device(m, device) for m in micro_batches(step.make_batch(i), rank, case)]
-            lrs.append(engine.lr())  # the rate this step uses (the schedule steps after it)
-            dist.barrier()  # every rank starts the step together
-            return i, micro
 
-        def run(i: int, prepared: tuple[int, list[Any]]) -> tuple[list[Any], dict[str, Any]]:
-            if i in plan.comm_steps:
-                with engine.counting():
-                    return micro_steps(i, prepared)
-            return micro_steps(i, prepared)
+def _build_engine(ctx: RankContext, plan: RankPlan, device: torch.device,
+                  counter: _MemoryCounter, marks: dict[str, float]) -> RankEngine:
+    """The engine over the user's model and optimizer, made inside the memory count: a rank
+    that cannot even hold the model stops here (:class:`CapacityExceeded`)."""
+    engine = plan.engine(plan, device, ctx.rank)
+    counter.check()  # an overrun here: cannot even initialize the model
+    marks["built"] = time.time()
+    ctx.progress(phase="train", peak_bytes=counter.peak())
+    return engine
 
-        def micro_steps(i: int, prepared: tuple[int, list[Any]]
-                        ) -> tuple[list[Any], dict[str, Any]]:
-            losses: list[torch.Tensor] = []
-            sums: dict[str, torch.Tensor] = {}
-            for k, part in enumerate(prepared[1]):
-                boundary = k == accum - 1
-                with engine.micro_step(boundary):
-                    if i == 0 and k == 0:
-                        # Rank 0 counts the dispatched ops of the same call (a compiled
-                        # model's eager ops are not what it will run: not counted).
-                        ops = OpCounter(device) if rank == 0 and not step.compile else None
-                        flops = flop_counter()
-                        with ops or nullcontext(), flops:
-                            loss, metrics = step.compute(engine.model, part)
-                            engine.backward(loss)
-                        out["flops"] = float(flops.get_total_flops()) * accum or None
-                        out["ops"] = ops.record(times=accum) if ops is not None else None
-                    else:
+
+def _step_counts(plan: RankPlan, *, blocks: bool) -> tuple[int, int]:
+    """The warm-up and measured steps of the loop: a memory probe (``plan.fits``) only
+    warms up; an A/B rank (``blocks``) warms up and takes one counted step, its blocks
+    come later."""
+    # A memory probe (fits) only warms up: none of its steps is measured.
+    warmup = plan.total_steps if plan.fits else plan.warmup
+    measured = plan.total_steps - warmup
+    if blocks:  # A/B: the warm-up and one counted step; blocks come later
+        warmup, measured = plan.warmup + 1, 0
+    return warmup, measured
+
+
+_Prepared = tuple[int, list[Any]]
+_Done = tuple[list[Any], dict[str, Any]]
+
+
+class _RankSteps:
+    """The step functions of one rank's loop (:meth:`fns`) and what they record in
+    ``out``, the start of the rank's result: its own loss per step, step 0's FLOPs and
+    dispatched ops (rank 0, eager). ``window`` is the memory count's, closed after
+    :data:`MEMORY_STEPS` steps."""
+
+    def __init__(self, ctx: RankContext, plan: RankPlan, device: torch.device,
+                 engine: RankEngine, counter: _MemoryCounter, window: ExitStack) -> None:
+        self.ctx, self.plan, self.device = ctx, plan, device
+        self.engine, self.counter, self.window = engine, counter, window
+        self.out: dict[str, Any] = {"rank": ctx.rank, "local_losses": [], "flops": None}
+        self.names: list[str] | None = None
+        self.lrs: list[float] = []
+
+    def fns(self) -> StepFns[_Prepared, _Done]:
+        return StepFns(prepare=self.prepare, run=self.run, read=self.read,
+                       sync=lambda: sync(self.device))
+
+    def prepare(self, i: int) -> _Prepared:
+        import torch.distributed as dist
+
+        step, case = self.plan.step, self.plan.case
+        micro = [to_device(m, self.device)
+                 for m in micro_batches(step.make_batch(i), self.ctx.rank, case)]
+        self.lrs.append(self.engine.lr())  # the rate this step uses (the schedule steps after it)
+        dist.barrier()  # every rank starts the step together
+        return i, micro
+
+    def run(self, i: int, prepared: _Prepared) -> _Done:
+        if i in self.plan.comm_steps:
+            with self.engine.counting():
+                return self._micro_steps(i, prepared)
+        return self._micro_steps(i, prepared)
+
+    def _micro_steps(self, i: int, prepared: _Prepared) -> _Done:
+        step, engine, accum = self.plan.step, self.engine, self.plan.case.grad_accum
+        losses: list[torch.Tensor] = []
+        sums: dict[str, torch.Tensor] = {}
+        for k, part in enumerate(prepared[1]):
+            boundary = k == accum - 1
+            with engine.micro_step(boundary):
+                if i == 0 and k == 0:
+                    # Rank 0 counts the dispatched ops of the same call (a compiled
+                    # model's eager ops are not what it will run: not counted).
+                    ops = (OpCounter(self.device) if self.ctx.rank == 0 and not step.compile
+                           else None)
+                    flops = flop_counter()
+                    with ops or nullcontext(), flops:
                         loss, metrics = step.compute(engine.model, part)
                         engine.backward(loss)
-                engine.step(boundary)
-                if i < MEMORY_STEPS:
-                    counter.step_done()  # MemTracker takes one forward per module at a time
-                losses.append(loss.detach())
-                for key, value in metrics.items():
-                    sums[key] = sums.get(key, torch.zeros(())) + value
-            return losses, sums
+                    self.out["flops"] = float(flops.get_total_flops()) * accum or None
+                    self.out["ops"] = ops.record(times=accum) if ops is not None else None
+                else:
+                    loss, metrics = step.compute(engine.model, part)
+                    engine.backward(loss)
+            engine.step(boundary)
+            if i < MEMORY_STEPS:
+                self.counter.step_done()  # MemTracker takes one forward per module at a time
+            losses.append(loss.detach())
+            for key, value in metrics.items():
+                sums[key] = sums.get(key, torch.zeros(())) + value
+        return losses, sums
 
-        def read(done: tuple[list[Any], dict[str, Any]]) -> tuple[float, dict[str, float]]:
-            nonlocal names
-            losses, sums = done
-            i = len(out["local_losses"])
-            if names is None:
-                names = sorted(sums)
-            elif sorted(sums) != names:
-                raise TaskError(f"RankStep.loss_fn {describe(step.loss_fn)} returned metrics "
-                                f"{sorted(sums)} at step {i}, {names} before: return the same "
-                                f"metrics every step")
-            local = torch.stack([x.reshape(()).float().cpu() for x in losses]).mean()
-            # One all-reduce: the loss, then each metric, averaged over micro-batches.
-            values = torch.stack([local, *[sums[n] / accum for n in names]]).to(device)
-            dist.all_reduce(values)
-            means = (values / world).cpu().tolist()
-            out["local_losses"].append(float(local.item()))
-            metrics = {name: float(v) for name, v in zip(names, means[1:], strict=True)}
-            if step.lr_metric is not None:
-                metrics[step.lr_metric] = lrs[i]
-            return float(means[0]), metrics
+    def read(self, done: _Done) -> tuple[float, dict[str, float]]:
+        import torch.distributed as dist
 
-        def after_step(i: int, done: Any, measured: bool) -> None:
-            counter.check()
-            if i == MEMORY_STEPS - 1:
-                window.close()  # the CPU count ends with the memory steps
-                if step.compile and not plan.fits:
-                    engine.compile()  # compiled in the next (untimed) step
+        step, accum = self.plan.step, self.plan.case.grad_accum
+        losses, sums = done
+        i = len(self.out["local_losses"])
+        if self.names is None:
+            self.names = sorted(sums)
+        elif sorted(sums) != self.names:
+            raise TaskError(f"RankStep.loss_fn {describe(step.loss_fn)} returned metrics "
+                            f"{sorted(sums)} at step {i}, {self.names} before: return the "
+                            f"same metrics every step")
+        names = self.names
+        local = torch.stack([x.reshape(()).float().cpu() for x in losses]).mean()
+        # One all-reduce: the loss, then each metric, averaged over micro-batches.
+        values = torch.stack([local, *[sums[n] / accum for n in names]]).to(self.device)
+        dist.all_reduce(values)
+        means = (values / self.ctx.world_size).cpu().tolist()
+        self.out["local_losses"].append(float(local.item()))
+        metrics = {name: float(v) for name, v in zip(names, means[1:], strict=True)}
+        if step.lr_metric is not None:
+            metrics[step.lr_metric] = self.lrs[i]
+        return float(means[0]), metrics
 
-        def report(done: int, total: int, loss: float, seconds: float,
-                   measured: bool) -> None:
-            ctx.progress(phase="train", step=done - 1, loss=loss, time=seconds,
-                         measured=measured, peak_bytes=counter.peak())
+    def after_step(self, i: int, done: Any, measured: bool) -> None:
+        self.counter.check()
+        if i == MEMORY_STEPS - 1:
+            self.window.close()  # the CPU count ends with the memory steps
+            if self.plan.step.compile and not self.plan.fits:
+                self.engine.compile()  # compiled in the next (untimed) step
 
-        fns = StepFns(prepare=prepare, run=run, read=read, sync=lambda: sync(device))
-        # A memory probe (fits) only warms up: none of its steps is measured.
-        warmup = plan.total_steps if plan.fits else plan.warmup
-        measured = plan.total_steps - warmup
-        if conn is not None:  # A/B: the warm-up and one counted step; blocks come later
-            warmup, measured = plan.warmup + 1, 0
-        trained = run_steps(fns, warmup=warmup, steps=measured, probe=probe, report=report,
-                            after_step=after_step)
-    if conn is not None:
-        ready = {"flops": out["flops"], "ops": out.get("ops"), "comm": engine.comm.summary(),
-                 "engine": engine.describe(), "peak_bytes": counter.peak()}
-        blocks = serve_blocks(conn, fns, first=warmup, cycle=plan.total_steps, ready=ready,
-                              done=lambda steps: ctx.progress(phase="blocks", step=steps - 1))
-        return {"rank": rank, "blocks": blocks}
-    marks["trained"] = time.time()
+    def report(self, done: int, total: int, loss: float, seconds: float,
+               measured: bool) -> None:
+        self.ctx.progress(phase="train", step=done - 1, loss=loss, time=seconds,
+                          measured=measured, peak_bytes=self.counter.peak())
+
+
+def _serve_ab_blocks(ctx: RankContext, conn: Connection, fns: StepFns[_Prepared, _Done],
+                     steps: _RankSteps, *, first: int) -> dict[str, Any]:
+    """An A/B rank after its warm-up: what it measured of step 0 goes to its arm worker,
+    then it trains the blocks it is told to (:func:`~.ranks.serve_blocks`)."""
+    engine, counter = steps.engine, steps.counter
+    ready = {"flops": steps.out["flops"], "ops": steps.out.get("ops"),
+             "comm": engine.comm.summary(), "engine": engine.describe(),
+             "peak_bytes": counter.peak()}
+    blocks = serve_blocks(conn, fns, first=first, cycle=steps.plan.total_steps, ready=ready,
+                          done=lambda n: ctx.progress(phase="blocks", step=n - 1))
+    return {"rank": ctx.rank, "blocks": blocks}
+
+
+def _rank_result(steps: _RankSteps, trained: LoopResult, probe: Probe | None,
+                 marks: dict[str, float]) -> dict[str, Any]:
+    """The rank's result: what the loop measured, the memory peak, the engine and its
+    communication, and the full parameters (gathered by every rank, kept by rank 0)."""
+    import torch.distributed as dist
+
+    out, engine, counter = steps.out, steps.engine, steps.counter
     out.update(step_times=trained.step_times, probe_times=trained.probe_times,
                losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step,
                **load_json(trained))
@@ -436,7 +509,7 @@ def rank_main(ctx: RankContext, plan: RankPlan,
     out["comm"] = engine.comm.summary()
     out["probe_kind"] = probe.kind if probe is not None else ""
     dist.barrier()
-    out["params"] = None if plan.fits else engine.full_params(rank)
+    out["params"] = None if steps.plan.fits else engine.full_params(steps.ctx.rank)
     dist.barrier()
     marks["done"] = time.time()
     out["marks"] = marks
