@@ -149,7 +149,7 @@ def test_unknown_accelerator_is_refused() -> None:
 
 def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
     """torch's FlopCounterMode has no formula for the CPU flash-attention kernel and counted
-    attention as 0; the plugin's counter (``torch_task.flop_counter``) gives the analytic
+    attention as 0; the plugin's counter (``torch.task.flop_counter``) gives the analytic
     count exactly: per token and layer, 12 d^2 multiply-adds for the projections and the
     MLP and 2 T d for the two attention products; d V for the head; times 2 (a
     multiply-add is two FLOPs) and 3 (the forward, and the backward's two products each)."""

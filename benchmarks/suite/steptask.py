@@ -1,7 +1,7 @@
 """The train step the gate benchmark measures: a JAX MLP, about 10 ms a step on 2 CPU cores.
 
 ``CASE`` is the one training case both arms of the benchmark time; ``make_task(case)``
-builds its :class:`~pytest_accelperf.backends.jax.backend.JaxTask`. The model is a 3-hidden-layer
+builds its :class:`~pytest_accelperf.jax.JaxTask`. The model is a 3-hidden-layer
 GELU MLP regressing ``tanh`` of its input, trained with AdamW: a dense, jitted,
 compute-bound step of the size the issue's measurement used (about 10 ms a step here),
 whose only work is XLA's, so a slowdown that the benchmark injects is the only change

@@ -1,6 +1,6 @@
 """A character-level causal transformer LM: the model of seed 000, scaled for CPU.
 
-``make_task(case)`` builds a :class:`~pytest_accelperf.backends.jax.backend.JaxTask` from
+``make_task(case)`` builds a :class:`~pytest_accelperf.jax.JaxTask` from
 ``case.params["size"]``: ``"small"`` trains in seconds on CPU; ``"full"`` is large enough
 that batch 4096 on one device needs far more than a 16 GiB accelerator (only compiled,
 never run, by the suite), while a 4x2 mesh brings it well under.

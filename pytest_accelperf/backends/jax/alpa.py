@@ -1,4 +1,4 @@
-"""The Alpa backend: a :class:`~pytest_accelperf.backends.jax.backend.JaxTask` parallelized by
+"""The Alpa backend: a :class:`~pytest_accelperf.backends.jax.step.JaxTask` parallelized by
 ``alpa.parallelize`` with ``PipeshardParallel`` (pipeline + shard parallelism, seed 004).
 
 Alpa runs on Ray with its own jaxlib build and needs Python <= 3.9 and jax 0.3.x, so the

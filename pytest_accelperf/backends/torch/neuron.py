@@ -1,4 +1,4 @@
-"""The Neuron backend: a :class:`~pytest_accelperf.backends.torch.backend.TorchTask` trained on a
+"""The Neuron backend: a :class:`~pytest_accelperf.backends.torch.task.TorchTask` trained on a
 Trainium/Inferentia NeuronCore through torch-xla (torch-neuronx).
 
 XLA devices are lazy: a step records a graph, ``xm.mark_step()`` (``torch_xla.sync()`` in
