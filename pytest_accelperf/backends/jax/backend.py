@@ -5,8 +5,9 @@ What it trains is a :class:`~pytest_accelperf.backends.jax.step.JaxStep`: the us
 :func:`nnx_step` are built on it). One code path serves every case: no mesh is a one-device
 mesh, so the single-device reference run of a sharded case is the same function called
 with another mesh. The step is lowered on abstract values and compiled *before* any state
-exists, so a case that cannot fit (seed 000's batch 4096 without a mesh) costs one compile
-and is recorded as a predicted out-of-memory instead of allocating, or being killed by the
+exists (:mod:`.jax.compile`, on the shardings of :mod:`.jax.sharding`), so a case that
+cannot fit (seed 000's batch 4096 without a mesh) costs one compile and is recorded as a
+predicted out-of-memory (:mod:`.jax.memory`) instead of allocating, or being killed by the
 host. What the compiled step does (FLOPs, bytes, collectives, host callbacks) is read from
 it into ``Run.program`` (:mod:`.jax.program`); the compile time counts the init's compile
 with the step's; and the live arrays are counted after the warm-up and after the last
