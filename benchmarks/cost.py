@@ -15,7 +15,7 @@ would run them:
   (20 steps each);
 * ``deepspeed``: ``suites/torch/test_deepspeed.py``, ZeRO 0, 1 and 2 at world size 2
   (10 steps each); with ``--pool on`` (the default) the session's cases share a pool of
-  warm ranks (:mod:`pytest_accelperf.backends.rank_pool`), with ``off``
+  warm ranks (:mod:`pytest_accelperf.backends.procs.rank_pool`), with ``off``
   (``ACCELPERF_RANK_POOL=0``) every case launches fresh ranks, as before the pool.
 
 ``--steps N`` runs the same cases with ``N`` measured steps instead of the suite's
@@ -49,7 +49,7 @@ into:
 * ``plugin``: the rest, what the plugin costs: probing the device, counting memory,
   fingerprinting, warm-up steps, the drift probes, launching ranks,
   the checks and the reports. For an in-process case it is split further from
-  ``run.extra["phases"]`` (:class:`pytest_accelperf.backends.common.Phases`): ``memory``
+  ``run.extra["phases"]`` (:class:`pytest_accelperf.backends.measure.common.Phases`): ``memory``
   (torch on CPU: the counted steps), ``flops`` (torch: the counted step), ``check``
   (JAX: the init's abstract trace, the shardings, checking what the step returns: the
   compile phase less the step's trace, lowering and compile),

@@ -91,7 +91,7 @@ SUITE_MODULE = "test_gate_case.py"
 DEPS = HERE / ".deps"
 #: pytest-benchmark 5.2.x fails under pytest 9 (``Function._nodeid`` is gone); 5.3.1 works.
 PB_REQUIREMENT = "pytest-benchmark==5.3.1"
-INJECT_ENV = "ACCELPERF_INJECT_SLOWDOWN"  # pytest_accelperf.backends.common.INJECT_ENV
+INJECT_ENV = "ACCELPERF_INJECT_SLOWDOWN"  # pytest_accelperf.backends.measure.common.INJECT_ENV
 STEPS_ENV = "ACCELPERF_GATE_STEPS"  # read by benchmarks/suite/steptask.py
 DEFAULT_SLOWDOWNS = (0.0, 0.02, 0.05, 0.10)
 #: accelperf's throughput tolerance in the benchmark. Below the 5 % the issue asks the gate
@@ -870,7 +870,8 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     prepare_environment("cpu", 1)  # before jax initializes: one CPU device, as the suite
     import jax
 
-    from pytest_accelperf.backends.jax import _compile, _execute, _init_state, jax_probe
+    from pytest_accelperf.backends.jax.backend import _execute, _init_state, jax_probe
+    from pytest_accelperf.backends.jax.compile import _compile
     from pytest_accelperf.cases import with_overrides
 
     steptask = _load_steptask()
@@ -934,8 +935,8 @@ def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         return 2
     import torch
 
-    from pytest_accelperf.backends.torch import PROBE_N, _execute, torch_probe
-    from pytest_accelperf.backends.torch_task import to_device
+    from pytest_accelperf.backends.torch.backend import PROBE_N, _execute
+    from pytest_accelperf.backends.torch.task import to_device, torch_probe
     from pytest_accelperf.cases import Case
 
     gpt = _load_module("gpt", HERE.parent / "suites" / "torch" / "gpt.py")

@@ -297,7 +297,7 @@ def synthetic_fingerprint(leaves: int, seed: int = 0) -> dict[str, Any]:
     transformer's (``params/encoder/layer_3/attention/query/kernel``), of random values."""
     import numpy as np
 
-    from pytest_accelperf.backends.common import fingerprint
+    from pytest_accelperf.backends.measure.common import fingerprint
     rng = np.random.default_rng(seed)
     kinds = [("attention/query/kernel", (64, 64)), ("attention/query/bias", (64,)),
              ("attention/key/kernel", (64, 64)), ("attention/key/bias", (64,)),
@@ -441,7 +441,7 @@ def detection(cross: bool = False) -> list[list[str]]:
     before (RMS + 16 samples) and the compact one (one sketch value per leaf). A verdict
     reads ``regression: <leaf it names>`` or ``pass``; ``cross`` uses the
     cross-environment tolerance."""
-    from pytest_accelperf.backends.common import fingerprint
+    from pytest_accelperf.backends.measure.common import fingerprint
     from pytest_accelperf.checks.base import Tolerances
     from pytest_accelperf.checks.numerics import check_numerics, compact
     base_fp = fingerprint(_train())

@@ -47,10 +47,11 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from pytest_accelperf.backends.jax import BACKEND, JaxStep  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import run_checks  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances  # noqa: E402
+from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.summary import summarize  # noqa: E402
 from pytest_accelperf.targets import parse_target, provision_target  # noqa: E402
 

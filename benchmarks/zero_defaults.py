@@ -40,9 +40,9 @@ from typing import Any
 import torch
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.deepspeed import BACKEND
-from pytest_accelperf.backends.rank_step import RankStep
+from pytest_accelperf.backends.torch.deepspeed import BACKEND
 from pytest_accelperf.cases import Case
+from pytest_accelperf.torch import RankStep
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 BATCH = 8

@@ -17,14 +17,13 @@ from pytest_accelperf.runner import CaseResult, CaseRunner, MaxBatchSearch
 from pytest_accelperf.session import AccelperfWarning
 
 if TYPE_CHECKING:
-    from pytest_accelperf.backends.rank_step import Built, RankStep
+    from pytest_accelperf.torch import Built, RankStep
 
 __version__ = "0.1.0"
 
 #: Exports that import a framework, loaded on first use (``import pytest_accelperf`` and the
 #: plugin stay framework-free).
-_LAZY = {"RankStep": "pytest_accelperf.backends.rank_step",
-         "Built": "pytest_accelperf.backends.rank_step"}
+_LAZY = {"RankStep": "pytest_accelperf.torch", "Built": "pytest_accelperf.torch"}
 
 
 def __getattr__(name: str) -> object:

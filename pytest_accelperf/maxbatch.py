@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_accelperf.backends.base import Fit
+from pytest_accelperf.backends.protocol import Fit
 from pytest_accelperf.cases import Case, with_overrides
 
 #: Candidates tried at most; doubling from 1 to 65536 and bisecting back takes ~33.

@@ -29,7 +29,8 @@ from pytest_accelperf.accel import (
     prepare_environment,
     provision,
 )
-from pytest_accelperf.backends import builtin, rank_pool
+from pytest_accelperf.backends import builtin
+from pytest_accelperf.backends.procs import rank_pool
 from pytest_accelperf.backends.registry import BackendRegistry
 from pytest_accelperf.backends.spec import BackendSpecError
 from pytest_accelperf.baselines import BaselineError, validate_platform
@@ -300,7 +301,7 @@ def accelperf(request: pytest.FixtureRequest, accelperf_case: Case,
     ::
 
         from pytest_accelperf import cases
-        from pytest_accelperf.backends.jax import JaxTask
+        from pytest_accelperf.backends.jax.backend import JaxTask
 
         @cases(backend="jax", mesh=[None, (4, 2)], batch=[32, 128])
         def test_sweep(accelperf):

@@ -8,7 +8,7 @@ JSON, every field optional (a backend says what it can see):
 
 ``source``
     who read it: ``"xla"`` (a JAX program's HLO and cost analysis), ``"torch"`` (an eager
-    torch step's dispatched ops, :mod:`pytest_accelperf.backends.torch_ops`),
+    torch step's dispatched ops, :mod:`pytest_accelperf.backends.torch.ops`),
     ``"torch.compile"`` (FLOPs and dynamo's graphs), ``"deepspeed"`` or ``"ddp"`` (rank
     0's dispatched ops, and the bytes each rank communicates).
 ``flops``
@@ -80,7 +80,7 @@ TORCH_OPS = ("torch", "deepspeed", "ddp")
 MATMULS = frozenset({"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linear", "mv",
                      "addmv", "dot", "_scaled_mm"})
 #: Bytes of an element, by the dtype names of torch's op keys
-#: (:data:`pytest_accelperf.backends.torch_ops.DTYPE_TAGS`).
+#: (:data:`pytest_accelperf.backends.torch.ops.DTYPE_TAGS`).
 DTYPE_BYTES: dict[str, int] = {
     "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1,
     "b8": 1, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}

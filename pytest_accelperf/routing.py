@@ -9,7 +9,7 @@ backend knows the others, nor chooses for itself:
   processes. A backend that declares ``ray=False`` is refused, naming the fix.
 * ``ranks``: ``world_size > 1`` and the spec names ``ranks``: the case trains in
   ``world_size`` processes the plugin launches on this machine
-  (:func:`~pytest_accelperf.backends.ranks.train_in_ranks`).
+  (:func:`~pytest_accelperf.backends.procs.ranks.train_in_ranks`).
 * ``in-process``: the backend's ``train`` runs the steps in this process (the plugin
   interrupts a step that blocks past the timeout).
 * ``launched``: the backend's ``train`` launches processes of its own and stops them at
@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.ranks import train_in_ranks
+from pytest_accelperf.backends.procs.ranks import train_in_ranks
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.cases import Case
 from pytest_accelperf.errors import ConfigError

@@ -28,7 +28,7 @@ class Run:
 
     ``probe_times`` are the times of a fixed reference workload (``probe_kind`` names it)
     run right after each measured step (after every k-th, evenly, in a run of more than
-    100: :func:`pytest_accelperf.backends.loop.probe_every`), outside its timer: what the
+    100: :func:`pytest_accelperf.backends.measure.loop.probe_every`), outside its timer: what the
     machine's speed was at that moment. The throughput check compares step times relative
     to them, which cancels drift that slows both (see
     :mod:`pytest_accelperf.checks.throughput`). ``max_batch`` is the result of a
@@ -44,7 +44,7 @@ class Run:
     ``input_times`` are, per measured step (one per ``step_times`` entry), the CPU seconds
     of the thread that made the step's batch (the user's ``make_batch`` or data iterator
     and the host-side conversion, not the transfer to the device), timed apart from the
-    step (:mod:`pytest_accelperf.backends.loop`); ``input_wall_times`` the wall seconds of
+    step (:mod:`pytest_accelperf.backends.measure.loop`); ``input_wall_times`` the wall seconds of
     the same. The ``input`` check judges the first (:mod:`pytest_accelperf.checks.input`).
     Empty where a backend does not time them apart (DDP and DeepSpeed ranks, whose batch
     preparation waits for the other ranks; Alpa, Neuron, ingested logs).

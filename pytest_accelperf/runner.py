@@ -34,8 +34,8 @@ from pytest_accelperf.ab import CompareError
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.tree import node_location
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import INJECT_ENV, injected_slowdown
+from pytest_accelperf.backends.measure.common import INJECT_ENV, injected_slowdown
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.baselines import BaselineError
 from pytest_accelperf.cases import Case

@@ -175,7 +175,7 @@ class Program(_Strict):
 
 class Leaf(_Strict):
     """The fingerprint of one parameter leaf
-    (:func:`pytest_accelperf.backends.common.fingerprint`): what a run computes, and what
+    (:func:`pytest_accelperf.backends.measure.common.fingerprint`): what a run computes, and what
     blocks recorded before the compact form (:class:`CompactNumerics`) stored per leaf."""
 
     shape: list[Int]

@@ -19,7 +19,7 @@ noise in this data. (Relative, so that the same noise gives the same resolution 
 run is unchanged or twice as slow.)
 
 Drift correction: when both runs timed the same reference probe after their steps
-(:mod:`pytest_accelperf.backends.probe`), the statistic becomes
+(:mod:`pytest_accelperf.backends.measure.probe`), the statistic becomes
 
     ratio = [median(now) / median(probe_now)] / [median(base) / median(probe_base)]
 

@@ -37,7 +37,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from pytest_accelperf.backends.jax import JaxTask
+from pytest_accelperf.jax import JaxTask
 
 
 def make_task(case, lr=0.05, nan_at=None, sleep=0.0):
@@ -79,7 +79,7 @@ import time
 
 import torch
 
-from pytest_accelperf.backends.torch import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 
 def make_task(case):
@@ -116,8 +116,8 @@ import time
 import numpy as np
 
 from pytest_accelperf.backends import Fit, TrainResult
-from pytest_accelperf.backends.common import fingerprint
-from pytest_accelperf.backends.probe import numpy_probe
+from pytest_accelperf.backends.measure.common import fingerprint
+from pytest_accelperf.backends.measure.probe import numpy_probe
 from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 

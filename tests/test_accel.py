@@ -143,7 +143,7 @@ TORCH_AND_JAX_CASES = '''
 import torch
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.torch import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 
 def make_task(case):

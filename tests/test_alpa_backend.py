@@ -21,9 +21,9 @@ jax = pytest.importorskip("jax")
 optax = pytest.importorskip("optax")
 
 from pytest_accelperf.accel import provision  # noqa: E402
-from pytest_accelperf.backends.alpa import BACKEND  # noqa: E402
-from pytest_accelperf.backends.jax import JaxTask  # noqa: E402
+from pytest_accelperf.backends.jax.alpa import BACKEND  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.jax import JaxTask  # noqa: E402
 
 
 class _Executable:

@@ -226,7 +226,7 @@ def test_a_module_without_the_backend_says_what_to_define(pytester: pytest.Pytes
 
 
 def test_get_backend_and_the_builtin_registry() -> None:
-    assert get_backend("jax").module == "pytest_accelperf.backends.jax"
+    assert get_backend("jax").module == "pytest_accelperf.backends.jax.backend"
     assert "numpy-sgd" not in BACKENDS  # a conftest's backends are its session's only
     with pytest.raises(KeyError, match="unknown backend 'jaxx'; available: alpa, deepspeed"):
         get_backend("jaxx")
@@ -303,7 +303,7 @@ def test_throughput_compares_the_packages_the_backend_declares() -> None:
 
 def test_the_torch_backend_leaves_world_size_2_to_its_ranks() -> None:
     pytest.importorskip("torch")
-    from pytest_accelperf.backends.torch import BACKEND
+    from pytest_accelperf.backends.torch.backend import BACKEND
 
     cpu = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
     with pytest.raises(ValueError, match=r"world_size=2 trains with DDP in launched ranks, "

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_accelperf.backends.common import fingerprint, with_state
+from pytest_accelperf.backends.measure.common import fingerprint, with_state
 from pytest_accelperf.baselines import BaselineStore, check_block, read
 from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.numerics import check_numerics, compact, is_compact

@@ -30,7 +30,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as P
 
-from pytest_accelperf.backends.jax import JaxTask
+from pytest_accelperf.jax import JaxTask
 
 HIDDEN = 256
 
@@ -418,7 +418,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_accelperf.backends.torch import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 #: (arm, pair) -> the process's speed: pair 0's head and pair 1's base 20 % slower.
 SLOW = {("head", "0"), ("base", "1"), ("head", "2")}

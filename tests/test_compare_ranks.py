@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 from pytest_accelperf import Case  # noqa: E402
 from pytest_accelperf.ab.ranks import RankGroupError, RankGroupStepper  # noqa: E402
 from pytest_accelperf.accel import Accelerator  # noqa: E402
-from pytest_accelperf.backends import rank_pool  # noqa: E402
-from pytest_accelperf.backends.torch_task import TorchTask  # noqa: E402
+from pytest_accelperf.backends.procs import rank_pool  # noqa: E402
+from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 MODEL = '''
 import os
@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from pytest_accelperf.backends.torch_task import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 
 def make_task(case, spin=0.0, die_in_head_at=None):
@@ -202,7 +202,7 @@ def test_a_rank_group_trains_blocks_and_a_dead_rank_ends_it() -> None:
     """The arm worker's side, in this process: a DDP group of two ranks builds, warms up,
     trains blocks on demand; a rank killed in a block ends the group (its peer and the warm
     ranks too) with a message naming it."""
-    from pytest_accelperf.backends.ddp import RANKS
+    from pytest_accelperf.backends.torch.ddp import RANKS
 
     rank_pool.close_all()
     case = Case(backend="torch", batch=8, steps=4, warmup=2, world_size=2, accels=("cpu",))

@@ -30,10 +30,11 @@ import pytest  # noqa: E402
 from conftest import Suite, verdicts  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from pytest_accelperf.backends.jax import BACKEND, JaxStep  # noqa: E402
-from pytest_accelperf.backends.xla_program import read_hlo  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
+from pytest_accelperf.backends.jax.program import read_hlo  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks.outcome import oom_sentence  # noqa: E402
+from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.targets import (  # noqa: E402
     CHIPS,
     GIB,
@@ -289,7 +290,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax import JaxStep
+from pytest_accelperf.jax import JaxStep
 
 D = 512
 
@@ -389,7 +390,8 @@ def test_libtpu_writes_nothing_to_the_terminal(tmp_path: Any) -> None:
         import jax.numpy as jnp
         import numpy as np
         from jax.sharding import PartitionSpec as P
-        from pytest_accelperf.backends.jax import BACKEND, JaxStep
+        from pytest_accelperf.backends.jax.backend import BACKEND
+        from pytest_accelperf.jax import JaxStep
         from pytest_accelperf.cases import Case
         from pytest_accelperf.targets import LIBTPU_ENV, parse_target, provision_target
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from conftest import Suite, verdicts
 
-from pytest_accelperf.backends.base import Fit
+from pytest_accelperf.backends.protocol import Fit
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.max_batch import check_max_batch
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_accelperf.backends.torch import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 SLOW = Path(__file__).with_name("slow.flag")
 

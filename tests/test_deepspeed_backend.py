@@ -24,16 +24,12 @@ pytest.importorskip("cloudpickle")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
-from pytest_accelperf.backends.ddp import (  # noqa: E402
-    make_plan,
-    slice_batch,
-    train_ddp,
-    train_reference,
-)
-from pytest_accelperf.backends.deepspeed import BACKEND, DeepSpeedRankEngine, ds_config  # noqa: E402
+from pytest_accelperf.backends.torch.deepspeed import BACKEND, DeepSpeedRankEngine, ds_config  # noqa: E402
+from pytest_accelperf.backends.torch.ranks import make_plan, slice_batch, train_reference  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
+from pytest_accelperf.torch import train_ddp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
 from gpt import make_task, n_params  # noqa: E402

@@ -7,8 +7,9 @@ import importlib
 
 import pytest
 
-MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines", "backends.common",
-           "cluster.address", "family", "ab.arms", "targets", "backends.jax"]
+MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines",
+           "backends.measure.common",
+           "cluster.address", "family", "ab.arms", "targets", "backends.jax.backend"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -155,7 +155,7 @@ def test_every_case_field_takes_any_value_as_a_case_or_one_user_error(field: str
 
 
 def test_every_step_field_takes_any_value_as_a_step_or_one_user_error() -> None:
-    from pytest_accelperf.backends.jax_step import JaxStep
+    from pytest_accelperf.jax import JaxStep
 
     fine = {"init": lambda key: {"w": 0.0}, "step": lambda s, b: (s, {}),
             "make_batch": lambda i: {"x": i}}
@@ -163,7 +163,7 @@ def test_every_step_field_takes_any_value_as_a_step_or_one_user_error() -> None:
     try:
         import torch
 
-        from pytest_accelperf.backends.torch_step import TorchStep
+        from pytest_accelperf.torch import TorchStep
         steps.append((TorchStep, {"step": lambda batch: torch.zeros(()),
                                   "make_batch": lambda i: torch.zeros(2),
                                   "model": torch.nn.Linear(2, 1)}))

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pytest_accelperf.backends.common import INJECT_ENV, injected_slowdown, stretch
+from pytest_accelperf.backends.measure.common import INJECT_ENV, injected_slowdown, stretch
 
 ROOT = Path(__file__).resolve().parents[1]
 GATE = ROOT / "benchmarks" / "gate.py"

@@ -30,11 +30,12 @@ import numpy as np  # noqa: E402
 from conftest import Suite  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends.jax import BACKEND, JaxStep  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.base import CheckResult  # noqa: E402
 from pytest_accelperf.checks.input import MIN_SHARE, check_input  # noqa: E402
+from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.report.terminal import metric_label  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 from pytest_accelperf.schema import validate_block  # noqa: E402
@@ -164,7 +165,7 @@ def spin(seconds: float) -> None:
 def test_the_loop_times_making_the_batch_not_moving_it() -> None:
     """``host`` (the user's data work) is the input; ``put`` (the transfer, whose wait spins
     the thread under load) is not, and neither is a backend's undivided ``prepare``."""
-    from pytest_accelperf.backends.loop import StepFns, run_steps
+    from pytest_accelperf.backends.measure.loop import StepFns, run_steps
 
     def quiet(done: int, total: int, loss: float, seconds: float, measured: bool) -> None:
         pass
@@ -232,8 +233,8 @@ def test_a_jax_make_batch_20x_slower_fails_and_an_unchanged_rerun_does_not(
 
 def test_a_torch_make_batch_20x_slower_fails() -> None:
     torch = pytest.importorskip("torch")
-    from pytest_accelperf.backends.torch import BACKEND as TORCH
-    from pytest_accelperf.backends.torch import TorchStep
+    from pytest_accelperf.backends.torch.backend import BACKEND as TORCH
+    from pytest_accelperf.torch import TorchStep
 
     def make(cost: float) -> TorchStep:
         torch.manual_seed(0)
@@ -267,7 +268,7 @@ import os, time
 import numpy as np
 import optax
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax import JaxTask
+from pytest_accelperf.jax import JaxTask
 import jax.numpy as jnp
 
 

@@ -29,16 +29,12 @@ import numpy as np  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
-from pytest_accelperf.backends.jax import (  # noqa: E402
-    BACKEND,
-    JaxTask,
-    fingerprint,
-    jax_probe,
-    predict_memory,
-)
+from pytest_accelperf.backends.jax.backend import BACKEND, jax_probe  # noqa: E402
+from pytest_accelperf.backends.measure.common import fingerprint  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
+from pytest_accelperf.jax import JaxTask, predict_memory  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "jax"))
 from charlm import make_task  # noqa: E402
@@ -253,7 +249,7 @@ def test_memory_is_the_cases_own_where_the_runtime_peak_cannot_be_reset(
     case after a larger one read that one's peak (189.77 MiB for a 2 MiB MLP, the same
     figure for three cases). The gate's figure is the compiler's plan everywhere; the
     runtime's peak is recorded beside only where this case raised it."""
-    import pytest_accelperf.backends.jax as jax_backend
+    import pytest_accelperf.backends.jax.backend as jax_backend
 
     case = Case(backend="jax", batch=16, steps=3, warmup=1)
     plan = BACKEND.train(case, linear_task(16), accel).run.memory_per_device
@@ -271,7 +267,7 @@ def test_memory_is_the_cases_own_where_the_runtime_peak_cannot_be_reset(
 def test_a_declared_capacity_smaller_than_the_device_is_what_a_case_is_judged_against() -> None:
     """Seen on an H100 (80 GB): seed 000's batch 4096, declared against a 16 GiB device,
     trained instead of being predicted out of memory, and the suite's assertion failed."""
-    from pytest_accelperf.backends.jax import _capacity
+    from pytest_accelperf.backends.jax.memory import _capacity
 
     gpu = Accelerator(name="gpu", platform="gpu-x1", device_kind="h100", device_count=1,
                       memory_capacity=80 * GIB)

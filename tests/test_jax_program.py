@@ -1,7 +1,7 @@
 """The JAX backend's program record and leak reading, on real compiled programs.
 
 Each test trains (or compiles) a tiny step on 8 virtual CPU devices and checks what
-:mod:`pytest_accelperf.backends.xla_program` read from XLA's cost analysis and optimized
+:mod:`pytest_accelperf.backends.jax.program` read from XLA's cost analysis and optimized
 HLO: FLOPs against a count made by hand (2·m·n·k per matmul, forward and backward), the
 collectives a sharding change adds or removes, a host callback left in the loss, a matmul
 precision change, and that an unchanged program reads the same twice. The leak reading
@@ -28,9 +28,10 @@ import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends.jax import BACKEND, JaxStep  # noqa: E402
-from pytest_accelperf.backends.xla_program import program_of, read_hlo, shape_bytes  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
+from pytest_accelperf.backends.jax.program import program_of, read_hlo, shape_bytes  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.program import changes, describe_changes  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 

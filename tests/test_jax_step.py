@@ -35,17 +35,12 @@ from flax.training import train_state  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends.jax import (  # noqa: E402
-    BACKEND,
-    JaxStep,
-    JaxTask,
-    JaxTrainResult,
-    TaskError,
-    nnx_step,
-)
+from pytest_accelperf.backends.jax.backend import BACKEND, JaxTrainResult  # noqa: E402
+from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
+from pytest_accelperf.jax import JaxStep, JaxTask, nnx_step  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
@@ -673,7 +668,7 @@ import numpy as np
 import optax
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax import JaxTask
+from pytest_accelperf.jax import JaxTask
 
 
 def loss_fn(params, batch):
@@ -712,7 +707,7 @@ import optax
 from flax.training import train_state
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax import JaxStep
+from pytest_accelperf.jax import JaxStep
 
 
 def create(key):

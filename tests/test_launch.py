@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("cloudpickle")
 
-from pytest_accelperf.backends._rank import RankContext
-from pytest_accelperf.backends.launch import (
+from pytest_accelperf.backends.procs._rank import RankContext
+from pytest_accelperf.backends.procs.launch import (
     CapacityExceeded,
     default_extensions_dir,
     launch,
@@ -183,7 +183,7 @@ def test_rank_zero_progress_reaches_the_terminal_line() -> None:
 
 
 def test_progress_follower_keeps_a_half_written_line(tmp_path: Any) -> None:
-    from pytest_accelperf.backends.launch import _ProgressFollower
+    from pytest_accelperf.backends.procs.launch import _ProgressFollower
     from pytest_accelperf.report import progress
 
     events = tmp_path / "rank0.jsonl"

@@ -11,10 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_accelperf.backends import BACKENDS  # noqa: E402
-from pytest_accelperf.backends.neuron import MIN_WARMUP, train_lazy  # noqa: E402
-from pytest_accelperf.backends.torch import BACKEND as TORCH  # noqa: E402
-from pytest_accelperf.backends.torch import TorchTask  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND as TORCH  # noqa: E402
+from pytest_accelperf.backends.torch.neuron import MIN_WARMUP, train_lazy  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 INSTALL = "pip install torch-neuronx --extra-index-url https://pip.repos.neuron.amazonaws.com"
 

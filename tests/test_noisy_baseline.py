@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_accelperf.backends.torch import TorchTask
+from pytest_accelperf.torch import TorchTask
 
 NOISY = Path(__file__).with_name("noisy.flag")
 STATE = {"calls": 0, "noisy": False}
@@ -177,7 +177,7 @@ import itertools
 import time
 
 from pytest_accelperf.backends import BackendSpec, TrainResult
-from pytest_accelperf.backends.probe import Probe
+from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.report import progress
 from pytest_accelperf.run import Run
 

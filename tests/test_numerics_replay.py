@@ -27,11 +27,12 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.backends import jax as jax_backend  # noqa: E402
-from pytest_accelperf.backends.jax import BACKEND, JaxTask  # noqa: E402
+from pytest_accelperf.backends.jax import backend as jax_backend  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import SPREAD_FACTOR, check_numerics, compact  # noqa: E402
+from pytest_accelperf.jax import JaxTask  # noqa: E402
 from pytest_accelperf.summary import summarize  # noqa: E402
 
 DIM, OUT, BATCH = 32, 8, 16

@@ -1,4 +1,4 @@
-"""What a rank communicates per step (``pytest_accelperf.backends.rank_comm``): the counter
+"""What a rank communicates per step (``pytest_accelperf.backends.torch.comm``): the counter
 itself, then real 2-rank runs on the CPU (gloo) of a small MLP: DDP's bucket all-reduce
 carries exactly the parameter bytes and scales with the model's width; ZeRO-3 issues other
 collectives than ZeRO-2 (it gathers the parameters); an unchanged run gives the same record.
@@ -18,20 +18,19 @@ pytest.importorskip("cloudpickle")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
-from pytest_accelperf.backends.ddp import train_ddp  # noqa: E402
-from pytest_accelperf.backends.deepspeed import BACKEND  # noqa: E402
-from pytest_accelperf.backends.rank_comm import (  # noqa: E402
+from pytest_accelperf.backends.torch.comm import (  # noqa: E402
     CommCounter,
     count_deepspeed,
     largest_over_ranks,
     payload_bytes,
 )
-from pytest_accelperf.backends.rank_step import RankStep  # noqa: E402
+from pytest_accelperf.backends.torch.deepspeed import BACKEND  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.torch import RankStep, train_ddp  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 BATCH, STEPS, WARMUP, IN = 8, 2, 2, 16
-#: Steps whose collectives are counted: all but the first two (torch_ranks.comm_steps).
+#: Steps whose collectives are counted: all but the first two (torch/ranks.py: RankPlan.comm_steps).
 COUNTED = WARMUP + STEPS - 2
 
 

@@ -20,20 +20,23 @@ pytest.importorskip("cloudpickle")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
-from pytest_accelperf.backends.common import TaskError  # noqa: E402
-from pytest_accelperf.backends.ddp import train_ddp  # noqa: E402
-from pytest_accelperf.backends.deepspeed import (  # noqa: E402
+from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
+from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
     BACKEND,
     SIZED_KEYS,
     ds_config,
     size_buckets,
     zero_defaults,
 )
-from pytest_accelperf.backends.rank_step import Built, RankStep  # noqa: E402
-from pytest_accelperf.backends.torch_ranks import micro_batches  # noqa: E402
+from pytest_accelperf.backends.torch.ranks import micro_batches  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
+from pytest_accelperf.torch import (  # noqa: E402
+    Built,
+    RankStep,
+    train_ddp,
+)
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 BATCH, STEPS, WARMUP, WIDTH, LR, WARM = 16, 3, 2, 64, 1e-2, 3

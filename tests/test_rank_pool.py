@@ -20,8 +20,8 @@ pytest.importorskip("cloudpickle")
 
 from test_launch import ranks_fn
 
-from pytest_accelperf.backends import rank_pool
-from pytest_accelperf.backends.launch import LaunchResult, launch
+from pytest_accelperf.backends.procs import rank_pool
+from pytest_accelperf.backends.procs.launch import LaunchResult, launch
 
 WARM = ("json",)
 
@@ -145,7 +145,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from test_launch import ranks_fn
 
-from pytest_accelperf.backends.launch import launch
+from pytest_accelperf.backends.procs.launch import launch
 
 
 def test_pooled():
@@ -174,7 +174,7 @@ def test_two_zero_stages_in_the_same_warm_ranks_equal_fresh_ranks(
     pytest.importorskip("torch")
     pytest.importorskip("deepspeed")
     from pytest_accelperf.accel import Accelerator
-    from pytest_accelperf.backends.deepspeed import BACKEND
+    from pytest_accelperf.backends.torch.deepspeed import BACKEND
     from pytest_accelperf.cases import Case
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))

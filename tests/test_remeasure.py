@@ -22,7 +22,7 @@ COUNTER_SUITE = '''
 import torch
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.torch_step import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 
 @cases(backend="torch", batch=[64], steps=20, warmup=1, accels=("cpu",))
@@ -91,7 +91,7 @@ import optax
 from flax import nnx
 
 from pytest_accelperf import cases
-from pytest_accelperf.backends.jax import nnx_step
+from pytest_accelperf.jax import nnx_step
 
 
 class MLP(nnx.Module):
@@ -146,7 +146,7 @@ def test_a_confirmation_keeps_the_first_compile_time(suite: Suite) -> None:
 # -- what a re-measurement contributes, on runs built by hand --------------------------------
 def _trained(times: list[float], *, foreign: float | None = None, seconds: float = 1.0,
              loss: float = 1.0) -> Any:
-    from pytest_accelperf.backends.base import TrainResult
+    from pytest_accelperf.backends.protocol import TrainResult
     from pytest_accelperf.run import Run
 
     extra: dict[str, Any] = {"warmup_step_times": [0.5]}

@@ -14,8 +14,9 @@ torch = pytest.importorskip("torch")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
-from pytest_accelperf.backends.torch import BACKEND, TorchTask, count_flops  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND, count_flops  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
 from gpt import make_task, n_params  # noqa: E402
@@ -148,13 +149,13 @@ def test_unknown_accelerator_is_refused() -> None:
 
 def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
     """torch's FlopCounterMode has no formula for the CPU flash-attention kernel and counted
-    attention as 0; the plugin's counter (``torch_task.flop_counter``) gives the analytic
+    attention as 0; the plugin's counter (``torch.task.flop_counter``) gives the analytic
     count exactly: per token and layer, 12 d^2 multiply-adds for the projections and the
     MLP and 2 T d for the two attention products; d V for the head; times 2 (a
     multiply-add is two FLOPs) and 3 (the forward, and the backward's two products each)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pytest_accelperf.backends.torch import count_flops
+    from pytest_accelperf.backends.torch.backend import count_flops
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
     import gpt
@@ -179,8 +180,8 @@ def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
 def test_a_long_run_probes_drift_at_most_max_probes_times() -> None:
     """Up to MAX_PROBES measured steps the drift probe runs after every one (every suite
     of this project); a longer run probes after every k-th, evenly, MAX_PROBES at most."""
-    from pytest_accelperf.backends.loop import MAX_PROBES, StepFns, run_steps
-    from pytest_accelperf.backends.probe import Probe
+    from pytest_accelperf.backends.measure.loop import MAX_PROBES, StepFns, run_steps
+    from pytest_accelperf.backends.measure.probe import Probe
 
     probed: list[int] = []
     done: list[int] = []

@@ -1,4 +1,4 @@
-"""The MemTracker the torch backends count CPU memory with (``backends/torch_memory.py``):
+"""The MemTracker the torch backends count CPU memory with (``backends/torch/memory.py``):
 the same device totals as torch's stock MemTracker, without its per-module peaks.
 
 Counted on a real training step (a residual MLP with many modules, AdamW, a buffer the
@@ -14,12 +14,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.backends import torch as torch_backend  # noqa: E402
-from pytest_accelperf.backends.torch_memory import (  # noqa: E402
+from pytest_accelperf.backends.torch import backend as torch_backend  # noqa: E402
+from pytest_accelperf.backends.torch.memory import (  # noqa: E402
     device_total,
     memory_tracker,
 )
-from pytest_accelperf.backends.torch_step import TorchStep  # noqa: E402
+from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 CPU = torch.device("cpu")
 WIDTH, DEPTH, BATCH = 32, 6, 16

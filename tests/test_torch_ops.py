@@ -1,4 +1,4 @@
-"""What an eager torch step dispatches (``pytest_accelperf.backends.torch_ops``) and how the
+"""What an eager torch step dispatches (``pytest_accelperf.backends.torch.ops``) and how the
 program check judges it: the three regressions users injected into nanoGPT's train.py that
 passed every check before (a ``loss.item()`` per step, attention falling back from
 ``F.scaled_dot_product_attention`` to matmul-mask-softmax, autocast turned off), each a
@@ -23,18 +23,14 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
-from pytest_accelperf.backends.torch import (  # noqa: E402
-    BACKEND,
-    TorchStep,
-    TorchStepper,
-    count_step,
-)
-from pytest_accelperf.backends.torch_ops import OpCounter, left_out, op_key, sync_kind  # noqa: E402
-from pytest_accelperf.backends.torch_program import eager_program  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND, TorchStepper, count_step  # noqa: E402
+from pytest_accelperf.backends.torch.ops import OpCounter, left_out, op_key, sync_kind  # noqa: E402
+from pytest_accelperf.backends.torch.program import eager_program  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.program import matmul_dtypes  # noqa: E402
+from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 TOL = Tolerances()
@@ -285,7 +281,7 @@ def test_a_copy_to_the_cpu_is_a_host_sync_only_from_a_device() -> None:
 SUITE = '''
 import torch
 from pytest_accelperf import cases
-from pytest_accelperf.backends.torch_step import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 
 @cases(backend="torch", batch=[8], steps=2, warmup=1, accels=("cpu",))

@@ -17,19 +17,19 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
-from pytest_accelperf.backends.torch import (  # noqa: E402
+from pytest_accelperf.backends.torch.backend import (  # noqa: E402
     BACKEND,
     GROWTH_STEPS,
     MEMORY_STEPS,
-    TorchStep,
     _CudaGrowth,
     count_step,
     count_step_flops,
 )
-from pytest_accelperf.backends.torch_program import COMPILE_TIME_COVERS, eager_program  # noqa: E402
+from pytest_accelperf.backends.torch.program import COMPILE_TIME_COVERS, eager_program  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.program import changes, describe_changes  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
+from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 STEPS, WARMUP, BATCH, DIM = 4, 1, 64, 8
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)

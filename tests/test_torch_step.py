@@ -26,15 +26,9 @@ torch = pytest.importorskip("torch")
 from conftest import Suite  # noqa: E402
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
-from pytest_accelperf.backends.common import TaskError  # noqa: E402
-from pytest_accelperf.backends.torch import (  # noqa: E402
-    BACKEND,
-    TorchStep,
-    TorchTask,
-    TorchTrainResult,
-    count_step_flops,
-)
-from pytest_accelperf.backends.torch_step import (  # noqa: E402
+from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND, TorchTrainResult, count_step_flops  # noqa: E402
+from pytest_accelperf.backends.torch.step import (  # noqa: E402
     as_torch_step,
     live_stateful,
     undone,
@@ -43,6 +37,7 @@ from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
 from pytest_accelperf.run import Run  # noqa: E402
+from pytest_accelperf.torch import TorchStep, TorchTask  # noqa: E402
 
 STEPS, WARMUP, BATCH, DIM = 8, 2, 64, 8
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
@@ -237,7 +232,7 @@ def test_a_step_that_names_its_schedulers_is_trained_without_the_scan(
     """``TorchStep.stateful`` names what the counting steps put back: no scan of the
     process (it would fail here), the same schedule as the scan gives, and TorchTask's
     step names none (it steps its optimizer only)."""
-    import pytest_accelperf.backends.torch_step as torch_step
+    import pytest_accelperf.backends.torch.step as torch_step
 
     def no_scan() -> list[Any]:
         raise AssertionError("the process was scanned for schedulers")
@@ -385,7 +380,7 @@ def test_numpy_leaves_become_tensors_and_containers_keep_their_types() -> None:
     every container kept: a tuple stays a tuple (default_convert alone makes it a list),
     a namedtuple its type. A read-only array is copied (no warning: the suite turns
     warnings into errors)."""
-    from pytest_accelperf.backends.torch_task import as_tensors, to_device
+    from pytest_accelperf.backends.torch.task import as_tensors, to_device
 
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     frozen = np.ones(3, np.int64)
@@ -408,7 +403,7 @@ def test_numpy_leaves_become_tensors_and_containers_keep_their_types() -> None:
 def test_ranks_split_numpy_arrays_as_they_split_tensors() -> None:
     """DDP and DeepSpeed ranks take their rows of the global batch: a numpy array was
     given whole to every rank (only tensors were split). Now it is made a tensor first."""
-    from pytest_accelperf.backends.torch_ranks import micro_batches
+    from pytest_accelperf.backends.torch.ranks import micro_batches
 
     c = Case(backend="torch", batch=8, world_size=2, grad_accum=2, steps=1, warmup=0)
     rows = np.arange(8, dtype=np.float32)
@@ -560,7 +555,7 @@ def test_a_result_without_state_pickles() -> None:
 TORCH_SUITE = '''
 import torch
 from pytest_accelperf import Case, cases
-from pytest_accelperf.backends.torch_step import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 LR_SCALE = {scale}
 

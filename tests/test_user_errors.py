@@ -76,7 +76,7 @@ def test_a_torch_step_model_that_is_not_a_module_is_one_line(suite: Suite) -> No
     suite.write('''
         import torch
         from pytest_accelperf import cases
-        from pytest_accelperf.backends.torch_step import TorchStep
+        from pytest_accelperf.torch import TorchStep
 
         @cases(backend="torch", batch=[4], steps=2, warmup=1)
         def test_step(accelperf):

@@ -5,7 +5,7 @@ size 2, nothing in ``ds_config``) peaked on rank 0 at 20.0 / 18.0 / 18.0 / 23.4 
 parameter at ZeRO 0 / 1 / 2 / 3: ZeRO-3 used more than no ZeRO at all, where the ZeRO paper
 and the project's seed report (DeepSpeed's GPT grid) show memory falling with the stage.
 The plugin had sized DeepSpeed's buckets and ZeRO-3's limits to the whole model; they are now
-a fraction of a rank's share (``backends/deepspeed.py``: :func:`size_buckets`).
+a fraction of a rank's share (``backends/torch/deepspeed.py``: :func:`size_buckets`).
 
 Each stage's per-rank peak (the rank's MemTracker count over construction and the first two
 steps) is checked against :func:`expected_bytes`, a count of what DeepSpeed 0.19 and torch's
@@ -27,9 +27,9 @@ pytest.importorskip("cloudpickle")
 
 from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
-from pytest_accelperf.backends.deepspeed import BACKEND, size_buckets  # noqa: E402
-from pytest_accelperf.backends.rank_step import RankStep  # noqa: E402
+from pytest_accelperf.backends.torch.deepspeed import BACKEND, size_buckets  # noqa: E402
 from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.torch import RankStep  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 WIDTH, DEPTH, BATCH, WORLD = 1024, 3, 8, 2

@@ -16,7 +16,7 @@ import numpy as np
 import optax
 from flax.training import train_state
 
-from pytest_accelperf.backends.jax import JaxStep
+from pytest_accelperf.jax import JaxStep
 
 
 class CNN(nn.Module):

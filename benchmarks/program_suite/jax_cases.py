@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
-from pytest_accelperf.backends.jax import JaxStep
+from pytest_accelperf.jax import JaxStep
 
 P: Any = PartitionSpec  # untyped in jax
 D = 256  # width of both layers

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from pytest_accelperf.backends.torch import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 DIM, HIDDEN = 64, 256
 

@@ -1,7 +1,7 @@
 """The train step the gate benchmark measures: a JAX MLP, about 10 ms a step on 2 CPU cores.
 
 ``CASE`` is the one training case both arms of the benchmark time; ``make_task(case)``
-builds its :class:`~pytest_accelperf.backends.jax.JaxTask`. The model is a 3-hidden-layer
+builds its :class:`~pytest_accelperf.jax.JaxTask`. The model is a 3-hidden-layer
 GELU MLP regressing ``tanh`` of its input, trained with AdamW: a dense, jitted,
 compute-bound step of the size the issue's measurement used (about 10 ms a step here),
 whose only work is XLA's, so a slowdown that the benchmark injects is the only change
@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pytest_accelperf.backends.jax import JaxTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.jax import JaxTask
 
 #: Model size: about 10 ms a step on this project's 2-core CPU machine, one device
 #: (measured on a quiet moment: hidden 704 took 7.1-8.2 ms, 832 9.3-10.6 ms, 896 9.7-11.6).

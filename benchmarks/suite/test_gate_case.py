@@ -20,7 +20,7 @@ from typing import Any
 from steptask import CASE, make_task
 
 from pytest_accelperf import CaseRunner, cases
-from pytest_accelperf.backends.common import injected_slowdown
+from pytest_accelperf.backends.measure.common import injected_slowdown
 
 
 @cases(CASE)
@@ -32,8 +32,9 @@ def test_step(accelperf: CaseRunner) -> None:
 def test_step_benchmark(benchmark: Any, accelerator: Any) -> None:
     import jax
 
-    from pytest_accelperf.backends.jax import _compile, _init_state, _step_fns
-    from pytest_accelperf.backends.loop import timed
+    from pytest_accelperf.backends.jax.backend import _init_state, _step_fns
+    from pytest_accelperf.backends.jax.compile import _compile
+    from pytest_accelperf.backends.measure.loop import timed
     from pytest_accelperf.session import exclusive_host
 
     task = make_task(CASE)

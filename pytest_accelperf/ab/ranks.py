@@ -6,15 +6,15 @@ process group). So for such a case the arm worker starts a group of ranks of its
 from its revision's files, and keeps it for the whole comparison of the case
 (:class:`RankGroupStepper`):
 
-* The group is launched as a run's ranks are (:func:`~pytest_accelperf.backends.launch.
+* The group is launched as a run's ranks are (:func:`~pytest_accelperf.backends.procs.launch.
   start_group`: gloo on the CPU, one thread per core and rank, forked from the worker's
   own pool of warm ranks where the backend pools them), with the job of the backend's
-  :class:`~pytest_accelperf.backends.ranks.RankTrainer` ``block_job``. Each rank waits for
+  :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` ``block_job``. Each rank waits for
   the worker's connection on a socket of its own (:class:`~pytest_accelperf.backends.
   ranks.BlockControl`), builds the engine and warms up exactly as in a run, and reports
   ready.
 * :meth:`RankGroupStepper.run` sends every rank "run ``n`` steps"; they train them with the
-  run's own step functions and loop (:func:`~pytest_accelperf.backends.ranks.
+  run's own step functions and loop (:func:`~pytest_accelperf.backends.procs.ranks.
   serve_blocks`: each step starts after a barrier and ends synchronized) and send back
   their step times; the block's times are rank 0's, as a run's are. Between blocks the
   ranks wait on their sockets, using no CPU while the other arm is measured.
@@ -48,8 +48,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest_accelperf
-from pytest_accelperf.backends.launch import LaunchResult, RankGroup, start_group
-from pytest_accelperf.backends.ranks import BlockControl
+from pytest_accelperf.backends.procs.launch import LaunchResult, RankGroup, start_group
+from pytest_accelperf.backends.procs.ranks import BlockControl
 
 #: Seconds a group may take to start, build its engine and warm up (below the controller's
 #: 600 s for a whole ``prepare``, so the worker answers with the reason first).
@@ -85,7 +85,7 @@ def plugin_shim() -> Path:
 
 class RankGroupStepper:
     """One case's ranks in one arm, trained in blocks of steps on demand (see the module
-    doc). ``trainer`` is the backend's :class:`~pytest_accelperf.backends.ranks.
+    doc). ``trainer`` is the backend's :class:`~pytest_accelperf.backends.procs.ranks.
     RankTrainer` (with ``block_job`` and ``block_program``); ``task`` the case's task as
     this arm's test function built it. Raises :class:`RankGroupError` when the group
     fails to start (nothing is left running)."""

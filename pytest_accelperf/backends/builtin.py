@@ -24,26 +24,26 @@ _TORCH_FIRST = "(install torch first: pip install torch==2.13.0 for CPU)"
 
 SPECS: tuple[BackendSpec, ...] = (
     BackendSpec(
-        "jax", "pytest_accelperf.backends.jax", requires=("jax", "flax", "optax"),
+        "jax", "pytest_accelperf.backends.jax.backend", requires=("jax", "flax", "optax"),
         install="pip install 'pytest-accelperf[jax]'", packages=_JAX,
-        ranks="pytest_accelperf.backends.jax_multihost", ab_blocks=True, compile_only=True,
+        ranks="pytest_accelperf.backends.jax.ranks", ab_blocks=True, compile_only=True,
     ),
     BackendSpec(
-        "torch", "pytest_accelperf.backends.torch", requires=("torch",),
+        "torch", "pytest_accelperf.backends.torch.backend", requires=("torch",),
         install=f"pip install 'pytest-accelperf[torch]' {_TORCH_FIRST}",
-        packages=("torch", "numpy"), ranks="pytest_accelperf.backends.ddp", ab_blocks=True,
+        packages=("torch", "numpy"), ranks="pytest_accelperf.backends.torch.ddp", ab_blocks=True,
     ),
     BackendSpec(
-        "deepspeed", "pytest_accelperf.backends.deepspeed",
+        "deepspeed", "pytest_accelperf.backends.torch.deepspeed",
         requires=("torch", "deepspeed", "cloudpickle"),
         install=f"pip install 'pytest-accelperf[deepspeed]' {_TORCH_FIRST}",
         packages=("torch", "deepspeed", "numpy"), in_process=False,
-        ranks="pytest_accelperf.backends.deepspeed",
+        ranks="pytest_accelperf.backends.torch.deepspeed",
     ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
     # (the PyPI name is a placeholder).
     BackendSpec(
-        "neuron", "pytest_accelperf.backends.neuron",
+        "neuron", "pytest_accelperf.backends.torch.neuron",
         requires=("torch", "torch_xla", "torch_neuronx"),
         install="pip install torch-neuronx --extra-index-url "
                 "https://pip.repos.neuron.amazonaws.com (on a Trainium/Inferentia instance "
@@ -51,7 +51,7 @@ SPECS: tuple[BackendSpec, ...] = (
         packages=("torch", "numpy"),
     ),
     BackendSpec(
-        "alpa", "pytest_accelperf.backends.alpa",
+        "alpa", "pytest_accelperf.backends.jax.alpa",
         requires=("alpa", "jax", "flax", "optax", "ray"),
         install="Alpa needs Python <= 3.9 and jax 0.3.x (this is Python "
                 f"{sys.version_info.major}.{sys.version_info.minor}): in a Python 3.9 "
@@ -60,7 +60,7 @@ SPECS: tuple[BackendSpec, ...] = (
         packages=_JAX,
     ),
     BackendSpec(
-        "jax-pipeline", "pytest_accelperf.backends.pipeline", requires=("jax", "flax", "optax"),
+        "jax-pipeline", "pytest_accelperf.backends.jax.pipeline", requires=("jax", "flax", "optax"),
         install="pip install 'pytest-accelperf[jax]'", packages=_JAX,
     ),
     # Measurements taken outside the plugin (accelperf.ingest): nothing to import. An

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.cases import Case
 
 _HOW = ("backend 'external' measures nothing itself: check the case with "

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 from pytest_accelperf.errors import UserError
 
 if TYPE_CHECKING:
-    from pytest_accelperf.backends.base import Backend
-    from pytest_accelperf.backends.ranks import RankTrainer
+    from pytest_accelperf.backends.procs.ranks import RankTrainer
+    from pytest_accelperf.backends.protocol import Backend
 
 #: A backend name: what ``Case(backend=...)`` says and the case id starts with.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
@@ -55,7 +55,7 @@ class BackendSpec:
     """One backend: its name, where its code is, what it needs, and what it can do.
 
     ``module`` is the importable module whose ``BACKEND`` implements
-    :class:`~pytest_accelperf.backends.base.Backend` (or ``"module:NAME"`` for another
+    :class:`~pytest_accelperf.backends.protocol.Backend` (or ``"module:NAME"`` for another
     attribute); it is imported only when a case of the backend trains. Instead of a
     module, ``backend`` may be the backend object itself (a conftest's own class): such a
     backend trains in pytest's processes (in-process, local ranks, under xdist) but not in
@@ -72,7 +72,7 @@ class BackendSpec:
       interrupts a step that blocks past the timeout; False when ``train`` launches
       processes of its own and stops them itself (DeepSpeed).
     * ``ranks``: the module (``RANKS``, or ``"module:NAME"``) of the
-      :class:`~pytest_accelperf.backends.ranks.RankTrainer` that trains a case with
+      :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` that trains a case with
       ``world_size > 1``, in ranks the plugin launches on this machine or as Ray actors;
       None: the backend has no multi-process training of its own.
     * ``ab_blocks``: the backend has ``stepper(case, task, accel)`` whose ``run(n)``

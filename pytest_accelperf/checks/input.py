@@ -1,7 +1,7 @@
 """The input check: did making each step's batch get slower than the baseline's?
 
 The step loop times a step's device work and, apart from it, what making its batch cost
-(:mod:`pytest_accelperf.backends.loop`): the user's ``make_batch`` or data iterator and
+(:mod:`pytest_accelperf.backends.measure.loop`): the user's ``make_batch`` or data iterator and
 the host-side conversion of what it returns (numpy to tensors for torch, tensors to numpy
 for JAX), not the transfer to the device that follows. A training loop pays that on
 every step, so a batch function that went from 0.1 ms to 4.7 ms slows the training by as

@@ -2,7 +2,7 @@
 
 ``numerics`` compares the parameter fingerprint of the block (``block["numerics"]``) with
 the baseline's. A run's fingerprint has, per parameter path, ``{"shape", "dtype", "rms",
-"sample", "sketch"}`` (:func:`pytest_accelperf.backends.common.fingerprint`), and the same
+"sample", "sketch"}`` (:func:`pytest_accelperf.backends.measure.common.fingerprint`), and the same
 for each leaf of the training state beside the parameters (running statistics, step
 counters, a loss scale), marked ``"state": true``; the store keeps its compact form
 (:func:`compact`): one number per leaf in path order, ``rms * exp(sketch / 4)``, a hash of
@@ -131,7 +131,7 @@ TAG_HEX = 2
 
 def sketch_value(leaf: Mapping[str, Any]) -> float:
     """The one number a compact fingerprint stores for a leaf: ``rms * exp(sketch / 4)``
-    (``sketch`` from :func:`pytest_accelperf.backends.common.fingerprint`), 6 significant
+    (``sketch`` from :func:`pytest_accelperf.backends.measure.common.fingerprint`), 6 significant
     digits. It lies within a factor of about 0.5 to 2 of the leaf's RMS (never near 0 unless
     the leaf is), so ``np.isclose`` at the numerics tolerance reads it as it reads the RMS;
     it moves with the leaf's scale (the RMS) and with its pattern (the sketch: a sign flip
@@ -164,7 +164,7 @@ def is_compact(numerics: Any) -> bool:
 
 def compactable(numerics: Any) -> bool:
     """Whether ``numerics`` is a per-leaf fingerprint with a sketch for every leaf (what
-    :func:`pytest_accelperf.backends.common.fingerprint` makes), which :func:`compact` can
+    :func:`pytest_accelperf.backends.measure.common.fingerprint` makes), which :func:`compact` can
     store."""
     return (isinstance(numerics, Mapping) and bool(numerics) and not is_compact(numerics)
             and all(isinstance(p, str) and _sketched(v) for p, v in numerics.items()))

@@ -6,7 +6,7 @@ shown as throughput, ``samples_per_step / median step time`` in samples/s, becau
 the number people track; ``change`` is the relative change of that throughput.
 
 Drift correction: when both runs timed the same reference probe after their measured steps
-(:mod:`pytest_accelperf.backends.probe`), each run's median step time is taken relative to
+(:mod:`pytest_accelperf.backends.measure.probe`), each run's median step time is taken relative to
 its median probe time (:func:`pytest_accelperf.stats.step_time_ratio`), so a machine that is
 30 % slower today (another job on the cores, a slower CI runner) leaves the verdict alone,
 while a step that got slower by itself does not. The table's ``change`` is then the

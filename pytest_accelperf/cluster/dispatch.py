@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import TrainResult
-from pytest_accelperf.backends.launch import RankReport, show_latest_step
+from pytest_accelperf.backends.procs.launch import RankReport, show_latest_step
+from pytest_accelperf.backends.protocol import TrainResult
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
@@ -50,8 +50,8 @@ class _Gang:
 def _worker_env(extra: dict[str, str]) -> dict[str, str]:
     """The runtime environment of a case's workers: the suite's import path and the
     session's device environment (``XLA_FLAGS``, ``JAX_PLATFORMS``), plus ``extra``."""
-    from pytest_accelperf.backends.common import INJECT_ENV
-    from pytest_accelperf.backends.launch import EXTENSIONS_ENV, default_extensions_dir
+    from pytest_accelperf.backends.measure.common import INJECT_ENV
+    from pytest_accelperf.backends.procs.launch import EXTENSIONS_ENV, default_extensions_dir
     from pytest_accelperf.cluster.worker import THREADS_ENV
 
     paths = [p if p else os.getcwd() for p in sys.path]
@@ -349,12 +349,12 @@ def _train_ranks(spec: BackendSpec, case: Case, task: Any, accel: Accelerator,
                  cloudpickle: Any, *, cpu_devices: int, platform: str | None,
                  timeout: float | None, wait: float) -> TrainResult:
     """A case whose ranks are Ray actors, one per host: its backend's
-    :class:`~pytest_accelperf.backends.ranks.RankTrainer` says what each runs and makes the
+    :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` says what each runs and makes the
     run of what they returned or reported, as it does for ranks launched locally."""
     __tracebackhide__ = True
     import json
 
-    from pytest_accelperf.backends.launch import LaunchResult, describe_failure
+    from pytest_accelperf.backends.procs.launch import LaunchResult, describe_failure
     from pytest_accelperf.cluster.worker import THREADS_ENV
 
     ray = import_ray()
@@ -416,7 +416,7 @@ def _error_event(exc: BaseException) -> dict[str, Any]:
     """What a launched rank would have reported for ``exc`` (see ``_rank.main``)."""
     import traceback
 
-    from pytest_accelperf.backends._rank import _is_oom
+    from pytest_accelperf.backends.procs._rank import _is_oom
 
     event: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc).strip()[:2000],
                              "oom": _is_oom(exc),

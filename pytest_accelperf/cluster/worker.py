@@ -183,11 +183,11 @@ class CaseWorker:
     def rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
              master_port: int, board: Any = None, key: str = "") -> dict[str, Any]:
         """Rank ``rank`` of a case that spans hosts: ``fn(ctx, *args)`` of its backend's
-        :class:`~pytest_accelperf.backends.ranks.RankJob`, as a launched rank runs it, one
+        :class:`~pytest_accelperf.backends.procs.ranks.RankJob`, as a launched rank runs it, one
         rank per host (so its local rank is 0). Returns its result and the progress events
         it reported."""
-        from pytest_accelperf.backends._rank import RankContext
-        from pytest_accelperf.backends.launch import ProgressTail, default_extensions_dir
+        from pytest_accelperf.backends.procs._rank import RankContext
+        from pytest_accelperf.backends.procs.launch import ProgressTail, default_extensions_dir
 
         os.environ.update({
             "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0",

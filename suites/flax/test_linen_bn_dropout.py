@@ -4,7 +4,7 @@ The model, the ``TrainState`` (with ``batch_stats`` and a dropout ``key``) and t
 ``train_step`` are written as Flax's guides write them ("Batch normalization" and
 "Dropout": ``mutable=['batch_stats']``, ``rngs={'dropout': ...}`` with a key folded with
 ``state.step``, metrics returned beside the state). The plugin takes the step unchanged
-(:class:`~pytest_accelperf.backends.jax.JaxStep`), jits it with the case's shardings, times
+(:class:`~pytest_accelperf.jax.JaxStep`), jits it with the case's shardings, times
 it, records the loss and the accuracy of every step and hands the trained state back: the
 test evaluates it on held-out images with the running batch statistics.
 
@@ -25,7 +25,7 @@ from flax.training import train_state
 from patterns import batch
 
 from pytest_accelperf import CaseRunner, cases
-from pytest_accelperf.backends.jax import JaxStep
+from pytest_accelperf.jax import JaxStep
 
 
 class CNN(nn.Module):

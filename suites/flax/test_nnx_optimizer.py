@@ -3,7 +3,7 @@
 The model, the optimizer, the metrics and ``train_step`` are written as Flax's NNX MNIST
 tutorial writes them: ``train_step(model, optimizer, metrics, batch)`` decorated with
 ``nnx.jit``, updating all three in place and returning nothing. The plugin takes it
-unchanged (:func:`~pytest_accelperf.backends.jax.nnx_step`): it splits the objects into a
+unchanged (:func:`~pytest_accelperf.jax.nnx_step`): it splits the objects into a
 state, jits the step over the case's shardings, reads the metrics of every step (reset
 before it, computed after), and hands the trained objects back, which the test evaluates
 in ``model.eval()`` mode.
@@ -20,7 +20,7 @@ from flax import nnx
 from patterns import batch
 
 from pytest_accelperf import CaseRunner, cases
-from pytest_accelperf.backends.jax import nnx_step
+from pytest_accelperf.jax import nnx_step
 
 
 class CNN(nnx.Module):

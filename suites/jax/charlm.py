@@ -1,6 +1,6 @@
 """A character-level causal transformer LM: the model of seed 000, scaled for CPU.
 
-``make_task(case)`` builds a :class:`~pytest_accelperf.backends.jax.JaxTask` from
+``make_task(case)`` builds a :class:`~pytest_accelperf.jax.JaxTask` from
 ``case.params["size"]``: ``"small"`` trains in seconds on CPU; ``"full"`` is large enough
 that batch 4096 on one device needs far more than a 16 GiB accelerator (only compiled,
 never run, by the suite), while a 4x2 mesh brings it well under.
@@ -24,8 +24,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as _PartitionSpec
 
-from pytest_accelperf.backends.jax import JaxTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.jax import JaxTask
 
 # Untyped in jax: through Any so the module passes mypy --strict too.
 P: Any = _PartitionSpec

@@ -35,7 +35,7 @@ SECTIONS = {"Batch 2": (2, ""), "Batch 4": (4, ""), "Batch 16": (16, ""), "Batch
 def make_mlp_task(case: Case) -> Any:
     import torch
 
-    from pytest_accelperf.backends.torch import TorchTask
+    from pytest_accelperf.torch import TorchTask
 
     def make_batch(step: int) -> tuple[Any, Any]:
         gen = torch.Generator().manual_seed(step)

@@ -16,8 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pytest_accelperf.backends.pipeline import PipelineTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.jax import PipelineTask
 
 DIM = 64
 

@@ -11,7 +11,7 @@ import importlib
 from typing import Any
 
 from pytest_accelperf import Case, CaseRunner, cases
-from pytest_accelperf.backends.jax import JaxTask
+from pytest_accelperf.jax import JaxTask
 
 
 def make_alpa_task(case: Case) -> JaxTask:

@@ -1,6 +1,6 @@
 """A small causal transformer (GPT) in PyTorch on the JAX suite's character corpus.
 
-``make_task(case)`` builds a :class:`~pytest_accelperf.backends.torch.TorchTask`: 2
+``make_task(case)`` builds a :class:`~pytest_accelperf.torch.TorchTask`: 2
 pre-norm blocks, d_model 64, 4 heads, sequence 32, AdamW at 3e-3, the same sizes as the JAX
 char-LM's "small". ``case.params["compile"]`` (default False) runs it through
 ``torch.compile``; ``case.params["seed"]`` seeds the weights and the batches.
@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_accelperf.backends.torch import TorchTask
 from pytest_accelperf.cases import Case
+from pytest_accelperf.torch import TorchTask
 
 CORPUS = Path(__file__).resolve().parent.parent / "jax" / "data" / "tiny_corpus.txt"
 SEQ_LEN, D_MODEL, N_LAYERS, N_HEADS, LR = 32, 64, 2, 4, 3e-3

@@ -40,8 +40,7 @@ import torch.nn.functional as F
 from gpt import GPT, LR, load_corpus, make_task
 
 from pytest_accelperf import Case, CaseRunner, MaxBatchSearch, cases
-from pytest_accelperf.backends.ddp import train_ddp
-from pytest_accelperf.backends.torch_task import TorchTask
+from pytest_accelperf.torch import TorchTask, train_ddp
 
 VOCAB = len(load_corpus()[1])
 D_MODEL = 384
@@ -201,7 +200,7 @@ def test_zero(accelperf: CaseRunner) -> None:
 
 @cases(Case(backend="torch", model="gpt", label="ddp", **COMMON))
 def test_ddp(accelperf: CaseRunner) -> None:
-    # DDP trains through pytest_accelperf.backends.ddp; checked like any other run.
+    # DDP trains through pytest_accelperf.backends.torch.ddp; checked like any other run.
     case = accelperf.case
     result = accelperf.check(train_ddp(case, wide_task(case), accelperf.accelerator,
                                        timeout=accelperf.settings.timeout))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from gpt import GPT, SEQ_LEN, load_corpus
 
 from pytest_accelperf import Case, CaseRunner, cases
-from pytest_accelperf.backends.torch_step import TorchStep
+from pytest_accelperf.torch import TorchStep
 
 LR, WEIGHT_DECAY, WARMUP_ITERS = 3e-3, 0.1, 4
 

@@ -1,14 +1,15 @@
 """The JAX backend: AOT-compile a sharded train step, predict its memory, then time it.
 
-What it trains is a :class:`~pytest_accelperf.backends.jax_step.JaxStep`: the user's own
+What it trains is a :class:`~pytest_accelperf.backends.jax.step.JaxStep`: the user's own
 ``step(state, batch) -> (state, metrics)`` and its state (a :class:`JaxTask` and an
 :func:`nnx_step` are built on it). One code path serves every case: no mesh is a one-device
 mesh, so the single-device reference run of a sharded case is the same function called
 with another mesh. The step is lowered on abstract values and compiled *before* any state
-exists, so a case that cannot fit (seed 000's batch 4096 without a mesh) costs one compile
-and is recorded as a predicted out-of-memory instead of allocating, or being killed by the
+exists (:mod:`.jax.compile`, on the shardings of :mod:`.jax.sharding`), so a case that
+cannot fit (seed 000's batch 4096 without a mesh) costs one compile and is recorded as a
+predicted out-of-memory (:mod:`.jax.memory`) instead of allocating, or being killed by the
 host. What the compiled step does (FLOPs, bytes, collectives, host callbacks) is read from
-it into ``Run.program`` (:mod:`.xla_program`); the compile time counts the init's compile
+it into ``Run.program`` (:mod:`.jax.program`); the compile time counts the init's compile
 with the step's; and the live arrays are counted after the warm-up and after the last
 measured step (``Run.memory_growth``), so a step that keeps device memory shows it. Where
 the case's time went is ``Run.extra["phases"]`` (wall seconds: :meth:`JaxBackend._train`);
@@ -20,66 +21,55 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
-import re
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-
-# Re-exported: both lived here before the torch backend needed them without jax.
-from pytest_accelperf.backends.common import N_SAMPLES as N_SAMPLES
-from pytest_accelperf.backends.common import Phases, describe, with_state
-from pytest_accelperf.backends.common import TaskError as TaskError
-from pytest_accelperf.backends.common import fingerprint as fingerprint
-from pytest_accelperf.backends.data import expect, source_label
-from pytest_accelperf.backends.jax_step import (
-    BatchSignature,
-    abstract_state,
-    as_step,
-    batch_signature,
-    check_batch,
-    check_outputs,
-    explain,
-    full_specs,
+from pytest_accelperf.backends.jax.compile import _compile, _is_oom, _OutOfMemory, _Program
+from pytest_accelperf.backends.jax.memory import (
+    _analysis_bytes,
+    _capacity,
+    _labels,
+    _live_bytes,
+    _oom_message,
+    _oom_run,
+    _predicted_oom,
+    _runtime_peaks,
+    planner,
 )
-
-# The step API lives in jax_step; imported from here as before.
-from pytest_accelperf.backends.jax_step import JaxStep as JaxStep
-from pytest_accelperf.backends.jax_step import JaxTask as JaxTask
-from pytest_accelperf.backends.jax_step import host_batch as as_host  # "host_batch": a local
-from pytest_accelperf.backends.jax_step import nnx_step as nnx_step
-from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
-from pytest_accelperf.backends.probe import PROBE_N, PROBE_REPS, Probe
-from pytest_accelperf.backends.xla_program import program_of
+from pytest_accelperf.backends.jax.program import program_of
+from pytest_accelperf.backends.jax.step import JaxStep, as_step, check_batch
+from pytest_accelperf.backends.jax.step import host_batch as as_host
+from pytest_accelperf.backends.measure.common import Phases, fingerprint, with_state
+from pytest_accelperf.backends.measure.data import expect
+from pytest_accelperf.backends.measure.loop import (
+    LoopResult,
+    StepFns,
+    load_json,
+    run_steps,
+    time_block,
+)
+from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
+from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
-from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.run import Run
-from pytest_accelperf.targets import compiling, not_run
+from pytest_accelperf.targets import not_run
 from pytest_accelperf.units import round_sig
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
-P: Any = PartitionSpec
-_ShapeDtypeStruct: Any = jax.ShapeDtypeStruct
 _block_until_ready: Any = jax.block_until_ready
 _device_put: Any = jax.device_put
-_eval_shape: Any = jax.eval_shape
 _set_mesh: Any = jax.set_mesh
-_live_arrays: Any = jax.live_arrays
-GIB = 2**30
 
 
 @dataclass
@@ -95,361 +85,6 @@ class JaxTrainResult(TrainResult):
         data = dict(self.__dict__)
         data["state"] = None
         return data
-
-
-@dataclass
-class _Program:
-    """A compiled train step and the shardings its inputs must have."""
-
-    step: JaxStep
-    mesh: Any
-    state_shardings: PyTree
-    batch_shardings: PyTree
-    compiled: Any
-    compile_time: float
-    #: The step before it was partitioned over the mesh: its cost analysis counts the
-    #: model's FLOPs once however the mesh replicates them (:mod:`.xla_program`). For a
-    #: ``bind_axes`` step, the same step lowered on one device over the global batch
-    #: (:func:`_global_lowering`): the shard_map-ed program is one shard's.
-    lowered: Any = None
-    #: ``lowered`` is that global lowering (the program record says so).
-    global_flops: bool = False
-    #: A fresh initial state from the compiled init, once :func:`_init_state` compiled it:
-    #: the reference check's second start (:func:`_reference`) compiles nothing.
-    fresh_state: Any = None
-    #: What other processes used of the machine while the step compiled (None: no /proc).
-    compile_load: Load | None = None
-    #: Seconds tracing the user's step (``eval_shape``, checked before it is lowered): the
-    #: trace any ``jax.jit`` makes on its first call, made once (the lowering reuses it
-    #: from jax's cache) and not in ``compile_time`` (the lowering and XLA's compile).
-    trace_time: float = 0.0
-    #: What the step was compiled for of its batch (step 0's): every batch is checked
-    #: against it before it is transferred (:func:`.jax_step.check_batch`).
-    batch_signature: BatchSignature | None = None
-    #: What the compiler wrote to stderr while compiling for a compile-only target (kept
-    #: off the terminal: :func:`pytest_accelperf.targets.compiling`).
-    compiler_log: list[str] = field(default_factory=list)
-
-
-class _OutOfMemory(Exception):
-    """XLA ran out of device memory (RESOURCE_EXHAUSTED) compiling or running."""
-
-
-def _is_oom(exc: BaseException) -> bool:
-    text = str(exc)
-    return isinstance(exc, RuntimeError) and (
-        "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower())
-
-
-def _restrict(spec: Any, axes: tuple[str, ...], rename: Mapping[str, str] | None = None) -> Any:
-    """``spec`` without the mesh axes this mesh lacks (``"model"`` on a one-device mesh),
-    with the axes ``rename`` names renamed (a mesh axis bound to a model's axis name)."""
-    if spec is None:
-        return P()
-    rename = rename or {}
-    out: list[Any] = []
-    for entry in spec:
-        if isinstance(entry, str):
-            entry = rename.get(entry, entry)
-            out.append(entry if entry in axes else None)
-        elif isinstance(entry, tuple):
-            kept = tuple(rename.get(a, a) for a in entry if rename.get(a, a) in axes)
-            out.append(kept if kept else None)
-        else:
-            out.append(entry)  # None or P.UNCONSTRAINED
-    return P(*out)
-
-
-def _resolve(specs: Any, tree: PyTree, default: Any, what: str, step: JaxStep) -> Any:
-    """A spec pytree from ``specs`` (a spec tree, or a function of ``tree``)."""
-    if specs is None:
-        return default
-    if callable(specs) and not isinstance(specs, PartitionSpec):
-        try:
-            return specs(tree)
-        except Exception as exc:
-            raise TaskError(f"{what} {describe(specs)} of {step.label} failed: "
-                            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}; it "
-                            f"takes the abstract {what.split('_')[0]} and returns a "
-                            f"PartitionSpec pytree") from exc
-    return specs
-
-
-def _shardings(mesh: Any, specs: Any, tree: PyTree, rename: Mapping[str, str], what: str,
-               step: JaxStep) -> PyTree:
-    """A ``NamedSharding`` per leaf of ``tree``; ``specs`` may be one spec or a prefix tree."""
-    try:
-        full = full_specs(specs, tree)
-    except (ValueError, TypeError) as exc:
-        raise TaskError(f"{what} of {step.label} does not fit its tree: "
-                        f"{str(exc).strip().splitlines()[0]}; give one PartitionSpec, or a "
-                        f"pytree of them shaped like (a prefix of) {what.split('_')[0]}") from exc
-    axes = tuple(mesh.axis_names)
-    # Every leaf of ``full`` is a PartitionSpec; a None left in it is an empty subtree of
-    # ``tree`` (a ``TrainState(dynamic_scale=None)``), as JAX reads it: no sharding. Read
-    # as "replicated" (``is_spec``), it gave a sharding to a leaf the state does not have.
-    return jax.tree.map(lambda s: NamedSharding(mesh, _restrict(s, axes, rename)), full,
-                        is_leaf=lambda x: isinstance(x, PartitionSpec))
-
-
-def _check_divisible(tree: PyTree, shardings: PyTree, mesh: Any, what: str,
-                     fix: str) -> None:
-    """Every sharded dimension of ``tree`` divides evenly over its mesh axes."""
-    sizes = dict(mesh.shape)
-    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    for (path, leaf), sharding in zip(flat, jax.tree.leaves(shardings), strict=True):
-        shape, spec = tuple(np.shape(leaf)), tuple(sharding.spec)
-        where = jax.tree_util.keystr(path, simple=True, separator="/") or "(the whole value)"
-        if len(spec) > len(shape):
-            raise TaskError(f"{what} gives leaf {where!r} of shape {list(shape)} the spec "
-                            f"{sharding.spec}, which has more entries than dimensions; {fix}")
-        for dim, entry in enumerate(spec):
-            names = entry if isinstance(entry, tuple) else (entry,) if isinstance(entry, str) \
-                else ()
-            n = math.prod(sizes[a] for a in names)
-            if n > 1 and shape[dim] % n:
-                raise TaskError(f"{what}: leaf {where!r} has {shape[dim]} along dimension {dim}, "
-                                f"split over mesh axes {list(names)} ({n} devices), which does "
-                                f"not divide it; {fix}")
-
-
-def _with_sharding(abstract: PyTree, shardings: PyTree) -> PyTree:
-    return jax.tree.map(lambda a, s: _ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
-
-
-def _mesh_renaming(step: JaxStep, case: Case) -> dict[str, str]:
-    """``{mesh axis: the model's axis name}`` of ``step.bind_axes``, checked."""
-    rename: dict[str, str] = {}
-    for model_axis, mesh_axis in step.bind_axes.items():
-        if mesh_axis not in case.axis_names:
-            raise TaskError(f"bind_axes of {step.label} binds {model_axis!r} to mesh axis "
-                            f"{mesh_axis!r}, which the case does not have (its axes: "
-                            f"{', '.join(case.axis_names)}); bind it to one of those")
-        if mesh_axis in rename:
-            raise TaskError(f"bind_axes of {step.label} binds both {rename[mesh_axis]!r} and "
-                            f"{model_axis!r} to mesh axis {mesh_axis!r}; bind one name per axis")
-        clash = model_axis in case.axis_names and model_axis != mesh_axis
-        if clash:
-            raise TaskError(f"bind_axes of {step.label} binds {model_axis!r} to {mesh_axis!r}, "
-                            f"but {model_axis!r} is already another axis of the case's mesh")
-        rename[mesh_axis] = model_axis
-    return rename
-
-
-def _bound(step: JaxStep, mesh: Any, state_sh: PyTree, batch_sh: PyTree) -> Any:
-    """The step as the program runs it: under ``jax.shard_map`` over the bound axes (the
-    others automatic) when ``step.bind_axes`` names any, else the step itself.
-
-    With pmap's semantics (``check_vma=False``): the user's step reduces what it needs
-    itself (``lax.pmean(grads, axis)``), as under ``pmap``. shard_map's replication
-    checking would sum the gradients of replicated parameters across the axis first, and
-    the step's own ``pmean`` then gave 8x the gradient on 8 devices."""
-    if not step.bind_axes:
-        return step.step
-    manual = tuple(a for a in mesh.axis_names if a in step.bind_axes)
-    if not manual:  # the bound axis is not in this (one-device) mesh: nothing to split
-        manual = tuple(step.bind_axes)
-
-    def local(sharding: Any) -> Any:
-        return _restrict(sharding.spec, manual)
-
-    state_specs = jax.tree.map(local, state_sh)
-    batch_specs = jax.tree.map(local, batch_sh)
-    shard_map: Any = jax.shard_map
-    return shard_map(step.step, mesh=mesh, in_specs=(state_specs, batch_specs),
-                     out_specs=(state_specs, P()), axis_names=set(manual), check_vma=False)
-
-
-def _compile(case: Case, task: Any, accel: Accelerator,
-             shape: tuple[int, ...] | None) -> _Program:
-    """Lower and compile the train step of ``task`` on a mesh of ``shape``; no allocation.
-
-    What the user's functions get wrong (a loss that is not a scalar, an unbound axis name,
-    a step that returns the wrong thing, a batch the mesh cannot split) is a
-    :class:`TaskError` naming the function and the fix."""
-    step = as_step(task)
-    rename = _mesh_renaming(step, case)
-    names = tuple(rename.get(a, a) for a in case.axis_names)
-    mesh = accel.mesh(shape, names)
-    if step.bind_axes and not all(a in mesh.axis_names for a in step.bind_axes):
-        raise TaskError(f"bind_axes of {step.label} binds {', '.join(step.bind_axes)}, but the "
-                        f"mesh {shape} only has axes {', '.join(mesh.axis_names)}: bind the "
-                        f"axis the batch is split on (its first, "
-                        f"{case.axis_names[0]!r})")
-    # The mesh in context while the user's code is traced: a step may constrain shardings
-    # with bare PartitionSpecs, and Flax makes annotated variables on the context mesh.
-    log: list[str] = []
-    with _set_mesh(mesh), _target_compile(accel, log):
-        program = _compile_on(step, mesh, rename)
-    program.compiler_log = log
-    manual = [a for a in step.bind_axes if a in mesh.axis_names]
-    if accel.compile_only:
-        # libtpu gives the unpartitioned program no cost analysis (None): the model's
-        # FLOPs are those of the same step lowered (not compiled) for one host CPU device
-        # over the global batch, HLO's count of the same operations.
-        program.lowered = _global_lowering(step, _host_mesh(names), rename)
-        program.global_flops = program.lowered is not None
-    elif math.prod(int(mesh.shape[a]) for a in manual) > 1:
-        # Under shard_map the unpartitioned program is one device's share of the step
-        # (its batch shard): its cost analysis counted 1.51 of the 11.8 MFLOP the MLP of
-        # tests/test_jax_step.py counts without a mesh, on 8x1 (16.4 of 113.2 in issue 23).
-        # The model's FLOPs are those of the step on one device over the global batch,
-        # which is lowered (not compiled) for them.
-        program.lowered = _global_lowering(step, accel.mesh(None, names), rename)
-        program.global_flops = program.lowered is not None
-    return program
-
-
-def _host_mesh(names: tuple[str, ...]) -> Any:
-    """A one-device mesh of this host's first CPU device (axes ``names``)."""
-    from jax.sharding import AxisType, Mesh
-
-    device = jax.devices("cpu")[0]
-    return Mesh(np.asarray([device]), names[:1], axis_types=(AxisType.Auto,))
-
-
-def _target_compile(accel: Accelerator, log: list[str]) -> AbstractContextManager[None]:
-    """Where a program is made for a compile-only target: in libtpu's environment, its log
-    lines into ``log`` (:func:`pytest_accelperf.targets.compiling`); elsewhere nothing."""
-    return compiling(log) if accel.compile_only else nullcontext()
-
-
-def _global_lowering(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> Any:
-    """``step`` lowered on the one-device ``mesh`` over the global batch (its bound axes of
-    size 1): the program whose cost analysis is the model's FLOPs of a ``bind_axes`` step.
-    None if it cannot be lowered (the run then reports the devices' FLOPs)."""
-    try:
-        with _set_mesh(mesh):
-            abstract = abstract_state(step)
-            state_sh, batch_sh, abstract_in, abstract_batch, _ = _inputs(
-                step, mesh, rename, abstract)
-            jitted = jax.jit(_bound(step, mesh, state_sh, batch_sh),
-                             in_shardings=(state_sh, batch_sh),
-                             out_shardings=(state_sh, NamedSharding(mesh, P())))
-            return jitted.lower(abstract_in, abstract_batch)
-    except Exception:  # a step that traces on the mesh but not on one device: no count
-        return None
-
-
-def _inputs(step: JaxStep, mesh: Any, rename: Mapping[str, str],
-            abstract: PyTree) -> tuple[PyTree, PyTree, PyTree, PyTree, PyTree]:
-    """The shardings of the state and the batch on ``mesh`` (checked to divide), the
-    abstract inputs carrying them, and step 0's host batch."""
-    state_specs = _resolve(step.state_specs, abstract, None, "state_specs", step)
-    if state_specs is None:
-        state_specs = _annotated_specs(abstract)
-    state_sh = _shardings(mesh, state_specs, abstract, rename, "state_specs", step)
-    _check_divisible(abstract, state_sh, mesh, f"state_specs of {step.label}",
-                     "shard that dimension over fewer devices, or replicate it (P())")
-    host_batch = as_host(step.make_batch(0))  # its shapes: batches are deterministic per step
-    batch_specs = _resolve(step.batch_specs, host_batch, P("data"), "batch_specs", step)
-    batch_sh = _shardings(mesh, batch_specs, host_batch, rename, "batch_specs", step)
-    _check_divisible(host_batch, batch_sh, mesh,
-                     f"the batch of {source_label(step.make_batch)}",
-                     "make the case's batch a multiple of the devices it is split over, or "
-                     "replicate that leaf with batch_specs")
-    abstract_batch = jax.tree.map(
-        lambda x, s: _ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype, sharding=s),
-        host_batch, batch_sh)
-    return state_sh, batch_sh, _with_sharding(abstract, state_sh), abstract_batch, host_batch
-
-
-def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program:
-    abstract = abstract_state(step)
-    state_sh, batch_sh, abstract_in, abstract_batch, host_batch = _inputs(
-        step, mesh, rename, abstract)
-    fn = _bound(step, mesh, state_sh, batch_sh)
-    t0 = time.perf_counter()
-    try:  # jit's one trace of the step: the lowering below reuses it from jax's cache
-        out = _eval_shape(fn, abstract_in, abstract_batch)
-    except Exception as exc:
-        raise explain(exc, step, tuple(mesh.axis_names)) from exc
-    trace_time = time.perf_counter() - t0
-    check_outputs(step, abstract, out)
-    jitted = jax.jit(fn, in_shardings=(state_sh, batch_sh),
-                     out_shardings=(state_sh, NamedSharding(mesh, P())),
-                     donate_argnums=(0,) if step.donate else ())  # the state updated in place
-    watch = Contention([os.getpid()]).start()  # a compile is one sample: was it alone?
-    t0 = time.perf_counter()
-    try:
-        lowered = jitted.lower(abstract_in, abstract_batch)
-        compiled = lowered.compile()
-    except RuntimeError as exc:
-        if _is_oom(exc):
-            raise _OutOfMemory(str(exc)) from exc
-        raise
-    return _Program(step, mesh, state_sh, batch_sh, compiled, time.perf_counter() - t0,
-                    lowered, compile_load=watch.reading(), trace_time=trace_time,
-                    batch_signature=batch_signature(host_batch))
-
-
-def _annotated_specs(abstract: PyTree) -> PyTree:
-    """The specs a Flax linen state carries (``nn.with_partitioning``), else replicated."""
-    try:
-        import flax.linen as nn
-
-        specs: PyTree = nn.get_partition_spec(abstract)
-        return specs
-    except Exception:
-        return P()
-
-
-def _analysis_bytes(compiled: Any) -> dict[str, int]:
-    """Per-device bytes the compiler plans for one step.
-
-    ``peak_memory_in_bytes`` omits temporaries on CPU, so the total is computed:
-    arguments + outputs + temporaries - what donation aliases (counted in both).
-    """
-    ma = compiled.memory_analysis()
-    if ma is None:
-        return {}
-    parts = {
-        "argument_bytes": int(ma.argument_size_in_bytes),
-        "output_bytes": int(ma.output_size_in_bytes),
-        "temp_bytes": int(ma.temp_size_in_bytes),
-        "alias_bytes": int(ma.alias_size_in_bytes),
-    }
-    parts["required_bytes"] = (parts["argument_bytes"] + parts["output_bytes"]
-                               + parts["temp_bytes"] - parts["alias_bytes"])
-    return parts
-
-
-def predict_memory(case: Case, task: Any, accel: Accelerator) -> dict[str, int]:
-    """Compile ``task`` as ``case`` and return the planned per-device bytes.
-
-    Keys: ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` and their
-    total ``required_bytes``. Nothing is allocated: only a compile runs.
-    """
-    return _analysis_bytes(_compile(case, task, accel, case.mesh).compiled)
-
-
-def _gib(n: float) -> str:
-    return f"{n / GIB:.2f} GiB"
-
-
-def _capacity(accel: Accelerator, case: Case) -> int | None:
-    """Bytes per device a case is judged against: the smaller of the device's and the
-    case's declared ``memory_capacity`` (a suite that declares the fleet's 16 GiB keeps
-    predicting that out-of-memory on an 80 GB development GPU, as the torch backend does);
-    either one where only one is known (CPU: the declared one)."""
-    known = [c for c in (accel.memory_capacity, case.memory_capacity) if c]
-    return int(min(known)) if known else None
-
-
-def _runtime_peaks(mesh: Any) -> list[int] | None:
-    """The runtime's peak bytes in use on each device of ``mesh`` since the process
-    started (GPU, TPU), or None where a device has no counter (XLA:CPU, another host's)."""
-    here = jax.process_index()
-    stats: list[Any] = [d.memory_stats() if d.process_index == here else None
-                        for d in mesh.devices.flat]
-    if not all(s and "peak_bytes_in_use" in s for s in stats):
-        return None
-    return [int(s["peak_bytes_in_use"]) for s in stats]
-
-
-def _labels(mesh: Any) -> list[str]:
-    return [f"{d.platform}:{d.id}" for d in mesh.devices.flat]
 
 
 def _flat(tree: PyTree) -> dict[str, np.ndarray]:
@@ -675,24 +310,6 @@ def _execute(program: _Program, case: Case, probe: Probe | None = None,
         growth = {"bytes_per_step": (after - before) / case.steps, "steps": case.steps,
                   "after_warmup": before, "after_steps": after, "source": "live_arrays"}
     return _Trained(trained, holder[0], init_seconds, growth)
-
-
-def _live_bytes(exclude: PyTree) -> int:
-    """Bytes of the live JAX arrays on this process's devices (``jax.live_arrays()``, each
-    array's shards on the devices that hold them: a replicated array counts on every
-    device), but for the arrays among the leaves of ``exclude``."""
-    skip = {id(leaf) for leaf in jax.tree.leaves(exclude)}
-    total = 0
-    for array in _live_arrays():
-        if id(array) in skip or array.is_deleted():
-            continue
-        try:
-            sharding = array.sharding
-            total += (math.prod(sharding.shard_shape(array.shape)) * array.dtype.itemsize
-                      * len(sharding.addressable_devices))
-        except Exception:  # an array whose sharding cannot say: its logical size
-            total += int(array.nbytes)
-    return total
 
 
 class JaxBackend:
@@ -994,77 +611,10 @@ def _replay(program: _Program, steps: int, flat: Mapping[str, np.ndarray]) -> di
 def _fingerprinted(step: JaxStep, state: PyTree) -> tuple[dict[str, np.ndarray], list[str]]:
     """The flat parameters of ``state`` and the state beside them (:meth:`JaxStep.beside_of`)
     in one dict, and the names of the state's leaves in it
-    (:func:`~pytest_accelperf.backends.common.with_state`)."""
+    (:func:`~pytest_accelperf.backends.measure.common.with_state`)."""
     params = step.params_of(state)
     return with_state(_flat(params), _flat(step.beside_of(state, params)))
 
 
-def planner(accel: Accelerator) -> str:
-    """Whose memory plan a prediction is: ``XLA:CPU`` (virtual CPU devices: not what an
-    accelerator's compiler plans for the same step), ``XLA:TPU`` (a TPU's, or a
-    compile-only target's: libtpu's compiler), ``XLA:GPU``."""
-    return f"XLA:{accel.name.upper()}"
-
-
-def _predicted_oom(planned: dict[str, int], capacity: int | None,
-                   planned_by: str = "") -> dict[str, Any] | None:
-    """The ``Run.oom`` record when the planned bytes exceed the capacity, else None;
-    ``planned_by`` names the compiler whose plan it is (:func:`planner`)."""
-    if not planned or not capacity or planned["required_bytes"] <= capacity:
-        return None
-    need = planned["required_bytes"]
-    oom: dict[str, Any] = {"required_bytes": need, "capacity_bytes": int(capacity),
-                           "exceeded_by_bytes": need - int(capacity),
-                           "source": "memory_analysis"}
-    if planned_by:
-        oom["planned_by"] = planned_by
-    return oom
-
-
-def _oom_message(oom: dict[str, Any]) -> str:
-    whose = f"; {oom['planned_by']}'s memory plan" if oom.get("planned_by") else ""
-    return (f"predicted out of memory: program needs {_gib(oom['required_bytes'])} per device "
-            f"of {_gib(oom['capacity_bytes'])} capacity "
-            f"(exceeded by {_gib(oom['exceeded_by_bytes'])}{whose})")
-
-
-#: XLA:TPU's refusal of a program larger than HBM, as the runtime words it ("Used 20.93G
-#: of 15.48G hbm", seed 000) and as the compile-only compiler does ("the total memory
-#: required for HLO temporaries (17.17G) exceeds available HBM (15.75G)"). Sizes are
-#: binary (tsl's HumanReadableNumBytes).
-_HBM_USED = re.compile(r"Used ([\d.]+)([KMGT]?) of ([\d.]+)([KMGT]?) hbm", re.IGNORECASE)
-_HBM_REQUIRED = re.compile(r"\(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.]+)([KMGT]?)\)",
-                           re.IGNORECASE)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def compiler_oom(message: str, planned_by: str = "") -> dict[str, Any] | None:
-    """The ``Run.oom`` record of a compiler's out-of-memory error: what it said the program
-    needs and what it had (``source: compiler``); None when it did not say.
-
-    >>> oom = compiler_oom("Ran out of memory in memory space hbm. Used 20.93G of 15.48G hbm.")
-    >>> [round(oom[k] / 2**30, 2) for k in ("required_bytes", "capacity_bytes")]
-    [20.93, 15.48]
-    """
-    found = _HBM_USED.search(message) or _HBM_REQUIRED.search(message)
-    if not found:
-        return None
-    need = round(float(found[1]) * _UNITS[found[2].upper()])
-    have = round(float(found[3]) * _UNITS[found[4].upper()])
-    oom: dict[str, Any] = {"required_bytes": need, "capacity_bytes": have,
-                           "exceeded_by_bytes": need - have, "source": "compiler"}
-    if planned_by:
-        oom["planned_by"] = planned_by
-    return oom
-
-
-def _oom_run(run: Run, message: str, planned_by: str = "") -> Run:
-    run.outcome = "oom"
-    run.message = f"out of memory: {message.splitlines()[0] if message else 'RESOURCE_EXHAUSTED'}"
-    oom = compiler_oom(message, planned_by)
-    if oom is not None:
-        run.oom = oom
-    return run
-
-
 BACKEND = JaxBackend()
+

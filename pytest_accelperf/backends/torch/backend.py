@@ -1,10 +1,10 @@
 """The PyTorch backend: one process, one device (CPU or one CUDA GPU), eager or compiled.
 
 (A case with ``world_size > 1`` trains with DistributedDataParallel in that many processes
-instead, :mod:`pytest_accelperf.backends.ddp`: this backend's spec names it as its ranks,
+instead, :mod:`pytest_accelperf.backends.torch.ddp`: this backend's spec names it as its ranks,
 and the plugin, not this module, makes that choice (:mod:`pytest_accelperf.routing`).)
 
-What it trains is a :class:`~pytest_accelperf.backends.torch_step.TorchStep`: the user's
+What it trains is a :class:`~pytest_accelperf.backends.torch.step.TorchStep`: the user's
 own ``step(batch) -> metrics`` over their model, optimizer, scheduler, scaler and
 accumulation (a :class:`TorchTask` becomes one through ``TorchTask.to_step``). It follows
 the JAX backend's rules: compile time is kept apart from step times, every measured step
@@ -15,7 +15,7 @@ crash. The trained model comes back to the test as ``CaseResult.state``.
 Memory: on CUDA the caching allocator's peak (``max_memory_allocated``) over the real
 training (``cuda_allocator``). On CPU, where there is no allocator counter (and RSS is
 neither per-case nor deterministic), the peak is counted over two eager steps run before
-the measured run and undone afterwards (:func:`~.torch_step.undone`): by ``MemTracker`` (a
+the measured run and undone afterwards (:func:`~.torch.step.undone`): by ``MemTracker`` (a
 dispatch mode that sums the storage bytes of live tensors: parameters, gradients,
 optimizer state and activations, the same bytes every run), or, where MemTracker cannot
 follow the step (it raises on a module called twice in one step, as gradient accumulation
@@ -25,7 +25,7 @@ compare numbers counted by different methods. A CPU case whose peak exceeds its 
 ``memory_capacity`` is recorded as ``oom`` before it trains.
 
 FLOPs per step come from ``FlopCounterMode`` (and the program's op counts from a dispatch
-mode beside it, :mod:`.torch_ops`) over one untimed call of the step on step 0's
+mode beside it, :mod:`.torch.ops`) over one untimed call of the step on step 0's
 batch (``TorchStep.count_step`` where given), undone afterwards like the memory count:
 the optimizer, scheduler and scaler are not advanced by it.
 
@@ -35,11 +35,11 @@ after each (MemTracker's live tensors, or the profiler's allocations net of free
 growth over those steps, per step. On CUDA ``torch.cuda.memory_allocated`` after the
 warm-up and after the last measured step of the real training.
 
-The program (``Run.program``, :mod:`.torch_program`): an eager step's FLOPs and what the
-same counted call dispatched (:mod:`.torch_ops`: aten ops by dtype, the bytes they move,
+The program (``Run.program``, :mod:`.torch.program`): an eager step's FLOPs and what the
+same counted call dispatched (:mod:`.torch.ops`: aten ops by dtype, the bytes they move,
 host syncs); a compiled step's FLOPs and what dynamo made of it (graphs and graph breaks
 of the compile step, frames compiled after it). A compiled case compiles cold
-(:func:`.torch_program.cold_compile`: dynamo reset, inductor's caches empty), so its
+(:func:`.torch.program.cold_compile`: dynamo reset, inductor's caches empty), so its
 compile time does not depend on the cases that ran before it in the process;
 ``Run.extra["compile_time_covers"]`` says what was timed.
 
@@ -49,7 +49,7 @@ Where the case's time went (``Run.extra["phases"]``, wall seconds, :class:`.comm
 count), ``flops``, ``probe`` (making the drift probe), ``train`` (warm-up and measured
 steps with the drift probe after each), ``fingerprint``, and ``total``. The LR schedulers
 and scalers the counting steps put back are found once per training
-(:func:`~.torch_step.live_stateful`, a scan of the process's objects) and shared by the
+(:func:`~.torch.step.live_stateful`, a scan of the process's objects) and shared by the
 memory and FLOP counts (or named by the step, ``TorchStep.stateful``: no scan).
 """
 
@@ -65,26 +65,32 @@ from typing import Any
 import torch
 
 from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.backends.base import Fit, TrainResult
-from pytest_accelperf.backends.common import (
+from pytest_accelperf.backends.measure.common import (
     Phases,
     TaskError,
     fingerprint,
     with_state,
 )
-from pytest_accelperf.backends.data import expect, source_label
-from pytest_accelperf.backends.loop import LoopResult, StepFns, load_json, run_steps, time_block
-from pytest_accelperf.backends.probe import Probe
-from pytest_accelperf.backends.torch_memory import device_total, memory_tracker, reset_cuda_peak
-from pytest_accelperf.backends.torch_ops import OpCounter
-from pytest_accelperf.backends.torch_program import (
+from pytest_accelperf.backends.measure.data import expect, source_label
+from pytest_accelperf.backends.measure.loop import (
+    LoopResult,
+    StepFns,
+    load_json,
+    run_steps,
+    time_block,
+)
+from pytest_accelperf.backends.measure.probe import Probe
+from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
+from pytest_accelperf.backends.torch.ops import OpCounter
+from pytest_accelperf.backends.torch.program import (
     COMPILE_TIME_COVERS,
     DynamoWatch,
     cold_compile,
     eager_program,
 )
-from pytest_accelperf.backends.torch_step import TorchStep as TorchStep
-from pytest_accelperf.backends.torch_step import (
+from pytest_accelperf.backends.torch.step import (
+    TorchStep,
     as_torch_step,
     metrics_of,
     rewind,
@@ -95,12 +101,14 @@ from pytest_accelperf.backends.torch_step import (
     to_float,
     undone,
 )
-
-# Re-exported: they lived here before DDP and DeepSpeed needed them without this backend.
-from pytest_accelperf.backends.torch_task import TorchTask as TorchTask
-from pytest_accelperf.backends.torch_task import as_tensors, flop_counter, sync
-from pytest_accelperf.backends.torch_task import to_device as to_device
-from pytest_accelperf.backends.torch_task import torch_probe as torch_probe
+from pytest_accelperf.backends.torch.task import (
+    TorchTask,
+    as_tensors,
+    flop_counter,
+    sync,
+    to_device,
+    torch_probe,
+)
 from pytest_accelperf.cases import Case
 from pytest_accelperf.contention import Contention, Load, measuring_root
 from pytest_accelperf.errors import ConfigError
@@ -182,7 +190,7 @@ def count_flops(model: torch.nn.Module, task: TorchTask, batch: Any) -> float | 
 @dataclass(frozen=True)
 class StepCount:
     """What one counted call of the step did: its ``flops`` (None when none were counted)
-    and ``ops``, what it dispatched (:meth:`.torch_ops.OpCounter.record`)."""
+    and ``ops``, what it dispatched (:meth:`.torch.ops.OpCounter.record`)."""
 
     flops: float | None
     ops: dict[str, Any]
@@ -192,7 +200,7 @@ def count_step(step: TorchStep, batch: Any, device: torch.device,
                stateful: Sequence[Any] | None = None) -> StepCount:
     """FLOPs and dispatched ops of one call of the step (``count_step``, default
     ``step``) on ``batch`` (on ``device``), undone afterwards
-    (:func:`~.torch_step.undone`, ``stateful`` as there): parameters, optimizer,
+    (:func:`~.torch.step.undone`, ``stateful`` as there): parameters, optimizer,
     scheduler, scaler and RNG as before, so the measured run is the same with or without
     it. ``FlopCounterMode`` counts matrix products and convolutions (forward and
     backward): the optimizer's elementwise update adds none. The :class:`OpCounter`
@@ -288,7 +296,7 @@ def _profiler_count(step: TorchStep, device: torch.device, steps: int, peak_afte
 def cpu_memory(step: TorchStep, device: torch.device, steps: int = MEMORY_STEPS,
                stateful: Sequence[Any] | None = None) -> CpuMemory:
     """``steps`` eager steps counted (undone afterwards, ``stateful`` as in
-    :func:`~.torch_step.undone`): the peak over the first :data:`MEMORY_STEPS`, the live
+    :func:`~.torch.step.undone`): the peak over the first :data:`MEMORY_STEPS`, the live
     bytes after each step, and the method that counted them: ``mem_tracker``, or
     ``profiler`` where MemTracker cannot follow the step (it raises on a module called
     twice in one step: gradient accumulation)."""
@@ -697,7 +705,7 @@ def _one_process(case: Case) -> None:
             f"{case.id}: world_size={case.world_size} trains with DDP in launched ranks, "
             f"not in this process: train it through accelperf.train (the plugin routes it "
             f"to the torch backend's ranks), or call "
-            f"pytest_accelperf.backends.ddp.train_ddp(case, task, accel)")
+            f"pytest_accelperf.torch.train_ddp(case, task, accel)")
 
 
 def timeout_message(timeout: float | None, done: int, case: Case) -> str:

@@ -1,0 +1,150 @@
+"""The Alpa backend: a :class:`~pytest_accelperf.backends.jax.step.JaxTask` parallelized by
+``alpa.parallelize`` with ``PipeshardParallel`` (pipeline + shard parallelism, seed 004).
+
+Alpa runs on Ray with its own jaxlib build and needs Python <= 3.9 and jax 0.3.x, so the
+backend is registered lazily and skips with that reason everywhere else. Note that this
+plugin itself requires Python >= 3.10: until Alpa supports a newer Python (or the plugin an
+older one) the cases skip everywhere, and this module has never run against a real Alpa.
+
+Case fields it reads from ``case.params``: ``microbatches`` (``num_micro_batches``, default
+16), ``layers`` (``"manual"``: the model marks its stages with
+``alpa.mark_pipeline_boundary()``; an int ``n``: ``alpa.AutoLayerOption(layer_num=n)``),
+``stage_option`` (``"auto"`` or ``"uniform"``, default ``"auto"``). The train step uses
+``alpa.grad`` so gradient accumulation across microbatches is separated from the update,
+as Alpa requires. The first call compiles (Alpa's stage profiling and solver included) and
+is timed as ``compile_time``; every measured step ends with the executable's ``sync()``.
+``Case(reference=True)`` also runs the same steps jitted on one device with plain JAX and
+compares the parameters (``reference_atol``, default 5e-3, the seed's ``assert_allclose``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.backends.jax.step import JaxTask
+from pytest_accelperf.backends.measure.common import fingerprint
+from pytest_accelperf.backends.measure.loop import StepFns, load_json, run_steps
+from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.cases import Case
+from pytest_accelperf.run import Run
+
+INSTALL = ("Alpa needs Python <= 3.9 and jax 0.3.x: in a Python 3.9 environment, pip install "
+           "alpa and its jaxlib build (https://alpa.ai/install.html)")
+
+
+def _flat(jax: Any, tree: Any) -> dict[str, np.ndarray]:
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
+
+
+def _method(alpa: Any, case: Case) -> Any:
+    layers = case.params.get("layers", "manual")
+    layer_option = (layers if layers == "manual"
+                    else alpa.AutoLayerOption(layer_num=int(layers)))
+    return alpa.PipeshardParallel(num_micro_batches=int(case.params.get("microbatches", 16)),
+                                  layer_option=layer_option,
+                                  stage_option=case.params.get("stage_option", "auto"))
+
+
+def _steps(jax: Any, optax: Any, task: JaxTask, grad: Any) -> Any:
+    def step(params: Any, opt_state: Any, batch: Any) -> Any:
+        def loss_of(p: Any) -> Any:
+            return task.loss_fn(p, batch)
+
+        loss = loss_of(params)
+        grads = grad(loss_of)(params)
+        updates, opt_state = task.optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step
+
+
+class AlpaBackend:
+    name = "alpa"
+
+    def unavailable_reason(self) -> str | None:
+        if importlib.util.find_spec("alpa") is None:
+            return f"{INSTALL} (this is Python {sys.version_info.major}.{sys.version_info.minor})"
+        return None
+
+    def fits(self, case: Case, task: JaxTask, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        raise NotImplementedError(f"{case.id}: Alpa plans memory per stage while it compiles "
+                                  f"and exposes no single-step memory query to search with; "
+                                  f"search the maximum batch with the jax backend")
+
+    def train(self, case: Case, task: JaxTask, accel: Accelerator, *,
+              timeout: float | None = None) -> TrainResult:
+        alpa = importlib.import_module("alpa")
+        jax = importlib.import_module("jax")
+        optax = importlib.import_module("optax")
+        deadline = time.monotonic() + timeout if timeout else None
+        alpa.init(cluster="ray")
+        try:
+            step = alpa.parallelize(_steps(jax, optax, task, alpa.grad),
+                                    method=_method(alpa, case))
+            params = task.init_params(jax.random.PRNGKey(task.seed))
+            opt_state = task.optimizer.init(params)
+            run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=case.n_devices,
+                      peak_flops_per_device=accel.peak_flops)
+            live: dict[str, Any] = {"params": params, "opt_state": opt_state}
+
+            def one_step(i: int, batch: Any) -> Any:
+                live["params"], live["opt_state"], loss = step(live["params"],
+                                                               live["opt_state"], batch)
+                live.setdefault("executable", step.get_last_executable())
+                return loss
+
+            def sync() -> None:
+                if "executable" in live:  # none before the first call compiled it
+                    live["executable"].sync()
+
+            fns: StepFns[Any, Any] = StepFns(prepare=task.make_batch, run=one_step,
+                                             read=lambda loss: (float(loss), {}), sync=sync)
+            # Step 0 compiles (with Alpa's stage profiling and solver): a warm-up step
+            # whose wall time is the compile time, never a measured one.
+            trained = run_steps(fns, warmup=max(1, case.warmup), steps=case.steps,
+                                deadline=deadline)
+            run.compile_time = trained.warmup_times[0]
+            run.losses = trained.losses
+            run.loss_steps = list(range(len(trained.losses)))
+            run.step_times = trained.step_times
+            run.extra.update(load_json(trained))
+            if trained.nan_step is not None:
+                run.outcome, run.nan_step = "nan", trained.nan_step
+                run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
+            elif trained.timed_out:
+                run.outcome = "timeout"
+                run.message = (f"exceeded the {timeout:g} s timeout after "
+                               f"{trained.steps_done} steps")
+            executable = live["executable"]
+            params = live["params"]
+            if hasattr(executable, "get_total_allocation_size"):
+                run.memory_per_device = {"alpa:total": int(
+                    executable.get_total_allocation_size())}
+                run.memory_source = "alpa_allocation"
+            flat = _flat(jax, jax.device_get(params))
+            run.params_fingerprint = fingerprint(flat)
+        finally:
+            alpa.shutdown()
+        reference = self._reference(jax, optax, case, task) if case.reference else None
+        return TrainResult(run=run, params=flat, reference_params=reference)
+
+    def _reference(self, jax: Any, optax: Any, case: Case, task: JaxTask) -> dict[str, Any]:
+        """The same steps jitted on one device with plain JAX (``jax.grad``)."""
+        step = jax.jit(_steps(jax, optax, task, jax.grad))
+        params = task.init_params(jax.random.PRNGKey(task.seed))
+        opt_state = task.optimizer.init(params)
+        for i in range(case.warmup + case.steps):
+            params, opt_state, _ = step(params, opt_state, task.make_batch(i))
+        return _flat(jax, jax.device_get(params))
+
+
+BACKEND = AlpaBackend()

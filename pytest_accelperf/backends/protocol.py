@@ -1,0 +1,71 @@
+"""The backend protocol, and what training returns.
+
+What a backend needs installed, and what it can do, is its spec's
+(:mod:`pytest_accelperf.backends.spec`), checked without importing its framework, so
+collection stays fast and a missing framework becomes a skip with a reason rather than an
+ImportError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.cases import Case
+from pytest_accelperf.run import Run
+
+
+@dataclass
+class TrainResult:
+    """A run plus what is needed for in-memory checks (never stored): final parameters as a
+    flat ``{path: numpy array}`` dict, and those of a single-device reference run when the
+    case asked for one. The JAX backend's reference is a
+    :class:`~pytest_accelperf.checks.numerics.ReferenceParams` (a dict of the same kind)
+    that also carries the sharded run's parameters after the same ``Case.reference_steps``
+    steps, which the ``reference`` check compares instead of the final ``params``."""
+
+    run: Run
+    params: dict[str, Any] = field(default_factory=dict)
+    reference_params: dict[str, Any] | None = None
+
+
+@dataclass
+class Fit:
+    """Whether one batch size fits on the device: the answer of :meth:`Backend.fits`.
+
+    ``required_bytes`` is the peak per device (the largest over devices/ranks) that the case
+    needs, when it could be measured or predicted; ``capacity_bytes`` what it was compared
+    with; ``message`` what was seen (an out-of-memory error's first line, say).
+    """
+
+    fits: bool
+    required_bytes: int | None = None
+    capacity_bytes: int | None = None
+    message: str = ""
+
+
+class Backend(Protocol):
+    """What the plugin needs of a framework."""
+
+    name: str
+
+    def unavailable_reason(self) -> str | None:
+        """None when usable here, else a sentence naming what to install."""
+
+    def train(self, case: Case, task: Any, accel: Accelerator, *,
+              timeout: float | None = None) -> TrainResult:
+        """Train ``task`` as ``case`` on ``accel`` and measure it.
+
+        ``timeout`` (seconds, None for no limit) bounds the whole training; when it runs
+        out the backend returns a run with outcome ``timeout`` and what it measured so far
+        (it never raises for it). Backends that train in subprocesses kill them; in-process
+        backends stop at the next step boundary.
+        """
+
+    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        """Whether ``case`` (at ``case.batch``) fits in device memory: against the runtime's
+        capacity, or ``case.memory_capacity`` where the runtime has no counter (CPU). Used
+        by the maximum-batch search; as cheap as the backend can make it (a compile and a
+        memory analysis, or a step or two)."""

@@ -1,0 +1,25 @@
+"""The PyTorch backends, one module a part:
+
+* ``backend``: the ``torch`` backend (one process, one device, eager or compiled);
+* ``step``: the step API (``TorchStep``), ``task``: ``TorchTask`` and the helpers DDP and
+  DeepSpeed share with it (import the step API from :mod:`pytest_accelperf.torch`);
+* ``memory``: the CPU memory count (MemTracker) and CUDA's peaks; ``ops``: an eager step's
+  aten ops; ``program``: the program record (FLOPs, ops, what dynamo compiled);
+* ``ranks``: the rank loop of DDP and DeepSpeed (launched ranks or Ray actors);
+  ``rank_step``: their step API (``RankStep``, ``Built``); ``comm``: what a rank
+  communicates per step; ``ddp``: DistributedDataParallel (``torch`` with
+  ``world_size > 1``); ``deepspeed``: DeepSpeed ZeRO;
+* ``neuron``: torch-xla on Trainium / Inferentia.
+
+Importing this package imports no framework; its submodules import torch. Until the next
+release it also gives the names of the module it replaces (``backends/torch.py``), with a
+:class:`DeprecationWarning` naming their new place (:mod:`pytest_accelperf.backends._moved`).
+"""
+
+from typing import Any
+
+from pytest_accelperf.backends._moved import old_name
+
+
+def __getattr__(name: str) -> Any:
+    return old_name(__name__, name)
