@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 from conftest import Suite, verdicts
 
 OOM_SUITE = '''

@@ -156,7 +156,8 @@ def test_program_benchmark_end_to_end(tmp_path: Path) -> None:
         assert row[check]["named"] == 1, (inject, row[check]["messages"])
         assert rows[(inject, "all")]["trials"] == 1
     fa = {(r["load"], r["check"]): r for r in doc["false_alarms"]}
-    assert fa[("none", "program")]["trials"] == len(TESTS) and fa[("none", "program")]["alarms"] == 0
+    assert fa[("none", "program")]["trials"] == len(TESTS)
+    assert fa[("none", "program")]["alarms"] == 0
     assert fa[("none", "program")]["alarm_ci"][0] == 0.0
     assert "False alarms over the unchanged trials" in proc.stdout
     assert "| item_sync" in proc.stdout and "dot[highest]" in proc.stdout
