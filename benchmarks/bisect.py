@@ -146,7 +146,7 @@ cpu_devices = 1
 
 #: Options for the sessions here: the hypothesis plugin of the project's test environment
 #: takes 2-3 s to import in every session, and the suite has no use for it.
-PYTEST_ARGS = ("-p", "no:hypothesispytest")
+PYTEST_ARGS: tuple[str, ...] = ("-p", "no:hypothesispytest")
 
 
 def git(path: Path, *args: str) -> str:
@@ -214,12 +214,13 @@ def calibrate(workdir: Path) -> float:
     return float(statistics.median(case["run"]["step_times"]))
 
 
-def bisect(repo: Path, shas: list[str], out: Path, extra: Sequence[str] = ()) -> dict[str, Any]:
+def bisect(repo: Path, shas: list[str], out: Path, extra: Sequence[str] = (),
+           pytest_args: Sequence[str] = PYTEST_ARGS) -> dict[str, Any]:
     """``accelperf bisect GOOD BAD -- test_suite.py`` in ``repo``: its result, exit status,
     wall time, output, and the load average before and after."""
     result = out.with_suffix(".json")
     argv = [sys.executable, "-m", "pytest_accelperf.cli", "bisect", *extra, "--json",
-            str(result), shas[0], shas[-1], "--", "test_suite.py", *PYTEST_ARGS]
+            str(result), shas[0], shas[-1], "--", "test_suite.py", *pytest_args]
     load_before = os.getloadavg()
     t0 = time.monotonic()
     done = subprocess.run(argv, cwd=repo, env=env(), capture_output=True, text=True,
@@ -247,7 +248,11 @@ def scenario(name: str, at: int, workdir: Path, args: argparse.Namespace) -> dic
         shas = build(repo, framework="torch", plant=("SLEEP = 0.0", f"SLEEP = {sleep:.6f}"),
                      at=at)
         extra = ["--budget", f"{args.budget:g}"]
-    run = bisect(repo, shas, workdir / f"{name}-result", extra=[*extra])
+    pytest_args = list(PYTEST_ARGS)
+    if args.max_foreign_load is not None:
+        pytest_args.append(f"--accelperf-max-foreign-load={args.max_foreign_load:g}")
+        facts["max_foreign_load"] = args.max_foreign_load
+    run = bisect(repo, shas, workdir / f"{name}-result", extra, pytest_args)
     found = (run["result"] or {}).get("first_bad") or {}
     facts.update(run, expected=shas[at], found=found.get("sha"),
                  correct=found.get("sha") == shas[at],
@@ -280,9 +285,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="passed to the sessions as --accelperf-max-foreign-load")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
-    global PYTEST_ARGS
-    if args.max_foreign_load is not None:
-        PYTEST_ARGS = (*PYTEST_ARGS, f"--accelperf-max-foreign-load={args.max_foreign_load:g}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="accelperf-bisect-bench-") as tmp:
         for name in args.scenarios.split(","):
