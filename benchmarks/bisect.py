@@ -14,9 +14,11 @@ which (``--at``, 1..16) plants the regression:
 * ``program``: the hidden layer of the JAX MLP 64 -> 256 wide (FLOPs and bytes up: the
   program record sees it, so the search is on the record);
 * ``sleepNN``: a ``time.sleep`` in the forward pass of an eager torch MLP, NN % of its
-  step time as measured on this machine just before (a one-commit copy of the suite timed
-  first, :func:`calibrate`): no op, byte or sync changes, so the programs agree and the
-  search is on A/B timing (``--budget`` seconds a comparison).
+  fastest step as measured on this machine just before (a one-commit copy of the suite
+  timed first, :func:`calibrate`): no op, byte or sync changes, so the programs agree and
+  the search is on A/B timing (``--budget`` seconds a comparison). What the sleep really
+  adds is what A/B mode measures at BAD (the table's "BAD measured"): a sleep wakes up
+  late on a loaded machine.
 
 ``accelperf bisect GOOD BAD -- test_suite.py`` then runs in it as a user would (``python -m
 pytest_accelperf.cli``, this checkout's plugin), and the result (``--json``), its exit
@@ -27,15 +29,20 @@ status, the wall time and the load average before and after are written to
 
 from __future__ import annotations
 
+import os
+import sys
+
+# Run as a script, this file's folder is first on sys.path, and this file's name would
+# shadow the standard library's bisect (which random, and so tempfile, imports).
+if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+    del sys.path[0]
+
 import argparse
 import datetime as _dt
 import json
 import math
-import os
 import platform
-import statistics
 import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -203,7 +210,9 @@ def env() -> dict[str, str]:
 
 
 def calibrate(workdir: Path) -> float:
-    """The median step time (seconds) of the torch suite at GOOD on this machine now."""
+    """The fastest step time (seconds) of the torch suite at GOOD on this machine now:
+    what A/B mode's statistic reads of a block (its fastest step), not the median, which
+    a loaded machine inflates (16 ms once, 3 ms another time)."""
     repo = workdir / "calibrate"
     build(repo, framework="torch", plant=("SLEEP = 0.0", "SLEEP = 0.0"), at=1, commits=1)
     report = workdir / "calibrate.json"
@@ -211,7 +220,7 @@ def calibrate(workdir: Path) -> float:
                     "test_suite.py", f"--accelperf-json={report}", "--accelperf-explain=off",
                     "-q"], cwd=repo, env=env(), check=False, capture_output=True)
     case = json.loads(report.read_text())["cases"][0]
-    return float(statistics.median(case["run"]["step_times"]))
+    return float(min(case["run"]["step_times"]))
 
 
 def bisect(repo: Path, shas: list[str], out: Path, extra: Sequence[str] = (),
@@ -261,15 +270,22 @@ def scenario(name: str, at: int, workdir: Path, args: argparse.Namespace) -> dic
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| scenario | planted at | found | comparisons (target ≤ 6) | exit | wall | load "
-             "before → after |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| scenario | BAD measured | planted at | found | comparisons (target ≤ 6) | "
+             "exit | wall | load before → after |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         what = r["scenario"]
         if "fraction" in r:
             what += (f" (sleep {r['sleep_s'] * 1e3:.2f} ms = {r['fraction']:.0%} of a "
                      f"{r['calibrated_step_s'] * 1e3:.2f} ms step)")
         found = "yes" if r["correct"] else f"no ({(r['result'] or {}).get('message', '')})"
-        lines.append(f"| {what} | {r['planted_at']}/16 | {found} | {r['comparisons']} | "
+        steps = (r["result"] or {}).get("steps") or []
+        at_bad = next((s["evidence"].split(" (", 1)[0] for s in steps
+                       if s["position"] == 16 and s["call"] in ("bad", "good", "skip")
+                       and s["kind"] == ("program" if r["scenario"] == "program" else "A/B")),
+                      "-")
+        lines.append(f"| {what} | {at_bad} | {r['planted_at']}/16 | {found} | "
+                     f"{r['comparisons']} | "
                      f"{r['exit_status']} | {r['wall_s']:.0f} s | "
                      f"{r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
     return "\n".join(lines) + "\n"

@@ -809,8 +809,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bis = sub.add_parser(
         "bisect", help="the first commit between GOOD and BAD that made the cases worse",
-        usage="accelperf bisect [-h] [--tolerance T] [--budget S] [--json PATH] GOOD BAD "
-              "-- NODEID [NODEID ...] [PYTEST_ARG ...]",
+        usage="accelperf bisect [-h] [--tolerance T] [--budget S] [--json PATH]\n"
+              "                        GOOD BAD -- NODEID [NODEID ...] [PYTEST_ARG ...]",
         description="Bisect the commits of GOOD..BAD on BAD's first-parent line, each "
                     "tested in a git worktree of its own (removed at the end, also on "
                     "Ctrl-C; the working tree, index and branches are not touched) by "
@@ -820,8 +820,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "worse than GOOD's, the search is on those fields (exact: one session "
                     "per commit); where the programs agree, on A/B mode's timing "
                     "(--accelperf-compare=GOOD in each commit's worktree). A commit whose "
-                    "session does not collect, import or run, or whose A/B comparison is "
-                    "inconclusive, is skipped as git bisect skip does. Prints the first bad "
+                    "session does not collect, import or run, or whose A/B interval cannot "
+                    "tell which side of halfway it is on, is skipped as git bisect skip "
+                    "does. Prints the first bad "
                     "commit, the evidence of each step, and the command that reproduces "
                     "the last decisive comparison.",
         epilog=BISECT_EPILOG)
@@ -832,9 +833,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the tests to run at each commit, after --, then any pytest "
                           "arguments (--accel=cpu, -k EXPR, ...)")
     bis.add_argument("--tolerance", type=float, default=0.01, metavar="T",
-                     help="A/B mode's tolerance when comparing BAD with GOOD (default 0.01); "
-                          "the midpoints are judged at half the slowdown measured at BAD, "
-                          "if that is more")
+                     help="A/B mode's tolerance when comparing BAD with GOOD (default "
+                          "0.01); a commit between is bad when its interval lies above the "
+                          "ratio halfway from GOOD to BAD's, good when below")
     bis.add_argument("--budget", type=float, metavar="S",
                      help="seconds of A/B measurement per case and commit (default: A/B "
                           "mode's, 20)")

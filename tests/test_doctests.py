@@ -8,7 +8,8 @@ import importlib
 import pytest
 
 MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines", "backends.common",
-           "cluster.address", "family", "ab.arms", "targets", "backends.jax"]
+           "cluster.address", "family", "ab.arms", "targets", "backends.jax",
+           "bisection.search", "bisection.evidence"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -17,13 +17,14 @@ How a bisection goes:
    bisection is on those fields: exact, one compile per commit, nothing repeated.
 4. Only where the programs agree is it on timing: BAD, then each midpoint, in A/B mode
    against GOOD (``pytest NODEIDS --accelperf-compare=GOOD`` in the midpoint's worktree),
-   the statistic and verdict of :mod:`pytest_accelperf.ab`. The midpoints' tolerance is
-   half the slowdown measured at BAD (never less than the one asked for): a midpoint is bad
-   when it is slower than GOOD by more than half of it, and the interval says so.
-5. A commit whose session cannot say (it does not collect or import, a case errors, an
-   A/B comparison is inconclusive) is skipped as ``git bisect skip`` skips: the next
-   commit nearest the middle is tried instead, and if only skipped commits are left
-   between the last good and the first bad commit, all of them are named.
+   the statistic of :mod:`pytest_accelperf.ab`. BAD is bad by A/B mode's verdict; a
+   midpoint is bad when its interval lies above the ratio halfway from GOOD to BAD's
+   level (``sqrt`` of BAD's ratio), good when it lies below.
+5. A commit whose session cannot say (it does not collect or import, a case errors, its
+   A/B interval straddles the halfway ratio or was contaminated) is skipped as ``git
+   bisect skip`` skips: the next commit nearest the middle is tried instead, and if only
+   skipped commits are left between the last good and the first bad commit, all of them
+   are named.
 
 The modules, one job each, the data flowing one way: :mod:`.commits` (the range, and a
 worktree of a commit), :mod:`.probe` (one pytest session at one commit, its report read

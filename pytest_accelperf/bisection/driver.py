@@ -24,6 +24,7 @@ from pytest_accelperf.bisection.evidence import (
     Call,
     Judgement,
     Targets,
+    halfway,
     judge_program,
     judge_timing,
     program_targets,
@@ -54,7 +55,7 @@ Kind = Literal["record", "program", "A/B"]
 @dataclass(frozen=True)
 class Settings:
     """What to bisect with: the node ids and pytest arguments, and A/B mode's tolerance
-    (at BAD; the midpoints' is at least half the slowdown measured there) and budget."""
+    (of BAD against GOOD; a commit between is judged against BAD's level) and budget."""
 
     args: tuple[str, ...]
     tolerance: float = 0.01
@@ -197,13 +198,18 @@ class _Bisection:
             judged = judge_timing(bad_ab, cases)
             self._step(bad_ab, "A/B", judged, tolerance)
             if judged.call == "bad":
-                assert judged.ratio is not None
-                half = max(tolerance, (judged.ratio - 1) / 2)
-                notes.append(f"midpoints judged at tolerance {half:.3g}: half of BAD's "
-                             f"slowdown ({judged.ratio - 1:+.1%})")
+                levels = dict(judged.levels)
+                # A/B mode measures until its interval is half as wide as the tolerance:
+                # the distance to the nearest halfway ratio, so that it can decide.
+                near = min(halfway(level) - 1 for level in levels.values())
+                notes.append("a commit between is bad when its interval lies above "
+                             + ", ".join(f"{halfway(r):.3f} ({n.rsplit('::', 1)[-1]})"
+                                         for n, r in sorted(levels.items()))
+                             + ": halfway, in ratio, from GOOD to BAD's level; good when it "
+                               "lies below; skipped when it straddles it")
                 return self._search("timing", notes, lambda c: self._timing(
-                    session(c, *ab, f"--accelperf-compare-tolerance={half:.4g}"), cases,
-                    half))
+                    session(c, *ab, f"--accelperf-compare-tolerance={near:.4g}"), levels,
+                    near))
             if judged.faster:
                 return self._result(
                     Status.GOOD_ALREADY_BAD,
@@ -221,8 +227,8 @@ class _Bisection:
                  good_programs: dict[str, Any]) -> None:
         self._step(session, "program", judge_program(session, targets, good_programs))
 
-    def _timing(self, session: Session, cases: set[str], tolerance: float) -> None:
-        self._step(session, "A/B", judge_timing(session, cases), tolerance)
+    def _timing(self, session: Session, levels: dict[str, float], tolerance: float) -> None:
+        self._step(session, "A/B", judge_timing(session, levels), tolerance)
 
     def _search(self, basis: str, notes: list[str],
                 test: Callable[[Commit], None]) -> Result:

@@ -10,15 +10,21 @@ Two kinds of evidence, both read from checks the plugin made in the session:
   unchanged code. A commit is bad when one of the fields that BAD made worse is worse than
   GOOD's in it too (a count at all, an amount past the program or memory tolerance).
 * **timing** (:func:`judge_timing`): the ``throughput`` check of A/B mode, the commit's
-  working tree against GOOD (:mod:`pytest_accelperf.ab.verdict`): ``regression`` is bad,
-  ``pass`` and ``improvement`` are good; ``inconclusive`` (noise, or a contaminated
-  measurement) cannot say, and the commit is skipped.
+  working tree against GOOD (:mod:`pytest_accelperf.ab.verdict`): its paired step-time
+  ratio and 95 % interval. BAD is judged by A/B mode's own verdict: ``regression`` is bad.
+  A commit between is judged against BAD's ratio ``r``: bad when the whole interval lies
+  above ``sqrt(r)`` (halfway from GOOD to BAD, in ratio), good when it lies below, and
+  skipped when it straddles it, or the measurement was contaminated. (A/B's ``pass`` is
+  not enough there: a ratio within a tolerance of half BAD's slowdown, with an interval
+  that still reaches BAD's level, says nothing of which side the commit is on; measured
+  on this machine, such a ``pass`` was the culprit.)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_accelperf.bisection.probe import Session
@@ -47,12 +53,12 @@ SHOWN = 3
 
 @dataclass(frozen=True)
 class Judgement:
-    """A commit against GOOD: the call and its evidence in words. ``ratio``: for a timing
-    call of bad, the smallest step-time ratio of the cases that made it bad."""
+    """A commit against GOOD: the call and its evidence in words. ``levels``: for BAD's
+    timing call of bad, the step-time ratio of each case that made it bad."""
 
     call: Call
     evidence: str
-    ratio: float | None = None
+    levels: Mapping[str, float] = field(default_factory=dict)
     #: Timing: every case was faster than GOOD (an ``improvement``).
     faster: bool = False
 
@@ -185,33 +191,61 @@ def ab_check(record: CaseRecord) -> CheckResult | None:
                  if c.metric == "throughput" and c.data.get("mode") == "ab"), None)
 
 
-def timing_words(check: CheckResult) -> str:
-    """``step time +20.3% (95% CI 1.18-1.23, tolerance 10%, 40 rounds)``, and why an
-    inconclusive one is."""
+def halfway(level: float) -> float:
+    """The ratio halfway from GOOD (1) to BAD's ``level``, in log-ratio (A/B mode
+    averages log-ratios): a commit between is bad above it, good below.
+
+    >>> round(halfway(1.21), 3)
+    1.1
+    """
+    return math.sqrt(level)
+
+
+def timing_words(check: CheckResult, level: float | None = None) -> str:
+    """``step time +20.3% (95% CI 1.18-1.23, 40 rounds)``, with the tolerance (BAD) or
+    where the interval lies against the halfway ratio (a commit between)."""
     data = check.data
-    low, high = data.get("ci") or (float("nan"), float("nan"))
+    low, high = (float(x) for x in data.get("ci") or (math.nan, math.nan))
     text = (f"step time {fmt_signed_percent(float(data['ratio']) - 1)} (95% CI "
-            f"{fmt_ratio(float(low))}\u2013{fmt_ratio(float(high))}, tolerance "
-            f"{fmt_tolerance(float(data['tolerance']))}, {data.get('rounds')} rounds)")
-    if check.verdict is Verdict.INCONCLUSIVE:
-        if data.get("contaminated"):
-            text += ": contaminated (other processes used the CPU during the rounds)"
-        else:
+            f"{fmt_ratio(low)}\u2013{fmt_ratio(high)}, {data.get('rounds')} rounds")
+    if data.get("contaminated"):
+        return text + "): contaminated (other processes used the CPU during the rounds)"
+    if level is None:
+        text += f", tolerance {fmt_tolerance(float(data['tolerance']))})"
+        if check.verdict is Verdict.INCONCLUSIVE:
             text += f": inconclusive, smallest detectable change ±{fmt_percent(data['mdc'])}"
-    return text
+        return text
+    mid = halfway(level)
+    where = "above" if low > mid else "below" if high < mid else "straddles"
+    return (f"{text}): {where} {fmt_ratio(mid)}, halfway to BAD's {fmt_ratio(level)}")
 
 
-def judge_timing(session: Session, nodeids: Collection[str]) -> Judgement:
-    """A commit's call from its A/B comparison with GOOD: ``bad`` when a case is a
-    ``regression``, ``good`` when every case is ``pass`` or ``improvement``, else
-    ``skip`` (inconclusive, not compared, did not run)."""
+def _call(check: CheckResult, level: float) -> Call:
+    """A commit between GOOD and BAD, from its A/B interval against the halfway ratio."""
+    if check.data.get("contaminated"):
+        return "skip"
+    low, high = (float(x) for x in check.data.get("ci") or (math.nan, math.nan))
+    mid = halfway(level)
+    return "bad" if low > mid else "good" if high < mid else "skip"
+
+
+def judge_timing(session: Session, levels: Mapping[str, float] | Collection[str]
+                 ) -> Judgement:
+    """A commit's call from its A/B comparison with GOOD. BAD's (``levels`` the node ids
+    to compare): ``bad`` when a case is a ``regression`` (the levels: their ratios),
+    ``good`` when every one is ``pass`` or ``improvement`` (``faster`` when every one is
+    an improvement), else ``skip``. A commit between (``levels``: BAD's ratio of each case
+    it regressed): ``bad`` when a case's interval lies above the halfway ratio, ``good``
+    when every one lies below, else ``skip``."""
     if session.why:
         return Judgement("skip", session.why)
-    many = len(nodeids) > 1
+    between = isinstance(levels, Mapping)
+    many = len(levels) > 1
     words: list[str] = []
-    calls: list[Verdict] = []
-    ratios: list[float] = []
-    for nodeid in sorted(nodeids):
+    calls: list[Call] = []
+    verdicts: list[Verdict] = []
+    bad_levels: dict[str, float] = {}
+    for nodeid in sorted(levels):
         record = session.cases.get(nodeid)
         if record is None:
             return Judgement("skip", f"{_name(nodeid, True)}not collected at this commit")
@@ -222,13 +256,22 @@ def judge_timing(session: Session, nodeids: Collection[str]) -> Judgement:
             skipped = (stored.data.get("ab") or {}).get("skipped") if stored else None
             return Judgement("skip", _name(nodeid, many)
                              + (why or f"not compared in A/B mode: {skipped or 'no check'}"))
-        calls.append(check.verdict)
+        if isinstance(levels, Mapping):
+            level = float(levels[nodeid])
+            calls.append(_call(check, level))
+            words.append(_name(nodeid, many) + timing_words(check, level))
+            continue
+        verdicts.append(check.verdict)
         words.append(_name(nodeid, many) + timing_words(check))
         if check.verdict is Verdict.REGRESSION:
-            ratios.append(float(check.data["ratio"]))
+            bad_levels[nodeid] = float(check.data["ratio"])
     text = "; ".join(words)
-    if ratios:
-        return Judgement("bad", text, ratio=min(ratios))
-    if all(v in (Verdict.PASS, Verdict.IMPROVEMENT) for v in calls):
-        return Judgement("good", text, faster=all(v is Verdict.IMPROVEMENT for v in calls))
+    if between:
+        call: Call = ("bad" if "bad" in calls else "good" if all(c == "good" for c in calls)
+                      else "skip")
+        return Judgement(call, text)
+    if bad_levels:
+        return Judgement("bad", text, levels=bad_levels)
+    if all(v in (Verdict.PASS, Verdict.IMPROVEMENT) for v in verdicts):
+        return Judgement("good", text, faster=all(v is Verdict.IMPROVEMENT for v in verdicts))
     return Judgement("skip", text)
