@@ -19,8 +19,13 @@ from typing import Any
 import pytest
 
 from pytest_accelperf import cli
-from pytest_accelperf.bisection.probe import own_option, summary
+from pytest_accelperf.ab.rounds import ABMeasurement
+from pytest_accelperf.ab.verdict import ab_check
+from pytest_accelperf.bisection.commits import Commit
+from pytest_accelperf.bisection.evidence import halfway, judge_timing
+from pytest_accelperf.bisection.probe import Session, own_option, summary
 from pytest_accelperf.bisection.search import Search
+from pytest_accelperf.report.data import CaseRecord
 
 pytest.importorskip("jax")
 
@@ -305,6 +310,48 @@ def test_only_skipped_commits_left_names_them_all() -> None:
 def test_a_one_commit_range_needs_no_midpoint() -> None:
     search = Search(1)
     assert search.next() is None and search.suspects() == [0]
+
+
+def _ab_session(ratio: float, jitter: float) -> Session:
+    """A session whose one case's A/B throughput check is A/B mode's own (``ab_check``)
+    over 3 process pairs of 8 rounds whose head blocks are ``ratio`` times the base's,
+    each round off by up to ``jitter`` (a fixed pattern)."""
+    base, head, pairs = [], [], []
+    for i in range(24):
+        wobble = 1 + jitter * ((i * 7) % 5 - 2) / 2
+        base.append([0.010, 0.0101, 0.0102])
+        head.append([0.010 * ratio * wobble, 0.0101 * ratio * wobble, 0.0102 * ratio])
+        pairs.append(i % 3)
+    measured = ABMeasurement(base=base, head=head, seconds=3.0, first=["base", "head"] * 12,
+                             pairs=pairs, processes=3)
+    check = ab_check("GOOD", measured, 32, 0.1, 3)
+    record = CaseRecord("t.py::test_step[c]", "c", "cpu-x1", {"outcome": "ok"}, [check])
+    return Session(Commit("0" * 40, "x"), (), Path(), 1, 1.0, {record.nodeid: record})
+
+
+@pytest.mark.parametrize(("ratio", "jitter", "call"), [
+    (1.0, 0.01, "good"),    # GOOD's level: the interval lies below halfway
+    (1.4, 0.01, "bad"),     # BAD's level: above
+    (1.18, 0.01, "skip"),   # at halfway itself: it straddles it, and cannot say
+    (1.3, 0.9, "skip"),     # near BAD's level, but too noisy to say which side
+])
+def test_a_commit_between_is_judged_against_halfway_to_bad(ratio: float, jitter: float,
+                                                             call: str) -> None:
+    """The midpoints' rule, on A/B mode's own statistic: BAD measured 1.4x GOOD, so a
+    commit is bad above sqrt(1.4) = 1.18 and good below, whole interval."""
+    judged = judge_timing(_ab_session(ratio, jitter), {"t.py::test_step[c]": 1.4})
+    assert judged.call == call, judged.evidence
+    assert "halfway to BAD's 1.40" in judged.evidence
+    assert halfway(1.4) == pytest.approx(1.1832, abs=1e-4)
+
+
+def test_bad_is_judged_by_the_ab_verdict() -> None:
+    judged = judge_timing(_ab_session(1.4, 0.01), ["t.py::test_step[c]"])
+    assert judged.call == "bad" and judged.levels["t.py::test_step[c]"] == \
+        pytest.approx(1.4, rel=0.02)
+    assert "tolerance 10%" in judged.evidence
+    faster = judge_timing(_ab_session(0.6, 0.01), ["t.py::test_step[c]"])
+    assert faster.call == "good" and faster.faster  # GOOD is already worse
 
 
 def test_own_options_are_refused_and_others_pass() -> None:
