@@ -1,7 +1,7 @@
 """The bisection itself (see :mod:`pytest_accelperf.bisection`): GOOD's session records the
 baseline, BAD's says whether the programs differ, then a binary search on the program record
 or, where the programs agree, on A/B timing; every step's evidence kept, and the
-command that reproduces the last decisive one.
+commands that reproduce the last decisive one and the first bad commit's.
 """
 
 from __future__ import annotations
@@ -98,7 +98,8 @@ class Result:
     #: When not found: the commits the first bad one may be (skipped ones, and the
     #: oldest known bad).
     suspects: tuple[Commit, ...] = ()
-    #: Shell lines that reproduce the last decisive comparison.
+    #: Shell lines that reproduce the last decisive comparison (and the first bad
+    #: commit's, when that is another).
     reproduce: tuple[str, ...] = ()
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
@@ -153,7 +154,7 @@ class _Bisection:
                 first_bad: Commit | None = None, suspects: Sequence[Commit] = (),
                 notes: Sequence[str] = ()) -> Result:
         return Result(self.rng, status, message, basis, tuple(self.steps), first_bad,
-                      tuple(suspects), reproduce(self.rng, self.steps),
+                      tuple(suspects), reproduce(self.rng, self.steps, first_bad),
                       time.monotonic() - self.t0, tuple(notes))
 
     def run(self) -> Result:
@@ -257,18 +258,35 @@ def _python() -> str:
     return sys.executable
 
 
-def reproduce(rng: CommitRange, steps: Sequence[Step]) -> tuple[str, ...]:
-    """Shell lines that reproduce the last decisive step (a commit called good or bad
-    against GOOD): its worktree, and the same pytest session (for the program, GOOD's
-    recording before it)."""
+def reproduced(steps: Sequence[Step], first_bad: Commit | None) -> list[Step]:
+    """The steps :func:`reproduce` repeats: the last decisive one (a commit called good or
+    bad), and the first bad commit's own when that is another (the one that shows the
+    regression)."""
     decisive = [s for s in steps if s.call in ("good", "bad")]
     if not decisive:
+        return []
+    shown = [decisive[-1]]
+    culprit = next((s for s in reversed(decisive) if s.commit == first_bad and s.call == "bad"),
+                   None)
+    if culprit is not None and culprit is not shown[0]:
+        shown.append(culprit)
+    return shown
+
+
+def reproduce(rng: CommitRange, steps: Sequence[Step],
+              first_bad: Commit | None = None) -> tuple[str, ...]:
+    """Shell lines that reproduce the steps :func:`reproduced` picks: a worktree of each
+    commit and the same pytest session (for the program, GOOD's recording first), the
+    worktrees removed after."""
+    shown = reproduced(steps, first_bad)
+    if not shown:
         return ()
-    last = decisive[-1]
     tmp = Path(tempfile.gettempdir())
     store = tmp / "accelperf-bisect-store"
-    trees = {rng.good.sha: tmp / f"accelperf-bisect-{rng.good.short}",
-             last.commit.sha: tmp / f"accelperf-bisect-{last.commit.short}"}
+    if any(s.kind != "A/B" for s in shown):
+        shown = [steps[0], *shown]  # GOOD's session, recording the baseline
+    trees = {s.commit.sha: tmp / f"accelperf-bisect-{s.commit.short}" for s in shown}
+
     def line(step: Step) -> str:
         tree = trees[step.commit.sha]
         env = session_env(rng.root, tree, os.environ).get("PYTHONPATH")
@@ -283,12 +301,11 @@ def reproduce(rng: CommitRange, steps: Sequence[Step]) -> tuple[str, ...]:
         return f"(cd {shlex.quote(str(where))} && {prefix}{shlex.join(argv)})"
 
     root = shlex.quote(str(rng.root))
-    shown = [last] if last.kind == "A/B" else [steps[0], last]
-    lines = [f"git -C {root} worktree add --detach {shlex.quote(str(trees[s.commit.sha]))} "
-             f"{s.commit.sha}" for s in shown]
+    lines = [f"git -C {root} worktree add --detach {shlex.quote(str(tree))} {sha}"
+             for sha, tree in trees.items()]
     lines += [line(s) for s in shown]
-    lines += [f"git -C {root} worktree remove --force {shlex.quote(str(trees[s.commit.sha]))}"
-              for s in shown]
-    if last.kind != "A/B":
+    lines += [f"git -C {root} worktree remove --force {shlex.quote(str(tree))}"
+              for tree in trees.values()]
+    if any(s.kind != "A/B" for s in shown):
         lines.append(f"rm -rf {shlex.quote(str(store))}")
     return tuple(lines)

@@ -1,6 +1,6 @@
 """A bisection in words (see :mod:`pytest_accelperf.bisection`): a line per step as it
 happens, and at the end the first bad commit, the table of the evidence and the command
-that reproduces the last decisive comparison.
+that reproduces the last decisive comparison (and the first bad commit's).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from pytest_accelperf.bisection.commits import CommitRange
-from pytest_accelperf.bisection.driver import Result, Status, Step
+from pytest_accelperf.bisection.driver import Result, Status, Step, reproduced
 
 #: Characters of a subject or an evidence shown in the table.
 SUBJECT = 40
@@ -62,11 +62,14 @@ def render(result: Result) -> str:
     parts = [headline(result), "", "evidence (each commit against GOOD "
              f"{result.range.good.short}):", table(result)]
     parts += [f"note: {note}" for note in result.notes]
-    last = [s for s in result.steps if s.call in ("good", "bad")]
-    if result.reproduce and last:
-        how = ("A/B mode" if last[-1].kind == "A/B" else
+    shown = reproduced(result.steps, result.first_bad)
+    if result.reproduce and shown:
+        what = " and ".join(f"{s.commit.short} ({s.call})" for s in shown)
+        how = ("in A/B mode" if all(s.kind == "A/B" for s in shown) else
                "its program check against the baseline GOOD's session records")
-        parts += ["", f"reproduce the last decisive comparison ({last[-1].commit.short} "
-                  f"against GOOD {result.range.good.short}, {how}):"]
+        which = "the last decisive comparison" + (" and the first bad commit's"
+                                                   if len(shown) > 1 else "")
+        parts += ["", f"reproduce {which} ({what}, against GOOD {result.range.good.short}, "
+                      f"{how}):"]
         parts += [f"  {line}" for line in result.reproduce]
     return "\n".join(parts) + "\n"
