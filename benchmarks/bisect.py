@@ -17,8 +17,8 @@ which (``--at``, 1..16) plants the regression:
   fastest step as measured on this machine just before (a one-commit copy of the suite
   timed first, :func:`calibrate`): no op, byte or sync changes, so the programs agree and
   the search is on A/B timing (``--budget`` seconds a comparison). What the sleep really
-  adds is what A/B mode measures at BAD (the table's "BAD measured"): a sleep wakes up
-  late on a loaded machine.
+  adds is what A/B mode measures at BAD (the table's "BAD measured"): one session's
+  fastest step is no steady figure on a loaded machine, so the fraction is nominal.
 
 ``accelperf bisect GOOD BAD -- test_suite.py`` then runs in it as a user would (``python -m
 pytest_accelperf.cli``, this checkout's plugin), and the result (``--json``), its exit
