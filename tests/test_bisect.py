@@ -166,6 +166,45 @@ def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
     _untouched(repo, tmp_path / "tmp", shas[-1])
 
 
+def test_good_already_worse_is_exit_status_4(tmp_path: Path) -> None:
+    """GOOD's hidden layer is 2048 wide, BAD's back to 64: BAD's program does less (not a
+    regression), and A/B mode finds BAD faster: GOOD is already the worse end."""
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=("HIDDEN = 64", "HIDDEN = 2048"), at=1,
+                       commits=1)
+    model = repo / "model.py"
+    model.write_text(model.read_text().replace("HIDDEN = 2048", "HIDDEN = 64"))
+    _git(repo, "commit", "-qam", "back to 64")
+    out = tmp_path / "result.json"
+    done = _bisect(repo, tmp_path / "tmp", "--json", str(out), "--tolerance", "0.5",
+                   "--budget", "1", shas[1], "main", "--", "test_suite.py",
+                   *bench.PYTEST_ARGS, "--accelperf-compare-processes=1",
+                   "--accelperf-compare-rounds=4", "--accelperf-max-foreign-load=64")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 4, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "good_already_bad"
+    assert _steps(result)[1:] == [(1, "program", "good"), (1, "A/B", "good")]
+    assert result["steps"][1]["evidence"].startswith("less than GOOD: FLOPs -")
+    assert "no first bad commit: GOOD is already worse than BAD: BAD is faster" in done.stdout
+    _untouched(repo, tmp_path / "tmp", _git(repo, "rev-parse", "HEAD"))
+
+
+def test_a_good_that_does_not_run_is_an_error(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=WIDER, at=3, broken=(1,), commits=3)
+    done = _bisect(repo, tmp_path / "tmp", shas[1], shas[3], "--", "test_suite.py",
+                   *bench.PYTEST_ARGS)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr == (
+        f"accelperf: error: GOOD {shas[1][:10]} (commit 1: import a module that does not "
+        f"exist) cannot be tested: pytest exit 2 (interrupted): ModuleNotFoundError: No "
+        f"module named 'nosuchmodule'; check that pytest ARGS runs there (accelperf bisect "
+        f"runs the node ids and pytest arguments after -- in a worktree of each commit)\n")
+    _untouched(repo, tmp_path / "tmp", shas[-1])
+
+
 # -- bad input --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -368,6 +407,11 @@ def test_a_failed_session_is_summed_up_by_its_error_line(tmp_path: Path) -> None
                    "=== short test summary info ===\nERROR t.py\n!!! Interrupted: 1 error "
                    "during collection !!!\n")
     assert summary(log) == "ModuleNotFoundError: No module named 'x'"
-    log.write_text("ERROR: usage: pytest [options]\n")
-    assert summary(log) == "ERROR: usage: pytest [options]"
+    usage = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                            "--nosuchoption"], cwd=tmp_path, capture_output=True, text=True,
+                           check=False)
+    log.write_text(usage.stdout + usage.stderr)
+    assert summary(log) == "python -m pytest: error: unrecognized arguments: --nosuchoption"
+    log.write_text("something\nthe end\n")
+    assert summary(log) == "the end"
     assert summary(tmp_path / "none.log") == "(no output)"

@@ -139,21 +139,26 @@ def _exit_name(status: int) -> str:
 
 
 #: A line of pytest's output that says what went wrong: an ``E   `` line of a traceback
-#: (``E   ModuleNotFoundError: No module named 'x'``), or ``ERROR`` of the summary.
+#: (``E   ModuleNotFoundError: No module named 'x'``), ``ERROR`` of the summary, an
+#: exception's own line.
 _ERROR_LINE = re.compile(r"^(E\s{2,}\S.*|ERROR\s.*|\w+Error: .*)$")
+#: pytest's usage error: ``python -m pytest: error: unrecognized arguments: --x``.
+_USAGE_LINE = re.compile(r"^[\w .\-]+: error: .*$")
 
 
 def summary(log: Path) -> str:
     """The line of a session's output that best says why it failed: the first ``E``
-    line of a traceback, else the last ``ERROR`` line, else the last line."""
+    line of a traceback, else pytest's usage error, else the last ``ERROR`` line, else
+    the last line."""
     try:
         lines = [line.rstrip() for line in log.read_text(errors="replace").splitlines()
                  if line.strip()]
     except OSError:
         return "(no output)"
     errors = [line for line in lines if _ERROR_LINE.match(line)]
-    first_e = next((line for line in errors if line.startswith("E ")), None)
-    chosen = first_e or (errors[-1] if errors else (lines[-1] if lines else "(no output)"))
+    chosen = (next((line for line in errors if line.startswith("E ")), None)
+              or next((line for line in lines if _USAGE_LINE.match(line)), None)
+              or (errors[-1] if errors else (lines[-1] if lines else "(no output)")))
     chosen = re.sub(r"^E\s+", "", chosen)
     return chosen if len(chosen) <= 200 else chosen[:197] + "..."
 
