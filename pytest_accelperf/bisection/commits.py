@@ -135,17 +135,41 @@ class Worktrees:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        #: Where git keeps the worktrees' administrative directories.
+        self._admin = (root / git(root, "rev-parse", "--git-common-dir")) / "worktrees"
         self.dir = Path(tempfile.mkdtemp(prefix="accelperf-bisect-"))
         #: worktree path -> git's administrative directory of it (``.git/worktrees/X``).
         self._made: dict[Path, Path] = {}
+        self._count = 0
 
     def add(self, commit: Commit) -> Path:
-        """A fresh worktree of ``commit``."""
-        path = self.dir / f"{commit.short}-{len(self._made)}"
-        git(self.root, "-c", "core.hooksPath=/dev/null", "worktree", "add", "--detach",
-            "--quiet", str(path), commit.sha, timeout=CHECKOUT_TIMEOUT_S)
-        self._made[path] = Path(git(path, "rev-parse", "--absolute-git-dir"))
+        """A fresh worktree of ``commit``; one whose checkout fails or is interrupted is
+        removed before the error goes on."""
+        path = self.dir / f"{commit.short}-{self._count}"
+        self._count += 1
+        try:
+            git(self.root, "-c", "core.hooksPath=/dev/null", "worktree", "add", "--detach",
+                "--quiet", str(path), commit.sha, timeout=CHECKOUT_TIMEOUT_S)
+            self._made[path] = Path(git(path, "rev-parse", "--absolute-git-dir"))
+        except BaseException:
+            self._made.pop(path, None)
+            shutil.rmtree(path, ignore_errors=True)
+            self._forget(path)
+            raise
         return path
+
+    def _forget(self, path: Path) -> None:
+        """Remove git's record of a worktree of ours that was cut short (the one whose
+        ``gitdir`` names ``path``), and only that."""
+        if not self._admin.is_dir():
+            return
+        for admin in self._admin.iterdir():
+            try:
+                named = Path((admin / "gitdir").read_text().strip())
+            except OSError:
+                continue
+            if named == path / ".git":
+                shutil.rmtree(admin, ignore_errors=True)
 
     def remove(self, path: Path) -> None:
         """Remove a worktree :meth:`add` made: its files and git's record of it (never
