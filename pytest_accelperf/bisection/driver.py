@@ -38,8 +38,8 @@ class Status(IntEnum):
     usage error, as for every ``accelperf`` command)."""
 
     FOUND = 0
-    #: BAD is not worse than GOOD: the same program, and A/B within the tolerance or
-    #: unable to tell them apart.
+    #: BAD is not worse than GOOD: its program is no worse, and A/B finds them within the
+    #: tolerance or cannot tell them apart.
     BAD_NOT_BAD = 3
     #: GOOD is already worse than BAD: A/B finds BAD faster.
     GOOD_ALREADY_BAD = 4
@@ -221,7 +221,8 @@ class _Bisection:
                    "run on a quieter machine")
             return self._result(
                 Status.BAD_NOT_BAD,
-                f"BAD is not worse than GOOD: the same program, and {why} ({judged.evidence})",
+                f"BAD is not worse than GOOD: its program is no worse, and {why} "
+                f"({judged.evidence})",
                 "timing", notes=notes)
 
     def _program(self, session: Session, targets: Targets,
