@@ -8,6 +8,7 @@
     accelperf baselines prune [PYTEST ARGS ...]     drop cases that are no longer collected
     accelperf report REPORT --markdown/--html PATH  render a saved JSON report
     accelperf history changes DIR [--since REF]     change points over the run history
+    accelperf bisect GOOD BAD -- NODEIDS [ARGS]     the first commit that made the cases worse
     accelperf schema baseline|report|history        the JSON Schema of a block, report or line
 
 Paths are relative to the current directory. Node ids and baseline files are keyed relative
@@ -16,7 +17,7 @@ to the pytest rootdir; ``prune`` takes the node ids and that rootdir from a coll
 ``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines/``. Everything
 written goes through the store (:mod:`pytest_accelperf.baselines`): validated by the schema,
 locked, atomic, inside the store. Exit status: 0 done, 1 an error (the message names the
-file, line, case and fix), 2 a usage error.
+file, line, case and fix), 2 a usage error; ``bisect`` has three more (its ``--help``).
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any, Literal, TextIO, cast
 
 import pytest
@@ -44,6 +47,10 @@ from pytest_accelperf.baselines import (
     module_key,
     read,
 )
+from pytest_accelperf.bisection import show as bisect_show
+from pytest_accelperf.bisection.commits import commit_range
+from pytest_accelperf.bisection.driver import Settings, Status, Step, bisect
+from pytest_accelperf.bisection.probe import own_option
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.jsonfile import field_path, gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
@@ -644,6 +651,63 @@ def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# -- bisect ------------------------------------------------------------------------------------
+BISECT_EPILOG = f"""\
+exit status: {Status.FOUND.value} the first bad commit was found; 1 an error in what was given \
+(an unknown ref, GOOD not an ancestor of BAD, no node ids, a GOOD or BAD whose session does \
+not run); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD is not worse than GOOD; \
+{Status.GOOD_ALREADY_BAD.value} GOOD is already worse (BAD is faster); \
+{Status.NOT_FOUND.value} not found: only commits that could not be tested are left between \
+the last good and the first bad one (all are named); {Status.INTERRUPTED.value} interrupted \
+(the worktrees are removed)."""
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the worktrees are removed on the way out
+
+
+def cmd_bisect(args: argparse.Namespace, out: TextIO) -> int:
+    pytest_args = [*args.nodeids, *args.pytest_args]
+    nodeids = []
+    for arg in pytest_args:
+        if arg.startswith("-"):
+            break
+        nodeids.append(arg)
+    if not nodeids:
+        raise CliError("no node ids: pass the tests to bisect after --, e.g. accelperf "
+                       "bisect v1.0 main -- tests/test_perf.py::test_step --accel=cpu")
+    clash = own_option(pytest_args)
+    if clash:
+        raise CliError(clash)
+    if not 0 < args.tolerance < 1:
+        raise CliError(f"--tolerance {args.tolerance:g}: a relative change between 0 and 1, "
+                       f"such as 0.01")
+    if args.budget is not None and not args.budget > 0:
+        raise CliError(f"--budget {args.budget:g}: seconds of A/B measurement per case, more "
+                       f"than 0, such as 20")
+    rng = commit_range(Path.cwd(), args.good, args.bad)
+    settings = Settings(tuple(pytest_args), args.tolerance, args.budget)
+    out.write(bisect_show.start_line(rng, settings.args) + "\n")
+    out.flush()
+
+    def progress(step: Step) -> None:
+        out.write(bisect_show.step_line(step, rng) + "\n")
+        out.flush()
+
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        result = bisect(rng, settings, progress)
+    except KeyboardInterrupt:
+        print("accelperf bisect: interrupted; its worktrees were removed", file=sys.stderr)
+        return int(Status.INTERRUPTED)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    out.write("\n" + bisect_show.render(result))
+    if args.json is not None:
+        _write(args.json, json.dumps(result.to_json(), indent=2) + "\n", "--json")
+    return int(result.status)
+
+
 # -- schema ------------------------------------------------------------------------------------
 def cmd_schema(args: argparse.Namespace, out: TextIO) -> int:
     kind = cast(Literal["baseline", "report", "history"], args.kind)
@@ -743,6 +807,42 @@ def build_parser() -> argparse.ArgumentParser:
                          help="print the change points as JSON")
     changes.set_defaults(func=cmd_history_changes)
 
+    bis = sub.add_parser(
+        "bisect", help="the first commit between GOOD and BAD that made the cases worse",
+        usage="accelperf bisect [-h] [--tolerance T] [--budget S] [--json PATH]\n"
+              "                        GOOD BAD -- NODEID [NODEID ...] [PYTEST_ARG ...]",
+        description="Bisect the commits of GOOD..BAD on BAD's first-parent line, each "
+                    "tested in a git worktree of its own (removed at the end, also on "
+                    "Ctrl-C; the working tree, index and branches are not touched) by "
+                    "running pytest NODEIDS PYTEST_ARGS there. GOOD's session records a "
+                    "baseline; where BAD's compiled program (FLOPs, bytes, collectives, host "
+                    "syncs, matmul dtypes, graph breaks, the compiler's memory plan) is "
+                    "worse than GOOD's, the search is on those fields (exact: one session "
+                    "per commit); where the programs agree, on A/B mode's timing "
+                    "(--accelperf-compare=GOOD in each commit's worktree). A commit whose "
+                    "session does not collect, import or run, or whose A/B interval cannot "
+                    "tell which side of halfway it is on, is skipped as git bisect skip "
+                    "does. Prints the first bad "
+                    "commit, the evidence of each step, and the command that reproduces "
+                    "the last decisive comparison.",
+        epilog=BISECT_EPILOG)
+    bis.add_argument("good", metavar="GOOD", help="a commit without the regression (an "
+                                                  "ancestor of BAD on its first-parent line)")
+    bis.add_argument("bad", metavar="BAD", help="a commit with it")
+    bis.add_argument("nodeids", nargs="*", metavar="NODEID",
+                     help="the tests to run at each commit, after --, then any pytest "
+                          "arguments (--accel=cpu, -k EXPR, ...)")
+    bis.add_argument("--tolerance", type=float, default=0.01, metavar="T",
+                     help="A/B mode's tolerance when comparing BAD with GOOD (default "
+                          "0.01); a commit between is bad when its interval lies above the "
+                          "ratio halfway from GOOD to BAD's, good when below")
+    bis.add_argument("--budget", type=float, metavar="S",
+                     help="seconds of A/B measurement per case and commit (default: A/B "
+                          "mode's, 20)")
+    bis.add_argument("--json", type=Path, metavar="PATH",
+                     help="also write the result (first bad commit, every step) as JSON")
+    bis.set_defaults(func=cmd_bisect, pytest_args=[])
+
     schema = sub.add_parser("schema", help="print the JSON Schema of a baseline block, a "
                                            "JSON report or a history line")
     schema.add_argument("kind", choices=("baseline", "report", "history"),
@@ -756,7 +856,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Entry point of the ``accelperf`` console script; returns the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    after: list[str] = []
+    if argv[:1] == ["bisect"] and "--" in argv:
+        # What follows -- is pytest's, options included (argparse mishandles -- after an
+        # option of a subcommand).
+        cut = argv.index("--")
+        argv, after = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if after:
+        args.pytest_args = after
     stream = out if out is not None else sys.stdout
     try:
         status: int = args.func(args, stream)

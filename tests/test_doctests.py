@@ -9,7 +9,8 @@ import pytest
 
 MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines",
            "backends.measure.common",
-           "cluster.address", "family", "ab.arms", "targets", "backends.jax.backend"]
+           "cluster.address", "family", "ab.arms", "targets", "backends.jax.backend",
+           "bisection.search", "bisection.evidence"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -63,7 +63,7 @@ def _pytest_help_group() -> str:
 
 
 CLI_COMMANDS = ("", "baselines show", "baselines diff", "baselines accept", "baselines prune",
-                "report", "history changes", "schema")
+                "report", "history changes", "bisect", "schema")
 
 
 def _accelperf_help() -> str:

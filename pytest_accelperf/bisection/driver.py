@@ -1,0 +1,312 @@
+"""The bisection itself (see :mod:`pytest_accelperf.bisection`): GOOD's session records the
+baseline, BAD's says whether the programs differ, then a binary search on the program record
+or, where the programs agree, on A/B timing; every step's evidence kept, and the
+commands that reproduce the last decisive one and the first bad commit's.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import Any, Literal
+
+from pytest_accelperf.bisection import BisectError
+from pytest_accelperf.bisection.commits import Commit, CommitRange, Worktrees
+from pytest_accelperf.bisection.evidence import (
+    Call,
+    Judgement,
+    Targets,
+    halfway,
+    judge_program,
+    judge_timing,
+    program_targets,
+)
+from pytest_accelperf.bisection.probe import Session, require, run_session, session_env
+from pytest_accelperf.bisection.search import Search
+
+
+class Status(IntEnum):
+    """The exit status of ``accelperf bisect`` (1 is an error in what it was given, 2 a
+    usage error, as for every ``accelperf`` command)."""
+
+    FOUND = 0
+    #: BAD is not worse than GOOD: its program is no worse, and A/B finds them within the
+    #: tolerance or cannot tell them apart.
+    BAD_NOT_BAD = 3
+    #: GOOD is already worse than BAD: A/B finds BAD faster.
+    GOOD_ALREADY_BAD = 4
+    #: Only skipped commits are left between the last good and the first bad one.
+    NOT_FOUND = 5
+    #: Ctrl-C or SIGTERM (128 + SIGINT).
+    INTERRUPTED = 130
+
+
+Kind = Literal["record", "program", "A/B"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What to bisect with: the node ids and pytest arguments, and A/B mode's tolerance
+    (of BAD against GOOD; a commit between is judged against BAD's level) and budget."""
+
+    args: tuple[str, ...]
+    tolerance: float = 0.01
+    budget: float | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    """One commit tested against GOOD (or GOOD's own session, ``reference``)."""
+
+    commit: Commit
+    position: int  #: 1 .. len(range) (BAD the last), 0 for GOOD
+    kind: Kind
+    call: Call
+    evidence: str
+    seconds: float
+    #: The session's command (``argv``, without ``--accelperf-json``).
+    command: tuple[str, ...]
+    #: The A/B tolerance the verdict was under.
+    tolerance: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sha": self.commit.sha, "subject": self.commit.subject,
+                "position": self.position, "kind": self.kind, "call": self.call,
+                "evidence": self.evidence, "seconds": round(self.seconds, 3),
+                "tolerance": self.tolerance}
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a bisection found, and how."""
+
+    range: CommitRange
+    status: Status
+    message: str
+    #: What the search ran on: ``program`` (the record) or ``timing`` (A/B mode).
+    basis: str
+    steps: tuple[Step, ...]
+    first_bad: Commit | None
+    #: When not found: the commits the first bad one may be (skipped ones, and the
+    #: oldest known bad).
+    suspects: tuple[Commit, ...] = ()
+    #: Shell lines that reproduce the last decisive comparison (and the first bad
+    #: commit's, when that is another).
+    reproduce: tuple[str, ...] = ()
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def comparisons(self) -> int:
+        """Commits compared with GOOD (skipped ones included; GOOD's own session not)."""
+        return sum(1 for s in self.steps if s.call != "reference")
+
+    def to_json(self) -> dict[str, Any]:
+        bad = self.first_bad
+        return {
+            "status": self.status.name.lower(), "exit_status": int(self.status),
+            "message": self.message, "basis": self.basis,
+            "good": self.range.good.sha, "bad": self.range.bad.sha,
+            "commits": len(self.range.commits),
+            "first_bad": {"sha": bad.sha, "subject": bad.subject,
+                          "position": self.range.position(bad)} if bad else None,
+            "suspects": [c.sha for c in self.suspects],
+            "comparisons": self.comparisons, "sessions": len(self.steps),
+            "seconds": round(self.seconds, 3), "steps": [s.to_json() for s in self.steps],
+            "reproduce": list(self.reproduce), "notes": list(self.notes)}
+
+
+_FIX = ("check that pytest ARGS runs there (accelperf bisect runs the node ids and "
+        "pytest arguments after -- in a worktree of each commit)")
+
+
+def bisect(rng: CommitRange, settings: Settings,
+           progress: Callable[[Step], None] = lambda step: None) -> Result:
+    """Find the first commit of ``rng`` that made the cases worse than at GOOD."""
+    return _Bisection(rng, settings, progress).run()
+
+
+class _Bisection:
+    def __init__(self, rng: CommitRange, settings: Settings,
+                 progress: Callable[[Step], None]) -> None:
+        self.rng, self.settings, self.progress = rng, settings, progress
+        self.steps: list[Step] = []
+        self.t0 = time.monotonic()
+
+    def _step(self, session: Session, kind: Kind, judged: Judgement,
+              tolerance: float | None = None) -> Step:
+        command = tuple(a for a in session.command if not a.startswith("--accelperf-json="))
+        step = Step(session.commit, self.rng.position(session.commit), kind, judged.call,
+                    judged.evidence, session.seconds, command, tolerance)
+        self.steps.append(step)
+        self.progress(step)
+        return step
+
+    def _result(self, status: Status, message: str, basis: str, *,
+                first_bad: Commit | None = None, suspects: Sequence[Commit] = (),
+                notes: Sequence[str] = ()) -> Result:
+        return Result(self.rng, status, message, basis, tuple(self.steps), first_bad,
+                      tuple(suspects), reproduce(self.rng, self.steps, first_bad),
+                      time.monotonic() - self.t0, tuple(notes))
+
+    def run(self) -> Result:
+        rng, args = self.rng, self.settings.args
+        with Worktrees(rng.root) as trees, tempfile.TemporaryDirectory(
+                prefix="accelperf-bisect-runs-") as tmp:
+            scratch = Path(tmp)
+            store = f"--accelperf-baselines={scratch / 'store'}"
+
+            def session(commit: Commit, *extra: str) -> Session:
+                return run_session(trees, rng, commit, args, extra, scratch)
+
+            good = require(session(rng.good, "--accelperf-update", store), "GOOD", _FIX)
+            unrecorded = [r for r in good.cases.values() if r.block is None]
+            if unrecorded:
+                raise BisectError(f"GOOD {rng.good.short}: {unrecorded[0].nodeid} was not "
+                                  f"recorded as a baseline ({unrecorded[0].run.get('outcome')}"
+                                  f"); pick a GOOD whose cases run")
+            good_programs = {n: r.run["program"] for n, r in good.cases.items()
+                             if isinstance(r.run.get("program"), dict)}
+            self._step(good, "record", Judgement(
+                "reference", f"baseline of {len(good.cases)} case(s) recorded"))
+            bad = require(session(rng.bad, store), "BAD", _FIX)
+            missing = sorted(set(bad.cases) - set(good.cases))
+            notes = [f"{n} is not collected at GOOD: not compared" for n in missing]
+            cases = set(bad.cases) & set(good.cases)
+            if not cases:
+                raise BisectError(f"none of BAD's cases ({', '.join(sorted(bad.cases))}) ran "
+                                  f"at GOOD {rng.good.short}: nothing to compare")
+            targets, judged = program_targets(bad, good_programs)
+            self._step(bad, "program", judged)
+            if targets:
+                return self._search("program", notes, lambda c: self._program(
+                    session(c, store), targets, good_programs))
+            tolerance = self.settings.tolerance
+            ab = [store, f"--accelperf-compare={rng.good.sha}"]
+            if self.settings.budget is not None:
+                ab.append(f"--accelperf-compare-budget={self.settings.budget:g}")
+            bad_ab = require(session(rng.bad, *ab,
+                                     f"--accelperf-compare-tolerance={tolerance:g}"),
+                             "BAD", _FIX)
+            judged = judge_timing(bad_ab, cases)
+            self._step(bad_ab, "A/B", judged, tolerance)
+            if judged.call == "bad":
+                levels = dict(judged.levels)
+                # A/B mode measures until its interval is half as wide as the tolerance:
+                # the distance to the nearest halfway ratio, so that it can decide.
+                near = min(halfway(level) - 1 for level in levels.values())
+                notes.append("a commit between is bad when its interval lies above "
+                             + ", ".join(f"{halfway(r):.3f} ({n.rsplit('::', 1)[-1]})"
+                                         for n, r in sorted(levels.items()))
+                             + ": halfway, in ratio, from GOOD to BAD's level; good when it "
+                               "lies below; skipped when it straddles it")
+                return self._search("timing", notes, lambda c: self._timing(
+                    session(c, *ab, f"--accelperf-compare-tolerance={near:.4g}"), levels,
+                    near))
+            if judged.faster:
+                return self._result(
+                    Status.GOOD_ALREADY_BAD,
+                    f"GOOD is already worse than BAD: BAD is faster ({judged.evidence}), and "
+                    f"its program is no worse; nothing to bisect", "timing", notes=notes)
+            why = ("they are the same within the tolerance" if judged.call == "good" else
+                   "A/B mode could not tell them apart; raise --budget or --tolerance, or "
+                   "run on a quieter machine")
+            return self._result(
+                Status.BAD_NOT_BAD,
+                f"BAD is not worse than GOOD: its program is no worse, and {why} "
+                f"({judged.evidence})",
+                "timing", notes=notes)
+
+    def _program(self, session: Session, targets: Targets,
+                 good_programs: dict[str, Any]) -> None:
+        self._step(session, "program", judge_program(session, targets, good_programs))
+
+    def _timing(self, session: Session, levels: dict[str, float], tolerance: float) -> None:
+        self._step(session, "A/B", judge_timing(session, levels), tolerance)
+
+    def _search(self, basis: str, notes: list[str],
+                test: Callable[[Commit], None]) -> Result:
+        commits = self.rng.commits
+        search = Search(len(commits))
+        while (index := search.next()) is not None:
+            test(commits[index])
+            call = self.steps[-1].call
+            search.mark(index, call if call in ("good", "bad") else "skip")
+        suspects = [commits[i] for i in search.suspects()]
+        if len(suspects) == 1:
+            first = suspects[0]
+            return self._result(Status.FOUND, f"first bad commit: {first.sha} "
+                                f"{first.subject}", basis, first_bad=first, notes=notes)
+        listed = ", ".join(f"{c.short} ({c.subject})" for c in suspects)
+        return self._result(Status.NOT_FOUND, f"only skipped commits are left: the first bad "
+                            f"commit is one of {listed}", basis, suspects=suspects,
+                            notes=notes)
+
+
+def _python() -> str:
+    """``python`` where that is this interpreter on the PATH, else its full path."""
+    found = shutil.which("python")
+    if found and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return "python"
+    return sys.executable
+
+
+def reproduced(steps: Sequence[Step], first_bad: Commit | None) -> list[Step]:
+    """The steps :func:`reproduce` repeats: the last decisive one (a commit called good or
+    bad), and the first bad commit's own when that is another (the one that shows the
+    regression)."""
+    decisive = [s for s in steps if s.call in ("good", "bad")]
+    if not decisive:
+        return []
+    shown = [decisive[-1]]
+    culprit = next((s for s in reversed(decisive) if s.commit == first_bad and s.call == "bad"),
+                   None)
+    if culprit is not None and culprit is not shown[0]:
+        shown.append(culprit)
+    return shown
+
+
+def reproduce(rng: CommitRange, steps: Sequence[Step],
+              first_bad: Commit | None = None) -> tuple[str, ...]:
+    """Shell lines that reproduce the steps :func:`reproduced` picks: a worktree of each
+    commit and the same pytest session (for the program, GOOD's recording first), the
+    worktrees removed after."""
+    shown = reproduced(steps, first_bad)
+    if not shown:
+        return ()
+    tmp = Path(tempfile.gettempdir())
+    store = tmp / "accelperf-bisect-store"
+    if any(s.kind != "A/B" for s in shown):
+        shown = [steps[0], *shown]  # GOOD's session, recording the baseline
+    trees = {s.commit.sha: tmp / f"accelperf-bisect-{s.commit.short}" for s in shown}
+
+    def line(step: Step) -> str:
+        tree = trees[step.commit.sha]
+        env = session_env(rng.root, tree, os.environ).get("PYTHONPATH")
+        prefix = (f"PYTHONPATH={shlex.quote(env)} "
+                  if env is not None and env != os.environ.get("PYTHONPATH") else "")
+        argv = [_python() if a == sys.executable else a for a in step.command]
+        argv = [f"--accelperf-baselines={store}" if a.startswith("--accelperf-baselines=")
+                else a for a in argv]
+        if step.kind == "A/B":
+            argv = [a for a in argv if not a.startswith("--accelperf-baselines=")]
+        where = tree / rng.subdir
+        return f"(cd {shlex.quote(str(where))} && {prefix}{shlex.join(argv)})"
+
+    root = shlex.quote(str(rng.root))
+    lines = [f"git -C {root} worktree add --detach {shlex.quote(str(tree))} {sha}"
+             for sha, tree in trees.items()]
+    lines += [line(s) for s in shown]
+    lines += [f"git -C {root} worktree remove --force {shlex.quote(str(tree))}"
+              for tree in trees.values()]
+    if any(s.kind != "A/B" for s in shown):
+        lines.append(f"rm -rf {shlex.quote(str(store))}")
+    return tuple(lines)

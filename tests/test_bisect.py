@@ -1,0 +1,418 @@
+"""``accelperf bisect GOOD BAD -- NODEIDS`` (issue 27, part 2): real git repositories of 16
+commits with a tiny JAX suite (``benchmarks/bisect.py`` builds them), real pytest sessions
+in worktrees of their commits, the command run as a user runs it."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_accelperf import cli
+from pytest_accelperf.ab.rounds import ABMeasurement
+from pytest_accelperf.ab.verdict import ab_check
+from pytest_accelperf.bisection.commits import Commit
+from pytest_accelperf.bisection.evidence import halfway, judge_timing
+from pytest_accelperf.bisection.probe import Session, own_option, summary
+from pytest_accelperf.bisection.search import Search
+from pytest_accelperf.report.data import CaseRecord
+
+pytest.importorskip("jax")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench() -> Any:
+    spec = importlib.util.spec_from_file_location("accelperf_bisect_benchmark",
+                                                  ROOT / "benchmarks" / "bisect.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _bench()
+#: The widened hidden layer: 64 -> 256.
+WIDER = ("HIDDEN = 64", "HIDDEN = 256")
+
+
+def _bisect(repo: Path, tmp: Path, *args: str, wait: bool = True
+            ) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+    """``accelperf bisect ARGS`` in ``repo``, its temporary files under ``tmp`` (so that a
+    test can see that none is left)."""
+    tmp.mkdir(exist_ok=True)
+    env = {**bench.env(), "TMPDIR": str(tmp)}
+    argv = [sys.executable, "-m", "pytest_accelperf.cli", "bisect", *args]
+    if not wait:
+        return subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    return subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True,
+                          check=False, timeout=900)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return str(bench.git(repo, *args))
+
+
+def _untouched(repo: Path, tmp: Path, head: str) -> None:
+    """The repository as it was: one worktree (its own), one branch, HEAD where it was,
+    nothing changed or added; and no temporary file of the bisection left."""
+    assert _git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert _git(repo, "branch", "--list", "--format=%(refname:short)") == "main"
+    assert _git(repo, "rev-parse", "HEAD") == head
+    assert _git(repo, "status", "--porcelain", "--ignored") == ""
+    assert not list(tmp.glob("accelperf-bisect-*")), list(tmp.iterdir())
+
+
+def _steps(result: dict[str, Any]) -> list[tuple[int, str, str]]:
+    return [(s["position"], s["kind"], s["call"]) for s in result["steps"]]
+
+
+# -- a program-visible regression -----------------------------------------------------------
+def test_a_program_regression_is_found_on_the_record(tmp_path: Path) -> None:
+    """The hidden layer widened at commit 11 of 16: found on the program record (one
+    session per commit, no repetition) in ceil(log2 16) + 1 = 5 comparisons with GOOD,
+    within the target of ceil(log2 16) + 2."""
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=WIDER, at=11)
+    out = tmp_path / "result.json"
+    done = _bisect(repo, tmp_path / "tmp", "--json", str(out), shas[0], "main", "--",
+                   "test_suite.py", *bench.PYTEST_ARGS)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["first_bad"]["sha"] == shas[11]
+    assert result["basis"] == "program"
+    assert result["comparisons"] <= math.ceil(math.log2(16)) + 2
+    assert result["comparisons"] == 5  # BAD, then 4 halvings of 16
+    # GOOD recorded, BAD bad, then binary search: 8 good, 12 bad, 10 good, 11 bad
+    assert _steps(result) == [(0, "record", "reference"), (16, "program", "bad"),
+                              (8, "program", "good"), (12, "program", "bad"),
+                              (10, "program", "good"), (11, "program", "bad")]
+    # the evidence is the program's: FLOPs, analytically ~4x (every FLOP of the step but
+    # the loss's scales with the hidden width, 64 -> 256)
+    flops = re.search(r"FLOPs \+(\d+\.\d)%", result["steps"][-1]["evidence"])
+    assert flops and 290 < float(flops.group(1)) < 300, result["steps"][-1]
+    assert result["steps"][2]["evidence"].startswith("same program as GOOD")
+    text = done.stdout
+    assert f"first bad commit: {shas[11]} commit 11: HIDDEN = 64 -> HIDDEN = 256 in model.py" \
+        in text
+    assert "found on the program record in 5 comparisons" in text
+    assert re.search(r"^5\s+" + shas[11][:10] + r"\s+11/16\s", text, re.M), text
+    # the reproduction: GOOD's session recording, then the culprit's checked against it
+    repro = result["reproduce"]
+    assert repro[0].endswith(shas[0]) and repro[1].endswith(shas[11])
+    assert "--accelperf-update" in repro[2] and "--accelperf-update" not in repro[3]
+    _untouched(repo, tmp_path / "tmp", shas[-1])
+
+
+def test_a_commit_that_does_not_import_is_skipped(tmp_path: Path) -> None:
+    """Commit 4 of 8, the first midpoint, imports a module that does not exist: it is
+    skipped as git bisect skip does (commit 5 is tried instead), shown with why, and the
+    regression at commit 6 is still found."""
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=WIDER, at=6, broken=(4,), commits=8)
+    out = tmp_path / "result.json"
+    done = _bisect(repo, tmp_path / "tmp", "--json", str(out), shas[0], shas[-1], "--",
+                   "test_suite.py", *bench.PYTEST_ARGS)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["first_bad"]["sha"] == shas[6]
+    assert _steps(result) == [(0, "record", "reference"), (8, "program", "bad"),
+                              (4, "program", "skip"), (5, "program", "good"),
+                              (6, "program", "bad")]
+    skipped = result["steps"][2]
+    assert "No module named 'nosuchmodule'" in skipped["evidence"], skipped
+    assert "pytest exit 2" in skipped["evidence"]
+    assert re.search(r"^\[4/8\] " + shas[4][:10] + r" program\s+skip\s+pytest exit 2",
+                     done.stdout, re.M), done.stdout
+    _untouched(repo, tmp_path / "tmp", shas[-1])
+
+
+def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
+    """Two commits that change nothing the step does: the same program at both ends, so
+    A/B mode compares BAD with GOOD (briefly, at a wide tolerance), and BAD is not bad."""
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=("DIM = 64", "DIM = 64"), at=1,
+                       commits=2)
+    out = tmp_path / "result.json"
+    done = _bisect(repo, tmp_path / "tmp", "--json", str(out), "--tolerance", "0.5",
+                   "--budget", "1", shas[0], shas[-1], "--", "test_suite.py",
+                   *bench.PYTEST_ARGS, "--accelperf-compare-processes=1",
+                   "--accelperf-compare-rounds=4", "--accelperf-max-foreign-load=64")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 3, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "bad_not_bad" and result["first_bad"] is None
+    assert _steps(result) == [(0, "record", "reference"), (2, "program", "same"),
+                              (2, "A/B", result["steps"][2]["call"])]
+    assert result["steps"][2]["call"] in ("good", "skip")  # within 50 %, or unresolved
+    assert result["message"].startswith("BAD is not worse than GOOD: its program is no worse, "
+                                        "and ")
+    assert "no first bad commit: BAD is not worse than GOOD" in done.stdout
+    # the A/B comparison it ran, reproducible as it ran
+    assert any(f"--accelperf-compare={shas[0]}" in line for line in result["reproduce"])
+    _untouched(repo, tmp_path / "tmp", shas[-1])
+
+
+def test_good_already_worse_is_exit_status_4(tmp_path: Path) -> None:
+    """GOOD's hidden layer is 2048 wide, BAD's back to 64: BAD's program does less (not a
+    regression), and A/B mode finds BAD faster: GOOD is already the worse end."""
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=("HIDDEN = 64", "HIDDEN = 2048"), at=1,
+                       commits=1)
+    model = repo / "model.py"
+    model.write_text(model.read_text().replace("HIDDEN = 2048", "HIDDEN = 64"))
+    _git(repo, "commit", "-qam", "back to 64")
+    out = tmp_path / "result.json"
+    done = _bisect(repo, tmp_path / "tmp", "--json", str(out), "--tolerance", "0.5",
+                   "--budget", "1", shas[1], "main", "--", "test_suite.py",
+                   *bench.PYTEST_ARGS, "--accelperf-compare-processes=1",
+                   "--accelperf-compare-rounds=4", "--accelperf-max-foreign-load=64")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 4, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "good_already_bad"
+    assert _steps(result)[1:] == [(1, "program", "good"), (1, "A/B", "good")]
+    assert result["steps"][1]["evidence"].startswith("less than GOOD: FLOPs -")
+    assert "no first bad commit: GOOD is already worse than BAD: BAD is faster" in done.stdout
+    _untouched(repo, tmp_path / "tmp", _git(repo, "rev-parse", "HEAD"))
+
+
+def test_a_good_that_does_not_run_is_an_error(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=WIDER, at=3, broken=(1,), commits=3)
+    done = _bisect(repo, tmp_path / "tmp", shas[1], shas[3], "--", "test_suite.py",
+                   *bench.PYTEST_ARGS)
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr == (
+        f"accelperf: error: GOOD {shas[1][:10]} (commit 1: import a module that does not "
+        f"exist) cannot be tested: pytest exit 2 (interrupted): ModuleNotFoundError: No "
+        f"module named 'nosuchmodule'; check that pytest ARGS runs there (accelperf bisect "
+        f"runs the node ids and pytest arguments after -- in a worktree of each commit)\n")
+    _untouched(repo, tmp_path / "tmp", shas[-1])
+
+
+# -- bad input --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def small_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 commits on main, and a side branch merged into it (no session is run)."""
+    repo = tmp_path_factory.mktemp("small") / "repo"
+    bench.build(repo, framework="jax", plant=WIDER, at=2, commits=3)
+    _git(repo, "checkout", "-q", "-b", "side", "HEAD~1")
+    (repo / "side.txt").write_text("side\n")
+    _git(repo, "add", "side.txt")
+    _git(repo, "commit", "-qm", "on the side")
+    _git(repo, "checkout", "-q", "main")
+    _git(repo, "merge", "-q", "--no-ff", "-m", "merge side", "side")
+    _git(repo, "branch", "-q", "-D", "side")
+    return repo
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["nosuch", "HEAD", "--", "test_suite.py"],
+     "GOOD 'nosuch': git cannot resolve it to a commit in {repo}; pass a branch, tag or "
+     "commit (git log --oneline lists them)"),
+    (["HEAD~2", "v9", "--", "test_suite.py"], "BAD 'v9': git cannot resolve it"),
+    (["HEAD", "HEAD~2", "--", "test_suite.py"],
+     "GOOD 'HEAD' ({head}) is not an ancestor of BAD 'HEAD~2' ({head2}); they look swapped: "
+     "pass the older, good commit first"),
+    (["HEAD", "main", "--", "test_suite.py"], "GOOD 'HEAD' and BAD 'main' are the same commit"),
+    (["HEAD^2", "HEAD", "--", "test_suite.py"],
+     "GOOD 'HEAD^2' ({side}) is an ancestor of BAD 'HEAD' but not on its first-parent line "
+     "(it came in through a merge); pass a commit that git log --first-parent --oneline "
+     "HEAD lists"),
+    (["HEAD~2", "HEAD"], "no node ids: pass the tests to bisect after --"),
+    (["HEAD~2", "HEAD", "--", "-k", "step"], "no node ids"),
+    (["HEAD~2", "HEAD", "--", "test_suite.py", "--accelperf-compare=HEAD~1"],
+     "--accelperf-compare is set by accelperf bisect in every session it runs"),
+    (["HEAD~2", "HEAD", "--", "test_suite.py", "--accelperf-baselines", "b"],
+     "--accelperf-baselines is set by accelperf bisect"),
+    (["--tolerance", "2", "HEAD~2", "HEAD", "--", "test_suite.py"],
+     "--tolerance 2: a relative change between 0 and 1"),
+    (["--budget", "0", "HEAD~2", "HEAD", "--", "test_suite.py"], "--budget 0: seconds"),
+])
+def test_bad_input_is_one_line_naming_the_fix(small_repo: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str],
+                                              args: list[str], message: str) -> None:
+    monkeypatch.chdir(small_repo)
+    out = io.StringIO()
+    assert cli.main(["bisect", *args], out=out) == 1
+    err = capsys.readouterr().err
+    expected = message.format(repo=small_repo.resolve(),
+                              head=_git(small_repo, "rev-parse", "--short=10", "HEAD"),
+                              head2=_git(small_repo, "rev-parse", "--short=10", "HEAD~2"),
+                              side=_git(small_repo, "rev-parse", "--short=10", "HEAD^2"))
+    assert err.startswith("accelperf: error: ") and expected in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert out.getvalue() == ""  # nothing started
+
+
+def test_bad_input_from_the_command_line_has_no_traceback(small_repo: Path,
+                                                          tmp_path: Path) -> None:
+    done = _bisect(small_repo, tmp_path, "HEAD~3", "nosuch", "--", "test_suite.py")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 1
+    assert done.stderr.startswith("accelperf: error: BAD 'nosuch': git cannot resolve it")
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    outside = subprocess.run([sys.executable, "-m", "pytest_accelperf.cli", "bisect", "a",
+                              "b", "--", "t.py"], cwd=tmp_path, capture_output=True,
+                             text=True, check=False,
+                             env={**bench.env(), "GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    assert outside.returncode == 1 and "is not in a git repository" in outside.stderr
+    assert "Traceback" not in outside.stderr
+
+
+def test_help_names_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bisect", "--help"])
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    for status in ("0 the first bad commit was found", "3 BAD is not worse than GOOD",
+                   "4 GOOD is already worse", "5 not found", "130 interrupted"):
+        assert status in " ".join(text.split()), text
+
+
+# -- interrupted -----------------------------------------------------------------------------
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupt_removes_the_worktrees(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C (or SIGTERM) while GOOD's session runs: the session and what it started
+    are stopped, the worktree and every temporary file removed, exit status 130."""
+    repo = tmp_path / "repo"
+    shas = bench.build(repo, framework="jax", plant=WIDER, at=11, commits=4)
+    tmp = tmp_path / "tmp"
+    proc = _bisect(repo, tmp, shas[0], shas[-1], "--", "test_suite.py", wait=False)
+    assert isinstance(proc, subprocess.Popen)
+    deadline = time.monotonic() + 120
+    while not list(tmp.glob("accelperf-bisect-runs-*/*.log")):  # the session started
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    assert _git(repo, "worktree", "list", "--porcelain").count("worktree ") == 2
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    assert "accelperf bisect: interrupted; its worktrees were removed" in stderr
+    assert "Traceback" not in stderr
+    _untouched(repo, tmp, shas[-1])
+    # and no process of the session is left (its command line names the scratch folder)
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if str(tmp).encode() in cmdline.read_bytes():
+                left.append(cmdline.parent.name)
+        except OSError:
+            continue
+    assert not left
+
+
+# -- the search and the helpers ----------------------------------------------------------------
+def test_the_search_halves_and_steps_around_a_skipped_commit() -> None:
+    search = Search(16)
+    tried = []
+    first_bad = 11  # 0-based: commit 12 of 16
+    while (index := search.next()) is not None:
+        tried.append(index)
+        search.mark(index, "bad" if index >= first_bad else "good")
+    assert tried == [7, 11, 9, 10] and search.suspects() == [11]
+    search = Search(16)
+    search.mark(7, "skip")
+    assert search.next() == 8  # the nearest to the middle, not skipped
+    search.mark(8, "bad")
+    assert search.next() == 3
+
+
+def test_only_skipped_commits_left_names_them_all() -> None:
+    search = Search(8)
+    search.mark(3, "good")
+    search.mark(5, "skip")
+    search.mark(4, "skip")
+    search.mark(6, "skip")
+    assert search.next() is None
+    assert search.suspects() == [4, 5, 6, 7]  # any of the skipped ones, or BAD
+    with pytest.raises(ValueError, match="outside"):
+        search.mark(2, "bad")
+
+
+def test_a_one_commit_range_needs_no_midpoint() -> None:
+    search = Search(1)
+    assert search.next() is None and search.suspects() == [0]
+
+
+def _ab_session(ratio: float, jitter: float) -> Session:
+    """A session whose one case's A/B throughput check is A/B mode's own (``ab_check``)
+    over 3 process pairs of 8 rounds whose head blocks are ``ratio`` times the base's,
+    each round off by up to ``jitter`` (a fixed pattern)."""
+    base, head, pairs = [], [], []
+    for i in range(24):
+        wobble = 1 + jitter * ((i * 7) % 5 - 2) / 2
+        base.append([0.010, 0.0101, 0.0102])
+        head.append([0.010 * ratio * wobble, 0.0101 * ratio * wobble, 0.0102 * ratio])
+        pairs.append(i % 3)
+    measured = ABMeasurement(base=base, head=head, seconds=3.0, first=["base", "head"] * 12,
+                             pairs=pairs, processes=3)
+    check = ab_check("GOOD", measured, 32, 0.1, 3)
+    record = CaseRecord("t.py::test_step[c]", "c", "cpu-x1", {"outcome": "ok"}, [check])
+    return Session(Commit("0" * 40, "x"), (), Path(), 1, 1.0, {record.nodeid: record})
+
+
+@pytest.mark.parametrize(("ratio", "jitter", "call"), [
+    (1.0, 0.01, "good"),    # GOOD's level: the interval lies below halfway
+    (1.4, 0.01, "bad"),     # BAD's level: above
+    (1.18, 0.01, "skip"),   # at halfway itself: it straddles it, and cannot say
+    (1.3, 0.9, "skip"),     # near BAD's level, but too noisy to say which side
+])
+def test_a_commit_between_is_judged_against_halfway_to_bad(ratio: float, jitter: float,
+                                                             call: str) -> None:
+    """The midpoints' rule, on A/B mode's own statistic: BAD measured 1.4x GOOD, so a
+    commit is bad above sqrt(1.4) = 1.18 and good below, whole interval."""
+    judged = judge_timing(_ab_session(ratio, jitter), {"t.py::test_step[c]": 1.4})
+    assert judged.call == call, judged.evidence
+    assert "halfway to BAD's 1.40" in judged.evidence
+    assert halfway(1.4) == pytest.approx(1.1832, abs=1e-4)
+
+
+def test_bad_is_judged_by_the_ab_verdict() -> None:
+    judged = judge_timing(_ab_session(1.4, 0.01), ["t.py::test_step[c]"])
+    assert judged.call == "bad" and judged.levels["t.py::test_step[c]"] == \
+        pytest.approx(1.4, rel=0.02)
+    assert "tolerance 10%" in judged.evidence
+    faster = judge_timing(_ab_session(0.6, 0.01), ["t.py::test_step[c]"])
+    assert faster.call == "good" and faster.faster  # GOOD is already worse
+
+
+def test_own_options_are_refused_and_others_pass() -> None:
+    assert own_option(["t.py", "--accel=cpu", "-k", "x", "--accelperf-compare-block=3"]) \
+        is None
+    refused = own_option(["t.py", "--accelperf-compare-budget=5"])
+    assert refused is not None and "pass accelperf bisect --budget" in refused
+
+
+def test_a_failed_session_is_summed_up_by_its_error_line(tmp_path: Path) -> None:
+    log = tmp_path / "s.log"
+    log.write_text("collecting ...\n_____ ERROR collecting t.py _____\nImportError while "
+                   "importing test module\nE   ModuleNotFoundError: No module named 'x'\n"
+                   "=== short test summary info ===\nERROR t.py\n!!! Interrupted: 1 error "
+                   "during collection !!!\n")
+    assert summary(log) == "ModuleNotFoundError: No module named 'x'"
+    usage = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                            "--nosuchoption"], cwd=tmp_path, capture_output=True, text=True,
+                           check=False)
+    log.write_text(usage.stdout + usage.stderr)
+    assert summary(log) == "python -m pytest: error: unrecognized arguments: --nosuchoption"
+    log.write_text("something\nthe end\n")
+    assert summary(log) == "the end"
+    assert summary(tmp_path / "none.log") == "(no output)"
