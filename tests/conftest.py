@@ -71,7 +71,7 @@ def make_task(case, lr=0.05, nan_at=None, sleep=0.0):
 '''
 
 # A small torch MLP for multi-process cases (DeepSpeed, DDP); params["fail"] makes rank 1
-# misbehave at step 3: tests/test_deepspeed_backend.py and tests/test_cluster.py.
+# misbehave at step 3: tests/unit/backends/torch/test_deepspeed.py and tests/e2e/test_cluster.py.
 DSTASK = '''
 import os
 import signal
@@ -108,7 +108,7 @@ def make_task(case):
         make_optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
 '''
 
-# A backend of a suite's own (tests/test_backend_plugins.py, tests/test_cluster.py): linear
+# A backend of a suite's own (tests/e2e/test_backend_plugins.py, tests/e2e/test_cluster.py): linear
 # regression trained by numpy SGD, for real; its Run is built as the built-in backends do.
 NUMPY_SGD = '''
 import time

@@ -54,7 +54,7 @@ from pytest_accelperf.cluster.placement import (  # noqa: E402
 )
 
 #: The suites' small GPT (it reads the corpus next to it, so it is imported from there).
-TORCH_SUITE = Path(__file__).resolve().parents[1] / "suites" / "torch"
+TORCH_SUITE = Path(__file__).resolve().parents[2] / "suites" / "torch"
 
 SUITE = '''
 from gpt import make_task as make_gpt

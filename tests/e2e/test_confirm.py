@@ -161,7 +161,7 @@ def test_timeout_stops_the_case_and_the_session_goes_on(suite: Suite) -> None:
 def test_probe_is_recorded_and_drift_correction_reported(suite: Suite) -> None:
     """The probe's times are stored beside the step times, and the throughput check says
     whether it corrected with them (it does not when the probe itself was unsteady: see
-    tests/test_checks.py for the arithmetic on fixed numbers)."""
+    tests/unit/checks/test_checks.py for the arithmetic on fixed numbers)."""
     suite.write()
     suite.run("--accelperf-update").assert_outcomes(passed=2)
     for block in suite.load()["cases"].values():

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_cases_wall_time_is_split_without_remainder(tmp_path: Path) -> None:

@@ -78,7 +78,7 @@ def test_off_traces_nothing(suite: Suite) -> None:
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_torch_regression_keeps_a_chrome_trace(suite: Suite) -> None:
-    from test_confirm_timeout_maxbatch import torch_suite
+    from e2e.test_confirm import torch_suite
 
     torch_suite(suite)
     suite.run("--accelperf-update").assert_outcomes(passed=1)

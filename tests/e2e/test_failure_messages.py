@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Suite
-from test_update_correctness import REFERENCE_SUITE
+from e2e.test_update import REFERENCE_SUITE
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput
@@ -184,5 +184,5 @@ def test_the_ci_recipe_fails_a_loss_far_below_its_baseline(suite: Suite,
     result = suite.run("--accelperf-loss-either-way")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*loss: *--accelperf-loss-either-way*"])
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert "--accelperf-loss-either-way --accelperf-json=accelperf.json" in readme

@@ -16,7 +16,7 @@ import pytest
 
 from pytest_accelperf.backends.measure.common import INJECT_ENV, injected_slowdown, stretch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GATE = ROOT / "benchmarks" / "gate.py"
 
 

@@ -20,7 +20,7 @@ from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.numerics import check_numerics, compact, is_compact
 from pytest_accelperf.schema import validate_block
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import store as bench  # noqa: E402
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import Suite
 from filelock import FileLock
-from test_reports import PLATFORM, make_run, synthetic_report
+from unit.report.test_reports import PLATFORM, make_run, synthetic_report
 
 from pytest_accelperf.baselines import (
     LOCK_NAME,

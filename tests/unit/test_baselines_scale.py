@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from pytest_accelperf import baselines, jsonfile, schema
 from pytest_accelperf.baselines import BaselineFile, BaselineStore, InvalidBlockError, parse
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PLATFORM = "cpu-x2"
 
 

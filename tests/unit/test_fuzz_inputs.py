@@ -31,7 +31,7 @@ from pytest_accelperf.options import OPTIONS, Settings
 from pytest_accelperf.report.history import read_history
 from pytest_accelperf.report.loading import load_report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUDGET = settings(max_examples=60, deadline=None, derandomize=True, database=None,
                   suppress_health_check=list(HealthCheck))
 

@@ -19,7 +19,7 @@ import pytest
 from conftest import Suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_reports import make_run
+from unit.report.test_reports import make_run
 
 from pytest_accelperf.baselines import (
     BaselineError,
@@ -40,7 +40,7 @@ from pytest_accelperf.run import OUTCOMES, Run
 from pytest_accelperf.schema import RECORDED_OUTCOMES, json_schema, validate_block
 from pytest_accelperf.summary import summarize, with_added_session
 
-REPO = Path(__file__).parents[1]
+REPO = Path(__file__).parents[2]
 NODEID = "suites/test_m.py::test_sweep[jax-nomesh-b64]"
 KEY = "test_sweep[jax-nomesh-b64]"
 
@@ -389,7 +389,7 @@ def test_a_mutated_block_gives_a_verdict_or_a_clear_error(block: Any) -> None:
 
 # -- the JSON report -----------------------------------------------------------------------
 def _report(tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
-    from test_reports import synthetic_report
+    from unit.report.test_reports import synthetic_report
     data = json.loads(json.dumps(synthetic_report().to_json(1), default=str))
     edit(data)
     path = tmp_path / "r.json"

@@ -306,7 +306,7 @@ def test_through_pytest_the_table_and_the_report_name_the_slow_input(
 
 
 def test_tenths_of_a_millisecond_of_input_are_never_judged() -> None:
-    """Seen on unchanged code (tests/test_accel.py's torch case, a 0.6 ms step): the
+    """Seen on unchanged code (tests/unit/test_accel.py's torch case, a 0.6 ms step): the
     thread's CPU time for its batch went 0.028 -> 0.073 ms between two processes, 2.6x and
     11.6 % of the step, and failed the case at tolerance 0.5. A change under 0.5 ms is
     not judged, whatever share of the step it is."""

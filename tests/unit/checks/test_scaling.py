@@ -16,7 +16,7 @@ from pytest_accelperf.checks.scaling import (
 )
 from pytest_accelperf.ingest import parse_file
 
-CEREBRAS = Path(__file__).resolve().parents[1] / "suites/cerebras/data/003_cerebras_bert_large.log"
+CEREBRAS = Path(__file__).resolve().parents[3] / "suites/cerebras/data/003_cerebras_bert_large.log"
 
 
 def test_seed_003_bends_at_2048_against_80_percent() -> None:

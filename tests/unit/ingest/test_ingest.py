@@ -22,7 +22,7 @@ from pytest_accelperf.ingest import (
     select_run,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 NEURON = ROOT / "suites" / "neuron" / "data" / "001_trainium_neuron_profile.md"
 CEREBRAS = ROOT / "suites" / "cerebras" / "data" / "003_cerebras_bert_large.log"
 GIB, MIB = 2**30, 2**20

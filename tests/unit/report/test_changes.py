@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_reports import synthetic_report
+from unit.report.test_reports import synthetic_report
 
 from pytest_accelperf.cli import main
 from pytest_accelperf.report.changes import (

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 from conftest import NUMPY_SGD
-from test_reports import _settings, synthetic_report
+from unit.report.test_reports import _settings, synthetic_report
 
 from pytest_accelperf.cli import main
 from pytest_accelperf.report.outputs import write_outputs

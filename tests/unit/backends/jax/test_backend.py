@@ -36,7 +36,7 @@ from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
 from pytest_accelperf.jax import JaxTask, predict_memory  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "jax"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "jax"))
 from charlm import make_task  # noqa: E402
 
 GIB = 2**30

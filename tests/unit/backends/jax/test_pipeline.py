@@ -13,7 +13,7 @@ import pytest
 # The JAX backend's own frameworks (pip install 'pytest-accelperf[jax]').
 pytest.importorskip("flax")
 pytest.importorskip("optax")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "pipeline"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "pipeline"))
 from mlp_stages import make_task
 
 from pytest_accelperf.accel import provision

@@ -250,7 +250,7 @@ def test_named_axis_bound_to_the_mesh_matches_the_global_batch(accel: Accelerato
     with pytest.raises(TaskError) as info:
         BACKEND.train(case(mesh=(8, 1)), pmap_style, accel)
     text = str(info.value)
-    assert "the step train_step (tests/test_jax_step.py:" in text
+    assert "the step train_step (tests/unit/backends/jax/test_step.py:" in text
     assert "named axis 'batch'" in text and "bind_axes={'batch': 'data'}" in text
     # ... and, bound to the mesh's data axis on 8 devices, trains as the global-view step
     # does on one: BatchNorm's statistics are those of the whole batch either way.
@@ -286,7 +286,7 @@ def test_a_pmapped_step_is_one_line_naming_bind_axes_and_the_function() -> None:
             JaxStep(init=make_state(), step=pmapped, make_batch=regression_batch(32))
         text = str(info.value)
         assert "\n" not in text
-        assert text.startswith("JaxStep.step train_step (tests/test_jax_step.py:"), text
+        assert text.startswith("JaxStep.step train_step (tests/unit/backends/jax/test_step.py:"), text
         assert "is wrapped in jax.pmap" in text
         assert f"pass the function pmap wraps (train_step; the pmap-ed function's " \
                f".__wrapped__) with bind_axes={{'{axis}': 'data'}}" in text
@@ -591,10 +591,10 @@ def test_step_errors_name_the_function_and_the_fix(accel: Accelerator) -> None:
         with pytest.raises(TaskError) as info:
             BACKEND.train(case(batch=16), JaxStep(init, fn, regression_batch(16)), accel)
         message = str(info.value)
-        assert f"the step {fn.__name__} (tests/test_jax_step.py:" in message, message
+        assert f"the step {fn.__name__} (tests/unit/backends/jax/test_step.py:" in message, message
         assert text in message, message
     assert "reduce the loss (jnp.mean(...))" in message and "has_aux=True" in message
-    assert "(at tests/test_jax_step.py:" in message  # the user's line that failed
+    assert "(at tests/unit/backends/jax/test_step.py:" in message  # the user's line that failed
     with pytest.raises(TaskError, match=r"JaxStep \(your own step\), a JaxTask or nnx_step"):
         BACKEND.train(case(), object(), accel)
 
@@ -638,9 +638,9 @@ def test_a_batch_that_changes_shape_names_make_batch_the_step_and_the_leaves(
         with pytest.raises(TaskError) as info:
             BACKEND.train(case(batch=16), task, accel)
         message = str(info.value)
-        assert message.startswith(f"make_batch make_batch (tests/test_jax_step.py:{line}) "
+        assert message.startswith(f"make_batch make_batch (tests/unit/backends/jax/test_step.py:{line}) "
                                   f"returns at step 5 a batch unlike step 0's, which {label} "
-                                  f"(tests/test_jax_step.py:"), message
+                                  f"(tests/unit/backends/jax/test_step.py:"), message
         assert ("leaf 'x' float32[16, 8] → float32[12, 8], leaf 'y' float32[16, 1] → "
                 "float32[12, 1]; ") in message, message
         assert "a fixed batch size" in message and "drop_last=True" in message, message

@@ -192,7 +192,7 @@ def test_data_that_ends_before_the_steps_do_is_one_line_naming_it_and_the_count(
         with pytest.raises(TaskError) as info:
             train(make(data=short))
         message = str(info.value)
-        assert "data short (tests/test_step_data.py:" in message, message
+        assert "data short (tests/unit/backends/measure/test_data.py:" in message, message
         assert f"ran out after 4 batch(es), but the case needs {N} (one per step" in message
         assert "\n" not in message
 

@@ -2,7 +2,7 @@
 
 The rank functions here import no framework (a rank that "waits in a collective" sleeps),
 so each launch costs a Python start, not a torch import; real collectives are exercised by
-tests/test_deepspeed_backend.py.
+tests/unit/backends/torch/test_deepspeed.py.
 """
 
 from __future__ import annotations

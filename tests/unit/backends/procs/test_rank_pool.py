@@ -1,6 +1,6 @@
 """The rank pool: warm ranks reused across cases, each case in a process of its own.
 
-The launcher-level tests use framework-free rank functions (tests/test_launch.py's) and a
+The launcher-level tests use framework-free rank functions (tests/unit/backends/procs/test_launch.py's) and a
 pool whose warm ranks import ``json`` only, so each start costs a Python start. One test
 trains real DeepSpeed cases (two ZeRO stages back to back in the same warm ranks) and
 compares them with fresh ranks.
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("cloudpickle")
 
-from test_launch import ranks_fn
+from unit.backends.procs.test_launch import ranks_fn
 
 from pytest_accelperf.backends.procs import rank_pool
 from pytest_accelperf.backends.procs.launch import LaunchResult, launch
@@ -177,7 +177,7 @@ def test_two_zero_stages_in_the_same_warm_ranks_equal_fresh_ranks(
     from pytest_accelperf.backends.torch.deepspeed import BACKEND
     from pytest_accelperf.cases import Case
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))
     from gpt import make_task
 
     cpu = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)

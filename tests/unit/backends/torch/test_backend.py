@@ -18,7 +18,7 @@ from pytest_accelperf.backends.torch.backend import BACKEND, count_flops  # noqa
 from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.torch import TorchTask  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))
 from gpt import make_task, n_params  # noqa: E402
 
 STEPS, WARMUP, BATCH, SEQ = 12, 1, 8, 32
@@ -157,7 +157,7 @@ def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
 
     from pytest_accelperf.backends.torch.backend import count_flops
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))
     import gpt
 
     case = Case(backend="torch", batch=8, steps=1, warmup=0)

@@ -198,7 +198,7 @@ def test_an_unchanged_run_gives_the_same_record(runs: dict[str, TrainResult]) ->
 
 def test_rank_zero_records_what_its_counted_micro_batch_dispatched(
         runs: dict[str, TrainResult]) -> None:
-    """The same counted call as the FLOPs (tests/test_torch_ops.py has the rules): the
+    """The same counted call as the FLOPs (tests/unit/backends/torch/test_ops.py has the rules): the
     MLP's products, DDP's bucket all-reduce, and the wait ZeRO-3 adds (``.item()`` on a
     tensor a GPU would hold: the ranks agree on the parameters they fetch)."""
     from pytest_accelperf.program import matmul_dtypes

@@ -31,7 +31,7 @@ from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
 from pytest_accelperf.torch import train_ddp  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites" / "torch"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))
 from gpt import make_task, n_params  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)

@@ -118,7 +118,7 @@ def test_a_loss_item_per_step_is_a_host_sync_regression_naming_its_line(
     verdict, detail = judge(now, base)
     assert verdict is Verdict.REGRESSION, detail
     assert detail.startswith(
-        f"host syncs: 0 → 1 per step (_local_scalar_dense at tests/test_torch_ops.py:{line} "
+        f"host syncs: 0 → 1 per step (_local_scalar_dense at tests/unit/backends/torch/test_ops.py:{line} "
         f"in step: 0 → 1)"), detail
     assert "ops: _local_scalar_dense[f32] 0 → 1" in detail
     # Without the fields (a baseline recorded before them) nothing is compared.
@@ -181,9 +181,9 @@ def test_a_run_and_the_ab_stepper_record_the_counted_step(base: dict[str, Any]) 
 def test_the_same_step_gives_the_same_record_in_another_process(base: dict[str, Any]) -> None:
     script = textwrap.dedent(f"""
         import json, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        import test_torch_ops
-        print(json.dumps(test_torch_ops.program()))
+        sys.path.insert(0, {str(Path(__file__).parents[3])!r})
+        from unit.backends.torch import test_ops
+        print(json.dumps(test_ops.program()))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, timeout=300)

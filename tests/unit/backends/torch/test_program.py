@@ -118,7 +118,7 @@ def test_an_eager_step_records_its_flops() -> None:
     run = train(training)
     flops = count_step_flops(Training().torch_step(), make_batch(0))
     counted = count_step(Training().torch_step(), make_batch(0), torch.device("cpu"))
-    # Its FLOPs and what the same counted step dispatched (tests/test_torch_ops.py).
+    # Its FLOPs and what the same counted step dispatched (tests/unit/backends/torch/test_ops.py).
     assert run.program == eager_program(flops, counted.ops)
     assert run.program["host_syncs"] == 0 and run.program["ops"]["addmm[f32]"] == 2
     # Forward and weight gradients of both layers, the input gradient of the second only.
@@ -171,7 +171,7 @@ def test_a_graph_break_is_counted_with_its_reason(compiled: list[Run], broken: R
     assert after["graph_breaks"] >= 1 and after["graphs"] >= 2
     (reason,) = after["break_reasons"]
     assert reason.startswith("Unsupported Tensor.item() call"), reason
-    assert reason.endswith("in forward)") and "tests/test_torch_program.py:" in reason, reason
+    assert reason.endswith("in forward)") and "tests/unit/backends/torch/test_program.py:" in reason, reason
     found = {c.name: (c.baseline, c.now) for c in changes(before, after, 0.0)}
     assert found["graph_breaks"] == (0, after["graph_breaks"])
     assert f"graph breaks: 0 → 1 per step ({reason})" in describe_changes(before, after, 0.0)
@@ -191,7 +191,7 @@ def test_a_shape_that_changes_at_a_measured_step_recompiles(compiled: list[Run])
     # The input that changed, at the step it changed: named in the record and in the
     # check's verdict (before, only the count moved: 'recompiles: 0 → 1 per step').
     line = fewer_rows_from_step_3.__code__.co_firstlineno
-    cause = (f"step 3: make_batch fewer_rows_from_step_3 (tests/test_torch_program.py:{line}) "
+    cause = (f"step 3: make_batch fewer_rows_from_step_3 (tests/unit/backends/torch/test_program.py:{line}) "
              f"changed batch leaf 'x' float32[{BATCH}, {DIM}] → float32[{BATCH // 2}, {DIM}], "
              f"batch leaf 'y' float32[{BATCH}, 1] → float32[{BATCH // 2}, 1]")
     assert run.program["recompile_causes"] == [cause]

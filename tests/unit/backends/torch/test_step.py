@@ -426,7 +426,7 @@ def task() -> TorchTask:
 def test_torch_task_trains_through_its_step() -> None:
     step = as_torch_step(task())
     assert isinstance(step, TorchStep) and isinstance(step.model, torch.nn.Linear)
-    assert step.label.startswith("TorchTask.loss_fn <lambda> (tests/test_torch_step.py:")
+    assert step.label.startswith("TorchTask.loss_fn <lambda> (tests/unit/backends/torch/test_step.py:")
     result = BACKEND.train(case(), task(), CPU)
     assert result.run.outcome == "ok"
     assert result.run.losses[-1] < result.run.losses[0]
@@ -489,7 +489,7 @@ def test_step_errors_name_the_function_and_the_fix() -> None:
     def reserved(batch: Any) -> Any:
         return {**training.step(batch), "memory": 1.0}
 
-    where = r"\(tests/test_torch_step\.py:\d+\)"
+    where = r"\(tests/unit/backends/torch/test_step\.py:\d+\)"
     text = _raises(no_loss)
     assert re.search(rf"the step no_loss {where} returns no metric 'loss' \(metrics: "
                      rf"'accuracy'\): return the loss under 'loss', or name its key with "
@@ -514,12 +514,12 @@ def test_a_model_that_is_not_a_module_names_the_field_and_what_was_given() -> No
 
     head = r"must be the nn\.Module the step trains, or a list or dict of them; got "
     given = {
-        "net": rf"^TorchStep\.model of the step Training\.step \(tests/test_torch_step\.py:"
+        "net": rf"^TorchStep\.model of the step Training\.step \(tests/unit/backends/torch/test_step\.py:"
                rf"\d+\) {head}str 'net'$",
         Net: rf"TorchStep\.model of .*{head}the class Net, not a model: pass an instance, "
              rf"Net\(\.\.\.\)$",
         make_model: rf"TorchStep\.model of .*{head}the function make_model "
-                    rf"\(tests/test_torch_step\.py:\d+\): pass the model it makes "
+                    rf"\(tests/unit/backends/torch/test_step\.py:\d+\): pass the model it makes "
                     rf"\(make_model\(\)\)$",
         (training.model, training.optimizer): rf"TorchStep\.model\[1\] of .*{head}a AdamW "
                                               rf"object$",
@@ -536,7 +536,7 @@ def test_a_model_that_is_not_a_module_names_the_field_and_what_was_given() -> No
     # A TorchTask whose make_model returns something else: named, not an AttributeError.
     bad = TorchTask(make_model=lambda: (Net(), None), loss_fn=lambda m, b: m(b["x"]).mean(),
                     make_batch=make_batch, make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
-    with pytest.raises(TaskError, match=r"TorchTask\.make_model <lambda> \(tests/test_torch_"
+    with pytest.raises(TaskError, match=r"TorchTask\.make_model <lambda> \(tests/unit/backends/torch/test_"
                                         r"step\.py:\d+\) must return the nn\.Module to train; "
                                         r"it returns a tuple object$"):
         BACKEND.train(case(), bad, CPU)
