@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import Suite
-from e2e.test_update import REFERENCE_SUITE
 
+from e2e.test_update import REFERENCE_SUITE
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.cli import main

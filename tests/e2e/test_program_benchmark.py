@@ -107,7 +107,8 @@ def test_trials_are_read_from_the_report(tmp_path: Path) -> None:
 #: The end-to-end run's cases and regressions: the benchmark's harness, run through with
 #: the checks that catch a regression without a clock (program: XLA and torch eager; input).
 #: The Flax BatchNorm case and its momentum change (numerics, the same program) are left to
-#: tests/unit/backends/jax/test_step.py: with them this one test took 425 s of a CI worker (6 sessions).
+#: tests/unit/backends/jax/test_step.py: with them this one test took 425 s of a CI worker
+#: (6 sessions).
 TESTS = ("test_jax_step", "test_torch_eager_gpt")
 REGRESSIONS = ("precision", "slow_batch", "item_sync")
 

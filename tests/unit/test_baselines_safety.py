@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from conftest import Suite
 from filelock import FileLock
-from unit.report.test_reports import PLATFORM, make_run, synthetic_report
 
 from pytest_accelperf.baselines import (
     LOCK_NAME,
@@ -29,6 +28,7 @@ from pytest_accelperf.baselines import (
 from pytest_accelperf.cases import Case
 from pytest_accelperf.cli import main
 from pytest_accelperf.summary import summarize
+from unit.report.test_reports import PLATFORM, make_run, synthetic_report
 
 BLOCK = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01))
 

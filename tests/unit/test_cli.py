@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from conftest import Suite, verdicts
-from unit.report.test_reports import MODULE, PLATFORM, make_run, synthetic_report
 
 from pytest_accelperf import jsonfile
 from pytest_accelperf.baselines import BaselineStore
@@ -25,6 +24,7 @@ from pytest_accelperf.cli import main
 from pytest_accelperf.options import tomllib  # tomllib, or tomli on Python 3.10
 from pytest_accelperf.report.history import fingerprint_hash
 from pytest_accelperf.summary import summarize
+from unit.report.test_reports import MODULE, PLATFORM, make_run, synthetic_report
 
 
 def _junit_props(path: Path) -> dict[str, dict[str, str]]:

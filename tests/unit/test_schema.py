@@ -19,7 +19,6 @@ import pytest
 from conftest import Suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from unit.report.test_reports import make_run
 
 from pytest_accelperf.baselines import (
     BaselineError,
@@ -39,6 +38,7 @@ from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.run import OUTCOMES, Run
 from pytest_accelperf.schema import RECORDED_OUTCOMES, json_schema, validate_block
 from pytest_accelperf.summary import summarize, with_added_session
+from unit.report.test_reports import make_run
 
 REPO = Path(__file__).parents[2]
 NODEID = "suites/test_m.py::test_sweep[jax-nomesh-b64]"

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from unit.report.test_reports import synthetic_report
 
 from pytest_accelperf.cli import main
 from pytest_accelperf.report.changes import (
@@ -38,6 +37,7 @@ from pytest_accelperf.report.history import (
 )
 from pytest_accelperf.report.html import html_report
 from pytest_accelperf.schema import HistoryLine
+from unit.report.test_reports import synthetic_report
 
 NODE = "suites/test_m.py::test_step[jax-b64]"
 PROGRAM = {"source": "xla", "flops": 2.0e9, "bytes_accessed": 4.0e8,

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import pytest
 from conftest import NUMPY_SGD
-from unit.report.test_reports import _settings, synthetic_report
 
 from pytest_accelperf.cli import main
 from pytest_accelperf.report.outputs import write_outputs
@@ -37,6 +36,7 @@ from pytest_accelperf.report.writing import (
     stream_fd,
     write_output,
 )
+from unit.report.test_reports import _settings, synthetic_report
 
 FULL = os.makedev(1, 7)  # /dev/full: every write fails with ENOSPC
 

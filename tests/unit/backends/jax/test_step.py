@@ -286,7 +286,8 @@ def test_a_pmapped_step_is_one_line_naming_bind_axes_and_the_function() -> None:
             JaxStep(init=make_state(), step=pmapped, make_batch=regression_batch(32))
         text = str(info.value)
         assert "\n" not in text
-        assert text.startswith("JaxStep.step train_step (tests/unit/backends/jax/test_step.py:"), text
+        assert text.startswith("JaxStep.step train_step "
+                               "(tests/unit/backends/jax/test_step.py:"), text
         assert "is wrapped in jax.pmap" in text
         assert f"pass the function pmap wraps (train_step; the pmap-ed function's " \
                f".__wrapped__) with bind_axes={{'{axis}': 'data'}}" in text
@@ -638,7 +639,8 @@ def test_a_batch_that_changes_shape_names_make_batch_the_step_and_the_leaves(
         with pytest.raises(TaskError) as info:
             BACKEND.train(case(batch=16), task, accel)
         message = str(info.value)
-        assert message.startswith(f"make_batch make_batch (tests/unit/backends/jax/test_step.py:{line}) "
+        assert message.startswith(f"make_batch make_batch "
+                                  f"(tests/unit/backends/jax/test_step.py:{line}) "
                                   f"returns at step 5 a batch unlike step 0's, which {label} "
                                   f"(tests/unit/backends/jax/test_step.py:"), message
         assert ("leaf 'x' float32[16, 8] → float32[12, 8], leaf 'y' float32[16, 1] → "

@@ -1,9 +1,9 @@
 """The rank pool: warm ranks reused across cases, each case in a process of its own.
 
-The launcher-level tests use framework-free rank functions (tests/unit/backends/procs/test_launch.py's) and a
-pool whose warm ranks import ``json`` only, so each start costs a Python start. One test
-trains real DeepSpeed cases (two ZeRO stages back to back in the same warm ranks) and
-compares them with fresh ranks.
+The launcher-level tests use framework-free rank functions
+(tests/unit/backends/procs/test_launch.py's) and a pool whose warm ranks import ``json``
+only, so each start costs a Python start. One test trains real DeepSpeed cases (two ZeRO
+stages back to back in the same warm ranks) and compares them with fresh ranks.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import pytest
 
 pytest.importorskip("cloudpickle")
 
-from unit.backends.procs.test_launch import ranks_fn
-
 from pytest_accelperf.backends.procs import rank_pool
 from pytest_accelperf.backends.procs.launch import LaunchResult, launch
+from unit.backends.procs.test_launch import ranks_fn
 
 WARM = ("json",)
 

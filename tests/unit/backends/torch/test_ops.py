@@ -118,7 +118,8 @@ def test_a_loss_item_per_step_is_a_host_sync_regression_naming_its_line(
     verdict, detail = judge(now, base)
     assert verdict is Verdict.REGRESSION, detail
     assert detail.startswith(
-        f"host syncs: 0 → 1 per step (_local_scalar_dense at tests/unit/backends/torch/test_ops.py:{line} "
+        f"host syncs: 0 → 1 per step (_local_scalar_dense at "
+        f"tests/unit/backends/torch/test_ops.py:{line} "
         f"in step: 0 → 1)"), detail
     assert "ops: _local_scalar_dense[f32] 0 → 1" in detail
     # Without the fields (a baseline recorded before them) nothing is compared.

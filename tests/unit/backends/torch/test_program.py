@@ -171,7 +171,8 @@ def test_a_graph_break_is_counted_with_its_reason(compiled: list[Run], broken: R
     assert after["graph_breaks"] >= 1 and after["graphs"] >= 2
     (reason,) = after["break_reasons"]
     assert reason.startswith("Unsupported Tensor.item() call"), reason
-    assert reason.endswith("in forward)") and "tests/unit/backends/torch/test_program.py:" in reason, reason
+    assert reason.endswith("in forward)"), reason
+    assert "tests/unit/backends/torch/test_program.py:" in reason, reason
     found = {c.name: (c.baseline, c.now) for c in changes(before, after, 0.0)}
     assert found["graph_breaks"] == (0, after["graph_breaks"])
     assert f"graph breaks: 0 → 1 per step ({reason})" in describe_changes(before, after, 0.0)
@@ -191,7 +192,8 @@ def test_a_shape_that_changes_at_a_measured_step_recompiles(compiled: list[Run])
     # The input that changed, at the step it changed: named in the record and in the
     # check's verdict (before, only the count moved: 'recompiles: 0 → 1 per step').
     line = fewer_rows_from_step_3.__code__.co_firstlineno
-    cause = (f"step 3: make_batch fewer_rows_from_step_3 (tests/unit/backends/torch/test_program.py:{line}) "
+    cause = (f"step 3: make_batch fewer_rows_from_step_3 "
+             f"(tests/unit/backends/torch/test_program.py:{line}) "
              f"changed batch leaf 'x' float32[{BATCH}, {DIM}] → float32[{BATCH // 2}, {DIM}], "
              f"batch leaf 'y' float32[{BATCH}, 1] → float32[{BATCH // 2}, 1]")
     assert run.program["recompile_causes"] == [cause]

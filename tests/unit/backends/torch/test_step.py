@@ -426,7 +426,8 @@ def task() -> TorchTask:
 def test_torch_task_trains_through_its_step() -> None:
     step = as_torch_step(task())
     assert isinstance(step, TorchStep) and isinstance(step.model, torch.nn.Linear)
-    assert step.label.startswith("TorchTask.loss_fn <lambda> (tests/unit/backends/torch/test_step.py:")
+    assert step.label.startswith("TorchTask.loss_fn <lambda> "
+                                 "(tests/unit/backends/torch/test_step.py:")
     result = BACKEND.train(case(), task(), CPU)
     assert result.run.outcome == "ok"
     assert result.run.losses[-1] < result.run.losses[0]
@@ -514,7 +515,8 @@ def test_a_model_that_is_not_a_module_names_the_field_and_what_was_given() -> No
 
     head = r"must be the nn\.Module the step trains, or a list or dict of them; got "
     given = {
-        "net": rf"^TorchStep\.model of the step Training\.step \(tests/unit/backends/torch/test_step\.py:"
+        "net": rf"^TorchStep\.model of the step Training\.step "
+               rf"\(tests/unit/backends/torch/test_step\.py:"
                rf"\d+\) {head}str 'net'$",
         Net: rf"TorchStep\.model of .*{head}the class Net, not a model: pass an instance, "
              rf"Net\(\.\.\.\)$",
@@ -536,7 +538,8 @@ def test_a_model_that_is_not_a_module_names_the_field_and_what_was_given() -> No
     # A TorchTask whose make_model returns something else: named, not an AttributeError.
     bad = TorchTask(make_model=lambda: (Net(), None), loss_fn=lambda m, b: m(b["x"]).mean(),
                     make_batch=make_batch, make_optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
-    with pytest.raises(TaskError, match=r"TorchTask\.make_model <lambda> \(tests/unit/backends/torch/test_"
+    with pytest.raises(TaskError, match=r"TorchTask\.make_model <lambda> "
+                                        r"\(tests/unit/backends/torch/test_"
                                         r"step\.py:\d+\) must return the nn\.Module to train; "
                                         r"it returns a tuple object$"):
         BACKEND.train(case(), bad, CPU)
