@@ -6,6 +6,7 @@ virtual CPU devices, the default) and in a subprocess where they need another de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jax  # noqa: F401 - see below
 import pytest
 
 # jax is imported once here, in the outer process: pytester's in-process runs restore
@@ -25,6 +25,8 @@ import pytest
 # it does not initialize a backend, so the plugin's XLA_FLAGS still apply. The same goes for
 # the torch modules the torch backend imports lazily: a second import of
 # torch.distributed re-registers kernels (a UserWarning, an error under filterwarnings).
+with contextlib.suppress(ImportError):  # jax is optional: the tests that need it skip
+    import jax  # noqa: F401
 try:
     import torch.distributed._tools.mem_tracker
     import torch.utils.flop_counter  # noqa: F401
@@ -286,3 +288,14 @@ def verdicts(report: dict[str, Any]) -> dict[str, dict[str, str]]:
     """``{case id: {metric: verdict}}`` of a JSON report."""
     return {c["nodeid"].split("::")[-1]: {k["metric"]: k["verdict"] for k in c["checks"]}
             for c in report["cases"]}
+
+
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ (whole sessions, the CLI, benchmarks end to end) is marked
+    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)

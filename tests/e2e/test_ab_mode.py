@@ -100,6 +100,7 @@ def _throughput(suite: Suite) -> dict[str, object]:
     return check
 
 
+@pytest.mark.slow
 def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> None:
     model = repo.pytester.path / "model.py"
     model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 2048"))
@@ -134,6 +135,7 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> 
     assert f"| `test_step[jax-nomesh-b512]` | A/B | `{diff[0]}` | base | head |" in md, md
 
 
+@pytest.mark.slow
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     """A/A at the default contamination bound: beside other tests (``-n 2``) the rounds
     are contaminated and ``inconclusive``; on a quiet machine, within the tolerance."""
@@ -152,6 +154,7 @@ def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     assert "same program in both revisions" in str(check["detail"])
 
 
+@pytest.mark.slow
 def test_a_competing_process_makes_an_unchanged_tree_inconclusive(repo: Suite,
                                                                    competitor: int) -> None:
     """One spinning competitor moved the A/A ratio between 0.85 and 1.18 with intervals that
@@ -199,6 +202,7 @@ def test_round_orders_pair_the_arms_in_a_random_order() -> None:
     assert 60 < sum(a for a, _ in pairs) < 140  # which comes first is drawn
 
 
+@pytest.mark.slow
 def test_a_test_the_base_lacks_is_new_and_a_bad_ref_is_a_usage_error(repo: Suite) -> None:
     repo.write(SUITE.replace("def test_step", "def test_added"), name="test_more")
     result = repo.run(*FAST, "--accelperf-compare=HEAD", "-k", "test_added", subprocess=True)
@@ -456,6 +460,7 @@ def test_step(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_processes_of_different_speed_are_sampled_not_called_a_change(suite: Suite) -> None:
     """The same program in every worker, each process at its own speed: with one process
     per revision the rounds' interval calls the 20 % between its two processes a

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import Suite, verdicts
 
 
+@pytest.mark.slow
 def test_add_session_end_to_end(suite: Suite) -> None:
     suite.write()
     result = suite.run("--accelperf-add-session")

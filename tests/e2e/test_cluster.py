@@ -358,6 +358,7 @@ def test_placement_holds_the_whole_host_or_the_platform_devices() -> None:
     assert not feasible([{HOST_RESOURCE: 1.0}] * 2, "STRICT_SPREAD", one_host)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="needs deepspeed: pip install "
                     "'pytest-accelperf[deepspeed]'")
 def test_same_verdicts_on_the_cluster(suite: Suite, ray_cluster: Cluster) -> None:
@@ -441,6 +442,7 @@ def test_bystander(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_killed_worker_fails_only_its_case(suite: Suite, ray_cluster: Cluster) -> None:
     pidfile = suite.pytester.path / "victim.pid"
     suite.write(f"PIDFILE = {str(pidfile)!r}\n" + KILL_SUITE)
@@ -492,6 +494,7 @@ def test_ddp(accelperf):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
 def test_a_rank_that_raises_on_the_cluster_says_in_which_step(suite: Suite,
                                                              ray_cluster: Cluster) -> None:
@@ -524,6 +527,7 @@ class RecordingSink:
         pass
 
 
+@pytest.mark.slow
 def test_progress_of_a_case_on_the_cluster_reaches_the_terminal_line(
         suite: Suite, ray_cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """The steps of a case training in a Ray worker show on the terminal line while it
@@ -600,6 +604,7 @@ def test_pair(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_local_cluster_under_xdist_no_double_booking_no_leftovers(
         suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
     # A session of its own: the controller starts `local` with a fresh token (none
@@ -623,6 +628,7 @@ def test_local_cluster_under_xdist_no_double_booking_no_leftovers(
     _no_processes_left(mark)
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_the_case_and_the_cluster(suite: Suite,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN"):

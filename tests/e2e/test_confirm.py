@@ -87,6 +87,7 @@ def throughput(suite: Suite) -> dict[str, Any]:
     return tp
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_unconfirmed_slowdown_passes_with_a_note(suite: Suite) -> None:
     torch_suite(suite)
@@ -128,6 +129,7 @@ def test_confirm_zero_fails_on_the_first_measurement(suite: Suite) -> None:
     assert "confirm" not in throughput(suite)["detail"]
 
 
+@pytest.mark.slow
 def test_probe_is_recorded_and_drift_correction_reported(suite: Suite) -> None:
     """The probe's times are stored beside the step times, and the throughput check says
     whether it corrected with them (it does not when the probe itself was unsteady: see

@@ -16,6 +16,7 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_a_cases_wall_time_is_split_without_remainder(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cost.py"),
                            "--kinds", "torch", "--out", str(tmp_path)],

@@ -35,6 +35,7 @@ def _regressed(suite: Suite, *args: str) -> pytest.RunResult:
     return result
 
 
+@pytest.mark.slow
 def test_a_jax_regression_keeps_a_real_trace_beside_the_report(suite: Suite) -> None:
     result = _regressed(suite, "--accelperf-markdown=out/summary.md",
                         "--accelperf-html=out/report.html")
@@ -59,6 +60,7 @@ def test_a_jax_regression_keeps_a_real_trace_beside_the_report(suite: Suite) -> 
     assert "<code>flops</code>" in html
 
 
+@pytest.mark.slow
 def test_a_trace_over_the_cap_is_deleted_and_the_failure_says_so(suite: Suite) -> None:
     result = _regressed(suite, "--accelperf-explain-max-mb=0.000001")
     result.stdout.fnmatch_lines(["*Profiler trace of 3 step(s) deleted: * is over the "
@@ -69,6 +71,7 @@ def test_a_trace_over_the_cap_is_deleted_and_the_failure_says_so(suite: Suite) -
     assert explained["path"] is None and explained["size"] > 1
 
 
+@pytest.mark.slow
 def test_off_traces_nothing(suite: Suite) -> None:
     result = _regressed(suite, "--accelperf-explain=off")
     assert "Profiler" not in result.stdout.str()

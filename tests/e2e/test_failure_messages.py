@@ -80,6 +80,7 @@ def test_a_reference_failure_is_never_offered_for_acceptance_and_accept_refuses_
     assert not any(store.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_leak_is_no_baseline_matter(suite: Suite, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,6 +118,7 @@ def triple_the_loss(block: dict[str, object]) -> None:
     loss["final"] = loss["final"] * 3
 
 
+@pytest.mark.slow
 def test_a_leak_beside_a_baseline_failure_is_named_in_the_accept_offer(
         suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
     suite.write(LEAK_SUITE)
@@ -171,6 +173,7 @@ def test_an_unsteady_baseline_probe_says_it_is_the_baselines() -> None:
         in r.detail
 
 
+@pytest.mark.slow
 def test_the_ci_recipe_fails_a_loss_far_below_its_baseline(suite: Suite,
                                                            tmp_path: Path) -> None:
     """A loss far from the baseline in either direction fails under

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import Suite
 
 # -- end to end ------------------------------------------------------------------------------
@@ -24,6 +25,7 @@ def _throughput(suite: Suite) -> dict[str, Any]:
     return check
 
 
+@pytest.mark.slow
 def test_a_stored_baseline_beside_a_steady_competitor_is_not_a_failure(suite: Suite,
                                                                       competitor: int) -> None:
     """The symptom: a steady competitor, a slower step, nothing else amiss. The baseline is

@@ -66,6 +66,7 @@ def test_update_then_rerun_passes_and_file_is_diffable(recorded: Suite) -> None:
         assert metrics["throughput"] in ("pass", "inconclusive")
 
 
+@pytest.mark.slow
 def test_throughput_claimed_much_faster_fails(recorded: Suite) -> None:
     # A baseline edited to claim 4x the throughput. (4x, not 2x: under -n 2 the other
     # worker's load can make recording and checking differ by 2x on this 2-core machine;

@@ -166,6 +166,7 @@ def test_competing_load_dies_with_a_killed_benchmark(tmp_path: Path) -> None:
 # -- end to end ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     """One run each of no slowdown and a 4x slowdown, no load: the JSON has every run's
     outcome, and accelperf flags the 4x slowdown (50 % flaked twice in ~27 runs on a
@@ -216,6 +217,7 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     assert "benchmarks/gate.py --runs 1" in next(tmp_path.glob("gate-*.md")).read_text()
 
 
+@pytest.mark.slow
 def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     """The A/B mode of the benchmark: a git repository whose working tree makes one case's
     step twice as slow as the base revision's, measured with --accelperf-compare."""

@@ -145,6 +145,7 @@ def test_after(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_a_step_blocked_in_python_times_out_and_the_session_goes_on(suite: Suite) -> None:
     suite.write(BLOCKING_SUITE)
     # A subprocess, so that a hang (the behaviour before) fails this test instead of
@@ -215,6 +216,7 @@ def test_never(accelperf):
 '''
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where, why", [
     ("device", "a device computation of it, which cannot be cancelled, was still running "
                "(the next case would wait behind it)"),

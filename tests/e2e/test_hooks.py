@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from conftest import Suite, verdicts
 
 
+@pytest.mark.slow
 def test_platform_environment_and_extra_check_hooks(suite: Suite) -> None:
     suite.pytester.makeconftest('''
         from pytest_accelperf import CheckResult, Verdict

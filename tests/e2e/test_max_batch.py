@@ -3,6 +3,7 @@ mesh."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import Suite, verdicts
 
 MAXBATCH_SUITE = '''
@@ -24,6 +25,7 @@ def maxbatch_suite(suite: Suite, capacity: int, mesh: str = "None") -> Suite:
     return suite
 
 
+@pytest.mark.slow
 def test_max_batch_is_searched_stored_and_gated(suite: Suite) -> None:
     maxbatch_suite(suite, 8 << 20)
     result = suite.run("--accelperf-update", "-s")
@@ -51,6 +53,7 @@ def test_max_batch_is_searched_stored_and_gated(suite: Suite) -> None:
         f"{value}*"])
 
 
+@pytest.mark.slow
 def test_max_batch_grows_with_the_mesh(suite: Suite) -> None:
     """Sharding over 8 devices fits a larger global batch in the same per-device memory."""
     maxbatch_suite(suite, 8 << 20, mesh="(8, 1)")

@@ -224,6 +224,7 @@ WOBBLY = "test_short[wobbly-nomesh-b64]"
 PROBE_BOUND = "--accelperf-max-probe-spread=0.5"
 
 
+@pytest.mark.slow
 def test_a_short_case_whose_probe_is_unsteady_is_recorded_and_judged(suite: Suite) -> None:
     """Issue 24, end to end: recorded with an unsteady probe and steady steps, the case is
     not stored noisy, and later runs judge it on its step times, saying that drift
@@ -267,6 +268,7 @@ def test_a_short_case_whose_probe_is_unsteady_is_recorded_and_judged(suite: Suit
     assert "[drift correction off: " in tp["detail"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_noisy_recording_is_re_measured_and_the_quiet_one_stored(suite: Suite) -> None:
     noisy_suite(suite)
@@ -285,6 +287,7 @@ def test_a_noisy_recording_is_re_measured_and_the_quiet_one_stored(suite: Suite)
     assert len(stored["step_time"]["samples"]) == len(stored["probe"]["samples"]) == 40
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_recording_that_stays_noisy_is_stored_marked_and_never_judged(suite: Suite) -> None:
     noisy_suite(suite)
@@ -326,6 +329,7 @@ def test_a_recording_that_stays_noisy_is_stored_marked_and_never_judged(suite: S
     assert "stored marked noisy" not in throughput(suite.report())["detail"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_without_re_measurement_a_noisy_recording_is_marked_at_once(suite: Suite) -> None:
     noisy_suite(suite)
@@ -336,6 +340,7 @@ def test_without_re_measurement_a_noisy_recording_is_marked_at_once(suite: Suite
     assert block(suite)["noisy"].startswith("its step times varied by IQR ")
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_session_added_noisy_is_kept_marked(suite: Suite) -> None:
     noisy_suite(suite)

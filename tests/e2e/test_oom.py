@@ -3,6 +3,7 @@ baseline."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import Suite, verdicts
 
 OOM_SUITE = '''
@@ -17,6 +18,7 @@ def test_big(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_predicted_oom_is_recorded_and_compared(suite: Suite) -> None:
     # batch 4096 x dim 512 floats is 8 MiB of input: over 6 MiB on one device, under it on 8.
     suite.write(OOM_SUITE.format(capacity=6 * 2**20))
@@ -35,6 +37,7 @@ def test_predicted_oom_is_recorded_and_compared(suite: Suite) -> None:
     result.stdout.fnmatch_lines(["*test_big?jax-nomesh-b4096?*outcome*pass*"])
 
 
+@pytest.mark.slow
 def test_new_oom_against_an_ok_baseline_is_a_regression(suite: Suite) -> None:
     suite.write(OOM_SUITE.format(capacity=64 * 2**30))
     suite.run("--accelperf-update").assert_outcomes(passed=2)

@@ -213,6 +213,7 @@ def test_cpu_devices_option(suite: Suite) -> None:
     assert suite.baseline_path(platform="cpu-x4").exists()
 
 
+@pytest.mark.slow
 def test_platform_override(suite: Suite) -> None:
     suite.write()
     suite.run("--accelperf-platform=ci-runner", "--accelperf-update").assert_outcomes(passed=2)

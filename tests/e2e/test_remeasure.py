@@ -66,6 +66,7 @@ def _checks(suite: Suite) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     return case, {c["metric"]: c for c in case["checks"]}
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_confirmation_keeps_the_first_trainings_losses(suite: Suite) -> None:
     pytest.importorskip("torch")
@@ -126,6 +127,7 @@ def test_jit(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_a_confirmation_keeps_the_first_compile_time(suite: Suite) -> None:
     pytest.importorskip("flax")
     suite.write(JIT_SUITE)

@@ -8,6 +8,7 @@ from conftest import Suite
 from e2e.test_confirm import slow_flag, torch_suite
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_timeout_stops_the_case_and_the_session_goes_on(suite: Suite) -> None:
     torch_suite(suite)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from conftest import Suite, verdicts
 
 
@@ -23,6 +24,7 @@ def test_sweep(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_xdist_update_writes_once_on_the_controller(suite: Suite) -> None:
     suite.write(XDIST_SUITE)
     result = suite.run("-n", "2", "--accelperf-update", "--accelperf-json=report.json",
@@ -37,6 +39,7 @@ def test_xdist_update_writes_once_on_the_controller(suite: Suite) -> None:
                                  "*baselines written to baselines/cpu-x8/test_suite.json*"])
 
 
+@pytest.mark.slow
 def test_same_verdicts_with_and_without_xdist(suite: Suite) -> None:
     """One recording and one plain session, then the same session under ``-n 2``, with
     xdist disabled and with ``-n 0``: the same verdicts each time (one test, not three

@@ -167,6 +167,7 @@ def test_jax(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A torch user's first command (``pip install 'pytest-accelperf[torch]'``): the torch
@@ -197,6 +198,7 @@ def pytest_sessionfinish(session):
 """
 
 
+@pytest.mark.slow
 def test_describing_the_cpu_imports_neither_jax_nor_torch(pytester: pytest.Pytester) -> None:
     """The CPU is described without jax; its jax devices are found when a JAX case first
     asks (a torch session with jax installed saved ~0.6 s and the XLA client's threads)."""

@@ -177,6 +177,7 @@ def test_accept_refuses_a_block_that_is_not_an_object(
     assert _json_files(workdir / "baselines") == []
 
 
+@pytest.mark.slow
 def test_a_module_outside_the_rootdir_is_refused(suite: Suite) -> None:
     suite.write('''
         from tinytask import make_task
@@ -319,6 +320,7 @@ def _stored(root: Path) -> list[str]:
     return sorted(out)
 
 
+@pytest.mark.slow
 def test_prune_from_a_subdirectory_keeps_live_baselines(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -289,6 +289,7 @@ def test_small(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_run_fails_on_an_invalid_block_and_update_repairs_it(suite: Suite) -> None:
     suite.write(SMALL)
     suite.run("--accelperf-update").assert_outcomes(passed=2)

@@ -23,10 +23,14 @@ from pytest_accelperf.accel import prepare_environment
 
 prepare_environment("cpu", 8)
 
+import pytest  # noqa: E402
+
+# JAX's own extra (pip install 'pytest-accelperf[jax]')
+pytest.importorskip("jax")
+
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 from conftest import Suite, verdicts  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 

@@ -118,6 +118,7 @@ def _left_running(marker: str) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_ddp_and_zero2_against_the_base_in_their_own_rank_groups(suite: Suite) -> None:
     pytest.importorskip("deepspeed")  # the zero2 cases (the inner session skips them)
     path = suite.pytester.path
@@ -198,6 +199,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_rank_group_trains_blocks_and_a_dead_rank_ends_it() -> None:
     """The arm worker's side, in this process: a DDP group of two ranks builds, warms up,
     trains blocks on demand; a rank killed in a block ends the group (its peer and the warm

@@ -288,6 +288,7 @@ def test_batch(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_through_pytest_the_table_and_the_report_name_the_slow_input(
         suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
     suite.write(SLOW_SUITE)

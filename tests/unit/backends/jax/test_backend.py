@@ -69,6 +69,7 @@ def test_registry_loads_this_backend() -> None:
     assert BACKEND.unavailable_reason() is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which, n_devices", [("nomesh", 1), ("sharded", 8)])
 def test_small_case_trains_and_is_measured(request: pytest.FixtureRequest, which: str,
                                            n_devices: int) -> None:
@@ -181,6 +182,7 @@ def test_full_size_without_mesh_is_predicted_out_of_memory(accel: Accelerator) -
     assert run.losses == [] and run.step_times == []  # nothing was trained
 
 
+@pytest.mark.slow
 def test_full_size_on_mesh_4x2_is_predicted_to_fit(accel: Accelerator) -> None:
     case = Case(backend="jax", batch=4096, mesh=(4, 2), params={"size": "full"})
     planned = predict_memory(case, make_task(case), accel)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 
 # The JAX backend's own frameworks (pip install 'pytest-accelperf[jax]').
 pytest.importorskip("flax")
 pytest.importorskip("optax")
+import jax
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "pipeline"))
 from mlp_stages import make_task
 
@@ -25,6 +26,7 @@ def accel():  # type: ignore[no-untyped-def]
     return provision("cpu", 8, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("mesh", "names"), [((4,), ("stage",)), ((2, 4), ("data", "stage"))])
 def test_pipelined_loss_and_grads_equal_sequential(accel, mesh, names) -> None:  # type: ignore[no-untyped-def]
     case = Case(backend="jax-pipeline", batch=32, mesh=mesh, axis_names=names)

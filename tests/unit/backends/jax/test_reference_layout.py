@@ -138,6 +138,7 @@ def correct(accel: Accelerator) -> TrainResult:
     return BACKEND.train(CASE, data_parallel("data", grad_pmean=True), accel)
 
 
+@pytest.mark.slow
 def test_correct_code_passes_after_one_step(correct: TrainResult) -> None:
     run = correct.run
     assert run.outcome == "ok", run.message
@@ -175,6 +176,7 @@ def test_compared_after_more_steps_the_difference_grows(correct: TrainResult,
     assert check.now > 10 * early.now, (early.now, check.now)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug, step", [
     ("batchnorm_per_shard", data_parallel(None, grad_pmean=True)),
     ("no_gradient_pmean", data_parallel("data", grad_pmean=False)),

@@ -482,6 +482,7 @@ def test_nnx_model_optimizer_and_metrics(accel: Accelerator) -> None:
     np.testing.assert_allclose(made.run.losses, run.losses, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_nnx_partitioning_annotations_shard_model_and_optimizer(accel: Accelerator) -> None:
     from flax import nnx
 
@@ -686,6 +687,7 @@ def test_nonscalar(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_a_task_error_fails_the_test_with_the_fix_not_a_traceback(suite: Suite) -> None:
     suite.write(NONSCALAR, name="test_nonscalar")
     result = suite.run("--accelperf-update", "--accelperf-json=report.json")
@@ -743,6 +745,7 @@ def test_step(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_state_comes_back_and_metrics_are_stored_and_checked(suite: Suite) -> None:
     suite.write(STEPSUITE, name="test_steps")
     suite.run("--accelperf-update").assert_outcomes(passed=2)

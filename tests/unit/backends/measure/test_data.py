@@ -220,8 +220,7 @@ def test_rank_step_takes_data_and_its_batches_pickle_without_their_pass() -> Non
     step = RankStep(build=lambda rank: None, loss_fn=lambda model, batch: None, data=batches)
     assert isinstance(step.make_batch, Batches)
     assert digest(step.make_batch(2)) == digest(make_batch(2))  # a pass under way
-    import cloudpickle
-
+    cloudpickle = pytest.importorskip("cloudpickle")
     copy = pickle.loads(cloudpickle.dumps(step))
     assert digest(copy.make_batch(0)) == digest(make_batch(0))
     with pytest.raises(TaskError, match=r"^RankStep.data \(a generator\) is an iterator"):

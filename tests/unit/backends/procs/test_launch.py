@@ -134,6 +134,7 @@ def test_oom_before_the_first_step_cannot_even_initialize() -> None:
     assert "cannot even initialize model" in result.message
 
 
+@pytest.mark.slow
 def test_hung_rank_times_out_and_everything_is_killed() -> None:
     t0 = time.monotonic()
     # The timeout bounds the launch from process start: 3 s was too short for two Python

@@ -168,6 +168,7 @@ def test_the_session_end_stops_the_warm_ranks(pytester: pytest.Pytester) -> None
 
 
 # -- real DeepSpeed cases ------------------------------------------------------------------
+@pytest.mark.slow
 def test_two_zero_stages_in_the_same_warm_ranks_equal_fresh_ranks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")

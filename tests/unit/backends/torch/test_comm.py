@@ -156,6 +156,7 @@ def test_deepspeed_backend_methods_are_wrapped_and_counted(
 
 
 # -- real ranks -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ddp_all_reduces_the_parameter_bytes_once_a_step(runs: dict[str, TrainResult]) -> None:
     for width in (32, 64):
         result = runs[f"ddp{width}"]

@@ -68,6 +68,7 @@ def test_registered_and_loadable() -> None:
     assert entry.load() is BACKEND
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"zero{c[0]}-{c[1]}")
 def test_every_stage_trains_and_reports_per_rank(runs: dict[Any, TrainResult],
                                                   config: tuple[int, str]) -> None:
@@ -192,6 +193,7 @@ def _runs(suite: Suite) -> dict[str, dict[str, Any]]:
     return {c["case_id"].rsplit("-", 1)[-1]: c["run"] for c in suite.report()["cases"]}
 
 
+@pytest.mark.slow
 def test_dead_raising_and_oom_ranks_are_outcomes_and_the_session_goes_on(
         suite: Suite) -> None:
     suite.pytester.makepyfile(dstask=DSTASK)
@@ -229,6 +231,7 @@ def test_ds(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_a_hung_rank_times_out(suite: Suite) -> None:
     suite.pytester.makepyfile(dstask=DSTASK)
     suite.write(HANG)

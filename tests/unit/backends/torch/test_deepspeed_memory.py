@@ -150,6 +150,7 @@ def _per_rank(runs: dict[int, TrainResult]) -> dict[int, dict[str, int]]:
     return {stage: result.run.memory_per_device for stage, result in runs.items()}
 
 
+@pytest.mark.slow
 def test_per_rank_memory_falls_with_the_stage(runs: dict[int, TrainResult]) -> None:
     per_rank = _per_rank(runs)
     for rank in ("rank0", "rank1"):
@@ -160,6 +161,7 @@ def test_per_rank_memory_falls_with_the_stage(runs: dict[int, TrainResult]) -> N
         assert peaks[3] < 0.75 * peaks[0], f"{rank}: {shown} B/param"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_each_stage_matches_the_expected_bytes(runs: dict[int, TrainResult],
                                                stage: int) -> None:

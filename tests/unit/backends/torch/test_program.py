@@ -137,6 +137,7 @@ def broken() -> Run:
     return train(Training(compile=True, item_branch=True))
 
 
+@pytest.mark.slow
 def test_what_the_machine_did_while_the_step_compiled_is_recorded(
         compiled: list[Run], competitor: int) -> None:
     """A compile is one sample: what other processes used of the machine while step 0
@@ -178,6 +179,7 @@ def test_a_graph_break_is_counted_with_its_reason(compiled: list[Run], broken: R
     assert f"graph breaks: 0 → 1 per step ({reason})" in describe_changes(before, after, 0.0)
 
 
+@pytest.mark.slow
 def test_a_shape_that_changes_at_a_measured_step_recompiles(compiled: list[Run]) -> None:
     def fewer_rows_from_step_3(step: int) -> dict[str, torch.Tensor]:
         return make_batch(step, BATCH if step < 3 else BATCH // 2)
@@ -204,6 +206,7 @@ def test_a_shape_that_changes_at_a_measured_step_recompiles(compiled: list[Run])
     assert "recompile_causes" not in compiled[0].program  # nothing compiled again
 
 
+@pytest.mark.slow
 def test_a_python_int_that_changes_recompiles() -> None:
     """A Python number the forward reads, changed at a measured step: its guard fails."""
     training = Training(compile=True)

@@ -141,6 +141,7 @@ def _ok(result: TrainResult) -> Any:
     return result.run
 
 
+@pytest.mark.slow
 def test_the_schedule_advances_once_per_optimizer_step_at_zero2(
         runs: dict[str, TrainResult]) -> None:
     run = _ok(runs["accum"])

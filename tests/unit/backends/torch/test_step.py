@@ -599,6 +599,7 @@ def test_no_loss(accelperf):
 '''
 
 
+@pytest.mark.slow
 def test_through_pytest_memory_method_metrics_and_errors(suite: Suite) -> None:
     suite.write(TORCH_SUITE.format(scale=1.0), name="test_torch_suite")
     result = suite.run("--accel=cpu", "--accelperf-update", "-k", "test_step")
