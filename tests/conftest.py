@@ -223,13 +223,14 @@ class Suite:
         # inconclusive; throughput only stops correcting drift) and the step times more
         # dispersed than the baseline's (contamination, whose floor is the same bound):
         # tests of the verdicts themselves raise the bound, and contamination has its own
-        # tests (test_checks.py, test_program_check.py).
+        # tests (unit/checks/test_checks.py, unit/checks/test_program.py).
         # Compile times move as much (one sample each): tests about them pass their own.
         # So may a small batch function's CPU time (the input check): tests about it pass
         # their own tolerance.
         # The other worker's CPU time is foreign load to this one's measurements, which
         # leaves them unjudged past --accelperf-max-foreign-load: tests of the verdicts
-        # take any load, and the load has its own tests (test_foreign_load.py).
+        # take any load, and the load has its own tests (unit/test_contention.py,
+        # e2e/test_foreign_load.py).
         pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n"
                                    "max_probe_spread = 1000.0\nmax_step_spread = 1000.0\n"
                                    "compile_tolerance = 1000.0\nmax_foreign_load = 64.0\n"

@@ -1,6 +1,6 @@
 """The program check, the compile-time check and the leak verdict, on records built by hand
-(the backends' records are tested on real programs in test_jax_program.py and
-test_torch_program.py)."""
+(the backends' records are tested on real programs in unit/backends/jax/test_program.py and
+unit/backends/torch/test_program.py)."""
 
 from __future__ import annotations
 

@@ -275,8 +275,8 @@ def only_a_model(rank: int) -> Any:
 
 def test_a_factory_that_returns_the_wrong_thing_names_itself_and_the_fix() -> None:
     step = RankStep(build=only_a_model, loss_fn=loss_fn, make_batch=make_batch)
-    with pytest.raises(TaskError, match=r"RankStep.build only_a_model \(tests/"
-                                        r"test_rank_factory.py:\d+\) returns a Net: return "
+    with pytest.raises(TaskError, match=r"RankStep.build only_a_model \(tests/unit/"
+                                        r"backends/torch/test_ranks.py:\d+\) returns a Net: return "
                                         r"\(model, optimizer\)"):
         step.built(0)
     # Through the launch, as the session sees it: the rank's TaskError, not a traceback.
