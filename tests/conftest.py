@@ -6,6 +6,7 @@ virtual CPU devices, the default) and in a subprocess where they need another de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jax  # noqa: F401 - see below
 import pytest
 
 # jax is imported once here, in the outer process: pytester's in-process runs restore
@@ -25,6 +25,8 @@ import pytest
 # it does not initialize a backend, so the plugin's XLA_FLAGS still apply. The same goes for
 # the torch modules the torch backend imports lazily: a second import of
 # torch.distributed re-registers kernels (a UserWarning, an error under filterwarnings).
+with contextlib.suppress(ImportError):  # jax is optional: the tests that need it skip
+    import jax  # noqa: F401
 try:
     import torch.distributed._tools.mem_tracker
     import torch.utils.flop_counter  # noqa: F401
@@ -71,7 +73,7 @@ def make_task(case, lr=0.05, nan_at=None, sleep=0.0):
 '''
 
 # A small torch MLP for multi-process cases (DeepSpeed, DDP); params["fail"] makes rank 1
-# misbehave at step 3: tests/test_deepspeed_backend.py and tests/test_cluster.py.
+# misbehave at step 3: tests/unit/backends/torch/test_deepspeed.py and tests/e2e/test_cluster.py.
 DSTASK = '''
 import os
 import signal
@@ -108,7 +110,7 @@ def make_task(case):
         make_optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
 '''
 
-# A backend of a suite's own (tests/test_backend_plugins.py, tests/test_cluster.py): linear
+# A backend of a suite's own (tests/e2e/test_backend_plugins.py, tests/e2e/test_cluster.py): linear
 # regression trained by numpy SGD, for real; its Run is built as the built-in backends do.
 NUMPY_SGD = '''
 import time
@@ -221,13 +223,14 @@ class Suite:
         # inconclusive; throughput only stops correcting drift) and the step times more
         # dispersed than the baseline's (contamination, whose floor is the same bound):
         # tests of the verdicts themselves raise the bound, and contamination has its own
-        # tests (test_checks.py, test_program_check.py).
+        # tests (unit/checks/test_checks.py, unit/checks/test_program.py).
         # Compile times move as much (one sample each): tests about them pass their own.
         # So may a small batch function's CPU time (the input check): tests about it pass
         # their own tolerance.
         # The other worker's CPU time is foreign load to this one's measurements, which
         # leaves them unjudged past --accelperf-max-foreign-load: tests of the verdicts
-        # take any load, and the load has its own tests (test_foreign_load.py).
+        # take any load, and the load has its own tests (unit/test_contention.py,
+        # e2e/test_foreign_load.py).
         pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n"
                                    "max_probe_spread = 1000.0\nmax_step_spread = 1000.0\n"
                                    "compile_tolerance = 1000.0\nmax_foreign_load = 64.0\n"
@@ -286,3 +289,14 @@ def verdicts(report: dict[str, Any]) -> dict[str, dict[str, str]]:
     """``{case id: {metric: verdict}}`` of a JSON report."""
     return {c["nodeid"].split("::")[-1]: {k["metric"]: k["verdict"] for k in c["checks"]}
             for c in report["cases"]}
+
+
+E2E = Path(__file__).parent / "e2e"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ (whole sessions, the CLI, benchmarks end to end) is marked
+    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more."""
+    for item in items:
+        if item.path.is_relative_to(E2E):
+            item.add_marker(pytest.mark.e2e)

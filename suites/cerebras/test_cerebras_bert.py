@@ -9,7 +9,7 @@ The seed says "the scaling is pretty linear": it is, for *total time* (175 s, 20
 for 2x and 4x the samples), but not for throughput. Measured from the log: 2,926/s at 512,
 4,886/s at 1024 (efficiency 84% of linear), 6,756/s at 2048 (58%). The series declares what
 the hardware gives, linear at >= 50% efficiency, so a future log whose curve bends further
-fails; ``tests/test_scaling.py`` shows the 80% expectation flagging the bend at 2048.
+fails; ``tests/unit/checks/test_scaling.py`` shows the 80% expectation flagging the bend at 2048.
 """
 
 from __future__ import annotations

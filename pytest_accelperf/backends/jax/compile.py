@@ -122,7 +122,8 @@ def _compile(case: Case, task: Any, accel: Accelerator,
     elif math.prod(int(mesh.shape[a]) for a in manual) > 1:
         # Under shard_map the unpartitioned program is one device's share of the step
         # (its batch shard): its cost analysis counted 1.51 of the 11.8 MFLOP the MLP of
-        # tests/test_jax_step.py counts without a mesh, on 8x1 (16.4 of 113.2 in issue 23).
+        # tests/unit/backends/jax/test_step.py counts without a mesh, on 8x1 (16.4 of 113.2 in
+        # issue 23).
         # The model's FLOPs are those of the step on one device over the global batch,
         # which is lowered (not compiled) for them.
         program.lowered = _global_lowering(step, accel.mesh(None, names), rename)

@@ -28,7 +28,8 @@ The DeepSpeed configuration comes from the case (:func:`ds_config`):
   limits and ``sub_group_size``) becomes an eighth of a rank's share of the parameters, at
   least 65,536 elements, at most the model and DeepSpeed's own default
   (:func:`size_buckets`), listed in the run's ``extra["engine"]["plugin_set"]``. With
-  these, per-rank memory falls with the stage (``tests/test_zero_memory.py``).
+  these, per-rank memory falls with the stage
+  (``tests/unit/backends/torch/test_deepspeed_memory.py``).
 
 Optimizer and schedule: the user's own (``build``), as a client optimizer and
 ``lr_scheduler``, so no C++ op is compiled for it and the engine steps the schedule once per

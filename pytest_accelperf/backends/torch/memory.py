@@ -10,7 +10,7 @@ as long as 4 eager steps, and more as a model grows. The plugin reads only the d
 totals (the peak and the live bytes), so :func:`memory_tracker` keeps MemTracker's
 accounting of storages whole (what is allocated, resized and freed, and when) and only
 leaves the per-module peaks out: the totals are the same bytes
-(``tests/test_torch_memory.py`` compares the two on a real model).
+(``tests/unit/backends/torch/test_memory.py`` compares the two on a real model).
 """
 
 from __future__ import annotations

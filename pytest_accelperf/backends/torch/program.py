@@ -17,7 +17,7 @@ compiled graphs run, so they are not part of it):
     it also holds the breaks on a data-dependent branch, which
     ``counters["graph_break"]`` leaves out). A reason is the first line of dynamo's
     message and where the break is: ``Call to `torch._dynamo.graph_break()`
-    (tests/test_torch_program.py:52 in forward)``.
+    (tests/unit/backends/torch/test_program.py:52 in forward)``.
 ``recompiles``
     the frames dynamo compiled after the compile step, through the end of the run (a
     guard that failed on a new shape or a changed Python value, or a code path first

@@ -1,0 +1,532 @@
+"""--accelperf-compare=GIT_REF: A/B mode, the base revision and the working tree measured in
+alternation by two worker processes (real git repositories, real JAX steps)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import Suite, verdicts
+
+from pytest_accelperf.ab import CompareError, rounds, tree
+from pytest_accelperf.ab.rounds import ABMeasurement, Comparison, round_orders
+from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot
+from pytest_accelperf.ab.verdict import ab_check
+from pytest_accelperf.cases import Case
+from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.contention import Contention, Load
+from pytest_accelperf.errors import UserError
+from pytest_accelperf.stats import paired_ratio, process_ratio, throughput_verdict
+
+pytest.importorskip("jax")
+
+MODEL = '''
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec as P
+
+from pytest_accelperf.jax import JaxTask
+
+HIDDEN = 256
+
+
+def make_task(case):
+    dim = 256
+    true_w = np.random.default_rng(0).normal(size=(dim, 8)).astype(np.float32)
+
+    def init_params(key):
+        import jax
+        k1, k2 = jax.random.split(key)
+        return {"w1": jax.random.normal(k1, (dim, HIDDEN)) * 0.05,
+                "w2": jax.random.normal(k2, (HIDDEN, 8)) * 0.05}
+
+    def loss_fn(params, batch):
+        import jax.numpy as jnp
+        h = jnp.tanh(batch["x"] @ params["w1"])
+        return jnp.mean((h @ params["w2"] - batch["y"]) ** 2)
+
+    def make_batch(step):
+        x = np.random.default_rng(step).normal(size=(case.batch, dim)).astype(np.float32)
+        return {"x": x, "y": x @ true_w}
+
+    return JaxTask(init_params=init_params, loss_fn=loss_fn, make_batch=make_batch,
+                   optimizer=optax.sgd(0.01), param_specs=lambda p: {"w1": P(), "w2": P()})
+'''
+
+SUITE = '''
+from model import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", batch=[512], steps=10, warmup=2)
+def test_step(accelperf):
+    accelperf.train(make_task(accelperf.case))
+'''
+
+FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=6",
+        "--accelperf-compare-processes=2",
+        "--accelperf-compare-budget=4", "--accelperf-json=report.json")
+#: The contamination bound off: these tests run beside other tests (``-n 2``), and what
+#: they check is the verdict of the ratio; contamination has tests of its own below.
+UNBOUNDED = "--accelperf-max-foreign-load=64"
+#: The plugin's default, which the suite's pyproject raises for the other tests.
+DEFAULT_BOUND = "--accelperf-max-foreign-load=0.25"
+
+
+def _git(path: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],
+                   cwd=path, check=True, capture_output=True)
+
+
+@pytest.fixture
+def repo(suite: Suite) -> Suite:
+    """A git repository whose first commit has the suite and its model."""
+    path = suite.pytester.path
+    (path / "model.py").write_text(textwrap.dedent(MODEL))
+    suite.write(SUITE)
+    _git(path, "init", "-q")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "base")
+    return suite
+
+
+def _throughput(suite: Suite) -> dict[str, object]:
+    case = suite.report()["cases"][0]
+    check: dict[str, object] = next(c for c in case["checks"] if c["metric"] == "throughput")
+    return check
+
+
+@pytest.mark.slow
+def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> None:
+    model = repo.pytester.path / "model.py"
+    model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 2048"))
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", UNBOUNDED,
+                      "--accelperf-markdown=summary.md", subprocess=True)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*throughput: A/B slower than HEAD (*): step time *% longer (95% CI of the paired "
+        "step-time ratio *alternating rounds of 5 steps*",
+        "*A/B verdicts are not stored*",
+    ])
+    check = _throughput(repo)
+    assert check["verdict"] == "regression"
+    data = check["data"]
+    assert isinstance(data, dict) and data["mode"] == "ab" and data["ratio"] > 1.5
+    assert len(data["blocks"]["base"]) == len(data["blocks"]["head"]) >= 6
+    # the order of the arms is drawn for every pair of rounds: one of each order per pair
+    first = data["first"]
+    assert len(first) == len(data["blocks"]["base"])
+    assert all(sorted(first[i:i + 2]) == ["base", "head"] for i in range(0, len(first) - 1, 2))
+    # the stored-baseline checks still ran (no baseline here: new, and not a failure)
+    assert verdicts(repo.report())["test_step[jax-nomesh-b512]"]["loss"] == "new"
+    # the slowdown comes with its cause: the two revisions' programs, diffed (issue 14)
+    diff = data["program_diff"]
+    assert diff and diff[0].startswith("FLOPs +"), diff
+    assert "; program: FLOPs +" in str(check["detail"])
+    # and a profiler trace of the working tree's step, beside the report (issue 27, part 3)
+    explained = repo.report()["cases"][0]["run"]["extra"]["explain"]
+    assert explained["path"] and explained["steps"] == 3, explained
+    assert any(f.name.endswith(".xplane.pb") for f in Path(explained["path"]).rglob("*"))
+    md = (repo.pytester.path / "summary.md").read_text()
+    assert f"| `test_step[jax-nomesh-b512]` | A/B | `{diff[0]}` | base | head |" in md, md
+
+
+@pytest.mark.slow
+def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
+    """A/A at the default contamination bound: beside other tests (``-n 2``) the rounds
+    are contaminated and ``inconclusive``; on a quiet machine, within the tolerance."""
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", "--accelperf-compare-tolerance=0.1",
+                      DEFAULT_BOUND, subprocess=True)
+    result.assert_outcomes(passed=1)
+    check = _throughput(repo)
+    assert check["verdict"] in ("pass", "inconclusive"), check["detail"]
+    data = check["data"]
+    assert isinstance(data, dict)
+    assert data["load"] is not None  # Linux: /proc was read
+    assert data["contaminated"] == (data["load"]["foreign_cores"] > 0.25)
+    if not data["contaminated"]:  # beside the other xdist worker A/A measured 0.63
+        assert 0.7 < data["ratio"] < 1.4
+    assert data["program_diff"] == []
+    assert "same program in both revisions" in str(check["detail"])
+
+
+@pytest.mark.slow
+def test_a_competing_process_makes_an_unchanged_tree_inconclusive(repo: Suite,
+                                                                   competitor: int) -> None:
+    """One spinning competitor moved the A/A ratio between 0.85 and 1.18 with intervals that
+    excluded 1: the rounds are contaminated, and the verdict says so instead of judging."""
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", "--accelperf-compare-tolerance=0.01",
+                      DEFAULT_BOUND, subprocess=True)
+    result.assert_outcomes(passed=1)
+    check = _throughput(repo)
+    assert check["verdict"] == "inconclusive", check["detail"]
+    data = check["data"]
+    assert isinstance(data, dict) and data["contaminated"] is True
+    assert data["load"]["foreign_cores"] > 0.25
+    assert "the measurement is contaminated: other processes used" in str(check["detail"])
+    assert "--accelperf-max-foreign-load=0.25" in str(check["detail"])
+
+
+def test_contention_counts_other_processes_and_not_the_measured_ones(competitor: int) -> None:
+    everyone = Contention([os.getpid()]).start()
+    measured = Contention([os.getpid(), competitor]).start()
+    time.sleep(1.0)
+    seen, without = everyone.reading(), measured.reading()
+    assert seen is not None and without is not None
+    assert seen.foreign_cores >= 0.4  # the competitor, whatever else runs
+    assert seen.foreign_cores - without.foreign_cores >= 0.4  # its CPU time, subtracted
+    assert seen.cores == os.cpu_count()
+
+
+def test_a_contaminated_measurement_is_never_judged() -> None:
+    slower = ABMeasurement(base=[[1.0, 1.0, 1.01]] * 8, head=[[2.0, 2.0, 2.02]] * 8,
+                           seconds=4.0, first=["base", "head"] * 4)
+    assert ab_check("HEAD", slower, 32, 0.01, 3).verdict is Verdict.REGRESSION
+    slower.load = Load(foreign_cores=0.9, steal_cores=0.0, cores=2, seconds=4.0)
+    check = ab_check("HEAD", slower, 32, 0.01, 3, max_foreign_load=0.25)
+    assert check.verdict is Verdict.INCONCLUSIVE
+    assert "other processes used 0.90 of 2 cores" in check.detail
+    assert "step time +100.0%" in check.detail  # measured, shown, not judged
+    assert ab_check("HEAD", slower, 32, 0.01, 3, max_foreign_load=1.0).verdict \
+        is Verdict.REGRESSION
+
+
+def test_round_orders_pair_the_arms_in_a_random_order() -> None:
+    rng = random.Random(1)
+    pairs = [round_orders(rng) for _ in range(200)]
+    assert all(a != b for a, b in pairs)  # one of each order in every pair of rounds
+    assert 60 < sum(a for a, _ in pairs) < 140  # which comes first is drawn
+
+
+@pytest.mark.slow
+def test_a_test_the_base_lacks_is_new_and_a_bad_ref_is_a_usage_error(repo: Suite) -> None:
+    repo.write(SUITE.replace("def test_step", "def test_added"), name="test_more")
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", "-k", "test_added", subprocess=True)
+    result.assert_outcomes(passed=1)
+    check = _throughput(repo)
+    assert check["verdict"] == "new"
+    assert "test_more.py does not exist" in str(check["detail"])
+
+    bad = repo.run("--accelperf-compare=no-such-branch", subprocess=True)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--accelperf-compare=no-such-branch: git cannot resolve "
+                              "'no-such-branch' to a commit*"])
+
+
+def test_paired_ratio_and_its_verdict() -> None:
+    base = [[1.0, 1.01, 0.99]] * 8
+    slower = [[1.05, 1.06, 1.04]] * 8
+    est = paired_ratio(slower, base)
+    assert est.ratio == pytest.approx(1.05, rel=1e-3)
+    assert throughput_verdict(est, 0.01).value == "regression"
+    # a shared slowdown of some rounds (drift) hits both arms and cancels
+    drift = [[t * (1 + 0.3 * (i % 2)) for t in b] for i, b in enumerate(base)]
+    drifted = [[t * (1 + 0.3 * (i % 2)) for t in b] for i, b in enumerate(base)]
+    assert paired_ratio(drifted, drift).ratio == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="rounds must be paired"):
+        paired_ratio(base[:3], base[:4])
+
+
+def test_moved_path_keeps_outside_entries() -> None:
+    assert moved_path(["/repo/suites/jax", "/usr/lib", "/repo"], Path("/repo"),
+                      Path("/tmp/base")) == ["/tmp/base/suites/jax", "/usr/lib", "/tmp/base"]
+
+
+def test_both_arms_run_from_trees_of_the_same_layout(tmp_path: Path) -> None:
+    """Issue 15, part 4: the head arm runs from a copy of the working tree as git sees it,
+    beside the base's extracted tree, not from the repository: the two arms differ only
+    in their files' contents."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-c", "user.email=t@e.com", "-c", "user.name=t", *args],
+                       cwd=repo, check=True, capture_output=True)
+
+    (repo / "pkg" / "model.py").write_text("WIDTH = 1\n")
+    (repo / "gone.py").write_text("")
+    (repo / ".gitignore").write_text("data/\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    (repo / "pkg" / "model.py").write_text("WIDTH = 2\n")  # changed, not committed
+    (repo / "pkg" / "new.py").write_text("")  # untracked, not ignored
+    (repo / "data").mkdir()
+    (repo / "data" / "big.bin").write_bytes(b"0" * 100)  # ignored
+    (repo / "gone.py").unlink()  # deleted in the working tree
+    into = tmp_path / "compare"
+    into.mkdir()
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    base, head = extract(repo, sha, into), snapshot(repo, into)
+    assert (base.parent, head.parent) == (into, into) and len(base.name) == len(head.name)
+    assert (base / "pkg" / "model.py").read_text() == "WIDTH = 1\n"
+    assert (head / "pkg" / "model.py").read_text() == "WIDTH = 2\n"
+    assert (head / "pkg" / "new.py").exists() and not (base / "pkg" / "new.py").exists()
+    assert not (head / "data").exists() and not (base / "data").exists()
+    assert not (head / "gone.py").exists() and (base / "gone.py").exists()
+    # sys.path has the same shape in both arms
+    entries = [str(repo / "pkg"), "/usr/lib", str(repo)]
+    assert ([p.replace(str(base), "T") for p in moved_path(entries, repo, base)]
+            == [p.replace(str(head), "T") for p in moved_path(entries, repo, head)])
+
+
+def _committed(path: Path) -> Path:
+    """A git repository at ``path`` with one commit."""
+    path.mkdir(parents=True)
+    (path / "a.py").write_text("")
+    _git(path, "init", "-q")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "base")
+    return path
+
+
+def test_a_bad_revision_is_a_user_error_naming_the_option_and_the_ref(tmp_path: Path) -> None:
+    root = _committed(tmp_path / "repo")
+    with pytest.raises(UserError) as info:
+        resolve(root, "nosuchref")
+    assert str(info.value) == (
+        f"--accelperf-compare=nosuchref: git cannot resolve 'nosuchref' to a commit in "
+        f"{root}; pass a branch, tag or commit (in a shallow CI clone fetch it first, e.g. "
+        f"git fetch origin main && --accelperf-compare=origin/main)")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with pytest.raises(UserError, match=rf"^--accelperf-compare=main: {plain} is not in a "
+                                        rf"git repository \(fatal: not a git repository"):
+        resolve(plain, "main")
+
+
+@pytest.fixture
+def stuck_git(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``git`` that never answers (10 s here), first on PATH; the plugin's git timeouts
+    cut to 1 s."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text("#!/bin/sh\nexec sleep 10\n")
+    (bin_dir / "git").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(tree, "GIT_TIMEOUT_S", 1.0, raising=False)  # none before the fix
+    monkeypatch.setattr(tree, "ARCHIVE_TIMEOUT_S", 1.0, raising=False)
+
+
+def test_a_git_that_does_not_answer_is_stopped_and_named(tmp_path: Path,
+                                                         stuck_git: None) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(UserError) as info:
+        resolve(tmp_path, "main")
+    assert time.monotonic() - t0 < 5
+    assert str(info.value) == (f"--accelperf-compare=main: git rev-parse in {tmp_path} did "
+                               f"not finish within 1 s (it was stopped); is the repository "
+                               f"on a filesystem that hangs?")
+    t0 = time.monotonic()
+    with pytest.raises(CompareError, match=r"^git archive 0123456789ab did not finish within "
+                                           r"1 s \(it was stopped\)$"):
+        extract(tmp_path, "0123456789abcdef", tmp_path)
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_comparison_that_cannot_be_set_up_is_not_tried_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A setup that failed after its timeout (git archive stuck for 600 s) must not cost
+    every later case of the session as long again."""
+    comparison = Comparison("HEAD", _committed(tmp_path / "repo"), "cpu", 1, None)
+    tried: list[str] = []
+
+    def stuck(root: Path, sha: str, into: Path) -> Path:
+        tried.append(sha)
+        raise CompareError("git archive 0123456789ab did not finish within 600 s")
+
+    monkeypatch.setattr(rounds, "extract", stuck)
+    case = Case(backend="jax", batch=8)
+    messages = []
+    for _ in range(2):
+        with pytest.raises(CompareError) as info:
+            comparison.measure(case, "test_x.py", "test_x", rounds=2, block=1, budget=1,
+                               tolerance=0.01)
+        messages.append(str(info.value))
+    assert len(tried) == 1
+    assert messages == ["git archive 0123456789ab did not finish within 600 s",
+                        "git archive 0123456789ab did not finish within 600 s (found by an "
+                        "earlier case of this session; not tried again)"]
+    comparison.close()
+
+
+# -- issue 24, part 1: the process is a level of the interval ----------------------------
+
+
+def _rounds_of_pairs(offsets: list[tuple[float, float]], per_pair: int, jitter: float,
+                     seed: int = 0) -> tuple[list[list[float]], list[list[float]], list[int]]:
+    """Rounds of an unchanged program timed by process pairs whose processes run at their
+    own speed (``offsets``: each pair's base and head factors), ``jitter`` the rounds'
+    own noise: base blocks, head blocks, and the pair of each round."""
+    rng = random.Random(seed)
+    base: list[list[float]] = []
+    head: list[list[float]] = []
+    pairs: list[int] = []
+    for j, (b, h) in enumerate(offsets):
+        for _ in range(per_pair):
+            base.append([b * (1 + rng.gauss(0, jitter)) for _ in range(5)])
+            head.append([h * (1 + rng.gauss(0, jitter)) for _ in range(5)])
+            pairs.append(j)
+    return base, head, pairs
+
+
+def test_a_process_level_offset_is_not_called_a_change() -> None:
+    """Two processes of the same program differ in speed by around 1 % (memory layout,
+    allocator, thread placement). The rounds of one pair share that offset: the interval
+    over rounds alone (the old statistic) calls it a change; the two-level interval over
+    process pairs does not, and reports the between-process spread beside the rounds'."""
+    offsets = [(1.0, 1.013), (1.0, 0.992), (1.006, 1.0)]
+    base, head, pairs = _rounds_of_pairs(offsets, per_pair=20, jitter=0.002)
+    first = [i for i, p in enumerate(pairs) if p == 0]
+    old = paired_ratio([head[i] for i in first], [base[i] for i in first])
+    assert throughput_verdict(old, 0.01) is Verdict.REGRESSION  # 1.3 %, a tight interval
+    est, spread = process_ratio(head, base, pairs)
+    assert throughput_verdict(est, 0.01) in (Verdict.PASS, Verdict.INCONCLUSIVE)
+    assert est.low < 1 < est.high
+    assert spread.processes == 3 and spread.rounds == 60
+    assert 0.005 < spread.process_sd < 0.02 and spread.within_sd < 0.003
+    assert spread.process_dominates
+    # a real change still shows through the process noise, given enough pairs
+    slower = [[t * 1.05 for t in b] for b in head]
+    assert throughput_verdict(process_ratio(slower, base, pairs)[0], 0.01) \
+        is Verdict.REGRESSION
+    with pytest.raises(ValueError, match="at least 2 are needed"):
+        process_ratio(head, base, [0] * len(pairs))
+
+
+def test_the_detail_names_both_levels_of_the_interval() -> None:
+    base, head, pairs = _rounds_of_pairs([(1.0, 1.0), (1.0, 1.0)], per_pair=4, jitter=0.01)
+    measured = ABMeasurement(base=base, head=head, seconds=3.0, first=["base", "head"] * 4,
+                             pairs=pairs, processes=2)
+    check = ab_check("HEAD", measured, 32, 0.5, 5)
+    assert "over 2 process pairs (between" in check.detail
+    assert "between processes sd" in check.detail and "between rounds sd" in check.detail
+    assert check.data["processes"] == 2 and check.data["pairs"] == pairs
+    assert check.data["process_sd"] is not None and check.data["within_sd"] > 0
+    single = ABMeasurement(base=base, head=head, seconds=3.0, first=["base", "head"] * 4,
+                           pairs=[0] * len(pairs))
+    assert "one process per revision" in ab_check("HEAD", single, 32, 0.5, 5).detail
+
+
+#: A torch step whose speed is set per worker process (the stand-in for a process's memory
+#: layout, which no test can set reliably): the worker's pair and arm choose a sleep.
+PROCESS_MODEL = '''
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from pytest_accelperf.torch import TorchStep
+
+#: (arm, pair) -> the process's speed: pair 0's head and pair 1's base 20 % slower.
+SLOW = {("head", "0"), ("base", "1"), ("head", "2")}
+ARM = Path(__file__).resolve().parent.name  # "base" or "head" in a worker's tree
+FACTOR = 1.2 if (ARM, os.environ.get("ACCELPERF_AB_PAIR", "")) in SLOW else 1.0
+
+
+def make_step():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(batch):
+        optimizer.zero_grad()
+        loss = ((model(batch["x"]) - batch["y"]) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+        time.sleep(0.004 * FACTOR)
+        return loss.detach()
+
+    def make_batch(i):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(i))
+        return {"x": x, "y": x.sum(dim=1, keepdim=True)}
+
+    return TorchStep(step=step, make_batch=make_batch, model=model, stateful=())
+'''
+
+PROCESS_SUITE = '''
+from process_model import make_step
+from pytest_accelperf import cases
+
+@cases(backend="torch", batch=[16], steps=6, warmup=1)
+def test_step(accelperf):
+    accelperf.train(make_step())
+'''
+
+
+@pytest.mark.slow
+def test_processes_of_different_speed_are_sampled_not_called_a_change(suite: Suite) -> None:
+    """The same program in every worker, each process at its own speed: with one process
+    per revision the rounds' interval calls the 20 % between its two processes a
+    regression; over three process pairs the interval carries the between-process
+    variance and the verdict is not a regression."""
+    pytest.importorskip("torch")
+    path = suite.pytester.path
+    (path / "process_model.py").write_text(PROCESS_MODEL)
+    suite.write(PROCESS_SUITE)
+    _git(path, "init", "-q")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "base")
+    args = ("--accel=cpu", "--accelperf-compare=HEAD", "--accelperf-compare-rounds=4",
+            "--accelperf-compare-budget=2", "--accelperf-compare-tolerance=0.05",
+            "--accelperf-json=report.json", UNBOUNDED)
+    one = suite.run(*args, "--accelperf-compare-processes=1", subprocess=True)
+    check = _throughput(suite)
+    assert check["verdict"] == "regression", check["detail"]  # the old statistic
+    assert "one process per revision" in str(check["detail"])
+    one.assert_outcomes(failed=1)
+    three = suite.run(*args, "--accelperf-compare-processes=3", subprocess=True)
+    check = _throughput(suite)
+    assert check["verdict"] in ("pass", "inconclusive"), check["detail"]
+    data = check["data"]
+    assert isinstance(data, dict) and data["processes"] == 3
+    assert sorted(set(data["pairs"])) == [0, 1, 2]
+    assert data["process_sd"] > 0.1  # the 20 % between processes, seen as such
+    assert "over 3 process pairs (between processes sd" in str(check["detail"])
+    three.assert_outcomes(passed=1)
+
+
+def test_close_after_a_start_cut_short_stops_the_arms_that_started(tmp_path: Path) -> None:
+    """A start interrupted between a pair's two arms (Ctrl-C, a head arm that failed to
+    start) left a pair with one arm, and closing raised KeyError: 'base' over the real
+    error (seen on an H100). The arm that started is stopped."""
+    import sys
+    from multiprocessing import Pipe
+
+    from pytest_accelperf.ab.arms import Arm
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    ours, theirs = Pipe()
+    comparison = object.__new__(Comparison)
+    comparison._pairs = [{"head": Arm("head", proc, ours, tmp_path / "head-0.log")}]
+    comparison._dir = None
+    theirs.close()  # the worker never answers: stop() must still end it
+    comparison.close()
+    proc.wait(timeout=20)
+    assert proc.returncode is not None
+    assert comparison._pairs == []
+
+
+def test_an_interrupted_comparison_keeps_what_its_workers_printed(tmp_path: Path) -> None:
+    """Interrupted while a worker hung (an H100 session that never got past preparing its
+    first case), nothing told why: the workers' logs went with their folder. Now they
+    stay (the trees do not), and the folder is named."""
+    folder = tmp_path / "accelperf-compare-x"
+    (folder / "base").mkdir(parents=True)
+    (folder / "base" / "model.py").write_text("x = 1\n")
+    (folder / "base-0.log").write_text("compiling...\n")
+    (folder / "socket").write_text("")
+    comparison = object.__new__(Comparison)
+    comparison._pairs, comparison._dir = [], folder
+    assert comparison.close(keep_logs=True) == folder
+    assert sorted(p.name for p in folder.iterdir()) == ["base-0.log"]
+
+    comparison._dir = folder
+    assert comparison.close() is None
+    assert not folder.exists()

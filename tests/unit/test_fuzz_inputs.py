@@ -1,0 +1,185 @@
+"""Issue 30, part 6: every reader and every field, fed what a user might hand over.
+
+The rule, for each: a clean result or one :class:`~pytest_accelperf.errors.UserError`
+(``pytest.UsageError`` for options, which pytest prints as one line), never another
+exception; and what was read is left as it was. Inputs: random bytes, a real file cut at
+every kind of place, a real file with one byte changed; random values for every option
+and every ``Case`` and step field.
+
+Hypothesis runs derandomized with a fixed budget of examples (no database), so CI sees the
+same inputs every run and stays within its time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Suite
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pytest_accelperf.baselines import BaselineStore
+from pytest_accelperf.cases import Case
+from pytest_accelperf.errors import UserError
+from pytest_accelperf.ingest import PARSERS, parse_file
+from pytest_accelperf.options import OPTIONS, Settings
+from pytest_accelperf.report.history import read_history
+from pytest_accelperf.report.loading import load_report
+
+REPO = Path(__file__).resolve().parents[2]
+BUDGET = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck))
+
+
+def damaged(sample: bytes) -> st.SearchStrategy[bytes]:
+    """Random bytes; ``sample`` cut anywhere; ``sample`` with one byte replaced."""
+    n = len(sample)
+    return st.one_of(
+        st.binary(max_size=400),
+        st.integers(0, n).map(lambda k: sample[:k]),
+        st.tuples(st.integers(0, max(n - 1, 0)), st.integers(0, 255)).map(
+            lambda p: sample[:p[0]] + bytes([p[1]]) + sample[p[0] + 1:]),
+    )
+
+
+def clean_or_user_error(read: Callable[[], Any]) -> None:
+    with contextlib.suppress(UserError):
+        read()
+
+
+def test_the_baseline_store_reads_damaged_files_as_one_error_and_leaves_them(
+        tmp_path: Path) -> None:
+    sample = (REPO / "baselines/cpu-x8/suites/torch/test_torch_gpt.json").read_bytes()
+    nodeid = "suites/torch/test_torch_gpt.py::test_torch_gpt[torch-nomesh-b8]"
+    path = tmp_path / "cpu-x8/suites/torch/test_torch_gpt.json"
+    path.parent.mkdir(parents=True)
+
+    # reading never rewrites the store: fuzz_reader checks the file after each read
+    fuzz_reader(path, sample, lambda: BaselineStore(tmp_path, "cpu-x8").get(nodeid))
+
+
+def test_a_damaged_json_report_and_history_are_one_error_each(suite: Suite) -> None:
+    suite.write('''
+        from tinytask import make_task
+        from pytest_accelperf import cases
+
+        @cases(backend="jax", batch=[16], steps=3, warmup=1)
+        def test_small(accelperf):
+            accelperf.train(make_task(accelperf.case))
+    ''')
+    suite.run("--accelperf-update", "--accelperf-json=report.json",
+              "--accelperf-history=history").assert_outcomes(passed=1)
+    root = suite.pytester.path
+    report, history = root / "report.json", root / "history/cpu-x8.jsonl"
+    samples = {report: report.read_bytes(), history: history.read_bytes()}
+    readers: dict[Path, Callable[[], Any]] = {
+        report: lambda: load_report(report),
+        history: lambda: read_history(history.parent, "cpu-x8"),
+    }
+    for path, sample in samples.items():
+        fuzz_reader(path, sample, readers[path])
+
+
+def fuzz_reader(path: Path, sample: bytes, reader: Callable[[], Any]) -> None:
+    """Write damaged copies of ``sample`` to ``path``; ``reader`` reads each cleanly or
+    raises one user error, and leaves the file as it was."""
+    @BUDGET
+    @given(damaged(sample))
+    def read(data: bytes) -> None:
+        path.write_bytes(data)
+        clean_or_user_error(reader)
+        assert path.read_bytes() == data
+
+    read()
+
+
+SAMPLES = {
+    "neuron": REPO / "suites/neuron/data/001_trainium_neuron_profile.md",
+    "cerebras": REPO / "suites/cerebras/data/003_cerebras_bert_large.log",
+}
+
+
+@pytest.mark.parametrize("parser", sorted(PARSERS))
+def test_each_ingest_parser_reads_damaged_logs_as_one_error(parser: str,
+                                                             tmp_path: Path) -> None:
+    sample_path = SAMPLES.get(parser)
+    sample = sample_path.read_bytes() if sample_path else b'{"loss": 1.0, "step": 1}\n'
+    path = tmp_path / "log.txt"
+
+    fuzz_reader(path, sample, lambda: parse_file(path, parser))
+
+
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+    st.text(max_size=20), st.lists(st.integers(-3, 9), max_size=4),
+    st.tuples(st.integers(-3, 9), st.integers(-3, 9)),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
+
+
+@pytest.mark.parametrize("option", [o.key for o in OPTIONS])
+def test_every_option_takes_any_value_as_a_setting_or_one_usage_error(
+        option: str, tmp_path: Path) -> None:
+    @BUDGET
+    @given(ANY_VALUE)
+    def resolve(value: Any) -> None:
+        with contextlib.suppress(pytest.UsageError, UserError):
+            Settings.resolve(lambda name: None, lambda name: None, tmp_path,
+                             table={option: value}, invocation_dir=tmp_path)
+
+    resolve()
+
+
+CASE_FIELDS = [name for name in Case.__dataclass_fields__ if name not in ("backend", "batch")]
+
+
+@pytest.mark.parametrize("field", ["batch", *CASE_FIELDS])
+def test_every_case_field_takes_any_value_as_a_case_or_one_user_error(field: str) -> None:
+    @BUDGET
+    @given(ANY_VALUE)
+    def make(value: Any) -> None:
+        kwargs: dict[str, Any] = {"backend": "jax", "batch": 8, field: value}
+        try:
+            case = Case(**kwargs)
+        except UserError:
+            return
+        json.dumps(case.to_json())  # a case that was made is stored as JSON
+        assert case.id
+
+    make()
+
+
+def test_every_step_field_takes_any_value_as_a_step_or_one_user_error() -> None:
+    from pytest_accelperf.jax import JaxStep
+
+    fine = {"init": lambda key: {"w": 0.0}, "step": lambda s, b: (s, {}),
+            "make_batch": lambda i: {"x": i}}
+    steps: list[tuple[type, dict[str, Any]]] = [(JaxStep, fine)]
+    try:
+        import torch
+
+        from pytest_accelperf.torch import TorchStep
+        steps.append((TorchStep, {"step": lambda batch: torch.zeros(()),
+                                  "make_batch": lambda i: torch.zeros(2),
+                                  "model": torch.nn.Linear(2, 1)}))
+    except ImportError:  # torch is optional
+        pass
+    for kind, base in steps:
+        for name in base:
+            fuzz_field(lambda value, kind=kind, base=base, name=name:
+                       kind(**{**base, name: value}))
+
+
+def fuzz_field(make: Callable[[Any], Any]) -> None:
+    """``make(value)`` for any value: a result, or one user error."""
+    @BUDGET
+    @given(ANY_VALUE)
+    def run(value: Any) -> None:
+        clean_or_user_error(lambda: make(value))
+
+    run()
