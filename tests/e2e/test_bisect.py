@@ -29,7 +29,7 @@ from pytest_accelperf.report.data import CaseRecord
 
 pytest.importorskip("jax")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench() -> Any:
@@ -80,6 +80,7 @@ def _steps(result: dict[str, Any]) -> list[tuple[int, str, str]]:
 
 
 # -- a program-visible regression -----------------------------------------------------------
+@pytest.mark.slow
 def test_a_program_regression_is_found_on_the_record(tmp_path: Path) -> None:
     """The hidden layer widened at commit 11 of 16: found on the program record (one
     session per commit, no repetition) in ceil(log2 16) + 1 = 5 comparisons with GOOD,
@@ -117,6 +118,7 @@ def test_a_program_regression_is_found_on_the_record(tmp_path: Path) -> None:
     _untouched(repo, tmp_path / "tmp", shas[-1])
 
 
+@pytest.mark.slow
 def test_a_commit_that_does_not_import_is_skipped(tmp_path: Path) -> None:
     """Commit 4 of 8, the first midpoint, imports a module that does not exist: it is
     skipped as git bisect skip does (commit 5 is tried instead), shown with why, and the
@@ -141,6 +143,7 @@ def test_a_commit_that_does_not_import_is_skipped(tmp_path: Path) -> None:
     _untouched(repo, tmp_path / "tmp", shas[-1])
 
 
+@pytest.mark.slow
 def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
     """Two commits that change nothing the step does: the same program at both ends, so
     A/B mode compares BAD with GOOD (briefly, at a wide tolerance), and BAD is not bad."""
@@ -167,6 +170,7 @@ def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
     _untouched(repo, tmp_path / "tmp", shas[-1])
 
 
+@pytest.mark.slow
 def test_good_already_worse_is_exit_status_4(tmp_path: Path) -> None:
     """GOOD's hidden layer is 2048 wide, BAD's back to 64: BAD's program does less (not a
     regression), and A/B mode finds BAD faster: GOOD is already the worse end."""
@@ -191,6 +195,7 @@ def test_good_already_worse_is_exit_status_4(tmp_path: Path) -> None:
     _untouched(repo, tmp_path / "tmp", _git(repo, "rev-parse", "HEAD"))
 
 
+@pytest.mark.slow
 def test_a_good_that_does_not_run_is_an_error(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shas = bench.build(repo, framework="jax", plant=WIDER, at=3, broken=(1,), commits=3)
