@@ -348,8 +348,7 @@ def test_accept_refuses_what_only_the_base_revision_clears(
 
     report = synthetic_report()
     ab = CheckResult("throughput", Verdict.REGRESSION, "A/B slower than main (abc): step time "
-                     "12% longer", unit="samples/s")
-    ab.data = {"mode": "ab", "ref": "main (abc)"}
+                     "12% longer", unit="samples/s", data={"mode": "ab", "ref": "main (abc)"})
     for record in report.records:
         if record.case_id in ("jax-nomesh-b64", "jax-mesh2x1-b64"):
             record.checks[:] = [ab, *[c for c in record.checks if c.metric != "throughput"]]

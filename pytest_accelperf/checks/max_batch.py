@@ -51,32 +51,32 @@ def check_max_batch(block: dict[str, Any], baseline: dict[str, Any] | None) -> C
         return missing_in_baseline(METRIC, "max-batch search", baseline, now=shown_now,
                                    unit=UNIT)
     base_value = _value(base)
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=float(base_value), now=shown_now,
-                         unit=UNIT, data={"now": now, "baseline": base})
-    if base_value:
-        result.change = now_value / base_value - 1
+    change = now_value / base_value - 1 if base_value else None
     if (now.get("capacity_bytes") != base.get("capacity_bytes")
             or now.get("multiple_of", 1) != base.get("multiple_of", 1)):
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"searched against {_cap(now.get('capacity_bytes'))} in steps of "
-                         f"{now.get('multiple_of', 1)}, the baseline against "
-                         f"{_cap(base.get('capacity_bytes'))} in steps of "
-                         f"{base.get('multiple_of', 1)}; re-record with --accelperf-update")
-        return result
-    cap = _cap(now.get("capacity_bytes"))
-    if now_value < base_value:
-        result.verdict = Verdict.REGRESSION
+        verdict = Verdict.INCOMPARABLE
+        detail = (f"searched against {_cap(now.get('capacity_bytes'))} in steps of "
+                  f"{now.get('multiple_of', 1)}, the baseline against "
+                  f"{_cap(base.get('capacity_bytes'))} in steps of "
+                  f"{base.get('multiple_of', 1)}; re-record with --accelperf-update")
+    elif now_value < base_value:
+        cap = _cap(now.get("capacity_bytes"))
+        verdict = Verdict.REGRESSION
         first_fail = min((int(b) for b, ok, _ in now.get("probes", []) if not ok), default=None)
         why = (f"; batch {first_fail} does not fit" if first_fail is not None else "")
-        result.detail = (f"the largest batch that fits in {cap} dropped from {base_value} to "
-                         f"{now_value}{why}")
+        detail = (f"the largest batch that fits in {cap} dropped from {base_value} to "
+                  f"{now_value}{why}")
     elif now_value > base_value:
-        result.verdict = Verdict.IMPROVEMENT
-        result.detail = (f"the largest batch that fits in {cap} grew from {base_value} to "
-                         f"{now_value}; run with --accelperf-update to record it")
+        cap = _cap(now.get("capacity_bytes"))
+        verdict = Verdict.IMPROVEMENT
+        detail = (f"the largest batch that fits in {cap} grew from {base_value} to "
+                  f"{now_value}; run with --accelperf-update to record it")
     else:
-        result.detail = f"the largest batch that fits in {cap} is still {now_value}"
-    return result
+        cap = _cap(now.get("capacity_bytes"))
+        verdict = Verdict.PASS
+        detail = f"the largest batch that fits in {cap} is still {now_value}"
+    return CheckResult(METRIC, verdict, detail, baseline=float(base_value), now=shown_now,
+                       unit=UNIT, change=change, data={"now": now, "baseline": base})
 
 
 class MaxBatchCheck(BaseCheck):

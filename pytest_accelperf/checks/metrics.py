@@ -18,6 +18,7 @@ changed), so a checkpoint or final value outside the band, on either side, is a
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -62,19 +63,18 @@ def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | N
     if base is None:
         return missing_in_baseline(name, f"curve of metric {name!r}", baseline, now=now_final)
     base_final: float | None = base.get("final")
-    result = CheckResult(name, Verdict.PASS, "", baseline=base_final, now=now_final)
-    if now_final is not None and base_final:
-        result.change = now_final / base_final - 1
+    change = now_final / base_final - 1 if now_final is not None and base_final else None
     now_points, base_points = _points(now), _points(base)
     scale = max([abs(v) for _, v in base_points] + [abs(base_final or 0.0)])
     atol = tol.loss_atol * scale
-    result.data = {"rtol": tol.loss_rtol, "atol": atol, "scale": scale}
+    data: dict[str, Any] = {"rtol": tol.loss_rtol, "atol": atol, "scale": scale}
+    result = CheckResult(name, Verdict.PASS, "", baseline=base_final, now=now_final,
+                         change=change, data=data)
     band_text = f"rtol {fmt_tolerance(tol.loss_rtol)}, atol {fmt_num(atol, 3)}"
     if [s for s, _ in now_points] != [s for s, _ in base_points]:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"{name} has {now.get('steps')} steps, the baseline "
-                         f"{base.get('steps')}; {_REMEDY}")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE,
+                       detail=(f"{name} has {now.get('steps')} steps, the baseline "
+                               f"{base.get('steps')}; {_REMEDY}"))
     rows: list[list[float]] = []
     points = [*now_points, *([(math.inf, now_final)] if now_final is not None
                              and base_final is not None else [])]
@@ -87,15 +87,15 @@ def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | N
             rows.append([step, base_v, now_v, band])
         if not math.isfinite(now_v) or abs(now_v - base_v) > band:
             side = "above" if now_v > base_v else "below"
-            result.verdict = Verdict.REGRESSION
-            result.detail = (f"{name} {where} is {fmt_num(now_v)}, {side} the baseline's "
-                             f"{fmt_num(base_v)} ± {fmt_num(band, 3)} ({band_text}): the "
-                             f"training step changed; if intended, {_REMEDY}")
-            result.data.update({"checkpoints": rows, "step": None if math.isinf(step) else step})
-            return result
-    result.data["checkpoints"] = rows
-    result.detail = f"all {len(rows)} checkpoints within the band ({band_text})"
-    return result
+            return replace(
+                result, verdict=Verdict.REGRESSION,
+                detail=(f"{name} {where} is {fmt_num(now_v)}, {side} the baseline's "
+                        f"{fmt_num(base_v)} ± {fmt_num(band, 3)} ({band_text}): the "
+                        f"training step changed; if intended, {_REMEDY}"),
+                data={**data, "checkpoints": rows,
+                      "step": None if math.isinf(step) else step})
+    return replace(result, detail=f"all {len(rows)} checkpoints within the band ({band_text})",
+                   data={**data, "checkpoints": rows})
 
 
 def metric_curves(run: Run) -> dict[str, dict[str, Any]]:

@@ -22,6 +22,7 @@ result and its sentence.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
@@ -102,10 +103,10 @@ def check_outcome(run: Run, block: dict[str, Any],
     result = _check_outcome(run, block, baseline)
     target = run.extra.get("compile_only")
     if target:
-        result.data["compile_only"] = str(target)
-        result.data["not_run"] = list(NOT_RUN)
-        if run.outcome == "ok":
-            result.detail = f"{result.detail}; {not_run(str(target))}"
+        result = replace(
+            result, data={**result.data, "compile_only": str(target), "not_run": list(NOT_RUN)},
+            detail=(f"{result.detail}; {not_run(str(target))}" if run.outcome == "ok"
+                    else result.detail))
     return result
 
 
@@ -133,35 +134,35 @@ def _check_outcome(run: Run, block: dict[str, Any],
         data["baseline_oom"] = dict(base_oom)
         unit = "bytes"
     base_desc = _describe(base_outcome, base_oom)
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=_required(base_oom),
-                         now=_required(now_oom), unit=unit, data=data)
-    if result.baseline and result.now:
-        result.change = result.now / result.baseline - 1
+    base_required, now_required = _required(base_oom), _required(now_oom)
+    change = now_required / base_required - 1 if base_required and now_required else None
 
+    verdict = Verdict.PASS
     if run.outcome == base_outcome:
         done = "compiled" if run.extra.get("compile_only") else "finished"
-        result.detail = (f"{done} as in the baseline" if run.outcome == "ok"
-                         else f"{now_desc}, as in the baseline")
+        detail = (f"{done} as in the baseline" if run.outcome == "ok"
+                  else f"{now_desc}, as in the baseline")
         if run.outcome == "oom" and now_oom:
-            result.detail = f"out of memory as in the baseline: {oom_sentence(now_oom)}"
+            detail = f"out of memory as in the baseline: {oom_sentence(now_oom)}"
     elif run.outcome == "ok":
-        result.verdict = Verdict.IMPROVEMENT
-        result.detail = (f"finished where the baseline did not ({base_desc}); "
-                         f"run with --accelperf-update to record the new baseline")
+        verdict = Verdict.IMPROVEMENT
+        detail = (f"finished where the baseline did not ({base_desc}); "
+                  f"run with --accelperf-update to record the new baseline")
     elif base_outcome == "ok":
-        result.verdict = Verdict.REGRESSION
+        verdict = Verdict.REGRESSION
         where = "fit in memory" if run.outcome == "oom" else "finished"
-        result.detail = _with_message(f"{now_desc} where the baseline {where}", run.message)
+        detail = _with_message(f"{now_desc} where the baseline {where}", run.message)
     elif run.outcome in FAILED_OUTCOMES:
-        result.verdict = Verdict.REGRESSION
-        result.detail = _with_message(f"{now_desc}; the baseline: {base_desc}", run.message)
+        verdict = Verdict.REGRESSION
+        detail = _with_message(f"{now_desc}; the baseline: {base_desc}", run.message)
     else:
         # Now out of memory, baseline a failure: failures are never stored, so the file
         # was edited by hand or written by another version.
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"{now_desc}; the baseline records a failure ({base_desc}), which "
-                         f"is never a baseline: re-record with --accelperf-update")
-    return result
+        verdict = Verdict.INCOMPARABLE
+        detail = (f"{now_desc}; the baseline records a failure ({base_desc}), which "
+                  f"is never a baseline: re-record with --accelperf-update")
+    return CheckResult(METRIC, verdict, detail, baseline=base_required, now=now_required,
+                       unit=unit, change=change, data=data)
 
 
 class OutcomeCheck(BaseCheck):

@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -329,95 +330,91 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     base_batch = int(baseline.get("samples_per_step") or 0)
     base_median = statistics.median(base_samples)
     base = _rate(base_batch if run.samples_per_step else 0, base_median)
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=unit)
-    if now is not None and base:
-        result.change = now / base - 1
+    change = now / base - 1 if now is not None and base else None
     tolerance = tol.throughput_tolerance
-    result.data = {"tolerance": tolerance,
-                   "n": {"now": len(run.step_times), "baseline": len(base_samples)},
-                   "median_step_time": {"now": now_median, "baseline": base_median}}
+    data: dict[str, Any] = {
+        "tolerance": tolerance,
+        "n": {"now": len(run.step_times), "baseline": len(base_samples)},
+        "median_step_time": {"now": now_median, "baseline": base_median}}
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=unit,
+                         change=change, data=data)
 
     if not comparable:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = incomparable_detail(differences)
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE,
+                       detail=incomparable_detail(differences))
     if base_batch != run.samples_per_step:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"the baseline took {base_batch} samples per step, this run "
-                         f"{run.samples_per_step}; re-record with --accelperf-update")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            f"the baseline took {base_batch} samples per step, this run "
+            f"{run.samples_per_step}; re-record with --accelperf-update"))
     pair, why_raw = _probes(run, baseline)
     try:
         est = step_time_ratio(run.step_times, base_samples, probes=pair)
     except ValueError as exc:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = f"step times cannot be compared: {exc}"
-        return result
+        return replace(result, verdict=Verdict.INCONCLUSIVE,
+                       detail=f"step times cannot be compared: {exc}")
 
     spread: SessionSpread | None = None
     try:
         levels = session_levels(baseline, drift_corrected=pair is not None)
     except ValueError as exc:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = f"{exc}; fix it or re-record with --accelperf-update"
-        return result
+        return replace(result, verdict=Verdict.INCONCLUSIVE,
+                       detail=f"{exc}; fix it or re-record with --accelperf-update")
     if len(levels) >= MIN_SESSIONS and now_median:
         now_level = (now_median / statistics.median(run.probe_times) if pair is not None
                      else now_median)
         est, spread = widen_by_sessions(est, now_level, levels)
 
     verdict = throughput_verdict(est, tolerance)
-    result.verdict = verdict
+    final = verdict
     raw_ratio = now_median / base_median if now_median and base_median else None
     if pair is not None:
-        result.change = 1 / est.ratio - 1
+        change = 1 / est.ratio - 1
         raw = (f"; raw step time {fmt_signed_percent(raw_ratio - 1)}"
                if raw_ratio is not None else "")
-        result.detail = (describe(est, verdict, tolerance)
-                         + f" [drift-corrected by the {run.probe_kind} probe{raw}]")
+        detail = (describe(est, verdict, tolerance)
+                  + f" [drift-corrected by the {run.probe_kind} probe{raw}]")
     elif run.probe_kind:
-        result.detail = describe(est, verdict, tolerance) + f" [{why_raw}]"
+        detail = describe(est, verdict, tolerance) + f" [{why_raw}]"
     else:
-        result.detail = describe(est, verdict, tolerance)
+        detail = describe(est, verdict, tolerance)
     if spread is not None:
-        result.change = 1 / est.ratio - 1
-        result.detail += f" [{_spread_text(spread)}]"
+        change = 1 / est.ratio - 1
+        detail += f" [{_spread_text(spread)}]"
     dirty = contamination(run, baseline, tol.max_probe_spread, max_foreign_load)
     blind = noisy_baseline(baseline)
     if blind:
         # A level recorded blind is no level: a pass against it means as little as a
         # regression or an improvement (173 ms stored for a true 8 ms hid a 15 % slowdown).
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = (f"not judged, the baseline was stored marked noisy ({blind}), so "
-                         f"its step times are no level to judge against; re-record it with "
-                         f"--accelperf-update on a quiet machine; measured: {result.detail}")
+        final = Verdict.INCONCLUSIVE
+        detail = (f"not judged, the baseline was stored marked noisy ({blind}), so "
+                  f"its step times are no level to judge against; re-record it with "
+                  f"--accelperf-update on a quiet machine; measured: {detail}")
     elif dirty and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = f"not judged, {dirty}; measured: {result.detail}"
+        final = Verdict.INCONCLUSIVE
+        detail = f"not judged, {dirty}; measured: {detail}"
     elif loaded := foreign_load(run, max_foreign_load):
-        result.detail += (f" [measured beside another job: {loaded}; a pass holds, another "
-                          f"job only slows a step down]")
+        detail += (f" [measured beside another job: {loaded}; a pass holds, another "
+                   f"job only slows a step down]")
     elif pair is not None and spread is None and raw_ratio is not None \
             and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         raw_verdict = throughput_verdict(step_time_ratio(run.step_times, base_samples),
                                          tolerance)
         if raw_verdict is not verdict:
-            result.verdict = Verdict.INCONCLUSIVE
-            result.detail = (f"not judged, {_probe_only(run, baseline, raw_ratio, raw_verdict)}"
-                             f"; measured: {result.detail}")
-            result.data["probe_only"] = True
-    result.data["contaminated"] = dirty or None
-    result.data["measured_verdict"] = verdict.value  # before contamination or a noisy mark
+            final = Verdict.INCONCLUSIVE
+            detail = (f"not judged, {_probe_only(run, baseline, raw_ratio, raw_verdict)}"
+                      f"; measured: {detail}")
+            data["probe_only"] = True
+    data["contaminated"] = dirty or None
+    data["measured_verdict"] = verdict.value  # before contamination or a noisy mark
     if isinstance(run.extra.get("step_load"), dict):
-        result.data["load"] = dict(run.extra["step_load"])
-    result.data["noisy_baseline"] = blind or None
-    result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
-                        "confidence": est.confidence, "drift_corrected": pair is not None,
-                        "raw_ratio": raw_ratio, "sessions": len(levels),
-                        "session_sd": spread.sd if spread is not None else None,
-                        "session_outliers": list(spread.outliers) if spread is not None
-                        else []})
-    return result
+        data["load"] = dict(run.extra["step_load"])
+    data["noisy_baseline"] = blind or None
+    data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
+                 "confidence": est.confidence, "drift_corrected": pair is not None,
+                 "raw_ratio": raw_ratio, "sessions": len(levels),
+                 "session_sd": spread.sd if spread is not None else None,
+                 "session_outliers": list(spread.outliers) if spread is not None else []})
+    return replace(result, verdict=final, detail=detail, change=change, data=data)
 
 
 def session_level(median: float, probes: Sequence[float]) -> dict[str, float | None]:
