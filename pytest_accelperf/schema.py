@@ -21,9 +21,11 @@ Schema of each (:func:`json_schema`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import typing
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -43,12 +45,13 @@ from pydantic import (
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.table import checks
+from pytest_accelperf.run import Outcome, Run
 
 #: Outcomes that a baseline records: the outcomes of a run (:data:`pytest_accelperf.run.OUTCOMES`)
 #: less the failures (``nan``, ``error``, ``timeout``), which are never a baseline.
 RECORDED_OUTCOMES: tuple[str, ...] = ("ok", "oom")
 RecordedOutcome = Literal["ok", "oom"]
-RunOutcome = Literal["ok", "oom", "nan", "error", "timeout"]
+RunOutcome = Outcome
 
 Int = Annotated[int, Field(ge=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -310,36 +313,41 @@ class _Report(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class ReportRun(_Report):
-    """A run as :meth:`pytest_accelperf.run.Run.to_json` writes it."""
+#: The fields of a run whose JSON form differs from the run's own types: a non-finite
+#: loss or metric is written as a string (:meth:`pytest_accelperf.run.Run.to_json`), and a
+#: log may count memory in fractional bytes.
+_RUN_JSON_TYPES: dict[str, Any] = {
+    "losses": list[float | str | None],
+    "metrics": dict[str, list[float | str | None]],
+    "memory_per_device": dict[str, float],
+}
 
-    case_id: str
-    outcome: RunOutcome = "ok"
-    message: str = ""
-    samples_per_step: int = 0
-    tokens_per_step: int | None = None
-    n_devices: int = 1
-    step_times: list[float] = []
-    compile_time: float | None = None
-    losses: list[float | str | None] = []
-    loss_steps: list[int] = []
-    metrics: dict[str, list[float | str | None]] = {}
-    memory_per_device: dict[str, float] = {}
-    memory_source: str = ""
-    flops_per_step: float | None = None
-    peak_flops_per_device: float | None = None
-    params_fingerprint: dict[str, Any] = {}
-    oom: dict[str, Any] | None = None
-    nan_step: int | None = None
-    environment: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    probe_times: list[float] = []
-    probe_kind: str = ""
-    max_batch: dict[str, Any] | None = None
-    program: dict[str, Any] | None = None
-    memory_growth: dict[str, Any] | None = None
-    input_times: list[float] = []
-    input_wall_times: list[float] = []
+
+def _report_run() -> type[_Report]:
+    """:class:`ReportRun`, made from the fields of :class:`pytest_accelperf.run.Run` (the
+    one definition of them): each field's type (its JSON form where
+    :data:`_RUN_JSON_TYPES` says it differs) and its default."""
+    hints = typing.get_type_hints(Run)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Run):
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = ...
+        fields[f.name] = (_RUN_JSON_TYPES.get(f.name, hints[f.name]), default)
+    model: type[_Report] = create_model(
+        "ReportRun", __base__=_Report, __module__=__name__,
+        __doc__="A run as :meth:`pytest_accelperf.run.Run.to_json` writes it.", **fields)
+    return model
+
+
+if TYPE_CHECKING:
+    ReportRun = _Report
+else:
+    #: A run as :meth:`pytest_accelperf.run.Run.to_json` writes it (:func:`_report_run`).
+    ReportRun = _report_run()
 
 
 class ReportCheck(_Report):
