@@ -10,8 +10,10 @@ nothing of the checks, so that they can read the block as these types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+import types
+import typing
+from collections.abc import Callable, Hashable, Mapping
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 from pydantic import (
     BaseModel,
@@ -19,6 +21,7 @@ from pydantic import (
     Discriminator,
     Field,
     JsonValue,
+    PrivateAttr,
     Strict,
     StrictBool,
     StrictInt,
@@ -47,6 +50,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
                               validate_default=False)
     __pydantic_extra__: dict[str, JsonValue]
+    #: The JSON object this was read from (:func:`read`); None where it was validated.
+    _json: Mapping[str, Any] | None = PrivateAttr(default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        """This section as JSON: the object it was read from, as it was (:func:`read`), or
+        what validation kept of it."""
+        if self._json is not None:
+            return dict(self._json)
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 # -- the baseline block ------------------------------------------------------------------------
@@ -275,3 +287,124 @@ class Block(_Strict):
     #: Why the recording was too noisy to judge throughput against (re-measured, and it
     #: stayed so): the throughput check is inconclusive until the case is re-recorded.
     noisy: str | None = None
+
+
+# -- reading a block as these types -----------------------------------------------------------
+M = TypeVar("M", bound=BaseModel)
+
+#: A block as the checks take it: read (:func:`read_block`), or as JSON.
+BlockLike = Block | Mapping[str, Any]
+
+
+def read(model: type[M], data: Mapping[str, Any]) -> M:
+    """``data`` read as ``model``, not validated: each field its type (a section its model,
+    a list or an object of sections such, read so in turn), an unknown key kept as it is, a
+    missing field its default (None where it has none), a value of another type as it is.
+
+    What the checks read a block as (:func:`read_block`): a run's own block may hold what
+    the store refuses (the outcome of a failed run, a NaN loss or parameter), which the
+    checks judge rather than reject; the store validates every block it reads and writes
+    (:func:`pytest_accelperf.schema.validate_block`). A section keeps the JSON object it was
+    read from (:meth:`_Strict.to_json`)."""
+    values: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if name in data:
+            values[name] = _read(info.annotation, data[name])
+        elif info.is_required():
+            values[name] = None
+    extra = {k: v for k, v in data.items() if k not in model.model_fields}
+    out = model.model_construct(**values, **extra)
+    if isinstance(out, _Strict):
+        out._json = data
+    return out
+
+
+@overload
+def read_block(data: Mapping[str, Any] | Block, model: type[Block] = ...) -> Block: ...
+
+
+@overload
+def read_block(data: None, model: type[Block] = ...) -> None: ...
+
+
+def read_block(data: Mapping[str, Any] | Block | None,
+               model: type[Block] = Block) -> Block | None:
+    """``data`` (a block as JSON) read as a :class:`Block` (:func:`read`): the form the
+    checks read; a :class:`Block` as it is, None as None. ``model``: :class:`Block` with
+    the sections that checks added (:func:`pytest_accelperf.schema.block_model`)."""
+    if data is None or isinstance(data, Block):
+        return data
+    return read(model, data)
+
+
+def json_of(value: Any) -> Any:
+    """``value`` (a section :func:`read` made, or a list or an object of them) as JSON
+    again: what it was read from."""
+    if isinstance(value, _Strict):
+        return value.to_json()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_unset=True)
+    if isinstance(value, dict):
+        return {k: json_of(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_of(v) for v in value]
+    return value
+
+
+def _branches(annotation: Any) -> tuple[Any, Callable[[Any], Hashable] | None]:
+    """``annotation`` without ``Annotated``, and the discriminator of its union if it has
+    one."""
+    pick: Callable[[Any], Hashable] | None = None
+    while typing.get_origin(annotation) is Annotated:
+        annotation, *meta = typing.get_args(annotation)
+        for m in meta:
+            if isinstance(m, Discriminator) and callable(m.discriminator):
+                pick = m.discriminator
+    return annotation, pick
+
+
+def _tag(annotation: Any) -> str | None:
+    if typing.get_origin(annotation) is Annotated:
+        return next((m.tag for m in typing.get_args(annotation)[1:] if isinstance(m, Tag)),
+                    None)
+    return None
+
+
+def _shape(annotation: Any) -> type | None:
+    """The JSON container ``annotation`` reads: ``dict`` (a model, an object), ``list`` (a
+    list, a tuple), or None (a scalar)."""
+    annotation, _ = _branches(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return dict
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):  # a union of unions (with a discriminator)
+        shapes = {_shape(a) for a in typing.get_args(annotation)} - {None}
+        return shapes.pop() if len(shapes) == 1 else None
+    if origin in (dict, Mapping):
+        return dict
+    if origin in (list, tuple):
+        return list
+    return None
+
+
+def _read(annotation: Any, value: Any) -> Any:
+    """``value`` read as ``annotation`` (see :func:`read`)."""
+    annotation, pick = _branches(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if pick is not None:
+            tag = pick(value)
+            options = [a for a in options if _tag(a) == tag] or options
+        shape = dict if isinstance(value, Mapping) else list if isinstance(value, list) else None
+        chosen = next((a for a in options if _shape(a) is shape), None)
+        return value if chosen is None else _read(chosen, value)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return read(annotation, value) if isinstance(value, Mapping) else value
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(annotation)
+        return [_read(item, v) for v in value]
+    if origin is dict and isinstance(value, Mapping):
+        _, item = typing.get_args(annotation)
+        return {k: _read(item, v) for k, v in value.items()}
+    return value

@@ -111,12 +111,13 @@ class StepCount(BaseCheck):
         return {"step_count": {"measured": len(run.step_times)}} if run.step_times else {}
 
     def check(self, given):
-        now = (given.block.get("step_count") or {}).get("measured")
+        # the blocks are read typed: this check's section as its model, Steps
+        now = given.block.step_count.measured if given.block.step_count else None
         if now is None:
             return ()
-        if given.baseline is None or "step_count" not in given.baseline:
+        if given.baseline is None or given.baseline.step_count is None:
             return (CheckResult(self.metric, Verdict.NEW, "no baseline", now=now),)
-        base = given.baseline["step_count"]["measured"]
+        base = given.baseline.step_count.measured
         verdict = Verdict.PASS if now == base else Verdict.REGRESSION
         return (CheckResult(self.metric, verdict, f"{now} measured steps, baseline {base}",
                             baseline=base, now=now),)

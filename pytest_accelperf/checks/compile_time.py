@@ -34,6 +34,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -47,12 +48,14 @@ UNIT = "s"
 MIN_CHANGE_S = 0.5
 
 
-def _probe(block: dict[str, Any]) -> tuple[str, list[float]]:
-    probe = block.get("probe") or {}
-    return str(probe.get("kind") or ""), [float(t) for t in probe.get("samples") or []]
+def _probe(block: Block) -> tuple[str, list[float]]:
+    probe = block.probe
+    if probe is None:
+        return "", []
+    return str(probe.kind or ""), [float(t) for t in probe.samples or []]
 
 
-def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_compile_time(block: BlockLike, baseline: BlockLike | None,
                        tol: Tolerances, *, comparable: bool,
                        compile_load: dict[str, Any] | None = None,
                        max_foreign_load: float | None = None) -> CheckResult | None:
@@ -60,13 +63,14 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
     it timed. ``compile_load`` is what other processes used while this run compiled
     (:meth:`~pytest_accelperf.contention.Load.to_json`); past ``max_foreign_load`` cores a
     change is not judged."""
-    now = block.get("compile_time")
+    block, baseline = read_block(block), read_block(baseline)
+    now: Any = block.compile_time
     if not isinstance(now, int | float) or now <= 0:
         return None
     now = float(now)
     if baseline is None:
         return new_result(METRIC, now=now, unit=UNIT)
-    base = baseline.get("compile_time")
+    base: Any = baseline.compile_time
     if not isinstance(base, int | float) or base <= 0:
         return missing_in_baseline(METRIC, "compile time", baseline, now=now, unit=UNIT)
     base = float(base)

@@ -27,6 +27,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import BlockLike, Loss, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
@@ -53,7 +54,7 @@ def _step(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else fmt_num(x)
 
 
-def nan_result(run: Run, baseline: dict[str, Any] | None) -> CheckResult:
+def nan_result(run: Run, baseline: BlockLike | None) -> CheckResult:
     """The regression for a run whose loss became non-finite, naming the step."""
     value = math.nan
     step = run.nan_step
@@ -68,35 +69,41 @@ def nan_result(run: Run, baseline: dict[str, Any] | None) -> CheckResult:
                 break
     shown = "nan" if math.isnan(value) else fmt_num(value)
     detail = f"loss is {shown} at step {step}" if step is not None else f"loss is {shown}"
-    base_final = ((baseline or {}).get("loss") or {}).get("final")
+    stored = read_block(baseline)
+    base_final = stored.loss.final if stored is not None and stored.loss else None
     return CheckResult(METRIC, Verdict.REGRESSION, detail, baseline=base_final, now=value,
                        unit=UNIT, data={"nan_step": step})
 
 
-def _points(block: dict[str, Any] | None) -> list[tuple[float, float]]:
-    loss = (block or {}).get("loss") or {}
-    return [(float(s), float(v)) for s, v in loss.get("checkpoints") or []]
+def _points(loss: Loss | None) -> list[tuple[float, float]]:
+    return [(float(s), float(v)) for s, v in (loss.checkpoints if loss else None) or []]
 
 
-def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
+def _steps(loss: Loss | None, default: int) -> int:
+    """The step count of ``loss``, ``default`` where it has none."""
+    return loss.steps if loss is not None and loss.steps is not None else default
+
+
+def check_convergence(run: Run, block: BlockLike, baseline: BlockLike | None,
                       tol: Tolerances, *, either_way: bool = False) -> CheckResult | None:
     """The loss curve of ``block`` against ``baseline``'s; None with no curve on either side.
     ``either_way``: below the band is a regression too."""
     if run.outcome == "nan":
         return nan_result(run, baseline)
-    now_loss: dict[str, Any] = block.get("loss") or {}
-    now_points = _points(block)
-    now_final: float | None = now_loss.get("final")
-    base_points = _points(baseline)
+    now, stored = read_block(block), read_block(baseline)
+    now_loss = now.loss
+    now_points = _points(now_loss)
+    now_final = now_loss.final if now_loss else None
+    base_loss = stored.loss if stored is not None else None
+    base_points = _points(base_loss)
     if not now_points and not base_points:
         return None
-    if baseline is None:
+    if stored is None:
         return new_result(METRIC, now=now_final, unit=UNIT,
                           data={"checkpoints": [[s, v] for s, v in now_points]})
-    base_loss: dict[str, Any] = baseline.get("loss") or {}
     if not base_points:
-        return missing_in_baseline(METRIC, "loss curve", baseline, now=now_final, unit=UNIT)
-    base_final: float | None = base_loss.get("final")
+        return missing_in_baseline(METRIC, "loss curve", stored, now=now_final, unit=UNIT)
+    base_final = base_loss.final if base_loss else None
 
     change = now_final / base_final - 1 if now_final is not None and base_final else None
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_final, now=now_final,
@@ -106,7 +113,7 @@ def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] 
     now_steps = [s for s, _ in now_points]
     base_steps = [s for s, _ in base_points]
     if now_steps != base_steps:
-        n, m = now_loss.get("steps", len(now_points)), base_loss.get("steps", len(base_points))
+        n, m = _steps(now_loss, len(now_points)), _steps(base_loss, len(base_points))
         if n != m:
             detail = f"loss curve has {n} steps, baseline {m}; {_REMEDY}"
         else:

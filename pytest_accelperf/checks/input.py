@@ -51,6 +51,7 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import BlockLike, InputTime, StepTime, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -80,9 +81,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
-def _samples(block: dict[str, Any] | None, key: str) -> list[float]:
-    part = (block or {}).get(key) or {}
-    return [float(t) for t in part.get("samples") or []]
+def _samples(part: InputTime | StepTime | None) -> list[float]:
+    return [float(t) for t in (part.samples if part else None) or []]
 
 
 def _share_text(input_s: float, step: float | None) -> str:
@@ -95,15 +95,16 @@ def input_bound(inputs: list[float], steps: list[float]) -> int:
     return sum(1 for made, ran in zip(inputs, steps, strict=False) if made > ran)
 
 
-def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tolerances, *,
+def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
                 comparable: bool = True) -> CheckResult | None:
     """``block``'s input CPU time against ``baseline``'s (see the module docstring); None
     when this run timed no input (a backend that does not, an ingested log)."""
-    now_samples = _samples(block, "input")
+    block, baseline = read_block(block), read_block(baseline)
+    now_samples = _samples(block.input)
     if not now_samples:
         return None
     now = statistics.median(now_samples)
-    step_samples = _samples(block, "step_time")
+    step_samples = _samples(block.step_time)
     step_now = statistics.median(step_samples) if step_samples else None
     bound = input_bound(now_samples, step_samples)
     data: dict[str, Any] = {
@@ -111,7 +112,7 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
         "share": now / step_now if step_now else None,
         "input_bound_steps": bound, "steps": len(now_samples),
     }
-    wall = (block.get("input") or {}).get("wall_median")
+    wall = block.input.wall_median if block.input else None
     if isinstance(wall, int | float):
         data["wall_median"] = float(wall)
         data["wait_median"] = max(0.0, float(wall) - now)
@@ -121,13 +122,13 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
         return new_result(METRIC, now=now, unit=UNIT, data=data,
                           detail=f"no baseline; run with --accelperf-update to record it"
                                  f"{bound_text}")
-    base_samples = _samples(baseline, "input")
+    base_samples = _samples(baseline.input)
     if not base_samples:
         result = missing_in_baseline(METRIC, "input time", baseline, now=now, unit=UNIT)
         return replace(result, data={**result.data, **data},
                        detail=result.detail + bound_text)
     base = statistics.median(base_samples)
-    base_steps = _samples(baseline, "step_time")
+    base_steps = _samples(baseline.step_time)
     step_base = statistics.median(base_steps) if base_steps else None
     data["baseline_share"] = base / step_base if step_base else None
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,

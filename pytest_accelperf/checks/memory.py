@@ -27,6 +27,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, Growth, Memory, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow, one
@@ -58,9 +59,10 @@ def _ratio(now: int, base: int) -> float:
     return 1.0 if now == 0 else float("inf")
 
 
-def _memory(block: dict[str, Any] | None) -> dict[str, Any]:
-    mem: dict[str, Any] = (block or {}).get("memory") or {}
-    return mem
+def _memory(block: Block | None) -> Memory:
+    """``block``'s memory record; an empty one where it has none."""
+    mem = block.memory if block is not None else None
+    return mem if mem is not None else Memory.model_construct(per_device={})
 
 
 def leak_sentence(growth: dict[str, Any]) -> str:
@@ -72,15 +74,15 @@ def leak_sentence(growth: dict[str, Any]) -> str:
             f"{growth.get('source', '?')})")
 
 
-def _leak(result: CheckResult | None, block: dict[str, Any],
-          tol: Tolerances) -> CheckResult | None:
+def _leak(result: CheckResult | None, block: Block, tol: Tolerances) -> CheckResult | None:
     """``result`` made a regression when live memory grew per step beyond
     ``leak_bytes_per_step``, baseline or not: a step that keeps something alive each step
     runs out of memory in a long training, whatever its peak over a few steps."""
-    growth = _memory(block).get("growth")
-    if not isinstance(growth, dict):
+    record = _memory(block).growth
+    if not isinstance(record, Growth):
         return result
-    per_step = float(growth.get("bytes_per_step") or 0.0)
+    growth = record.to_json()
+    per_step = float(record.bytes_per_step or 0.0)
     if result is not None:
         result = replace(result, data={**result.data, "growth": growth})
     if per_step <= tol.leak_bytes_per_step:
@@ -94,32 +96,32 @@ def _leak(result: CheckResult | None, block: dict[str, Any],
                            f"step keeps alive each step, e.g. a tensor appended to a list)"))
 
 
-def check_memory(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_memory(block: BlockLike, baseline: BlockLike | None,
                  tol: Tolerances) -> CheckResult | None:
     """Peak memory per device of ``block`` against ``baseline``'s, and live memory's growth
     per step (a leak, judged with or without a baseline); None without any."""
+    block, baseline = read_block(block), read_block(baseline)
     return _leak(_check_peak(block, baseline, tol), block, tol)
 
 
-def _check_peak(block: dict[str, Any], baseline: dict[str, Any] | None,
-                tol: Tolerances) -> CheckResult | None:
+def _check_peak(block: Block, baseline: Block | None, tol: Tolerances) -> CheckResult | None:
     now_mem, base_mem = _memory(block), _memory(baseline)
-    now_dev: dict[str, int] = {k: int(v) for k, v in (now_mem.get("per_device") or {}).items()}
-    base_dev: dict[str, int] = {k: int(v) for k, v in (base_mem.get("per_device") or {}).items()}
+    now_dev: dict[str, int] = {k: int(v) for k, v in (now_mem.per_device or {}).items()}
+    base_dev: dict[str, int] = {k: int(v) for k, v in (base_mem.per_device or {}).items()}
     now_peak = float(max(now_dev.values())) if now_dev else None
     if not now_dev and not base_dev:
         return None
     if baseline is None:
         return new_result(METRIC, now=now_peak, unit=UNIT,
-                          data={"per_device": now_dev, "source": now_mem.get("source", "")})
+                          data={"per_device": now_dev, "source": now_mem.source})
     if not base_dev:
         missing = missing_in_baseline(METRIC, "memory record", baseline, now=now_peak, unit=UNIT)
-        return replace(missing, data={**missing.data, "source": now_mem.get("source", "")})
+        return replace(missing, data={**missing.data, "source": now_mem.source})
 
     base_peak = float(max(base_dev.values()))
     change = now_peak / base_peak - 1 if now_peak is not None and base_peak else None
     tolerance = tol.memory_tolerance
-    now_src, base_src = now_mem.get("source", ""), base_mem.get("source", "")
+    now_src, base_src = now_mem.source, base_mem.source
     data: dict[str, Any] = {"tolerance": tolerance, "source": now_src,
                             "baseline_source": base_src}
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_peak, now=now_peak, unit=UNIT,
@@ -188,7 +190,7 @@ class MemoryCheck(BaseCheck):
     sections = ("memory",)
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
-        if not given.ok and given.baseline is not None and not given.baseline.get("memory"):
+        if not given.ok and given.baseline is not None and not given.baseline.memory:
             return ()
         return one(check_memory(given.block, given.baseline, given.tol))
 

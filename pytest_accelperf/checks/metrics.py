@@ -21,6 +21,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, Loss, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import loss_checkpoints
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
@@ -31,27 +32,28 @@ from pytest_accelperf.units import fmt_num, fmt_tolerance, round_sig
 _REMEDY = "re-record with --accelperf-update"
 
 
-def _points(curve: dict[str, Any] | None) -> list[tuple[float, float]]:
-    return [(float(s), float(v)) for s, v in (curve or {}).get("checkpoints") or []]
+def _points(curve: Loss | None) -> list[tuple[float, float]]:
+    return [(float(s), float(v)) for s, v in (curve.checkpoints if curve else None) or []]
 
 
 def _step(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else fmt_num(x)
 
 
-def check_metrics(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_metrics(block: BlockLike, baseline: BlockLike | None,
                   tol: Tolerances) -> list[CheckResult]:
     """One result per step metric of ``block`` or ``baseline``, by name."""
-    now: dict[str, Any] = block.get("metrics") or {}
-    base: dict[str, Any] = (baseline or {}).get("metrics") or {}
+    block, baseline = read_block(block), read_block(baseline)
+    now = block.metrics or {}
+    base = (baseline.metrics if baseline is not None else None) or {}
     return [check_metric(name, now.get(name), base.get(name), baseline, tol)
             for name in sorted(set(now) | set(base))]
 
 
-def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | None,
-                 baseline: dict[str, Any] | None, tol: Tolerances) -> CheckResult:
+def check_metric(name: str, now: Loss | None, base: Loss | None, baseline: Block | None,
+                 tol: Tolerances) -> CheckResult:
     """The curve ``now`` of metric ``name`` against the baseline's ``base``."""
-    now_final: float | None = (now or {}).get("final")
+    now_final = now.final if now else None
     if baseline is None:
         return new_result(name, now=now_final,
                           data={"checkpoints": [[s, v] for s, v in _points(now)]})
@@ -59,10 +61,10 @@ def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | N
         return CheckResult(name, Verdict.INCOMPARABLE,
                            f"the baseline recorded metric {name!r}, which this run's step no "
                            f"longer returns; {_REMEDY}",
-                           baseline=(base or {}).get("final"))
+                           baseline=base.final if base else None)
     if base is None:
         return missing_in_baseline(name, f"curve of metric {name!r}", baseline, now=now_final)
-    base_final: float | None = base.get("final")
+    base_final = base.final
     change = now_final / base_final - 1 if now_final is not None and base_final else None
     now_points, base_points = _points(now), _points(base)
     scale = max([abs(v) for _, v in base_points] + [abs(base_final or 0.0)])
@@ -73,8 +75,8 @@ def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | N
     band_text = f"rtol {fmt_tolerance(tol.loss_rtol)}, atol {fmt_num(atol, 3)}"
     if [s for s, _ in now_points] != [s for s, _ in base_points]:
         return replace(result, verdict=Verdict.INCOMPARABLE,
-                       detail=(f"{name} has {now.get('steps')} steps, the baseline "
-                               f"{base.get('steps')}; {_REMEDY}"))
+                       detail=(f"{name} has {now.steps} steps, the baseline "
+                               f"{base.steps}; {_REMEDY}"))
     rows: list[list[float]] = []
     points = [*now_points, *([(math.inf, now_final)] if now_final is not None
                              and base_final is not None else [])]

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from pytest_accelperf.block import Block, BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
@@ -372,18 +373,18 @@ def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: 
 SPREAD_FACTOR = 10
 
 
-def _spread(*blocks: Mapping[str, Any] | None) -> dict[str, float]:
+def _spread(*blocks: Block | None) -> dict[str, float]:
     """Per leaf, the larger replay spread of the blocks (``numerics_spread``)."""
     out: dict[str, float] = {}
     for block in blocks:
-        value: Any = (block or {}).get("numerics_spread")
+        value: Any = block.numerics_spread if block is not None else None
         for path, d in (value.items() if isinstance(value, Mapping) else ()):
             if _finite(d):
                 out[path] = max(out.get(path, 0.0), float(d))
     return out
 
 
-def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_numerics(block: BlockLike, baseline: BlockLike | None,
                    tol: Tolerances, *, same_environment: bool = True) -> CheckResult | None:
     """The parameter fingerprint of ``block`` against ``baseline``'s; None without any.
 
@@ -405,8 +406,11 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
     """
     rtol, atol = ((tol.numerics_rtol, tol.numerics_atol) if same_environment
                   else (tol.numerics_cross_rtol, tol.numerics_cross_atol))
-    now_fp: dict[str, Any] = block.get("numerics") or {}
-    base_fp: dict[str, Any] = (baseline or {}).get("numerics") or {}
+    block, baseline = read_block(block), read_block(baseline)
+    # The fingerprints as JSON, what the fingerprint's functions here (and the store's
+    # compaction, pytest_accelperf.baselines) read.
+    now_fp: dict[str, Any] = json_of(block.numerics) or {}
+    base_fp: dict[str, Any] = json_of(baseline.numerics if baseline is not None else None) or {}
     if not now_fp and not base_fp:
         return None
     if baseline is None:

@@ -22,9 +22,11 @@ result and its sentence.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow
 from pytest_accelperf.run import Run
@@ -47,16 +49,16 @@ def new_result(metric: str, *, now: float | None = None, unit: str = "",
                        data=dict(data or {}))
 
 
-def missing_in_baseline(metric: str, what: str, baseline: dict[str, Any], *,
+def missing_in_baseline(metric: str, what: str, baseline: Block, *,
                         now: float | None = None, unit: str = "") -> CheckResult:
     """``new`` for a metric the stored baseline lacks (e.g. no loss curve in an OOM baseline)."""
-    outcome = baseline.get("outcome", "ok")
+    outcome = baseline.outcome or "ok"
     why = "the baseline" if outcome == "ok" else f"the baseline ({_describe(outcome, None)})"
     return new_result(metric, now=now, unit=unit, data={"baseline_outcome": outcome},
                       detail=f"{why} has no {what}; run with --accelperf-update to record it")
 
 
-def oom_sentence(oom: dict[str, Any] | None) -> str:
+def oom_sentence(oom: Mapping[str, Any] | None) -> str:
     """``"needs 20.93 GiB of 15.48 GiB"`` from an ``oom`` record, or ``""`` without one;
     whose memory plan it is where the record says (``(XLA:CPU's memory plan)``)."""
     if not oom:
@@ -68,7 +70,7 @@ def oom_sentence(oom: dict[str, Any] | None) -> str:
     return f"needs {fmt_bytes(required)} of {fmt_bytes(capacity)}{whose}"
 
 
-def _describe(outcome: str, oom: dict[str, Any] | None, nan_step: int | None = None) -> str:
+def _describe(outcome: str, oom: Mapping[str, Any] | None, nan_step: int | None = None) -> str:
     """An outcome in words, with the numbers that go with it."""
     if outcome == "oom":
         need = oom_sentence(oom)
@@ -86,13 +88,12 @@ def _with_message(sentence: str, message: str) -> str:
     return f"{sentence} ({message})"
 
 
-def _required(oom: dict[str, Any] | None) -> float | None:
+def _required(oom: Mapping[str, Any] | None) -> float | None:
     value = (oom or {}).get("required_bytes")
     return float(value) if value is not None else None
 
 
-def check_outcome(run: Run, block: dict[str, Any],
-                  baseline: dict[str, Any] | None) -> CheckResult:
+def check_outcome(run: Run, block: BlockLike, baseline: BlockLike | None) -> CheckResult:
     """This run's outcome against the baseline's (see the table in the module docstring).
 
     Where either side ran out of memory, ``baseline``/``now`` are the bytes the case
@@ -100,7 +101,7 @@ def check_outcome(run: Run, block: dict[str, Any],
     run's (``run.extra["compile_only"]``) says so, and names the checks that did not run
     (``data["not_run"]``).
     """
-    result = _check_outcome(run, block, baseline)
+    result = _check_outcome(run, read_block(block), read_block(baseline))
     target = run.extra.get("compile_only")
     if target:
         result = replace(
@@ -110,9 +111,8 @@ def check_outcome(run: Run, block: dict[str, Any],
     return result
 
 
-def _check_outcome(run: Run, block: dict[str, Any],
-                   baseline: dict[str, Any] | None) -> CheckResult:
-    now_oom: dict[str, Any] | None = block.get("oom", run.oom)
+def _check_outcome(run: Run, block: Block, baseline: Block | None) -> CheckResult:
+    now_oom = block.oom.to_json() if block.oom is not None else run.oom
     data: dict[str, Any] = {"now": run.outcome, "message": run.message}
     if now_oom:
         data["oom"] = dict(now_oom)
@@ -127,8 +127,8 @@ def _check_outcome(run: Run, block: dict[str, Any],
                                now=_required(now_oom), unit=unit, data=data)
         return new_result(METRIC, now=_required(now_oom), unit=unit, data=data)
 
-    base_outcome = str(baseline.get("outcome", "ok"))
-    base_oom: dict[str, Any] | None = baseline.get("oom")
+    base_outcome = str(baseline.outcome or "ok")
+    base_oom = baseline.oom.to_json() if baseline.oom is not None else None
     data["baseline"] = base_outcome
     if base_oom:
         data["baseline_oom"] = dict(base_oom)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -83,16 +84,24 @@ def not_in_baseline(base: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return [label for key, label in labels.items() if key in now and key not in base]
 
 
-def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tolerances, *,
+def _record(block: Block) -> dict[str, Any] | None:
+    """``block``'s program record as the JSON that :mod:`pytest_accelperf.program` reads
+    (the history's change points read it too); None where it has none."""
+    record: dict[str, Any] | None = json_of(block.program) or None
+    return record
+
+
+def check_program(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
                   comparable: bool) -> CheckResult | None:
     """``block``'s program against ``baseline``'s; None when this run recorded none."""
-    now: dict[str, Any] | None = block.get("program")
+    block, baseline = read_block(block), read_block(baseline)
+    now = _record(block)
     if not now:
         return None
     data: dict[str, Any] = {"source": now.get("source", ""), "program": now}
     if baseline is None:
         return new_result(METRIC, now=_flops(now), unit=UNIT, data=data)
-    base: dict[str, Any] | None = baseline.get("program")
+    base = _record(baseline)
     if not base:
         return missing_in_baseline(METRIC, "program record", baseline, now=_flops(now),
                                    unit=UNIT)

@@ -68,6 +68,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, StepSession, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -133,16 +134,19 @@ def spread(samples: list[float]) -> float:
     return (q3 - q1) / med if med > 0 else math.inf
 
 
-def _probes(run: Run, baseline: dict[str, Any], bound: float = MAX_PROBE_SPREAD
+def _probe_samples(block: Block) -> list[float]:
+    return [float(t) for t in (block.probe.samples if block.probe else None) or []]
+
+
+def _probes(run: Run, baseline: Block, bound: float = MAX_PROBE_SPREAD
             ) -> tuple[tuple[list[float], list[float]] | None, str]:
     """Both runs' probe times when they timed the same, steady probe; else None and, in
     words for the detail, why raw step times are compared instead. An unsteady probe
     (IQR over median past ``bound``) turns the correction off and nothing else: the raw
     step times are judged as they are."""
-    probe = baseline.get("probe") or {}
-    base_probe = [float(t) for t in probe.get("samples") or []]
-    if not run.probe_kind or probe.get("kind") != run.probe_kind or not run.probe_times \
-            or not base_probe:
+    base_probe = _probe_samples(baseline)
+    kind = baseline.probe.kind if baseline.probe else None
+    if not run.probe_kind or kind != run.probe_kind or not run.probe_times or not base_probe:
         return None, "raw step times: the baseline has no matching probe"
     now_spread, base_spread = spread(list(run.probe_times)), spread(base_probe)
     if now_spread > bound:
@@ -200,13 +204,17 @@ def recording_noise(run: Run, tol: Tolerances, max_foreign_load: float | None = 
 NOISY_KEY = "noisy"
 
 
-def noisy_baseline(baseline: dict[str, Any]) -> str:
-    """Why ``baseline`` was stored marked noisy, or ``""``."""
-    why = baseline.get(NOISY_KEY)
+def noisy_baseline(baseline: Block) -> str:
+    """Why ``baseline`` was stored marked noisy (:data:`NOISY_KEY`), or ``""``."""
+    why = baseline.noisy
     return str(why) if why else ""
 
 
-def contamination(run: Run, baseline: dict[str, Any], bound: float,
+def _step_samples(block: Block) -> list[float]:
+    return [float(t) for t in (block.step_time.samples if block.step_time else None) or []]
+
+
+def contamination(run: Run, baseline: Block, bound: float,
                   max_foreign_load: float | None = None) -> str:
     """Why this comparison is contaminated (the plugin's own evidence says a timing verdict
     would not be about the code), or ``""``: other processes used more than
@@ -218,7 +226,7 @@ def contamination(run: Run, baseline: dict[str, Any], bound: float,
     if loaded:
         return (f"this run's measurement is contaminated: {loaded}; re-run on a quieter "
                 f"machine")
-    base_times = [float(t) for t in (baseline.get("step_time") or {}).get("samples") or []]
+    base_times = _step_samples(baseline)
     now_spread, base_spread = spread(list(run.step_times)), spread(base_times)
     if len(run.step_times) >= 4 and now_spread > max(bound, 3 * base_spread):
         return (f"this run's step times are contaminated: IQR {now_spread:.0%} of their "
@@ -227,11 +235,11 @@ def contamination(run: Run, baseline: dict[str, Any], bound: float,
     return ""
 
 
-def _probe_only(run: Run, baseline: dict[str, Any], raw_ratio: float,
+def _probe_only(run: Run, baseline: Block, raw_ratio: float,
                 raw_verdict: Verdict) -> str:
     """Why a verdict that only the drift correction gives is not one: the step times
     themselves did not say so (``raw_verdict``); the probe moved."""
-    base_probe = [float(t) for t in (baseline.get("probe") or {}).get("samples") or []]
+    base_probe = _probe_samples(baseline)
     probe_ratio = (statistics.median(run.probe_times) / statistics.median(base_probe)
                    if run.probe_times and base_probe else math.nan)
     return (f"only the drift correction makes it a change: the raw step time was "
@@ -243,23 +251,25 @@ def _probe_only(run: Run, baseline: dict[str, Any], raw_ratio: float,
             f"over more sessions (--accelperf-add-session) so that their spread is known")
 
 
-def session_levels(baseline: dict[str, Any], *, drift_corrected: bool) -> list[float]:
+def session_levels(baseline: BlockLike, *, drift_corrected: bool) -> list[float]:
     """One step-time level per session recorded in ``baseline["step_time"]["sessions"]``
     (``--accelperf-add-session``): the median step time, or median step time over median
     probe time when ``drift_corrected``. Empty when a session has no probe to correct with.
     A malformed entry is a ``ValueError`` that names it."""
-    sessions = (baseline.get("step_time") or {}).get("sessions") or []
+    step = read_block(baseline).step_time
+    sessions: Any = (step.sessions if step else None) or []
     if not isinstance(sessions, list):
         raise ValueError("the baseline's step_time.sessions is not a list")
     levels: list[float] = []
     for i, entry in enumerate(sessions):
-        if isinstance(entry, dict) and entry.get(NOISY_KEY):
+        session = entry if isinstance(entry, StepSession) else None
+        if session is not None and session.noisy:
             continue  # recorded too noisy (--accelperf-add-session): kept, never a level
-        med = entry.get("median") if isinstance(entry, dict) else None
-        probe = entry.get("probe_median") if isinstance(entry, dict) else None
+        med = session.median if session is not None else None
+        probe = session.probe_median if session is not None else None
         if not isinstance(med, (int, float)) or not math.isfinite(med) or med <= 0:
             raise ValueError(f"the baseline's step_time.sessions[{i}] has no positive median "
-                             f"step time: {entry!r}")
+                             f"step time: {json_of(entry)!r}")
         if drift_corrected:
             if not isinstance(probe, (int, float)) or not probe > 0:
                 return []
@@ -302,7 +312,7 @@ def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
     return f"within tolerance: step time {fmt_signed_percent(est.ratio - 1)} ({ci})"
 
 
-def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
                      tol: Tolerances, *, comparable: bool = True,
                      differences: Sequence[str] = (),
                      max_foreign_load: float | None = None) -> CheckResult | None:
@@ -315,11 +325,12 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     before a change is not judged (None: not read).
     """
     comparable = comparable and not differences
+    baseline = read_block(baseline)
     unit = UNIT if run.samples_per_step else STEP_UNIT
     now_median = run.median_step_time
     now = _rate(run.samples_per_step, now_median) if now_median else None
-    base_samples: list[float] = list(((baseline or {}).get("step_time") or {})
-                                     .get("samples") or [])
+    step = baseline.step_time if baseline is not None else None
+    base_samples: list[float] = list((step.samples if step else None) or [])
     if not run.step_times and not base_samples:
         return None
     if baseline is None:
@@ -327,7 +338,7 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     if not base_samples:
         return missing_in_baseline(METRIC, "step times", baseline, now=now, unit=unit)
 
-    base_batch = int(baseline.get("samples_per_step") or 0)
+    base_batch = int(baseline.samples_per_step or 0)
     base_median = statistics.median(base_samples)
     base = _rate(base_batch if run.samples_per_step else 0, base_median)
     change = now / base - 1 if now is not None and base else None
