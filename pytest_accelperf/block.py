@@ -10,6 +10,7 @@ nothing of the checks, so that they can read the block as these types.
 
 from __future__ import annotations
 
+import copy
 import types
 import typing
 from collections.abc import Callable, Hashable, Mapping
@@ -54,10 +55,10 @@ class _Strict(BaseModel):
     _json: Mapping[str, Any] | None = PrivateAttr(default=None)
 
     def to_json(self) -> dict[str, Any]:
-        """This section as JSON: the object it was read from, as it was (:func:`read`), or
-        what validation kept of it."""
+        """This section as JSON (a copy): the object it was read from, as it was
+        (:func:`read`), or what validation kept of it."""
         if self._json is not None:
-            return dict(self._json)
+            return copy.deepcopy(dict(self._json))
         return self.model_dump(mode="json", exclude_unset=True)
 
 

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.verdict import ab_check, new_in_head, not_compared
+from pytest_accelperf.block import Block
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.contention import wait_for_quiet
@@ -43,7 +44,7 @@ class Evaluated:
     the environment differs from the baseline's (throughput then is ``incomparable``)."""
 
     run: Run
-    block: dict[str, Any]
+    block: Block
     baseline: dict[str, Any] | None
     checks: tuple[CheckResult, ...]
     diffs: tuple[str, ...] = ()

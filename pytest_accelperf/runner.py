@@ -529,7 +529,7 @@ class CaseRunner:
                             loss_either_way=self.settings.loss_either_way,
                             max_foreign_load=self.settings.max_foreign_load)
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
-                run=run, block=block, baseline=baseline, tolerances=tol):
+                run=run, block=block.to_json(), baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
         return Evaluated(run, block, baseline, tuple(checks), diffs,
                          state=getattr(result, "state", None))

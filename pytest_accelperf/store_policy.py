@@ -51,7 +51,7 @@ def to_store(ev: Evaluated, *, update: bool, add_session: bool,
     """What to store of the judged case ``ev`` (see the module doc). ``noise(run)`` says
     why ``run`` is too noisy to be a level, or ``""``."""
     unstorable = unrecordable(ev.run, ev.checks, ev.block)
-    block: dict[str, Any] | None = ev.block if update and unstorable is None else None
+    block = ev.block.to_json() if update and unstorable is None else None
     refused = ""
     if add_session and block is not None:
         try:

@@ -43,7 +43,7 @@ def test_every_tolerance_is_read_by_a_check_and_every_name_is_a_tolerance() -> N
 
 
 def test_a_check_records_only_its_own_sections_and_they_are_the_schemas() -> None:
-    block = summarize(FULL)
+    block = summarize(FULL).to_json()
     declared = set(Block.model_fields)
     recorded: set[str] = set()
     for check in BUILTIN:
@@ -59,7 +59,7 @@ def test_a_check_records_only_its_own_sections_and_they_are_the_schemas() -> Non
 
 
 def test_run_checks_is_the_table_in_its_order() -> None:
-    baseline = json.loads(json.dumps(summarize(FULL)))
+    baseline = json.loads(json.dumps(summarize(FULL).to_json()))
     results = run_checks(FULL, None, baseline, Tolerances(), reference_params={"w": [0.1]},
                          params={"w": [0.1]})
     metrics = [r.metric for r in results]
@@ -219,7 +219,7 @@ def test_a_registered_check_runs_in_run_checks_and_its_section_is_validated() ->
                          for r in check_of("loss").check(given))
 
     slower = replace(FULL, losses=[2.5 * 0.98**i for i in range(100)])
-    baseline = json.loads(json.dumps(summarize(FULL)))
+    baseline = json.loads(json.dumps(summarize(FULL).to_json()))
     with registered(Loss2()):
         results = {r.metric: r for r in run_checks(slower, None, baseline, Tolerances())}
         assert list(results)[-1] == "loss_again"

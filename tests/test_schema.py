@@ -69,7 +69,7 @@ def _with_sessions(block: dict[str, Any]) -> dict[str, Any]:
 NOW = _run()
 OOM = _run(outcome="oom", message="out of memory", step_times=[], losses=[], loss_steps=[],
            probe_times=[], oom={"required_bytes": 3 << 30, "capacity_bytes": 1 << 30})
-VALID_BLOCKS = [summarize(NOW), _with_sessions(summarize(NOW)), summarize(OOM)]
+VALID_BLOCKS = [summarize(NOW).to_json(), _with_sessions(summarize(NOW).to_json()), summarize(OOM).to_json()]
 
 
 def _file(block: Any, *, other: Any = None) -> str:
@@ -97,7 +97,7 @@ def test_blocks_the_plugin_writes_are_valid() -> None:
         validate_block(block)
         assert check_block(NODEID, block) == json.loads(json.dumps(block))
     # no step times (an ingested log without them): no step_time, rather than an empty one
-    block = summarize(_run(step_times=[], probe_times=[]))
+    block = summarize(_run(step_times=[], probe_times=[])).to_json()
     assert "step_time" not in block
     validate_block(block)
 
@@ -377,7 +377,7 @@ def test_a_mutated_block_gives_a_verdict_or_a_clear_error(block: Any) -> None:
     assert check_block(NODEID, baseline) == baseline  # what reads back also writes
     for now in (NOW, OOM):
         diffs = differences(now.environment, baseline["environment"], "jax")
-        checks = run_checks(now, summarize(now), baseline, Tolerances(), comparable=not diffs)
+        checks = run_checks(now, summarize(now).to_json(), baseline, Tolerances(), comparable=not diffs)
         assert checks and all(c.verdict.value for c in checks)
         try:
             with_added_session(baseline, now, diffs)
