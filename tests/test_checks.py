@@ -89,7 +89,7 @@ def edited(run: Run, fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
 def checks(run: Run, baseline: dict[str, Any] | None, tol: Tolerances = TOL,
            **kwargs: Any) -> dict[str, CheckResult]:
     kwargs.setdefault("comparable", True)
-    results = run_checks(run, summarize(run).to_json(), baseline, tol, **kwargs)
+    results = run_checks(run, summarize(run), baseline, tol, **kwargs)
     assert len({r.metric for r in results}) == len(results), "one result per metric"
     for r in results:
         assert r.detail, f"{r.metric} has no detail"
@@ -209,7 +209,7 @@ def test_a_failure_without_a_baseline_never_passes() -> None:
 
 def test_a_baseline_that_records_a_failure_is_incomparable() -> None:
     baseline = edited(oom_run(), lambda b: b.update(outcome="error"))
-    result = check_outcome(oom_run(), summarize(oom_run()).to_json(), baseline)
+    result = check_outcome(oom_run(), summarize(oom_run()), baseline)
     assert result.verdict is Verdict.INCOMPARABLE
     assert "re-record" in result.detail
 
@@ -231,7 +231,7 @@ def test_nan_loss_is_a_regression_naming_the_step(has_baseline: bool) -> None:
 
 def test_nan_step_is_found_in_the_losses_when_not_given() -> None:
     run = make_run(outcome="nan", losses=[1.0, 0.9, float("inf")], loss_steps=[10, 11, 12])
-    result = check_convergence(run, summarize(run).to_json(), None, TOL)
+    result = check_convergence(run, summarize(run), None, TOL)
     assert result is not None and result.detail == "loss is inf at step 12"
 
 
@@ -315,7 +315,7 @@ def test_unknown_batch_shows_step_time() -> None:
 
 def test_no_step_times_anywhere_means_no_throughput_check() -> None:
     run = make_run(step_times=[])
-    assert check_throughput(run, summarize(run).to_json(), stored(run), TOL) is None
+    assert check_throughput(run, summarize(run), stored(run), TOL) is None
 
 
 # -- convergence --------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def scale_checkpoints(factor: float, *, from_step: float = 0.0,
 
 def test_loss_within_band_passes() -> None:
     run = make_run()
-    r = check_convergence(run, summarize(run).to_json(), edited(run, scale_checkpoints(1.04)), TOL)
+    r = check_convergence(run, summarize(run), edited(run, scale_checkpoints(1.04)), TOL)
     assert r is not None and r.verdict is Verdict.PASS
     assert r.detail.startswith("all 10 checkpoints within the band (rtol 5%, atol 0.001)")
     assert r.baseline == r.now == pytest.approx(2.0 * 0.98**99)
@@ -343,7 +343,7 @@ def test_loss_within_band_passes() -> None:
 def test_loss_above_band_is_a_regression_at_the_first_step() -> None:
     run = make_run()
     baseline = edited(run, scale_checkpoints(0.5, from_step=59))
-    r = check_convergence(run, summarize(run).to_json(), baseline, TOL)
+    r = check_convergence(run, summarize(run), baseline, TOL)
     assert r is not None and r.verdict is Verdict.REGRESSION
     assert r.detail.startswith("loss at step 59 is ")
     assert "above the baseline's" in r.detail and "(rtol 5%, atol 0.001)" in r.detail
@@ -352,7 +352,7 @@ def test_loss_above_band_is_a_regression_at_the_first_step() -> None:
 
 def test_final_loss_above_band_is_a_regression() -> None:
     run = make_run()
-    r = check_convergence(run, summarize(run).to_json(), edited(run, scale_checkpoints(1.0, final=0.8)),
+    r = check_convergence(run, summarize(run), edited(run, scale_checkpoints(1.0, final=0.8)),
                           TOL)
     assert r is not None and r.verdict is Verdict.REGRESSION
     assert r.detail.startswith("final loss is ")
@@ -360,7 +360,7 @@ def test_final_loss_above_band_is_a_regression() -> None:
 
 def test_lower_final_loss_is_an_improvement() -> None:
     run = make_run()
-    r = check_convergence(run, summarize(run).to_json(), edited(run, scale_checkpoints(1.0, final=1.5)),
+    r = check_convergence(run, summarize(run), edited(run, scale_checkpoints(1.0, final=1.5)),
                           TOL)
     assert r is not None and r.verdict is Verdict.IMPROVEMENT
     assert r.change == pytest.approx(1 / 1.5 - 1, rel=1e-4)
@@ -368,7 +368,7 @@ def test_lower_final_loss_is_an_improvement() -> None:
 
 def test_lower_loss_part_way_that_ends_in_the_band_passes() -> None:
     run = make_run()
-    r = check_convergence(run, summarize(run).to_json(), edited(run, scale_checkpoints(2.0)), TOL)
+    r = check_convergence(run, summarize(run), edited(run, scale_checkpoints(2.0)), TOL)
     assert r is not None and r.verdict is Verdict.PASS
 
 
@@ -378,14 +378,14 @@ def test_band_is_atol_plus_rtol_times_baseline() -> None:
     inside = edited(run, scale_checkpoints(1 / 1.14, final=1 / 1.14))
     outside = edited(run, scale_checkpoints(1 / 1.16))
     for baseline, verdict in ((inside, Verdict.PASS), (outside, Verdict.REGRESSION)):
-        r = check_convergence(run, summarize(run).to_json(), baseline, tol)
+        r = check_convergence(run, summarize(run), baseline, tol)
         assert r is not None and r.verdict is verdict
 
 
 def test_a_different_curve_length_is_incomparable() -> None:
     run = make_run()
     shorter = make_run(losses=run.losses[:50], loss_steps=run.loss_steps[:50])
-    r = check_convergence(run, summarize(run).to_json(), stored(shorter), TOL)
+    r = check_convergence(run, summarize(run), stored(shorter), TOL)
     assert r is not None and r.verdict is Verdict.INCOMPARABLE
     assert r.detail == "loss curve has 100 steps, baseline 50; re-record with --accelperf-update"
 
@@ -393,14 +393,14 @@ def test_a_different_curve_length_is_incomparable() -> None:
 def test_shifted_checkpoint_steps_are_incomparable() -> None:
     run = make_run()
     shifted = make_run(loss_steps=[s + 1 for s in run.loss_steps])
-    r = check_convergence(run, summarize(run).to_json(), stored(shifted), TOL)
+    r = check_convergence(run, summarize(run), stored(shifted), TOL)
     assert r is not None and r.verdict is Verdict.INCOMPARABLE
     assert "differ from the baseline's" in r.detail
 
 
 def test_no_losses_anywhere_means_no_loss_check() -> None:
     run = make_run(losses=[], loss_steps=[])
-    assert check_convergence(run, summarize(run).to_json(), stored(run), TOL) is None
+    assert check_convergence(run, summarize(run), stored(run), TOL) is None
 
 
 # -- memory -------------------------------------------------------------------------------
@@ -416,7 +416,7 @@ def scale_memory(factors: dict[str, float]) -> Callable[[dict[str, Any]], None]:
 def memory(baseline: dict[str, Any] | None, run: Run | None = None,
            tol: Tolerances = TOL) -> CheckResult:
     run = run or make_run()
-    result = check_memory(summarize(run).to_json(), baseline, tol)
+    result = check_memory(summarize(run), baseline, tol)
     assert result is not None
     return result
 
@@ -475,7 +475,7 @@ def test_a_different_memory_source_is_incomparable() -> None:
 def test_memory_new_and_absent() -> None:
     assert memory(None).verdict is Verdict.NEW
     none = make_run(memory_per_device={})
-    assert check_memory(summarize(none).to_json(), stored(none), TOL) is None
+    assert check_memory(summarize(none), stored(none), TOL) is None
     r = memory(stored(none))
     assert r.verdict is Verdict.NEW and "has no memory record" in r.detail
     r = memory(stored(make_run()), none)
@@ -494,7 +494,7 @@ def test_fmt_bytes() -> None:
 def numerics(baseline: dict[str, Any] | None, run: Run | None = None,
              tol: Tolerances = TOL) -> CheckResult:
     run = run or make_run()
-    result = check_numerics(summarize(run).to_json(), baseline, tol)
+    result = check_numerics(summarize(run), baseline, tol)
     assert result is not None
     return result
 
@@ -574,14 +574,14 @@ def test_a_compact_baseline_is_compared_with_this_runs_sketch() -> None:
     assert r.verdict is Verdict.REGRESSION
     assert r.detail.startswith("params/w differs from the baseline fingerprint")
     assert r.data["failing"] == ["params/w"]
-    cross = check_numerics(summarize(flipped).to_json(), base, TOL, same_environment=False)
+    cross = check_numerics(summarize(flipped), base, TOL, same_environment=False)
     assert cross is not None and cross.verdict is Verdict.REGRESSION
 
 
 def test_numerics_new_and_absent() -> None:
     assert numerics(None).verdict is Verdict.NEW
     bare = make_run(params_fingerprint={})
-    assert check_numerics(summarize(bare).to_json(), stored(bare), TOL) is None
+    assert check_numerics(summarize(bare), stored(bare), TOL) is None
 
 
 # -- reference ----------------------------------------------------------------------------

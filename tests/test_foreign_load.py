@@ -86,7 +86,7 @@ TOL = Tolerances(throughput_tolerance=0.1)
 
 def test_a_slowdown_measured_beside_another_job_is_inconclusive() -> None:
     slow = _run(0.016, foreign_cores=1.0)  # the 1.6x of the steady competitor
-    r = check_throughput(slow, summarize(slow).to_json(), BASE, TOL, max_foreign_load=0.25)
+    r = check_throughput(slow, summarize(slow), BASE, TOL, max_foreign_load=0.25)
     assert r is not None and r.verdict is Verdict.INCONCLUSIVE, r.detail
     assert r.detail.startswith(
         "not judged, this run's measurement is contaminated: other processes used 1.00 of 2 "
@@ -97,11 +97,11 @@ def test_a_slowdown_measured_beside_another_job_is_inconclusive() -> None:
     assert r.data["load"]["foreign_cores"] == 1.0
     # the same run within the bound, or with no bound, is judged
     for bound in (1.5, None):
-        judged = check_throughput(slow, summarize(slow).to_json(), BASE, TOL, max_foreign_load=bound)
+        judged = check_throughput(slow, summarize(slow), BASE, TOL, max_foreign_load=bound)
         assert judged is not None and judged.verdict is Verdict.REGRESSION
     # a ratio within the tolerance still passes: contention only slows a step down
     same = _run(0.010, foreign_cores=1.0)
-    passed = check_throughput(same, summarize(same).to_json(), BASE, TOL, max_foreign_load=0.25)
+    passed = check_throughput(same, summarize(same), BASE, TOL, max_foreign_load=0.25)
     assert passed is not None and passed.verdict is Verdict.PASS
     assert passed.detail.endswith(
         "[measured beside another job: other processes used 1.00 of 2 cores on average while "

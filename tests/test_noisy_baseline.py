@@ -143,9 +143,9 @@ def test_a_baseline_stored_noisy_is_inconclusive_whatever_the_ratio() -> None:
     for now_median, clean in ((0.010, Verdict.PASS), (0.020, Verdict.REGRESSION),
                               (0.005, Verdict.IMPROVEMENT)):
         now = _run([now_median * f for f in (1.0, 1.01, 0.99, 1.02, 0.98)] * 4)
-        r = check_throughput(now, summarize(now).to_json(), base, tol)
+        r = check_throughput(now, summarize(now), base, tol)
         assert r is not None and r.verdict is clean, r.detail
-        marked = check_throughput(now, summarize(now).to_json(), {**base, "noisy": "its step times "
+        marked = check_throughput(now, summarize(now), {**base, "noisy": "its step times "
                                                         "varied by IQR 440%"}, tol)
         assert marked is not None and marked.verdict is Verdict.INCONCLUSIVE
         assert marked.detail.startswith("not judged, the baseline was stored marked noisy "
@@ -163,7 +163,7 @@ def test_a_session_added_noisy_gives_no_level() -> None:
                                      {"median": 0.0099, "probe_median": None}]
     validate_block(base)
     now = _run([0.010, 0.0101, 0.0099, 0.0102, 0.0098] * 4)
-    r = check_throughput(now, summarize(now).to_json(), base, Tolerances())
+    r = check_throughput(now, summarize(now), base, Tolerances())
     assert r is not None and r.data["sessions"] == 3 and not r.data["session_outliers"]
     assert r.verdict is Verdict.PASS, r.detail
 

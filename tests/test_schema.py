@@ -69,7 +69,8 @@ def _with_sessions(block: dict[str, Any]) -> dict[str, Any]:
 NOW = _run()
 OOM = _run(outcome="oom", message="out of memory", step_times=[], losses=[], loss_steps=[],
            probe_times=[], oom={"required_bytes": 3 << 30, "capacity_bytes": 1 << 30})
-VALID_BLOCKS = [summarize(NOW).to_json(), _with_sessions(summarize(NOW).to_json()), summarize(OOM).to_json()]
+VALID_BLOCKS = [summarize(NOW).to_json(), _with_sessions(summarize(NOW).to_json()),
+                summarize(OOM).to_json()]
 
 
 def _file(block: Any, *, other: Any = None) -> str:
@@ -377,7 +378,7 @@ def test_a_mutated_block_gives_a_verdict_or_a_clear_error(block: Any) -> None:
     assert check_block(NODEID, baseline) == baseline  # what reads back also writes
     for now in (NOW, OOM):
         diffs = differences(now.environment, baseline["environment"], "jax")
-        checks = run_checks(now, summarize(now).to_json(), baseline, Tolerances(), comparable=not diffs)
+        checks = run_checks(now, summarize(now), baseline, Tolerances(), comparable=not diffs)
         assert checks and all(c.verdict.value for c in checks)
         try:
             with_added_session(baseline, now, diffs)

@@ -50,10 +50,10 @@ def test_sessions_that_disagree_make_a_small_change_inconclusive() -> None:
     # This session is 6 % slower than the first recorded one, with a tight interval of its
     # own: against that one session alone it is a confident regression at 3 %.
     now = run_at(0.0106, seed=9)
-    alone = check_throughput(now, summarize(now).to_json(), summarize(run_at(0.010)).to_json(), TOL)
+    alone = check_throughput(now, summarize(now), summarize(run_at(0.010)).to_json(), TOL)
     assert alone is not None and alone.verdict is Verdict.REGRESSION
     # The same baseline recorded over three sessions that differed by up to 20 %:
-    r = check_throughput(now, summarize(now).to_json(), baseline_with_sessions([0.010, 0.012, 0.0095]),
+    r = check_throughput(now, summarize(now), baseline_with_sessions([0.010, 0.012, 0.0095]),
                          TOL)
     assert r is not None
     assert r.verdict is Verdict.INCONCLUSIVE, r.detail
@@ -68,10 +68,10 @@ def test_sessions_that_disagree_make_a_small_change_inconclusive() -> None:
 def test_sessions_that_agree_keep_the_gate_sharp() -> None:
     levels = [0.0100, 0.01002, 0.00998, 0.01001, 0.00999]
     slower = run_at(0.0120, seed=3)  # 20 % slower
-    r = check_throughput(slower, summarize(slower).to_json(), baseline_with_sessions(levels), TOL)
+    r = check_throughput(slower, summarize(slower), baseline_with_sessions(levels), TOL)
     assert r is not None and r.verdict is Verdict.REGRESSION, r.detail
     same = run_at(0.0100, seed=4)
-    r = check_throughput(same, summarize(same).to_json(), baseline_with_sessions(levels), TOL)
+    r = check_throughput(same, summarize(same), baseline_with_sessions(levels), TOL)
     assert r is not None and r.verdict is Verdict.PASS, r.detail
     assert r.data["mdc"] < 0.03
 
@@ -82,7 +82,7 @@ def test_one_contaminated_session_does_not_blind_the_gate() -> None:
     and SD of log levels are not robust. The outlying session is left out, and says so."""
     slower = run_at(0.0120, seed=3)  # 20 % slower
     contaminated = [0.0100, 0.01003, 0.180]  # the third session 18x slower
-    r = check_throughput(slower, summarize(slower).to_json(), baseline_with_sessions(contaminated), TOL)
+    r = check_throughput(slower, summarize(slower), baseline_with_sessions(contaminated), TOL)
     assert r is not None and r.verdict is Verdict.REGRESSION, r.detail
     assert r.data["session_outliers"] == [2] and r.data["session_sd"] < 0.01
     assert "outlying session(s) #3 (17.95x the median level) left out" in r.detail
@@ -90,7 +90,7 @@ def test_one_contaminated_session_does_not_blind_the_gate() -> None:
     # with four sessions, the other three give the mean and the SD
     four = [0.0100, 0.01003, 0.00998, 0.180]
     same = run_at(0.0100, seed=4)
-    r = check_throughput(same, summarize(same).to_json(), baseline_with_sessions(four), TOL)
+    r = check_throughput(same, summarize(same), baseline_with_sessions(four), TOL)
     assert r is not None and r.verdict is Verdict.PASS, r.detail
     assert r.data["mdc"] < 0.03 and "the others' mean and SD" in r.detail
     # without the outlier test the same baseline is blind: every change inconclusive
@@ -102,7 +102,7 @@ def test_one_contaminated_session_does_not_blind_the_gate() -> None:
 
 def test_fewer_than_three_sessions_change_nothing() -> None:
     now = run_at(0.0106, seed=9)
-    r = check_throughput(now, summarize(now).to_json(), baseline_with_sessions([0.010, 0.012]), TOL)
+    r = check_throughput(now, summarize(now), baseline_with_sessions([0.010, 0.012]), TOL)
     assert r is not None and r.verdict is Verdict.REGRESSION
     assert "baseline sessions" not in r.detail and r.data["session_sd"] is None
 
@@ -111,7 +111,7 @@ def test_a_malformed_session_is_named() -> None:
     base = baseline_with_sessions([0.010, 0.011, 0.012])
     base["step_time"]["sessions"][1] = {"median": "fast"}
     now = run_at(0.010)
-    r = check_throughput(now, summarize(now).to_json(), base, TOL)
+    r = check_throughput(now, summarize(now), base, TOL)
     assert r is not None and r.verdict is Verdict.INCONCLUSIVE
     assert "step_time.sessions[1] has no positive median step time" in r.detail
     assert "--accelperf-update" in r.detail
