@@ -46,18 +46,19 @@ from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
-from pytest_accelperf.contention import Load
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.explain import EXPLAIN_KEY, explain
 from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
 from pytest_accelperf.hangs import HostLockError
 from pytest_accelperf.judge import (
+    RECORDING_WINDOWS,
     ABComparison,
     Confirmation,
     Evaluated,
     Judge,
     Recording,
     StoredBaseline,
+    retimed,
 )
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
@@ -163,60 +164,6 @@ class CompiledRun(Run):
         return super().__getattribute__(name)
 
 
-#: What a re-measurement's run contributes besides its step, probe and input times: what
-#: the step loop read while it measured them.
-_TIMING_EXTRA = ("warmup_step_times", "injected_slowdown", "step_load", "batch_time")
-
-#: How many trainings a re-measurement of a recording too noisy to store pools
-#: (:class:`~pytest_accelperf.judge.Recording`): twice the measured steps, over twice the
-#: window, so that a burst of another job's work weighs half as much in the step times'
-#: spread. Each training keeps to the case's own steps (its data, its timeout).
-RECORDING_WINDOWS = 2
-
-
-def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
-    """``first`` with the timing of ``again``, a re-measurement of the same case in this
-    process (a throughput confirmation, a noisy recording measured again); several
-    trainings of a re-measurement are one measurement over all their steps (their step,
-    probe and input times one after the other, the machine's load over all of them).
-
-    A re-measurement re-times the steps (and the making of their batches, timed beside
-    them), and the load on the machine read while they were timed; everything else stays
-    the first measurement's, the only true one: trained again
-    in this process, the step finds its program in JAX's or inductor's in-memory cache (its
-    "compile" is a lookup, 18 ms for a 2.9 s compile), and a step that keeps state of its
-    own (nanoGPT's ``iter_num``, which drives its learning-rate schedule) trains on from
-    where it stopped, so its loss curve and final parameters are not the first's. A
-    re-measurement that did not finish is what it is.
-    """
-    if not again:
-        raise ValueError("retimed needs a re-measurement")
-    unfinished = next((a for a in again if a.run.outcome != "ok"), None)
-    if unfinished is not None:
-        return unfinished
-    if first.run.outcome != "ok":
-        first = again[0]
-    runs = [a.run for a in again]
-    extra = {**first.run.extra}
-    for key in _TIMING_EXTRA:
-        extra.pop(key, None)
-        if key in runs[0].extra:
-            extra[key] = runs[0].extra[key]
-    loads = [Load.from_json(r.extra["step_load"]) for r in runs
-             if isinstance(r.extra.get("step_load"), dict)]
-    if len(runs) > 1 and loads:
-        extra["step_load"] = Load.pooled(loads).to_json()
-    if len(runs) > 1 and all(isinstance(r.extra.get("batch_time"), (int, float))
-                             for r in runs):
-        extra["batch_time"] = sum(float(r.extra["batch_time"]) for r in runs)
-    run = replace(first.run, step_times=[t for r in runs for t in r.step_times],
-                  probe_times=[t for r in runs for t in r.probe_times],
-                  probe_kind=runs[0].probe_kind,
-                  input_times=[t for r in runs for t in r.input_times],
-                  input_wall_times=[t for r in runs for t in r.input_wall_times], extra=extra)
-    return replace(first, run=run)
-
-
 class CaseRunner:
     """The ``accelperf`` fixture: train the current case and check it.
 
@@ -313,8 +260,9 @@ class CaseRunner:
     def _judge(self, remeasure: Callable[[int], Evaluated]) -> Judge:
         """How this session judges the throughput of a trained case
         (:mod:`pytest_accelperf.judge`). ``remeasure(n)`` trains the case ``n`` times
-        more and measures over all of them (:func:`retimed`): a recording pools
-        :data:`RECORDING_WINDOWS`, a confirmation one, as long as the baseline's."""
+        more and measures over all of them (:func:`~pytest_accelperf.judge.retimed`): a
+        recording pools :data:`~pytest_accelperf.judge.RECORDING_WINDOWS`, a confirmation
+        one, as long as the baseline's."""
         settings = self.settings
         if settings.compare and not settings.update:
             return ABComparison(
