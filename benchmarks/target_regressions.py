@@ -97,7 +97,7 @@ def trial(accel: Any, case: Case, change: str, baseline: dict[str, Any] | None,
     t0 = time.perf_counter()
     run = BACKEND.train(case, mlp(change), accel).run
     seconds = time.perf_counter() - t0
-    block = summarize(run)
+    block = summarize(run).to_json()
     checks = run_checks(run, block, baseline, Tolerances()) if baseline else []
     by = {c.metric: c for c in checks}
     return {

@@ -178,7 +178,7 @@ def _block_of(record: CaseRecord) -> dict[str, Any]:
     if record.block is not None:
         return record.block
     try:
-        return summarize(Run.from_json(record.run))
+        return summarize(Run.from_json(record.run)).to_json()
     except (TypeError, ValueError, KeyError) as exc:
         raise CliError(f"{record.nodeid}: the report's run cannot be read back ({exc!r}); "
                        f"re-run the case with --accelperf-update instead") from None

@@ -11,6 +11,9 @@ give it, so a watchdog thread ends the process cleanly a few seconds later (the 
 ``on_stuck``: write what was recorded, say why, exit). The alarm is armed only in the main
 thread (Ray actors and A/B workers call backends elsewhere), never over an alarm that goes
 off sooner (pytest-timeout's), and the handler and timer that were there are put back.
+:func:`train_in_process` trains a case under them: an interrupted case becomes a
+``timeout`` run with the steps it reported (:func:`interrupted_run`), one that cannot be
+stopped the run that says why (:func:`stuck_run`).
 
 **The host lock.** CPU cases of every session on a machine train one at a time
 (:func:`host_lock`). A session that waits says for whom (pid and case, from a sidecar file
@@ -35,11 +38,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import filelock
+
+from pytest_accelperf.accel import Accelerator
+from pytest_accelperf.backends.protocol import Backend, TrainResult
+from pytest_accelperf.cases import Case
+from pytest_accelperf.report import progress
+from pytest_accelperf.run import Run
 
 #: Seconds past ``--accelperf-timeout`` at which a blocked step is interrupted: the
 #: backend's own check at the next step boundary comes first for a step that merely ends
@@ -175,6 +185,93 @@ def case_alarm(timeout: float | None, on_stuck: Callable[[Alarm], None] | None =
         if old_delay:
             left = old_delay - (time.monotonic() - state.started)
             signal.setitimer(signal.ITIMER_REAL, max(left, 1e-3), old_interval)
+
+
+# -- a case trained in this process --------------------------------------------------------
+
+#: Seconds the devices get to become idle after a case was interrupted mid-step.
+SETTLE_S = 5.0
+#: Why an interrupted case could not be stopped (see :func:`train_in_process`).
+STUCK_NATIVE = ("it is inside a native call (a compile, a device wait, a C extension) that "
+                "does not return to Python, where it cannot be interrupted")
+STUCK_FIRED = "it went on after the interrupt (something caught CaseTimeout)"
+STUCK_DEVICE = ("a device computation of it, which cannot be cancelled, was still running "
+                "(the next case would wait behind it)")
+
+
+def train_in_process(backend: Backend, case: Case, task: Any, accel: Accelerator, *,
+                     timeout: float | None, environment: dict[str, Any],
+                     on_stuck: Callable[[Run], None]) -> TrainResult:
+    """Train ``case`` by ``backend.train`` in this process; a case that blocks past its
+    timeout is interrupted (:func:`case_alarm`) and returned as a ``timeout`` run with the
+    steps it reported before (:func:`interrupted_run`). Where the interrupted work goes on
+    regardless (a device computation that cannot be cancelled, a native call that never
+    returns to Python), the session cannot go on measuring: ``on_stuck(run)`` gets the run
+    that says why (:func:`stuck_run`), from a watchdog thread or from this one, and is
+    expected to end the process cleanly."""
+    __tracebackhide__ = True
+    started = time.monotonic()
+    with progress.recording() as steps:
+
+        def stuck(why: str) -> None:
+            on_stuck(stuck_run(case, steps, why, time.monotonic() - started, accel,
+                               timeout=timeout, environment=environment))
+
+        try:
+            with case_alarm(timeout, lambda alarm: stuck(
+                    STUCK_FIRED if alarm.fired else STUCK_NATIVE)):
+                result: TrainResult = backend.train(case, task, accel, timeout=timeout)
+                return result
+        except CaseTimeout as exc:
+            where = exc.where
+    run = interrupted_run(case, steps, where, time.monotonic() - started, accel,
+                          timeout=timeout, environment=environment)
+    settle = getattr(backend, "settle", None)
+    if settle is not None:
+        with watchdog(SETTLE_S + 2, lambda: stuck(STUCK_DEVICE)):
+            idle = settle(accel, SETTLE_S)
+        if not idle:
+            stuck(STUCK_DEVICE)
+    return TrainResult(run=run)
+
+
+def interrupted_run(case: Case, steps: progress.StepRecord, where: str, elapsed: float,
+                    accel: Accelerator, *, timeout: float | None,
+                    environment: dict[str, Any]) -> Run:
+    """The ``timeout`` run of a case interrupted mid-step: the losses and step times
+    it reported before (the backend never returned its own run)."""
+    done = steps.first_training()
+    # The backend's own count of steps (some warm up longer than the case asks).
+    total = done[0][1] if done else case.warmup + case.steps
+    warmup = total - case.steps
+    timeout = timeout or 0.0
+    return Run(
+        case_id=case.id, outcome="timeout", samples_per_step=case.batch,
+        n_devices=case.n_devices, peak_flops_per_device=accel.peak_flops,
+        losses=[loss for _, _, loss, _ in done], loss_steps=[n - 1 for n, _, _, _ in done],
+        step_times=[t for n, _, _, t in done if n > warmup],
+        message=(f"exceeded the {timeout:g} s timeout after {len(done)} of {total} steps: "
+                 f"a step blocked and was interrupted after {elapsed:.0f} s, in {where} "
+                 f"(raise --accelperf-timeout, or give the case fewer steps; a step "
+                 f"waiting on something that never comes needs fixing)"),
+        environment=environment)
+
+
+def stuck_run(case: Case, steps: progress.StepRecord, why: str, elapsed: float,
+              accel: Accelerator, *, timeout: float | None,
+              environment: dict[str, Any]) -> Run:
+    """The run of a case that could not be stopped (``why``): what it reported before, and
+    a message saying that the process was ended with what was recorded."""
+    done = steps.first_training()
+    total = done[0][1] if done else case.warmup + case.steps
+    run = interrupted_run(case, steps, "", elapsed, accel, timeout=timeout,
+                          environment=environment)
+    return replace(run, message=(
+        f"exceeded the {timeout or 0.0:g} s timeout after {len(done)} of {total} steps and "
+        f"could not be stopped: {why}, "
+        f"{elapsed:.0f} s in. The pytest process was ended with what was recorded; the "
+        f"cases after this one did not run (raise --accelperf-timeout, or give the case "
+        f"fewer or shorter steps)"))
 
 
 # -- the host lock ---------------------------------------------------------------------------

@@ -79,10 +79,11 @@ def pytest_accelperf_checks(config: pytest.Config) -> list[Check] | None:
             sections = ("loss",)
 
             def check(self, given):
-                now = (given.block.get("loss") or {}).get("steps")
-                base = ((given.baseline or {}).get("loss") or {}).get("steps")
-                if now is None or base is None:
+                # given.block and given.baseline are typed (pytest_accelperf.block.Block)
+                if given.block.loss is None or given.baseline is None \
+                        or given.baseline.loss is None:
                     return ()
+                now, base = given.block.loss.steps, given.baseline.loss.steps
                 verdict = Verdict.PASS if now == base else Verdict.REGRESSION
                 return (CheckResult("steps", verdict, f"{now} steps, baseline {base}",
                                     baseline=base, now=now),)

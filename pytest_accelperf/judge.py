@@ -19,6 +19,9 @@ takes the evaluated result and returns a new one, never changing what it was giv
 :class:`ABComparison`
     A/B mode (``--accelperf-compare``): the throughput check becomes the paired comparison
     with the base revision (:mod:`pytest_accelperf.ab`).
+
+A re-measurement trains the case again in this process; :func:`retimed` makes one
+measurement of the first training and the timings of the trainings after it.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from typing import Any, Protocol
 
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.verdict import ab_check, new_in_head, not_compared
+from pytest_accelperf.backends.protocol import TrainResult
+from pytest_accelperf.block import Block
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.throughput import spread
-from pytest_accelperf.contention import wait_for_quiet
+from pytest_accelperf.contention import Load, wait_for_quiet
 from pytest_accelperf.run import Run
 
 METRIC = "throughput"
@@ -43,7 +48,7 @@ class Evaluated:
     the environment differs from the baseline's (throughput then is ``incomparable``)."""
 
     run: Run
-    block: dict[str, Any]
+    block: Block
     baseline: dict[str, Any] | None
     checks: tuple[CheckResult, ...]
     diffs: tuple[str, ...] = ()
@@ -198,7 +203,7 @@ class Recording:
     spread) trains the case again, up to ``times`` times (``--accelperf-confirm``), each
     after the same back-off as :class:`Confirmation`; the first quiet measurement is
     recorded. ``remeasure`` is the caller's: the runner's measures over
-    :data:`~pytest_accelperf.runner.RECORDING_WINDOWS` trainings, twice the measured steps
+    :data:`RECORDING_WINDOWS` trainings, twice the measured steps
     (a longer window dilutes a burst of another job's work), and the note says how many
     steps it measured. One that stays noisy is recorded as the least dispersed of the
     measurements, and the caller stores it marked ``noisy``; ``recording_note`` says what
@@ -277,3 +282,57 @@ class ABComparison:
         else:
             check = not_compared(comparison.label, why, stored)
         return evaluated.with_throughput(check, first=True)
+
+
+#: What a re-measurement's run contributes besides its step, probe and input times: what
+#: the step loop read while it measured them.
+_TIMING_EXTRA = ("warmup_step_times", "injected_slowdown", "step_load", "batch_time")
+
+#: How many trainings a re-measurement of a recording too noisy to store pools
+#: (:class:`Recording`): twice the measured steps, over twice the
+#: window, so that a burst of another job's work weighs half as much in the step times'
+#: spread. Each training keeps to the case's own steps (its data, its timeout).
+RECORDING_WINDOWS = 2
+
+
+def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
+    """``first`` with the timing of ``again``, a re-measurement of the same case in this
+    process (a throughput confirmation, a noisy recording measured again); several
+    trainings of a re-measurement are one measurement over all their steps (their step,
+    probe and input times one after the other, the machine's load over all of them).
+
+    A re-measurement re-times the steps (and the making of their batches, timed beside
+    them), and the load on the machine read while they were timed; everything else stays
+    the first measurement's, the only true one: trained again
+    in this process, the step finds its program in JAX's or inductor's in-memory cache (its
+    "compile" is a lookup, 18 ms for a 2.9 s compile), and a step that keeps state of its
+    own (nanoGPT's ``iter_num``, which drives its learning-rate schedule) trains on from
+    where it stopped, so its loss curve and final parameters are not the first's. A
+    re-measurement that did not finish is what it is.
+    """
+    if not again:
+        raise ValueError("retimed needs a re-measurement")
+    unfinished = next((a for a in again if a.run.outcome != "ok"), None)
+    if unfinished is not None:
+        return unfinished
+    if first.run.outcome != "ok":
+        first = again[0]
+    runs = [a.run for a in again]
+    extra = {**first.run.extra}
+    for key in _TIMING_EXTRA:
+        extra.pop(key, None)
+        if key in runs[0].extra:
+            extra[key] = runs[0].extra[key]
+    loads = [Load.from_json(r.extra["step_load"]) for r in runs
+             if isinstance(r.extra.get("step_load"), dict)]
+    if len(runs) > 1 and loads:
+        extra["step_load"] = Load.pooled(loads).to_json()
+    if len(runs) > 1 and all(isinstance(r.extra.get("batch_time"), (int, float))
+                             for r in runs):
+        extra["batch_time"] = sum(float(r.extra["batch_time"]) for r in runs)
+    run = replace(first.run, step_times=[t for r in runs for t in r.step_times],
+                  probe_times=[t for r in runs for t in r.probe_times],
+                  probe_kind=runs[0].probe_kind,
+                  input_times=[t for r in runs for t in r.input_times],
+                  input_wall_times=[t for r in runs for t in r.input_wall_times], extra=extra)
+    return replace(first, run=run)

@@ -21,9 +21,9 @@ the reference check's failure).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
+from pytest_accelperf.block import BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult
 from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.run import Run
@@ -33,7 +33,7 @@ UNRECORDABLE: tuple[str, ...] = ("nan", "error", "timeout")
 
 
 def unrecordable(run: Run, checks: Sequence[CheckResult],
-                 block: Mapping[str, Any] | None = None) -> str | None:
+                 block: BlockLike | None = None) -> str | None:
     """Why ``run`` must not become a baseline, None when it may. ``block`` is the run's
     baseline block (its numerics fingerprint is checked for non-finite parameters)."""
     if run.outcome in UNRECORDABLE:
@@ -45,7 +45,8 @@ def unrecordable(run: Run, checks: Sequence[CheckResult],
     for step, loss in zip(run.loss_steps or range(len(run.losses)), run.losses, strict=False):
         if not math.isfinite(loss):
             return f"loss is {loss} at step {step}"
-    for path, leaf in ((block or {}).get("numerics") or {}).items():
+    fingerprint = read_block(block).numerics if block is not None else None
+    for path, leaf in (json_of(fingerprint) or {}).items():
         values = [leaf.get("rms"), *(leaf.get("sample") or [])]
         if any(isinstance(v, float) and not math.isfinite(v) for v in values):
             what = "state leaf" if leaf.get("state") is True else "parameter"

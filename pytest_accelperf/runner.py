@@ -1,14 +1,17 @@
 """The case pipeline behind the ``accelperf`` fixture, one way:
 measure -> evaluate -> judge -> record -> gate.
 
-``CaseRunner`` is the thin object a test receives. It *measures* the case where its backend
-trains it (this process, launched ranks, a Ray worker; :mod:`pytest_accelperf.routing`),
+``CaseRunner`` is the thin object a test receives; it orchestrates, and each step's work is
+another module's. It *measures* the case where its backend trains it
+(:func:`pytest_accelperf.routing.train`: this process, where
+:mod:`pytest_accelperf.hangs` interrupts a step that blocks; launched ranks; a Ray worker),
 *evaluates* the run (every check against the stored baseline, the environment's
 differences named where the throughput check is made), *judges* throughput by one of the
 strategies of :mod:`pytest_accelperf.judge` (the stored baseline, a confirmed
 re-measurement, or A/B), each of which returns a new result and changes none, *records* the
-result once in the session's report, and *gates*: fails the test with a message that names
-the fix.
+result once in the session's report with what it stores
+(:func:`pytest_accelperf.store_policy.to_store`), and *gates*: fails the test with a
+message that names the fix (:mod:`pytest_accelperf.report.failure`).
 
 A case that ends early (its training raised, the host lock timed out, the stored baseline
 is broken, the A/B comparison failed, a log could not be ingested) is recorded through the
@@ -20,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -41,32 +43,36 @@ from pytest_accelperf.baselines import BaselineError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
-from pytest_accelperf.checks.numerics import REFERENCE_METRIC
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
-from pytest_accelperf.checks.throughput import NOISY_KEY, recording_noise
-from pytest_accelperf.cluster.dispatch import train as train_on_cluster
+from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
-from pytest_accelperf.contention import Load
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.explain import EXPLAIN_KEY, explain
 from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
-from pytest_accelperf.hangs import CaseTimeout, HostLockError, case_alarm, watchdog
+from pytest_accelperf.hangs import HostLockError
 from pytest_accelperf.judge import (
+    RECORDING_WINDOWS,
     ABComparison,
     Confirmation,
     Evaluated,
     Judge,
     Recording,
     StoredBaseline,
+    retimed,
 )
 from pytest_accelperf.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.options import Settings
-from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
-from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord, baseline_view
-from pytest_accelperf.report.writing import readable_back
+from pytest_accelperf.report.failure import (
+    accept_command,
+    failure_message,
+    no_baseline,
+    not_recorded,
+    other_environment,
+)
 from pytest_accelperf.routing import fits as fits_where_it_trains
-from pytest_accelperf.routing import route, train_here
+from pytest_accelperf.routing import route
+from pytest_accelperf.routing import train as train_routed
 from pytest_accelperf.run import Run
 from pytest_accelperf.session import (
     AccelperfSession,
@@ -75,18 +81,10 @@ from pytest_accelperf.session import (
     say,
     say_on_stderr,
 )
-from pytest_accelperf.summary import summarize, with_added_session
+from pytest_accelperf.store_policy import to_store
+from pytest_accelperf.summary import summarize
 from pytest_accelperf.targets import NOT_RUN, not_run
 from pytest_accelperf.xdist_role import worker_id
-
-#: Seconds the devices get to become idle after a case was interrupted mid-step.
-SETTLE_S = 5.0
-#: Why an interrupted case could not be stopped (see ``CaseRunner._stuck``).
-_STUCK_NATIVE = ("it is inside a native call (a compile, a device wait, a C extension) that "
-                 "does not return to Python, where it cannot be interrupted")
-_STUCK_FIRED = "it went on after the interrupt (something caught CaseTimeout)"
-_STUCK_DEVICE = ("a device computation of it, which cannot be cancelled, was still running "
-                 "(the next case would wait behind it)")
 
 
 @dataclass
@@ -164,60 +162,6 @@ class CompiledRun(Run):
         if name in STEP_FIELDS:
             skip_compile_only(self, f"run.{name}")
         return super().__getattribute__(name)
-
-
-#: What a re-measurement's run contributes besides its step, probe and input times: what
-#: the step loop read while it measured them.
-_TIMING_EXTRA = ("warmup_step_times", "injected_slowdown", "step_load", "batch_time")
-
-#: How many trainings a re-measurement of a recording too noisy to store pools
-#: (:class:`~pytest_accelperf.judge.Recording`): twice the measured steps, over twice the
-#: window, so that a burst of another job's work weighs half as much in the step times'
-#: spread. Each training keeps to the case's own steps (its data, its timeout).
-RECORDING_WINDOWS = 2
-
-
-def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
-    """``first`` with the timing of ``again``, a re-measurement of the same case in this
-    process (a throughput confirmation, a noisy recording measured again); several
-    trainings of a re-measurement are one measurement over all their steps (their step,
-    probe and input times one after the other, the machine's load over all of them).
-
-    A re-measurement re-times the steps (and the making of their batches, timed beside
-    them), and the load on the machine read while they were timed; everything else stays
-    the first measurement's, the only true one: trained again
-    in this process, the step finds its program in JAX's or inductor's in-memory cache (its
-    "compile" is a lookup, 18 ms for a 2.9 s compile), and a step that keeps state of its
-    own (nanoGPT's ``iter_num``, which drives its learning-rate schedule) trains on from
-    where it stopped, so its loss curve and final parameters are not the first's. A
-    re-measurement that did not finish is what it is.
-    """
-    if not again:
-        raise ValueError("retimed needs a re-measurement")
-    unfinished = next((a for a in again if a.run.outcome != "ok"), None)
-    if unfinished is not None:
-        return unfinished
-    if first.run.outcome != "ok":
-        first = again[0]
-    runs = [a.run for a in again]
-    extra = {**first.run.extra}
-    for key in _TIMING_EXTRA:
-        extra.pop(key, None)
-        if key in runs[0].extra:
-            extra[key] = runs[0].extra[key]
-    loads = [Load.from_json(r.extra["step_load"]) for r in runs
-             if isinstance(r.extra.get("step_load"), dict)]
-    if len(runs) > 1 and loads:
-        extra["step_load"] = Load.pooled(loads).to_json()
-    if len(runs) > 1 and all(isinstance(r.extra.get("batch_time"), (int, float))
-                             for r in runs):
-        extra["batch_time"] = sum(float(r.extra["batch_time"]) for r in runs)
-    run = replace(first.run, step_times=[t for r in runs for t in r.step_times],
-                  probe_times=[t for r in runs for t in r.probe_times],
-                  probe_kind=runs[0].probe_kind,
-                  input_times=[t for r in runs for t in r.input_times],
-                  input_wall_times=[t for r in runs for t in r.input_wall_times], extra=extra)
-    return replace(first, run=run)
 
 
 class CaseRunner:
@@ -316,8 +260,9 @@ class CaseRunner:
     def _judge(self, remeasure: Callable[[int], Evaluated]) -> Judge:
         """How this session judges the throughput of a trained case
         (:mod:`pytest_accelperf.judge`). ``remeasure(n)`` trains the case ``n`` times
-        more and measures over all of them (:func:`retimed`): a recording pools
-        :data:`RECORDING_WINDOWS`, a confirmation one, as long as the baseline's."""
+        more and measures over all of them (:func:`~pytest_accelperf.judge.retimed`): a
+        recording pools :data:`~pytest_accelperf.judge.RECORDING_WINDOWS`, a confirmation
+        one, as long as the baseline's."""
         settings = self.settings
         if settings.compare and not settings.update:
             return ABComparison(
@@ -457,21 +402,10 @@ class CaseRunner:
         try:
             ray_cluster = cluster_for(self._item.config, settings.cluster,
                                       settings.cluster_wait)
-            where = route(self.spec, self.case, cluster=ray_cluster is not None)
-            if where == "ray":
-                # The cluster's resources, not the host lock, keep cases apart there.
-                result = train_on_cluster(self.case, task, self.accelerator,
-                                          cpu_devices=settings.cpu_devices,
-                                          platform=settings.platform,
-                                          timeout=settings.timeout, wait=settings.cluster_wait,
-                                          spec=self.spec)
-            elif where == "in-process":
-                with self._host():
-                    result = self._train_in_process(task)
-            else:  # ranks, launched: the launcher kills them at the timeout itself
-                with self._host():
-                    result = train_here(self.spec, self.case, task, self.accelerator,
-                                        timeout=settings.timeout)
+            result = train_routed(self.spec, self.case, task, self.accelerator,
+                                  settings=settings, on_cluster=ray_cluster is not None,
+                                  host=self._host, environment=self._session.environment,
+                                  on_stuck=self._stuck)
         except Exception as exc:
             run = Run(case_id=self.case.id, outcome="error",
                       message=f"{type(exc).__name__}: {exc}",
@@ -507,69 +441,12 @@ class CaseRunner:
                                environment=self._session.environment), str(exc))
             yield
 
-    def _train_in_process(self, task: Any) -> TrainResult:
-        """Train in this process; a case that trains here and blocks past its timeout is
-        interrupted (:func:`pytest_accelperf.hangs.case_alarm`) and recorded as ``timeout``
-        with the steps it reported before. Where the interrupted work goes on regardless
-        (a device computation that cannot be cancelled, a native call that never returns
-        to Python), the session cannot go on measuring: the process is ended cleanly."""
-        __tracebackhide__ = True
-        timeout = self.settings.timeout
-        backend = self.spec.load()
-        started = time.monotonic()
-        with progress.recording() as steps:
-            try:
-                with case_alarm(timeout, lambda alarm: self._stuck(
-                        steps, started, _STUCK_FIRED if alarm.fired else _STUCK_NATIVE)):
-                    result: TrainResult = backend.train(self.case, task, self.accelerator,
-                                                        timeout=timeout)
-                    return result
-            except CaseTimeout as exc:
-                where = exc.where
-        run = self._interrupted_run(steps, where, time.monotonic() - started)
-        settle = getattr(backend, "settle", None)
-        if settle is not None:
-            with watchdog(SETTLE_S + 2, lambda: self._stuck(steps, started, _STUCK_DEVICE)):
-                idle = settle(self.accelerator, SETTLE_S)
-            if not idle:
-                self._stuck(steps, started, _STUCK_DEVICE)
-        return TrainResult(run=run)
-
-    def _interrupted_run(self, steps: progress.StepRecord, where: str, elapsed: float) -> Run:
-        """The ``timeout`` run of a case interrupted mid-step: the losses and step times
-        it reported before (the backend never returned its own run)."""
-        case = self.case
-        done = steps.first_training()
-        # The backend's own count of steps (some warm up longer than the case asks).
-        total = done[0][1] if done else case.warmup + case.steps
-        warmup = total - case.steps
-        timeout = self.settings.timeout or 0.0
-        return Run(
-            case_id=case.id, outcome="timeout", samples_per_step=case.batch,
-            n_devices=case.n_devices, peak_flops_per_device=self.accelerator.peak_flops,
-            losses=[loss for _, _, loss, _ in done], loss_steps=[n - 1 for n, _, _, _ in done],
-            step_times=[t for n, _, _, t in done if n > warmup],
-            message=(f"exceeded the {timeout:g} s timeout after {len(done)} of {total} steps: "
-                     f"a step blocked and was interrupted after {elapsed:.0f} s, in {where} "
-                     f"(raise --accelperf-timeout, or give the case fewer steps; a step "
-                     f"waiting on something that never comes needs fixing)"),
-            environment=self._session.environment)
-
-    def _stuck(self, steps: progress.StepRecord, started: float, why: str) -> None:
-        """The case could not be stopped (``why``): record it and end the process with
-        what was recorded; the cases after it cannot be measured on a busy machine.
-        Called from a watchdog thread while the main thread is stuck, or from the main
-        thread when the devices stayed busy."""
-        elapsed = time.monotonic() - started
-        timeout = self.settings.timeout or 0.0
-        done = steps.first_training()
-        total = done[0][1] if done else self.case.warmup + self.case.steps
-        run = replace(self._interrupted_run(steps, "", elapsed), message=(
-            f"exceeded the {timeout:g} s timeout after {len(done)} of {total} steps and "
-            f"could not be stopped: {why}, "
-            f"{elapsed:.0f} s in. The pytest process was ended with what was recorded; the "
-            f"cases after this one did not run (raise --accelperf-timeout, or give the case "
-            f"fewer or shorter steps)"))
+    def _stuck(self, run: Run) -> None:
+        """The case could not be stopped (``run.message`` says why,
+        :func:`~pytest_accelperf.hangs.stuck_run`): record it and end the process with what
+        was recorded; the cases after it cannot be measured on a busy machine. Called from
+        a watchdog thread while the main thread is stuck, or from the main thread when the
+        devices stayed busy."""
         # Not through _fail: this may run on a watchdog thread, and the process ends here.
         self._record(run, (), error=run.message)
         message = f"{self._item.nodeid}: {run.message}"
@@ -600,7 +477,7 @@ class CaseRunner:
                             loss_either_way=self.settings.loss_either_way,
                             max_foreign_load=self.settings.max_foreign_load)
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
-                run=run, block=block, baseline=baseline, tolerances=tol):
+                run=run, block=block.to_json(), baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
         return Evaluated(run, block, baseline, tuple(checks), diffs,
                          state=getattr(result, "state", None))
@@ -622,52 +499,23 @@ class CaseRunner:
         """Record the judged result (the one record of a case that ran to the end) and
         gate on it."""
         __tracebackhide__ = True
+        nodeid = self._item.nodeid
         if ev.diffs:
-            note = "; ".join(ev.diffs)
-            warnings.warn(AccelperfWarning(
-                f"{self._item.nodeid}: baseline from another environment ({note}); throughput "
-                f"not compared, other checks still apply. Re-record on this machine with "
-                f"--accelperf-update"), stacklevel=3)
-        unstorable = unrecordable(ev.run, ev.checks, ev.block)
-        block: dict[str, Any] | None = (ev.block if self.settings.update and unstorable is None
-                                        else None)
-        refused = ""
-        if self.settings.add_session and block is not None:
-            try:
-                block = with_added_session(ev.baseline, ev.run, list(ev.diffs))
-            except ValueError as exc:
-                block, refused = None, str(exc)
-        noisy = self._noise(ev.run) if block is not None else ""
-        if block is not None and noisy:
-            block = self._marked_noisy(block, noisy, ev.recording_note)
-        elif block is not None and ev.recording_note:
-            say(self._item.config, f"accelperf: {self._item.nodeid}: {ev.recording_note}")
-        self._record(ev.run, ev.checks, block=block, baseline=ev.baseline)
-        if refused:
-            pytest.fail(f"{self._item.nodeid}: no session added: {refused}", pytrace=False)
-        self._gate(ev.run, ev.checks, ev.baseline, unstorable)
+            warnings.warn(AccelperfWarning(other_environment(nodeid, ev.diffs)), stacklevel=3)
+        stored = to_store(ev, update=self.settings.update,
+                          add_session=self.settings.add_session, noise=self._noise)
+        if stored.noisy:
+            warnings.warn(AccelperfWarning(f"{nodeid}: {stored.noisy}"), stacklevel=3)
+        elif stored.note:
+            say(self._item.config, f"accelperf: {nodeid}: {stored.note}")
+        self._record(ev.run, ev.checks, block=stored.block, baseline=ev.baseline)
+        if stored.refused:
+            pytest.fail(f"{nodeid}: no session added: {stored.refused}", pytrace=False)
+        self._gate(ev.run, ev.checks, ev.baseline, stored.unstorable)
         run = ev.run
         if run.extra.get("compile_only"):
             run = CompiledRun(**{f.name: getattr(run, f.name) for f in fields(Run)})
         return CaseResult(run=run, checks=list(ev.checks), state=ev.state)
-
-    def _marked_noisy(self, block: dict[str, Any], noisy: str, note: str) -> dict[str, Any]:
-        """``block`` stored marked noisy (a new baseline: the block; an added session:
-        that session), with a warning that the terminal, the reports and the gate carry."""
-        why = f"{noisy}{'; ' + note if note else ''}"
-        sessions = (block.get("step_time") or {}).get("sessions")
-        if self.settings.add_session and isinstance(sessions, list) and sessions:
-            sessions[-1] = {**sessions[-1], NOISY_KEY: why}
-            what = ("this session's step-time level was stored marked noisy: it is kept but "
-                    "gives the throughput check no level; add a session again on a quiet "
-                    "machine")
-        else:
-            block = {**block, NOISY_KEY: why}
-            what = ("stored marked noisy: its throughput is inconclusive until it is "
-                    "re-recorded with --accelperf-update on a quiet machine")
-        warnings.warn(AccelperfWarning(
-            f"{self._item.nodeid}: recorded on a noisy machine: {why}; {what}"), stacklevel=4)
-        return block
 
     def _fail(self, run: Run, error: str, *, message: str | None = None,
               checks: Sequence[CheckResult] = (), reraise: BaseException | None = None,
@@ -700,80 +548,29 @@ class CaseRunner:
 
     def _gate(self, run: Run, checks: Sequence[CheckResult], baseline: dict[str, Any] | None,
               unstorable: str | None) -> None:
+        """Fail the test where the case failed, saying what clears it
+        (:mod:`pytest_accelperf.report.failure`)."""
         __tracebackhide__ = True
+        nodeid = self._item.nodeid
         accept = self.accept_command()
         if self.settings.update:
             if unstorable is not None:
-                pytest.fail(f"{self._item.nodeid}: not recorded as a baseline: {unstorable}; "
-                            f"fix the run, then record it", pytrace=False)
+                pytest.fail(not_recorded(nodeid, unstorable), pytrace=False)
             return
         failed = [c for c in checks if c.failed]
         if failed:
-            message = self._failure_message(failed, baseline, unstorable, accept)
+            message = failure_message(nodeid, self.accelerator.platform, failed,
+                                      has_baseline=baseline is not None,
+                                      unstorable=unstorable, accept=accept,
+                                      report=self.settings.json)
             explained = run.extra.get(EXPLAIN_KEY)
             if explained:
                 message += f"\nProfiler {explained['note']}"
             pytest.fail(message, pytrace=False)
         if baseline is None and not self.settings.compare:
-            pytest.fail(
-                f"{self._item.nodeid}: no baseline; run with --accelperf-update to record it:\n"
-                f"  {accept}", pytrace=False)
-
-    def _failure_message(self, failed: Sequence[CheckResult], baseline: dict[str, Any] | None,
-                         unstorable: str | None, accept: str) -> str:
-        """What failed, grouped by what clears it (:mod:`pytest_accelperf.recordable`): a
-        stored-baseline failure is cleared by accepting the change; an A/B failure by the
-        base revision; a reference failure (the sharded run disagrees with its single-device
-        run) by fixing the code; a leak by fixing the step. Accepting is offered only for
-        what it clears."""
-        platform = self.accelerator.platform
-        nodeid = self._item.nodeid
-        stored = clearable(failed)
-        ab = [c for c in failed if c.data.get("mode") == "ab"]
-        reference = [c for c in failed if c.metric == REFERENCE_METRIC]
-        other = [c for c in failed if c not in stored and c not in ab and c not in reference]
-        lines = []
-        if stored:
-            lines.append(f"{nodeid}: {len(stored)} regression(s) against the "
-                         f"{platform} baseline:" if baseline is not None else
-                         f"{nodeid}: {len(stored)} failure(s) on {platform} (no "
-                         f"baseline yet):")
-            lines += [f"  {c.metric}: {c.detail}" for c in stored]
-        if reference:
-            lines.append(f"{nodeid}: the run disagrees with its single-device "
-                         f"reference, a correctness bug in the parallel code (a partition "
-                         f"spec, a missing gradient reduction), not a change of baseline:")
-            lines += [f"  {c.metric}: {c.detail}" for c in reference]
-        if ab:
-            lines.append(f"{nodeid}: slower than the base revision (A/B):")
-            lines += [f"  {c.metric}: {c.detail}" for c in ab]
-            lines.append("A/B verdicts are not stored: if this slowdown is intended, the "
-                         "base revision is what changes it.")
-        if other:
-            lines.append(f"{nodeid}: {len(other)} failure(s) that no baseline clears:")
-            for c in other:
-                lines += [f"  {c.metric}: {c.detail}",
-                          f"  -> {not_cleared_by_a_baseline(c)}"]
-        if unstorable is not None or reference:
-            # Accepting cannot clear a failure that is never stored: say so, not "accept".
-            lines.append("This run cannot become a baseline: fix the failure "
-                         "(--accelperf-update and accelperf baselines accept refuse to "
-                         "record it).")
-            return "\n".join(lines)
-        if stored:
-            left = ["the A/B one"] * bool(ab) + [f"the {c.metric} one" for c in other]
-            also = (f" (this clears the stored-baseline failures above, not "
-                    f"{' or '.join(left)})" if left else "")
-            lines.append(f"If this change is intended, accept it{also} with:\n  {accept}")
-            if self.settings.json is not None and readable_back(self.settings.json):
-                case = nodeid.split("::", 1)[-1]
-                lines.append(f"or, without re-running, from this session's report:\n"
-                             f"  accelperf baselines accept {self.settings.json} "
-                             f"--case '{case}'")
-        return "\n".join(lines)
+            pytest.fail(no_baseline(nodeid, accept), pytrace=False)
 
     def accept_command(self) -> str:
-        settings = self.settings
-        where = (f"--accelperf-target={settings.target}" if settings.target
-                 else f"--accel={settings.accel}")
-        return f"pytest '{self._item.nodeid}' {where} --accelperf-update"
+        """The command that records this case's run as its baseline."""
+        return accept_command(self._item.nodeid, target=self.settings.target,
+                              accel=self.settings.accel)

@@ -7,7 +7,8 @@ and a value that would make a check crash or silently switch it off is refused: 
 negative step time, an empty list of step times, a NaN loss checkpoint, an outcome that is
 not a recorded one. Unknown keys are kept (a newer version may add some), as JSON values
 without NaN or infinity (a baseline file is strict JSON). Scalars are strict: ``"0.1"``
-is not a number, ``1.0`` is not an integer (an integer is a number, though).
+is not a number, ``1.0`` is not an integer (an integer is a number, though). Its models
+are defined in :mod:`pytest_accelperf.block` (which the checks import) and named here too.
 
 The store (:mod:`pytest_accelperf.baselines`) validates every block it reads and every
 block it writes with :func:`validate_block`; ``accelperf baselines accept`` goes through
@@ -21,277 +22,98 @@ Schema of each (:func:`json_schema`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import typing
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Discriminator,
-    Field,
     JsonValue,
     Strict,
-    StrictBool,
-    StrictInt,
-    Tag,
     TypeAdapter,
     ValidationError,
     create_model,
-    model_validator,
 )
 
+from pytest_accelperf.block import (
+    RECORDED_OUTCOMES,
+    Block,
+    Checkpoint,
+    Collective,
+    CompactNumerics,
+    CompactSection,
+    Environment,
+    Growth,
+    InputTime,
+    Int,
+    Leaf,
+    Loss,
+    MaxBatch,
+    MaxBatchProbe,
+    Memory,
+    NonNegative,
+    Number,
+    Numerics,
+    Oom,
+    Positive,
+    PositiveInt,
+    Probe,
+    Program,
+    RecordedOutcome,
+    RunOutcome,
+    StepSession,
+    StepTime,
+    _Strict,
+)
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.table import checks
-
-#: Outcomes that a baseline records: the outcomes of a run (:data:`pytest_accelperf.run.OUTCOMES`)
-#: less the failures (``nan``, ``error``, ``timeout``), which are never a baseline.
-RECORDED_OUTCOMES: tuple[str, ...] = ("ok", "oom")
-RecordedOutcome = Literal["ok", "oom"]
-RunOutcome = Literal["ok", "oom", "nan", "error", "timeout"]
-
-Int = Annotated[int, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
-Number = float  # finite (allow_inf_nan=False); an integer is accepted
-NonNegative = Annotated[float, Field(ge=0)]
-Positive = Annotated[float, Field(gt=0)]
-
-
-class _Strict(BaseModel):
-    """Strict JSON types, finite numbers, unknown keys kept as JSON values."""
-
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
-                              validate_default=False)
-    __pydantic_extra__: dict[str, JsonValue]
-
-
-# -- the baseline block ------------------------------------------------------------------------
-class Environment(_Strict):
-    """The environment fingerprint (:mod:`pytest_accelperf.fingerprint`); the keys that
-    decide whether throughput is comparable are typed, hooks may add others."""
-
-    platform: str | None = None
-    accel: str | None = None
-    device_kind: str | None = None
-    device_count: Int | None = None
-    host_cpu: str | None = None
-    cpu_isa: str | None = None
-    python: str | None = None
-    packages: dict[str, JsonValue] | None = None
-
-
-class StepSession(_Strict):
-    """One session's step-time level (``--accelperf-add-session``)."""
-
-    median: Positive
-    probe_median: Positive | None = None
-    #: Why this session was recorded too noisy to be a level (it is kept, never used).
-    noisy: str | None = None
-
-
-class StepTime(_Strict):
-    """Seconds per measured step: the median and every sample (at least one)."""
-
-    median: Positive
-    samples: Annotated[list[Positive], Field(min_length=1)]
-    sessions: list[StepSession] | None = None
-
-
-class Probe(_Strict):
-    """Times of the reference workload run after each measured step (every k-th past 100
-    measured steps; drift correction)."""
-
-    kind: Annotated[str, Field(min_length=1)]
-    samples: Annotated[list[Positive], Field(min_length=1)]
-
-
-Checkpoint = Annotated[tuple[NonNegative, Number], Strict(False)]  # [step, mean loss]
-
-
-class Loss(_Strict):
-    """The loss curve: ``[step, mean loss]`` checkpoints, the final loss, the step count."""
-
-    checkpoints: list[Checkpoint]
-    final: Number | None
-    steps: Int
-
-    @model_validator(mode="after")
-    def _curve_when_steps(self) -> Loss:
-        if self.steps and not self.checkpoints:
-            raise ValueError(f"loss.steps is {self.steps} but loss.checkpoints is empty: the "
-                             f"loss check would have nothing to compare")
-        return self
-
-
-class Growth(_Strict):
-    """How live memory grew over the measured steps (the leak check)."""
-
-    bytes_per_step: Number
-    steps: Int
-    after_warmup: NonNegative
-    after_steps: NonNegative
-    source: str
-
-
-class Memory(_Strict):
-    """Peak bytes per device label, their maximum, how they were counted, and live
-    memory's growth per measured step."""
-
-    per_device: Annotated[dict[str, NonNegative], Field(min_length=1)]
-    peak: NonNegative | None = None
-    source: str = ""
-    growth: Growth | None = None
-
-
-class Collective(_Strict):
-    """One kind of collective in one step: how many, and one device's bytes."""
-
-    count: Int
-    bytes: Int
-
-
-class Program(_Strict):
-    """What the step's compiled program does (:mod:`pytest_accelperf.program`): the
-    ``program`` check's record. Every field but ``source`` is optional."""
-
-    source: Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]
-    flops: NonNegative | None = None
-    #: ``flops`` counted over the global batch on a second lowering (a bind_axes step).
-    global_flops: bool | None = None
-    hardware_flops: NonNegative | None = None
-    bytes_accessed: NonNegative | None = None
-    collectives: dict[str, Collective] | None = None
-    host_callbacks: Int | None = None
-    host_syncs: Int | None = None
-    host_sync_sites: dict[str, Int] | None = None
-    custom_calls: Int | None = None
-    graphs: Int | None = None
-    graph_breaks: Int | None = None
-    recompiles: Int | None = None
-    break_reasons: list[str] | None = None
-    recompile_causes: list[str] | None = None
-    ops: dict[str, Int] | None = None
-
-
-class Leaf(_Strict):
-    """The fingerprint of one parameter leaf
-    (:func:`pytest_accelperf.backends.measure.common.fingerprint`): what a run computes, and what
-    blocks recorded before the compact form (:class:`CompactNumerics`) stored per leaf."""
-
-    shape: list[Int]
-    dtype: str
-    rms: NonNegative
-    sample: list[Number]
-    sketch: Number | None = None
-    #: A leaf of the training state beside the parameters (not a parameter).
-    state: bool | None = None
-
-
-class CompactSection(_Strict):
-    """One section of a compact fingerprint: one sketch value per leaf in path order, a
-    hash of the leaves' paths, shapes and dtypes, and a tag of 2 hex digits per leaf (so
-    that a changed structure names the run's leaves that changed)."""
-
-    sketch: list[NonNegative]
-    structure: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
-    tags: Annotated[str, Field(pattern=r"^([0-9a-f]{2})*$")]
-
-    @model_validator(mode="after")
-    def _a_tag_per_leaf(self) -> CompactSection:
-        if len(self.tags) != 2 * len(self.sketch):
-            raise ValueError(f"numerics.tags has {len(self.tags) // 2} tag(s) of 2 hex digits "
-                             f"for {len(self.sketch)} sketch value(s): one per leaf")
-        return self
-
-
-class CompactNumerics(CompactSection):
-    """The fingerprint as the store keeps it
-    (:func:`pytest_accelperf.checks.numerics.compact`): the parameters' section, and the
-    training state's beside them (running statistics, step counters, a loss scale) under
-    ``state``; a block recorded before the state was fingerprinted has no ``state``."""
-
-    state: CompactSection | None = None
-
-
-def _numerics_kind(value: Any) -> str:
-    """Which form a block's ``numerics`` is: ``compact`` (it has a ``sketch`` list) or
-    ``per_leaf`` (the form recorded before, still read: the migration of old blocks)."""
-    if isinstance(value, Mapping) and isinstance(value.get("sketch"), list):
-        return "compact"
-    if isinstance(value, BaseModel):
-        return "compact" if isinstance(value, CompactNumerics) else "per_leaf"
-    return "per_leaf"
-
-
-Numerics = Annotated[Annotated[CompactNumerics, Tag("compact")]
-                     | Annotated[dict[str, Leaf], Tag("per_leaf")],
-                     Discriminator(_numerics_kind)]
-
-
-MaxBatchProbe = Annotated[tuple[StrictInt, StrictBool, NonNegative | None], Strict(False)]
-
-
-class MaxBatch(_Strict):
-    """A maximum-batch search (:mod:`pytest_accelperf.maxbatch`)."""
-
-    value: PositiveInt | None
-    capacity_bytes: NonNegative | None = None
-    multiple_of: PositiveInt = 1
-    limit: PositiveInt | None = None
-    probes: list[MaxBatchProbe] = []
-
-
-class Oom(_Strict):
-    """What an out-of-memory outcome needed and had."""
-
-    required_bytes: NonNegative | None = None
-    capacity_bytes: NonNegative | None = None
-
-
-class InputTime(_Strict):
-    """CPU seconds of the thread that made each measured step's batch (the ``input``
-    check): every sample, their median, and the median wall seconds of the same."""
-
-    median: NonNegative
-    samples: Annotated[list[NonNegative], Field(min_length=1)]
-    wall_median: NonNegative | None = None
-
-
-class Block(_Strict):
-    """The baseline block of one case (:func:`pytest_accelperf.summary.summarize`)."""
-
-    outcome: RecordedOutcome
-    environment: Environment
-    message: str = ""
-    samples_per_step: Int = 0
-    tokens_per_step: Int | None = None
-    n_devices: PositiveInt = 1
-    recorded_at: str | None = None
-    oom: Oom | None = None
-    step_time: StepTime | None = None
-    probe: Probe | None = None
-    samples_per_second: Positive | None = None
-    compile_time: NonNegative | None = None
-    loss: Loss | None = None
-    #: The other metrics of the training step (accuracy, learning rate), each a curve as
-    #: the loss's.
-    metrics: dict[str, Loss] | None = None
-    numerics: Numerics | None = None
-    #: Per leaf, how far a replay of the same steps moved it (``||run - replay|| /
-    #: ||run||``), where the platform does not repeat its arithmetic exactly (a GPU's
-    #: atomic reductions); only the leaves that moved, absent where none did.
-    numerics_spread: dict[str, NonNegative] | None = None
-    flops_per_step: NonNegative | None = None
-    mfu: NonNegative | None = None
-    max_batch: MaxBatch | None = None
-    memory: Memory | None = None
-    program: Program | None = None
-    #: What making the batches cost the thread that made them (the ``input`` check).
-    input: InputTime | None = None
-    #: Why the recording was too noisy to judge throughput against (re-measured, and it
-    #: stayed so): the throughput check is inconclusive until the case is re-recorded.
-    noisy: str | None = None
-
+from pytest_accelperf.run import Run
+
+__all__ = [
+    "RECORDED_OUTCOMES",
+    "BaselineHeader",
+    "Block",
+    "Checkpoint",
+    "Collective",
+    "CompactNumerics",
+    "CompactSection",
+    "Environment",
+    "Growth",
+    "HistoryLine",
+    "HistoryNumbers",
+    "InputTime",
+    "Int",
+    "Leaf",
+    "Loss",
+    "MaxBatch",
+    "MaxBatchProbe",
+    "Memory",
+    "NonNegative",
+    "Number",
+    "Numerics",
+    "Oom",
+    "Positive",
+    "PositiveInt",
+    "Probe",
+    "Program",
+    "RecordedOutcome",
+    "ReportCase",
+    "ReportCheck",
+    "ReportFile",
+    "ReportRun",
+    "RunOutcome",
+    "StepSession",
+    "StepTime",
+    "added_sections",
+    "block_model",
+    "error_lines",
+    "invalid_blocks",
+    "json_schema",
+    "validate_block",
+]
 
 class BaselineHeader(_Strict):
     """A baseline file around its blocks (the blocks are validated apart, by
@@ -310,36 +132,41 @@ class _Report(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class ReportRun(_Report):
-    """A run as :meth:`pytest_accelperf.run.Run.to_json` writes it."""
+#: The fields of a run whose JSON form differs from the run's own types: a non-finite
+#: loss or metric is written as a string (:meth:`pytest_accelperf.run.Run.to_json`), and a
+#: log may count memory in fractional bytes.
+_RUN_JSON_TYPES: dict[str, Any] = {
+    "losses": list[float | str | None],
+    "metrics": dict[str, list[float | str | None]],
+    "memory_per_device": dict[str, float],
+}
 
-    case_id: str
-    outcome: RunOutcome = "ok"
-    message: str = ""
-    samples_per_step: int = 0
-    tokens_per_step: int | None = None
-    n_devices: int = 1
-    step_times: list[float] = []
-    compile_time: float | None = None
-    losses: list[float | str | None] = []
-    loss_steps: list[int] = []
-    metrics: dict[str, list[float | str | None]] = {}
-    memory_per_device: dict[str, float] = {}
-    memory_source: str = ""
-    flops_per_step: float | None = None
-    peak_flops_per_device: float | None = None
-    params_fingerprint: dict[str, Any] = {}
-    oom: dict[str, Any] | None = None
-    nan_step: int | None = None
-    environment: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    probe_times: list[float] = []
-    probe_kind: str = ""
-    max_batch: dict[str, Any] | None = None
-    program: dict[str, Any] | None = None
-    memory_growth: dict[str, Any] | None = None
-    input_times: list[float] = []
-    input_wall_times: list[float] = []
+
+def _report_run() -> type[_Report]:
+    """:class:`ReportRun`, made from the fields of :class:`pytest_accelperf.run.Run` (the
+    one definition of them): each field's type (its JSON form where
+    :data:`_RUN_JSON_TYPES` says it differs) and its default."""
+    hints = typing.get_type_hints(Run)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Run):
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = ...
+        fields[f.name] = (_RUN_JSON_TYPES.get(f.name, hints[f.name]), default)
+    model: type[_Report] = create_model(
+        "ReportRun", __base__=_Report, __module__=__name__,
+        __doc__="A run as :meth:`pytest_accelperf.run.Run.to_json` writes it.", **fields)
+    return model
+
+
+if TYPE_CHECKING:
+    ReportRun = _Report
+else:
+    #: A run as :meth:`pytest_accelperf.run.Run.to_json` writes it (:func:`_report_run`).
+    ReportRun = _report_run()
 
 
 class ReportCheck(_Report):

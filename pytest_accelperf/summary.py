@@ -14,9 +14,11 @@ import datetime as _dt
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_accelperf.block import Block, read_block
 from pytest_accelperf.checks.table import checks
 from pytest_accelperf.checks.throughput import session_entry, session_level
 from pytest_accelperf.run import Run
+from pytest_accelperf.schema import block_model
 from pytest_accelperf.units import SAMPLE_DIGITS as SAMPLE_DIGITS
 from pytest_accelperf.units import round_sig as _round
 
@@ -62,10 +64,14 @@ def with_added_session(baseline: dict[str, Any] | None, run: Run,
     return merged
 
 
-def summarize(run: Run) -> dict[str, Any]:
+def summarize(run: Run) -> Block:
     """The baseline block for ``run``: what every run records (outcome, environment, batch,
     devices, when), then each check's sections of it, in the order of the table of checks
-    (:meth:`pytest_accelperf.checks.protocol.Check.record`).
+    (:meth:`pytest_accelperf.checks.protocol.Check.record`), typed as
+    :class:`~pytest_accelperf.block.Block` (with every check's own section,
+    :func:`pytest_accelperf.schema.block_model`), not validated: a failed run's block is
+    judged by the checks, never stored (:func:`pytest_accelperf.block.read`). Its JSON, what
+    the store and the reports keep, is ``summarize(run).to_json()``.
 
     ``numerics`` is the run's per-leaf fingerprint (what the checks compare with a baseline
     of either form); the store keeps its compact form
@@ -89,4 +95,4 @@ def summarize(run: Run) -> dict[str, Any]:
     for key in _OMITTED_WHEN_EMPTY:
         if block.get(key) in (None, ""):
             block.pop(key, None)
-    return block
+    return read_block(block, block_model())

@@ -50,6 +50,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_accelperf import summary
+from pytest_accelperf.block import BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.compile_time import check_compile_time
 from pytest_accelperf.checks.convergence import check_convergence, nan_result
@@ -64,6 +65,7 @@ from pytest_accelperf.checks.protocol import BaseCheck, Check, CheckInput
 from pytest_accelperf.checks.table import check_of, checks
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.run import Run
+from pytest_accelperf.schema import block_model
 
 __all__ = [
     "NO_BASELINE",
@@ -91,7 +93,7 @@ __all__ = [
 ]
 
 
-def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] | None,
+def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
                tol: Tolerances, *, comparable: bool = True, differences: Sequence[str] = (),
                program_differences: Sequence[str] | None = None,
                reference_params: Mapping[str, Any] | None = None,
@@ -100,7 +102,9 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
                max_foreign_load: float | None = None) -> list[CheckResult]:
     """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
 
-    ``block`` is ``summarize(run)`` (computed here when None). ``comparable`` is False when
+    ``block`` is ``summarize(run)`` (computed here when None); it and ``baseline`` are read
+    as :class:`~pytest_accelperf.block.Block` with the sections of every check of the table
+    (:func:`pytest_accelperf.schema.block_model`) for the checks. ``comparable`` is False when
     the baseline was recorded in another environment, and ``differences`` say how (in
     words, :func:`pytest_accelperf.fingerprint.differences`; any makes it not comparable):
     throughput, input time, compile time and the program are then ``incomparable`` and the other
@@ -117,8 +121,9 @@ def run_checks(run: Run, block: dict[str, Any] | None, baseline: dict[str, Any] 
     """
     if block is None:
         block = summary.summarize(run)
+    model = block_model()
     given = CheckInput(
-        run=run, block=block, baseline=baseline, tol=tol,
+        run=run, block=read_block(block, model), baseline=read_block(baseline, model), tol=tol,
         comparable=comparable and not differences,
         program_comparable=comparable and not (
             differences if program_differences is None else program_differences),

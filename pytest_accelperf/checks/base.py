@@ -131,13 +131,16 @@ class Tolerances:
         return Tolerances(**data)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckResult:
     """One metric of a run against its baseline.
 
     ``baseline`` and ``now`` are display numbers in ``unit``; ``change`` is relative
     (``now / baseline - 1``) where that is meaningful. ``detail`` says why, in words a
     reviewer can act on; ``data`` holds the numbers behind it (intervals, per-device values).
+
+    Frozen: a check builds its result complete, and whatever changes a verdict afterwards
+    (a confirmation, A/B mode) makes a new one (:func:`dataclasses.replace`).
     """
 
     metric: str

@@ -34,6 +34,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -47,12 +48,14 @@ UNIT = "s"
 MIN_CHANGE_S = 0.5
 
 
-def _probe(block: dict[str, Any]) -> tuple[str, list[float]]:
-    probe = block.get("probe") or {}
-    return str(probe.get("kind") or ""), [float(t) for t in probe.get("samples") or []]
+def _probe(block: Block) -> tuple[str, list[float]]:
+    probe = block.probe
+    if probe is None:
+        return "", []
+    return str(probe.kind or ""), [float(t) for t in probe.samples or []]
 
 
-def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_compile_time(block: BlockLike, baseline: BlockLike | None,
                        tol: Tolerances, *, comparable: bool,
                        compile_load: dict[str, Any] | None = None,
                        max_foreign_load: float | None = None) -> CheckResult | None:
@@ -60,23 +63,23 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
     it timed. ``compile_load`` is what other processes used while this run compiled
     (:meth:`~pytest_accelperf.contention.Load.to_json`); past ``max_foreign_load`` cores a
     change is not judged."""
-    now = block.get("compile_time")
+    block, baseline = read_block(block), read_block(baseline)
+    now: Any = block.compile_time
     if not isinstance(now, int | float) or now <= 0:
         return None
     now = float(now)
     if baseline is None:
         return new_result(METRIC, now=now, unit=UNIT)
-    base = baseline.get("compile_time")
+    base: Any = baseline.compile_time
     if not isinstance(base, int | float) or base <= 0:
         return missing_in_baseline(METRIC, "compile time", baseline, now=now, unit=UNIT)
     base = float(base)
     tolerance = tol.compile_tolerance
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
-                         change=now / base - 1, data={"tolerance": tolerance})
     if not comparable:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = "baseline recorded in another environment; compile time not compared"
-        return result
+        return CheckResult(METRIC, Verdict.INCOMPARABLE,
+                           "baseline recorded in another environment; compile time not "
+                           "compared", baseline=base, now=now, unit=UNIT,
+                           change=now / base - 1, data={"tolerance": tolerance})
     ratio, how = now / base, "raw"
     (now_kind, now_probe), (base_kind, base_probe) = _probe(block), _probe(baseline)
     unsteady = max(spread(now_probe), spread(base_probe)) if now_probe and base_probe else 0.0
@@ -84,8 +87,7 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
             unsteady <= tol.max_probe_spread:
         machine = statistics.median(now_probe) / statistics.median(base_probe)
         ratio, how = ratio / machine, f"corrected for a machine {machine:.2f}x the baseline's"
-    result.change = ratio - 1
-    result.data.update({"ratio": ratio, "correction": how})
+    data: dict[str, Any] = {"tolerance": tolerance, "ratio": ratio, "correction": how}
     # Symmetric in the ratio: twice as long, or half as long, at the default of 1.0.
     beyond = (ratio > 1 + tolerance or ratio < 1 / (1 + tolerance)) and \
         abs(now - base) >= MIN_CHANGE_S
@@ -94,25 +96,26 @@ def check_compile_time(block: dict[str, Any], baseline: dict[str, Any] | None,
              f"{MIN_CHANGE_S:g} s not counted)")
     foreign = float((compile_load or {}).get("foreign_cores") or 0.0)
     if compile_load is not None:
-        result.data["load"] = dict(compile_load)
+        data["load"] = dict(compile_load)
+    verdict, detail = Verdict.PASS, words
     if not beyond:
-        result.detail = words
+        pass
     elif max_foreign_load is not None and foreign > max_foreign_load:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = (f"{words}; not judged: other processes used {foreign:.2f} cores on "
-                         f"average while it compiled (bound {max_foreign_load:g}, "
-                         f"--accelperf-max-foreign-load), a compile beside another job")
+        verdict = Verdict.INCONCLUSIVE
+        detail = (f"{words}; not judged: other processes used {foreign:.2f} cores on "
+                  f"average while it compiled (bound {max_foreign_load:g}, "
+                  f"--accelperf-max-foreign-load), a compile beside another job")
     elif unsteady > tol.max_probe_spread:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = (f"{words}; the probe was too unsteady (IQR {unsteady:.0%} of its "
-                         f"median) to tell a slower compile from a contended machine")
+        verdict = Verdict.INCONCLUSIVE
+        detail = (f"{words}; the probe was too unsteady (IQR {unsteady:.0%} of its "
+                  f"median) to tell a slower compile from a contended machine")
     elif ratio > 1:
-        result.verdict = Verdict.REGRESSION
-        result.detail = words
+        verdict = Verdict.REGRESSION
     else:
-        result.verdict = Verdict.IMPROVEMENT
-        result.detail = f"{words}; run with --accelperf-update to record it"
-    return result
+        verdict = Verdict.IMPROVEMENT
+        detail = f"{words}; run with --accelperf-update to record it"
+    return CheckResult(METRIC, verdict, detail, baseline=base, now=now, unit=UNIT,
+                       change=ratio - 1, data=data)
 
 
 class CompileCheck(BaseCheck):

@@ -24,8 +24,10 @@ that names the step, with or without a baseline.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import BlockLike, Loss, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
@@ -52,7 +54,7 @@ def _step(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else fmt_num(x)
 
 
-def nan_result(run: Run, baseline: dict[str, Any] | None) -> CheckResult:
+def nan_result(run: Run, baseline: BlockLike | None) -> CheckResult:
     """The regression for a run whose loss became non-finite, naming the step."""
     value = math.nan
     step = run.nan_step
@@ -67,54 +69,58 @@ def nan_result(run: Run, baseline: dict[str, Any] | None) -> CheckResult:
                 break
     shown = "nan" if math.isnan(value) else fmt_num(value)
     detail = f"loss is {shown} at step {step}" if step is not None else f"loss is {shown}"
-    base_final = ((baseline or {}).get("loss") or {}).get("final")
+    stored = read_block(baseline)
+    base_final = stored.loss.final if stored is not None and stored.loss else None
     return CheckResult(METRIC, Verdict.REGRESSION, detail, baseline=base_final, now=value,
                        unit=UNIT, data={"nan_step": step})
 
 
-def _points(block: dict[str, Any] | None) -> list[tuple[float, float]]:
-    loss = (block or {}).get("loss") or {}
-    return [(float(s), float(v)) for s, v in loss.get("checkpoints") or []]
+def _points(loss: Loss | None) -> list[tuple[float, float]]:
+    return [(float(s), float(v)) for s, v in (loss.checkpoints if loss else None) or []]
 
 
-def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
+def _steps(loss: Loss | None, default: int) -> int:
+    """The step count of ``loss``, ``default`` where it has none."""
+    return loss.steps if loss is not None and loss.steps is not None else default
+
+
+def check_convergence(run: Run, block: BlockLike, baseline: BlockLike | None,
                       tol: Tolerances, *, either_way: bool = False) -> CheckResult | None:
     """The loss curve of ``block`` against ``baseline``'s; None with no curve on either side.
     ``either_way``: below the band is a regression too."""
     if run.outcome == "nan":
         return nan_result(run, baseline)
-    now_loss: dict[str, Any] = block.get("loss") or {}
-    now_points = _points(block)
-    now_final: float | None = now_loss.get("final")
-    base_points = _points(baseline)
+    now, stored = read_block(block), read_block(baseline)
+    now_loss = now.loss
+    now_points = _points(now_loss)
+    now_final = now_loss.final if now_loss else None
+    base_loss = stored.loss if stored is not None else None
+    base_points = _points(base_loss)
     if not now_points and not base_points:
         return None
-    if baseline is None:
+    if stored is None:
         return new_result(METRIC, now=now_final, unit=UNIT,
                           data={"checkpoints": [[s, v] for s, v in now_points]})
-    base_loss: dict[str, Any] = baseline.get("loss") or {}
     if not base_points:
-        return missing_in_baseline(METRIC, "loss curve", baseline, now=now_final, unit=UNIT)
-    base_final: float | None = base_loss.get("final")
+        return missing_in_baseline(METRIC, "loss curve", stored, now=now_final, unit=UNIT)
+    base_final = base_loss.final if base_loss else None
 
+    change = now_final / base_final - 1 if now_final is not None and base_final else None
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_final, now=now_final,
-                         unit=UNIT)
-    if now_final is not None and base_final:
-        result.change = now_final / base_final - 1
-    result.data = {"rtol": tol.loss_rtol, "atol": tol.loss_atol}
+                         unit=UNIT, change=change)
+    data: dict[str, Any] = {"rtol": tol.loss_rtol, "atol": tol.loss_atol}
 
     now_steps = [s for s, _ in now_points]
     base_steps = [s for s, _ in base_points]
     if now_steps != base_steps:
-        result.verdict = Verdict.INCOMPARABLE
-        n, m = now_loss.get("steps", len(now_points)), base_loss.get("steps", len(base_points))
+        n, m = _steps(now_loss, len(now_points)), _steps(base_loss, len(base_points))
         if n != m:
-            result.detail = f"loss curve has {n} steps, baseline {m}; {_REMEDY}"
+            detail = f"loss curve has {n} steps, baseline {m}; {_REMEDY}"
         else:
-            result.detail = (f"loss checkpoints at steps {[_step(s) for s in now_steps]} differ "
-                             f"from the baseline's {[_step(s) for s in base_steps]}; {_REMEDY}")
-        result.data.update({"steps": n, "baseline_steps": m})
-        return result
+            detail = (f"loss checkpoints at steps {[_step(s) for s in now_steps]} differ "
+                      f"from the baseline's {[_step(s) for s in base_steps]}; {_REMEDY}")
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=detail,
+                       data={**data, "steps": n, "baseline_steps": m})
 
     rows: list[list[float]] = []
     worst: tuple[float, float] | None = None  # (relative deviation, step)
@@ -122,58 +128,54 @@ def check_convergence(run: Run, block: dict[str, Any], baseline: dict[str, Any] 
         b = band(base_v, tol)
         rows.append([step, base_v, now_v, b])
         if not math.isfinite(base_v):
-            result.verdict = Verdict.INCOMPARABLE
-            result.detail = f"the baseline's loss at step {_step(step)} is {base_v}; {_REMEDY}"
-            result.data["checkpoints"] = rows
-            return result
+            return replace(result, verdict=Verdict.INCOMPARABLE,
+                           detail=(f"the baseline's loss at step {_step(step)} is {base_v}; "
+                                   f"{_REMEDY}"),
+                           data={**data, "checkpoints": rows})
         if not math.isfinite(now_v) or now_v - base_v > b:
-            result.verdict = Verdict.REGRESSION
-            result.detail = (f"loss at step {_step(step)} is {fmt_num(now_v)}, above the "
-                             f"baseline's {fmt_num(base_v)} ± {fmt_num(b, 3)} "
-                             f"({_band_text(tol)})")
-            result.data.update({"checkpoints": rows, "step": step})
-            return result
+            return replace(result, verdict=Verdict.REGRESSION,
+                           detail=(f"loss at step {_step(step)} is {fmt_num(now_v)}, above "
+                                   f"the baseline's {fmt_num(base_v)} ± {fmt_num(b, 3)} "
+                                   f"({_band_text(tol)})"),
+                           data={**data, "checkpoints": rows, "step": step})
         if either_way and base_v - now_v > b:
-            result.verdict = Verdict.REGRESSION
-            result.detail = (f"loss at step {_step(step)} is {fmt_num(now_v)}, below the "
-                             f"baseline's {fmt_num(base_v)} ± {fmt_num(b, 3)} "
-                             f"({_band_text(tol)}): the training changed "
-                             f"(--accelperf-loss-either-way); if intended, {_REMEDY}")
-            result.data.update({"checkpoints": rows, "step": step, "either_way": True})
-            return result
+            return replace(result, verdict=Verdict.REGRESSION,
+                           detail=(f"loss at step {_step(step)} is {fmt_num(now_v)}, below "
+                                   f"the baseline's {fmt_num(base_v)} ± {fmt_num(b, 3)} "
+                                   f"({_band_text(tol)}): the training changed "
+                                   f"(--accelperf-loss-either-way); if intended, {_REMEDY}"),
+                           data={**data, "checkpoints": rows, "step": step,
+                                 "either_way": True})
         dev = (now_v - base_v) / base_v if base_v else now_v - base_v
         if worst is None or abs(dev) > abs(worst[0]):
             worst = (dev, step)
-    result.data["checkpoints"] = rows
+    data["checkpoints"] = rows
 
     if now_final is not None and base_final is not None:
         b = band(base_final, tol)
-        result.data["final"] = {"baseline": base_final, "now": now_final, "band": b}
+        data["final"] = {"baseline": base_final, "now": now_final, "band": b}
         if not math.isfinite(now_final) or now_final - base_final > b:
-            result.verdict = Verdict.REGRESSION
-            result.detail = (f"final loss is {fmt_num(now_final)}, above the baseline's "
-                             f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)})")
-            return result
+            return replace(result, verdict=Verdict.REGRESSION, data=data, detail=(
+                f"final loss is {fmt_num(now_final)}, above the baseline's "
+                f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)})"))
         if base_final - now_final > b and either_way:
-            result.verdict = Verdict.REGRESSION
-            result.detail = (f"final loss is {fmt_num(now_final)}, below the baseline's "
-                             f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)}): "
-                             f"the training changed (--accelperf-loss-either-way); if "
-                             f"intended, {_REMEDY}")
-            result.data["either_way"] = True
-            return result
+            return replace(result, verdict=Verdict.REGRESSION,
+                           data={**data, "either_way": True}, detail=(
+                               f"final loss is {fmt_num(now_final)}, below the baseline's "
+                               f"{fmt_num(base_final)} ± {fmt_num(b, 3)} "
+                               f"({_band_text(tol)}): the training changed "
+                               f"(--accelperf-loss-either-way); if intended, {_REMEDY}"))
         if base_final - now_final > b:
-            result.verdict = Verdict.IMPROVEMENT
-            result.detail = (f"final loss is {fmt_num(now_final)}, below the baseline's "
-                             f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)}); "
-                             f"run with --accelperf-update to record the new baseline")
-            return result
+            return replace(result, verdict=Verdict.IMPROVEMENT, data=data, detail=(
+                f"final loss is {fmt_num(now_final)}, below the baseline's "
+                f"{fmt_num(base_final)} ± {fmt_num(b, 3)} ({_band_text(tol)}); "
+                f"run with --accelperf-update to record the new baseline"))
 
-    result.detail = f"all {len(rows)} checkpoints within the band ({_band_text(tol)})"
+    detail = f"all {len(rows)} checkpoints within the band ({_band_text(tol)})"
     if worst is not None:
-        result.detail += (f"; largest deviation {fmt_signed_percent(worst[0])} at step "
-                          f"{_step(worst[1])}")
-    return result
+        detail += (f"; largest deviation {fmt_signed_percent(worst[0])} at step "
+                   f"{_step(worst[1])}")
+    return replace(result, detail=detail, data=data)
 
 
 def loss_checkpoints(losses: list[float], steps: list[int] | None = None,

@@ -48,8 +48,10 @@ the baseline was recorded in; a baseline recorded before input times were kept g
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import BlockLike, InputTime, StepTime, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -79,9 +81,8 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
-def _samples(block: dict[str, Any] | None, key: str) -> list[float]:
-    part = (block or {}).get(key) or {}
-    return [float(t) for t in part.get("samples") or []]
+def _samples(part: InputTime | StepTime | None) -> list[float]:
+    return [float(t) for t in (part.samples if part else None) or []]
 
 
 def _share_text(input_s: float, step: float | None) -> str:
@@ -94,15 +95,16 @@ def input_bound(inputs: list[float], steps: list[float]) -> int:
     return sum(1 for made, ran in zip(inputs, steps, strict=False) if made > ran)
 
 
-def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tolerances, *,
+def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
                 comparable: bool = True) -> CheckResult | None:
     """``block``'s input CPU time against ``baseline``'s (see the module docstring); None
     when this run timed no input (a backend that does not, an ingested log)."""
-    now_samples = _samples(block, "input")
+    block, baseline = read_block(block), read_block(baseline)
+    now_samples = _samples(block.input)
     if not now_samples:
         return None
     now = statistics.median(now_samples)
-    step_samples = _samples(block, "step_time")
+    step_samples = _samples(block.step_time)
     step_now = statistics.median(step_samples) if step_samples else None
     bound = input_bound(now_samples, step_samples)
     data: dict[str, Any] = {
@@ -110,7 +112,7 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
         "share": now / step_now if step_now else None,
         "input_bound_steps": bound, "steps": len(now_samples),
     }
-    wall = (block.get("input") or {}).get("wall_median")
+    wall = block.input.wall_median if block.input else None
     if isinstance(wall, int | float):
         data["wall_median"] = float(wall)
         data["wait_median"] = max(0.0, float(wall) - now)
@@ -120,24 +122,23 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
         return new_result(METRIC, now=now, unit=UNIT, data=data,
                           detail=f"no baseline; run with --accelperf-update to record it"
                                  f"{bound_text}")
-    base_samples = _samples(baseline, "input")
+    base_samples = _samples(baseline.input)
     if not base_samples:
         result = missing_in_baseline(METRIC, "input time", baseline, now=now, unit=UNIT)
-        result.data.update(data)
-        result.detail += bound_text
-        return result
+        return replace(result, data={**result.data, **data},
+                       detail=result.detail + bound_text)
     base = statistics.median(base_samples)
-    base_steps = _samples(baseline, "step_time")
+    base_steps = _samples(baseline.step_time)
     step_base = statistics.median(base_steps) if base_steps else None
     data["baseline_share"] = base / step_base if step_base else None
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
-                         change=now / base - 1 if base > 0 else None, data=data)
+                         change=now / base - 1 if base > 0 else None)
     words = (f"input {_ms(now)} CPU per step ({_share_text(now, step_now)}), baseline "
              f"{_ms(base)} ({_share_text(base, step_base)})")
     if not comparable:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = "baseline recorded in another environment; input time not compared"
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
+                       detail="baseline recorded in another environment; input time not "
+                              "compared")
     # The floor: a change that moves the training by less than MIN_SHARE of its step is
     # not judged, however sure (module docstring). The longer of the two medians: a session
     # whose steps the machine slowed (4x, measured) slowed sub-millisecond CPU times too.
@@ -150,18 +151,16 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
                if step_ref and floor > MIN_CHANGE_S else
                f"under the {_ms(MIN_CHANGE_S)} from which an input change is judged (a "
                f"thread's CPU time moves by tenths of a millisecond between processes)")
-        result.detail = f"{words}: a change of {_ms(abs(now - base))}, {why}{bound_text}"
-        return result
+        return replace(result, data=dict(data), detail=(
+            f"{words}: a change of {_ms(abs(now - base))}, {why}{bound_text}"))
     if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = (f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: "
-                         f"too few to judge{bound_text}")
-        return result
+        return replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
+            f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: "
+            f"too few to judge{bound_text}"))
     est = step_time_ratio([max(t, FLOOR_S) for t in now_samples],
                           [max(t, FLOOR_S) for t in base_samples])
     tolerance = tol.input_tolerance
-    result.verdict = throughput_verdict(est, tolerance)
-    result.change = est.ratio - 1
+    verdict = throughput_verdict(est, tolerance)
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
                  "confidence": est.confidence})
     stats_text = (f"{fmt_ratio(est.ratio)}x the baseline's, {est.confidence * 100:.0f}% CI "
@@ -169,9 +168,9 @@ def check_input(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tol
                   f"{fmt_tolerance(tolerance)}")
     tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
             Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
-                result.verdict, "")
-    result.detail = f"{words}: {stats_text}{tail}{bound_text}"
-    return result
+                verdict, "")
+    return replace(result, verdict=verdict, change=est.ratio - 1, data=dict(data),
+                   detail=f"{words}: {stats_text}{tail}{bound_text}")
 
 
 def input_block(run: Run) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pytest_accelperf.block import BlockLike, MaxBatch, read_block
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -32,51 +33,48 @@ def _cap(n: Any) -> str:
     return fmt_bytes(n) if n is not None else "the device's capacity"
 
 
-def _value(search: dict[str, Any]) -> int:
-    value = search.get("value")
-    return int(value) if value is not None else 0
+def _value(search: MaxBatch) -> int:
+    return int(search.value) if search.value is not None else 0
 
 
-def check_max_batch(block: dict[str, Any], baseline: dict[str, Any] | None) -> CheckResult | None:
+def check_max_batch(block: BlockLike, baseline: BlockLike | None) -> CheckResult | None:
     """The block's max-batch search against the baseline's; None when the case has none."""
-    now: dict[str, Any] | None = block.get("max_batch")
+    block, baseline = read_block(block), read_block(baseline)
+    now = block.max_batch
     if now is None:
         return None
     now_value = _value(now)
-    shown_now = float(now_value) if now.get("value") is not None else None
+    shown_now = float(now_value) if now.value is not None else None
     if baseline is None:
         return new_result(METRIC, now=shown_now, unit=UNIT)
-    base: dict[str, Any] | None = baseline.get("max_batch")
+    base = baseline.max_batch
     if base is None:
         return missing_in_baseline(METRIC, "max-batch search", baseline, now=shown_now,
                                    unit=UNIT)
     base_value = _value(base)
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=float(base_value), now=shown_now,
-                         unit=UNIT, data={"now": now, "baseline": base})
-    if base_value:
-        result.change = now_value / base_value - 1
-    if (now.get("capacity_bytes") != base.get("capacity_bytes")
-            or now.get("multiple_of", 1) != base.get("multiple_of", 1)):
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"searched against {_cap(now.get('capacity_bytes'))} in steps of "
-                         f"{now.get('multiple_of', 1)}, the baseline against "
-                         f"{_cap(base.get('capacity_bytes'))} in steps of "
-                         f"{base.get('multiple_of', 1)}; re-record with --accelperf-update")
-        return result
-    cap = _cap(now.get("capacity_bytes"))
-    if now_value < base_value:
-        result.verdict = Verdict.REGRESSION
-        first_fail = min((int(b) for b, ok, _ in now.get("probes", []) if not ok), default=None)
+    change = now_value / base_value - 1 if base_value else None
+    cap = _cap(now.capacity_bytes)
+    if now.capacity_bytes != base.capacity_bytes or now.multiple_of != base.multiple_of:
+        verdict = Verdict.INCOMPARABLE
+        detail = (f"searched against {cap} in steps of {now.multiple_of}, the baseline "
+                  f"against {_cap(base.capacity_bytes)} in steps of {base.multiple_of}; "
+                  f"re-record with --accelperf-update")
+    elif now_value < base_value:
+        verdict = Verdict.REGRESSION
+        first_fail = min((int(b) for b, ok, _ in now.probes if not ok), default=None)
         why = (f"; batch {first_fail} does not fit" if first_fail is not None else "")
-        result.detail = (f"the largest batch that fits in {cap} dropped from {base_value} to "
-                         f"{now_value}{why}")
+        detail = (f"the largest batch that fits in {cap} dropped from {base_value} to "
+                  f"{now_value}{why}")
     elif now_value > base_value:
-        result.verdict = Verdict.IMPROVEMENT
-        result.detail = (f"the largest batch that fits in {cap} grew from {base_value} to "
-                         f"{now_value}; run with --accelperf-update to record it")
+        verdict = Verdict.IMPROVEMENT
+        detail = (f"the largest batch that fits in {cap} grew from {base_value} to "
+                  f"{now_value}; run with --accelperf-update to record it")
     else:
-        result.detail = f"the largest batch that fits in {cap} is still {now_value}"
-    return result
+        verdict = Verdict.PASS
+        detail = f"the largest batch that fits in {cap} is still {now_value}"
+    return CheckResult(METRIC, verdict, detail, baseline=float(base_value), now=shown_now,
+                       unit=UNIT, change=change,
+                       data={"now": now.to_json(), "baseline": base.to_json()})
 
 
 class MaxBatchCheck(BaseCheck):

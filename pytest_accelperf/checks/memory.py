@@ -24,8 +24,10 @@ torch profiler's allocations on counted steps, the CUDA allocator), growth beyon
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, Growth, Memory, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow, one
@@ -57,9 +59,10 @@ def _ratio(now: int, base: int) -> float:
     return 1.0 if now == 0 else float("inf")
 
 
-def _memory(block: dict[str, Any] | None) -> dict[str, Any]:
-    mem: dict[str, Any] = (block or {}).get("memory") or {}
-    return mem
+def _memory(block: Block | None) -> Memory:
+    """``block``'s memory record; an empty one where it has none."""
+    mem = block.memory if block is not None else None
+    return mem if mem is not None else Memory.model_construct(per_device={})
 
 
 def leak_sentence(growth: dict[str, Any]) -> str:
@@ -71,64 +74,62 @@ def leak_sentence(growth: dict[str, Any]) -> str:
             f"{growth.get('source', '?')})")
 
 
-def _leak(result: CheckResult | None, block: dict[str, Any],
-          tol: Tolerances) -> CheckResult | None:
+def _leak(result: CheckResult | None, block: Block, tol: Tolerances) -> CheckResult | None:
     """``result`` made a regression when live memory grew per step beyond
     ``leak_bytes_per_step``, baseline or not: a step that keeps something alive each step
     runs out of memory in a long training, whatever its peak over a few steps."""
-    growth = _memory(block).get("growth")
-    if not isinstance(growth, dict):
+    record = _memory(block).growth
+    if not isinstance(record, Growth):
         return result
-    per_step = float(growth.get("bytes_per_step") or 0.0)
+    growth = record.to_json()
+    per_step = float(record.bytes_per_step or 0.0)
     if result is not None:
-        result.data["growth"] = growth
+        result = replace(result, data={**result.data, "growth": growth})
     if per_step <= tol.leak_bytes_per_step:
         return result
     if result is None:
         result = CheckResult(METRIC, Verdict.REGRESSION, "", unit=UNIT, data={"growth": growth})
-    result.verdict = Verdict.REGRESSION
-    result.data["leak"] = True  # judged without the baseline: accepting one cannot clear it
-    result.detail = (f"{leak_sentence(growth)}: a leak (tolerance "
-                     f"{fmt_bytes(tol.leak_bytes_per_step)} per step; something the step "
-                     f"keeps alive each step, e.g. a tensor appended to a list)")
-    return result
+    # Judged without the baseline: accepting one cannot clear it.
+    return replace(result, verdict=Verdict.REGRESSION, data={**result.data, "leak": True},
+                   detail=(f"{leak_sentence(growth)}: a leak (tolerance "
+                           f"{fmt_bytes(tol.leak_bytes_per_step)} per step; something the "
+                           f"step keeps alive each step, e.g. a tensor appended to a list)"))
 
 
-def check_memory(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_memory(block: BlockLike, baseline: BlockLike | None,
                  tol: Tolerances) -> CheckResult | None:
     """Peak memory per device of ``block`` against ``baseline``'s, and live memory's growth
     per step (a leak, judged with or without a baseline); None without any."""
+    block, baseline = read_block(block), read_block(baseline)
     return _leak(_check_peak(block, baseline, tol), block, tol)
 
 
-def _check_peak(block: dict[str, Any], baseline: dict[str, Any] | None,
-                tol: Tolerances) -> CheckResult | None:
+def _check_peak(block: Block, baseline: Block | None, tol: Tolerances) -> CheckResult | None:
     now_mem, base_mem = _memory(block), _memory(baseline)
-    now_dev: dict[str, int] = {k: int(v) for k, v in (now_mem.get("per_device") or {}).items()}
-    base_dev: dict[str, int] = {k: int(v) for k, v in (base_mem.get("per_device") or {}).items()}
+    now_dev: dict[str, int] = {k: int(v) for k, v in (now_mem.per_device or {}).items()}
+    base_dev: dict[str, int] = {k: int(v) for k, v in (base_mem.per_device or {}).items()}
     now_peak = float(max(now_dev.values())) if now_dev else None
     if not now_dev and not base_dev:
         return None
     if baseline is None:
         return new_result(METRIC, now=now_peak, unit=UNIT,
-                          data={"per_device": now_dev, "source": now_mem.get("source", "")})
+                          data={"per_device": now_dev, "source": now_mem.source})
     if not base_dev:
         missing = missing_in_baseline(METRIC, "memory record", baseline, now=now_peak, unit=UNIT)
-        missing.data["source"] = now_mem.get("source", "")
-        return missing
+        return replace(missing, data={**missing.data, "source": now_mem.source})
 
     base_peak = float(max(base_dev.values()))
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_peak, now=now_peak, unit=UNIT)
-    if now_peak is not None and base_peak:
-        result.change = now_peak / base_peak - 1
+    change = now_peak / base_peak - 1 if now_peak is not None and base_peak else None
     tolerance = tol.memory_tolerance
-    now_src, base_src = now_mem.get("source", ""), base_mem.get("source", "")
-    result.data = {"tolerance": tolerance, "source": now_src, "baseline_source": base_src}
+    now_src, base_src = now_mem.source, base_mem.source
+    data: dict[str, Any] = {"tolerance": tolerance, "source": now_src,
+                            "baseline_source": base_src}
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_peak, now=now_peak, unit=UNIT,
+                         change=change, data=data)
 
     if not now_dev:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = f"this run recorded no device memory, the baseline did; {_REMEDY}"
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            f"this run recorded no device memory, the baseline did; {_REMEDY}"))
     if set(now_dev) != set(base_dev):
         only_now = sorted(set(now_dev) - set(base_dev), key=device_order)
         only_base = sorted(set(base_dev) - set(now_dev), key=device_order)
@@ -137,52 +138,46 @@ def _check_peak(block: dict[str, Any], baseline: dict[str, Any] | None,
             parts.append(f"only now: {_names(only_now)}")
         if only_base:
             parts.append(f"only in the baseline: {_names(only_base)}")
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"devices differ from the baseline's ({'; '.join(parts)}); {_REMEDY}")
-        result.data.update({"devices": sorted(now_dev, key=device_order),
-                            "baseline_devices": sorted(base_dev, key=device_order)})
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE,
+                       detail=f"devices differ from the baseline's ({'; '.join(parts)}); {_REMEDY}",
+                       data={**data, "devices": sorted(now_dev, key=device_order),
+                             "baseline_devices": sorted(base_dev, key=device_order)})
     if now_src and base_src and now_src != base_src:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"memory counted by {now_src}, the baseline's by {base_src}; "
-                         f"{_REMEDY}")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            f"memory counted by {now_src}, the baseline's by {base_src}; {_REMEDY}"))
 
     labels = sorted(now_dev, key=device_order)
     ratios = {d: _ratio(now_dev[d], base_dev[d]) for d in labels}
-    result.data["per_device"] = {d: {"baseline": base_dev[d], "now": now_dev[d],
-                                     "ratio": ratios[d]} for d in labels}
+    data["per_device"] = {d: {"baseline": base_dev[d], "now": now_dev[d],
+                              "ratio": ratios[d]} for d in labels}
     worst_up = max(labels, key=lambda d: ratios[d])  # first of the largest, in device order
 
     def numbers(d: str) -> str:
         return f"{fmt_bytes(now_dev[d])}, baseline {fmt_bytes(base_dev[d])}"
 
-    def change(d: str) -> str:
+    def change_text(d: str) -> str:
         return f"{fmt_signed_percent(ratios[d] - 1)}, tolerance {fmt_tolerance(tolerance)}"
 
     over = [d for d in labels if ratios[d] > 1 + tolerance]
     if over:
-        result.verdict = Verdict.REGRESSION
-        result.detail = f"peak memory on {worst_up} is {numbers(worst_up)} ({change(worst_up)})"
+        detail = f"peak memory on {worst_up} is {numbers(worst_up)} ({change_text(worst_up)})"
         if len(labels) > 1:
-            result.detail += f"; {len(over)} of {len(labels)} devices over: {_names(over)}"
-        result.data["device"] = worst_up
-        return result
+            detail += f"; {len(over)} of {len(labels)} devices over: {_names(over)}"
+        return replace(result, verdict=Verdict.REGRESSION, detail=detail,
+                       data={**data, "device": worst_up})
     if all(r < 1 - tolerance for r in ratios.values()):
-        result.verdict = Verdict.IMPROVEMENT
         least = max(labels, key=lambda d: ratios[d])
         scope = f"all {len(labels)} devices" if len(labels) > 1 else labels[0]
-        result.detail = (f"peak memory down by at least {fmt_percent(1 - ratios[least])} on "
-                         f"{scope} (least on {least}: {numbers(least)}; tolerance "
-                         f"{fmt_tolerance(tolerance)}); run with --accelperf-update to record "
-                         f"the new baseline")
-        return result
+        return replace(result, verdict=Verdict.IMPROVEMENT, data=data, detail=(
+            f"peak memory down by at least {fmt_percent(1 - ratios[least])} on "
+            f"{scope} (least on {least}: {numbers(least)}; tolerance "
+            f"{fmt_tolerance(tolerance)}); run with --accelperf-update to record "
+            f"the new baseline"))
     worst = max(labels, key=lambda d: abs(ratios[d] - 1))
     scope = f"on all {len(labels)} devices" if len(labels) > 1 else f"on {labels[0]}"
-    result.detail = (f"peak memory within {fmt_tolerance(tolerance)} {scope} (largest change "
-                     f"{fmt_signed_percent(ratios[worst] - 1)} on {worst})")
-    result.data["device"] = worst
-    return result
+    return replace(result, data={**data, "device": worst}, detail=(
+        f"peak memory within {fmt_tolerance(tolerance)} {scope} (largest change "
+        f"{fmt_signed_percent(ratios[worst] - 1)} on {worst})"))
 
 
 class MemoryCheck(BaseCheck):
@@ -195,7 +190,7 @@ class MemoryCheck(BaseCheck):
     sections = ("memory",)
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
-        if not given.ok and given.baseline is not None and not given.baseline.get("memory"):
+        if not given.ok and given.baseline is not None and not given.baseline.memory:
             return ()
         return one(check_memory(given.block, given.baseline, given.tol))
 

@@ -18,8 +18,10 @@ changed), so a checkpoint or final value outside the band, on either side, is a
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, Loss, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import loss_checkpoints
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
@@ -30,27 +32,28 @@ from pytest_accelperf.units import fmt_num, fmt_tolerance, round_sig
 _REMEDY = "re-record with --accelperf-update"
 
 
-def _points(curve: dict[str, Any] | None) -> list[tuple[float, float]]:
-    return [(float(s), float(v)) for s, v in (curve or {}).get("checkpoints") or []]
+def _points(curve: Loss | None) -> list[tuple[float, float]]:
+    return [(float(s), float(v)) for s, v in (curve.checkpoints if curve else None) or []]
 
 
 def _step(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else fmt_num(x)
 
 
-def check_metrics(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_metrics(block: BlockLike, baseline: BlockLike | None,
                   tol: Tolerances) -> list[CheckResult]:
     """One result per step metric of ``block`` or ``baseline``, by name."""
-    now: dict[str, Any] = block.get("metrics") or {}
-    base: dict[str, Any] = (baseline or {}).get("metrics") or {}
+    block, baseline = read_block(block), read_block(baseline)
+    now = block.metrics or {}
+    base = (baseline.metrics if baseline is not None else None) or {}
     return [check_metric(name, now.get(name), base.get(name), baseline, tol)
             for name in sorted(set(now) | set(base))]
 
 
-def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | None,
-                 baseline: dict[str, Any] | None, tol: Tolerances) -> CheckResult:
+def check_metric(name: str, now: Loss | None, base: Loss | None, baseline: Block | None,
+                 tol: Tolerances) -> CheckResult:
     """The curve ``now`` of metric ``name`` against the baseline's ``base``."""
-    now_final: float | None = (now or {}).get("final")
+    now_final = now.final if now else None
     if baseline is None:
         return new_result(name, now=now_final,
                           data={"checkpoints": [[s, v] for s, v in _points(now)]})
@@ -58,23 +61,22 @@ def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | N
         return CheckResult(name, Verdict.INCOMPARABLE,
                            f"the baseline recorded metric {name!r}, which this run's step no "
                            f"longer returns; {_REMEDY}",
-                           baseline=(base or {}).get("final"))
+                           baseline=base.final if base else None)
     if base is None:
         return missing_in_baseline(name, f"curve of metric {name!r}", baseline, now=now_final)
-    base_final: float | None = base.get("final")
-    result = CheckResult(name, Verdict.PASS, "", baseline=base_final, now=now_final)
-    if now_final is not None and base_final:
-        result.change = now_final / base_final - 1
+    base_final = base.final
+    change = now_final / base_final - 1 if now_final is not None and base_final else None
     now_points, base_points = _points(now), _points(base)
     scale = max([abs(v) for _, v in base_points] + [abs(base_final or 0.0)])
     atol = tol.loss_atol * scale
-    result.data = {"rtol": tol.loss_rtol, "atol": atol, "scale": scale}
+    data: dict[str, Any] = {"rtol": tol.loss_rtol, "atol": atol, "scale": scale}
+    result = CheckResult(name, Verdict.PASS, "", baseline=base_final, now=now_final,
+                         change=change, data=data)
     band_text = f"rtol {fmt_tolerance(tol.loss_rtol)}, atol {fmt_num(atol, 3)}"
     if [s for s, _ in now_points] != [s for s, _ in base_points]:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"{name} has {now.get('steps')} steps, the baseline "
-                         f"{base.get('steps')}; {_REMEDY}")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE,
+                       detail=(f"{name} has {now.steps} steps, the baseline "
+                               f"{base.steps}; {_REMEDY}"))
     rows: list[list[float]] = []
     points = [*now_points, *([(math.inf, now_final)] if now_final is not None
                              and base_final is not None else [])]
@@ -87,15 +89,15 @@ def check_metric(name: str, now: dict[str, Any] | None, base: dict[str, Any] | N
             rows.append([step, base_v, now_v, band])
         if not math.isfinite(now_v) or abs(now_v - base_v) > band:
             side = "above" if now_v > base_v else "below"
-            result.verdict = Verdict.REGRESSION
-            result.detail = (f"{name} {where} is {fmt_num(now_v)}, {side} the baseline's "
-                             f"{fmt_num(base_v)} ± {fmt_num(band, 3)} ({band_text}): the "
-                             f"training step changed; if intended, {_REMEDY}")
-            result.data.update({"checkpoints": rows, "step": None if math.isinf(step) else step})
-            return result
-    result.data["checkpoints"] = rows
-    result.detail = f"all {len(rows)} checkpoints within the band ({band_text})"
-    return result
+            return replace(
+                result, verdict=Verdict.REGRESSION,
+                detail=(f"{name} {where} is {fmt_num(now_v)}, {side} the baseline's "
+                        f"{fmt_num(base_v)} ± {fmt_num(band, 3)} ({band_text}): the "
+                        f"training step changed; if intended, {_REMEDY}"),
+                data={**data, "checkpoints": rows,
+                      "step": None if math.isinf(step) else step})
+    return replace(result, detail=f"all {len(rows)} checkpoints within the band ({band_text})",
+                   data={**data, "checkpoints": rows})
 
 
 def metric_curves(run: Run) -> dict[str, dict[str, Any]]:

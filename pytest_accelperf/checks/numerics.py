@@ -38,12 +38,13 @@ import difflib
 import hashlib
 import math
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from pytest_accelperf.block import Block, BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
@@ -284,11 +285,10 @@ def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping
         now = {"params": _section(params), STATE: _section(state) if state else None}
         names, leaves = {"params": sorted(params), STATE: sorted(state)}, now_fp
     else:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = ("the baseline's fingerprint is the compact one (a sketch per leaf), "
-                         "this run's has no sketch to compare with it; re-record with "
-                         "--accelperf-update")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            "the baseline's fingerprint is the compact one (a sketch per leaf), "
+            "this run's has no sketch to compare with it; re-record with "
+            "--accelperf-update"))
     then: dict[str, Any] = {"params": base, STATE: base.get(STATE)}
     changed: dict[str, list[str]] = {}
     diffs: list[LeafDiff] = []
@@ -327,10 +327,9 @@ def _structure_changed(result: CheckResult, changed: Mapping[str, list[str]]) ->
     and of the state's (``changed["state"]``)."""
     which = " and ".join(w for k, w in (("params", "parameter"), (STATE, "state")) if k in changed)
     changes = [c for key in ("params", STATE) for c in changed.get(key, [])]
-    result.verdict = Verdict.REGRESSION
-    result.detail = f"{which} structure changed: {_listed(changes)}"
-    result.data["changes"] = changes
-    return result
+    return replace(result, verdict=Verdict.REGRESSION,
+                   detail=f"{which} structure changed: {_listed(changes)}",
+                   data={**result.data, "changes": changes})
 
 
 def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: int = 0,
@@ -339,32 +338,30 @@ def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: 
     run's state leaves that a baseline recorded before the state was fingerprinted has
     not, named in the detail and left uncompared."""
     note = ""
+    data = dict(result.data)
     if new:
-        result.data["new"] = list(new)
+        data["new"] = list(new)
         note = (f"; new, not compared: {_listed(new)} (the state beside the parameters, which "
                 f"the baseline, recorded before the plugin fingerprinted it, lacks: "
                 f"--accelperf-update records it)")
     if not diffs:
-        result.detail = "no parameter leaves to compare" + note
-        return result
+        return replace(result, data=data, detail="no parameter leaves to compare" + note)
     worst = max(diffs, key=_rank)
     failing = [d for d in diffs if d.mismatched]
-    result.now = worst.max_abs
-    result.data.update({"max_abs": {d.path: d.max_abs for d in diffs}, "worst": worst.path})
+    data.update({"max_abs": {d.path: d.max_abs for d in diffs}, "worst": worst.path})
     if failing:
         bad = max(failing, key=_rank)
-        result.verdict = Verdict.REGRESSION
-        result.detail = (f"{bad.path} differs from the baseline fingerprint: max |Δ| = "
-                         f"{fmt_num(bad.max_abs)} ({tols}); {len(failing)} of {len(diffs)} "
-                         f"leaves differ{note}")
-        result.data["failing"] = [d.path for d in failing]
-        return result
+        return replace(result, verdict=Verdict.REGRESSION, now=worst.max_abs,
+                       data={**data, "failing": [d.path for d in failing]},
+                       detail=(f"{bad.path} differs from the baseline fingerprint: max "
+                               f"|Δ| = {fmt_num(bad.max_abs)} ({tols}); {len(failing)} of "
+                               f"{len(diffs)} leaves differ{note}"))
     n_params = len(diffs) - n_state
     counted = (f"{n_params} parameter leaves" if not n_state
                else f"{n_params} parameter and {n_state} state leaves")
-    result.detail = (f"fingerprints of {counted} match the baseline "
-                     f"(max |Δ| = {fmt_num(worst.max_abs)}, {tols}){note}")
-    return result
+    return replace(result, now=worst.max_abs, data=data, detail=(
+        f"fingerprints of {counted} match the baseline "
+        f"(max |Δ| = {fmt_num(worst.max_abs)}, {tols}){note}"))
 
 
 #: A run is compared with its baseline at a relative tolerance of at least this many times
@@ -376,18 +373,18 @@ def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: 
 SPREAD_FACTOR = 10
 
 
-def _spread(*blocks: Mapping[str, Any] | None) -> dict[str, float]:
+def _spread(*blocks: Block | None) -> dict[str, float]:
     """Per leaf, the larger replay spread of the blocks (``numerics_spread``)."""
     out: dict[str, float] = {}
     for block in blocks:
-        value: Any = (block or {}).get("numerics_spread")
+        value: Any = block.numerics_spread if block is not None else None
         for path, d in (value.items() if isinstance(value, Mapping) else ()):
             if _finite(d):
                 out[path] = max(out.get(path, 0.0), float(d))
     return out
 
 
-def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_numerics(block: BlockLike, baseline: BlockLike | None,
                    tol: Tolerances, *, same_environment: bool = True) -> CheckResult | None:
     """The parameter fingerprint of ``block`` against ``baseline``'s; None without any.
 
@@ -409,8 +406,11 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
     """
     rtol, atol = ((tol.numerics_rtol, tol.numerics_atol) if same_environment
                   else (tol.numerics_cross_rtol, tol.numerics_cross_atol))
-    now_fp: dict[str, Any] = block.get("numerics") or {}
-    base_fp: dict[str, Any] = (baseline or {}).get("numerics") or {}
+    block, baseline = read_block(block), read_block(baseline)
+    # The fingerprints as JSON, what the fingerprint's functions here (and the store's
+    # compaction, pytest_accelperf.baselines) read.
+    now_fp: dict[str, Any] = json_of(block.numerics) or {}
+    base_fp: dict[str, Any] = json_of(baseline.numerics if baseline is not None else None) or {}
     if not now_fp and not base_fp:
         return None
     if baseline is None:
@@ -419,13 +419,12 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
         return missing_in_baseline(METRIC, "parameter fingerprint", baseline, unit=UNIT)
 
     spread = _spread(block, baseline)
-    result = CheckResult(METRIC, Verdict.PASS, "", unit=UNIT,
-                         data={"rtol": rtol, "atol": atol,
-                               "leaves": _leaf_count(now_fp) if now_fp else 0})
+    data: dict[str, Any] = {"rtol": rtol, "atol": atol,
+                            "leaves": _leaf_count(now_fp) if now_fp else 0}
     tols = f"rtol {fmt_num(rtol)}, atol {fmt_num(atol)}"
     loosened = {p: SPREAD_FACTOR * d for p, d in spread.items() if SPREAD_FACTOR * d > rtol}
     if loosened:
-        result.data["spread"] = spread
+        data["spread"] = spread
         worst = max(spread, key=spread.__getitem__)
         tols += (f"; rtol {SPREAD_FACTOR}x this platform's own spread for the "
                  f"{len(loosened)} lea{'f' if len(loosened) == 1 else 'ves'} a replay of the "
@@ -438,13 +437,14 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
     if not same_environment:
         tols += ", the cross-environment tolerance: the baseline is from another environment"
     if is_compact(base_fp):
-        result.data["format"] = "compact"
+        result = CheckResult(METRIC, Verdict.PASS, "", unit=UNIT,
+                             data={**data, "format": "compact"})
         return _check_compact(result, now_fp, base_fp, rtol_of, atol, tols)
+    result = CheckResult(METRIC, Verdict.PASS, "", unit=UNIT, data=data)
     if is_compact(now_fp):
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = ("the baseline's fingerprint is per leaf (RMS and samples), this "
-                         "run's is the compact one; re-record with --accelperf-update")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            "the baseline's fingerprint is per leaf (RMS and samples), this "
+            "run's is the compact one; re-record with --accelperf-update"))
 
     # Per leaf (recorded before the compact form, and so before the state was
     # fingerprinted): the run's state leaves are new unless the baseline has some.
@@ -469,11 +469,10 @@ def check_numerics(block: dict[str, Any], baseline: dict[str, Any] | None,
         for path in sorted(now_s):
             now_v, base_v = _fingerprint_values(now_s[path]), _fingerprint_values(base_s[path])
             if len(now_v) != len(base_v):
-                result.verdict = Verdict.INCOMPARABLE
-                result.detail = (f"the fingerprint of {path} has {len(now_v) - 1} sampled "
-                                 f"values, the baseline's {len(base_v) - 1}; re-record with "
-                                 f"--accelperf-update")
-                return result
+                return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+                    f"the fingerprint of {path} has {len(now_v) - 1} sampled "
+                    f"values, the baseline's {len(base_v) - 1}; re-record with "
+                    f"--accelperf-update"))
             diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol_of(path), atol=atol))
     return _verdict(result, diffs, tols, n_state=0 if new else len(now_state), new=new)
 
@@ -512,20 +511,19 @@ def check_reference(params: Mapping[str, Any] | None, reference: Mapping[str, An
     them (``compared``), else its final ``params``."""
     atol, rtol = tol.reference_atol, tol.reference_rtol
     within = f"atol={fmt_num(atol)}" + (f", rtol={fmt_num(rtol)}" if rtol else "")
-    result = CheckResult(REFERENCE_METRIC, Verdict.PASS, "", unit=UNIT,
-                         data={"atol": atol, "rtol": rtol})
+    data: dict[str, Any] = {"atol": atol, "rtol": rtol}
     steps: int | None = None
     what = "parameters"  # what is compared, for the detail
     if isinstance(reference, ReferenceParams) and reference.compared is not None:
         params, steps = reference.compared, reference.steps
         if steps is not None:
-            result.data["steps"] = steps
+            data["steps"] = steps
             on = f" on the {reference.mesh} mesh" if reference.mesh else ""
             what = f"parameters after {_steps_text(steps)}{on}"
+    result = CheckResult(REFERENCE_METRIC, Verdict.PASS, "", unit=UNIT, data=data)
     if not params:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = "this run returned no parameters to compare with the reference"
-        return result
+        return replace(result, verdict=Verdict.INCONCLUSIVE,
+                       detail="this run returned no parameters to compare with the reference")
     now_arrays = {p: np.asarray(v) for p, v in params.items()}
     ref_arrays = {p: np.asarray(v) for p, v in reference.items()}
     changes = structure_changes({p: (a.shape, str(a.dtype)) for p, a in now_arrays.items()},
@@ -533,48 +531,44 @@ def check_reference(params: Mapping[str, Any] | None, reference: Mapping[str, An
     # A dtype difference alone is not structural here: values are compared as float64.
     changes = [c for c in changes if " dtype " not in c]
     if changes:
-        result.verdict = Verdict.REGRESSION
-        result.detail = (f"parameter structure differs from the single-device reference: "
-                         f"{_listed(changes)}")
-        result.data["changes"] = changes
-        return result
+        return replace(result, verdict=Verdict.REGRESSION,
+                       data={**data, "changes": changes},
+                       detail=(f"parameter structure differs from the single-device "
+                               f"reference: {_listed(changes)}"))
 
     diffs = [compare_leaf(p, now_arrays[p], ref_arrays[p], rtol=rtol, atol=atol)
              for p in sorted(now_arrays)]
     worst = max(diffs, key=_rank)
     mismatched = sum(d.mismatched for d in diffs)
     total = sum(d.size for d in diffs)
-    result.now = worst.max_abs
-    result.data.update({"max_abs": {d.path: d.max_abs for d in diffs}, "worst": worst.path,
-                        "mismatched": mismatched, "total": total})
+    data = {**data, "max_abs": {d.path: d.max_abs for d in diffs}, "worst": worst.path,
+            "mismatched": mismatched, "total": total}
+    result = replace(result, now=worst.max_abs, data=data)
     if mismatched:
         failing = [d for d in diffs if d.mismatched]
         bad = max(failing, key=_rank)
-        result.verdict = Verdict.REGRESSION
         after = f" after {_steps_text(steps)}" if steps is not None else ""
-        result.detail = (f"{bad.path} differs from the single-device reference{after}: max "
-                         f"|Δ| = {fmt_num(bad.max_abs)} beyond {within}; {mismatched:,} of "
-                         f"{total:,} elements ({mismatched / total:.1%}) mismatched in "
-                         f"{len(failing)} of {len(diffs)} leaves{_growth(steps, reference)}")
-        return result
+        return replace(result, verdict=Verdict.REGRESSION, detail=(
+            f"{bad.path} differs from the single-device reference{after}: max "
+            f"|Δ| = {fmt_num(bad.max_abs)} beyond {within}; {mismatched:,} of "
+            f"{total:,} elements ({mismatched / total:.1%}) mismatched in "
+            f"{len(failing)} of {len(diffs)} leaves{_growth(steps, reference)}"))
     unmoved = _unmoved(reference, rtol=rtol, atol=atol)
     if unmoved is not None:
         n = len(unmoved)
         largest = max(unmoved, key=_rank)
-        result.verdict = Verdict.INCONCLUSIVE
-        result.data["moved"] = largest.max_abs
         taken = _steps_text(steps) if steps is not None else "the run"
-        result.detail = (f"the parameters did not move beyond {within} in {taken} "
-                         f"(largest move {fmt_num(largest.max_abs)} in {largest.path}, of "
-                         f"{n} parameter lea{'f' if n == 1 else 'ves'}; learning rate 0 at "
-                         f"the start of the schedule?), so a program that updated nothing "
-                         f"would match the reference: raise reference_steps past the "
-                         f"warm-up")
-        return result
-    result.detail = (f"{what} match the single-device reference within {within} "
-                     f"(largest |Δ| {fmt_num(worst.max_abs)} in {worst.path})"
-                     f"{_growth(steps, reference)}")
-    return result
+        return replace(result, verdict=Verdict.INCONCLUSIVE,
+                       data={**data, "moved": largest.max_abs}, detail=(
+            f"the parameters did not move beyond {within} in {taken} "
+            f"(largest move {fmt_num(largest.max_abs)} in {largest.path}, of "
+            f"{n} parameter lea{'f' if n == 1 else 'ves'}; learning rate 0 at "
+            f"the start of the schedule?), so a program that updated nothing "
+            f"would match the reference: raise reference_steps past the "
+            f"warm-up"))
+    return replace(result, detail=(f"{what} match the single-device reference within {within} "
+                                   f"(largest |Δ| {fmt_num(worst.max_abs)} in {worst.path})"
+                                   f"{_growth(steps, reference)}"))
 
 
 def _unmoved(reference: Mapping[str, Any], *, rtol: float,

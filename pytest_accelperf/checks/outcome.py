@@ -22,8 +22,11 @@ result and its sentence.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow
 from pytest_accelperf.run import Run
@@ -46,16 +49,16 @@ def new_result(metric: str, *, now: float | None = None, unit: str = "",
                        data=dict(data or {}))
 
 
-def missing_in_baseline(metric: str, what: str, baseline: dict[str, Any], *,
+def missing_in_baseline(metric: str, what: str, baseline: Block, *,
                         now: float | None = None, unit: str = "") -> CheckResult:
     """``new`` for a metric the stored baseline lacks (e.g. no loss curve in an OOM baseline)."""
-    outcome = baseline.get("outcome", "ok")
+    outcome = baseline.outcome or "ok"
     why = "the baseline" if outcome == "ok" else f"the baseline ({_describe(outcome, None)})"
     return new_result(metric, now=now, unit=unit, data={"baseline_outcome": outcome},
                       detail=f"{why} has no {what}; run with --accelperf-update to record it")
 
 
-def oom_sentence(oom: dict[str, Any] | None) -> str:
+def oom_sentence(oom: Mapping[str, Any] | None) -> str:
     """``"needs 20.93 GiB of 15.48 GiB"`` from an ``oom`` record, or ``""`` without one;
     whose memory plan it is where the record says (``(XLA:CPU's memory plan)``)."""
     if not oom:
@@ -67,7 +70,7 @@ def oom_sentence(oom: dict[str, Any] | None) -> str:
     return f"needs {fmt_bytes(required)} of {fmt_bytes(capacity)}{whose}"
 
 
-def _describe(outcome: str, oom: dict[str, Any] | None, nan_step: int | None = None) -> str:
+def _describe(outcome: str, oom: Mapping[str, Any] | None, nan_step: int | None = None) -> str:
     """An outcome in words, with the numbers that go with it."""
     if outcome == "oom":
         need = oom_sentence(oom)
@@ -85,13 +88,12 @@ def _with_message(sentence: str, message: str) -> str:
     return f"{sentence} ({message})"
 
 
-def _required(oom: dict[str, Any] | None) -> float | None:
+def _required(oom: Mapping[str, Any] | None) -> float | None:
     value = (oom or {}).get("required_bytes")
     return float(value) if value is not None else None
 
 
-def check_outcome(run: Run, block: dict[str, Any],
-                  baseline: dict[str, Any] | None) -> CheckResult:
+def check_outcome(run: Run, block: BlockLike, baseline: BlockLike | None) -> CheckResult:
     """This run's outcome against the baseline's (see the table in the module docstring).
 
     Where either side ran out of memory, ``baseline``/``now`` are the bytes the case
@@ -99,19 +101,18 @@ def check_outcome(run: Run, block: dict[str, Any],
     run's (``run.extra["compile_only"]``) says so, and names the checks that did not run
     (``data["not_run"]``).
     """
-    result = _check_outcome(run, block, baseline)
+    result = _check_outcome(run, read_block(block), read_block(baseline))
     target = run.extra.get("compile_only")
     if target:
-        result.data["compile_only"] = str(target)
-        result.data["not_run"] = list(NOT_RUN)
-        if run.outcome == "ok":
-            result.detail = f"{result.detail}; {not_run(str(target))}"
+        result = replace(
+            result, data={**result.data, "compile_only": str(target), "not_run": list(NOT_RUN)},
+            detail=(f"{result.detail}; {not_run(str(target))}" if run.outcome == "ok"
+                    else result.detail))
     return result
 
 
-def _check_outcome(run: Run, block: dict[str, Any],
-                   baseline: dict[str, Any] | None) -> CheckResult:
-    now_oom: dict[str, Any] | None = block.get("oom", run.oom)
+def _check_outcome(run: Run, block: Block, baseline: Block | None) -> CheckResult:
+    now_oom = block.oom.to_json() if block.oom is not None else run.oom
     data: dict[str, Any] = {"now": run.outcome, "message": run.message}
     if now_oom:
         data["oom"] = dict(now_oom)
@@ -126,42 +127,42 @@ def _check_outcome(run: Run, block: dict[str, Any],
                                now=_required(now_oom), unit=unit, data=data)
         return new_result(METRIC, now=_required(now_oom), unit=unit, data=data)
 
-    base_outcome = str(baseline.get("outcome", "ok"))
-    base_oom: dict[str, Any] | None = baseline.get("oom")
+    base_outcome = str(baseline.outcome or "ok")
+    base_oom = baseline.oom.to_json() if baseline.oom is not None else None
     data["baseline"] = base_outcome
     if base_oom:
         data["baseline_oom"] = dict(base_oom)
         unit = "bytes"
     base_desc = _describe(base_outcome, base_oom)
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=_required(base_oom),
-                         now=_required(now_oom), unit=unit, data=data)
-    if result.baseline and result.now:
-        result.change = result.now / result.baseline - 1
+    base_required, now_required = _required(base_oom), _required(now_oom)
+    change = now_required / base_required - 1 if base_required and now_required else None
 
+    verdict = Verdict.PASS
     if run.outcome == base_outcome:
         done = "compiled" if run.extra.get("compile_only") else "finished"
-        result.detail = (f"{done} as in the baseline" if run.outcome == "ok"
-                         else f"{now_desc}, as in the baseline")
+        detail = (f"{done} as in the baseline" if run.outcome == "ok"
+                  else f"{now_desc}, as in the baseline")
         if run.outcome == "oom" and now_oom:
-            result.detail = f"out of memory as in the baseline: {oom_sentence(now_oom)}"
+            detail = f"out of memory as in the baseline: {oom_sentence(now_oom)}"
     elif run.outcome == "ok":
-        result.verdict = Verdict.IMPROVEMENT
-        result.detail = (f"finished where the baseline did not ({base_desc}); "
-                         f"run with --accelperf-update to record the new baseline")
+        verdict = Verdict.IMPROVEMENT
+        detail = (f"finished where the baseline did not ({base_desc}); "
+                  f"run with --accelperf-update to record the new baseline")
     elif base_outcome == "ok":
-        result.verdict = Verdict.REGRESSION
+        verdict = Verdict.REGRESSION
         where = "fit in memory" if run.outcome == "oom" else "finished"
-        result.detail = _with_message(f"{now_desc} where the baseline {where}", run.message)
+        detail = _with_message(f"{now_desc} where the baseline {where}", run.message)
     elif run.outcome in FAILED_OUTCOMES:
-        result.verdict = Verdict.REGRESSION
-        result.detail = _with_message(f"{now_desc}; the baseline: {base_desc}", run.message)
+        verdict = Verdict.REGRESSION
+        detail = _with_message(f"{now_desc}; the baseline: {base_desc}", run.message)
     else:
         # Now out of memory, baseline a failure: failures are never stored, so the file
         # was edited by hand or written by another version.
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"{now_desc}; the baseline records a failure ({base_desc}), which "
-                         f"is never a baseline: re-record with --accelperf-update")
-    return result
+        verdict = Verdict.INCOMPARABLE
+        detail = (f"{now_desc}; the baseline records a failure ({base_desc}), which "
+                  f"is never a baseline: re-record with --accelperf-update")
+    return CheckResult(METRIC, verdict, detail, baseline=base_required, now=now_required,
+                       unit=unit, change=change, data=data)
 
 
 class OutcomeCheck(BaseCheck):

@@ -22,8 +22,10 @@ all) cover that.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -82,66 +84,70 @@ def not_in_baseline(base: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return [label for key, label in labels.items() if key in now and key not in base]
 
 
-def check_program(block: dict[str, Any], baseline: dict[str, Any] | None, tol: Tolerances, *,
+def _record(block: Block) -> dict[str, Any] | None:
+    """``block``'s program record as the JSON that :mod:`pytest_accelperf.program` reads
+    (the history's change points read it too); None where it has none."""
+    record: dict[str, Any] | None = json_of(block.program) or None
+    return record
+
+
+def check_program(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
                   comparable: bool) -> CheckResult | None:
     """``block``'s program against ``baseline``'s; None when this run recorded none."""
-    now: dict[str, Any] | None = block.get("program")
+    block, baseline = read_block(block), read_block(baseline)
+    now = _record(block)
     if not now:
         return None
     data: dict[str, Any] = {"source": now.get("source", ""), "program": now}
     if baseline is None:
         return new_result(METRIC, now=_flops(now), unit=UNIT, data=data)
-    base: dict[str, Any] | None = baseline.get("program")
+    base = _record(baseline)
     if not base:
         return missing_in_baseline(METRIC, "program record", baseline, now=_flops(now),
                                    unit=UNIT)
     tolerance = tol.program_tolerance
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=_flops(base), now=_flops(now),
-                         unit=UNIT, data={**data, "tolerance": tolerance})
-    if result.baseline and result.now is not None:
-        result.change = result.now / result.baseline - 1
+    base_flops, now_flops = _flops(base), _flops(now)
+    change = now_flops / base_flops - 1 if base_flops and now_flops is not None else None
+    data = {**data, "tolerance": tolerance}
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_flops, now=now_flops,
+                         unit=UNIT, change=change, data=data)
     if not comparable:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = ("baseline recorded in another environment (framework versions move "
-                         "the compiler's counts); program not compared")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            "baseline recorded in another environment (framework versions move "
+            "the compiler's counts); program not compared"))
     if base.get("source") != now.get("source"):
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"this program was read by {now.get('source')}, the baseline's by "
-                         f"{base.get('source')}; re-record with --accelperf-update")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            f"this program was read by {now.get('source')}, the baseline's by "
+            f"{base.get('source')}; re-record with --accelperf-update"))
     compared, unlike = comparable_flops(base, now)
     if unlike:
-        result.baseline, result.change = None, None
-        result.data["not_compared"] = unlike
+        result = replace(result, baseline=None, change=None)
+        data["not_compared"] = unlike
     found = changes(compared, now, tolerance)
     lines = describe_changes(compared, now, tolerance) + ([unlike] if unlike else [])
-    result.data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now}
-                              for c in found]
+    data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now} for c in found]
     # The op histogram's largest moves, for the reports' program-diff table.
-    result.data["op_changes"] = [{"name": op, "baseline": b, "now": n}
-                                 for op, b, n in ops_deltas(compared, now)[:OP_CHANGES]]
+    data["op_changes"] = [{"name": op, "baseline": b, "now": n}
+                          for op, b, n in ops_deltas(compared, now)[:OP_CHANGES]]
     unrecorded = not_in_baseline(base, now)
     if unrecorded:
-        result.data["not_in_baseline"] = unrecorded
+        data["not_in_baseline"] = unrecorded
     if not found:
-        result.detail = (f"same program as the baseline ({summary(now)}; amounts within "
-                         f"{fmt_tolerance(tolerance)})")
+        detail = (f"same program as the baseline ({summary(now)}; amounts within "
+                  f"{fmt_tolerance(tolerance)})")
         if lines:  # only the op histogram moved
-            result.detail += f"; {'; '.join(lines)}"
+            detail += f"; {'; '.join(lines)}"
         if unrecorded:
-            result.detail += (f"; the baseline has no {', '.join(unrecorded)} (recorded "
-                              f"before they were read): not compared; re-record with "
-                              f"--accelperf-update to gate them")
-        return result
+            detail += (f"; the baseline has no {', '.join(unrecorded)} (recorded "
+                       f"before they were read): not compared; re-record with "
+                       f"--accelperf-update to gate them")
+        return replace(result, detail=detail, data=data)
     if any(c.more for c in found):
-        result.verdict = Verdict.REGRESSION
-        result.detail = f"{'; '.join(lines)} ({_REMEDY})"
-    else:
-        result.verdict = Verdict.IMPROVEMENT
-        result.detail = (f"{'; '.join(lines)}: less work than the baseline; run with "
-                         f"--accelperf-update to record it")
-    return result
+        return replace(result, verdict=Verdict.REGRESSION, data=data,
+                       detail=f"{'; '.join(lines)} ({_REMEDY})")
+    return replace(result, verdict=Verdict.IMPROVEMENT, data=data, detail=(
+        f"{'; '.join(lines)}: less work than the baseline; run with "
+        f"--accelperf-update to record it"))
 
 
 class ProgramCheck(BaseCheck):

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
+from pytest_accelperf.block import Block
 from pytest_accelperf.checks.base import CheckResult, Tolerances
 from pytest_accelperf.run import Run
 
@@ -47,6 +48,11 @@ Kind = Literal["interval", "timing", "deterministic"]
 class CheckInput:
     """What every check is given: the run, its baseline block, the stored block (None:
     nothing stored) and the case's tolerances, with what the session knows about them.
+    The blocks are read as :class:`~pytest_accelperf.block.Block` (its sections typed:
+    ``given.baseline.step_time.samples``; a check's own section as its
+    :attr:`~Check.section_models` says), not validated: a run's own block may hold what
+    the store refuses (a failed outcome, a NaN), which the checks judge
+    (:func:`~pytest_accelperf.block.read`).
 
     ``comparable``: the baseline was recorded in this environment, so timings are compared
     (``differences`` say how it differs, in words, when it is not). ``program_comparable``:
@@ -57,8 +63,8 @@ class CheckInput:
     """
 
     run: Run
-    block: dict[str, Any]
-    baseline: dict[str, Any] | None
+    block: Block
+    baseline: Block | None
     tol: Tolerances
     comparable: bool = True
     program_comparable: bool = True

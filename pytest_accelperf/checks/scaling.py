@@ -102,13 +102,13 @@ def check_scaling(points: Sequence[ScalingPoint], expect: Scaling,
     data: dict[str, Any] = {"group": group, "exponent": expect.exponent,
                             "min_efficiency": expect.min_efficiency, "axis": expect.axis,
                             "points": rows}
-    result = CheckResult(METRIC, Verdict.PASS, "", now=worst, unit=UNIT, data=data)
     curve = ", ".join(f"{expect.axis} {_x(r['x'])}: {_rate(r['throughput'])}" for r in rows)
     if not low:
-        result.detail = (f"{name}throughput scales {shape} within {fmt_percent(1 - worst, 0)} "
-                         f"(worst efficiency {fmt_percent(worst, 0)} >= "
-                         f"{fmt_percent(expect.min_efficiency, 0)}): {curve}")
-        return result
+        return CheckResult(METRIC, Verdict.PASS, (
+            f"{name}throughput scales {shape} within {fmt_percent(1 - worst, 0)} "
+            f"(worst efficiency {fmt_percent(worst, 0)} >= "
+            f"{fmt_percent(expect.min_efficiency, 0)}): {curve}"), now=worst, unit=UNIT,
+            data=data)
     first = low[0]
     i = rows.index(first)
     prev = rows[i - 1]
@@ -122,13 +122,13 @@ def check_scaling(points: Sequence[ScalingPoint], expect: Scaling,
              f"{first['x'] / prev['x']:g}x")
     data["bend_at"] = first["x"]
     if first["efficiency"] + first["noise"] < expect.min_efficiency:
-        result.verdict = Verdict.REGRESSION
-        result.detail = f"{name}the {shape} scaling curve bends at {where}. Curve: {curve}"
+        verdict = Verdict.REGRESSION
+        detail = f"{name}the {shape} scaling curve bends at {where}. Curve: {curve}"
     else:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = (f"{name}below the expected {shape} scaling only within the runs' "
-                         f"noise ({fmt_percent(first['noise'], 0)}) at {where}. Curve: {curve}")
-    return result
+        verdict = Verdict.INCONCLUSIVE
+        detail = (f"{name}below the expected {shape} scaling only within the runs' "
+                  f"noise ({fmt_percent(first['noise'], 0)}) at {where}. Curve: {curve}")
+    return CheckResult(METRIC, verdict, detail, now=worst, unit=UNIT, data=data)
 
 
 @dataclass

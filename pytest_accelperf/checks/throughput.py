@@ -65,8 +65,10 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.block import Block, BlockLike, StepSession, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
@@ -132,16 +134,19 @@ def spread(samples: list[float]) -> float:
     return (q3 - q1) / med if med > 0 else math.inf
 
 
-def _probes(run: Run, baseline: dict[str, Any], bound: float = MAX_PROBE_SPREAD
+def _probe_samples(block: Block) -> list[float]:
+    return [float(t) for t in (block.probe.samples if block.probe else None) or []]
+
+
+def _probes(run: Run, baseline: Block, bound: float = MAX_PROBE_SPREAD
             ) -> tuple[tuple[list[float], list[float]] | None, str]:
     """Both runs' probe times when they timed the same, steady probe; else None and, in
     words for the detail, why raw step times are compared instead. An unsteady probe
     (IQR over median past ``bound``) turns the correction off and nothing else: the raw
     step times are judged as they are."""
-    probe = baseline.get("probe") or {}
-    base_probe = [float(t) for t in probe.get("samples") or []]
-    if not run.probe_kind or probe.get("kind") != run.probe_kind or not run.probe_times \
-            or not base_probe:
+    base_probe = _probe_samples(baseline)
+    kind = baseline.probe.kind if baseline.probe else None
+    if not run.probe_kind or kind != run.probe_kind or not run.probe_times or not base_probe:
         return None, "raw step times: the baseline has no matching probe"
     now_spread, base_spread = spread(list(run.probe_times)), spread(base_probe)
     if now_spread > bound:
@@ -199,13 +204,17 @@ def recording_noise(run: Run, tol: Tolerances, max_foreign_load: float | None = 
 NOISY_KEY = "noisy"
 
 
-def noisy_baseline(baseline: dict[str, Any]) -> str:
-    """Why ``baseline`` was stored marked noisy, or ``""``."""
-    why = baseline.get(NOISY_KEY)
+def noisy_baseline(baseline: Block) -> str:
+    """Why ``baseline`` was stored marked noisy (:data:`NOISY_KEY`), or ``""``."""
+    why = baseline.noisy
     return str(why) if why else ""
 
 
-def contamination(run: Run, baseline: dict[str, Any], bound: float,
+def _step_samples(block: Block) -> list[float]:
+    return [float(t) for t in (block.step_time.samples if block.step_time else None) or []]
+
+
+def contamination(run: Run, baseline: Block, bound: float,
                   max_foreign_load: float | None = None) -> str:
     """Why this comparison is contaminated (the plugin's own evidence says a timing verdict
     would not be about the code), or ``""``: other processes used more than
@@ -217,7 +226,7 @@ def contamination(run: Run, baseline: dict[str, Any], bound: float,
     if loaded:
         return (f"this run's measurement is contaminated: {loaded}; re-run on a quieter "
                 f"machine")
-    base_times = [float(t) for t in (baseline.get("step_time") or {}).get("samples") or []]
+    base_times = _step_samples(baseline)
     now_spread, base_spread = spread(list(run.step_times)), spread(base_times)
     if len(run.step_times) >= 4 and now_spread > max(bound, 3 * base_spread):
         return (f"this run's step times are contaminated: IQR {now_spread:.0%} of their "
@@ -226,11 +235,11 @@ def contamination(run: Run, baseline: dict[str, Any], bound: float,
     return ""
 
 
-def _probe_only(run: Run, baseline: dict[str, Any], raw_ratio: float,
+def _probe_only(run: Run, baseline: Block, raw_ratio: float,
                 raw_verdict: Verdict) -> str:
     """Why a verdict that only the drift correction gives is not one: the step times
     themselves did not say so (``raw_verdict``); the probe moved."""
-    base_probe = [float(t) for t in (baseline.get("probe") or {}).get("samples") or []]
+    base_probe = _probe_samples(baseline)
     probe_ratio = (statistics.median(run.probe_times) / statistics.median(base_probe)
                    if run.probe_times and base_probe else math.nan)
     return (f"only the drift correction makes it a change: the raw step time was "
@@ -242,23 +251,25 @@ def _probe_only(run: Run, baseline: dict[str, Any], raw_ratio: float,
             f"over more sessions (--accelperf-add-session) so that their spread is known")
 
 
-def session_levels(baseline: dict[str, Any], *, drift_corrected: bool) -> list[float]:
+def session_levels(baseline: BlockLike, *, drift_corrected: bool) -> list[float]:
     """One step-time level per session recorded in ``baseline["step_time"]["sessions"]``
     (``--accelperf-add-session``): the median step time, or median step time over median
     probe time when ``drift_corrected``. Empty when a session has no probe to correct with.
     A malformed entry is a ``ValueError`` that names it."""
-    sessions = (baseline.get("step_time") or {}).get("sessions") or []
+    step = read_block(baseline).step_time
+    sessions: Any = (step.sessions if step else None) or []
     if not isinstance(sessions, list):
         raise ValueError("the baseline's step_time.sessions is not a list")
     levels: list[float] = []
     for i, entry in enumerate(sessions):
-        if isinstance(entry, dict) and entry.get(NOISY_KEY):
+        session = entry if isinstance(entry, StepSession) else None
+        if session is not None and session.noisy:
             continue  # recorded too noisy (--accelperf-add-session): kept, never a level
-        med = entry.get("median") if isinstance(entry, dict) else None
-        probe = entry.get("probe_median") if isinstance(entry, dict) else None
+        med = session.median if session is not None else None
+        probe = session.probe_median if session is not None else None
         if not isinstance(med, (int, float)) or not math.isfinite(med) or med <= 0:
             raise ValueError(f"the baseline's step_time.sessions[{i}] has no positive median "
-                             f"step time: {entry!r}")
+                             f"step time: {json_of(entry)!r}")
         if drift_corrected:
             if not isinstance(probe, (int, float)) or not probe > 0:
                 return []
@@ -301,7 +312,7 @@ def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
     return f"within tolerance: step time {fmt_signed_percent(est.ratio - 1)} ({ci})"
 
 
-def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] | None,
+def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
                      tol: Tolerances, *, comparable: bool = True,
                      differences: Sequence[str] = (),
                      max_foreign_load: float | None = None) -> CheckResult | None:
@@ -314,11 +325,12 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     before a change is not judged (None: not read).
     """
     comparable = comparable and not differences
+    baseline = read_block(baseline)
     unit = UNIT if run.samples_per_step else STEP_UNIT
     now_median = run.median_step_time
     now = _rate(run.samples_per_step, now_median) if now_median else None
-    base_samples: list[float] = list(((baseline or {}).get("step_time") or {})
-                                     .get("samples") or [])
+    step = baseline.step_time if baseline is not None else None
+    base_samples: list[float] = list((step.samples if step else None) or [])
     if not run.step_times and not base_samples:
         return None
     if baseline is None:
@@ -326,98 +338,94 @@ def check_throughput(run: Run, block: dict[str, Any], baseline: dict[str, Any] |
     if not base_samples:
         return missing_in_baseline(METRIC, "step times", baseline, now=now, unit=unit)
 
-    base_batch = int(baseline.get("samples_per_step") or 0)
+    base_batch = int(baseline.samples_per_step or 0)
     base_median = statistics.median(base_samples)
     base = _rate(base_batch if run.samples_per_step else 0, base_median)
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=unit)
-    if now is not None and base:
-        result.change = now / base - 1
+    change = now / base - 1 if now is not None and base else None
     tolerance = tol.throughput_tolerance
-    result.data = {"tolerance": tolerance,
-                   "n": {"now": len(run.step_times), "baseline": len(base_samples)},
-                   "median_step_time": {"now": now_median, "baseline": base_median}}
+    data: dict[str, Any] = {
+        "tolerance": tolerance,
+        "n": {"now": len(run.step_times), "baseline": len(base_samples)},
+        "median_step_time": {"now": now_median, "baseline": base_median}}
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=unit,
+                         change=change, data=data)
 
     if not comparable:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = incomparable_detail(differences)
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE,
+                       detail=incomparable_detail(differences))
     if base_batch != run.samples_per_step:
-        result.verdict = Verdict.INCOMPARABLE
-        result.detail = (f"the baseline took {base_batch} samples per step, this run "
-                         f"{run.samples_per_step}; re-record with --accelperf-update")
-        return result
+        return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+            f"the baseline took {base_batch} samples per step, this run "
+            f"{run.samples_per_step}; re-record with --accelperf-update"))
     pair, why_raw = _probes(run, baseline)
     try:
         est = step_time_ratio(run.step_times, base_samples, probes=pair)
     except ValueError as exc:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = f"step times cannot be compared: {exc}"
-        return result
+        return replace(result, verdict=Verdict.INCONCLUSIVE,
+                       detail=f"step times cannot be compared: {exc}")
 
     spread: SessionSpread | None = None
     try:
         levels = session_levels(baseline, drift_corrected=pair is not None)
     except ValueError as exc:
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = f"{exc}; fix it or re-record with --accelperf-update"
-        return result
+        return replace(result, verdict=Verdict.INCONCLUSIVE,
+                       detail=f"{exc}; fix it or re-record with --accelperf-update")
     if len(levels) >= MIN_SESSIONS and now_median:
         now_level = (now_median / statistics.median(run.probe_times) if pair is not None
                      else now_median)
         est, spread = widen_by_sessions(est, now_level, levels)
 
     verdict = throughput_verdict(est, tolerance)
-    result.verdict = verdict
+    final = verdict
     raw_ratio = now_median / base_median if now_median and base_median else None
     if pair is not None:
-        result.change = 1 / est.ratio - 1
+        change = 1 / est.ratio - 1
         raw = (f"; raw step time {fmt_signed_percent(raw_ratio - 1)}"
                if raw_ratio is not None else "")
-        result.detail = (describe(est, verdict, tolerance)
-                         + f" [drift-corrected by the {run.probe_kind} probe{raw}]")
+        detail = (describe(est, verdict, tolerance)
+                  + f" [drift-corrected by the {run.probe_kind} probe{raw}]")
     elif run.probe_kind:
-        result.detail = describe(est, verdict, tolerance) + f" [{why_raw}]"
+        detail = describe(est, verdict, tolerance) + f" [{why_raw}]"
     else:
-        result.detail = describe(est, verdict, tolerance)
+        detail = describe(est, verdict, tolerance)
     if spread is not None:
-        result.change = 1 / est.ratio - 1
-        result.detail += f" [{_spread_text(spread)}]"
+        change = 1 / est.ratio - 1
+        detail += f" [{_spread_text(spread)}]"
     dirty = contamination(run, baseline, tol.max_probe_spread, max_foreign_load)
     blind = noisy_baseline(baseline)
     if blind:
         # A level recorded blind is no level: a pass against it means as little as a
         # regression or an improvement (173 ms stored for a true 8 ms hid a 15 % slowdown).
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = (f"not judged, the baseline was stored marked noisy ({blind}), so "
-                         f"its step times are no level to judge against; re-record it with "
-                         f"--accelperf-update on a quiet machine; measured: {result.detail}")
+        final = Verdict.INCONCLUSIVE
+        detail = (f"not judged, the baseline was stored marked noisy ({blind}), so "
+                  f"its step times are no level to judge against; re-record it with "
+                  f"--accelperf-update on a quiet machine; measured: {detail}")
     elif dirty and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
-        result.verdict = Verdict.INCONCLUSIVE
-        result.detail = f"not judged, {dirty}; measured: {result.detail}"
+        final = Verdict.INCONCLUSIVE
+        detail = f"not judged, {dirty}; measured: {detail}"
     elif loaded := foreign_load(run, max_foreign_load):
-        result.detail += (f" [measured beside another job: {loaded}; a pass holds, another "
-                          f"job only slows a step down]")
+        detail += (f" [measured beside another job: {loaded}; a pass holds, another "
+                   f"job only slows a step down]")
     elif pair is not None and spread is None and raw_ratio is not None \
             and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
         raw_verdict = throughput_verdict(step_time_ratio(run.step_times, base_samples),
                                          tolerance)
         if raw_verdict is not verdict:
-            result.verdict = Verdict.INCONCLUSIVE
-            result.detail = (f"not judged, {_probe_only(run, baseline, raw_ratio, raw_verdict)}"
-                             f"; measured: {result.detail}")
-            result.data["probe_only"] = True
-    result.data["contaminated"] = dirty or None
-    result.data["measured_verdict"] = verdict.value  # before contamination or a noisy mark
+            final = Verdict.INCONCLUSIVE
+            detail = (f"not judged, {_probe_only(run, baseline, raw_ratio, raw_verdict)}"
+                      f"; measured: {detail}")
+            data["probe_only"] = True
+    data["contaminated"] = dirty or None
+    data["measured_verdict"] = verdict.value  # before contamination or a noisy mark
     if isinstance(run.extra.get("step_load"), dict):
-        result.data["load"] = dict(run.extra["step_load"])
-    result.data["noisy_baseline"] = blind or None
-    result.data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
-                        "confidence": est.confidence, "drift_corrected": pair is not None,
-                        "raw_ratio": raw_ratio, "sessions": len(levels),
-                        "session_sd": spread.sd if spread is not None else None,
-                        "session_outliers": list(spread.outliers) if spread is not None
-                        else []})
-    return result
+        data["load"] = dict(run.extra["step_load"])
+    data["noisy_baseline"] = blind or None
+    data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
+                 "confidence": est.confidence, "drift_corrected": pair is not None,
+                 "raw_ratio": raw_ratio, "sessions": len(levels),
+                 "session_sd": spread.sd if spread is not None else None,
+                 "session_outliers": list(spread.outliers) if spread is not None else []})
+    return replace(result, verdict=final, detail=detail, change=change, data=data)
 
 
 def session_level(median: float, probes: Sequence[float]) -> dict[str, float | None]:

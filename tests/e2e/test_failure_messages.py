@@ -163,7 +163,7 @@ def test_an_unsteady_baseline_probe_says_it_is_the_baselines() -> None:
                                                           * r.standard_normal(30)) if x > 0],
                    probe_kind="numpy-matmul")
 
-    base = summarize(run(0.010, 0.3, 0))  # IQR ~0.4: past 0.25
+    base = summarize(run(0.010, 0.3, 0)).to_json()  # IQR ~0.4: past 0.25
     now = run(0.010, 0.01, 1)
     r = check_throughput(now, summarize(now), base, Tolerances())
     assert r is not None and r.data["drift_corrected"] is False

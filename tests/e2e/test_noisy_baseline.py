@@ -138,7 +138,7 @@ def test_the_criterion_is_the_step_times_dispersion_not_the_probes() -> None:
 
 
 def test_a_baseline_stored_noisy_is_inconclusive_whatever_the_ratio() -> None:
-    base = summarize(_run([0.010, 0.0101, 0.0099, 0.0102, 0.0098] * 4))
+    base = summarize(_run([0.010, 0.0101, 0.0099, 0.0102, 0.0098] * 4)).to_json()
     tol = Tolerances(throughput_tolerance=0.1)
     for now_median, clean in ((0.010, Verdict.PASS), (0.020, Verdict.REGRESSION),
                               (0.005, Verdict.IMPROVEMENT)):
@@ -156,7 +156,7 @@ def test_a_baseline_stored_noisy_is_inconclusive_whatever_the_ratio() -> None:
 
 
 def test_a_session_added_noisy_gives_no_level() -> None:
-    base = summarize(_run([0.010] * 20))
+    base = summarize(_run([0.010] * 20)).to_json()
     base["step_time"]["sessions"] = [{"median": 0.010, "probe_median": None},
                                      {"median": 0.0101, "probe_median": None},
                                      {"median": 0.5, "probe_median": None, "noisy": "why"},
@@ -363,7 +363,7 @@ def test_the_reports_name_a_case_recorded_noisy() -> None:
     from pytest_accelperf.report.data import CaseRecord, SessionReport
     from pytest_accelperf.report.markdown import markdown
 
-    quiet = summarize(_run([0.010] * 8))
+    quiet = summarize(_run([0.010] * 8)).to_json()
     why = "its step times varied by IQR 440% of their median"
     records = [CaseRecord(nodeid="t.py::test_a[x]", case_id="x", platform="cpu-x8",
                           run=_run([0.010] * 8).to_json(), block={**quiet, "noisy": why}),

@@ -30,7 +30,7 @@ from pytest_accelperf.cli import main
 from pytest_accelperf.summary import summarize
 from unit.report.test_reports import PLATFORM, make_run, synthetic_report
 
-BLOCK = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01))
+BLOCK = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01)).to_json()
 
 
 def _json_files(root: Path) -> list[str]:

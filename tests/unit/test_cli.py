@@ -178,7 +178,7 @@ def _store(root: Path, cases: dict[str, float]) -> BaselineStore:
     for label, step_time in cases.items():
         case = Case(backend="jax", batch=64, label=label)
         blocks[f"{MODULE}::test_sweep[{case.id}]"] = summarize(
-            make_run(case, step_time=step_time))
+            make_run(case, step_time=step_time)).to_json()
     store.write(blocks)
     return store
 
@@ -276,7 +276,7 @@ def test_a_report_whose_stored_block_is_invalid_is_named_not_a_traceback(
     not type (a ``numerics`` list ended in AttributeError)."""
     _store(workdir / "baselines", {"a": 0.01})
     good = json.loads(json.dumps(summarize(make_run(Case(backend="jax", batch=8),
-                                                    step_time=0.01))))
+                                                    step_time=0.01)).to_json()))
     for field, value, shown in (("loss", [1, 2], "loss: should be a JSON object (found [1, 2])"),
                                 ("numerics", [1], "numerics: should be a JSON object (found "
                                                   "[1])")):
@@ -348,8 +348,7 @@ def test_accept_refuses_what_only_the_base_revision_clears(
 
     report = synthetic_report()
     ab = CheckResult("throughput", Verdict.REGRESSION, "A/B slower than main (abc): step time "
-                     "12% longer", unit="samples/s")
-    ab.data = {"mode": "ab", "ref": "main (abc)"}
+                     "12% longer", unit="samples/s", data={"mode": "ab", "ref": "main (abc)"})
     for record in report.records:
         if record.case_id in ("jax-nomesh-b64", "jax-mesh2x1-b64"):
             record.checks[:] = [ab, *[c for c in record.checks if c.metric != "throughput"]]
@@ -380,7 +379,7 @@ def test_accept_of_a_corrupt_report_names_the_line(
 def test_prune_with_a_node_id_list(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = _store(workdir / "baselines", {"a": 0.01, "b": 0.01})
     other = BaselineStore(workdir / "baselines", PLATFORM)
-    block = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01))
+    block = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01)).to_json()
     other.write({"suites/test_gone.py::test_x[jax-nomesh-b8]": block,
                  "suites/test_other.py::test_y[jax-nomesh-b8]": block})
     (workdir / "suites").mkdir()
@@ -406,7 +405,7 @@ def test_prune_with_a_node_id_list(workdir: Path, capsys: pytest.CaptureFixture[
 
 def test_prune_collects_with_pytest(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = BaselineStore(workdir / "baselines", PLATFORM)
-    block = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01))
+    block = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01)).to_json()
     store.write({"test_p.py::test_p[1]": block, "test_p.py::test_p[3]": block})
     (workdir / "test_p.py").write_text(
         "import pytest\n\n@pytest.mark.parametrize('n', [1, 2])\ndef test_p(n):\n    pass\n")

@@ -78,7 +78,7 @@ def _run(median: float, foreign_cores: float | None = None, seconds: float = 2.0
     return run
 
 
-BASE = summarize(_run(0.010))
+BASE = summarize(_run(0.010)).to_json()
 TOL = Tolerances(throughput_tolerance=0.1)
 
 
@@ -141,7 +141,7 @@ def test_a_recording_beside_another_job_is_noisy() -> None:
 
 
 def _evaluated(run: Run) -> Evaluated:
-    block = summarize(run)
+    block = summarize(run).to_json()
     check = check_throughput(run, block, BASE, TOL, max_foreign_load=0.25)
     assert check is not None
     return Evaluated(run=run, block=block, baseline=BASE, checks=(check,))

@@ -69,7 +69,8 @@ def _with_sessions(block: dict[str, Any]) -> dict[str, Any]:
 NOW = _run()
 OOM = _run(outcome="oom", message="out of memory", step_times=[], losses=[], loss_steps=[],
            probe_times=[], oom={"required_bytes": 3 << 30, "capacity_bytes": 1 << 30})
-VALID_BLOCKS = [summarize(NOW), _with_sessions(summarize(NOW)), summarize(OOM)]
+VALID_BLOCKS = [summarize(NOW).to_json(), _with_sessions(summarize(NOW).to_json()),
+                summarize(OOM).to_json()]
 
 
 def _file(block: Any, *, other: Any = None) -> str:
@@ -97,7 +98,7 @@ def test_blocks_the_plugin_writes_are_valid() -> None:
         validate_block(block)
         assert check_block(NODEID, block) == json.loads(json.dumps(block))
     # no step times (an ingested log without them): no step_time, rather than an empty one
-    block = summarize(_run(step_times=[], probe_times=[]))
+    block = summarize(_run(step_times=[], probe_times=[])).to_json()
     assert "step_time" not in block
     validate_block(block)
 

@@ -76,7 +76,7 @@ def oom_run(**overrides: Any) -> Run:
 
 def stored(run: Run) -> dict[str, Any]:
     """The baseline block of ``run`` as it comes back from the JSON file."""
-    block: dict[str, Any] = json.loads(json.dumps(summarize(run)))
+    block: dict[str, Any] = json.loads(json.dumps(summarize(run).to_json()))
     return block
 
 
@@ -136,7 +136,7 @@ def test_checks_never_mutate_their_inputs() -> None:
     params = {"w": np.ones((4, 2), np.float32)}
     reference = {"w": np.full((4, 2), 1.1, np.float32)}
     for now, baseline in cases:
-        block = summarize(now)
+        block = summarize(now).to_json()
         before = (copy.deepcopy(now), copy.deepcopy(block), copy.deepcopy(baseline))
         run_checks(now, block, baseline, TOL, comparable=True, params=params,
                    reference_params=reference)

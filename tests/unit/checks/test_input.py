@@ -146,11 +146,11 @@ def test_input_bound_steps_are_counted_in_the_detail_the_data_and_the_table() ->
 def test_the_block_stores_the_samples_and_validates() -> None:
     run = Run(case_id="c", step_times=[0.01, 0.011, 0.012], input_times=[0.002, 0.0, 0.003],
               input_wall_times=[0.003, 0.001, 0.004])
-    stored = summarize(run)
+    stored = summarize(run).to_json()
     assert stored["input"] == {"median": 0.002, "samples": [0.002, 0.0, 0.003],
                                "wall_median": 0.003}
     validate_block({"outcome": "ok", "environment": {}, **stored})
-    assert "input" not in summarize(Run(case_id="c", step_times=[0.01]))
+    assert "input" not in summarize(Run(case_id="c", step_times=[0.01])).to_json()
     assert Run.from_json(json.loads(json.dumps(run.to_json()))).input_times == run.input_times
 
 
@@ -208,7 +208,7 @@ def jax_step(cost: float) -> JaxStep:
 
 
 def input_verdict(now: Run, base: Run) -> CheckResult:
-    checks = run_checks(now, None, summarize(base), TOL)
+    checks = run_checks(now, None, summarize(base).to_json(), TOL)
     return next(c for c in checks if c.metric == "input")
 
 

@@ -43,7 +43,7 @@ def test_every_tolerance_is_read_by_a_check_and_every_name_is_a_tolerance() -> N
 
 
 def test_a_check_records_only_its_own_sections_and_they_are_the_schemas() -> None:
-    block = summarize(FULL)
+    block = summarize(FULL).to_json()
     declared = set(Block.model_fields)
     recorded: set[str] = set()
     for check in BUILTIN:
@@ -59,7 +59,7 @@ def test_a_check_records_only_its_own_sections_and_they_are_the_schemas() -> Non
 
 
 def test_run_checks_is_the_table_in_its_order() -> None:
-    baseline = json.loads(json.dumps(summarize(FULL)))
+    baseline = json.loads(json.dumps(summarize(FULL).to_json()))
     results = run_checks(FULL, None, baseline, Tolerances(), reference_params={"w": [0.1]},
                          params={"w": [0.1]})
     metrics = [r.metric for r in results]
@@ -111,12 +111,13 @@ class StepCount(BaseCheck):
         return {"step_count": {"measured": len(run.step_times)}} if run.step_times else {}
 
     def check(self, given):
-        now = (given.block.get("step_count") or {}).get("measured")
+        # the blocks are read typed: this check's section as its model, Steps
+        now = given.block.step_count.measured if given.block.step_count else None
         if now is None:
             return ()
-        if given.baseline is None or "step_count" not in given.baseline:
+        if given.baseline is None or given.baseline.step_count is None:
             return (CheckResult(self.metric, Verdict.NEW, "no baseline", now=now),)
-        base = given.baseline["step_count"]["measured"]
+        base = given.baseline.step_count.measured
         verdict = Verdict.PASS if now == base else Verdict.REGRESSION
         return (CheckResult(self.metric, verdict, f"{now} measured steps, baseline {base}",
                             baseline=base, now=now),)
@@ -218,7 +219,7 @@ def test_a_registered_check_runs_in_run_checks_and_its_section_is_validated() ->
                          for r in check_of("loss").check(given))
 
     slower = replace(FULL, losses=[2.5 * 0.98**i for i in range(100)])
-    baseline = json.loads(json.dumps(summarize(FULL)))
+    baseline = json.loads(json.dumps(summarize(FULL).to_json()))
     with registered(Loss2()):
         results = {r.metric: r for r in run_checks(slower, None, baseline, Tolerances())}
         assert list(results)[-1] == "loss_again"

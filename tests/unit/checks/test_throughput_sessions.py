@@ -32,13 +32,13 @@ def run_at(median: float, seed: int = 0) -> Run:
 
 def baseline_with_sessions(levels: list[float]) -> dict[str, Any]:
     """A baseline whose samples are the first session's, with ``levels`` as its sessions."""
-    block = summarize(run_at(levels[0]))
+    block = summarize(run_at(levels[0])).to_json()
     block["step_time"]["sessions"] = [{"median": lv, "probe_median": None} for lv in levels]
     return block
 
 
 def test_one_session_is_what_a_fresh_baseline_records() -> None:
-    block = summarize(run_at(0.010))
+    block = summarize(run_at(0.010)).to_json()
     sessions = block["step_time"]["sessions"]
     assert len(sessions) == 1
     assert sessions[0]["median"] == pytest.approx(0.010, rel=0.01)
@@ -49,7 +49,7 @@ def test_sessions_that_disagree_make_a_small_change_inconclusive() -> None:
     # This session is 6 % slower than the first recorded one, with a tight interval of its
     # own: against that one session alone it is a confident regression at 3 %.
     now = run_at(0.0106, seed=9)
-    alone = check_throughput(now, summarize(now), summarize(run_at(0.010)), TOL)
+    alone = check_throughput(now, summarize(now), summarize(run_at(0.010)).to_json(), TOL)
     assert alone is not None and alone.verdict is Verdict.REGRESSION
     # The same baseline recorded over three sessions that differed by up to 20 %:
     r = check_throughput(now, summarize(now), baseline_with_sessions([0.010, 0.012, 0.0095]),
@@ -131,7 +131,7 @@ def test_the_widening_is_a_prediction_interval() -> None:
 
 
 def test_adding_a_session_keeps_the_rest_of_the_baseline() -> None:
-    base = summarize(run_at(0.010))
+    base = summarize(run_at(0.010)).to_json()
     del base["step_time"]["sessions"]  # a baseline recorded before sessions were kept
     merged = with_added_session(base, run_at(0.011, seed=1), [])
     assert [round(s["median"], 4) for s in merged["step_time"]["sessions"]] == [0.010, 0.011]
@@ -145,12 +145,12 @@ def test_adding_a_session_keeps_the_rest_of_the_baseline() -> None:
 @pytest.mark.parametrize(("baseline", "diffs", "run", "message"), [
     (None, [], run_at(0.01), "no baseline to add it to; record one first with "
                              "--accelperf-update"),
-    (summarize(run_at(0.01)), ["host_cpu: A != B"], run_at(0.01),
+    (summarize(run_at(0.01)).to_json(), ["host_cpu: A != B"], run_at(0.01),
      "recorded in another environment (host_cpu: A != B)"),
-    (summarize(run_at(0.01)), [], Run(case_id="x", samples_per_step=32, n_devices=1,
+    (summarize(run_at(0.01)).to_json(), [], Run(case_id="x", samples_per_step=32, n_devices=1,
                                       step_times=steady(0.01, 0)),
      "took 64 samples per step, this run 32"),
-    ({**summarize(run_at(0.01)), "step_time": {"samples": [0.01]}}, [], run_at(0.01),
+    ({**summarize(run_at(0.01)).to_json(), "step_time": {"samples": [0.01]}}, [], run_at(0.01),
      "step_time has no median to start its sessions with; re-record it"),
 ])
 def test_a_session_that_cannot_be_added_says_why(baseline: dict[str, Any] | None,

@@ -61,7 +61,7 @@ def make_run(case: Case, *, step_time: float, noise: float = 0.02, n: int = 30,
 
 def make_record(case: Case, now: Run, base: Run | None, test: str = "test_sweep"
                 ) -> CaseRecord:
-    baseline = summarize(base) if base is not None else None
+    baseline = summarize(base).to_json() if base is not None else None
     checks = run_checks(now, None, baseline, Tolerances(), comparable=True)
     return CaseRecord(nodeid=f"{MODULE}::{test}[{case.id}]", case_id=case.id,
                       platform=PLATFORM, run=now.to_json(), checks=checks,
