@@ -4,7 +4,7 @@ wall time, for a program-visible regression and for timing-only ones.
 
 ::
 
-    python benchmarks/bisect.py [--scenarios program,sleep20,sleep5] [--at 11] [--budget 20]
+    python benchmarks/bisect_commits.py [--scenarios program,sleep20,sleep5] [--at 11] [--budget 20]
                                 [--max-foreign-load 0.25] [--out DIR]
 
 Each scenario builds a throwaway git repository in a temporary directory (:func:`build`):
@@ -29,20 +29,14 @@ status, the wall time and the load average before and after are written to
 
 from __future__ import annotations
 
-import os
-import sys
-
-# Run as a script, this file's folder is first on sys.path, and this file's name would
-# shadow the standard library's bisect (which random, and so tempfile, imports).
-if sys.path and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
-    del sys.path[0]
-
 import argparse
 import datetime as _dt
 import json
 import math
+import os
 import platform
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -313,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"bisect-{stamp}.json"
     out.write_text(json.dumps({
-        "command": " ".join(["python", "benchmarks/bisect.py", *(argv or sys.argv[1:])]),
+        "command": " ".join(["python", "benchmarks/bisect_commits.py",
+                             *(argv or sys.argv[1:])]),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "platform": platform.platform()},
         "target_comparisons": TARGET, "rows": rows}, indent=2) + "\n")

@@ -1,5 +1,5 @@
 """``accelperf bisect GOOD BAD -- NODEIDS`` (issue 27, part 2): real git repositories of 16
-commits with a tiny JAX suite (``benchmarks/bisect.py`` builds them), real pytest sessions
+commits with a tiny JAX suite (``benchmarks/bisect_commits.py`` builds them), real pytest sessions
 in worktrees of their commits, the command run as a user runs it."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _bench() -> Any:
     spec = importlib.util.spec_from_file_location("accelperf_bisect_benchmark",
-                                                  ROOT / "benchmarks" / "bisect.py")
+                                                  ROOT / "benchmarks" / "bisect_commits.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
