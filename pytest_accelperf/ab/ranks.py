@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest_accelperf
+from pytest_accelperf.ab.tree import socket_dir
 from pytest_accelperf.backends.procs.launch import LaunchResult, RankGroup, start_group
 from pytest_accelperf.backends.procs.ranks import BlockControl
 
@@ -92,7 +93,7 @@ class RankGroupStepper:
 
     def __init__(self, trainer: Any, case: Any, task: Any, accel: Any) -> None:
         self._case = case
-        self._dir = Path(tempfile.mkdtemp(prefix="accelperf-ab-ranks-"))
+        self._dir = socket_dir("accelperf-ab-ranks-", "rank999.sock")
         self._conns: list[Connection] = []
         self._group: RankGroup | None = None
         #: The ranks' process ids (what the contention reading must not count as foreign).

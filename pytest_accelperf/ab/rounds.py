@@ -14,7 +14,6 @@ import random
 import secrets
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
@@ -23,7 +22,7 @@ from typing import Any
 
 from pytest_accelperf.ab import CompareError
 from pytest_accelperf.ab.arms import BLOCK_TIMEOUT_S, PREPARE_TIMEOUT_S, Arm, start_arm
-from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot
+from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir
 from pytest_accelperf.ab.worker import Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
@@ -92,7 +91,7 @@ class Comparison:
             raise
 
     def _start_arms(self) -> None:
-        self._dir = Path(tempfile.mkdtemp(prefix="accelperf-compare-"))
+        self._dir = socket_dir("accelperf-compare-", "socket")
         trees = {"base": extract(self.root, self.sha, self._dir),
                  "head": snapshot(self.root, self._dir)}
         authkey = secrets.token_bytes(16)

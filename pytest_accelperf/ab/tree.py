@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +152,18 @@ def node_location(item: pytest.Item, root: Path) -> tuple[str, str]:
         node = node.parent
     function = getattr(item, "originalname", None) or item.name.split("[", 1)[0]
     return rel, ".".join([*reversed(names), function])
+
+
+#: The longest path an AF_UNIX socket may have (108 bytes on Linux, with its NUL).
+SOCKET_PATH_MAX = 107
+
+
+def socket_dir(prefix: str, socket: str) -> Path:
+    """A new temporary directory for the comparison's files and its socket ``socket``:
+    under ``$TMPDIR``, or under ``/tmp`` where ``$TMPDIR`` is too deep for the socket's
+    path (``OSError: AF_UNIX path too long``; seen under pytest-xdist's temporary
+    directories). The caller removes it."""
+    base = tempfile.gettempdir()
+    longest = os.path.join(base, prefix + "x" * 8, socket)  # mkdtemp adds 8 characters
+    short = len(longest.encode()) <= SOCKET_PATH_MAX or not os.access("/tmp", os.W_OK)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=None if short else "/tmp"))
