@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 
 from pytest_accelperf.ab import CompareError
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.git import GitError, GitTimeout, git, git_to
 
 #: Seconds a git command that reads the repository (``rev-parse``, ``ls-files``) may take:
 #: instant on a healthy checkout; one that does not end is stuck (a network filesystem, a
@@ -33,27 +33,13 @@ class RevisionError(UserError):
     repository, git stuck); the message names the option, the ref and the fix."""
 
 
-class GitTimeout(CompareError):
-    """A git command that did not finish within its timeout (it was killed)."""
-
-
-def _git_env() -> dict[str, str]:
-    # No prompt: a partial clone that must fetch a missing object from a remote that asks
-    # for credentials fails at once instead of waiting for a terminal nobody watches.
-    return {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-
-
-def _git(repo: Path, *args: str, timeout: float | None = None) -> str:
+def _git(repo: Path, *args: str) -> str:
+    """git's output; a :class:`~pytest_accelperf.ab.CompareError` quoting git when it fails
+    or does not finish."""
     try:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, env=_git_env(), check=False,
-                              timeout=GIT_TIMEOUT_S if timeout is None else timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise GitTimeout(f"git {args[0]} in {repo} did not finish within {exc.timeout:g} s "
-                         f"(it was stopped)") from None
-    if proc.returncode:
-        raise CompareError(proc.stderr.strip() or f"git {' '.join(args)} failed")
-    return proc.stdout.strip()
+        return git(repo, *args, timeout=GIT_TIMEOUT_S)
+    except GitError as exc:
+        raise CompareError(str(exc)) from None
 
 
 def resolve(rootdir: Path, ref: str) -> tuple[Path, str]:
@@ -61,18 +47,20 @@ def resolve(rootdir: Path, ref: str) -> tuple[Path, str]:
     :class:`RevisionError` naming ``--accelperf-compare`` where git cannot say."""
     option = f"--accelperf-compare={ref}"
     try:
-        root = Path(_git(rootdir, "rev-parse", "--show-toplevel"))
+        root = Path(git(rootdir, "rev-parse", "--show-toplevel", timeout=GIT_TIMEOUT_S))
     except GitTimeout as exc:
         raise RevisionError(f"{option}: {exc}; is the repository on a filesystem that "
                             f"hangs?") from None
-    except (CompareError, FileNotFoundError) as exc:
-        raise RevisionError(f"{option}: {rootdir} is not in a git repository ({exc})") from None
+    except GitError as exc:
+        raise RevisionError(f"{option}: {rootdir} is not in a git repository "
+                            f"({exc.said})") from None
     try:
-        sha = _git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+        sha = git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
+                  timeout=GIT_TIMEOUT_S)
     except GitTimeout as exc:
         raise RevisionError(f"{option}: {exc} resolving {ref!r}; is it a partial clone "
                             f"whose remote does not answer?") from None
-    except CompareError:
+    except GitError:
         raise RevisionError(
             f"{option}: git cannot resolve {ref!r} to a commit in {root}; pass a branch, "
             f"tag or commit (in a shallow CI clone fetch it first, e.g. "
@@ -84,16 +72,14 @@ def extract(root: Path, sha: str, into: Path) -> Path:
     """The files of commit ``sha`` under ``into`` (``git archive``; the repository is not
     touched)."""
     archive = into / "base.tar"
-    with archive.open("wb") as out:
-        try:
-            proc = subprocess.run(["git", "-C", str(root), "archive", "--format=tar", sha],
-                                  stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                  env=_git_env(), check=False, timeout=ARCHIVE_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise GitTimeout(f"git archive {sha[:12]} did not finish within "
-                             f"{ARCHIVE_TIMEOUT_S:g} s (it was stopped)") from None
-    if proc.returncode:
-        raise CompareError(f"git archive {sha[:12]} failed: {proc.stderr.decode().strip()}")
+    try:
+        with archive.open("wb") as out:
+            git_to(root, out, "archive", "--format=tar", sha, timeout=ARCHIVE_TIMEOUT_S)
+    except GitTimeout:
+        raise CompareError(f"git archive {sha[:12]} did not finish within "
+                           f"{ARCHIVE_TIMEOUT_S:g} s (it was stopped)") from None
+    except GitError as exc:
+        raise CompareError(str(exc)) from None
     tree = into / "base"
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")

@@ -7,15 +7,16 @@ without a prompt, without hooks and with a timeout.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
 from pytest_accelperf.bisection import BisectError
+from pytest_accelperf.git import GitError as GitFailed
+from pytest_accelperf.git import git as run_git
+from pytest_accelperf.git import git_test
 
 #: Seconds a git command that reads the repository may take.
 GIT_TIMEOUT_S = 120.0
@@ -64,17 +65,9 @@ class CommitRange:
 def git(repo: Path, *args: str, timeout: float = GIT_TIMEOUT_S) -> str:
     """``git -C repo ARGS``'s output; a :class:`GitError` quoting git when it fails."""
     try:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                              stdin=subprocess.DEVNULL, check=False, timeout=timeout,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
-    except subprocess.TimeoutExpired:
-        raise GitError(f"git {args[0]} in {repo} did not finish within {timeout:g} s (it was "
-                       f"stopped)") from None
-    except FileNotFoundError:
-        raise GitError("git is not installed (accelperf bisect runs git)") from None
-    if proc.returncode:
-        raise GitError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip()
+        return run_git(repo, *args, timeout=timeout)
+    except GitFailed as exc:
+        raise GitError(str(exc)) from None
 
 
 def _resolve(root: Path, ref: str, which: str) -> Commit:
@@ -88,12 +81,11 @@ def _resolve(root: Path, ref: str, which: str) -> Commit:
 
 
 def _is_ancestor(root: Path, older: str, newer: str) -> bool:
-    proc = subprocess.run(["git", "-C", str(root), "merge-base", "--is-ancestor", older, newer],
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          check=False, timeout=GIT_TIMEOUT_S)
-    if proc.returncode not in (0, 1):
-        raise GitError(f"git merge-base --is-ancestor failed: {proc.stderr.strip()}")
-    return proc.returncode == 0
+    try:
+        return git_test(root, "merge-base", "--is-ancestor", older, newer,
+                        timeout=GIT_TIMEOUT_S)
+    except GitFailed as exc:
+        raise GitError(str(exc)) from None
 
 
 def commit_range(cwd: Path, good: str, bad: str) -> CommitRange:

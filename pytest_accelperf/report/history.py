@@ -23,7 +23,6 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from filelock import FileLock
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.git import git_or_none
 from pytest_accelperf.jsonfile import field_path
 from pytest_accelperf.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.data import CaseRecord, SessionReport
@@ -53,17 +53,9 @@ class HistoryError(UserError):
 def git_state(cwd: Path) -> tuple[str | None, bool | None]:
     """``(commit, dirty)`` of the git checkout at ``cwd``; the CI's commit variable, or
     ``(None, None)``, where there is no git or no repository."""
-    def git(*args: str) -> str | None:
-        try:
-            done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True,
-                                  timeout=10, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return done.stdout if done.returncode == 0 else None
-
-    head = git("rev-parse", "HEAD")
+    head = git_or_none(cwd, "rev-parse", "HEAD")
     if head:
-        status = git("status", "--porcelain", "--untracked-files=no")
+        status = git_or_none(cwd, "status", "--porcelain", "--untracked-files=no")
         return head.strip(), (bool(status.strip()) if status is not None else None)
     for var in _COMMIT_VARS:
         if os.environ.get(var):
