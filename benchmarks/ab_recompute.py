@@ -3,7 +3,7 @@
 Every row that ``benchmarks/gate.py ab`` writes keeps its case's rounds (``blocks``: the
 step times of each arm's block) and each round's process pair (``pairs``). This gives the
 verdict that the statistic of the plugin imported here (``stats.ab_ratio`` and
-``stats.throughput_verdict``) reaches on the same rounds, beside the verdict as run, per
+``stats.ab_verdict``) reaches on the same rounds, beside the verdict as run, per
 workload, load and slowdown: a change of the statistic is measured on the very rounds the
 old one judged, with no new run and no difference of machine state between the two.
 
@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import binomtest
 from tabulate import tabulate
 
-from pytest_accelperf.stats import ab_ratio, throughput_verdict
+from pytest_accelperf.stats import ab_ratio, ab_verdict
 
 
 def _tolerance(command: str) -> float:
@@ -48,7 +48,7 @@ def recompute(path: Path, max_foreign_load: float | None) -> list[dict[str, Any]
         if not blocks.get("base") or not r.get("pairs"):
             continue  # a case that never measured (an error): nothing to recompute
         est, spread = ab_ratio(blocks["head"], blocks["base"], r["pairs"])
-        now = throughput_verdict(est, tolerance).value
+        now = ab_verdict(est, tolerance).value
         foreign = r.get("foreign_cores")
         guarded = now
         if (max_foreign_load is not None and isinstance(foreign, (int, float))

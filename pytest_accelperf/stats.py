@@ -302,6 +302,39 @@ def throughput_verdict(est: RatioEstimate, tolerance: float) -> Verdict:
     return Verdict.PASS
 
 
+#: How much wider than the tolerance an A/B interval may be and still name a change that
+#: lies wholly on one side of 1 with its estimate past the tolerance (:func:`ab_verdict`).
+AB_RESOLVE = 2.0
+
+
+def ab_verdict(est: RatioEstimate, tolerance: float) -> Verdict:
+    """A/B mode's verdict on its two-level interval: :func:`throughput_verdict`, and
+    besides, a change whose whole interval lies on one side of 1 with its estimate past
+    the tolerance is named while the smallest detectable change is up to
+    :data:`AB_RESOLVE` times the tolerance (where the stored-baseline check says
+    ``inconclusive`` as soon as it passes the tolerance). The A/B interval samples process
+    pairs as well as rounds, so a slowdown it calls significant is one that held across
+    fresh processes; past twice the tolerance, an interval that wide on a shared machine
+    is where load that the foreign-load reading missed shows, and it stays
+    ``inconclusive``. ``pass`` still needs the interval to resolve the tolerance.
+
+    >>> ab_verdict(RatioEstimate(1.021, 1.0095, 1.0335, 0.0118, 30, 30), tolerance=0.01)
+    <Verdict.REGRESSION: 'regression'>
+    >>> throughput_verdict(RatioEstimate(1.021, 1.0095, 1.0335, 0.0118, 30, 30), 0.01)
+    <Verdict.INCONCLUSIVE: 'inconclusive'>
+    >>> ab_verdict(RatioEstimate(0.968, 0.941, 0.997, 0.029, 30, 30), tolerance=0.01)
+    <Verdict.INCONCLUSIVE: 'inconclusive'>
+    """
+    verdict = throughput_verdict(est, tolerance)
+    if verdict is not Verdict.INCONCLUSIVE or est.mdc > AB_RESOLVE * tolerance:
+        return verdict
+    if est.ratio > 1 + tolerance and est.low > 1:
+        return Verdict.REGRESSION
+    if est.ratio < 1 - tolerance and est.high < 1:
+        return Verdict.IMPROVEMENT
+    return verdict
+
+
 #: Share of rounds cut from each end before averaging paired log-ratios: one round that
 #: another job disturbed in one arm only cannot move the estimate.
 TRIM = 0.1

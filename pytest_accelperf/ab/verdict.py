@@ -17,7 +17,7 @@ from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.contention import contaminated
 from pytest_accelperf.program import describe_changes
-from pytest_accelperf.stats import ProcessSpread, ab_ratio, throughput_verdict
+from pytest_accelperf.stats import ProcessSpread, ab_ratio, ab_verdict
 from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 
 METRIC = "throughput"
@@ -41,7 +41,7 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
     with its likely cause (``program: all-gather: 2 → 6 per step (+48.00 MiB)``), or with
     ``same program`` when only the kernels' speed can explain it."""
     est, spread = ab_ratio(measured.head, measured.base, measured.pairs)
-    verdict = throughput_verdict(est, tolerance)
+    verdict = ab_verdict(est, tolerance)
     dirty = contaminated(measured.load, max_foreign_load)
     if dirty:
         verdict = Verdict.INCONCLUSIVE

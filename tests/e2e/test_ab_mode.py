@@ -21,7 +21,7 @@ from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.stats import paired_ratio, process_ratio, throughput_verdict
+from pytest_accelperf.stats import ab_verdict, paired_ratio, process_ratio, throughput_verdict
 
 pytest.importorskip("jax")
 
@@ -387,6 +387,7 @@ def test_a_process_level_offset_is_not_called_a_change() -> None:
     assert throughput_verdict(old, 0.01) is Verdict.REGRESSION  # 1.3 %, a tight interval
     est, spread = process_ratio(head, base, pairs)
     assert throughput_verdict(est, 0.01) in (Verdict.PASS, Verdict.INCONCLUSIVE)
+    assert ab_verdict(est, 0.01) in (Verdict.PASS, Verdict.INCONCLUSIVE)  # A/B mode's rule
     assert est.low < 1 < est.high
     assert spread.processes == 3 and spread.rounds == 60
     assert 0.005 < spread.process_sd < 0.02 and spread.within_sd < 0.003

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_accelperf.checks.base import Verdict
-from pytest_accelperf.stats import RatioEstimate, step_time_ratio, throughput_verdict
+from pytest_accelperf.stats import RatioEstimate, ab_verdict, step_time_ratio, throughput_verdict
 
 
 def noisy(n: int, center: float, noise: float, seed: int) -> list[float]:
@@ -128,6 +128,30 @@ def test_confidence_widens_the_interval() -> None:
 ])
 def test_verdict_rule(estimate: RatioEstimate, tolerance: float, verdict: Verdict) -> None:
     assert throughput_verdict(estimate, tolerance) is verdict
+
+
+INC = Verdict.INCONCLUSIVE
+
+
+@pytest.mark.parametrize(("estimate", "verdict", "stored"), [
+    # the stored check's rule where it names a change or resolves the tolerance
+    (est(1.30, 1.20, 1.40), Verdict.REGRESSION, Verdict.REGRESSION),
+    (est(1.005, 0.998, 1.012), Verdict.PASS, Verdict.PASS),
+    # significant, past the tolerance, interval up to twice the tolerance: named
+    (est(1.021, 1.0095, 1.0335), Verdict.REGRESSION, INC),
+    (est(0.979, 0.966, 0.991), Verdict.IMPROVEMENT, INC),
+    # past twice the tolerance: inconclusive, however far from 1 its estimate
+    (est(0.968, 0.941, 0.997), INC, INC),
+    (est(1.05, 1.005, 1.095), INC, INC),
+    # within twice the tolerance but reaching 1, or an estimate within the tolerance
+    (est(1.015, 0.998, 1.032), INC, INC),
+    (est(1.008, 1.001, 1.025), INC, INC),
+])
+def test_ab_verdict_rule(estimate: RatioEstimate, verdict: Verdict, stored: Verdict) -> None:
+    """A/B mode names a significant change past the tolerance while its interval is up to
+    twice the tolerance wide; the stored check calls those inconclusive."""
+    assert ab_verdict(estimate, 0.01) is verdict
+    assert throughput_verdict(estimate, 0.01) is stored
 
 
 def test_fast_enough() -> None:
