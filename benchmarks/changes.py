@@ -7,6 +7,7 @@ beside the rule the HTML report used before (issue 27); and how long 100,000 lin
     python benchmarks/changes.py detection [--history DIR|FILE ...] [--gate FILE ...]
                                            [--series 300] [--sessions 100] [--out DIR]
     python benchmarks/changes.py scale [--cases 1000] [--sessions 100] [--template FILE]
+                                       [--repeat 3] [--keep DIR]
     python benchmarks/changes.py example DIR [--history DIR|FILE ...]
 
 ``detection`` builds series of ``--sessions`` sessions and runs them through
@@ -39,7 +40,9 @@ written with the command, the machine and its load to ``DIR/changes-<time>.json`
 ``scale`` writes a history of ``--cases`` x ``--sessions`` lines (each a copy of a real
 line of ``--template``, default the first ok line of ``--history``, its numbers varied)
 and times ``accelperf history changes`` on it in a fresh process, end to end, and its
-parts in this one, with the load average before and after.
+parts in this one, with the load average before and after. ``--keep DIR`` writes the
+history to ``DIR/history`` and keeps it (to compare the command's output before and after a
+change), instead of to a temporary directory.
 
 ``example`` writes the history the docs show ``accelperf history changes`` on (docs/cli.md):
 40 sessions of the recorded ``--history``'s cases, one real line each copied per session,
@@ -80,7 +83,7 @@ from pytest_accelperf.report.changes import (  # noqa: E402
     find_changes,
     load_points,
 )
-from pytest_accelperf.schema import Program  # noqa: E402
+from pytest_accelperf.schema import ProgramRecord  # noqa: E402
 
 STEPS = (0.02, 0.05, 0.10)
 OLD_THRESHOLDS = (0.05, 0.10)
@@ -211,7 +214,7 @@ def _points(nodeid: str, values: Sequence[float], kind: str) -> list[Point]:
     ``kind`` names."""
     out = []
     for i, v in enumerate(values):
-        program: Program | None = None
+        program: ProgramRecord | None = None
         throughput = memory = loss = None
         if kind == "timing":
             throughput = v
@@ -220,8 +223,8 @@ def _points(nodeid: str, values: Sequence[float], kind: str) -> list[Point]:
         elif kind == "final loss":
             loss = v
         else:
-            field = {"FLOPs": "flops", "bytes accessed": "bytes_accessed"}[kind]
-            program = Program.model_validate({"source": "xla", field: v})
+            program = (ProgramRecord(source="xla", flops=v) if kind == "FLOPs"
+                       else ProgramRecord(source="xla", bytes_accessed=v))
         out.append(Point(f"2026-01-01T{i:05d}", f"s{i:04d}", "cpu", nodeid, _commit(i),
                          False, "f", throughput, None, memory, loss, program))
     return out
@@ -367,9 +370,11 @@ def _template(args: argparse.Namespace) -> dict[str, Any]:
 def cmd_scale(args: argparse.Namespace) -> dict[str, Any]:
     template = _template(args)
     rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory(prefix="accelperf-changes-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="accelperf-changes-"))
         hist = Path(tmp) / "history"
-        hist.mkdir()
+        hist.mkdir(parents=True, exist_ok=True)
         commits = [f"{rng.getrandbits(160):040x}" for _ in range(args.sessions)]
         with (hist / "cpu-x8.jsonl").open("w") as f:
             for s in range(args.sessions):
@@ -493,6 +498,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="scale: runs of the command")
     p.add_argument("--template", type=Path, help="scale: a history file to copy a line of")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", type=Path, metavar="DIR",
+                   help="scale: write the history to DIR/history and keep it (default: a "
+                        "temporary directory, deleted)")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args(argv)
     if not args.gate:

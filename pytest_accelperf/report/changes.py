@@ -54,7 +54,7 @@ from pytest_accelperf.report.history import (
     read_bytes,
 )
 from pytest_accelperf.report.terminal import fmt_value
-from pytest_accelperf.schema import HistoryNumbers, Program
+from pytest_accelperf.schema import HistoryNumbers, ProgramRecord
 
 #: The least sessions a change must hold, and stand on, to count (a timing series).
 MIN_SESSIONS = 3
@@ -288,25 +288,26 @@ class Point(NamedTuple):
     step_time: float | None
     memory: float | None
     loss: float | None
-    #: The gated fields of the program record (read by :func:`program_values` only
-    #: where two sessions' records differ); None: not recorded.
-    program: Program | None
+    #: The program record, as a dict (read by :func:`program_values` only where two
+    #: sessions' records differ: compared as dicts, in C); None: not recorded.
+    program: ProgramRecord | None
 
 
-def program_values(program: Program | None) -> dict[tuple[str, str], float]:
+def program_values(program: ProgramRecord | None) -> dict[tuple[str, str], float]:
     """``{(metric, unit): value}`` of the gated fields of a program record."""
     if program is None:
         return {}
+    record: Mapping[str, Any] = program  # read by the names of AMOUNTS and COUNTS
     out: dict[tuple[str, str], float] = {}
     for name, (label, unit) in AMOUNTS.items():
-        value = getattr(program, name)
+        value = record.get(name)
         if value is not None:
             out[(label, unit)] = float(value)
-    for kind, c in sorted((program.collectives or {}).items()):
-        out[(f"{kind} count", "")] = float(c.count)
-        out[(f"{kind} bytes", "bytes")] = float(c.bytes)
+    for kind, c in sorted((program.get("collectives") or {}).items()):
+        out[(f"{kind} count", "")] = float(c["count"])
+        out[(f"{kind} bytes", "bytes")] = float(c["bytes"])
     for name, label in COUNTS.items():
-        value = getattr(program, name)
+        value = record.get(name)
         if value is not None:
             out[(label, "")] = float(value)
     return out
@@ -322,11 +323,11 @@ def _program_tables(points: Sequence[Point]) -> list[dict[tuple[str, str], float
     """:func:`program_values` of each point's program; a kind of collective that another
     point's record lists counts as 0 in a record that counted collectives but not that
     kind (as the ``program`` check compares them: an all-gather added)."""
-    kinds = sorted({k for p in points if p.program for k in p.program.collectives or ()})
+    kinds = sorted({k for p in points if p.program for k in p.program.get("collectives") or ()})
     out: list[dict[tuple[str, str], float]] = []
     for p in points:
         table = program_values(p.program)
-        if p.program is not None and p.program.collectives is not None:
+        if p.program is not None and p.program.get("collectives") is not None:
             for kind in kinds:
                 table.setdefault((f"{kind} count", ""), 0.0)
                 table.setdefault((f"{kind} bytes", "bytes"), 0.0)
