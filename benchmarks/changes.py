@@ -77,12 +77,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_accelperf.report.changes import (  # noqa: E402
-    Detection,
-    Point,
-    find_changes,
-    load_points,
-)
+from pytest_accelperf.report.changes import Detection, find_changes  # noqa: E402
+from pytest_accelperf.report.points import Point, load_points  # noqa: E402
 from pytest_accelperf.schema import ProgramRecord  # noqa: E402
 
 STEPS = (0.02, 0.05, 0.10)
