@@ -31,9 +31,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, NamedTuple
+from typing import Annotated, Any, NamedTuple, cast
 
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -246,41 +247,37 @@ def file_points(path: Path, *, cache: bool = True) -> list[Point]:
 def _write_cache(path: Path, points: Sequence[Point], *, stat: Stat, covered: int,
                  lines: int, sha256: str) -> None:
     """Write the cache of ``path`` (atomically); where it cannot be written, nothing."""
-    strings: dict[str, int] = {}
+    strings: dict[str | None, int | None] = {None: None}  # None stays None
     programs: dict[bytes, int] = {}
+    by_id: dict[int, int | None] = {id(None): None}  # records read from a cache are shared
     records: list[ProgramRecord] = []
 
-    def index(column: Iterable[str]) -> list[int]:
-        return [strings.setdefault(s, len(strings)) for s in column]
-
-    def maybe(column: Iterable[str | None]) -> list[int | None]:
-        return [None if s is None else strings.setdefault(s, len(strings)) for s in column]
+    def index(column: Sequence[str | None]) -> list[int | None]:
+        for s in dict.fromkeys(column):  # each string once, in C
+            strings.setdefault(s, len(strings) - 1)
+        return list(map(strings.__getitem__, column))
 
     def program(record: ProgramRecord | None) -> int | None:
-        if record is None:
-            return None
+        if id(record) in by_id:
+            return by_id[id(record)]
         key = pydantic_core.to_json(record)
         i = programs.get(key)
         if i is None:
             i = programs[key] = len(records)
-            records.append(record)
+            records.append(cast(ProgramRecord, record))
+        by_id[id(record)] = i
         return i
 
-    columns = dict(zip(Point._fields, zip(*points, strict=True), strict=True)) if points \
-        else {name: () for name in Point._fields}
-    body = {
-        "version": cache_version(), "stat": stat, "covered": covered, "lines": lines,
-        "sha256": sha256,
-        "time": index(columns["time"]), "session": index(columns["session"]),
-        "platform": index(columns["platform"]), "nodeid": index(columns["nodeid"]),
-        "commit": maybe(columns["commit"]), "dirty": columns["dirty"],
-        "fingerprint": maybe(columns["fingerprint"]),
-        "throughput": columns["throughput"], "step_time": columns["step_time"],
-        "memory": columns["memory"], "loss": columns["loss"],
-        "program": [program(r) for r in columns["program"]],
-    }
-    body["strings"] = list(strings)
-    body["programs"] = records
+    columns = {name: list(map(operator.itemgetter(i), points))
+               for i, name in enumerate(Point._fields)}
+    body: dict[str, Any] = {name: index(columns[name]) for name in
+                            ("time", "session", "platform", "nodeid", "commit", "fingerprint")}
+    body.update(
+        version=cache_version(), stat=stat, covered=covered, lines=lines, sha256=sha256,
+        dirty=columns["dirty"], throughput=columns["throughput"],
+        step_time=columns["step_time"], memory=columns["memory"], loss=columns["loss"],
+        program=list(map(program, columns["program"])),
+        strings=list(strings)[1:], programs=records)
     where = cache_path(path)
     try:
         where.parent.mkdir(exist_ok=True)
