@@ -101,6 +101,7 @@ def parse_points(path: Path, data: bytes, first: int = 1) -> list[Point]:
     validate = HistoryNumbers.model_validate_json
     out: list[Point] = []
     append = out.append
+    last: dict[str, ProgramRecord] = {}  # each case's last program record
     for n, raw in enumerate(data.splitlines(), start=first):
         if not raw or raw.isspace():
             continue
@@ -108,9 +109,15 @@ def parse_points(path: Path, data: bytes, first: int = 1) -> list[Point]:
             e = validate(raw)
         except ValidationError as exc:
             raise invalid_line(path, n, raw, exc) from None
+        program = e.program
+        if program is not None:  # one object for a case's equal records, as in the cache
+            if last.get(e.nodeid) == program:
+                program = last[e.nodeid]
+            else:
+                last[e.nodeid] = program
         append(Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
                      e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
-                     e.final_loss, e.program))
+                     e.final_loss, program))
     return out
 
 
