@@ -7,6 +7,7 @@ beside the rule the HTML report used before (issue 27); and how long 100,000 lin
     python benchmarks/changes.py detection [--history DIR|FILE ...] [--gate FILE ...]
                                            [--series 300] [--sessions 100] [--out DIR]
     python benchmarks/changes.py scale [--cases 1000] [--sessions 100] [--template FILE]
+                                       [--repeat 3] [--keep DIR]
     python benchmarks/changes.py example DIR [--history DIR|FILE ...]
 
 ``detection`` builds series of ``--sessions`` sessions and runs them through
@@ -38,8 +39,15 @@ written with the command, the machine and its load to ``DIR/changes-<time>.json`
 
 ``scale`` writes a history of ``--cases`` x ``--sessions`` lines (each a copy of a real
 line of ``--template``, default the first ok line of ``--history``, its numbers varied)
-and times ``accelperf history changes`` on it in a fresh process, end to end, and its
-parts in this one, with the load average before and after.
+and times ``accelperf history changes`` on it in a fresh process, end to end, ``--repeat``
+times each way: ``cold, one session less`` (the history without its last session, no
+cache of its points), ``appended`` (the last session appended: only its lines validated,
+the rest read from the cache), ``warm`` (the file as cached) and ``cold`` (the cache
+deleted: every line validated, the cache written); and its parts in this one (validating
+every line, reading the cache, finding), with the load average before each run and
+before and after all. ``--keep DIR`` writes the history to ``DIR/history`` and keeps it
+(to compare the command's output before and after a change), instead of to a temporary
+directory.
 
 ``example`` writes the history the docs show ``accelperf history changes`` on (docs/cli.md):
 40 sessions of the recorded ``--history``'s cases, one real line each copied per session,
@@ -74,13 +82,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_accelperf.report.changes import (  # noqa: E402
-    Detection,
-    Point,
-    find_changes,
-    load_points,
-)
-from pytest_accelperf.schema import Program  # noqa: E402
+from pytest_accelperf.report.changes import Detection, find_changes  # noqa: E402
+from pytest_accelperf.report.points import Point, cache_path, load_points  # noqa: E402
+from pytest_accelperf.schema import ProgramRecord  # noqa: E402
 
 STEPS = (0.02, 0.05, 0.10)
 OLD_THRESHOLDS = (0.05, 0.10)
@@ -211,7 +215,7 @@ def _points(nodeid: str, values: Sequence[float], kind: str) -> list[Point]:
     ``kind`` names."""
     out = []
     for i, v in enumerate(values):
-        program: Program | None = None
+        program: ProgramRecord | None = None
         throughput = memory = loss = None
         if kind == "timing":
             throughput = v
@@ -220,8 +224,8 @@ def _points(nodeid: str, values: Sequence[float], kind: str) -> list[Point]:
         elif kind == "final loss":
             loss = v
         else:
-            field = {"FLOPs": "flops", "bytes accessed": "bytes_accessed"}[kind]
-            program = Program.model_validate({"source": "xla", field: v})
+            program = (ProgramRecord(source="xla", flops=v) if kind == "FLOPs"
+                       else ProgramRecord(source="xla", bytes_accessed=v))
         out.append(Point(f"2026-01-01T{i:05d}", f"s{i:04d}", "cpu", nodeid, _commit(i),
                          False, "f", throughput, None, memory, loss, program))
     return out
@@ -364,14 +368,33 @@ def _template(args: argparse.Namespace) -> dict[str, Any]:
     raise SystemExit("no ok history line to copy: pass --template FILE or --history DIR")
 
 
+def _command(hist: Path) -> dict[str, Any]:
+    """One run of ``accelperf history changes`` on ``hist`` in a fresh process: wall and CPU
+    seconds, the load average (1 min) before it, its last line."""
+    load = os.getloadavg()[0]
+    t0, r0 = time.perf_counter(), os.times()
+    done = subprocess.run([sys.executable, "-m", "pytest_accelperf.cli", "history", "changes",
+                           str(hist)], capture_output=True, text=True, check=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    wall, r1 = time.perf_counter() - t0, os.times()
+    cpu = (r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)
+    return {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3), "load_1min": round(load, 2),
+            "last_line": done.stdout.strip().splitlines()[-1]}
+
+
 def cmd_scale(args: argparse.Namespace) -> dict[str, Any]:
     template = _template(args)
     rng = random.Random(args.seed)
-    with tempfile.TemporaryDirectory(prefix="accelperf-changes-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="accelperf-changes-"))
         hist = Path(tmp) / "history"
-        hist.mkdir()
+        hist.mkdir(parents=True, exist_ok=True)
+        path = hist / "cpu-x8.jsonl"
+        cache = cache_path(path)
         commits = [f"{rng.getrandbits(160):040x}" for _ in range(args.sessions)]
-        with (hist / "cpu-x8.jsonl").open("w") as f:
+        last: list[str] = []  # the last session's lines, appended in each repeat
+        with path.open("w") as f:
             for s in range(args.sessions):
                 moment = _dt.datetime(2026, 1, 1, tzinfo=_dt.timezone.utc) + _dt.timedelta(
                     hours=s)
@@ -386,26 +409,28 @@ def cmd_scale(args: argparse.Namespace) -> dict[str, Any]:
                     e["samples_per_second"] = sps
                     e["median_step_time"] = template["median_step_time"] * \
                         template["samples_per_second"] / sps
-                    f.write(json.dumps(e, sort_keys=True) + "\n")
-        size = (hist / "cpu-x8.jsonl").stat().st_size
+                    text = json.dumps(e, sort_keys=True) + "\n"
+                    if s == args.sessions - 1:
+                        last.append(text)
+                    else:
+                        f.write(text)
+        head = path.stat().st_size
         lines = args.cases * args.sessions
         load_before = os.getloadavg()
-        runs = []
+        runs: dict[str, list[dict[str, Any]]] = {
+            "cold, one session less": [], "appended": [], "warm": [], "cold": []}
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            r0 = os.times()
-            done = subprocess.run([sys.executable, "-m", "pytest_accelperf.cli", "history",
-                                   "changes", str(hist)], capture_output=True, text=True,
-                                  check=True, cwd=REPO, env={**os.environ,
-                                                             "PYTHONPATH": str(REPO)})
-            wall = time.perf_counter() - t0
-            r1 = os.times()
-            cpu = (r1.children_user - r0.children_user) + (r1.children_system
-                                                           - r0.children_system)
-            runs.append({"wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
-                         "last_line": done.stdout.strip().splitlines()[-1]})
-        t0 = time.perf_counter()
-        code = ("import time; t=time.perf_counter(); import pytest_accelperf.report.changes, "
+            os.truncate(path, head)  # the history without its last session, no cache
+            cache.unlink(missing_ok=True)
+            runs["cold, one session less"].append(_command(hist))
+            with path.open("a") as f:  # the last session appended: its lines validated
+                f.write("".join(last))
+            runs["appended"].append(_command(hist))
+            runs["warm"].append(_command(hist))  # as it was: nothing validated
+            cache.unlink(missing_ok=True)
+            runs["cold"].append(_command(hist))  # every line validated, the cache written
+        size = path.stat().st_size
+        code = ("import time; t=time.perf_counter(); import pytest_accelperf.cli, "
                 "ruptures, scipy.stats; print(time.perf_counter()-t)")
         imports = float(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                        text=True, check=True, cwd=REPO).stdout)
@@ -413,14 +438,19 @@ def cmd_scale(args: argparse.Namespace) -> dict[str, Any]:
         import scipy.stats  # noqa: F401
 
         w0, c0 = time.perf_counter(), time.process_time()
-        points = load_points(hist)
+        points = load_points(hist, cache=False)
         w1, c1 = time.perf_counter(), time.process_time()
-        changes = find_changes(points)
+        cached = load_points(hist)
         w2, c2 = time.perf_counter(), time.process_time()
+        changes = find_changes(points)
+        w3, c3 = time.perf_counter(), time.process_time()
+        assert cached == points
         parts = {"read_and_validate_s": round(w1 - w0, 3),
                  "read_and_validate_cpu_s": round(c1 - c0, 3),
-                 "find_s": round(w2 - w1, 3), "find_cpu_s": round(c2 - c1, 3),
-                 "change_points": len(changes)}
+                 "read_from_cache_s": round(w2 - w1, 3),
+                 "read_from_cache_cpu_s": round(c2 - c1, 3),
+                 "find_s": round(w3 - w2, 3), "find_cpu_s": round(c3 - c2, 3),
+                 "change_points": len(changes), "cache_bytes": cache.stat().st_size}
         load_after = os.getloadavg()
     return {"lines": lines, "bytes": size, "bytes_per_line": size // lines,
             "cases": args.cases, "sessions": args.sessions,
@@ -493,6 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="scale: runs of the command")
     p.add_argument("--template", type=Path, help="scale: a history file to copy a line of")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", type=Path, metavar="DIR",
+                   help="scale: write the history to DIR/history and keep it (default: a "
+                        "temporary directory, deleted)")
     p.add_argument("--out", type=Path, default=HERE / "results")
     args = p.parse_args(argv)
     if not args.gate:

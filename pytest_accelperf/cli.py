@@ -792,7 +792,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "memory and final loss over the sessions of an --accelperf-history "
                     "directory, per environment fingerprint. A deterministic field's change "
                     "is exact; a measured one must hold 3 sessions and pass the "
-                    "Mann-Whitney U test at --max-pvalue.")
+                    "Mann-Whitney U test at --max-pvalue. The numbers of each file's lines "
+                    "are cached in DIR/.accelperf-cache: a file only appended to has its new "
+                    "lines validated, one edited is validated again in full.")
     changes.add_argument("directory", type=Path, metavar="DIR",
                          help="the --accelperf-history directory")
     changes.add_argument("--since", metavar="REF",

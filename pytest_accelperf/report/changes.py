@@ -41,20 +41,15 @@ import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from numpy.typing import ArrayLike
 
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.program import AMOUNTS, COUNTS
-from pytest_accelperf.report.history import (
-    history_files,
-    parse_numbers,
-    read_bytes,
-)
+from pytest_accelperf.report.points import Point, load_points
 from pytest_accelperf.report.terminal import fmt_value
-from pytest_accelperf.schema import HistoryNumbers, Program
+from pytest_accelperf.schema import ProgramRecord
 
 #: The least sessions a change must hold, and stand on, to count (a timing series).
 MIN_SESSIONS = 3
@@ -272,96 +267,41 @@ def repeats(values: Sequence[float]) -> bool:
     return same >= REPEATS * (len(values) - 1)
 
 
-# -- the points of a history ------------------------------------------------------------------
-class Point(NamedTuple):
-    """What change points are found in of one history line (one case, one session): a
-    tuple, whose fields a case's series reads as columns in one pass."""
-
-    time: str
-    session: str
-    platform: str
-    nodeid: str
-    commit: str | None
-    dirty: bool | None
-    fingerprint: str | None
-    throughput: float | None
-    step_time: float | None
-    memory: float | None
-    loss: float | None
-    #: The gated fields of the program record (read by :func:`program_values` only
-    #: where two sessions' records differ); None: not recorded.
-    program: Program | None
-
-
-def program_values(program: Program | None) -> dict[tuple[str, str], float]:
+# -- the program fields of the points --------------------------------------------------------
+def program_values(program: ProgramRecord | None) -> dict[tuple[str, str], float]:
     """``{(metric, unit): value}`` of the gated fields of a program record."""
     if program is None:
         return {}
+    record: Mapping[str, Any] = program  # read by the names of AMOUNTS and COUNTS
     out: dict[tuple[str, str], float] = {}
     for name, (label, unit) in AMOUNTS.items():
-        value = getattr(program, name)
+        value = record.get(name)
         if value is not None:
             out[(label, unit)] = float(value)
-    for kind, c in sorted((program.collectives or {}).items()):
-        out[(f"{kind} count", "")] = float(c.count)
-        out[(f"{kind} bytes", "bytes")] = float(c.bytes)
+    for kind, c in sorted((program.get("collectives") or {}).items()):
+        out[(f"{kind} count", "")] = float(c["count"])
+        out[(f"{kind} bytes", "bytes")] = float(c["bytes"])
     for name, label in COUNTS.items():
-        value = getattr(program, name)
+        value = record.get(name)
         if value is not None:
             out[(label, "")] = float(value)
     return out
-
-
-def point(e: HistoryNumbers) -> Point:
-    return Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
-                 e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
-                 e.final_loss, e.program)
 
 
 def _program_tables(points: Sequence[Point]) -> list[dict[tuple[str, str], float]]:
     """:func:`program_values` of each point's program; a kind of collective that another
     point's record lists counts as 0 in a record that counted collectives but not that
     kind (as the ``program`` check compares them: an all-gather added)."""
-    kinds = sorted({k for p in points if p.program for k in p.program.collectives or ()})
+    kinds = sorted({k for p in points if p.program for k in p.program.get("collectives") or ()})
     out: list[dict[tuple[str, str], float]] = []
     for p in points:
         table = program_values(p.program)
-        if p.program is not None and p.program.collectives is not None:
+        if p.program is not None and p.program.get("collectives") is not None:
             for kind in kinds:
                 table.setdefault((f"{kind} count", ""), 0.0)
                 table.setdefault((f"{kind} bytes", "bytes"), 0.0)
         out.append(table)
     return out
-
-
-Line = tuple[Path, int, bytes]  # (file, line number, the line)
-
-
-def _lines_of(directory: Path, platform: str | None) -> list[Line]:
-    out: list[Line] = []
-    for path in history_files(directory, platform):
-        out.extend((path, n, raw) for n, raw in
-                   enumerate(read_bytes(path).splitlines(), start=1) if raw.strip())
-    return out
-
-
-def load_points(directory: Path, platform: str | None = None) -> list[Point]:
-    """The points of every line of the history under ``directory`` (of one platform, if
-    given), oldest first; each line validated (a
-    :class:`~pytest_accelperf.report.history.HistoryError` names the file, line and field
-    of the first that is not a history entry)."""
-    out: list[Point] = []
-    with gc_paused():  # a history has no cycles to collect (see gc_paused)
-        for path, n, raw in _lines_of(directory, platform):
-            out.append(point(parse_numbers(path, n, raw)))
-        out.sort(key=lambda p: (p.time, p.session))  # stable: equal keys keep file order
-        return out
-
-
-def points_of(entries: Iterable[Mapping[str, Any]]) -> list[Point]:
-    """The points of entries :func:`~pytest_accelperf.report.history.read_history` read
-    (validated as history lines already)."""
-    return [point(HistoryNumbers.model_validate(e)) for e in entries]
 
 
 # -- a whole history ---------------------------------------------------------------------------
@@ -431,10 +371,16 @@ def _fingerprint_changes(platform: str, nodeid: str, series: Sequence[Point], or
             points, values = series, column
         yield from _series_changes(platform, nodeid, metric, unit, points, values, orders,
                                    detection, log=noisy, exact=not noisy and repeats(values))
-    programs = [r for r in columns[_COLUMN["program"]] if r is not None]
-    if any(map(operator.ne, programs, itertools.islice(programs, 1, None))):
-        # the records compared whole first: equal but where the program changed
+    if _records_differ([r for r in columns[_COLUMN["program"]] if r is not None]):
         yield from _program_changes(platform, nodeid, series, orders)
+
+
+def _records_differ(records: Sequence[ProgramRecord]) -> bool:
+    """Whether any of a series' program records differs from the one before it (compared
+    whole as dicts, in C: equal but where the program changed). Records read from the
+    cache of the points are one object where equal, and compared by identity first."""
+    return (any(map(operator.is_not, records, itertools.islice(records, 1, None)))
+            and any(map(operator.ne, records, itertools.islice(records, 1, None))))
 
 
 def _program_changes(platform: str, nodeid: str, series: Sequence[Point], orders: Orders

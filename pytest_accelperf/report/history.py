@@ -13,8 +13,9 @@ lines::
      "verdict": "regression", "checks": {"throughput": ...}, ...}
 
 Every line read is validated by the schema (:class:`pytest_accelperf.schema.HistoryLine`;
-:class:`~pytest_accelperf.schema.HistoryNumbers` where only the numbers are read): a line
-that is not one is an error naming the file, the line and the field.
+:class:`~pytest_accelperf.schema.HistoryNumbers` where only the numbers are read,
+:mod:`pytest_accelperf.report.points`): a line that is not one is an error naming the file,
+the line and the field (:func:`invalid_line`).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from pytest_accelperf.jsonfile import field_path
 from pytest_accelperf.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.writing import OutputError, append_output, describe
-from pytest_accelperf.schema import HistoryLine, HistoryNumbers, error_lines
+from pytest_accelperf.schema import HistoryLine, error_lines
 
 HISTORY_SCHEMA_VERSION = 1
 
@@ -171,9 +172,15 @@ def history_files(directory: Path, platform: str | None = None) -> list[Path]:
     return [p for p in paths if p.is_file()]
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path, start: int = 0) -> bytes:
+    """The bytes of a history file, from byte ``start``; a :class:`HistoryError` naming the
+    file where it cannot be read."""
     try:
-        return path.read_bytes()
+        if not start:
+            return path.read_bytes()
+        with path.open("rb") as f:
+            f.seek(start)
+            return f.read()
     except OSError as exc:
         raise HistoryError(f"{path}: cannot read the history: {describe(exc)}") from None
 
@@ -186,19 +193,9 @@ def _lines(directory: Path, platform: str | None) -> Iterator[tuple[Path, int, b
                 yield path, n, raw
 
 
-def parse_numbers(path: Path, n: int, raw: bytes) -> HistoryNumbers:
-    """Line ``n`` of ``path`` as :class:`~pytest_accelperf.schema.HistoryNumbers`: only
-    the fields change points are found in, validated, the rest of the line skipped unbuilt
-    (one pass in pydantic's JSON parser); a :class:`HistoryError` naming the file, the line
-    and the field where it is not a history entry."""
-    try:
-        return HistoryNumbers.model_validate_json(raw)
-    except ValidationError as exc:
-        raise _invalid(path, n, raw, exc) from None
-
-
-def _invalid(path: Path, n: int, raw: bytes, exc: ValidationError) -> HistoryError:
-    """The error of a line that is not a history entry: file, line, field, fix."""
+def invalid_line(path: Path, n: int, raw: bytes, exc: ValidationError) -> HistoryError:
+    """The error of line ``n`` of ``path``, ``raw``, which ``exc`` says is not a history
+    entry: file, line, field, fix."""
     first = exc.errors(include_url=False)[0]
     if first["type"] == "json_invalid":
         try:
@@ -233,7 +230,7 @@ def read_history(directory: Path, platform: str | None = None) -> list[dict[str,
         try:
             HistoryLine.model_validate(item)
         except ValidationError as exc:
-            raise _invalid(path, n, raw, exc) from None
+            raise invalid_line(path, n, raw, exc) from None
         out.append(item)
     out.sort(key=lambda e: (str(e.get("time", "")), str(e.get("session", ""))))
     return out

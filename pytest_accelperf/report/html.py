@@ -17,9 +17,10 @@ from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.report.changes import ChangePoint, find_changes, points_of, worse
+from pytest_accelperf.report.changes import ChangePoint, find_changes, worse
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.markdown import case_name, explanation, program_diff
+from pytest_accelperf.report.points import points_of
 from pytest_accelperf.report.terminal import fmt_change, fmt_value
 
 INSTALL = "pip install 'pytest-accelperf[report]'"

@@ -24,9 +24,7 @@ from pytest_accelperf.report.changes import (
     analyse,
     exact_changes,
     find_changes,
-    load_points,
     noisy_changes,
-    points_of,
     since_order,
 )
 from pytest_accelperf.report.history import (
@@ -36,6 +34,7 @@ from pytest_accelperf.report.history import (
     read_history,
 )
 from pytest_accelperf.report.html import html_report
+from pytest_accelperf.report.points import load_points, points_of
 from pytest_accelperf.schema import HistoryLine
 from unit.report.test_reports import synthetic_report
 

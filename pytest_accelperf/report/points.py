@@ -1,0 +1,293 @@
+"""The points of a run history: of each line of ``--accelperf-history`` (one case, one
+session), the numbers change points are found in (:mod:`pytest_accelperf.report.changes`),
+validated by the schema; and a cache of them beside each file, so that a history, which is
+only ever appended to, is validated once.
+
+Every line is validated as :class:`~pytest_accelperf.schema.HistoryNumbers` (a
+:class:`~pytest_accelperf.report.history.HistoryError` names the file, line and field of
+the first that is not a history entry). Validating 100,000 lines of 1.8 KB (1,000 cases x
+100 sessions) takes 1.2 s on a 2-core machine; reading their points back from the cache
+0.15 s (``benchmarks/changes.py scale``).
+
+The cache of ``DIR/<platform>.jsonl`` is ``DIR/.accelperf-cache/<platform>.jsonl.points.json``
+(JSON, validated as :class:`PointsCache` when read). It holds the points of the file's
+lines up to its last newline, the size and SHA-256 of those bytes, and what ``stat`` said of
+the file before they were read. It is used:
+
+- where the file's size, inode, device, modification and change times are as recorded: the
+  file is as it was read (any write changes the change time, which no one can set), and
+  only the bytes after the cached ones are read;
+- else where the file's first bytes still have the recorded size and SHA-256 (the file was
+  appended to): the lines after them are read and validated, and the cache rewritten.
+
+Anything else (a file truncated, edited or replaced, a cache written by another version of
+this code, or one that is not valid) is ignored: the whole file is validated again and the
+cache rewritten. A cache that cannot be written (a read-only directory) is left unwritten;
+deleting it is always safe.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import operator
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, NamedTuple, cast
+
+import pydantic_core
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pytest_accelperf.jsonfile import atomic_write, gc_paused
+from pytest_accelperf.report.history import history_files, invalid_line, read_bytes
+from pytest_accelperf.schema import HistoryNumbers, ProgramRecord
+
+#: The directory of the caches, in the history directory.
+CACHE_DIR = ".accelperf-cache"
+#: The version of the cache's layout; with the schema of the points, it decides whether a
+#: cache was written by this code.
+CACHE_VERSION = 1
+
+
+class Point(NamedTuple):
+    """What change points are found in of one history line (one case, one session): a
+    tuple, whose fields a case's series reads as columns in one pass."""
+
+    time: str
+    session: str
+    platform: str
+    nodeid: str
+    commit: str | None
+    dirty: bool | None
+    fingerprint: str | None
+    throughput: float | None
+    step_time: float | None
+    memory: float | None
+    loss: float | None
+    #: The program record, as a dict (compared whole, in C, from session to session; its
+    #: fields read only where two sessions' records differ); None: not recorded.
+    program: ProgramRecord | None
+
+
+def point(e: HistoryNumbers) -> Point:
+    return Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
+                 e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
+                 e.final_loss, e.program)
+
+
+def points_of(entries: Iterable[Mapping[str, Any]]) -> list[Point]:
+    """The points of entries :func:`~pytest_accelperf.report.history.read_history` read
+    (validated as history lines already)."""
+    return [point(HistoryNumbers.model_validate(e)) for e in entries]
+
+
+def load_points(directory: Path, platform: str | None = None, *, cache: bool = True
+                ) -> list[Point]:
+    """The points of every line of the history under ``directory`` (of one platform, if
+    given), oldest first (by time, then session; lines of one session in file order).
+    ``cache``: read and write the cache of each file (see the module)."""
+    out: list[Point] = []
+    with gc_paused():  # a history has no cycles to collect (see gc_paused)
+        for path in history_files(directory, platform):
+            out.extend(file_points(path, cache=cache))
+        out.sort(key=lambda p: (p.time, p.session))  # stable: equal keys keep file order
+    return out
+
+
+def parse_points(path: Path, data: bytes, first: int = 1) -> list[Point]:
+    """The points of the non-blank lines of ``data``, the bytes of ``path`` from the start
+    of its line ``first``; each line validated."""
+    validate = HistoryNumbers.model_validate_json
+    out: list[Point] = []
+    append = out.append
+    last: dict[str, ProgramRecord] = {}  # each case's last program record
+    for n, raw in enumerate(data.splitlines(), start=first):
+        if not raw or raw.isspace():
+            continue
+        try:
+            e = validate(raw)
+        except ValidationError as exc:
+            raise invalid_line(path, n, raw, exc) from None
+        program = e.program
+        if program is not None:  # one object for a case's equal records, as in the cache
+            if last.get(e.nodeid) == program:
+                program = last[e.nodeid]
+            else:
+                last[e.nodeid] = program
+        append(Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
+                     e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
+                     e.final_loss, program))
+    return out
+
+
+# -- the cache ---------------------------------------------------------------------------------
+Index = Annotated[int, Field(ge=0)]
+#: What ``stat`` says of a file: size, inode, device, modification and change time (ns).
+Stat = tuple[int, int, int, int, int]
+
+
+class PointsCache(BaseModel):
+    """The cache of one history file's points: the points of its first ``covered`` bytes
+    (``lines`` lines, ending in a newline), as columns (strings and program records stored
+    once each, referred to by index)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    version: str  #: :func:`cache_version`
+    stat: Stat  #: the file's, before it was read
+    covered: Index
+    lines: Index
+    sha256: str  #: of the covered bytes
+    strings: list[str]
+    programs: list[ProgramRecord]
+    time: list[Index]
+    session: list[Index]
+    platform: list[Index]
+    nodeid: list[Index]
+    commit: list[Index | None]
+    dirty: list[bool | None]
+    fingerprint: list[Index | None]
+    throughput: list[float | None]
+    step_time: list[float | None]
+    memory: list[float | None]
+    loss: list[float | None]
+    program: list[Index | None]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PointsCache:
+        rows = len(self.time)
+        columns = [getattr(self, name) for name in Point._fields]
+        if any(len(c) != rows for c in columns):
+            raise ValueError("columns of different lengths")
+        for column, table in ((self.time, self.strings), (self.session, self.strings),
+                              (self.platform, self.strings), (self.nodeid, self.strings),
+                              (self.commit, self.strings), (self.fingerprint, self.strings),
+                              (self.program, self.programs)):
+            if max([i for i in column if i is not None], default=-1) >= len(table):
+                raise ValueError("an index past its table")
+        return self
+
+    def points(self) -> list[Point]:
+        strings, programs = self.strings, self.programs
+
+        def text(column: list[int]) -> list[str]:
+            return [strings[i] for i in column]
+
+        def maybe(column: list[int | None]) -> list[str | None]:
+            return [None if i is None else strings[i] for i in column]
+
+        rows = zip(text(self.time), text(self.session), text(self.platform),
+                   text(self.nodeid), maybe(self.commit), self.dirty, maybe(self.fingerprint),
+                   self.throughput, self.step_time, self.memory, self.loss,
+                   [None if i is None else programs[i] for i in self.program], strict=True)
+        return list(map(Point._make, rows))
+
+
+@functools.cache
+def cache_version() -> str:
+    """:data:`CACHE_VERSION` and a hash of the schema of the points: a cache written where
+    either differed is not read."""
+    schema = json.dumps([CACHE_VERSION, Point._fields, HistoryNumbers.model_json_schema(),
+                         PointsCache.model_json_schema()], sort_keys=True)
+    return f"{CACHE_VERSION}-{hashlib.sha256(schema.encode()).hexdigest()[:16]}"
+
+
+def cache_path(path: Path) -> Path:
+    """Where the cache of the history file ``path`` is."""
+    return path.parent / CACHE_DIR / f"{path.name}.points.json"
+
+
+def _stat(path: Path) -> Stat | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_size, st.st_ino, st.st_dev, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _read_cache(path: Path) -> PointsCache | None:
+    """The cache of ``path`` where there is one, written by this code, and valid."""
+    try:
+        text = cache_path(path).read_bytes()
+    except OSError:
+        return None
+    try:
+        cache = PointsCache.model_validate_json(text)
+    except ValidationError:
+        return None
+    return cache if cache.version == cache_version() else None
+
+
+def file_points(path: Path, *, cache: bool = True) -> list[Point]:
+    """The points of every line of the history file ``path``, in file order: those the
+    cache holds of its first bytes, where they are as cached (see the module), and the
+    lines after them validated (the cache then rewritten to hold them too)."""
+    stat = _stat(path)
+    kept = _read_cache(path) if cache and stat is not None else None
+    if kept is not None and kept.stat == stat:
+        rest = read_bytes(path, start=kept.covered)
+        return kept.points() + parse_points(path, rest, kept.lines + 1)
+    data = read_bytes(path)
+    end = data.rfind(b"\n") + 1  # the complete lines: a line being appended is not cached
+    digest = hashlib.sha256()
+    if kept is not None:
+        if kept.covered <= end:
+            digest.update(memoryview(data)[:kept.covered])
+        if kept.covered > end or digest.hexdigest() != kept.sha256:
+            kept, digest = None, hashlib.sha256()
+    start = kept.covered if kept is not None else 0
+    lines = kept.lines if kept is not None else 0
+    new = parse_points(path, data[start:end] if (start, end) != (0, len(data)) else data,
+                       lines + 1)
+    points = kept.points() + new if kept is not None else new
+    lines += data.count(b"\n", start, end)
+    if cache and stat is not None and end:
+        digest.update(memoryview(data)[start:end])
+        _write_cache(path, points, stat=stat, covered=end, lines=lines,
+                     sha256=digest.hexdigest())
+    if end < len(data):  # a last line without its newline
+        points += parse_points(path, data[end:], lines + 1)
+    return points
+
+
+def _write_cache(path: Path, points: Sequence[Point], *, stat: Stat, covered: int,
+                 lines: int, sha256: str) -> None:
+    """Write the cache of ``path`` (atomically); where it cannot be written, nothing."""
+    strings: dict[str | None, int | None] = {None: None}  # None stays None
+    programs: dict[bytes, int] = {}
+    by_id: dict[int, int | None] = {id(None): None}  # records read from a cache are shared
+    records: list[ProgramRecord] = []
+
+    def index(column: Sequence[str | None]) -> list[int | None]:
+        for s in dict.fromkeys(column):  # each string once, in C
+            strings.setdefault(s, len(strings) - 1)
+        return list(map(strings.__getitem__, column))
+
+    def program(record: ProgramRecord | None) -> int | None:
+        if id(record) in by_id:
+            return by_id[id(record)]
+        key = pydantic_core.to_json(record)
+        i = programs.get(key)
+        if i is None:
+            i = programs[key] = len(records)
+            records.append(cast(ProgramRecord, record))
+        by_id[id(record)] = i
+        return i
+
+    columns = {name: list(map(operator.itemgetter(i), points))
+               for i, name in enumerate(Point._fields)}
+    body: dict[str, Any] = {name: index(columns[name]) for name in
+                            ("time", "session", "platform", "nodeid", "commit", "fingerprint")}
+    body.update(
+        version=cache_version(), stat=stat, covered=covered, lines=lines, sha256=sha256,
+        dirty=columns["dirty"], throughput=columns["throughput"],
+        step_time=columns["step_time"], memory=columns["memory"], loss=columns["loss"],
+        program=list(map(program, columns["program"])),
+        strings=list(strings)[1:], programs=records)
+    where = cache_path(path)
+    try:
+        where.parent.mkdir(exist_ok=True)
+        atomic_write(where, pydantic_core.to_json(body).decode())
+    except OSError:  # a read-only history: read again in full next time
+        return
