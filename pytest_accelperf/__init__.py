@@ -6,32 +6,51 @@ Public API::
     from pytest_accelperf import cases, grid, Case
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
-from pytest_accelperf.accel import Accelerator
+# The decorator ``cases`` shares its name with its module: imported here, eagerly, so that
+# the package's attribute is the decorator whatever imports the module later.
 from pytest_accelperf.cases import Case, cases, grid
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
-from pytest_accelperf.maxbatch import MaxBatch
-from pytest_accelperf.run import Run
-from pytest_accelperf.runner import CaseResult, CaseRunner, MaxBatchSearch
-from pytest_accelperf.session import AccelperfWarning
 
 if TYPE_CHECKING:
+    from pytest_accelperf.accel import Accelerator
+    from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+    from pytest_accelperf.maxbatch import MaxBatch
+    from pytest_accelperf.run import Run
+    from pytest_accelperf.runner import CaseResult, CaseRunner, MaxBatchSearch
+    from pytest_accelperf.session import AccelperfWarning
     from pytest_accelperf.torch import Built, RankStep
 
 __version__ = "0.1.0"
 
-#: Exports that import a framework, loaded on first use (``import pytest_accelperf`` and the
-#: plugin stay framework-free).
-_LAZY = {"RankStep": "pytest_accelperf.torch", "Built": "pytest_accelperf.torch"}
+#: Where each other name of the public API lives: imported when first asked for, so that
+#: ``import pytest_accelperf`` (and every ``accelperf`` command) does not import the runner,
+#: every check, numpy and scipy before it needs them; ``pytest_accelperf.torch`` only for a
+#: torch user.
+_LAZY = {
+    "Accelerator": "pytest_accelperf.accel",
+    "AccelperfWarning": "pytest_accelperf.session",
+    "Built": "pytest_accelperf.torch",
+    "CaseResult": "pytest_accelperf.runner",
+    "CaseRunner": "pytest_accelperf.runner",
+    "CheckResult": "pytest_accelperf.checks.base",
+    "MaxBatch": "pytest_accelperf.maxbatch",
+    "MaxBatchSearch": "pytest_accelperf.runner",
+    "RankStep": "pytest_accelperf.torch",
+    "Run": "pytest_accelperf.run",
+    "Tolerances": "pytest_accelperf.checks.base",
+    "Verdict": "pytest_accelperf.checks.base",
+}
 
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'pytest_accelperf' has no attribute {name!r}")
+
 
 __all__ = [
     "Accelerator",

@@ -1,0 +1,55 @@
+"""Every check of the table applied to one run: :func:`run_checks`, the one entry point of
+:mod:`pytest_accelperf.checks`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_accelperf import summary
+from pytest_accelperf.block import BlockLike, read_block
+from pytest_accelperf.checks.base import CheckResult, Tolerances
+from pytest_accelperf.checks.protocol import CheckInput
+from pytest_accelperf.checks.table import checks
+from pytest_accelperf.run import Run
+from pytest_accelperf.schema import block_model
+
+
+def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
+               tol: Tolerances, *, comparable: bool = True, differences: Sequence[str] = (),
+               program_differences: Sequence[str] | None = None,
+               reference_params: Mapping[str, Any] | None = None,
+               params: Mapping[str, Any] | None = None,
+               loss_either_way: bool = False,
+               max_foreign_load: float | None = None) -> list[CheckResult]:
+    """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
+
+    ``block`` is ``summarize(run)`` (computed here when None); it and ``baseline`` are read
+    as :class:`~pytest_accelperf.block.Block` with the sections of every check of the table
+    (:func:`pytest_accelperf.schema.block_model`) for the checks. ``comparable`` is False when
+    the baseline was recorded in another environment, and ``differences`` say how (in
+    words, :func:`pytest_accelperf.fingerprint.differences`; any makes it not comparable):
+    throughput, input time, compile time and the program are then ``incomparable`` and the other
+    checks still apply (numerics at its cross-environment tolerance).
+    ``program_differences`` (default: ``differences``) are those that make the program
+    incomparable (:data:`pytest_accelperf.fingerprint.PROGRAM_KEYS`): another host CPU
+    runs the same program.
+    ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
+    with a reference the ``reference`` check runs, baseline or not. ``loss_either_way``:
+    a loss below its band fails too (``--accelperf-loss-either-way``).
+    ``max_foreign_load``: cores other processes may have used while the step compiled, or
+    while its steps were measured, before a compile-time or throughput change is not
+    judged (``--accelperf-max-foreign-load``).
+    """
+    if block is None:
+        block = summary.summarize(run)
+    model = block_model()
+    given = CheckInput(
+        run=run, block=read_block(block, model), baseline=read_block(baseline, model), tol=tol,
+        comparable=comparable and not differences,
+        program_comparable=comparable and not (
+            differences if program_differences is None else program_differences),
+        differences=tuple(differences), params=params, reference_params=reference_params,
+        loss_either_way=loss_either_way, max_foreign_load=max_foreign_load)
+    return [result for check in checks() for result in check.check(given)]
