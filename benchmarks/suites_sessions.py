@@ -39,7 +39,8 @@ def _session(tree: Path, report: Path, extra: list[str]) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "suites/", "--accel=cpu", "-q", "-p",
          "no:cacheprovider", f"--accelperf-json={report}", *extra],
-        cwd=tree, capture_output=True, text=True, check=False)
+        cwd=tree, capture_output=True, text=True, check=False,
+        env={**os.environ, "COLUMNS": "400"})  # pytest's summary lines not cut short
     wall = time.monotonic() - t0
     verdicts: Counter[str] = Counter()
     failing: list[str] = []
@@ -59,7 +60,9 @@ def _session(tree: Path, report: Path, extra: list[str]) -> dict[str, Any]:
             "load_before": round(before, 2), "load_after": round(_load(), 2),
             "verdicts": dict(verdicts), "failing_checks": failing, "failed_tests": tail,
             "suite_line": line, "suite": suite,
-            "summary_line": proc.stdout.strip().splitlines()[-1] if proc.stdout else ""}
+            "summary_line": proc.stdout.strip().splitlines()[-1] if proc.stdout else "",
+            # what a failing session printed, to tell why (its end: the failures' summary)
+            "output_tail": (proc.stdout + proc.stderr)[-20000:] if proc.returncode else ""}
 
 
 def main(argv: list[str] | None = None) -> int:
