@@ -170,6 +170,35 @@ def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
     _untouched(repo, tmp_path / "tmp", shas[-1])
 
 
+def test_a_regression_the_search_cannot_follow_is_named_not_denied(tmp_path: Path) -> None:
+    """BAD's make_batch burns ~10 ms of CPU: the gate's input check fails BAD against GOOD,
+    but making the batch is timed apart from the step, so the program and A/B mode's step
+    time are GOOD's. The bisection cannot follow it (exit status 3), and says so, naming
+    the input regression, instead of that BAD is not worse than GOOD (found bisecting
+    nanoGPT's get_batch)."""
+    repo = tmp_path / "repo"
+    line = "        x = torch.randn(case.batch, DIM, generator=g)\n"
+    shas = bench.build(repo, framework="torch",
+                       plant=(line, line + "        sum(i * i for i in range(300_000))\n"),
+                       at=1, commits=1)
+    out = tmp_path / "result.json"
+    done = _bisect(repo, tmp_path / "tmp", "--json", str(out), "--tolerance", "0.5",
+                   "--budget", "1", shas[0], shas[-1], "--", "test_suite.py",
+                   *bench.PYTEST_ARGS, "--accelperf-compare-processes=1",
+                   "--accelperf-compare-rounds=4", "--accelperf-max-foreign-load=64")
+    assert isinstance(done, subprocess.CompletedProcess)
+    assert done.returncode == 3, done.stdout + done.stderr
+    result = json.loads(out.read_text())
+    assert _steps(result)[:2] == [(0, "record", "reference"), (1, "program", "same")]
+    message = result["message"]
+    assert not message.startswith("BAD is not worse"), message
+    assert re.search(r"regressed on input [\d.]+ ms \u2192 [\d.]+ ms \(\+[\d.]+%\)", message), message
+    assert "(the input check times making the batch apart from the step)" in message
+    assert "raise --budget" not in message
+    assert f"no first bad commit: {message}" in done.stdout
+    _untouched(repo, tmp_path / "tmp", shas[-1])
+
+
 @pytest.mark.slow
 def test_good_already_worse_is_exit_status_4(tmp_path: Path) -> None:
     """GOOD's hidden layer is 2048 wide, BAD's back to 64: BAD's program does less (not a
