@@ -655,7 +655,8 @@ def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
 BISECT_EPILOG = f"""\
 exit status: {Status.FOUND.value} the first bad commit was found; 1 an error in what was given \
 (an unknown ref, GOOD not an ancestor of BAD, no node ids, a GOOD or BAD whose session does \
-not run); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD is not worse than GOOD; \
+not run); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD is not worse than GOOD (or only on \
+a check the search cannot follow, such as input, which it names); \
 {Status.GOOD_ALREADY_BAD.value} GOOD is already worse (BAD is faster); \
 {Status.NOT_FOUND.value} not found: only commits that could not be tested are left between \
 the last good and the first bad one (all are named); {Status.INTERRUPTED.value} interrupted \

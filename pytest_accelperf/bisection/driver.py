@@ -28,6 +28,7 @@ from pytest_accelperf.bisection.evidence import (
     judge_program,
     judge_timing,
     program_targets,
+    unsearched_regressions,
 )
 from pytest_accelperf.bisection.probe import Session, require, run_session, session_env
 from pytest_accelperf.bisection.search import Search
@@ -211,6 +212,21 @@ class _Bisection:
                 return self._search("timing", notes, lambda c: self._timing(
                     session(c, *ab, f"--accelperf-compare-tolerance={near:.4g}"), levels,
                     near))
+            others = unsearched_regressions(bad)
+            if others:
+                # BAD's session against GOOD's recording failed a check the search
+                # cannot follow: saying that BAD is no worse would be untrue.
+                return self._result(
+                    Status.BAD_NOT_BAD,
+                    f"BAD's program is no worse than GOOD's and A/B mode did not find its "
+                    f"step time worse ({judged.evidence}), but BAD's session against GOOD's "
+                    f"recording "
+                    f"regressed on {'; '.join(words for _, words in others)}: accelperf "
+                    f"bisect searches on the program and A/B mode's step time only, and "
+                    f"neither includes {'them' if len(others) > 1 else 'it'}"
+                    + (" (the input check times making the batch apart from the step)"
+                       if any(metric == "input" for metric, _ in others) else "")
+                    + "; it cannot bisect this", "timing", notes=notes)
             if judged.faster:
                 return self._result(
                     Status.GOOD_ALREADY_BAD,

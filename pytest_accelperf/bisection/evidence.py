@@ -31,6 +31,7 @@ from pytest_accelperf.bisection.probe import Session
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.program import describe_changes
 from pytest_accelperf.report.data import CaseRecord
+from pytest_accelperf.report.terminal import fmt_change, fmt_value
 from pytest_accelperf.units import (
     fmt_bytes,
     fmt_percent,
@@ -182,6 +183,28 @@ def judge_program(session: Session, targets: Targets,
     if bad_words:
         return Judgement("bad", "; ".join(bad_words))
     return Judgement("good", "; ".join(good_words))
+
+
+def unsearched_regressions(session: Session) -> list[tuple[str, str]]:
+    """The regressions of a session against GOOD's recording that the bisection does not
+    search on: not the program or the compiler's memory plan (the search on the record),
+    nor the stored-baseline throughput (A/B mode measures the step time afresh), but, e.g.,
+    ``input``, the making of the batch, which is timed apart from the step and so is in no
+    A/B step time, or memory that torch counted. Each as its metric and in words:
+    ``("input", "input 0.30 ms → 5.45 ms (+1706.8%)")``."""
+    many = len(session.cases) > 1
+    out: list[tuple[str, str]] = []
+    for nodeid, record in sorted(session.cases.items()):
+        if _unusable(record):
+            continue
+        searched = deterministic_checks(record)
+        for check in record.checks:
+            if (check.verdict is Verdict.REGRESSION and check.metric != "throughput"
+                    and searched.get(check.metric) is not check):
+                out.append((check.metric, f"{_name(nodeid, many)}{check.metric} "
+                           f"{fmt_value(check.baseline, check.unit)} \u2192 "
+                           f"{fmt_value(check.now, check.unit)} ({fmt_change(check)})"))
+    return out
 
 
 # -- timing ------------------------------------------------------------------------------

@@ -192,7 +192,8 @@ def test_a_regression_the_search_cannot_follow_is_named_not_denied(tmp_path: Pat
     assert _steps(result)[:2] == [(0, "record", "reference"), (1, "program", "same")]
     message = result["message"]
     assert not message.startswith("BAD is not worse"), message
-    assert re.search(r"regressed on input [\d.]+ ms \u2192 [\d.]+ ms \(\+[\d.]+%\)", message), message
+    words = r"regressed on input [\d.]+ ms \u2192 [\d.]+ ms \(\+[\d.]+%\)"
+    assert re.search(words, message), message
     assert "(the input check times making the batch apart from the step)" in message
     assert "raise --budget" not in message
     assert f"no first bad commit: {message}" in done.stdout
