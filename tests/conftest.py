@@ -32,6 +32,13 @@ try:
     import torch.utils.flop_counter  # noqa: F401
 except ImportError:  # torch is optional
     pass
+# And Hypothesis, which its pytest plugin imports at the end of every session (to list the
+# files its observability wrote): in an in-process session that is an import of all of
+# Hypothesis, its modules' assertions rewritten (no cached bytecode under
+# PYTHONDONTWRITEBYTECODE), 2-3 s of CPU time every session, since pytester drops the
+# modules a session imported. Imported here, it is done once per process.
+with contextlib.suppress(ImportError):  # a test extra
+    import hypothesis.internal.observability  # noqa: F401
 
 TINYTASK = '''
 """A linear regression in JAX: real training, compiled in well under a second."""
@@ -210,6 +217,20 @@ def test_sweep(accelperf):
 '''
 
 
+#: Not Hypothesis's pytest plugin in an inner session: no inner suite uses it, and it
+#: imports Hypothesis at the end of every session (about 1 s of CPU time in a subprocess).
+NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+#: Options of every inner session (:meth:`Suite.run`): no cache directory in the project.
+INNER_ARGS = ("-p", "no:cacheprovider", *NO_HYPOTHESIS)
+
+
+def without_hypothesis(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a process that starts pytest sessions of its own (a benchmark, accelperf
+    bisect): its sessions load no Hypothesis plugin either (:data:`NO_HYPOTHESIS`)."""
+    addopts = " ".join(p for p in (env.get("PYTEST_ADDOPTS", ""), *NO_HYPOTHESIS) if p)
+    return {**env, "PYTEST_ADDOPTS": addopts}
+
+
 class Suite:
     """A pytester project with the tiny task, a suite module, and baseline helpers."""
 
@@ -243,7 +264,7 @@ class Suite:
         runner: Callable[..., pytest.RunResult] = (
             self.pytester.runpytest_subprocess if subprocess else self.pytester.runpytest
         )
-        return runner("-p", "no:cacheprovider", *args)
+        return runner(*INNER_ARGS, *args)
 
     def baseline_path(self, module: str = "test_suite", platform: str = "cpu-x8") -> Path:
         return self.pytester.path / "baselines" / platform / f"{module}.json"

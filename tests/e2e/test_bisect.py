@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import without_hypothesis
 
 from pytest_accelperf import cli
 from pytest_accelperf.ab.rounds import ABMeasurement
@@ -52,7 +53,7 @@ def _bisect(repo: Path, tmp: Path, *args: str, wait: bool = True
     """``accelperf bisect ARGS`` in ``repo``, its temporary files under ``tmp`` (so that a
     test can see that none is left)."""
     tmp.mkdir(exist_ok=True)
-    env = {**bench.env(), "TMPDIR": str(tmp)}
+    env = without_hypothesis({**bench.env(), "TMPDIR": str(tmp)})
     argv = [sys.executable, "-m", "pytest_accelperf.cli", "bisect", *args]
     if not wait:
         return subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE,

@@ -16,6 +16,12 @@ The noise is injected for real: the step sleeps 1 s in 1 of every 3 steps in the
 a marker file asks for, so the step times' IQR is 15x their median or more (one run beside
 other sessions' load had fast steps of 2 ms and a median of 54 ms, where a few steps were
 slowed by the load too) to 500x (a quiet 2 ms step), far past the bound.
+
+A training is 12 measured steps (:data:`STEPS`): a multiple of 3, so that exactly a third of
+its measured steps sleep wherever the count of the loss's calls stands when they begin (and
+so 8 of a re-measurement's 24), and the upper quartile is a sleeping step; the median is a
+quiet one. The sleeps were most of these tests' time (26 s of a noisy recording at 20 steps,
+18 s at 12), all of it holding the host lock.
 """
 
 from __future__ import annotations
@@ -71,11 +77,13 @@ def make_task(case):
                      make_optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
 '''
 
-NOISY_SUITE = '''
+#: Measured steps of a training of the noisy case (a multiple of 3: see the module's doc).
+STEPS = 12
+NOISY_SUITE = f'''
 from noisytask import make_task
 from pytest_accelperf import cases
 
-@cases(backend="torch", batch=[128], steps=20, warmup=1, accels=("cpu",))
+@cases(backend="torch", batch=[128], steps={STEPS}, warmup=1, accels=("cpu",))
 def test_lin(accelperf):
     accelperf.train(make_task(accelperf.case))
 '''
@@ -275,16 +283,16 @@ def test_a_noisy_recording_is_re_measured_and_the_quiet_one_stored(suite: Suite)
     noise_for(suite, 1)  # the first training only
     result = suite.run("--accelperf-update", BOUND)
     result.assert_outcomes(passed=1)
-    # The re-measurement is twice as long: two trainings, their 40 measured steps pooled.
+    # The re-measurement is twice as long: two trainings, their 24 measured steps pooled.
     result.stdout.fnmatch_lines([
         f"*{PATTERN}: re-measured before recording: the first measurement was too noisy to be "
         f"a baseline: its step times varied by IQR *% of their median (bound 1000%, "
-        f"--accelperf-max-step-spread); measurement 2 was not (re-measured over 40 measured "
-        f"steps, the first over 20)*"])
+        f"--accelperf-max-step-spread); measurement 2 was not (re-measured over {2 * STEPS} "
+        f"measured steps, the first over {STEPS})*"])
     stored = block(suite)
     assert "noisy" not in stored
     assert spread(stored["step_time"]["samples"]) < 10.0
-    assert len(stored["step_time"]["samples"]) == len(stored["probe"]["samples"]) == 40
+    assert len(stored["step_time"]["samples"]) == len(stored["probe"]["samples"]) == 2 * STEPS
 
 
 @pytest.mark.slow
@@ -298,7 +306,8 @@ def test_a_recording_that_stays_noisy_is_stored_marked_and_never_judged(suite: S
     # the terminal: a warning that names the case, why, and the fix
     result.stdout.fnmatch_lines([
         f"*{PATTERN}: recorded on a noisy machine: its step times varied by IQR *; still noisy "
-        f"after 1 re-measurement(s) (re-measured over 40 measured steps, the first over 20)*; "
+        f"after 1 re-measurement(s) (re-measured over {2 * STEPS} measured steps, the first "
+        f"over {STEPS})*; "
         f"recorded measurement * of 2, the least dispersed; stored marked noisy: its "
         f"throughput is inconclusive until it is re-recorded with --accelperf-update on a "
         f"quiet machine"])

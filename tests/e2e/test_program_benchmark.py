@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import without_hypothesis
 
 ROOT = Path(__file__).resolve().parents[2]
 PROGRAM = ROOT / "benchmarks" / "program.py"
@@ -122,8 +123,8 @@ def test_program_benchmark_end_to_end(tmp_path: Path) -> None:
     and the host sync (torch eager); the input check the slow batch."""
     for framework in ("torch", "transformers"):  # the eager GPT-2
         pytest.importorskip(framework)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("ACCELPERF_BENCH_INJECT", "ACCELPERF_INJECT_SLOWDOWN")}
+    env = without_hypothesis({k: v for k, v in os.environ.items()
+                              if k not in ("ACCELPERF_BENCH_INJECT", "ACCELPERF_INJECT_SLOWDOWN")})
     proc = subprocess.run(
         [sys.executable, str(PROGRAM), "--sessions", "1", "--per-regression", "1", "--load",
          "none", "--steps", "5", "--tests", ",".join(TESTS), "--regressions",

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import NO_HYPOTHESIS
 
 from pytest_accelperf.accel import (
     assign_worker_devices,
@@ -175,7 +176,7 @@ def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester
     pytest.importorskip("torch")
     hide(pytester, monkeypatch, JAX_FAMILY)
     pytester.makepyfile(test_mixed=TORCH_AND_JAX_CASES)
-    args = ("-p", "no:cacheprovider", "--accel=cpu", "-rs")
+    args = ("-p", "no:cacheprovider", *NO_HYPOTHESIS, "--accel=cpu", "-rs")
     recorded = pytester.runpytest_subprocess(*args, "--accelperf-update")
     recorded.assert_outcomes(passed=1, skipped=1)
     recorded.stdout.fnmatch_lines(["*jax*pip install*pytest-accelperf[[]jax[]]*"])
