@@ -213,6 +213,17 @@ class _Bisection:
                     session(c, *ab, f"--accelperf-compare-tolerance={near:.4g}"), levels,
                     near))
             others = unsearched_regressions(bad)
+            listed = "; ".join(words for _, words in others)
+            apart = (" (the input check times making the batch apart from the step)"
+                     if any(metric == "input" for metric, _ in others) else "")
+            if judged.faster:
+                return self._result(
+                    Status.GOOD_ALREADY_BAD,
+                    f"GOOD is already worse than BAD: BAD is faster ({judged.evidence}), and "
+                    f"its program is no worse; nothing to bisect"
+                    + (f". BAD's session against GOOD's recording regressed on {listed}, "
+                       f"which accelperf bisect does not search on{apart}" if others else ""),
+                    "timing", notes=notes)
             if others:
                 # BAD's session against GOOD's recording failed a check the search
                 # cannot follow: saying that BAD is no worse would be untrue.
@@ -220,18 +231,10 @@ class _Bisection:
                     Status.BAD_NOT_BAD,
                     f"BAD's program is no worse than GOOD's and A/B mode did not find its "
                     f"step time worse ({judged.evidence}), but BAD's session against GOOD's "
-                    f"recording "
-                    f"regressed on {'; '.join(words for _, words in others)}: accelperf "
-                    f"bisect searches on the program and A/B mode's step time only, and "
-                    f"neither includes {'them' if len(others) > 1 else 'it'}"
-                    + (" (the input check times making the batch apart from the step)"
-                       if any(metric == "input" for metric, _ in others) else "")
-                    + "; it cannot bisect this", "timing", notes=notes)
-            if judged.faster:
-                return self._result(
-                    Status.GOOD_ALREADY_BAD,
-                    f"GOOD is already worse than BAD: BAD is faster ({judged.evidence}), and "
-                    f"its program is no worse; nothing to bisect", "timing", notes=notes)
+                    f"recording regressed on {listed}: accelperf bisect searches on the "
+                    f"program and A/B mode's step time only, and neither includes "
+                    f"{'them' if len(others) > 1 else 'it'}{apart}; it cannot bisect this",
+                    "timing", notes=notes)
             why = ("they are the same within the tolerance" if judged.call == "good" else
                    "A/B mode could not tell them apart; raise --budget or --tolerance, or "
                    "run on a quieter machine")

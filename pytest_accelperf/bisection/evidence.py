@@ -201,9 +201,14 @@ def unsearched_regressions(session: Session) -> list[tuple[str, str]]:
         for check in record.checks:
             if (check.verdict is Verdict.REGRESSION and check.metric != "throughput"
                     and searched.get(check.metric) is not check):
-                out.append((check.metric, f"{_name(nodeid, many)}{check.metric} "
-                           f"{fmt_value(check.baseline, check.unit)} \u2192 "
-                           f"{fmt_value(check.now, check.unit)} ({fmt_change(check)})"))
+                if check.baseline is None or check.now is None:
+                    # No figure to show (the parameter fingerprint): the check's own words.
+                    words = f"{check.metric} ({check.detail})"
+                else:
+                    words = (f"{check.metric} {fmt_value(check.baseline, check.unit)} "
+                             f"\u2192 {fmt_value(check.now, check.unit)} "
+                             f"({fmt_change(check)})")
+                out.append((check.metric, _name(nodeid, many) + words))
     return out
 
 

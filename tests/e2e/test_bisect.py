@@ -23,9 +23,10 @@ from pytest_accelperf import cli
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
 from pytest_accelperf.bisection.commits import Commit
-from pytest_accelperf.bisection.evidence import halfway, judge_timing
+from pytest_accelperf.bisection.evidence import halfway, judge_timing, unsearched_regressions
 from pytest_accelperf.bisection.probe import Session, own_option, summary
 from pytest_accelperf.bisection.search import Search
+from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.report.data import CaseRecord
 
 pytest.importorskip("jax")
@@ -223,6 +224,10 @@ def test_good_already_worse_is_exit_status_4(tmp_path: Path) -> None:
     assert _steps(result)[1:] == [(1, "program", "good"), (1, "A/B", "good")]
     assert result["steps"][1]["evidence"].startswith("less than GOOD: FLOPs -")
     assert "no first bad commit: GOOD is already worse than BAD: BAD is faster" in done.stdout
+    # The wider layer's parameters have other shapes: the fingerprint against GOOD's
+    # recording regressed, which the search does not follow; it is named, with its words.
+    assert "regressed on numerics (" in result["message"], result["message"]
+    assert "which accelperf bisect does not search on" in result["message"]
     _untouched(repo, tmp_path / "tmp", _git(repo, "rev-parse", "HEAD"))
 
 
@@ -428,6 +433,25 @@ def test_bad_is_judged_by_the_ab_verdict() -> None:
     assert "tolerance 10%" in judged.evidence
     faster = judge_timing(_ab_session(0.6, 0.01), ["t.py::test_step[c]"])
     assert faster.call == "good" and faster.faster  # GOOD is already worse
+
+
+def test_a_regression_without_figures_is_named_by_its_own_words() -> None:
+    """The parameter fingerprint has no before and after figures: the regression the
+    search cannot follow is named by the check's detail, never as ``- \u2192 -``."""
+    fingerprint = CheckResult("numerics", Verdict.REGRESSION,
+                              "structure changed: dense/kernel shape (8, 64) \u2192 (8, 2048)",
+                              unit="max |\u0394|")
+    batch = CheckResult("input", Verdict.REGRESSION, "slower", baseline=0.3e-3, now=5.45e-3,
+                        unit="s", change=17.2)
+    record = CaseRecord("t.py::test_step[c]", "c", "cpu-x1", {"outcome": "ok"},
+                        [fingerprint, batch])
+    others = unsearched_regressions(Session(Commit("0" * 40, "x"), (), Path(), 1, 1.0,
+                                            {record.nodeid: record}))
+    assert [metric for metric, _ in others] == ["numerics", "input"]
+    assert others[0][1] == ("numerics (structure changed: dense/kernel shape (8, 64) "
+                            "\u2192 (8, 2048))")
+    assert others[1][1].startswith("input 0.30 ms \u2192 5.45 ms (+"), others[1][1]
+    assert all(" - \u2192 -" not in words for _, words in others)
 
 
 def test_own_options_are_refused_and_others_pass() -> None:
