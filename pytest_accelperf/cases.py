@@ -13,13 +13,15 @@ import math
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from pytest_accelperf.checks.base import Tolerances, non_negative_number
 from pytest_accelperf.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pytest
 
 MARKER = "accelperf"
 #: Where DeepSpeed's ZeRO may offload to the CPU: nothing, optimizer state, parameters, both.
@@ -252,6 +254,8 @@ def cases(*explicit: Case | Sequence[Case], **grid_kwargs: Any) -> pytest.MarkDe
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ConfigError(f"duplicate case ids {dupes}: give the cases distinct labels")
+    import pytest  # here, not at the top: ``accelperf``'s commands import this module
+
     mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)(cases=tuple(collected))
     return mark
 

@@ -28,6 +28,15 @@ def test_importing_the_package_or_a_check_base_imports_nothing_heavy() -> None:
         assert not [m for m in HEAVY if m in loaded], code
 
 
+def test_the_history_analysis_does_not_import_pytest() -> None:
+    """``accelperf history changes`` imports the change-point analysis; pytest is needed
+    only when the ``cases`` decorator is called (0.1-0.15 s of its start-up here)."""
+    assert "pytest" not in _loaded_after("import pytest_accelperf.report.changes")
+    loaded = _loaded_after("from pytest_accelperf import cases\n"
+                           "cases(backend='jax', batch=[8])")
+    assert "pytest" in loaded
+
+
 def test_every_public_name_resolves() -> None:
     for name in pytest_accelperf.__all__:
         assert getattr(pytest_accelperf, name) is not None, name
