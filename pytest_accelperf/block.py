@@ -247,11 +247,16 @@ class Oom(_Strict):
 
 class InputTime(_Strict):
     """CPU seconds of the thread that made each measured step's batch (the ``input``
-    check): every sample, their median, and the median wall seconds of the same."""
+    check): every sample, their median, and the median wall seconds of the same; and
+    the seconds that thread was blocked making it, neither on a CPU nor waiting for one
+    (the ``input_wait`` check): every sample and their median, where the kernel counted
+    them."""
 
     median: NonNegative
     samples: Annotated[list[NonNegative], Field(min_length=1)]
     wall_median: NonNegative | None = None
+    blocked_median: NonNegative | None = None
+    blocked_samples: Annotated[list[NonNegative], Field(min_length=1)] | None = None
 
 
 class Block(_Strict):

@@ -334,5 +334,7 @@ def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
                   probe_times=[t for r in runs for t in r.probe_times],
                   probe_kind=runs[0].probe_kind,
                   input_times=[t for r in runs for t in r.input_times],
-                  input_wall_times=[t for r in runs for t in r.input_wall_times], extra=extra)
+                  input_wall_times=[t for r in runs for t in r.input_wall_times],
+                  input_blocked_times=[t for r in runs for t in r.input_blocked_times],
+                  extra=extra)
     return replace(first, run=run)

@@ -45,7 +45,11 @@ class Run:
     of the thread that made the step's batch (the user's ``make_batch`` or data iterator
     and the host-side conversion, not the transfer to the device), timed apart from the
     step (:mod:`pytest_accelperf.backends.measure.loop`); ``input_wall_times`` the wall seconds of
-    the same. The ``input`` check judges the first (:mod:`pytest_accelperf.checks.input`).
+    the same; ``input_blocked_times`` the seconds that thread was blocked in the same, neither on
+    a CPU nor waiting for one (:mod:`pytest_accelperf.backends.measure.blocked`; empty where
+    the kernel does not count its run-queue delay). The ``input`` check judges the first
+    (:mod:`pytest_accelperf.checks.input`), the ``input_wait`` check the third
+    (:mod:`pytest_accelperf.checks.input_wait`).
     Empty where a backend does not time them apart (DDP and DeepSpeed ranks, whose batch
     preparation waits for the other ranks; Alpa, Neuron, ingested logs).
     """
@@ -77,6 +81,7 @@ class Run:
     memory_growth: dict[str, Any] | None = None
     input_times: list[float] = field(default_factory=list)
     input_wall_times: list[float] = field(default_factory=list)
+    input_blocked_times: list[float] = field(default_factory=list)
 
     # -- derived --------------------------------------------------------------------------
     @property

@@ -261,7 +261,7 @@ def provision_target(target: Target, platform_override: str | None = None) -> Ac
 
 
 #: What a compile-only case does not measure: the checks that need steps executed.
-NOT_RUN = ("throughput", "loss", "input", "numerics", "reference")
+NOT_RUN = ("throughput", "loss", "input", "input_wait", "numerics", "reference")
 
 
 def not_run(target: str) -> str:

@@ -215,7 +215,7 @@ class _Bisection:
             others = unsearched_regressions(bad)
             listed = "; ".join(words for _, words in others)
             apart = (" (the input check times making the batch apart from the step)"
-                     if any(metric == "input" for metric, _ in others) else "")
+                     if any(metric.startswith("input") for metric, _ in others) else "")
             if judged.faster:
                 return self._result(
                     Status.GOOD_ALREADY_BAD,

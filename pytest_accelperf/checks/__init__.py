@@ -17,6 +17,9 @@ each metric of the training step (``accuracy``, ``lr``, ...)
 ``input``
     CPU time making each step's batch, where it is a meaningful share of the step
     (:mod:`.input`);
+``input_wait``
+    the time that thread was blocked making the batch, neither on a CPU nor waiting for
+    one: a sleep, a slow read, a queue (:mod:`.input_wait`);
 ``compile``
     compile time, corrected for the machine's speed (:mod:`.compile_time`);
 ``program``
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
     from pytest_accelperf.checks.compile_time import check_compile_time
     from pytest_accelperf.checks.convergence import check_convergence, nan_result
     from pytest_accelperf.checks.input import check_input
+    from pytest_accelperf.checks.input_wait import check_input_wait
     from pytest_accelperf.checks.max_batch import check_max_batch
     from pytest_accelperf.checks.memory import check_memory
     from pytest_accelperf.checks.metrics import check_metrics
@@ -80,6 +84,7 @@ _EXPORTS = {
     "check_compile_time": "compile_time",
     "check_convergence": "convergence",
     "check_input": "input",
+    "check_input_wait": "input_wait",
     "check_max_batch": "max_batch",
     "check_memory": "memory",
     "check_metrics": "metrics",
@@ -105,6 +110,7 @@ __all__ = [
     "check_compile_time",
     "check_convergence",
     "check_input",
+    "check_input_wait",
     "check_max_batch",
     "check_memory",
     "check_metrics",

@@ -175,14 +175,19 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
 
 def input_block(run: Run) -> dict[str, Any]:
     """The block's ``input``: CPU seconds making each measured step's batch (every sample,
-    rounded as step times are, and their median) and the median wall seconds of the same
-    (:attr:`pytest_accelperf.run.Run.input_times`)."""
+    rounded as step times are, and their median), the median wall seconds of the same,
+    and the seconds the thread was blocked making it, every sample and their median
+    (:attr:`pytest_accelperf.run.Run.input_times`, ``input_blocked_times``; the
+    ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`)."""
     out: dict[str, Any] = {
         "median": round_sig(statistics.median(run.input_times)),
         "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.input_times],
     }
     if run.input_wall_times:
         out["wall_median"] = round_sig(statistics.median(run.input_wall_times))
+    if run.input_blocked_times:
+        out["blocked_median"] = round_sig(statistics.median(run.input_blocked_times))
+        out["blocked_samples"] = [round_sig(t, SAMPLE_DIGITS) for t in run.input_blocked_times]
     return out
 
 

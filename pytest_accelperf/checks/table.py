@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pytest_accelperf.checks import (
     compile_time,
     convergence,
+    input_wait,
     max_batch,
     memory,
     metrics,
@@ -34,6 +35,7 @@ BUILTIN: tuple[Check, ...] = (
     convergence.CHECK,
     metrics.CHECK,
     input_time.CHECK,
+    input_wait.CHECK,
     compile_time.CHECK,
     program.CHECK,
     memory.CHECK,

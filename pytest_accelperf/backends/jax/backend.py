@@ -454,6 +454,7 @@ class JaxBackend:
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
+        run.input_blocked_times = trained.input_blocked_times
         run.extra.update(load_json(trained))
         # The gate's figure stays the compiler's plan on every platform. GPU/TPU runtimes
         # also count a peak, but since the process started, with no reset: on an H100 every

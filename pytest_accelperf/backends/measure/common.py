@@ -25,7 +25,8 @@ FINGERPRINT_DIGITS = 7
 #: confused with the built-in one in reports and in ``CaseResult.check``). One set for
 #: every step API (JaxStep, TorchStep, RankStep).
 RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
-                              "reference", "max_batch", "scaling", "input"})
+                              "reference", "max_batch", "scaling", "input",
+                              "input_wait"})
 
 def check_metric_keys(label: str, metrics: Mapping[Any, Any], loss: str, step_class: str,
                       not_scalar: Callable[[str, Any], str | None]) -> None:

@@ -8,7 +8,10 @@ A backend says how to do one step; the loop owns what makes a measurement one:
   moving it to the device (``put``), making it is measured on its own, per measured step:
   the CPU time of this thread (``time.thread_time()``, which another process cannot
   inflate: ``input_times``, what the ``input`` check judges,
-  :mod:`pytest_accelperf.checks.input`) and the wall time (``input_wall_times``). The
+  :mod:`pytest_accelperf.checks.input`), the wall time (``input_wall_times``) and, where
+  the kernel counts this thread's run-queue delay, the time it was blocked: neither on a
+  CPU nor waiting for one (a sleep, a read, a queue: ``input_blocked_times``, what the
+  ``input_wait`` check judges, :mod:`.blocked`). The
   transfer is left out: waiting for it (JAX's copy to 8 virtual devices) spins this
   thread, and under load its CPU time grew 2.6x on unchanged code;
 - the device is synchronized before the timer starts and inside it at the end
@@ -41,6 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from pytest_accelperf.backends.measure.blocked import BlockedClock
 from pytest_accelperf.backends.measure.common import injected_slowdown, stretch
 from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.contention import Contention, Load, measuring_root
@@ -129,6 +133,10 @@ class LoopResult:
     input_times: list[float] = field(default_factory=list)
     #: Per measured step: wall seconds of the same ``host``.
     input_wall_times: list[float] = field(default_factory=list)
+    #: Per measured step: seconds this thread was blocked in the same ``host``, neither on
+    #: a CPU nor waiting for one (:mod:`.blocked`); empty where the kernel does not count
+    #: its run-queue delay.
+    input_blocked_times: list[float] = field(default_factory=list)
 
     @property
     def steps_done(self) -> int:
@@ -158,45 +166,54 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
     total = warmup + steps
     every = probe_every(steps)
     watch: Contention | None = None
-    for i in range(total):
-        if i == warmup:
-            watch = Contention([measuring_root()]).start()
-        t0, c0 = time.perf_counter(), time.thread_time()
-        inputs: tuple[float, float] | None = None
-        if fns.host is not None and fns.put is not None:  # outside the timer
-            made = fns.host(i)
-            inputs = (time.thread_time() - c0, time.perf_counter() - t0)
-            batch = fns.put(i, made)
-        else:
-            batch = fns.prepare(i)
-        out.batch_time += time.perf_counter() - t0
-        handle, seconds = timed(fns, i, batch, slower)
-        out.last = handle
-        loss, metrics = fns.read(handle)
-        out.losses.append(loss)
-        for name, value in metrics.items():
-            out.metrics.setdefault(name, []).append(value)
-        measured = i >= warmup
-        if measured:
-            out.step_times.append(seconds)
-            if inputs is not None:
-                out.input_times.append(inputs[0])
-                out.input_wall_times.append(inputs[1])
-            if probe is not None and (i - warmup + 1) % every == 0:
-                out.probe_times.append(probe.time())
-        else:
-            out.warmup_times.append(seconds)
-        if after_step is not None:
-            after_step(i, handle, measured)
-        report(i + 1, total, loss, seconds, measured)
-        if not math.isfinite(loss):
-            out.nan_step = i
-            break
-        if deadline is not None and time.monotonic() > deadline:
-            out.timed_out = True
-            break
-    if watch is not None and out.step_times:
-        out.load = watch.reading()
+    clock = BlockedClock.open() if fns.host is not None else None
+    try:
+        for i in range(total):
+            if i == warmup:
+                watch = Contention([measuring_root()]).start()
+            mark = clock.mark() if clock is not None else None
+            t0, c0 = time.perf_counter(), time.thread_time()
+            inputs: tuple[float, float, float | None] | None = None
+            if fns.host is not None and fns.put is not None:  # outside the timer
+                made = fns.host(i)
+                blocked = None if clock is None or mark is None else clock.since(mark)
+                inputs = (time.thread_time() - c0, time.perf_counter() - t0, blocked)
+                batch = fns.put(i, made)
+            else:
+                batch = fns.prepare(i)
+            out.batch_time += time.perf_counter() - t0
+            handle, seconds = timed(fns, i, batch, slower)
+            out.last = handle
+            loss, metrics = fns.read(handle)
+            out.losses.append(loss)
+            for name, value in metrics.items():
+                out.metrics.setdefault(name, []).append(value)
+            measured = i >= warmup
+            if measured:
+                out.step_times.append(seconds)
+                if inputs is not None:
+                    out.input_times.append(inputs[0])
+                    out.input_wall_times.append(inputs[1])
+                    if inputs[2] is not None:
+                        out.input_blocked_times.append(inputs[2])
+                if probe is not None and (i - warmup + 1) % every == 0:
+                    out.probe_times.append(probe.time())
+            else:
+                out.warmup_times.append(seconds)
+            if after_step is not None:
+                after_step(i, handle, measured)
+            report(i + 1, total, loss, seconds, measured)
+            if not math.isfinite(loss):
+                out.nan_step = i
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                out.timed_out = True
+                break
+        if watch is not None and out.step_times:
+            out.load = watch.reading()
+    finally:
+        if clock is not None:
+            clock.close()
     return out
 
 

@@ -682,6 +682,7 @@ class TorchBackend:
         run.step_times = trained.step_times
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
+        run.input_blocked_times = trained.input_blocked_times
         run.extra.update(load_json(trained))
         with phases("fingerprint"):  # the parameters and the state beside them
             own = step.params_of()

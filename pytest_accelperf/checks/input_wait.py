@@ -1,0 +1,152 @@
+"""The input-wait check: did making each step's batch start *waiting* longer?
+
+The ``input`` check (:mod:`.input`) judges the CPU time of the thread that makes the
+batch. A batch function can get slower without using more CPU: a sleep, a read from a slow
+disk (nanoGPT's ``np.memmap`` of a dataset that fell out of the page cache), a network
+fetch, a queue or a lock, a ``DataLoader`` whose workers fell behind. The thread is then
+*blocked*: neither on a CPU nor waiting for one. The step loop measures that per step
+(:mod:`pytest_accelperf.backends.measure.blocked`: wall time less CPU time less the
+run-queue delay the kernel counted, so another process on the machine does not add to it),
+and this check judges it with the input check's rules:
+
+- it is judged where its median moved by at least :data:`~.input.MIN_SHARE` of the median
+  step (5 %) and at least :data:`~.input.MIN_CHANGE_S` (0.5 ms); a smaller change
+  ``pass``-es, the detail saying why;
+- past that, by the ratio of the medians with the throughput check's bootstrap interval
+  and verdict rule under ``input_tolerance`` (samples floored at :data:`~.input.FLOOR_S`:
+  a batch served from memory is blocked 0 s);
+- only in the environment the baseline was recorded in; a baseline recorded before the
+  blocked time was measured (or on a kernel that does not count it) gives ``new``.
+
+What a blocked thread waits for may be another thread or process (a ``DataLoader``'s
+workers, an XLA thread computing a batch): another job on the machine slows *that* down,
+and the wait grows with it. So a ``regression`` or ``improvement`` measured while other
+processes used more than ``--accelperf-max-foreign-load`` cores is reported
+``inconclusive``, as the throughput check does (a ``pass`` holds).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from pytest_accelperf.block import BlockLike, InputTime, read_block
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.input import FLOOR_S, MIN_CHANGE_S, MIN_SHARE
+from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
+from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.throughput import foreign_load
+from pytest_accelperf.stats import MIN_SAMPLES, step_time_ratio, throughput_verdict
+from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_tolerance
+
+METRIC = "input_wait"
+UNIT = "s"
+#: What blocked means, in the detail.
+BLOCKED = "blocked: off the CPU and not waiting for one (a sleep, a read, a queue, a lock)"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms"
+
+
+def _blocked(part: InputTime | None) -> list[float]:
+    return [float(t) for t in (part.blocked_samples if part else None) or []]
+
+
+def _median_step(block: Any) -> float | None:
+    samples = [float(t) for t in (block.step_time.samples if block.step_time else None) or []]
+    return statistics.median(samples) if samples else None
+
+
+def _share(seconds: float, step: float | None) -> str:
+    return f"{fmt_percent(seconds / step)} of the step" if step else "step time unknown"
+
+
+def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
+                     comparable: bool = True, loaded: str = "") -> CheckResult | None:
+    """``block``'s blocked input time against ``baseline``'s (see the module docstring);
+    None when this run measured none. ``loaded``: why this run was measured beside
+    another job (:func:`~.throughput.foreign_load`), or ``""``."""
+    block, baseline = read_block(block), read_block(baseline)
+    now_samples = _blocked(block.input)
+    if not now_samples:
+        return None
+    now = statistics.median(now_samples)
+    step_now = _median_step(block)
+    data: dict[str, Any] = {"tolerance": tol.input_tolerance, "min_share": MIN_SHARE,
+                            "share": now / step_now if step_now else None,
+                            "steps": len(now_samples)}
+    if baseline is None:
+        return new_result(METRIC, now=now, unit=UNIT, data=data,
+                          detail="no baseline; run with --accelperf-update to record it")
+    base_samples = _blocked(baseline.input)
+    if not base_samples:
+        result = missing_in_baseline(METRIC, "blocked input time", baseline, now=now,
+                                     unit=UNIT)
+        return replace(result, data={**result.data, **data})
+    base = statistics.median(base_samples)
+    step_base = _median_step(baseline)
+    data["baseline_share"] = base / step_base if step_base else None
+    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
+                         change=now / base - 1 if base > 0 else None)
+    words = (f"blocked {_ms(now)} per step making the batch ({_share(now, step_now)}), "
+             f"baseline {_ms(base)} ({_share(base, step_base)})")
+    if not comparable:
+        return replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
+                       detail="baseline recorded in another environment; blocked input "
+                              "time not compared")
+    step_ref = max((t for t in (step_base, step_now) if t), default=None)
+    floor = max(MIN_SHARE * step_ref if step_ref else 0.0, MIN_CHANGE_S)
+    data["min_change_s"] = floor
+    if abs(now - base) < floor:
+        why = (f"under the {fmt_percent(MIN_SHARE)} of the {_ms(step_ref)} step from which "
+               f"it is judged" if step_ref and floor > MIN_CHANGE_S else
+               f"under the {_ms(MIN_CHANGE_S)} from which it is judged")
+        return replace(result, data=dict(data),
+                       detail=f"{words}: a change of {_ms(abs(now - base))}, {why}")
+    if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
+        return replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
+            f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: too few to "
+            f"judge"))
+    est = step_time_ratio([max(t, FLOOR_S) for t in now_samples],
+                          [max(t, FLOOR_S) for t in base_samples])
+    verdict = throughput_verdict(est, tol.input_tolerance)
+    data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
+                 "confidence": est.confidence, "measured_verdict": verdict.value})
+    change = now - base
+    text = (f"{words}: {'+' if change > 0 else '-'}{_ms(abs(change))} a step, "
+            f"{fmt_ratio(est.ratio)}x the baseline's ({est.confidence * 100:.0f}% CI "
+            f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
+            f"{fmt_tolerance(tol.input_tolerance)}); {BLOCKED}")
+    if loaded and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+        return replace(result, verdict=Verdict.INCONCLUSIVE, change=est.ratio - 1,
+                       data={**data, "contaminated": loaded},
+                       detail=(f"not judged, measured beside another job: {loaded}; what "
+                               f"the batch waits for (another thread or process) slows down "
+                               f"with the machine; measured: {text}"))
+    tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
+            Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
+                verdict, "")
+    return replace(result, verdict=verdict, change=est.ratio - 1, data=dict(data),
+                   detail=text + tail)
+
+
+class InputWaitCheck(BaseCheck):
+    """The ``input_wait`` row: the ``input`` section's blocked times (the input check
+    records the section)."""
+
+    metric = METRIC
+    tolerances = ("input_tolerance",)
+    sections = ("input", "step_time")
+    kind = "interval"
+
+    def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
+        if not given.stepped:
+            return ()
+        return one(check_input_wait(given.block, given.baseline, given.tol,
+                                    comparable=given.comparable,
+                                    loaded=foreign_load(given.run, given.max_foreign_load)))
+
+
+CHECK = InputWaitCheck()
