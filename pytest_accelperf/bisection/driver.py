@@ -25,6 +25,8 @@ from pytest_accelperf.bisection.evidence import (
     Judgement,
     Targets,
     halfway,
+    host_targets,
+    judge_host,
     judge_program,
     judge_timing,
     program_targets,
@@ -50,7 +52,7 @@ class Status(IntEnum):
     INTERRUPTED = 130
 
 
-Kind = Literal["record", "program", "A/B"]
+Kind = Literal["record", "program", "A/B", "input"]
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,19 @@ class _Bisection:
                 return self._search("timing", notes, lambda c: self._timing(
                     session(c, *ab, f"--accelperf-compare-tolerance={near:.4g}"), levels,
                     near))
+            host = host_targets(bad)
+            if host and not judged.faster:
+                # The step time is no worse, the making of the batch is: search on its
+                # checks in sessions against GOOD's recording, as on the step time.
+                notes.append("a commit between is bad when its interval lies above "
+                             + ", ".join(f"{halfway(r):.3f} ({m} of "
+                                         f"{n.rsplit('::', 1)[-1]})"
+                                         for (n, m), r in sorted(host.items()))
+                             + ": halfway, in ratio, from GOOD to BAD's level; good when it "
+                               "lies below or under the check's floor; skipped when it "
+                               "straddles it")
+                return self._search("input", notes, lambda c: self._host(
+                    session(c, store), host))
             others = unsearched_regressions(bad)
             listed = "; ".join(words for _, words in others)
             apart = (" (the input check times making the batch apart from the step)"
@@ -247,6 +262,9 @@ class _Bisection:
     def _program(self, session: Session, targets: Targets,
                  good_programs: dict[str, Any]) -> None:
         self._step(session, "program", judge_program(session, targets, good_programs))
+
+    def _host(self, session: Session, levels: dict[tuple[str, str], float]) -> None:
+        self._step(session, "input", judge_host(session, levels))
 
     def _timing(self, session: Session, levels: dict[str, float], tolerance: float) -> None:
         self._step(session, "A/B", judge_timing(session, levels), tolerance)

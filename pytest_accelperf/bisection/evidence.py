@@ -18,6 +18,13 @@ Two kinds of evidence, both read from checks the plugin made in the session:
   not enough there: a ratio within a tolerance of half BAD's slowdown, with an interval
   that still reaches BAD's level, says nothing of which side the commit is on; measured
   on this machine, such a ``pass`` was the culprit.)
+* **the making of the batch** (:func:`judge_host`): where A/B mode finds BAD's step time no
+  worse but BAD's session against GOOD's recording regressed on ``input`` (the CPU time
+  making each batch) or ``input_wait`` (the time that thread was blocked: a sleep, a slow
+  read), which no A/B step time includes, each commit's session against GOOD's recording,
+  with the check's own ratio and interval judged against halfway to BAD's ratio, as timing
+  is; a change under the check's floor is at GOOD's level (good), a measurement beside
+  another job is skipped.
 """
 
 from __future__ import annotations
@@ -210,6 +217,72 @@ def unsearched_regressions(session: Session) -> list[tuple[str, str]]:
                              f"({fmt_change(check)})")
                 out.append((check.metric, _name(nodeid, many) + words))
     return out
+
+
+# -- the making of the batch -------------------------------------------------------------
+#: The checks of the making of the batch, timed apart from the step (no A/B step time
+#: includes them): a bisection follows their interval in sessions against GOOD's recording.
+HOST_METRICS = ("input", "input_wait")
+
+
+def host_targets(bad: Session) -> dict[tuple[str, str], float]:
+    """``{(node id, metric): BAD's ratio to GOOD}`` of the :data:`HOST_METRICS` checks that
+    BAD's session against GOOD's recording found a ``regression``."""
+    out: dict[tuple[str, str], float] = {}
+    for nodeid, record in sorted(bad.cases.items()):
+        if _unusable(record):
+            continue
+        for check in record.checks:
+            ratio = check.data.get("ratio")
+            if (check.metric in HOST_METRICS and check.verdict is Verdict.REGRESSION
+                    and isinstance(ratio, int | float)):
+                out[(nodeid, check.metric)] = float(ratio)
+    return out
+
+
+def judge_host(session: Session, levels: Mapping[tuple[str, str], float]) -> Judgement:
+    """A commit between, from its session against GOOD's recording: for each ``(node id,
+    metric)`` BAD regressed (``levels``: BAD's ratio), ``bad`` when the check's interval
+    lies above the halfway ratio, ``good`` when every one lies below it or the change is
+    under the check's floor (not judged: at GOOD's level), else ``skip`` (it straddles it,
+    or was measured beside another job)."""
+    if session.why:
+        return Judgement("skip", session.why)
+    many = len({nodeid for nodeid, _ in levels}) > 1
+    calls: list[Call] = []
+    words: list[str] = []
+    for (nodeid, metric), level in sorted(levels.items()):
+        record = session.cases.get(nodeid)
+        if record is None:
+            return Judgement("skip", f"{_name(nodeid, True)}not collected at this commit")
+        check = next((c for c in record.checks if c.metric == metric), None)
+        why = _unusable(record) or ("" if check is not None else f"no {metric} check")
+        if why or check is None:
+            return Judgement("skip", _name(nodeid, many) + why)
+        data, mid = check.data, halfway(level)
+        shown = (f"{metric} {fmt_value(check.baseline, check.unit)} \u2192 "
+                 f"{fmt_value(check.now, check.unit)}")
+        low, high = data.get("ci_low"), data.get("ci_high")
+        if data.get("contaminated"):
+            calls.append("skip")
+            words.append(f"{_name(nodeid, many)}{shown}: measured beside another job")
+        elif isinstance(low, int | float) and isinstance(high, int | float):
+            where = "above" if low > mid else "below" if high < mid else "straddles"
+            calls.append("bad" if where == "above" else "good" if where == "below"
+                         else "skip")
+            words.append(f"{_name(nodeid, many)}{shown} ({fmt_ratio(float(data['ratio']))}x, "
+                         f"95% CI {fmt_ratio(low)}\u2013{fmt_ratio(high)}): {where} "
+                         f"{fmt_ratio(mid)}, halfway to BAD's {fmt_ratio(level)}")
+        elif check.verdict is Verdict.PASS:  # under the floor from which it is judged
+            calls.append("good")
+            words.append(f"{_name(nodeid, many)}{shown}: under the floor from which it is "
+                         f"judged, at GOOD's level")
+        else:
+            calls.append("skip")
+            words.append(f"{_name(nodeid, many)}{shown}: {check.verdict.value}")
+    call: Call = ("bad" if "bad" in calls else "good" if all(c == "good" for c in calls)
+                  else "skip")
+    return Judgement(call, "; ".join(words))
 
 
 # -- timing ------------------------------------------------------------------------------

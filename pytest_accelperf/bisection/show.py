@@ -45,6 +45,11 @@ def table(result: Result) -> str:
                                    "verdict", "evidence", "time"), disable_numparse=True)
 
 
+#: What a search ran on, in the headline.
+BASES = {"program": "program record", "timing": "A/B timing",
+         "input": "input checks (the making of the batch, against GOOD's recording)"}
+
+
 def headline(result: Result) -> str:
     """The first bad commit (sha and subject) or why there is none."""
     bad = result.first_bad
@@ -52,7 +57,7 @@ def headline(result: Result) -> str:
         return (f"first bad commit: {bad.sha} {bad.subject}\n"
                 f"(commit {result.range.position(bad)} of {len(result.range.commits)} in "
                 f"{result.range.good.short}..{result.range.bad.short}, found on the "
-                f"{'program record' if result.basis == 'program' else 'A/B timing'} in "
+                f"{BASES.get(result.basis, result.basis)} in "
                 f"{result.comparisons} comparisons with GOOD, {result.seconds:.0f} s)")
     return f"no first bad commit: {result.message}"
 
@@ -66,7 +71,8 @@ def render(result: Result) -> str:
     if result.reproduce and shown:
         what = " and ".join(f"{s.commit.short} ({s.call})" for s in shown)
         how = ("in A/B mode" if all(s.kind == "A/B" for s in shown) else
-               "its program check against the baseline GOOD's session records")
+               f"its {'input' if any(s.kind == 'input' for s in shown) else 'program'} "
+               f"check against the baseline GOOD's session records")
         which = "the last decisive comparison" + (" and the first bad commit's"
                                                    if len(shown) > 1 else "")
         parts += ["", f"reproduce {which} ({what}, against GOOD {result.range.good.short}, "
