@@ -30,6 +30,7 @@ from pytest_accelperf.bisection.evidence import (
     judge_program,
     judge_timing,
     program_targets,
+    unjudged_host,
     unsearched_regressions,
 )
 from pytest_accelperf.bisection.probe import Session, require, run_session, session_env
@@ -253,6 +254,12 @@ class _Bisection:
             why = ("they are the same within the tolerance" if judged.call == "good" else
                    "A/B mode could not tell them apart; raise --budget or --tolerance, or "
                    "run on a quieter machine")
+            unjudged = unjudged_host(bad)
+            if unjudged:
+                why += (f"; BAD's session against GOOD's recording measured a regression of "
+                        f"{'; '.join(unjudged)}, not judged beside another job (what the "
+                        f"batch waits for slows down with the machine): run on a quieter "
+                        f"machine, or pass a higher --accelperf-max-foreign-load after --")
             return self._result(
                 Status.BAD_NOT_BAD,
                 f"BAD is not worse than GOOD: its program is no worse, and {why} "

@@ -240,6 +240,24 @@ def host_targets(bad: Session) -> dict[tuple[str, str], float]:
     return out
 
 
+def unjudged_host(bad: Session) -> list[str]:
+    """The :data:`HOST_METRICS` checks of BAD's session against GOOD's recording that
+    measured a ``regression`` but were not judged, because other jobs used the machine
+    (``input_wait``'s guard), in words: ``input_wait 0.06 ms → 8.08 ms (other processes
+    used ...)``."""
+    many = len(bad.cases) > 1
+    out: list[str] = []
+    for nodeid, record in sorted(bad.cases.items()):
+        for check in record.checks:
+            loaded = check.data.get("contaminated")
+            if (check.metric in HOST_METRICS and loaded
+                    and check.data.get("measured_verdict") == Verdict.REGRESSION.value):
+                out.append(f"{_name(nodeid, many)}{check.metric} "
+                           f"{fmt_value(check.baseline, check.unit)} \u2192 "
+                           f"{fmt_value(check.now, check.unit)} ({loaded})")
+    return out
+
+
 def judge_host(session: Session, levels: Mapping[tuple[str, str], float]) -> Judgement:
     """A commit between, from its session against GOOD's recording: for each ``(node id,
     metric)`` BAD regressed (``levels``: BAD's ratio), ``bad`` when the check's interval

@@ -23,10 +23,16 @@ from pytest_accelperf import cli
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
 from pytest_accelperf.bisection.commits import Commit
-from pytest_accelperf.bisection.evidence import halfway, judge_timing, unsearched_regressions
+from pytest_accelperf.bisection.evidence import (
+    halfway,
+    host_targets,
+    judge_timing,
+    unjudged_host,
+    unsearched_regressions,
+)
 from pytest_accelperf.bisection.probe import Session, own_option, summary
 from pytest_accelperf.bisection.search import Search
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord
 
 pytest.importorskip("jax")
@@ -472,6 +478,25 @@ def test_a_regression_without_figures_is_named_by_its_own_words() -> None:
                             "\u2192 (8, 2048))")
     assert others[1][1].startswith("input 0.30 ms \u2192 5.45 ms (+"), others[1][1]
     assert all(" - \u2192 -" not in words for _, words in others)
+
+
+def test_an_input_wait_not_judged_beside_another_job_is_named() -> None:
+    """Beside another job, ``input_wait`` measures BAD's sleep but does not judge it: the
+    bisection has no target, and says what was measured and how to judge it."""
+    from pytest_accelperf.checks.input_wait import check_input_wait
+
+    steps = [0.02] * 20
+    def block(blocked: float) -> dict[str, Any]:
+        return {"step_time": {"median": 0.02, "samples": steps},
+                "input": {"median": 0.0004, "samples": [0.0004] * 20,
+                          "blocked_median": blocked, "blocked_samples": [blocked] * 20}}
+    loaded = "other processes used 0.95 of 2 cores on average"
+    check = check_input_wait(block(0.008), block(0.0), Tolerances(), loaded=loaded)
+    assert check is not None and check.verdict is Verdict.INCONCLUSIVE
+    record = CaseRecord("t.py::test_step[c]", "c", "cpu-x1", {"outcome": "ok"}, [check])
+    bad = Session(Commit("0" * 40, "x"), (), Path(), 1, 1.0, {record.nodeid: record})
+    assert host_targets(bad) == {}
+    assert unjudged_host(bad) == [f"input_wait 0.00 ms \u2192 8.00 ms ({loaded})"]
 
 
 def test_own_options_are_refused_and_others_pass() -> None:
