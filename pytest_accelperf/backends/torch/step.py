@@ -447,6 +447,12 @@ def undone(step: TorchStep, stateful: Sequence[Any] | None = None) -> Iterator[N
     def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         with uncounted():  # the plugin's snapshot (copies to the host): not the step's ops
             _save_optimizer(saved, optimizer)
+            if step._initial is not None:
+                # An earlier block ended before this optimizer first stepped (MemTracker
+                # raises in a step that calls a module twice, gradient accumulation, and
+                # the profiler counts instead): every block put everything back, so what
+                # it holds now is still where the step started.
+                _save_optimizer(step._initial, optimizer)
 
     handle = register_optimizer_step_pre_hook(before_step)
     try:
