@@ -39,6 +39,8 @@ from pytest_accelperf.report.detection import MAX_PVALUE
 # as "MODULE:FUNCTION" and imported only when that command runs: a command pays for its
 # own imports, and --help for argparse's. The parser's defaults come from light modules
 # (report.detection, bisection.status), not from the commands'.
+
+#: The end of ``accelperf bisect --help``: its exit statuses.
 BISECT_EPILOG = f"""\
 exit status: {Status.FOUND.value} the first bad commit was found; 1 an error in what was given \
 (an unknown ref, GOOD not an ancestor of BAD, no node ids, a GOOD or BAD whose session does \
