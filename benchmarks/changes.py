@@ -430,7 +430,7 @@ def cmd_scale(args: argparse.Namespace) -> dict[str, Any]:
             cache.unlink(missing_ok=True)
             runs["cold"].append(_command(hist))  # every line validated, the cache written
         size = path.stat().st_size
-        code = ("import time; t=time.perf_counter(); import pytest_accelperf.cli, "
+        code = ("import time; t=time.perf_counter(); import pytest_accelperf.cli.history, "
                 "ruptures, scipy.stats; print(time.perf_counter()-t)")
         imports = float(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                        text=True, check=True, cwd=REPO).stdout)

@@ -29,8 +29,9 @@ How a bisection goes:
 The modules, one job each, the data flowing one way: :mod:`.commits` (the range, and a
 worktree of a commit), :mod:`.probe` (one pytest session at one commit, its report read
 back), :mod:`.evidence` (what a session says of a commit against GOOD), :mod:`.search`
-(which commit next, skips included), :mod:`.driver` (the bisection) and :mod:`.show` (the
-table, the first bad commit, the command that reproduces the last comparison).
+(which commit next, skips included), :mod:`.driver` (the bisection), :mod:`.status` (its
+exit statuses) and :mod:`.show` (the table, the first bad commit, the command that
+reproduces the last comparison).
 """
 
 from pytest_accelperf.errors import UserError

@@ -14,7 +14,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,23 +34,7 @@ from pytest_accelperf.bisection.evidence import (
 )
 from pytest_accelperf.bisection.probe import Session, require, run_session, session_env
 from pytest_accelperf.bisection.search import Search
-
-
-class Status(IntEnum):
-    """The exit status of ``accelperf bisect`` (1 is an error in what it was given, 2 a
-    usage error, as for every ``accelperf`` command)."""
-
-    FOUND = 0
-    #: BAD is not worse than GOOD: its program is no worse, and A/B finds them within the
-    #: tolerance or cannot tell them apart.
-    BAD_NOT_BAD = 3
-    #: GOOD is already worse than BAD: A/B finds BAD faster.
-    GOOD_ALREADY_BAD = 4
-    #: Only skipped commits are left between the last good and the first bad one.
-    NOT_FOUND = 5
-    #: Ctrl-C or SIGTERM (128 + SIGINT).
-    INTERRUPTED = 130
-
+from pytest_accelperf.bisection.status import Status as Status  # re-exported
 
 Kind = Literal["record", "program", "A/B", "input"]
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from tabulate import tabulate
 
 from pytest_accelperf.bisection.commits import CommitRange
-from pytest_accelperf.bisection.driver import Result, Status, Step, reproduced
+from pytest_accelperf.bisection.driver import Result, Step, reproduced
+from pytest_accelperf.bisection.status import Status
 
 #: Characters of a subject or an evidence shown in the table.
 SUBJECT = 40

@@ -47,17 +47,12 @@ from numpy.typing import ArrayLike
 
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.program import AMOUNTS, COUNTS
+from pytest_accelperf.report.detection import MAX_PVALUE as MAX_PVALUE  # re-exported
+from pytest_accelperf.report.detection import Detection as Detection  # re-exported
 from pytest_accelperf.report.points import Point, load_points
 from pytest_accelperf.report.terminal import fmt_value
 from pytest_accelperf.schema import ProgramRecord
 
-#: The least sessions a change must hold, and stand on, to count (a timing series).
-MIN_SESSIONS = 3
-#: The largest p-value of a change point in a series measured with noise.
-MAX_PVALUE = 0.001
-#: The penalty of a change in the search, in units of the series' noise variance times
-#: log(sessions): BIC's 2, so that the search proposes what the test then judges.
-PENALTY = 2.0
 #: A series is deterministic when at least this share of its consecutive sessions have
 #: exactly the same value.
 REPEATS = 0.5
@@ -152,15 +147,6 @@ class ChangePoint:
                 "new_environment": self.new_environment,
                 "last_before": session(self.last_before),
                 "first_after": session(self.first_after)}
-
-
-@dataclass(frozen=True)
-class Detection:
-    """How change points are searched in a series measured with noise."""
-
-    max_pvalue: float = MAX_PVALUE
-    min_sessions: int = MIN_SESSIONS
-    penalty: float = PENALTY
 
 
 # -- one series --------------------------------------------------------------------------------

@@ -159,6 +159,7 @@ def test_show_reads_the_store_one_file_at_a_time(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     from pytest_accelperf import cli
+    from pytest_accelperf.cli import baselines as command
 
     for platform in ("cpu-x2", "cpu-x1"):
         for module in ("b", "a"):
@@ -166,17 +167,17 @@ def test_show_reads_the_store_one_file_at_a_time(
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(_text(3))
     held: list[int] = []
-    reads = _count(monkeypatch, cli, "read")
-    walk = cli.iter_store(tmp_path, None, [])
+    reads = _count(monkeypatch, command, "read")
+    walk = command.iter_store(tmp_path, None, [])
     next(walk)
     assert reads[0] == 1, "the walk reads a file when it is asked for the next one"
-    real_headline = cli._headline
+    real_headline = command._headline
 
     def headline(block: dict[str, Any]) -> Any:
         held.append(reads[0])
         return real_headline(block)
 
-    monkeypatch.setattr(cli, "_headline", headline)
+    monkeypatch.setattr(command, "_headline", headline)
     assert cli.main(["baselines", "show", "--baselines", str(tmp_path)]) == 0
     # every file's rows are made before the next file is read
     assert held == [n for n in range(2, 6) for _ in range(3)]
@@ -191,7 +192,7 @@ def test_show_lays_its_table_out_as_tabulate_did() -> None:
     over 10,000 cases), column for column as ``tabulate(..., disable_numparse=True)``."""
     from tabulate import tabulate
 
-    from pytest_accelperf.cli import columns
+    from pytest_accelperf.cli.baselines import columns
 
     headers = ("platform", "case", "outcome", "throughput", "recorded")
     rows = [("cpu-x8", "suites/m.py::test_x[jax-mesh4x2-b64]", "ok", "1.01 k/s",
@@ -205,11 +206,12 @@ def test_show_lays_its_table_out_as_tabulate_did() -> None:
 
 def test_the_accelperf_command_starts_without_scipy() -> None:
     """SciPy (most of the start-up time) is imported when a statistic needs it, not by
-    ``import pytest_accelperf`` or the ``accelperf`` command."""
+    ``import pytest_accelperf`` or the ``accelperf baselines`` commands."""
     import subprocess
     import sys
 
-    code = ("import sys, pytest_accelperf, pytest_accelperf.cli, pytest_accelperf.stats as s; "
+    code = ("import sys, pytest_accelperf, pytest_accelperf.cli.baselines, "
+            "pytest_accelperf.stats as s; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy')); "
             "s.step_time_ratio([1.0, 1.1, 0.9, 1.05], [1.0, 1.0, 1.1, 0.95]); "
             "print('scipy.stats' in sys.modules)")

@@ -32,7 +32,8 @@ from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.outcome import FAILED_OUTCOMES
-from pytest_accelperf.cli import _fmt, _headline, main
+from pytest_accelperf.cli import main
+from pytest_accelperf.cli.baselines import _fmt, _headline
 from pytest_accelperf.fingerprint import differences
 from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.run import OUTCOMES, Run

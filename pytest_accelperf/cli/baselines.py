@@ -1,24 +1,6 @@
-"""``accelperf``: the baseline store and saved reports, from the command line.
-
-::
-
-    accelperf baselines show [PATTERN ...]          what is stored, one row per case
-    accelperf baselines diff OLD NEW                two stores, or a JSON report against a store
-    accelperf baselines accept REPORT --case PAT    store cases of a CI report without re-running
-    accelperf baselines prune [PYTEST ARGS ...]     drop cases that are no longer collected
-    accelperf report REPORT --markdown/--html PATH  render a saved JSON report
-    accelperf history changes DIR [--since REF]     change points over the run history
-    accelperf bisect GOOD BAD -- NODEIDS [ARGS]     the first commit that made the cases worse
-    accelperf schema baseline|report|history        the JSON Schema of a block, report or line
-
-Paths are relative to the current directory. Node ids and baseline files are keyed relative
-to the pytest rootdir; ``prune`` takes the node ids and that rootdir from a collection it runs
-(``pytest --collect-only``), so it works from any directory. The store defaults to
-``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines/``. Everything
-written goes through the store (:mod:`pytest_accelperf.baselines`): validated by the schema,
-locked, atomic, inside the store. Exit status: 0 done, 1 an error (the message names the
-file, line, case and fix), 2 a usage error; ``bisect`` has three more (its ``--help``).
-"""
+"""``accelperf baselines show | diff | accept | prune``: the baseline store, read, compared
+with another store or a report, added to from a report, and rid of cases pytest no longer
+collects. Everything written goes through the store (:mod:`pytest_accelperf.baselines`)."""
 
 from __future__ import annotations
 
@@ -26,14 +8,12 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import FrameType
-from typing import Any, Literal, TextIO, cast
+from typing import Any, TextIO
 
 import pytest
 from pydantic import ValidationError
@@ -47,40 +27,20 @@ from pytest_accelperf.baselines import (
     module_key,
     read,
 )
-from pytest_accelperf.bisection import show as bisect_show
-from pytest_accelperf.bisection.commits import commit_range
-from pytest_accelperf.bisection.driver import Settings, Status, Step, bisect
-from pytest_accelperf.bisection.probe import own_option
-from pytest_accelperf.errors import UserError, render
+from pytest_accelperf.cli.common import CliError, read_file
 from pytest_accelperf.jsonfile import field_path, gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
 from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
-from pytest_accelperf.report.changes import (
-    MAX_PVALUE,
-    ChangePoint,
-    ChangesError,
-    Detection,
-    analyse,
-    since_order,
-)
 from pytest_accelperf.report.data import CaseRecord
-from pytest_accelperf.report.history import HistoryError, read_history
-from pytest_accelperf.report.html import ReportDependencyError, html_report
 from pytest_accelperf.report.loading import ReportFileError, case_line, load_report
-from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.terminal import fmt_value
-from pytest_accelperf.report.writing import OutputError, write_output
 from pytest_accelperf.run import Run
-from pytest_accelperf.schema import error_lines, json_schema, validate_block
+from pytest_accelperf.schema import error_lines, validate_block
 from pytest_accelperf.summary import summarize
 
 
-class CliError(UserError):
-    """A failure to report as ``accelperf: error: ...`` with exit status 1."""
-
-
-# -- shared helpers ----------------------------------------------------------------------------
+# -- the store, its blocks and their headline numbers ------------------------------------------
 def default_store() -> Path:
     """``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines``."""
     try:
@@ -515,7 +475,7 @@ def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
     root = _store_root(args.baselines)
     rootdir: Path | None = None
     if args.nodeids is not None:
-        text = sys.stdin.read() if str(args.nodeids) == "-" else _read(args.nodeids)
+        text = sys.stdin.read() if str(args.nodeids) == "-" else read_file(args.nodeids)
         collected = parse_nodeids(text)
     else:
         collected, rootdir = collected_nodeids(args.pytest_args)
@@ -549,338 +509,3 @@ def cmd_prune(args: argparse.Namespace, out: TextIO) -> int:
     verb = "would drop" if args.dry_run else "dropped"
     out.write(f"{verb} {count} case(s) no longer collected; {len(collected)} collected\n")
     return 0
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise CliError(f"cannot read {path}: {exc}") from None
-
-
-# -- report ------------------------------------------------------------------------------------
-def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        report, _ = load_report(args.report)
-    except ReportFileError as exc:
-        raise CliError(str(exc)) from None
-    hint = None
-    if report.acceptable:
-        cases = " ".join(f"--case '{case_key(r.nodeid)}'" for r in report.acceptable[:5])
-        hint = f"accelperf baselines accept {args.report} {cases}"
-    wrote = False
-    if args.markdown is not None:
-        text = markdown(report, accept_hint=hint)
-        if str(args.markdown) == "-":
-            out.write(text)
-        else:
-            _write(args.markdown, text, "--markdown")
-            out.write(f"Markdown summary written to {args.markdown}\n")
-        wrote = True
-    if args.html is not None:
-        history: list[dict[str, Any]] = []
-        try:
-            if args.history is not None:
-                history = read_history(args.history, report.platform or None)
-            text = html_report(report, history=history)
-        except (HistoryError, ReportDependencyError) as exc:
-            raise CliError(str(exc)) from None
-        if str(args.html) == "-":
-            out.write(text)
-        else:
-            _write(args.html, text, "--html")
-            out.write(f"HTML report written to {args.html}\n")
-        wrote = True
-    if not wrote:
-        out.write(markdown(report, accept_hint=hint))
-    return 0
-
-
-def _write(path: Path, text: str, option: str) -> None:
-    """The writer of a session's reports (:mod:`pytest_accelperf.report.writing`), so that
-    a path means the same to ``accelperf report`` as to pytest's options: a device, FIFO or
-    descriptor written in place, a file atomically."""
-    try:
-        write_output(path, text, option=option)
-    except OutputError as exc:
-        raise CliError(render(exc)) from None
-
-
-# -- history changes ---------------------------------------------------------------------------
-def change_rows(changes: Sequence[ChangePoint]) -> list[tuple[str, ...]]:
-    """Table rows of change points: case (named once for its rows), metric, levels,
-    change, commit range, how sure."""
-    rows: list[tuple[str, ...]] = []
-    last = None
-    for c in sorted(changes, key=lambda c: (c.platform, c.nodeid, c.first_after.order,
-                                            c.metric)):
-        name = f"{c.platform}:{c.nodeid}" if c.platform else c.nodeid
-        change = c.change
-        rows.append((name if name != last else "", c.metric, c.levels(),
-                     "" if change is None else f"{change * 100:+.1f}%", c.commits, c.sure))
-        last = name
-    return rows
-
-
-def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
-    if not 0 < args.max_pvalue < 1:
-        raise CliError(f"--max-pvalue {args.max_pvalue}: a p-value between 0 and 1, such "
-                       f"as 0.001")
-    try:
-        found = analyse(args.directory, args.platform, Detection(max_pvalue=args.max_pvalue))
-        if not found.sessions:
-            raise CliError(f"{args.directory}: no history lines"
-                           f"{f' of platform {args.platform}' if args.platform else ''}; "
-                           f"write them with pytest --accelperf-history={args.directory}")
-        changes = found.changes
-        if args.since is not None:
-            cut = since_order(found.sessions, args.since, Path.cwd())
-            changes = [c for c in changes if c.first_after.order > cut]
-    except (HistoryError, ChangesError) as exc:
-        raise CliError(str(exc)) from None
-    if args.json:
-        out.write(json.dumps([c.to_json() for c in changes], indent=2) + "\n")
-        return 0
-    if changes:
-        out.write(tabulate(change_rows(changes),
-                           headers=("case", "metric", "before → after", "change", "commits",
-                                    "how sure"), disable_numparse=True) + "\n")
-    since = f" since {args.since}" if args.since is not None else ""
-    out.write(f"{len(changes)} change point(s){since} in {found.cases} case(s) over "
-              f"{len(found.sessions)} session(s) of {args.directory}\n")
-    return 0
-
-
-# -- bisect ------------------------------------------------------------------------------------
-BISECT_EPILOG = f"""\
-exit status: {Status.FOUND.value} the first bad commit was found; 1 an error in what was given \
-(an unknown ref, GOOD not an ancestor of BAD, no node ids, a GOOD or BAD whose session does \
-not run); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD is not worse than GOOD (or only on \
-a check the search cannot follow, such as input, which it names); \
-{Status.GOOD_ALREADY_BAD.value} GOOD is already worse (BAD is faster); \
-{Status.NOT_FOUND.value} not found: only commits that could not be tested are left between \
-the last good and the first bad one (all are named); {Status.INTERRUPTED.value} interrupted \
-(the worktrees are removed)."""
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the worktrees are removed on the way out
-
-
-def cmd_bisect(args: argparse.Namespace, out: TextIO) -> int:
-    pytest_args = [*args.nodeids, *args.pytest_args]
-    nodeids = []
-    for arg in pytest_args:
-        if arg.startswith("-"):
-            break
-        nodeids.append(arg)
-    if not nodeids:
-        raise CliError("no node ids: pass the tests to bisect after --, e.g. accelperf "
-                       "bisect v1.0 main -- tests/test_perf.py::test_step --accel=cpu")
-    clash = own_option(pytest_args)
-    if clash:
-        raise CliError(clash)
-    if not 0 < args.tolerance < 1:
-        raise CliError(f"--tolerance {args.tolerance:g}: a relative change between 0 and 1, "
-                       f"such as 0.01")
-    if args.budget is not None and not args.budget > 0:
-        raise CliError(f"--budget {args.budget:g}: seconds of A/B measurement per case, more "
-                       f"than 0, such as 20")
-    rng = commit_range(Path.cwd(), args.good, args.bad)
-    settings = Settings(tuple(pytest_args), args.tolerance, args.budget)
-    out.write(bisect_show.start_line(rng, settings.args) + "\n")
-    out.flush()
-
-    def progress(step: Step) -> None:
-        out.write(bisect_show.step_line(step, rng) + "\n")
-        out.flush()
-
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        result = bisect(rng, settings, progress)
-    except KeyboardInterrupt:
-        print("accelperf bisect: interrupted; its worktrees were removed", file=sys.stderr)
-        return int(Status.INTERRUPTED)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    out.write("\n" + bisect_show.render(result))
-    if args.json is not None:
-        _write(args.json, json.dumps(result.to_json(), indent=2) + "\n", "--json")
-    return int(result.status)
-
-
-# -- schema ------------------------------------------------------------------------------------
-def cmd_schema(args: argparse.Namespace, out: TextIO) -> int:
-    kind = cast(Literal["baseline", "report", "history"], args.kind)
-    out.write(json.dumps(json_schema(kind), indent=2, sort_keys=True) + "\n")
-    return 0
-
-
-# -- argument parsing --------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="accelperf",
-        description="pytest-accelperf: inspect, compare, accept and prune baselines; render "
-                    "saved reports. Run it in the pytest rootdir.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def store_arg(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--baselines", type=Path, metavar="DIR",
-                       help="the baseline store (default: [tool.accelperf] baselines of "
-                            "./pyproject.toml, else baselines/)")
-
-    base = sub.add_parser("baselines", help="show, diff, accept or prune stored baselines")
-    bsub = base.add_subparsers(dest="action", required=True, metavar="ACTION")
-
-    show = bsub.add_parser("show", help="list stored cases with their headline numbers")
-    store_arg(show)
-    show.add_argument("--platform", help="only this platform (e.g. cpu-x8)")
-    show.add_argument("patterns", nargs="*", metavar="PATTERN",
-                      help="only cases matching (node id, test[case] or case id; * and ? "
-                           "are wildcards)")
-    show.set_defaults(func=cmd_show)
-
-    diff = bsub.add_parser("diff", help="compare two stores, or a JSON report with a store")
-    diff.add_argument("old", type=Path, metavar="OLD", help="a store directory or JSON report")
-    diff.add_argument("new", type=Path, metavar="NEW", help="a store directory or JSON report")
-    diff.add_argument("--platform", help="only this platform")
-    diff.set_defaults(func=cmd_diff)
-
-    accept = bsub.add_parser("accept", help="store cases of a JSON report as baselines, "
-                                            "without re-running them")
-    accept.add_argument("report", type=Path, metavar="REPORT",
-                        help="a report written by pytest --accelperf-json")
-    accept.add_argument("--case", action="append", default=[], metavar="PATTERN",
-                        help="a case to accept (repeatable; node id, test[case] or case id; "
-                             "* and ? are wildcards)")
-    accept.add_argument("--all", action="store_true", help="accept every case of the report")
-    accept.add_argument("--dry-run", action="store_true", help="say what would be written")
-    store_arg(accept)
-    accept.set_defaults(func=cmd_accept)
-
-    prune = bsub.add_parser("prune", help="drop stored cases that pytest no longer collects")
-    store_arg(prune)
-    prune.add_argument("--platform", help="only this platform")
-    prune.add_argument("--nodeids", type=Path, metavar="FILE",
-                       help="node ids, one a line (pytest --collect-only -q output; - for "
-                            "stdin), instead of collecting")
-    prune.add_argument("--dry-run", action="store_true", help="say what would be dropped")
-    prune.add_argument("pytest_args", nargs="*", metavar="PYTEST_ARG",
-                       help="passed to pytest --collect-only -q (e.g. suites/)")
-    prune.set_defaults(func=cmd_prune)
-
-    report = sub.add_parser("report", help="render a saved JSON report as Markdown or HTML")
-    report.add_argument("report", type=Path, metavar="REPORT",
-                        help="a report written by pytest --accelperf-json")
-    report.add_argument("--markdown", type=Path, metavar="PATH",
-                        help="write the Markdown summary here (- for stdout)")
-    report.add_argument("--html", type=Path, metavar="PATH",
-                        help="write the HTML report with plots here (- for stdout; needs "
-                             "matplotlib)")
-    report.add_argument("--history", type=Path, metavar="DIR",
-                        help="the --accelperf-history directory, for the trend plots and "
-                             "their change points")
-    report.set_defaults(func=cmd_report)
-
-    history = sub.add_parser("history", help="change points over the --accelperf-history "
-                                             "of runs")
-    hsub = history.add_subparsers(dest="action", required=True, metavar="ACTION")
-    changes = hsub.add_parser(
-        "changes", help="list each change point: case, metric, before → after, the commit "
-                        "range it lies in, and how sure",
-        description="Change points of each case's throughput (step time), program fields "
-                    "(FLOPs, bytes, collectives, callbacks, syncs, graphs, recompiles), peak "
-                    "memory and final loss over the sessions of an --accelperf-history "
-                    "directory, per environment fingerprint. A deterministic field's change "
-                    "is exact; a measured one must hold 3 sessions and pass the "
-                    "Mann-Whitney U test at --max-pvalue. The numbers of each file's lines "
-                    "are cached in DIR/.accelperf-cache: a file only appended to has its new "
-                    "lines validated, one edited is validated again in full.")
-    changes.add_argument("directory", type=Path, metavar="DIR",
-                         help="the --accelperf-history directory")
-    changes.add_argument("--since", metavar="REF",
-                         help="only change points after the first session of commit REF (a "
-                              "commit, its prefix, or a ref git resolves here) or after the "
-                              "date REF (2026-11-20, 2026-11-20T14:00)")
-    changes.add_argument("--platform", help="only this platform's file (DIR/PLATFORM.jsonl)")
-    changes.add_argument("--max-pvalue", type=float, default=MAX_PVALUE, metavar="P",
-                         help=f"the largest p-value of a measured change (default "
-                              f"{MAX_PVALUE})")
-    changes.add_argument("--json", action="store_true",
-                         help="print the change points as JSON")
-    changes.set_defaults(func=cmd_history_changes)
-
-    bis = sub.add_parser(
-        "bisect", help="the first commit between GOOD and BAD that made the cases worse",
-        usage="accelperf bisect [-h] [--tolerance T] [--budget S] [--json PATH]\n"
-              "                        GOOD BAD -- NODEID [NODEID ...] [PYTEST_ARG ...]",
-        description="Bisect the commits of GOOD..BAD on BAD's first-parent line, each "
-                    "tested in a git worktree of its own (removed at the end, also on "
-                    "Ctrl-C; the working tree, index and branches are not touched) by "
-                    "running pytest NODEIDS PYTEST_ARGS there. GOOD's session records a "
-                    "baseline; where BAD's compiled program (FLOPs, bytes, collectives, host "
-                    "syncs, matmul dtypes, graph breaks, the compiler's memory plan) is "
-                    "worse than GOOD's, the search is on those fields (exact: one session "
-                    "per commit); where the programs agree, on A/B mode's timing "
-                    "(--accelperf-compare=GOOD in each commit's worktree). A commit whose "
-                    "session does not collect, import or run, or whose A/B interval cannot "
-                    "tell which side of halfway it is on, is skipped as git bisect skip "
-                    "does. Prints the first bad "
-                    "commit, the evidence of each step, and the command that reproduces "
-                    "the last decisive comparison.",
-        epilog=BISECT_EPILOG)
-    bis.add_argument("good", metavar="GOOD", help="a commit without the regression (an "
-                                                  "ancestor of BAD on its first-parent line)")
-    bis.add_argument("bad", metavar="BAD", help="a commit with it")
-    bis.add_argument("nodeids", nargs="*", metavar="NODEID",
-                     help="the tests to run at each commit, after --, then any pytest "
-                          "arguments (--accel=cpu, -k EXPR, ...)")
-    bis.add_argument("--tolerance", type=float, default=0.01, metavar="T",
-                     help="A/B mode's tolerance when comparing BAD with GOOD (default "
-                          "0.01); a commit between is bad when its interval lies above the "
-                          "ratio halfway from GOOD to BAD's, good when below")
-    bis.add_argument("--budget", type=float, metavar="S",
-                     help="seconds of A/B measurement per case and commit (default: A/B "
-                          "mode's, 20)")
-    bis.add_argument("--json", type=Path, metavar="PATH",
-                     help="also write the result (first bad commit, every step) as JSON")
-    bis.set_defaults(func=cmd_bisect, pytest_args=[])
-
-    schema = sub.add_parser("schema", help="print the JSON Schema of a baseline block, a "
-                                           "JSON report or a history line")
-    schema.add_argument("kind", choices=("baseline", "report", "history"),
-                        help="baseline: one case's block in a baseline file; report: a "
-                             "--accelperf-json report; history: one line of "
-                             "--accelperf-history")
-    schema.set_defaults(func=cmd_schema)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
-    """Entry point of the ``accelperf`` console script; returns the exit status."""
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    after: list[str] = []
-    if argv[:1] == ["bisect"] and "--" in argv:
-        # What follows -- is pytest's, options included (argparse mishandles -- after an
-        # option of a subcommand).
-        cut = argv.index("--")
-        argv, after = argv[:cut], argv[cut + 1:]
-    args = parser.parse_args(argv)
-    if after:
-        args.pytest_args = after
-    stream = out if out is not None else sys.stdout
-    try:
-        status: int = args.func(args, stream)
-    except UserError as exc:  # CliError, and any other mistake in what was given
-        print(f"accelperf: error: {render(exc)}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:  # `accelperf baselines show | head`: the reader had enough
-        # Python flushes stdout again at exit and would report the pipe a second time.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    return status
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m pytest_accelperf.cli ...``: the ``accelperf`` command."""
+
+import sys
+
+from pytest_accelperf.cli import main
+
+sys.exit(main())
