@@ -45,7 +45,7 @@ BISECT_EPILOG = f"""\
 exit status: {Status.FOUND.value} the first bad commit was found; 1 an error in what was given \
 (an unknown ref, GOOD not an ancestor of BAD, no node ids, a GOOD or BAD whose session does \
 not run); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD is not worse than GOOD (or only on \
-a check the search cannot follow, such as input, which it names); \
+a check the search cannot follow, such as the parameter fingerprint, which it names); \
 {Status.GOOD_ALREADY_BAD.value} GOOD is already worse (BAD is faster); \
 {Status.NOT_FOUND.value} not found: only commits that could not be tested are left between \
 the last good and the first bad one (all are named); {Status.INTERRUPTED.value} interrupted \
@@ -157,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "syncs, matmul dtypes, graph breaks, the compiler's memory plan) is "
                     "worse than GOOD's, the search is on those fields (exact: one session "
                     "per commit); where the programs agree, on A/B mode's timing "
-                    "(--accelperf-compare=GOOD in each commit's worktree). A commit whose "
+                    "(--accelperf-compare=GOOD in each commit's worktree); where the step "
+                    "times agree too but BAD's input or input_wait check (the making of the "
+                    "batch, timed apart from the step) regressed, on that check's interval "
+                    "in a session against GOOD's recording. A commit whose "
                     "session does not collect, import or run, or whose A/B interval cannot "
                     "tell which side of halfway it is on, is skipped as git bisect skip "
                     "does. Prints the first bad "
