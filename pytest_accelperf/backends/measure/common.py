@@ -23,10 +23,12 @@ FINGERPRINT_DIGITS = 7
 
 #: Names of the plugin's own checks: a step metric may not take one (its check would be
 #: confused with the built-in one in reports and in ``CaseResult.check``). One set for
-#: every step API (JaxStep, TorchStep, RankStep).
-RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "memory", "numerics",
-                              "reference", "max_batch", "scaling", "input",
-                              "input_wait"})
+#: every step API (JaxStep, TorchStep, RankStep). The metrics of the table of checks
+#: (:data:`pytest_accelperf.checks.table.BUILTIN`), written out so that a rank process does
+#: not import every check to read it; ``tests/unit/checks/test_table.py`` holds them equal.
+RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "metrics", "input",
+                              "input_wait", "compile", "program", "memory", "numerics",
+                              "reference", "max_batch", "scaling"})
 
 def check_metric_keys(label: str, metrics: Mapping[Any, Any], loss: str, step_class: str,
                       not_scalar: Callable[[str, Any], str | None]) -> None:

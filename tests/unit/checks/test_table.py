@@ -227,3 +227,13 @@ def test_a_registered_check_runs_in_run_checks_and_its_section_is_validated() ->
     assert results["loss_again"].detail == results["loss"].detail
     assert "loss_again" not in {r.metric for r in run_checks(slower, None, baseline,
                                                              Tolerances())}
+
+
+def test_the_step_metrics_reserved_are_the_tables_metrics() -> None:
+    """A step metric may not take a check's name: the list the step APIs read is the
+    table's, written out (a new check that is not added there would let a step's metric
+    shadow it)."""
+    from pytest_accelperf.backends.measure.common import RESERVED_METRICS
+    from pytest_accelperf.checks.table import BUILTIN
+
+    assert {c.metric for c in BUILTIN} == RESERVED_METRICS
