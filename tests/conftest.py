@@ -224,6 +224,18 @@ NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
 INNER_ARGS = ("-p", "no:cacheprovider", *NO_HYPOTHESIS)
 
 
+def as_from_a_shell() -> None:
+    """In a child before it execs (``preexec_fn``): SIGINT delivered and handled by default,
+    as a shell starts a command. A child inherits its parent's ignored signals and signal
+    mask, and Python installs its KeyboardInterrupt handler only where SIGINT is not
+    ignored: after the tests before it in the same xdist worker, a process under test went
+    on through the interrupt (a cluster session in CI, exit 0 with 40 steps; an accelperf
+    bisect in a full run here, which ran every session to the end), while alone it stops
+    at once."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def without_hypothesis(env: dict[str, str]) -> dict[str, str]:
     """``env`` for a process that starts pytest sessions of its own (a benchmark, accelperf
     bisect): its sessions load no Hypothesis plugin either (:data:`NO_HYPOTHESIS`)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import without_hypothesis
+from conftest import as_from_a_shell, without_hypothesis
 
 from pytest_accelperf import cli
 from pytest_accelperf.ab.rounds import ABMeasurement
@@ -64,7 +64,7 @@ def _bisect(repo: Path, tmp: Path, *args: str, wait: bool = True
     argv = [sys.executable, "-m", "pytest_accelperf.cli", "bisect", *args]
     if not wait:
         return subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_shell)
     return subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True,
                           check=False, timeout=900)
 

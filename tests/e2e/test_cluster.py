@@ -28,7 +28,7 @@ from typing import Any
 from xml.etree import ElementTree
 
 import pytest
-from conftest import DSTASK, NUMPY_SGD, NUMPY_SGD_CONFTEST, Suite, verdicts
+from conftest import DSTASK, NUMPY_SGD, NUMPY_SGD_CONFTEST, Suite, as_from_a_shell, verdicts
 
 # Imported here, in the outer process, once: pytester's in-process runs restore
 # sys.modules afterwards, and a second import of Ray's C extension in one process fails.
@@ -105,17 +105,6 @@ def _marked_processes(mark: str) -> dict[int, str]:
         except OSError:
             continue
     return out
-
-
-def _as_from_a_shell() -> None:
-    """In the session's child before it execs: SIGINT delivered and handled by default, as
-    a shell starts a command. A child inherits its parent's ignored signals and signal
-    mask, and Python installs its KeyboardInterrupt handler only where SIGINT is not
-    ignored: in CI, after the tests before it in the same xdist worker, the session under
-    test went on through the interrupt (exit 0 with 40 steps; still training 60 s after
-    it with 240), while alone it stops at once."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _no_processes_left(mark: str) -> None:
@@ -646,7 +635,7 @@ def test_ctrl_c_stops_the_case_and_the_cluster(suite: Suite,
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
              "--accelperf-cluster=local", "--accelperf-update", "test_suite.py"],
             cwd=suite.pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, preexec_fn=_as_from_a_shell)
+            text=True, preexec_fn=as_from_a_shell)
     try:
         deadline = time.monotonic() + 120
         while not pidfile.exists() and time.monotonic() < deadline:

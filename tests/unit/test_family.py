@@ -16,6 +16,7 @@ from conftest import Suite
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.family import (
     Interval,
     expected_false,
@@ -316,7 +317,9 @@ def test_a_session_reports_its_suite_verdict(suite: Suite) -> None:
     assert held[0]["q_value"] <= 0.05
     assert block["deterministic"]["by_metric"] == {"memory": 1}
     n_fixed = sum(1 for c in report["cases"] for k in c["checks"]
-                  if k["metric"] not in ("throughput", "input", "compile", "scaling"))
+                  if check_of(k["metric"]).kind == "deterministic")
+    assert n_fixed == sum(1 for c in report["cases"] for k in c["checks"] if k["metric"] not in
+                          ("throughput", "input", "input_wait", "compile", "scaling"))
     assert block["deterministic"]["checks"] == n_fixed
 
     # The line says the same, its bounds rounded up (never below the truth).
