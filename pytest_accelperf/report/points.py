@@ -11,14 +11,18 @@ the first that is not a history entry). Validating 100,000 lines of 1.8 KB (1,00
 
 The cache of ``DIR/<platform>.jsonl`` is ``DIR/.accelperf-cache/<platform>.jsonl.points.json``
 (JSON, validated as :class:`PointsCache` when read). It holds the points of the file's
-lines up to its last newline, the size and SHA-256 of those bytes, and what ``stat`` said of
+lines up to its last newline, the size and CRC-32 of those bytes, and what ``stat`` said of
 the file before they were read. It is used:
 
 - where the file's size, inode, device, modification and change times are as recorded: the
   file is as it was read (any write changes the change time, which no one can set), and
   only the bytes after the cached ones are read;
-- else where the file's first bytes still have the recorded size and SHA-256 (the file was
-  appended to): the lines after them are read and validated, and the cache rewritten.
+- else where the file's first bytes still have the recorded size and CRC-32 (the file was
+  appended to; the bytes are mapped, not read, and checked in 0.04 s for 177 MB): the
+  lines after them are read and validated. The cache is rewritten to hold them where they
+  are more than :data:`REWRITE_SHARE` of the lines it holds: a session appended to a long
+  history is validated again by the next read (1,000 lines, 15 ms), rather than the whole
+  cache rewritten for it (0.15 s for 100,000 lines).
 
 Anything else (a file truncated, edited or replaced, a cache written by another version of
 this code, or one that is not valid) is ignored: the whole file is validated again and the
@@ -28,10 +32,14 @@ deleting it is always safe.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import mmap
 import operator
+import os
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple, cast
@@ -47,7 +55,10 @@ from pytest_accelperf.schema import HistoryNumbers, ProgramRecord
 CACHE_DIR = ".accelperf-cache"
 #: The version of the cache's layout; with the schema of the points, it decides whether a
 #: cache was written by this code.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+#: The cache is rewritten where the lines after it are more than this share of those it
+#: holds (or where it holds none).
+REWRITE_SHARE = 0.1
 
 
 class Point(NamedTuple):
@@ -138,7 +149,7 @@ class PointsCache(BaseModel):
     stat: Stat  #: the file's, before it was read
     covered: Index
     lines: Index
-    sha256: str  #: of the covered bytes
+    crc32: int  #: ``zlib.crc32`` of the covered bytes
     strings: list[str]
     programs: list[ProgramRecord]
     time: list[Index]
@@ -219,40 +230,54 @@ def _read_cache(path: Path) -> PointsCache | None:
     return cache if cache.version == cache_version() else None
 
 
+def _prefix_crc(path: Path, covered: int) -> int | None:
+    """``zlib.crc32`` of the first ``covered`` bytes of ``path`` (mapped, not read), or None
+    where it has fewer (truncated) or cannot be mapped."""
+    try:
+        with path.open("rb") as f, contextlib.ExitStack() as stack:
+            size = os.fstat(f.fileno()).st_size
+            if size < covered:
+                return None
+            if not covered:
+                return zlib.crc32(b"")
+            mapped = stack.enter_context(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+            with memoryview(mapped) as view, view[:covered] as prefix:
+                return zlib.crc32(prefix)
+    except (OSError, ValueError):
+        return None
+
+
 def file_points(path: Path, *, cache: bool = True) -> list[Point]:
     """The points of every line of the history file ``path``, in file order: those the
     cache holds of its first bytes, where they are as cached (see the module), and the
-    lines after them validated (the cache then rewritten to hold them too)."""
+    lines after them validated (the cache then rewritten to hold them too, where they are
+    many)."""
     stat = _stat(path)
     kept = _read_cache(path) if cache and stat is not None else None
     if kept is not None and kept.stat == stat:
         rest = read_bytes(path, start=kept.covered)
         return kept.points() + parse_points(path, rest, kept.lines + 1)
-    data = read_bytes(path)
-    end = data.rfind(b"\n") + 1  # the complete lines: a line being appended is not cached
-    digest = hashlib.sha256()
-    if kept is not None:
-        if kept.covered <= end:
-            digest.update(memoryview(data)[:kept.covered])
-        if kept.covered > end or digest.hexdigest() != kept.sha256:
-            kept, digest = None, hashlib.sha256()
+    if kept is not None and _prefix_crc(path, kept.covered) != kept.crc32:
+        kept = None  # not only appended to: read again in full
     start = kept.covered if kept is not None else 0
     lines = kept.lines if kept is not None else 0
-    new = parse_points(path, data[start:end] if (start, end) != (0, len(data)) else data,
-                       lines + 1)
+    data = read_bytes(path, start=start)
+    end = data.rfind(b"\n") + 1  # the complete lines: a line being appended is not cached
+    new = parse_points(path, data[:end] if end != len(data) else data, lines + 1)
     points = kept.points() + new if kept is not None else new
-    lines += data.count(b"\n", start, end)
-    if cache and stat is not None and end:
-        digest.update(memoryview(data)[start:end])
-        _write_cache(path, points, stat=stat, covered=end, lines=lines,
-                     sha256=digest.hexdigest())
+    added = data.count(b"\n", 0, end)
+    if (cache and stat is not None and end
+            and (kept is None or added > REWRITE_SHARE * max(lines, 1))):
+        crc = zlib.crc32(memoryview(data)[:end], kept.crc32 if kept is not None else 0)
+        _write_cache(path, points, stat=stat, covered=start + end, lines=lines + added,
+                     crc32=crc)
     if end < len(data):  # a last line without its newline
-        points += parse_points(path, data[end:], lines + 1)
+        points += parse_points(path, data[end:], lines + added + 1)
     return points
 
 
 def _write_cache(path: Path, points: Sequence[Point], *, stat: Stat, covered: int,
-                 lines: int, sha256: str) -> None:
+                 lines: int, crc32: int) -> None:
     """Write the cache of ``path`` (atomically); where it cannot be written, nothing."""
     strings: dict[str | None, int | None] = {None: None}  # None stays None
     programs: dict[bytes, int] = {}
@@ -280,7 +305,7 @@ def _write_cache(path: Path, points: Sequence[Point], *, stat: Stat, covered: in
     body: dict[str, Any] = {name: index(columns[name]) for name in
                             ("time", "session", "platform", "nodeid", "commit", "fingerprint")}
     body.update(
-        version=cache_version(), stat=stat, covered=covered, lines=lines, sha256=sha256,
+        version=cache_version(), stat=stat, covered=covered, lines=lines, crc32=crc32,
         dirty=columns["dirty"], throughput=columns["throughput"],
         step_time=columns["step_time"], memory=columns["memory"], loss=columns["loss"],
         program=list(map(program, columns["program"])),

@@ -106,6 +106,33 @@ def test_lines_appended_are_the_only_ones_validated(tmp_path: Path,
     assert same(load_points(hist), fresh(hist)) and len(validated) == 120  # 0 + 120
 
 
+def test_a_few_lines_appended_are_validated_again_rather_than_the_cache_rewritten(
+        tmp_path: Path, validated: list[bytes]) -> None:
+    """A session appended to a long history is under a tenth of its lines: the cache is
+    not rewritten for it (0.15 s for 100,000 lines), its lines are validated on each read
+    until the lines after the cache are more than a tenth of those in it."""
+    lines = varied(40)  # 120 lines
+    hist = write(tmp_path / "h", lines[:100])
+    path = hist / "cpu-x8.jsonl"
+    load_points(hist)
+    written = cache_path(path).read_bytes()
+    with path.open("a") as f:
+        f.write(as_text(lines[100:105]))  # 5 lines: 5 % of the 100 cached
+    for _ in range(2):
+        validated.clear()
+        assert same(load_points(hist), fresh(hist))
+        assert len(validated) == 5 + 105  # the 5 after the cache, then the fresh read
+        assert cache_path(path).read_bytes() == written
+    with path.open("a") as f:
+        f.write(as_text(lines[105:]))  # 20 after the cache: more than a tenth
+    validated.clear()
+    assert same(load_points(hist), fresh(hist)) and len(validated) == 20 + 120
+    cache = PointsCache.model_validate_json(cache_path(path).read_bytes())
+    assert (cache.lines, cache.covered) == (120, path.stat().st_size)
+    validated.clear()
+    assert same(load_points(hist), fresh(hist)) and len(validated) == 120  # 0 + 120
+
+
 @pytest.mark.parametrize("edit", ["same size", "same size, old times", "truncated",
                                   "replaced", "shorter, then appended"])
 def test_a_file_not_only_appended_to_is_read_again(tmp_path: Path, edit: str) -> None:
@@ -133,7 +160,7 @@ def test_a_file_not_only_appended_to_is_read_again(tmp_path: Path, edit: str) ->
 
 def test_the_digest_guards_a_file_whose_stat_is_not_as_cached(tmp_path: Path) -> None:
     # the stat recorded no longer matching (any write), the first bytes are compared by
-    # SHA-256: an edit within them is found even where the size is as it was
+    # CRC-32: an edit within them is found even where the size is as it was
     hist = write(tmp_path / "h", varied(10))
     path = hist / "cpu-x8.jsonl"
     load_points(hist)
