@@ -26,6 +26,7 @@ from pytest_accelperf.bisection.commits import Commit
 from pytest_accelperf.bisection.evidence import (
     halfway,
     host_targets,
+    judge_host,
     judge_timing,
     unjudged_host,
     unsearched_regressions,
@@ -175,30 +176,6 @@ def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
     assert "no first bad commit: BAD is not worse than GOOD" in done.stdout
     # the A/B comparison it ran, reproducible as it ran
     assert any(f"--accelperf-compare={shas[0]}" in line for line in result["reproduce"])
-    _untouched(repo, tmp_path / "tmp", shas[-1])
-
-
-def test_a_slower_batch_function_is_bisected_on_the_input_check(tmp_path: Path) -> None:
-    """BAD's make_batch burns ~10 ms of CPU: the gate's input check fails BAD against GOOD,
-    but making the batch is timed apart from the step, so the program and A/B mode's step
-    time are GOOD's. The search follows the input check instead (found bisecting nanoGPT's
-    get_batch, where it once said that BAD was not worse than GOOD)."""
-    repo = tmp_path / "repo"
-    line = "        x = torch.randn(case.batch, DIM, generator=g)\n"
-    shas = bench.build(repo, framework="torch",
-                       plant=(line, line + "        sum(i * i for i in range(300_000))\n"),
-                       at=1, commits=1)
-    out = tmp_path / "result.json"
-    done = _bisect(repo, tmp_path / "tmp", "--json", str(out), "--tolerance", "0.5",
-                   "--budget", "1", shas[0], shas[-1], "--", "test_suite.py",
-                   *bench.PYTEST_ARGS, "--accelperf-compare-processes=1",
-                   "--accelperf-compare-rounds=4", "--accelperf-max-foreign-load=64")
-    assert isinstance(done, subprocess.CompletedProcess)
-    assert done.returncode == 0, done.stdout + done.stderr
-    result = json.loads(out.read_text())
-    assert result["basis"] == "input" and result["first_bad"]["sha"] == shas[1], result
-    assert _steps(result)[:2] == [(0, "record", "reference"), (1, "program", "same")]
-    assert "found on the input checks" in done.stdout, done.stdout
     _untouched(repo, tmp_path / "tmp", shas[-1])
 
 
@@ -497,6 +474,44 @@ def test_an_input_wait_not_judged_beside_another_job_is_named() -> None:
     bad = Session(Commit("0" * 40, "x"), (), Path(), 1, 1.0, {record.nodeid: record})
     assert host_targets(bad) == {}
     assert unjudged_host(bad) == [f"input_wait 0.00 ms \u2192 8.00 ms ({loaded})"]
+
+
+def _input_session(now_ms: float, *, noisy: bool = False, loaded: bool = False) -> Session:
+    """A session against GOOD's recording whose input check measured ``now_ms`` of CPU a
+    batch against GOOD's 0.3 ms (30 steps of 20 ms)."""
+    from pytest_accelperf.checks.input import check_input
+
+    def block(ms: float) -> dict[str, Any]:
+        samples = [ms * 1e-3 * (1 + (0.9 if noisy else 0.02) * ((i * 7) % 5 - 2) / 2)
+                   for i in range(30)]
+        return {"step_time": {"median": 0.02, "samples": [0.02] * 30},
+                "input": {"median": sorted(samples)[15], "samples": samples}}
+    check = check_input(block(now_ms), block(0.3), Tolerances())
+    assert check is not None
+    if loaded:
+        check = CheckResult(check.metric, check.verdict, check.detail, check.baseline,
+                            check.now, check.unit, check.change,
+                            {**check.data, "contaminated": "other jobs"})
+    record = CaseRecord("t.py::test_step[c]", "c", "cpu-x1", {"outcome": "ok"}, [check])
+    return Session(Commit("0" * 40, "x"), (), Path(), 1, 1.0, {record.nodeid: record})
+
+
+def test_a_slower_batch_function_is_searched_on_the_input_check() -> None:
+    """BAD's make_batch burns 10 ms of CPU more (the gate's input check fails it; no step
+    time includes it): the search follows the input check's interval, as A/B timing's
+    (found bisecting nanoGPT's get_batch, where it once said BAD was not worse)."""
+    bad = _input_session(10.3)
+    levels = host_targets(bad)
+    assert list(levels) == [("t.py::test_step[c]", "input")]
+    level = levels[("t.py::test_step[c]", "input")]
+    assert level == pytest.approx(10.3 / 0.3, rel=0.05)
+    assert judge_host(_input_session(10.3), levels).call == "bad"
+    good = judge_host(_input_session(0.32), levels)
+    assert good.call == "good" and "under the floor" in good.evidence, good.evidence
+    assert judge_host(_input_session(1.2), levels).call == "good"  # 4x: below sqrt(34) = 5.9x
+    assert judge_host(_input_session(10.3, loaded=True), levels).call == "skip"
+    straddling = judge_host(_input_session(1.76, noisy=True), levels)
+    assert straddling.call == "skip", straddling.evidence
 
 
 def test_own_options_are_refused_and_others_pass() -> None:
