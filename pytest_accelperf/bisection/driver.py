@@ -35,6 +35,7 @@ from pytest_accelperf.bisection.evidence import (
 from pytest_accelperf.bisection.probe import Session, require, run_session, session_env
 from pytest_accelperf.bisection.search import Search
 from pytest_accelperf.bisection.status import Status as Status  # re-exported
+from pytest_accelperf.options import BY_KEY
 
 Kind = Literal["record", "program", "A/B", "input"]
 
@@ -274,8 +275,30 @@ class _Bisection:
                                 f"{first.subject}", basis, first_bad=first, notes=notes)
         listed = ", ".join(f"{c.short} ({c.subject})" for c in suspects)
         return self._result(Status.NOT_FOUND, f"only skipped commits are left: the first bad "
-                            f"commit is one of {listed}", basis, suspects=suspects,
-                            notes=notes)
+                            f"commit is one of {listed}; "
+                            f"{narrowed(self.rng, self.settings, suspects, basis)}",
+                            basis, suspects=suspects, notes=notes)
+
+
+def narrowed(rng: CommitRange, settings: Settings, suspects: Sequence[Commit],
+             basis: str) -> str:
+    """The command that bisects only the commits left (``suspects``, the known bad one
+    last), in words: from the last good one to it, with twice the A/B budget where the
+    search was on timing (those commits were skipped because their intervals could not
+    say)."""
+    first = rng.commits.index(suspects[0])
+    good = rng.commits[first - 1] if first else rng.good
+    budget = (settings.budget if settings.budget is not None
+              else float(BY_KEY["compare_budget"].default))
+    argv = ["accelperf", "bisect", "--tolerance", f"{settings.tolerance:g}"]
+    if basis == "timing":
+        argv += ["--budget", f"{2 * budget:g}"]
+    elif settings.budget is not None:
+        argv += ["--budget", f"{budget:g}"]
+    argv += [good.sha[:10], suspects[-1].sha[:10], "--", *settings.args]
+    why = ("on a quieter machine or with more time to measure" if basis == "timing"
+           else "once what made them untestable is fixed")
+    return f"to decide between them, bisect only them {why}: {shlex.join(argv)}"
 
 
 def _python() -> str:

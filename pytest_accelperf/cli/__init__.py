@@ -48,7 +48,8 @@ not run); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD is not worse than GOOD
 a check the search cannot follow, such as the parameter fingerprint, which it names); \
 {Status.GOOD_ALREADY_BAD.value} GOOD is already worse (BAD is faster); \
 {Status.NOT_FOUND.value} not found: only commits that could not be tested are left between \
-the last good and the first bad one (all are named); {Status.INTERRUPTED.value} interrupted \
+the last good and the first bad one (all are named, with the command that bisects only \
+them); {Status.INTERRUPTED.value} interrupted \
 (the worktrees are removed)."""
 
 
