@@ -224,16 +224,24 @@ NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
 INNER_ARGS = ("-p", "no:cacheprovider", *NO_HYPOTHESIS)
 
 
-def as_from_a_shell() -> None:
-    """In a child before it execs (``preexec_fn``): SIGINT delivered and handled by default,
-    as a shell starts a command. A child inherits its parent's ignored signals and signal
-    mask, and Python installs its KeyboardInterrupt handler only where SIGINT is not
-    ignored: after the tests before it in the same xdist worker, a process under test went
-    on through the interrupt (a cluster session in CI, exit 0 with 40 steps; an accelperf
-    bisect in a full run here, which ran every session to the end), while alone it stops
-    at once."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+@contextlib.contextmanager
+def as_from_a_shell() -> Iterator[None]:
+    """Around starting a child: SIGINT delivered to it and handled by default, as a shell
+    starts a command. A child inherits its parent's ignored signals and signal mask, and
+    Python installs its KeyboardInterrupt handler only where SIGINT is not ignored: after
+    the tests before it in the same xdist worker, a process under test went on through the
+    interrupt (a cluster session in CI, exit 0 with 40 steps; an accelperf bisect in a full
+    run here, which ran every session to the end), while alone it stops at once. Here, not
+    in a ``preexec_fn``: that forks in Python, and a process that imported JAX warns of a
+    fork (an error under the tests' warning filter). A handled signal is reset to its
+    default by exec, so this process handling SIGINT while the child starts is enough."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        signal.signal(signal.SIGINT, previous)
 
 
 def without_hypothesis(env: dict[str, str]) -> dict[str, str]:

@@ -64,8 +64,9 @@ def _bisect(repo: Path, tmp: Path, *args: str, wait: bool = True
     env = without_hypothesis({**bench.env(), "TMPDIR": str(tmp)})
     argv = [sys.executable, "-m", "pytest_accelperf.cli", "bisect", *args]
     if not wait:
-        return subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, preexec_fn=as_from_a_shell)
+        with as_from_a_shell():
+            return subprocess.Popen(argv, cwd=repo, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
     return subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True,
                           check=False, timeout=900)
 

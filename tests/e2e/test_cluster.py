@@ -21,7 +21,6 @@ import textwrap
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -626,16 +625,12 @@ def test_ctrl_c_stops_the_case_and_the_cluster(suite: Suite,
     monkeypatch.setenv("ACCELPERF_TEST_MARK", mark)
     pidfile = suite.pytester.path / "victim.pid"
     suite.write(f"PIDFILE = {str(pidfile)!r}\n" + KILL_SUITE)
-    with warnings.catch_warnings():
-        # preexec_fn makes subprocess fork, and JAX (imported by this process) warns at
-        # every fork; the child execs at once.
-        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called",
-                                category=RuntimeWarning)
+    with as_from_a_shell():
         session = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
              "--accelperf-cluster=local", "--accelperf-update", "test_suite.py"],
             cwd=suite.pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, preexec_fn=as_from_a_shell)
+            text=True)
     try:
         deadline = time.monotonic() + 120
         while not pidfile.exists() and time.monotonic() < deadline:
