@@ -280,9 +280,18 @@ def test_a_short_case_whose_probe_is_unsteady_is_recorded_and_judged(suite: Suit
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_noisy_recording_is_re_measured_and_the_quiet_one_stored(suite: Suite) -> None:
     noisy_suite(suite)
-    noise_for(suite, 1)  # the first training only
-    result = suite.run("--accelperf-update", BOUND)
-    result.assert_outcomes(passed=1)
+    for attempt in range(2):
+        noise_for(suite, 1)  # the first training only
+        result = suite.run("--accelperf-update", BOUND)
+        result.assert_outcomes(passed=1)
+        # The second measurement is quiet unless the machine is not: in a full test run
+        # here, ten rank processes of another test starting beside it (load 10) gave its
+        # 2 ms steps an IQR of 25x their median, past the bound, and it was stored noisy.
+        # That says nothing of the code: recorded once more, on what is then a quieter
+        # machine.
+        if attempt or "recorded on a noisy machine" not in result.stdout.str():
+            break
+        suite.baseline_path().unlink()
     # The re-measurement is twice as long: two trainings, their 24 measured steps pooled.
     result.stdout.fnmatch_lines([
         f"*{PATTERN}: re-measured before recording: the first measurement was too noisy to be "
