@@ -48,15 +48,21 @@ the baseline was recorded in; a baseline recorded before input times were kept g
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import BlockLike, InputTime, StepTime, read_block
+from pytest_accelperf.block import Block, BlockLike, InputTime, StepTime, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.run import Run
-from pytest_accelperf.stats import MIN_SAMPLES, step_time_ratio, throughput_verdict
+from pytest_accelperf.stats import (
+    MIN_SAMPLES,
+    RatioEstimate,
+    step_time_ratio,
+    throughput_verdict,
+)
 from pytest_accelperf.units import SAMPLE_DIGITS, fmt_percent, fmt_ratio, fmt_tolerance, round_sig
 
 METRIC = "input"
@@ -77,7 +83,7 @@ MIN_CHANGE_S = 5e-4
 FLOOR_S = 1e-7
 
 
-def _ms(seconds: float) -> str:
+def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
@@ -85,8 +91,31 @@ def _samples(part: InputTime | StepTime | None) -> list[float]:
     return [float(t) for t in (part.samples if part else None) or []]
 
 
-def _share_text(input_s: float, step: float | None) -> str:
+def median_step(block: Block) -> float | None:
+    """The median of ``block``'s step times; None without any."""
+    samples = _samples(block.step_time)
+    return statistics.median(samples) if samples else None
+
+
+def share_text(input_s: float, step: float | None) -> str:
     return f"{fmt_percent(input_s / step)} of the step" if step else "step time unknown"
+
+
+def change_floor(step_base: float | None, step_now: float | None) -> tuple[float, float | None]:
+    """The smallest change of a median input time that is judged, and the step it is a
+    share of: :data:`MIN_SHARE` of the longer of the two median steps (a session whose
+    steps the machine slowed, 4x measured, slowed sub-millisecond CPU times too), at least
+    :data:`MIN_CHANGE_S` (the module docstring)."""
+    step_ref = max((t for t in (step_base, step_now) if t), default=None)
+    return max(MIN_SHARE * step_ref if step_ref else 0.0, MIN_CHANGE_S), step_ref
+
+
+def sample_ratio(now: Sequence[float], base: Sequence[float], tolerance: float
+                 ) -> tuple[RatioEstimate, Verdict]:
+    """The ratio of two runs' input samples (floored at :data:`FLOOR_S`) with the throughput
+    check's bootstrap interval, and its verdict under ``tolerance``."""
+    est = step_time_ratio([max(t, FLOOR_S) for t in now], [max(t, FLOOR_S) for t in base])
+    return est, throughput_verdict(est, tolerance)
 
 
 def input_bound(inputs: list[float], steps: list[float]) -> int:
@@ -105,7 +134,7 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
         return None
     now = statistics.median(now_samples)
     step_samples = _samples(block.step_time)
-    step_now = statistics.median(step_samples) if step_samples else None
+    step_now = median_step(block)
     bound = input_bound(now_samples, step_samples)
     data: dict[str, Any] = {
         "tolerance": tol.input_tolerance, "min_share": MIN_SHARE,
@@ -128,39 +157,34 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
         return replace(result, data={**result.data, **data},
                        detail=result.detail + bound_text)
     base = statistics.median(base_samples)
-    base_steps = _samples(baseline.step_time)
-    step_base = statistics.median(base_steps) if base_steps else None
+    step_base = median_step(baseline)
     data["baseline_share"] = base / step_base if step_base else None
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
                          change=now / base - 1 if base > 0 else None)
-    words = (f"input {_ms(now)} CPU per step ({_share_text(now, step_now)}), baseline "
-             f"{_ms(base)} ({_share_text(base, step_base)})")
+    words = (f"input {fmt_ms(now)} CPU per step ({share_text(now, step_now)}), baseline "
+             f"{fmt_ms(base)} ({share_text(base, step_base)})")
     if not comparable:
         return replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
                        detail="baseline recorded in another environment; input time not "
                               "compared")
     # The floor: a change that moves the training by less than MIN_SHARE of its step is
-    # not judged, however sure (module docstring). The longer of the two medians: a session
-    # whose steps the machine slowed (4x, measured) slowed sub-millisecond CPU times too.
-    step_ref = max((t for t in (step_base, step_now) if t), default=None)
-    floor = max(MIN_SHARE * step_ref if step_ref else 0.0, MIN_CHANGE_S)
+    # not judged, however sure (module docstring).
+    floor, step_ref = change_floor(step_base, step_now)
     data["min_change_s"] = floor
     if abs(now - base) < floor:
-        why = (f"under the {fmt_percent(MIN_SHARE)} of the {_ms(step_ref)} step from which "
-               f"it is judged: too small a share of the step to judge"
+        why = (f"under the {fmt_percent(MIN_SHARE)} of the {fmt_ms(step_ref)} step from "
+               f"which it is judged: too small a share of the step to judge"
                if step_ref and floor > MIN_CHANGE_S else
-               f"under the {_ms(MIN_CHANGE_S)} from which an input change is judged (a "
+               f"under the {fmt_ms(MIN_CHANGE_S)} from which an input change is judged (a "
                f"thread's CPU time moves by tenths of a millisecond between processes)")
         return replace(result, data=dict(data), detail=(
-            f"{words}: a change of {_ms(abs(now - base))}, {why}{bound_text}"))
+            f"{words}: a change of {fmt_ms(abs(now - base))}, {why}{bound_text}"))
     if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
         return replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
             f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: "
             f"too few to judge{bound_text}"))
-    est = step_time_ratio([max(t, FLOOR_S) for t in now_samples],
-                          [max(t, FLOOR_S) for t in base_samples])
     tolerance = tol.input_tolerance
-    verdict = throughput_verdict(est, tolerance)
+    est, verdict = sample_ratio(now_samples, base_samples, tolerance)
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
                  "confidence": est.confidence})
     stats_text = (f"{fmt_ratio(est.ratio)}x the baseline's, {est.confidence * 100:.0f}% CI "

@@ -33,11 +33,19 @@ from typing import Any
 
 from pytest_accelperf.block import BlockLike, InputTime, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
-from pytest_accelperf.checks.input import FLOOR_S, MIN_CHANGE_S, MIN_SHARE
+from pytest_accelperf.checks.input import (
+    MIN_CHANGE_S,
+    MIN_SHARE,
+    change_floor,
+    fmt_ms,
+    median_step,
+    sample_ratio,
+    share_text,
+)
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
-from pytest_accelperf.stats import MIN_SAMPLES, step_time_ratio, throughput_verdict
+from pytest_accelperf.stats import MIN_SAMPLES
 from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_tolerance
 
 METRIC = "input_wait"
@@ -46,21 +54,8 @@ UNIT = "s"
 BLOCKED = "blocked: off the CPU and not waiting for one (a sleep, a read, a queue, a lock)"
 
 
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1e3:.3g} ms"
-
-
 def _blocked(part: InputTime | None) -> list[float]:
     return [float(t) for t in (part.blocked_samples if part else None) or []]
-
-
-def _median_step(block: Any) -> float | None:
-    samples = [float(t) for t in (block.step_time.samples if block.step_time else None) or []]
-    return statistics.median(samples) if samples else None
-
-
-def _share(seconds: float, step: float | None) -> str:
-    return f"{fmt_percent(seconds / step)} of the step" if step else "step time unknown"
 
 
 def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
@@ -73,7 +68,7 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
     if not now_samples:
         return None
     now = statistics.median(now_samples)
-    step_now = _median_step(block)
+    step_now = median_step(block)
     data: dict[str, Any] = {"tolerance": tol.input_tolerance, "min_share": MIN_SHARE,
                             "share": now / step_now if step_now else None,
                             "steps": len(now_samples)}
@@ -86,36 +81,33 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
                                      unit=UNIT)
         return replace(result, data={**result.data, **data})
     base = statistics.median(base_samples)
-    step_base = _median_step(baseline)
+    step_base = median_step(baseline)
     data["baseline_share"] = base / step_base if step_base else None
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
                          change=now / base - 1 if base > 0 else None)
-    words = (f"blocked {_ms(now)} per step making the batch ({_share(now, step_now)}), "
-             f"baseline {_ms(base)} ({_share(base, step_base)})")
+    words = (f"blocked {fmt_ms(now)} per step making the batch ({share_text(now, step_now)}), "
+             f"baseline {fmt_ms(base)} ({share_text(base, step_base)})")
     if not comparable:
         return replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
                        detail="baseline recorded in another environment; blocked input "
                               "time not compared")
-    step_ref = max((t for t in (step_base, step_now) if t), default=None)
-    floor = max(MIN_SHARE * step_ref if step_ref else 0.0, MIN_CHANGE_S)
+    floor, step_ref = change_floor(step_base, step_now)
     data["min_change_s"] = floor
     if abs(now - base) < floor:
-        why = (f"under the {fmt_percent(MIN_SHARE)} of the {_ms(step_ref)} step from which "
-               f"it is judged" if step_ref and floor > MIN_CHANGE_S else
-               f"under the {_ms(MIN_CHANGE_S)} from which it is judged")
+        why = (f"under the {fmt_percent(MIN_SHARE)} of the {fmt_ms(step_ref)} step from "
+               f"which it is judged" if step_ref and floor > MIN_CHANGE_S else
+               f"under the {fmt_ms(MIN_CHANGE_S)} from which it is judged")
         return replace(result, data=dict(data),
-                       detail=f"{words}: a change of {_ms(abs(now - base))}, {why}")
+                       detail=f"{words}: a change of {fmt_ms(abs(now - base))}, {why}")
     if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
         return replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
             f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: too few to "
             f"judge"))
-    est = step_time_ratio([max(t, FLOOR_S) for t in now_samples],
-                          [max(t, FLOOR_S) for t in base_samples])
-    verdict = throughput_verdict(est, tol.input_tolerance)
+    est, verdict = sample_ratio(now_samples, base_samples, tol.input_tolerance)
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
                  "confidence": est.confidence, "measured_verdict": verdict.value})
     change = now - base
-    text = (f"{words}: {'+' if change > 0 else '-'}{_ms(abs(change))} a step, "
+    text = (f"{words}: {'+' if change > 0 else '-'}{fmt_ms(abs(change))} a step, "
             f"{fmt_ratio(est.ratio)}x the baseline's ({est.confidence * 100:.0f}% CI "
             f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
             f"{fmt_tolerance(tol.input_tolerance)}); {BLOCKED}")
