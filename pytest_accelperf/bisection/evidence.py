@@ -192,6 +192,12 @@ def judge_program(session: Session, targets: Targets,
     return Judgement("good", "; ".join(good_words))
 
 
+def _levels(check: CheckResult) -> str:
+    """``input 0.30 ms → 5.45 ms``: a check's metric, its baseline and its value now."""
+    return (f"{check.metric} {fmt_value(check.baseline, check.unit)} \u2192 "
+            f"{fmt_value(check.now, check.unit)}")
+
+
 def unsearched_regressions(session: Session) -> list[tuple[str, str]]:
     """The regressions of a session against GOOD's recording that the bisection does not
     search on: not the program or the compiler's memory plan (the search on the record),
@@ -212,9 +218,7 @@ def unsearched_regressions(session: Session) -> list[tuple[str, str]]:
                     # No figure to show (the parameter fingerprint): the check's own words.
                     words = f"{check.metric} ({check.detail})"
                 else:
-                    words = (f"{check.metric} {fmt_value(check.baseline, check.unit)} "
-                             f"\u2192 {fmt_value(check.now, check.unit)} "
-                             f"({fmt_change(check)})")
+                    words = f"{_levels(check)} ({fmt_change(check)})"
                 out.append((check.metric, _name(nodeid, many) + words))
     return out
 
@@ -252,9 +256,7 @@ def unjudged_host(bad: Session) -> list[str]:
             loaded = check.data.get("contaminated")
             if (check.metric in HOST_METRICS and loaded
                     and check.data.get("measured_verdict") == Verdict.REGRESSION.value):
-                out.append(f"{_name(nodeid, many)}{check.metric} "
-                           f"{fmt_value(check.baseline, check.unit)} \u2192 "
-                           f"{fmt_value(check.now, check.unit)} ({loaded})")
+                out.append(f"{_name(nodeid, many)}{_levels(check)} ({loaded})")
     return out
 
 
@@ -278,8 +280,7 @@ def judge_host(session: Session, levels: Mapping[tuple[str, str], float]) -> Jud
         if why or check is None:
             return Judgement("skip", _name(nodeid, many) + why)
         data, mid = check.data, halfway(level)
-        shown = (f"{metric} {fmt_value(check.baseline, check.unit)} \u2192 "
-                 f"{fmt_value(check.now, check.unit)}")
+        shown = _levels(check)
         low, high = data.get("ci_low"), data.get("ci_high")
         if data.get("contaminated"):
             calls.append("skip")
