@@ -11,6 +11,13 @@ the cap (``--accelperf-explain-max-mb``) is deleted and the note says so. The re
 frozen data that the run carries in ``Run.extra["explain"]`` for the reports.
 
 An explanation never changes the verdict: if the profiler cannot run, the note says why.
+
+It is bounded as the case's training is (:mod:`pytest_accelperf.hangs`): a case whose run
+timed out is never trained again for its explanation (a step that blocked would block
+again, after the timeout the user set had passed), and every other explanation runs under
+the case's own timeout (``--accelperf-timeout``), its alarm and its watchdog: profiled
+steps that run past it are interrupted, nothing is kept, and the note says the trace was
+cut short and where.
 """
 
 from __future__ import annotations
@@ -18,13 +25,14 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.cases import Case
+from pytest_accelperf.hangs import CaseTimeout, case_alarm
 from pytest_accelperf.units import fmt_bytes
 
 #: ``Run.extra`` key of an explanation.
@@ -81,10 +89,47 @@ def _size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
+#: The outcomes of a run that is never trained again for a trace: it ran past its timeout.
+NOT_RETRAINED = ("timeout",)
+
+
+def skipped(outcome: str, timeout: float | None) -> Explanation:
+    """The explanation of a run that is not trained again (``outcome`` in
+    :data:`NOT_RETRAINED`)."""
+    bound = f"its {timeout:g} s timeout" if timeout else "its timeout"
+    return Explanation(None, 0, 0, (
+        f"no trace: the case ran past {bound} (outcome {outcome}), so it was not trained "
+        f"again under the profiler (a step that blocked would block again)"))
+
+
 def explain(backend: Any, case: Case, task: Any, accel: Accelerator, root: Path, *,
-            max_bytes: int, steps: int = STEPS) -> Explanation:
+            max_bytes: int, steps: int = STEPS, timeout: float | None = None,
+            on_stuck: Callable[[str], None] | None = None) -> Explanation:
     """Train ``case`` ``steps`` more steps (at most :data:`MAX_STEPS`) under its
-    framework's profiler and keep the trace under ``root`` if it is at most ``max_bytes``."""
+    framework's profiler and keep the trace under ``root`` if it is at most ``max_bytes``.
+
+    ``timeout`` (the case's, ``--accelperf-timeout``) bounds the whole explanation as it
+    bounds training (:func:`~pytest_accelperf.hangs.case_alarm`): past it the profiled
+    steps are interrupted and the note says the trace was cut short; ``on_stuck(why)``
+    runs from the watchdog where they cannot be interrupted (a native call), and is
+    expected to end the process."""
+    __tracebackhide__ = True
+    try:
+        with case_alarm(timeout, None if on_stuck is None else lambda alarm: on_stuck(
+                "the profiled steps of its explanation ran past the "
+                f"{timeout or 0:g} s timeout inside a native call that cannot be "
+                "interrupted")):
+            return _explain(backend, case, task, accel, root, max_bytes=max_bytes,
+                            steps=steps)
+    except CaseTimeout as exc:
+        shutil.rmtree(trace_dir(root, case.id), ignore_errors=True)
+        return Explanation(None, 0, 0, (
+            f"trace cut short: the profiled steps ran past the {exc.timeout:g} s timeout "
+            f"(--accelperf-timeout) and were interrupted in {exc.where}; nothing was kept"))
+
+
+def _explain(backend: Any, case: Case, task: Any, accel: Accelerator, root: Path, *,
+             max_bytes: int, steps: int) -> Explanation:
     steps = max(1, min(steps, MAX_STEPS))
     make_stepper = getattr(backend, "stepper", None)
     if case.backend not in PROFILED or make_stepper is None:

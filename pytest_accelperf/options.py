@@ -228,7 +228,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("explain", "--accelperf-explain", "on a regression (stored baseline or A/B), "
            "train the case 3 more steps under its framework's profiler (jax.profiler, "
            "torch.profiler) and keep the trace beside the report; the failure message and "
-           "the reports say where. on or off. Default: on.", "choice", "on", ("on", "off")),
+           "the reports say where; bounded by --accelperf-timeout, and never for a case "
+           "that timed out. on or off. Default: on.", "choice", "on", ("on", "off")),
     Option("explain_dir", "--accelperf-explain-dir", "directory of the regressions' traces, "
            "one folder per case. Default: accelperf-explain/ beside --accelperf-json, else "
            ".accelperf/explain/ in the rootdir.", "path", None),

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from pytest_accelperf.block import BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult
+from pytest_accelperf.checks.numerics import FingerprintError, fingerprint_leaves
 from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.run import Run
 
@@ -46,11 +47,13 @@ def unrecordable(run: Run, checks: Sequence[CheckResult],
         if not math.isfinite(loss):
             return f"loss is {loss} at step {step}"
     fingerprint = read_block(block).numerics if block is not None else None
-    for path, leaf in (json_of(fingerprint) or {}).items():
-        values = [leaf.get("rms"), *(leaf.get("sample") or [])]
-        if any(isinstance(v, float) and not math.isfinite(v) for v in values):
-            what = "state leaf" if leaf.get("state") is True else "parameter"
-            return f"{what} {path} is not finite after training"
+    try:
+        leaves = fingerprint_leaves(json_of(fingerprint))
+    except FingerprintError as exc:
+        return f"its numerics fingerprint cannot be read: {exc}"
+    for leaf in leaves:
+        if not leaf.finite:
+            return f"{leaf.what} {leaf.name} is not finite after training"
     return None
 
 

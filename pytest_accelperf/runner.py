@@ -47,7 +47,7 @@ from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.errors import UserError, render
-from pytest_accelperf.explain import EXPLAIN_KEY, explain
+from pytest_accelperf.explain import EXPLAIN_KEY, NOT_RETRAINED, Explanation, explain, skipped
 from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
 from pytest_accelperf.hangs import HostLockError
 from pytest_accelperf.judge import (
@@ -234,11 +234,31 @@ class CaseRunner:
                 or not any(c.verdict is Verdict.REGRESSION for c in ev.checks)
                 or route(self.spec, self.case, cluster=False) != "in-process"):
             return ev
-        with self._host(bounded=False):  # the profiled steps have no timeout of their own
+        if ev.run.outcome in NOT_RETRAINED:  # it blocked once: it would block again
+            return self._with_explanation(ev, skipped(ev.run.outcome, settings.timeout))
+        with self._host():  # bounded by the case's timeout, as its training is
             found = explain(self.spec.load(), self.case, task, self.accelerator, root,
-                            max_bytes=settings.explain_max_bytes)
+                            max_bytes=settings.explain_max_bytes, timeout=settings.timeout,
+                            on_stuck=lambda why: self._explain_stuck(ev, why))
+        return self._with_explanation(ev, found)
+
+    @staticmethod
+    def _with_explanation(ev: Evaluated, found: Explanation) -> Evaluated:
         run = replace(ev.run, extra={**ev.run.extra, EXPLAIN_KEY: found.to_json()})
         return replace(ev, run=run)
+
+    def _explain_stuck(self, ev: Evaluated, why: str) -> None:
+        """The explanation could not be stopped (``why``): record the case as it was
+        judged, with the note, and end the process as :meth:`_stuck` does. Called from the
+        watchdog thread."""
+        note = Explanation(None, 0, 0, f"no trace: {why}; the pytest process was ended with "
+                                       f"what was recorded")
+        self._record(self._with_explanation(ev, note).run, ev.checks, baseline=ev.baseline)
+        message = f"{self._item.nodeid}: {note.note}"
+        if self._session.abort is not None:
+            self._session.abort(message)
+        say_on_stderr(f"accelperf: {message}")
+        os._exit(int(pytest.ExitCode.INTERRUPTED))
 
     def skip_without_devices(self) -> None:
         """Skip a case that needs more accelerators than this host has (a 4x2 mesh, or two

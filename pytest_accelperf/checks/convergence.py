@@ -188,7 +188,7 @@ def loss_checkpoints(losses: list[float], steps: list[int] | None = None,
     """
     if not losses:
         return []
-    steps = steps if steps is not None else list(range(len(losses)))
+    steps = list(steps) if steps else list(range(len(losses)))  # none given: 0, 1, ...
     k = min(n, len(losses))
     bounds = [round((i + 1) * len(losses) / k) for i in range(k)]
     out: list[list[float]] = []

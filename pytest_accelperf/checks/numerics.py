@@ -118,8 +118,79 @@ def structure_changes(now: Mapping[str, tuple[Any, str]],
     return out
 
 
-def _fingerprint_values(leaf: Mapping[str, Any]) -> list[float]:
-    return [float(x) for x in leaf.get("sample") or []] + [float(leaf.get("rms", np.nan))]
+class FingerprintError(ValueError):
+    """A numerics fingerprint in none of the forms the plugin writes (an edited report or
+    baseline): the message names the leaf or the field."""
+
+
+@dataclass(frozen=True)
+class FingerprintLeaf:
+    """One leaf of a numerics fingerprint, whatever its form: ``name`` (its path; in the
+    compact form, which stores no paths, ``"leaf i of n"``), whether it is ``state``
+    beside the parameters, and the numbers stored for it (per leaf: its RMS and samples;
+    compact: its one sketch value)."""
+
+    name: str
+    state: bool
+    values: tuple[float, ...]
+
+    @property
+    def what(self) -> str:
+        return "state leaf" if self.state else "parameter"
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(v) for v in self.values)
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FingerprintError(f"{where} is {value!r}, not a number")
+    return float(value)
+
+
+def _compact_leaves(section: Mapping[str, Any], state: bool) -> list[FingerprintLeaf]:
+    sketch = section.get("sketch")
+    if not isinstance(sketch, list):
+        raise FingerprintError(f"the compact fingerprint's sketch is {sketch!r}, not a list")
+    what = "state leaf" if state else "leaf"
+    n = len(sketch)
+    return [FingerprintLeaf(f"{what} {i + 1} of {n}", state,
+                            (_number(v, f"{what} {i + 1} of {n}"),))
+            for i, v in enumerate(sketch)]
+
+
+def fingerprint_leaves(numerics: Any) -> list[FingerprintLeaf]:
+    """The leaves of a numerics fingerprint in any form the plugin writes: a run's (one
+    entry per leaf path, with its RMS and samples) or the store's compact one
+    (:func:`compact`, with its state section). The one reader of a fingerprint's numbers,
+    for the checks, :mod:`pytest_accelperf.recordable` and ``accelperf baselines
+    accept``: a report or a baseline is an input anyone can hand over, so anything else
+    is a :class:`FingerprintError` naming what is wrong, never another exception."""
+    if numerics is None:
+        return []
+    if not isinstance(numerics, Mapping):
+        raise FingerprintError(f"the fingerprint is {type(numerics).__name__}, not an object")
+    if is_compact(numerics):
+        out = _compact_leaves(numerics, state=False)
+        state = numerics.get(STATE)
+        if state is not None:
+            if not is_compact(state):
+                raise FingerprintError("the compact fingerprint's state section is not one")
+            out += _compact_leaves(state, state=True)
+        return out
+    out = []
+    for path in sorted(numerics, key=str):
+        leaf = numerics[path]
+        if not isinstance(leaf, Mapping):
+            raise FingerprintError(f"leaf {path!r} is {type(leaf).__name__}, not an object")
+        sample = leaf.get("sample") or []
+        if not isinstance(sample, list):
+            raise FingerprintError(f"leaf {path!r}'s sample is not a list")
+        values = [_number(leaf.get("rms"), f"leaf {path!r}'s rms")]
+        values += [_number(v, f"leaf {path!r}'s sample") for v in sample]
+        out.append(FingerprintLeaf(str(path), leaf.get(STATE) is True, tuple(values)))
+    return out
 
 
 # -- the compact (stored) fingerprint ----------------------------------------------------------
@@ -225,10 +296,10 @@ def compact(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _leaf_count(numerics: Mapping[str, Any]) -> int:
-    if is_compact(numerics):
-        state: Any = numerics.get(STATE)
-        return len(numerics["sketch"]) + (len(state["sketch"]) if is_compact(state) else 0)
-    return len(numerics)
+    try:
+        return len(fingerprint_leaves(numerics))
+    except FingerprintError:
+        return len(numerics)
 
 
 def _tags(text: str) -> list[str]:
@@ -467,7 +538,13 @@ def check_numerics(block: BlockLike, baseline: BlockLike | None,
     diffs: list[LeafDiff] = []
     for _, now_s, base_s in sections:
         for path in sorted(now_s):
-            now_v, base_v = _fingerprint_values(now_s[path]), _fingerprint_values(base_s[path])
+            try:
+                now_v, base_v = (list(fingerprint_leaves({path: s[path]})[0].values)
+                                 for s in (now_s, base_s))
+            except FingerprintError as exc:
+                return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
+                    f"a fingerprint cannot be read: {exc}; re-record with "
+                    f"--accelperf-update"))
             if len(now_v) != len(base_v):
                 return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
                     f"the fingerprint of {path} has {len(now_v) - 1} sampled "

@@ -328,7 +328,14 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
     (:func:`pytest_accelperf.recordable.unrecordable`: no failed outcome, reference check or
     non-finite loss) and as the store checks what it writes: a platform that is one safe
     path component, a node id under the rootdir, a block the schema accepts. A
-    BaselineError or CliError says what is wrong."""
+    BaselineError or CliError says what is wrong.
+
+    The report is an input anyone can hand over (a CI artifact): its node id and platform
+    are checked before anything reads the case, then its block by the schema, and only
+    then what :func:`unrecordable` reads."""
+    # Where it would be written, first: an absolute or climbing node id or platform is
+    # refused here, naming the field, before any other part of the case is read.
+    BaselineStore(root, record.platform).path_for(record.nodeid)
     try:
         run = Run.from_json(record.run)
     except (TypeError, ValueError, KeyError) as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,89 @@ def fuzz_field(make: Callable[[Any], Any]) -> None:
         clean_or_user_error(lambda: make(value))
 
     run()
+
+
+# -- issue 36: a JSON report is an input anyone can hand over ------------------------------------
+
+#: Values every field of a case is mutated to: wrong types, paths that climb or are absolute
+#: (a node id, a platform), numbers that are no measurement.
+MUTATED: tuple[Any, ...] = (None, True, -1, 1e308, "", "/abs/x.py::t", "../../up.py::t",
+                            "/tmp/evil", [], {}, [1, "a"], {"a": {"b": None}})
+
+
+def _fields(record: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Every field of a case record, and every field one level inside those that are
+    objects (the run, the block, the case, the baseline), as key paths."""
+    out: list[tuple[str, ...]] = []
+    for key, value in record.items():
+        out.append((key,))
+        if isinstance(value, dict):
+            out.extend((key, inner) for inner in value)
+    return out
+
+
+def _mutated(report: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(json.dumps(report))
+    where = out["cases"][0]
+    for key in path[:-1]:
+        where = where[key]
+    where[path[-1]] = value
+    return out
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.slow
+def test_every_field_of_a_reported_case_mutated_is_accepted_or_one_line_each(
+        suite: Suite, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_accelperf.cli import main
+
+    suite.write('''
+        from tinytask import make_task
+        from pytest_accelperf import cases
+
+        @cases(backend="jax", batch=[16], steps=3, warmup=1)
+        def test_small(accelperf):
+            accelperf.train(make_task(accelperf.case))
+    ''')
+    root = suite.pytester.path
+    # A recording's report (its cases carry the block stored, with the compact
+    # fingerprint) and a check's (the block is made again from the run).
+    suite.run("--accelperf-update", "--accelperf-json=update.json").assert_outcomes(passed=1)
+    suite.run("--accelperf-json=check.json").assert_outcomes(passed=1)
+    store = root / "store"
+    calls = 0
+    for name in ("update.json", "check.json"):
+        report = json.loads((root / name).read_text())
+        for path in _fields(report["cases"][0]):
+            for value in MUTATED:
+                edited = root / "edited.json"
+                edited.write_text(json.dumps(_mutated(report, path, value)))
+                for argv in (["baselines", "accept", "--all", "--baselines", str(store),
+                              str(edited)],
+                             ["report", str(edited)]):
+                    store.mkdir(exist_ok=True)
+                    before = _tree(root)
+                    status = main(argv)
+                    calls += 1
+                    out, err = capsys.readouterr()
+                    what = f"{name}: {'.'.join(path)} = {value!r}: accelperf {argv[0]}"
+                    assert status in (0, 1), what
+                    assert "Traceback" not in out + err, what
+                    after = _tree(root)
+                    if status == 1:  # an error: one line per case, nothing written
+                        assert err.startswith("accelperf: error: "), (what, err)
+                        assert after == before, what
+                        lines = err.strip().splitlines()
+                        assert all(line.startswith((f"accelperf: error: {edited}",
+                                                    str(edited), "nothing was written"))
+                                   for line in lines) or len(lines) == 1, (what, err)
+                    else:  # accepted: written under the store only
+                        changed = {k for k in set(after) | set(before)
+                                   if after.get(k) != before.get(k)}
+                        assert all(k.startswith("store/") for k in changed), (what, changed)
+                    shutil.rmtree(store)
+    assert calls > 300
