@@ -250,3 +250,27 @@ def test_a_site_without_a_python_frame_is_compared_as_it_is() -> None:
     assert not is_line_keyed("nonzero at ?")
     assert compare_counts({"nonzero at ?": 1, code: 1}, {"nonzero at ?": 1, code: 2}) == [
         (code, 1, 2)]
+
+
+def test_the_committed_deepspeed_baseline_passes_against_the_code_keyed_site() -> None:
+    """The repository's ZeRO-3 baseline was recorded with a line-keyed site; the same
+    program recorded now (its site as a run of this suite records it) is no change, and
+    another sync is named per file and op."""
+    import json
+
+    stored = Path(__file__).parents[4] / "baselines/cpu-x8/suites/torch/test_deepspeed.json"
+    base = json.loads(stored.read_text())["cases"]["test_zero[deepspeed-gpt-w2-zero3-b4]"][
+        "program"]
+    (old,) = base["host_sync_sites"]
+    assert is_line_keyed(old), old
+    zero = ("_local_scalar_dense at deepspeed/runtime/zero/utils.py in "
+            "assert_lst_len_same_as_other_ranks: rank0_list_length = "
+            "rank0_len_tensor.cpu().item()")
+    now = {**base, "host_sync_sites": {zero: 1}}
+    assert describe_changes(base, now, 0.01) == [] and judge(now, base)[0] is Verdict.PASS
+    more = {**now, "host_syncs": 2, "host_sync_sites": {
+        zero: 1, "_local_scalar_dense at train.py in step: logged = loss.item()": 1}}
+    verdict, detail = judge(more, base)
+    assert verdict is Verdict.REGRESSION
+    assert detail.startswith(
+        "host syncs: 1 → 2 per step (_local_scalar_dense at train.py: 0 → 1)"), detail
