@@ -35,7 +35,9 @@ JSON, every field optional (a backend says what it can see):
 ``host_syncs`` and ``host_sync_sites``
     torch: the host waits for the device, per step (``.item()``, a data-dependent shape
     such as ``nonzero``, a blocking copy to the CPU); the sites (``{"_local_scalar_dense
-    at suites/x.py:40 in step": 1}``) are shown beside a change, not compared. Apart
+    at suites/x.py in step: logged = loss.item()": 1}``: the op, and the file, function
+    and source text of the line, not its number: :mod:`pytest_accelperf.sites`) are
+    shown beside a change, not gated; a line that only moved is the same site. Apart
     from ``host_callbacks``: the other way round (Python waits for the device), and a
     record of either kind has only one of them.
 ``custom_calls``
@@ -43,7 +45,8 @@ JSON, every field optional (a backend says what it can see):
 ``graphs``, ``graph_breaks``, ``recompiles``
     torch.compile: graphs made and graph breaks while compiling (step 0), and
     recompilations after it (the later warm-up steps and the measured ones);
-    ``break_reasons`` lists the breaks' reasons, ``recompile_causes`` the input that
+    ``break_reasons`` lists the breaks' reasons (each with its site, by function and
+    source text, as a host sync's), ``recompile_causes`` the input that
     changed at each step that compiled again (a batch leaf's shape before → after), both
     not compared, shown.
 ``ops``
@@ -68,6 +71,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_accelperf.sites import compare_counts, new_reasons
 from pytest_accelperf.units import fmt_bytes, fmt_signed_percent
 
 #: Program sources (``Run.program["source"]``).
@@ -316,8 +320,8 @@ def _describe(change: Change, baseline: Mapping[str, Any], now: Mapping[str, Any
         return (f"{kind}: {change.baseline:g} → {change.now:g} per step "
                 f"({sign}{fmt_bytes(abs(delta))})")
     if change.name == "graph_breaks" and change.more:
-        reasons = [str(r) for r in now.get("break_reasons") or []
-                   if r not in (baseline.get("break_reasons") or [])]
+        reasons = new_reasons(baseline.get("break_reasons") or [],
+                              now.get("break_reasons") or [])
         where = f" ({'; '.join(reasons[:2])})" if reasons else ""
         return f"{change.label}: {change.baseline:g} → {change.now:g} per step{where}"
     if change.name == "recompiles" and change.more:
@@ -331,11 +335,8 @@ def _describe(change: Change, baseline: Mapping[str, Any], now: Mapping[str, Any
             return (f"{change.label}: {change.baseline:g} → {change.now:g} per step "
                     f"({'; '.join(causes[:2])}{more}{fix})")
     if change.name == "host_syncs":
-        b_sites = baseline.get("host_sync_sites") or {}
-        n_sites = now.get("host_sync_sites") or {}
-        grown = [f"{site}: {int(b_sites.get(site, 0))} → {int(n_sites.get(site, 0))}"
-                 for site in sorted(set(b_sites) | set(n_sites))
-                 if int(n_sites.get(site, 0)) != int(b_sites.get(site, 0))]
+        grown = [f"{site}: {b} → {n}" for site, b, n in compare_counts(
+            baseline.get("host_sync_sites") or {}, now.get("host_sync_sites") or {})]
         more = f"; +{len(grown) - 2} more" if len(grown) > 2 else ""
         where = f" ({'; '.join(grown[:2])}{more})" if grown else ""
         return f"{change.label}: {change.baseline:g} → {change.now:g} per step{where}"

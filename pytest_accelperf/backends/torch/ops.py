@@ -35,7 +35,8 @@ decomposed what it decomposes (the counter sits below it: it sees the kernels th
     accelerator). Left out on every device: the optimizer's own step counters, which
     ``torch.optim`` reads with ``.item()`` (``optimizer._get_value``) and keeps on the CPU
     on every device. ``host_sync_sites`` says where each was, ``{"_local_scalar_dense at
-    suites/x.py:40 in step": 1}``: the innermost frame outside torch.
+    suites/x.py in step: logged = loss.item()": 1}``: the innermost frame outside torch,
+    keyed by its function and source text, not its line (:mod:`pytest_accelperf.sites`).
 
 Deterministic: the same code, shapes and dtypes dispatch the same ops, every run. The
 plugin's own work inside the counted step (the snapshot that undoes it) runs
@@ -48,7 +49,6 @@ import contextlib
 import contextvars
 import os
 import sys
-import traceback
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -56,6 +56,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+from pytest_accelperf.sites import code_site
 
 #: Compact dtype names in op keys (``mm[bf16]``); another dtype is its torch name.
 DTYPE_TAGS: dict[torch.dtype, str] = {
@@ -179,26 +181,12 @@ def sync_kind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
     return None
 
 
-def where(frame: Any) -> str:
-    """``path:line in function`` of a ``traceback.FrameSummary``, the path relative to the
-    working directory when under it, else to the ``site-packages`` it is installed in
-    (``deepspeed/runtime/zero/utils.py``: the same on every machine)."""
-    path = str(getattr(frame, "filename", "?"))
-    with contextlib.suppress(ValueError):
-        rel = os.path.relpath(path)
-        if not rel.startswith(".."):
-            path = rel
-    for packages in ("site-packages", "dist-packages"):
-        if f"{os.sep}{packages}{os.sep}" in path:
-            path = path.rsplit(f"{os.sep}{packages}{os.sep}", 1)[1]
-    return f"{path}:{getattr(frame, 'lineno', '?')} in {getattr(frame, 'name', '?')}"
-
-
 def _caller() -> tuple[str, bool]:
-    """Where the op being dispatched was called from: the innermost Python frame outside
-    torch and this module (``"?"`` when there is none: a backward op on autograd's
-    thread); and whether torch.optim's ``_get_value`` (the optimizer's step counter) is
-    between."""
+    """Where the op being dispatched was called from: the site
+    (:func:`~pytest_accelperf.sites.code_site`: file, function and source text) of the
+    innermost Python frame outside torch and this module (``"?"`` when there is none: a
+    backward op on autograd's thread); and whether torch.optim's ``_get_value`` (the
+    optimizer's step counter) is between."""
     frame = sys._getframe(2)
     counter = False
     while frame is not None:
@@ -208,8 +196,7 @@ def _caller() -> tuple[str, bool]:
                                   and frame.f_code.co_name == "_get_value")
             frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
             continue
-        return where(traceback.FrameSummary(path, frame.f_lineno, frame.f_code.co_name,
-                                            lookup_line=False)), counter
+        return code_site(path, frame.f_lineno, frame.f_code.co_name), counter
     return "?", counter
 
 

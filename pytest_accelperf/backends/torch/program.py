@@ -16,8 +16,9 @@ compiled graphs run, so they are not part of it):
     ``torch._dynamo.utils.graph_break_reasons`` (one per break, with the user's frame;
     it also holds the breaks on a data-dependent branch, which
     ``counters["graph_break"]`` leaves out). A reason is the first line of dynamo's
-    message and where the break is: ``Call to `torch._dynamo.graph_break()`
-    (tests/unit/backends/torch/test_program.py:52 in forward)``.
+    message and where the break is, by function and source text
+    (:mod:`pytest_accelperf.sites`): ``Call to `torch._dynamo.graph_break()`
+    (tests/unit/backends/torch/test_program.py in Net.forward: if x.sum().item() > 0:)``.
 ``recompiles``
     the frames dynamo compiled after the compile step, through the end of the run (a
     guard that failed on a new shape or a changed Python value, or a code path first
@@ -46,9 +47,9 @@ from typing import Any
 
 import torch
 
-from pytest_accelperf.backends.torch.ops import where
 from pytest_accelperf.backends.torch.task import leaves_with_paths
 from pytest_accelperf.program import program_record
+from pytest_accelperf.sites import code_site
 
 #: What a compiled case's ``compile_time`` covers (``Run.extra["compile_time_covers"]``).
 COMPILE_TIME_COVERS = (
@@ -126,11 +127,17 @@ def _break_count() -> int:
 
 def break_reason(reason: Any) -> str:
     """A dynamo ``GraphCompileReason`` as one line: the first line of its message and
-    where in the user's code it broke."""
+    where in the user's code it broke, keyed by the code, not its line
+    (:func:`~pytest_accelperf.sites.code_site`)."""
     lines = str(getattr(reason, "reason", reason)).strip().splitlines()
     text = lines[0].strip() if lines else "graph break"
     stack = list(getattr(reason, "user_stack", None) or [])
-    return f"{text} ({where(stack[-1])})" if stack else text
+    if not stack:
+        return text
+    frame = stack[-1]
+    site = code_site(str(getattr(frame, "filename", "?")), getattr(frame, "lineno", None),
+                     str(getattr(frame, "name", "?")))
+    return f"{text} ({site})"
 
 
 def _compilations() -> list[Any]:

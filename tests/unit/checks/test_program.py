@@ -168,7 +168,7 @@ def eager(**overrides: Any) -> dict[str, Any]:
 
 
 def test_a_host_sync_is_a_regression_naming_where_and_one_less_an_improvement() -> None:
-    site = "_local_scalar_dense at train.py:40 in step"
+    site = "_local_scalar_dense at train.py in step: logged = loss.item()"
     now = eager(host_syncs=2, host_sync_sites={site: 2},
                 ops={**eager()["ops"], "_local_scalar_dense[f32]": 2})
     result = check_program(block(now), block(eager()), TOL, comparable=True)
@@ -305,11 +305,11 @@ def test_ab_verdict_names_the_program_change_or_says_the_program_is_the_same() -
     unknown = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0)
     assert "program" not in ab_check("main", unknown, 32, 0.01, 5).detail
     # A torch step's record is diffed by the same function, its new fields included.
-    head = eager(host_syncs=1, host_sync_sites={"nonzero at a.py:3 in f": 1})
+    head = eager(host_syncs=1, host_sync_sites={"nonzero at a.py in f: i = m.nonzero()": 1})
     synced = ABMeasurement(base=base_blocks, head=head_blocks, seconds=1.0,
                            programs={"base": eager(), "head": head})
-    assert "; program: host syncs: 0 → 1 per step (nonzero at a.py:3 in f: 0 → 1)" in ab_check(
-        "main", synced, 32, 0.01, 5).detail
+    assert ("; program: host syncs: 0 → 1 per step (nonzero at a.py in f: i = m.nonzero(): "
+            "0 → 1)") in ab_check("main", synced, 32, 0.01, 5).detail
 
 
 # -- confirmation backs off before re-measuring (issue 15, part 1) ----------------------------

@@ -172,8 +172,10 @@ def test_a_graph_break_is_counted_with_its_reason(compiled: list[Run], broken: R
     assert after["graph_breaks"] >= 1 and after["graphs"] >= 2
     (reason,) = after["break_reasons"]
     assert reason.startswith("Unsupported Tensor.item() call"), reason
-    assert reason.endswith("in forward)"), reason
-    assert "tests/unit/backends/torch/test_program.py:" in reason, reason
+    # Where it broke, by function and source text: not the line, which moves with any
+    # line added above it.
+    assert reason.endswith(" (tests/unit/backends/torch/test_program.py in Net.forward: "
+                           "if self.item_branch and h.abs().mean().item() > 100.0:)"), reason
     found = {c.name: (c.baseline, c.now) for c in changes(before, after, 0.0)}
     assert found["graph_breaks"] == (0, after["graph_breaks"])
     assert f"graph breaks: 0 → 1 per step ({reason})" in describe_changes(before, after, 0.0)
