@@ -75,6 +75,9 @@ class Environment(_Strict):
     cpu_isa: str | None = None
     python: str | None = None
     packages: dict[str, JsonValue] | None = None
+    #: The accelerator's libraries (libtpu, CUDA runtime, cuDNN, NCCL, the driver, ...):
+    #: absent from baselines recorded before they were fingerprinted.
+    libraries: dict[str, JsonValue] | None = None
 
 
 class StepSession(_Strict):

@@ -45,7 +45,8 @@ METRIC = "throughput"
 @dataclass(frozen=True)
 class Evaluated:
     """A run with its checks, before it is judged, recorded and gated. ``diffs``: how
-    the environment differs from the baseline's (throughput then is ``incomparable``)."""
+    the machine differs from the baseline's (throughput then is ``incomparable``);
+    ``stack``: how the stack does (an upgrade: judged, and named by every verdict)."""
 
     run: Run
     block: Block
@@ -53,6 +54,7 @@ class Evaluated:
     checks: tuple[CheckResult, ...]
     diffs: tuple[str, ...] = ()
     state: Any = None  # the backend's final state of the training, when it returns one
+    stack: tuple[str, ...] = ()
     #: What :class:`Recording` did before this run was recorded ("" when nothing).
     recording_note: str = ""
 

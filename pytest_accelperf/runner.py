@@ -48,7 +48,7 @@ from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.explain import EXPLAIN_KEY, NOT_RETRAINED, Explanation, explain, skipped
-from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
+from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences, stack_changes
 from pytest_accelperf.hangs import HostLockError
 from pytest_accelperf.judge import (
     RECORDING_WINDOWS,
@@ -487,20 +487,25 @@ class CaseRunner:
         block = summarize(run)
         baseline = self._stored_baseline(run)
         known = session.backends().packages()
-        diffs = tuple(differences(run.environment, baseline["environment"], self.spec,
+        base_env = baseline["environment"] if baseline else {}
+        diffs = tuple(differences(run.environment, base_env, self.spec,
                                   known=known) if baseline else [])
-        program_diffs = tuple(differences(run.environment, baseline["environment"], self.spec,
+        program_diffs = tuple(differences(run.environment, base_env, self.spec,
                                           known=known, keys=PROGRAM_KEYS) if baseline else [])
+        # The stack (an upgrade) is a change under test, judged and named, when the machine
+        # is the same; on another machine nothing timed is compared anyway.
+        stack = tuple(stack_changes(run.environment, base_env, self.spec, known=known)
+                      if baseline and not diffs else [])
         tol = self._tolerances()
         checks = run_checks(run, block, baseline, tol, differences=diffs,
-                            program_differences=program_diffs,
+                            program_differences=program_diffs, stack=stack,
                             reference_params=result.reference_params, params=result.params,
                             loss_either_way=self.settings.loss_either_way,
                             max_foreign_load=self.settings.max_foreign_load)
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
                 run=run, block=block.to_json(), baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
-        return Evaluated(run, block, baseline, tuple(checks), diffs,
+        return Evaluated(run, block, baseline, tuple(checks), diffs, stack=stack,
                          state=getattr(result, "state", None))
 
     def _stored_baseline(self, run: Run) -> dict[str, Any] | None:

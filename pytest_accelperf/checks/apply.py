@@ -5,13 +5,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pytest_accelperf import summary
 from pytest_accelperf.block import BlockLike, read_block
-from pytest_accelperf.checks.base import CheckResult, Tolerances
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.protocol import CheckInput
 from pytest_accelperf.checks.table import checks
+from pytest_accelperf.fingerprint import stack_words
 from pytest_accelperf.run import Run
 from pytest_accelperf.schema import block_model
 
@@ -19,6 +21,7 @@ from pytest_accelperf.schema import block_model
 def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
                tol: Tolerances, *, comparable: bool = True, differences: Sequence[str] = (),
                program_differences: Sequence[str] | None = None,
+               stack: Sequence[str] = (),
                reference_params: Mapping[str, Any] | None = None,
                params: Mapping[str, Any] | None = None,
                loss_either_way: bool = False,
@@ -35,6 +38,10 @@ def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
     ``program_differences`` (default: ``differences``) are those that make the program
     incomparable (:data:`pytest_accelperf.fingerprint.PROGRAM_KEYS`): another host CPU
     runs the same program.
+    ``stack``: how the stack differs from the baseline's
+    (:func:`pytest_accelperf.fingerprint.stack_changes`): every check judges the run all
+    the same, and each verdict against the baseline names it in its detail and its data
+    (``stack: jax 0.8.3 → 0.10.2``).
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;
     with a reference the ``reference`` check runs, baseline or not. ``loss_either_way``:
     a loss below its band fails too (``--accelperf-loss-either-way``).
@@ -50,6 +57,23 @@ def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
         comparable=comparable and not differences,
         program_comparable=comparable and not (
             differences if program_differences is None else program_differences),
-        differences=tuple(differences), params=params, reference_params=reference_params,
-        loss_either_way=loss_either_way, max_foreign_load=max_foreign_load)
-    return [result for check in checks() for result in check.check(given)]
+        differences=tuple(differences), stack=tuple(stack), params=params,
+        reference_params=reference_params, loss_either_way=loss_either_way,
+        max_foreign_load=max_foreign_load)
+    results = [result for check in checks() for result in check.check(given)]
+    return [named_stack(r, stack) for r in results] if stack else results
+
+
+#: Verdicts that compared the run with a baseline, and so name a stack change.
+_COMPARED = (Verdict.PASS, Verdict.REGRESSION, Verdict.IMPROVEMENT, Verdict.INCONCLUSIVE)
+
+
+def named_stack(result: CheckResult, stack: Sequence[str]) -> CheckResult:
+    """``result`` naming the stack change it was judged across, in its detail and as
+    ``data["stack"]`` (a verdict against a baseline; ``new`` and ``incomparable`` compared
+    nothing)."""
+    if not stack or result.verdict not in _COMPARED or "stack" in result.data:
+        return result
+    words = stack_words(stack)
+    detail = f"{result.detail}; {words}" if result.detail else words
+    return replace(result, detail=detail, data={**result.data, "stack": list(stack)})

@@ -32,13 +32,14 @@ are compared only in the environment the baseline was recorded in.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_accelperf.block import Block, BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
-from pytest_accelperf.checks.throughput import spread
+from pytest_accelperf.checks.throughput import across_stacks, spread
 from pytest_accelperf.run import Run
 from pytest_accelperf.units import fmt_signed_percent, fmt_tolerance, round_sig
 
@@ -58,11 +59,13 @@ def _probe(block: Block) -> tuple[str, list[float]]:
 def check_compile_time(block: BlockLike, baseline: BlockLike | None,
                        tol: Tolerances, *, comparable: bool,
                        compile_load: dict[str, Any] | None = None,
-                       max_foreign_load: float | None = None) -> CheckResult | None:
+                       max_foreign_load: float | None = None,
+                       stack: Sequence[str] = ()) -> CheckResult | None:
     """``block``'s compile time against ``baseline``'s; None when this run compiled nothing
     it timed. ``compile_load`` is what other processes used while this run compiled
     (:meth:`~pytest_accelperf.contention.Load.to_json`); past ``max_foreign_load`` cores a
-    change is not judged."""
+    change is not judged. Across a ``stack`` change the probe does not correct it (it runs
+    on the stack under test, :func:`~pytest_accelperf.checks.throughput.across_stacks`)."""
     block, baseline = read_block(block), read_block(baseline)
     now: Any = block.compile_time
     if not isinstance(now, int | float) or now <= 0:
@@ -83,7 +86,10 @@ def check_compile_time(block: BlockLike, baseline: BlockLike | None,
     ratio, how = now / base, "raw"
     (now_kind, now_probe), (base_kind, base_probe) = _probe(block), _probe(baseline)
     unsteady = max(spread(now_probe), spread(base_probe)) if now_probe and base_probe else 0.0
-    if now_kind and now_kind == base_kind and now_probe and base_probe and \
+    if now_kind and now_kind == base_kind and now_probe and base_probe and stack:
+        how = across_stacks(now_kind, stack).removeprefix("drift correction off: ")
+        how = f"uncorrected: {how}"
+    elif now_kind and now_kind == base_kind and now_probe and base_probe and \
             unsteady <= tol.max_probe_spread:
         machine = statistics.median(now_probe) / statistics.median(base_probe)
         ratio, how = ratio / machine, f"corrected for a machine {machine:.2f}x the baseline's"
@@ -132,7 +138,8 @@ class CompileCheck(BaseCheck):
         return one(check_compile_time(given.block, given.baseline, given.tol,
                                       comparable=given.comparable,
                                       compile_load=given.run.extra.get("compile_load"),
-                                      max_foreign_load=given.max_foreign_load))
+                                      max_foreign_load=given.max_foreign_load,
+                                      stack=given.stack))
 
     def record(self, run: Run) -> dict[str, Any]:
         """``compile_time``, where the run timed a compile."""

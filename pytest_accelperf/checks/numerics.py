@@ -692,7 +692,7 @@ class NumericsCheck(BaseCheck):
         if not given.stepped:
             return ()
         return one(check_numerics(given.block, given.baseline, given.tol,
-                                  same_environment=given.comparable))
+                                  same_environment=given.comparable and not given.stack))
 
     def record(self, run: Run) -> dict[str, Any]:
         """``numerics``: the run's per-leaf fingerprint (the store keeps its compact

@@ -57,6 +57,11 @@ class CheckInput:
     ``comparable``: the baseline was recorded in this environment, so timings are compared
     (``differences`` say how it differs, in words, when it is not). ``program_comparable``:
     the same for the compiled program (another host CPU runs the same program).
+    ``stack``: how the stack (Python, framework packages, accelerator libraries) differs
+    from the baseline's, in words (:func:`pytest_accelperf.fingerprint.stack_changes`); a
+    stack change is judged like any other change, never ``incomparable``, but what depends
+    on the stack's own arithmetic or speed says so (numerics at the cross-environment
+    tolerance; no drift correction by a probe that runs on the stack under test).
     ``params``/``reference_params``: flat ``{path: array}`` final parameters of the run and
     of its single-device reference (None: no reference). ``loss_either_way``:
     ``--accelperf-loss-either-way``. ``max_foreign_load``: ``--accelperf-max-foreign-load``.
@@ -69,6 +74,7 @@ class CheckInput:
     comparable: bool = True
     program_comparable: bool = True
     differences: tuple[str, ...] = ()
+    stack: tuple[str, ...] = ()
     params: Mapping[str, Any] | None = None
     reference_params: Mapping[str, Any] | None = None
     loss_either_way: bool = False

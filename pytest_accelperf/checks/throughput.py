@@ -138,16 +138,28 @@ def _probe_samples(block: Block) -> list[float]:
     return [float(t) for t in (block.probe.samples if block.probe else None) or []]
 
 
-def _probes(run: Run, baseline: Block, bound: float = MAX_PROBE_SPREAD
-            ) -> tuple[tuple[list[float], list[float]] | None, str]:
+def across_stacks(kind: str, stack: Sequence[str]) -> str:
+    """Why a drift probe does not correct a comparison across a stack change: it runs in the
+    framework under test, so an upgrade moves it with the step and would cancel the very
+    change being judged."""
+    return (f"drift correction off: the {kind} probe runs on the stack that changed "
+            f"({', '.join(stack)}) and would move with the step, cancelling the change "
+            f"under test; raw step times compared")
+
+
+def _probes(run: Run, baseline: Block, bound: float = MAX_PROBE_SPREAD,
+            stack: Sequence[str] = ()) -> tuple[tuple[list[float], list[float]] | None, str]:
     """Both runs' probe times when they timed the same, steady probe; else None and, in
     words for the detail, why raw step times are compared instead. An unsteady probe
     (IQR over median past ``bound``) turns the correction off and nothing else: the raw
-    step times are judged as they are."""
+    step times are judged as they are. Across a ``stack`` change no probe corrects: the
+    probe is a matmul in the framework under test (:func:`across_stacks`)."""
     base_probe = _probe_samples(baseline)
     kind = baseline.probe.kind if baseline.probe else None
     if not run.probe_kind or kind != run.probe_kind or not run.probe_times or not base_probe:
         return None, "raw step times: the baseline has no matching probe"
+    if stack:
+        return None, across_stacks(run.probe_kind, stack)
     now_spread, base_spread = spread(list(run.probe_times)), spread(base_probe)
     if now_spread > bound:
         return None, (f"drift correction off: this run's {run.probe_kind} probe varied by "
@@ -314,9 +326,12 @@ def describe(est: RatioEstimate, verdict: Verdict, tolerance: float) -> str:
 
 def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
                      tol: Tolerances, *, comparable: bool = True,
-                     differences: Sequence[str] = (),
+                     differences: Sequence[str] = (), stack: Sequence[str] = (),
                      max_foreign_load: float | None = None) -> CheckResult | None:
     """Step times of ``run`` against ``baseline["step_time"]["samples"]``.
+
+    ``stack``: how the stack differs from the baseline's (an upgrade): judged all the same,
+    with raw step times (no drift probe corrects across it, :func:`across_stacks`).
 
     None when the run measured no step times and there is nothing stored to compare with.
     ``differences`` (how the environments differ, in words) makes the run not comparable,
@@ -357,7 +372,7 @@ def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
         return replace(result, verdict=Verdict.INCOMPARABLE, detail=(
             f"the baseline took {base_batch} samples per step, this run "
             f"{run.samples_per_step}; re-record with --accelperf-update"))
-    pair, why_raw = _probes(run, baseline)
+    pair, why_raw = _probes(run, baseline, stack=stack)
     try:
         est = step_time_ratio(run.step_times, base_samples, probes=pair)
     except ValueError as exc:
@@ -457,7 +472,7 @@ class ThroughputCheck(BaseCheck):
             return ()
         return one(check_throughput(given.run, given.block, given.baseline, given.tol,
                                     comparable=given.comparable,
-                                    differences=given.differences,
+                                    differences=given.differences, stack=given.stack,
                                     max_foreign_load=given.max_foreign_load))
 
     def record(self, run: Run) -> dict[str, Any]:

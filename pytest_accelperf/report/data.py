@@ -129,6 +129,27 @@ class SessionReport:
         """The cases whose baseline this session stored marked noisy."""
         return [r for r in self.sorted_records() if r.recorded_noisy]
 
+    def stacks(self) -> list[tuple[tuple[str, ...], int]]:
+        """The stack changes the session's cases were judged across (an upgrade, as their
+        checks' ``data["stack"]`` say) and how many cases each: ``[(("jax 0.8.3 →
+        0.10.2", ...), 12)]``, the commonest first; empty when every baseline was recorded
+        on this stack."""
+        counter: Counter[tuple[str, ...]] = Counter()
+        for record in self.records:
+            found = next((c.data["stack"] for c in record.checks
+                          if isinstance(c.data.get("stack"), list)), None)
+            if found:
+                counter[tuple(str(x) for x in found)] += 1
+        return counter.most_common()
+
+    def stack_lines(self) -> list[str]:
+        """One line per stack change (:meth:`stacks`): ``stack: jax 0.8.3 → 0.10.2,
+        jaxlib 0.8.3 → 0.10.2 (against the baselines of 3 cases; judged, not
+        incomparable)``."""
+        return [f"stack: {', '.join(changes)} (against the baselines of {n} "
+                f"case{'s' if n != 1 else ''}; judged, not incomparable)"
+                for changes, n in self.stacks()]
+
     def suite(self) -> SuiteVerdict:
         """The session as one verdict (:mod:`pytest_accelperf.family`), over
         :meth:`sorted_records`: its positions are those of the report's cases."""

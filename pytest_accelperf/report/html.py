@@ -266,6 +266,7 @@ def html_report(report: SessionReport, *, history: list[dict[str, Any]] | None =
             f'<span class="v-{escape(v)}">{n} {escape(v)}</span>'
             for v, n in counts.items() if n) + "</div>",
     ]
+    body += [f'<p class="sub"><b>{escape(line)}</b></p>' for line in report.stack_lines()]
     body += [f'<p class="error">session error: {escape(e)}</p>' for e in report.errors]
     body += [f'<p class="error">recorded noisy: <code>{escape(case_name(r))}</code>: '
              f"{escape(r.recorded_noisy)}; stored marked noisy, its throughput inconclusive "

@@ -158,6 +158,8 @@ def markdown(report: SessionReport, *, title: str = "accelperf",
     e.g. ``accelperf baselines accept accelperf.json --case PATTERN``.
     """
     lines = [f"## {title}", "", headline(report), ""]
+    lines += [*(f"**{line}**" for line in report.stack_lines()),
+              ""] if report.stacks() else []
     if report.records:
         lines += [f"Suite: {suite_text(report.suite())}", ""]
     regression_rows = _checks_with(report, (Verdict.REGRESSION,))

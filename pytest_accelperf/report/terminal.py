@@ -98,6 +98,7 @@ def table_lines(report: SessionReport) -> list[str]:
     lines.append(f"accelperf: suite: {suite_text(report.suite())}")
     lines.append(f"accelperf: {len(report.records)} case(s) on {report.platform}: "
                  f"{count_text(report)}")
+    lines.extend(f"accelperf: {line}" for line in report.stack_lines())
     for path in report.written:
         lines.append(f"accelperf: baselines written to {path}")
     lines.extend(session_lines(report))
