@@ -381,7 +381,7 @@ def no_gpu_message(jax_error: str | None = None, cuda: Any = None,
     ``nvidia-smi`` and ``CUDA_VISIBLE_DEVICES``.
 
     >>> no_gpu_message(None, None, {"CUDA_VISIBLE_DEVICES": ""})[:80]
-    '--accel=gpu: no GPU is visible to this process; looked for: jax (not installed), t'
+    '--accel=gpu: no GPU is visible to this process; looked for: jax (not installed),'
     """
     env = os.environ if environ is None else environ
     if jax_error is None:

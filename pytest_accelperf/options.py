@@ -208,7 +208,7 @@ OPTIONS: tuple[Option, ...] = (
            "tolerance, until this budget. Default: 20.", "float", 20.0),
     Option("compare_prepare_timeout", "--accelperf-compare-prepare-timeout", "seconds an A/B "
            "worker may take to start and connect, and then to build, compile and warm up a "
-           "case's step (a case trained in ranks: 90 % of it for its rank group); a worker "
+           "case's step (a case trained in ranks: nine tenths of it for its rank group); a worker "
            "past it is stopped and the case fails naming the worker (arm, pair, pid), the "
            "revision and the end of its output; the next case starts a new worker in its "
            "place. Default: 600.", "float", 600.0),
