@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import subprocess
 import sys
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -304,6 +305,8 @@ def provision(accel: str, cpu_devices: int, platform_override: str | None = None
     try:
         devices = jax.devices(platform_name)
     except RuntimeError as exc:
+        if accel == "gpu":
+            raise AcceleratorUnavailable(no_gpu_message(jax_error=str(exc))) from None
         hint = {
             "gpu": "install jax[cuda12] on a machine with an NVIDIA GPU",
             "tpu": "install jax[tpu] on a TPU VM",
@@ -357,12 +360,61 @@ def provision_without_jax(accel: str, cpu_devices: int,
                            device_count=count, memory_capacity=capacity,
                            peak_flops=peak_flops(kind))
     if accel == "gpu":
-        raise AcceleratorUnavailable(
-            "--accel=gpu: neither jax nor torch sees a CUDA device: install a CUDA build of "
-            "torch (or jax[cuda12]) on a machine with an NVIDIA GPU, or pass --accel=cpu")
+        raise AcceleratorUnavailable(no_gpu_message(cuda=cuda))
     raise AcceleratorUnavailable(
         f"--accel={accel}: its devices are found through jax, which is not installed: "
         f"pip install 'pytest-accelperf[jax]' (jax-neuronx for neuron, jax[tpu] for tpu)")
+
+
+def _jax_platforms(jax_error: str) -> str:
+    """The platforms jax named in its error (``Platforms present are: cpu``), or ''."""
+    found = re.search(r"[Pp]latforms present are: ([\w, ]+)", jax_error)
+    return found.group(1).strip() if found else ""
+
+
+def no_gpu_message(jax_error: str | None = None, cuda: Any = None,
+                   environ: Mapping[str, str] | None = None) -> str:
+    """One line for ``--accel=gpu`` where no GPU is visible, naming each place that was
+    looked at and what it showed: jax's gpu platform (``jax_error``: what
+    ``jax.devices("gpu")`` raised; None: jax is not installed), torch's CUDA devices
+    (``cuda``: ``torch.cuda``, None where torch is not installed), the NVIDIA device files,
+    ``nvidia-smi`` and ``CUDA_VISIBLE_DEVICES``.
+
+    >>> no_gpu_message(None, None, {"CUDA_VISIBLE_DEVICES": ""})[:80]
+    '--accel=gpu: no GPU is visible to this process; looked for: jax (not installed),'
+    """
+    env = os.environ if environ is None else environ
+    if jax_error is None:
+        jax_part = "jax (not installed)"
+    else:
+        platforms = _jax_platforms(jax_error)
+        plugin = any(importlib.util.find_spec(name) is not None
+                     for name in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+        jax_part = (f"jax's gpu platform (none; jax has {platforms or 'other platforms'}"
+                    f"{'' if plugin else ', no jax CUDA plugin installed'})")
+    if cuda is None and importlib.util.find_spec("torch") is not None:
+        cuda = _torch_cuda()
+    if cuda is None:
+        torch_part = "torch's CUDA devices (torch not installed)"
+    else:
+        import torch
+
+        built = torch.version.cuda
+        if not built:
+            torch_part = (f"torch's CUDA devices (none: torch {torch.__version__} is built "
+                          f"without CUDA)")
+        else:
+            torch_part = f"torch's CUDA devices (none: torch built for CUDA {built})"
+    nodes = sorted(p for p in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", p)) \
+        if os.path.isdir("/dev") else []
+    smi = shutil.which("nvidia-smi")
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    visible_part = ("CUDA_VISIBLE_DEVICES (unset)" if visible is None
+                    else f"CUDA_VISIBLE_DEVICES={visible!r}")
+    return (f"--accel=gpu: no GPU is visible to this process; looked for: {jax_part}, "
+            f"{torch_part}, /dev/nvidia* ({', '.join(nodes) or 'none'}), nvidia-smi "
+            f"({smi or 'not on PATH'}), {visible_part}; on a machine with an NVIDIA GPU "
+            f"install jax[cuda12] or a CUDA build of torch, or pass --accel=cpu")
 
 
 def _torch_cuda() -> Any:

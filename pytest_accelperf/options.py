@@ -206,6 +206,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("compare_budget", "--accelperf-compare-budget", "seconds of A/B measurement per "
            "case: rounds continue past the fewest while the interval is wider than half the "
            "tolerance, until this budget. Default: 20.", "float", 20.0),
+    Option("compare_prepare_timeout", "--accelperf-compare-prepare-timeout", "seconds an A/B "
+           "worker may take to start and connect, and then to build, compile and warm up a "
+           "case's step (a case trained in ranks: nine tenths of it for its rank group); a worker "
+           "past it is stopped and the case fails naming the worker (arm, pair, pid), the "
+           "revision and the end of its output; the next case starts a new worker in its "
+           "place. Default: 600.", "float", 600.0),
     Option("max_foreign_load", "--accelperf-max-foreign-load", "cores of CPU time that other "
            "processes may use on average while a case's steps are measured (read from "
            "/proc: all CPUs' busy time less that of this session's processes, its ranks and "
@@ -352,6 +358,7 @@ class Settings:
     compare_block: int = 5
     compare_budget: float = 20.0
     compare_processes: int = 0
+    compare_prepare_timeout: float = 600.0
     max_foreign_load: float = 0.25
     add_session: bool = False
     loss_either_way: bool = False
@@ -430,11 +437,22 @@ class Settings:
             compare_block=int(values["compare_block"]),
             compare_budget=float(values["compare_budget"]),
             compare_processes=int(values["compare_processes"]),
+            compare_prepare_timeout=_positive(values["compare_prepare_timeout"],
+                                              "--accelperf-compare-prepare-timeout"),
             max_foreign_load=float(values["max_foreign_load"]),
             host_lock_timeout=float(values["host_lock_timeout"]) or None,
             explain_dir=_explain_dir(values, getoption, rootdir, invocation_dir),
             explain_max_bytes=int(float(values["explain_max_mb"]) * 1_000_000),
         )
+
+
+def _positive(value: Any, flag: str) -> float:
+    """``value`` as a number of seconds above 0, or a usage error naming ``flag``."""
+    seconds = float(value)
+    if not seconds > 0 or seconds == float("inf"):
+        raise pytest.UsageError(f"{flag}={value:g}: expected a number of seconds above 0 "
+                                f"(every wait of A/B mode's prepare has a deadline)")
+    return seconds
 
 
 def _check_target_combination(values: Mapping[str, Any]) -> None:

@@ -82,6 +82,15 @@ def pytest_configure(config: pytest.Config) -> None:
     except UserError as exc:  # pytest prints a usage error as one line, exit status 4
         raise pytest.UsageError(render(exc)) from None
     prepare_environment(settings.accel, settings.cpu_devices)
+    if settings.compare:
+        # The pytest process trains each case once before its A/B workers prepare it, on
+        # the same device: JAX's default of taking 75 % of its memory here would leave the
+        # workers a quarter of it between them. The controller allocates as it goes too
+        # (not its inductor pool: it compiles alone).
+        from pytest_accelperf.ab.arms import shared_device_env
+
+        for key, value in shared_device_env(settings.accel, os.environ).items():
+            os.environ.setdefault(key, value)
     # What this session starts (ranks, a local Ray cluster) is its own work, not another
     # job's, when a measurement reads the machine's load (each xdist worker its own tree).
     os.environ[ROOT_ENV] = str(os.getpid())

@@ -46,6 +46,12 @@ from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
+from pytest_accelperf.device_errors import (
+    DeviceError,
+    broken_context_message,
+    classify,
+    release_device_memory,
+)
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.explain import EXPLAIN_KEY, NOT_RETRAINED, Explanation, explain, skipped
 from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences, stack_changes
@@ -206,6 +212,14 @@ class CaseRunner:
             pytest.fail(f"{INJECT_ENV} is set: a baseline recorded with an injected "
                         f"slowdown would be wrong; unset it to run --accelperf-update",
                         pytrace=False)
+        broken = self._session.broken_device
+        if broken is not None and route(self.spec, self.case, cluster=bool(
+                self.settings.cluster)) == "in-process":
+            run = Run(case_id=self.case.id, outcome="error",
+                      message=broken_context_message(*broken),
+                      environment=self._session.environment)
+            self._fail(run, run.message, message=f"{self._item.nodeid} ({self.case.id}): "
+                                                 f"{run.message}")
         found = self.search_max_batch(max_batch) if max_batch is not None else None
 
         first = self._train_once(task, found)
@@ -221,6 +235,24 @@ class CaseRunner:
 
         judged = self._judged(self._judge(remeasure), evaluated)
         return self._finish(self._explained(judged, task))
+
+    def _device_failed(self, run: Run, device: DeviceError) -> NoReturn:
+        """A device error in a step (:mod:`pytest_accelperf.device_errors`): the case fails
+        with the device's message and its id. An out-of-memory's memory is given back for
+        the next case; a sticky CUDA error marks this process's context broken, and its
+        later in-process cases fail at once naming this one (:meth:`train`)."""
+        __tracebackhide__ = True
+        if device.sticky:
+            self._session.broken_device = (self.case.id, device)
+        else:
+            release_device_memory()
+        where = self.accelerator.device_kind
+        what = ("a CUDA error that breaks the process's device context" if device.sticky
+                else "out of device memory")
+        run = replace(run, message=device.message)
+        self._fail(run, device.message, chained=False,
+                   message=f"{self._item.nodeid} ({self.case.id}): {what} on {where}: "
+                           f"{device.message}")
 
     def _explained(self, ev: Evaluated, task: Any) -> Evaluated:
         """``ev`` with a profiler trace of a few more steps attached when it regressed
@@ -435,6 +467,9 @@ class CaseRunner:
             if isinstance(exc, UserError):  # the user's to fix: one line, no frame of ours
                 self._fail(run, run.message, message=f"{self._item.nodeid}: {render(exc)}",
                            chained=False)
+            device = classify(exc)
+            if device is not None:  # the device's message and the case, no frame of ours
+                self._device_failed(run, device)
             self._fail(run, run.message, reraise=exc)
         if found is not None:
             result.run.max_batch = found.to_json()

@@ -25,6 +25,7 @@ from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.registry import BackendRegistry
 from pytest_accelperf.baselines import BaselineError, BaselineStore
 from pytest_accelperf.checks.scaling import ScalingCollector
+from pytest_accelperf.device_errors import DeviceError
 from pytest_accelperf.hangs import host_lock
 from pytest_accelperf.options import Settings
 from pytest_accelperf.report.data import SessionReport
@@ -48,6 +49,9 @@ class AccelperfSession:
     #: Ends the process after a case got stuck where it cannot be interrupted (set by the
     #: plugin: writes what was recorded, says why, exits); called from a watchdog thread.
     abort: Callable[[str], None] | None = None
+    #: The case whose CUDA error (a sticky one) broke this process's device context, and
+    #: that error: later in-process cases fail at once (:mod:`pytest_accelperf.device_errors`).
+    broken_device: tuple[str, DeviceError] | None = None
 
     def comparison(self) -> Comparison:
         """The session's A/B setup (``--accelperf-compare``), made on first use."""
@@ -55,7 +59,8 @@ class AccelperfSession:
             s = self.settings
             self._comparison = Comparison(str(s.compare), self.config.rootpath, s.accel,
                                           s.cpu_devices, s.platform,
-                                          processes=s.compare_pairs)
+                                          processes=s.compare_pairs,
+                                          prepare_timeout=s.compare_prepare_timeout)
         return self._comparison
 
     def backends(self) -> BackendRegistry:

@@ -52,8 +52,9 @@ from pytest_accelperf.ab.tree import socket_dir
 from pytest_accelperf.backends.procs.launch import LaunchResult, RankGroup, start_group
 from pytest_accelperf.backends.procs.ranks import BlockControl
 
-#: Seconds a group may take to start, build its engine and warm up (below the controller's
-#: 600 s for a whole ``prepare``, so the worker answers with the reason first).
+#: Seconds a group may take to start, build its engine and warm up, by default (the worker
+#: passes 90 % of ``--accelperf-compare-prepare-timeout``: below the controller's deadline
+#: for a whole ``prepare``, so the worker answers with the reason first).
 PREPARE_S = 540.0
 #: Seconds one block may take (below the controller's 300 s).
 BLOCK_S = 240.0
@@ -91,7 +92,8 @@ class RankGroupStepper:
     this arm's test function built it. Raises :class:`RankGroupError` when the group
     fails to start (nothing is left running)."""
 
-    def __init__(self, trainer: Any, case: Any, task: Any, accel: Any) -> None:
+    def __init__(self, trainer: Any, case: Any, task: Any, accel: Any,
+                 prepare_s: float = PREPARE_S) -> None:
         self._case = case
         self._dir = socket_dir("accelperf-ab-ranks-", "rank999.sock")
         self._conns: list[Connection] = []
@@ -108,7 +110,7 @@ class RankGroupStepper:
                                       workdir=self._dir / "launch", device=job.device,
                                       warm=job.warm,  # blocks go on past a run's steps
                                       env={"PYTHONPATH": os.pathsep.join(paths)})
-            deadline = time.monotonic() + PREPARE_S
+            deadline = time.monotonic() + prepare_s
             self._connect(control, deadline)
             ready = self._gather("ready", deadline, "building the engine and warming up")
             self.program = trainer.block_program(job, ready)
@@ -173,8 +175,11 @@ class RankGroupStepper:
         return [out[r] for r in range(len(self._conns))]
 
     def _receive(self, conn: Connection, deadline: float, doing: str) -> Any:
-        """The next message of a rank; a rank that is gone raises (see :meth:`_check`)."""
+        """The next message of a rank, by ``deadline`` (past it the group is ended); a rank
+        that is gone raises (see :meth:`_check`)."""
         try:
+            while not conn.poll(POLL_S):
+                self._check(deadline, doing)
             return conn.recv()
         except (EOFError, OSError):  # the rank is gone: say how, once the launcher knows
             self._check(time.monotonic() + 10, doing, wait_for_exit=True)

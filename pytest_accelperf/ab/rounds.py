@@ -9,6 +9,7 @@ contention.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import secrets
@@ -61,20 +62,33 @@ class Comparison:
     """The session's A/B setup: the base tree and the two workers (started lazily)."""
 
     def __init__(self, ref: str, rootdir: Path, accel: str, cpu_devices: int,
-                 platform: str | None, processes: int = 1) -> None:
+                 platform: str | None, processes: int = 1,
+                 prepare_timeout: float = PREPARE_TIMEOUT_S) -> None:
         self.ref = ref
         self.root, self.sha = resolve(rootdir, ref)
         self._accel, self._cpu_devices, self._platform = accel, cpu_devices, platform
         #: Worker processes per arm: pair ``j`` is ``_pairs[j]``, one base and one head.
         self.processes = max(1, processes)
+        #: Seconds a worker may take to connect, and then to prepare a case
+        #: (``--accelperf-compare-prepare-timeout``).
+        self.prepare_timeout = prepare_timeout
         self._dir: Path | None = None
         self._pairs: list[dict[str, Arm]] = []
+        #: Each worker's setup, to start another in its place (:meth:`_revive`).
+        self._setups: dict[tuple[int, str], Setup] = {}
+        self._authkey = b""
+        #: Workers started in place of one that died or was stopped, so far.
+        self.restarts = 0
         #: Why the trees or arms could not be set up, once that failed.
         self._failed: str | None = None
 
     @property
     def label(self) -> str:
         return f"{self.ref} ({self.sha[:10]})"
+
+    def revision(self, arm: str) -> str:
+        """What ``arm`` runs, as messages name it."""
+        return self.label if arm == "base" else "the working tree"
 
     def _start(self) -> None:
         """The two trees and arms; a setup that failed (git stuck past its timeout, an arm
@@ -94,8 +108,9 @@ class Comparison:
         self._dir = socket_dir("accelperf-compare-", "socket")
         trees = {"base": extract(self.root, self.sha, self._dir),
                  "head": snapshot(self.root, self._dir)}
-        authkey = secrets.token_bytes(16)
-        listener = Listener(str(self._dir / "socket"), family="AF_UNIX", authkey=authkey)
+        self._authkey = secrets.token_bytes(16)
+        listener = Listener(str(self._dir / "socket"), family="AF_UNIX",
+                            authkey=self._authkey)
         try:
             for j in range(self.processes):
                 pair: dict[str, Arm] = {}
@@ -105,9 +120,40 @@ class Comparison:
                     setup = Setup(arm=arm, tree=str(arm_tree), head_root=str(self.root),
                                   sys_path=moved_path(entries, self.root, arm_tree),
                                   accel=self._accel, cpu_devices=self._cpu_devices,
-                                  platform=self._platform, pair=j)
-                    pair[arm] = start_arm(setup, listener, authkey,
-                                          self._dir / f"{arm}-{j}.log")
+                                  platform=self._platform, pair=j,
+                                  prepare_timeout=self.prepare_timeout)
+                    self._setups[j, arm] = setup
+                    pair[arm] = start_arm(setup, listener, self._authkey,
+                                          self._dir / f"{arm}-{j}.log", self.revision(arm),
+                                          workers=2 * self.processes)
+        finally:
+            listener.close()
+
+    def _revive(self) -> None:
+        """Start a worker in place of each one that is gone: one that died, that did not
+        answer in time (it was killed), or whose device was left broken (a sticky CUDA
+        error: it was stopped). The case that lost it failed with the reason; the next
+        case gets a fresh process, and nothing of the old one's state. A worker that
+        cannot be started fails the comparison as a failed start does."""
+        dead = [(j, name) for j, pair in enumerate(self._pairs) for name, arm in pair.items()
+                if arm.dead]
+        if not dead:
+            return
+        assert self._dir is not None
+        socket = self._dir / f"socket-{self.restarts + 1}"
+        listener = Listener(str(socket), family="AF_UNIX", authkey=self._authkey)
+        try:
+            for j, name in dead:
+                self._pairs[j][name].stop()
+                self.restarts += 1
+                self._pairs[j][name] = start_arm(
+                    self._setups[j, name], listener, self._authkey,
+                    self._dir / f"{name}-{j}.{self.restarts}.log", self.revision(name),
+                    workers=2 * self.processes)
+        except CompareError as exc:
+            self._failed = str(exc)
+            self.close()
+            raise
         finally:
             listener.close()
 
@@ -135,6 +181,8 @@ class Comparison:
             return "unsupported", unsupported(spec), out
         if not self._pairs:
             self._start()
+        else:
+            self._revive()
         key = case.id
         prepared: list[Arm] = []
         try:
@@ -179,8 +227,9 @@ class Comparison:
             return "ready", "", out
         finally:
             for arm in prepared:
-                if arm.proc.poll() is None:
-                    arm.call(60, "drop", key)
+                if not arm.dead:  # one that fails to drop is stopped: the next case
+                    with contextlib.suppress(CompareError):  # starts another
+                        arm.call(60, "drop", key)
 
     def _prepare(self, key: str, rel_file: str, qualname: str, case: Case,
                  spec: BackendSpec, prepared: list[Arm]) -> tuple[str, str]:
@@ -192,8 +241,8 @@ class Comparison:
         __tracebackhide__ = True
         workers = self._workers()
         first = workers[0]
-        status, why = first.call(PREPARE_TIMEOUT_S, "prepare", key, rel_file, qualname, case,
-                                 spec)
+        status, why = first.call(self.prepare_timeout, "prepare", key, rel_file, qualname,
+                                 case, spec)
         prepared.append(first)
         if status != "ready":
             return status, why
@@ -203,7 +252,7 @@ class Comparison:
         answers, errors = [], []
         for arm in rest:  # every answer read, so that no worker is left a reply behind
             try:
-                answers.append(arm.answer(PREPARE_TIMEOUT_S, "prepare"))
+                answers.append(arm.answer(self.prepare_timeout, "prepare"))
                 prepared.append(arm)
             except CompareError as exc:
                 errors.append(exc)

@@ -88,6 +88,14 @@ class Setup:
     #: Which process pair of the comparison this worker belongs to (0, 1, ...); the
     #: worker's environment has it as ``ACCELPERF_AB_PAIR``.
     pair: int = 0
+    #: Seconds the controller waits for a ``prepare`` (``--accelperf-compare-prepare-
+    #: timeout``); a rank group gets :data:`RANKS_SHARE` of it, so that this worker answers
+    #: with the ranks' reason before the controller gives up on it.
+    prepare_timeout: float = 600.0
+
+
+#: The share of the prepare deadline a case's rank group gets to start and warm up.
+RANKS_SHARE = 0.9
 
 
 def _foreign_modules(setup: Setup) -> list[str]:
@@ -183,7 +191,9 @@ class Worker:
             from pytest_accelperf.ab.ranks import RankGroupStepper
 
             _pickle_by_value(target)
-            self.steppers[key] = RankGroupStepper(trainer, case, task, self.accelerator())
+            self.steppers[key] = RankGroupStepper(
+                trainer, case, task, self.accelerator(),
+                prepare_s=RANKS_SHARE * self.setup.prepare_timeout)
             return "ready", ""
         assert backend is not None
         stepper = backend.stepper(case, task, self.accelerator())
@@ -267,8 +277,16 @@ def serve(conn: Connection, worker: Worker) -> None:
         try:
             conn.send(("ok", getattr(worker, op)(*args)))
         except Exception as exc:
+            from pytest_accelperf.device_errors import classify, release_device_memory
+
+            device = classify(exc)
+            broken = device is not None and device.sticky
             conn.send(("error", f"{type(exc).__name__}: {exc}",
-                       "".join(traceback.format_exception(exc))[-4000:]))
+                       "".join(traceback.format_exception(exc))[-4000:], broken))
+            if broken:  # this process's CUDA context is unusable: end it (it is replaced)
+                return
+            if device is not None:
+                release_device_memory()
 
 
 def main() -> None:

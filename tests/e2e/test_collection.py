@@ -110,7 +110,9 @@ def test_absent_accelerator_skips_with_reason(suite: Suite) -> None:
     suite.write()
     result = suite.run("--accel=gpu", "-rs", subprocess=True)
     result.assert_outcomes(skipped=2)
-    result.stdout.fnmatch_lines(["*--accel=gpu: jax sees no gpu devices*or pass --accel=cpu*"])
+    result.stdout.fnmatch_lines(["*--accel=gpu: no GPU is visible to this process; looked "
+                                 "for: jax*torch*nvidia-smi*CUDA_VISIBLE_DEVICES*or pass "
+                                 "--accel=cpu"])
 
 
 def test_cases_need_the_fixture(suite: Suite) -> None:

@@ -1,0 +1,54 @@
+"""benchmarks/device.py (issue 38) runs unchanged on the CPU: every phase writes its
+figures to the results file as it ends, and a GPU that is asked for and absent is one line
+naming what was looked for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("jax")
+pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device.py"
+
+
+def test_a_gpu_that_is_not_there_is_one_line() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--accel=gpu"], capture_output=True,
+                          text=True, timeout=300, check=False)
+    if "no GPU is visible" not in done.stderr:
+        pytest.skip("a GPU is visible here")
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert lines[0].startswith("device.py: --accel=gpu: no GPU is visible to this process; "
+                               "looked for: jax")
+
+
+@pytest.mark.slow
+def test_every_phase_writes_its_figures_on_the_cpu(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--accel=cpu", "--quick",
+                           f"--out={tmp_path}"], capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (path,) = tmp_path.glob("device-cpu-*.json")
+    data = json.loads(path.read_text())
+    assert data["device"] == "cpu" and data["quick"] is True
+    phases = data["phases"]
+    assert sorted(phases) == ["ab", "determinism", "noise", "suites"]
+    for name, figures in phases.items():
+        assert "error" not in figures, (name, figures)
+        assert figures["wall_s"] >= 0 and "load_before" in figures
+    assert set(phases["suites"]["sessions"]) <= {"record", "check"}
+    assert "record" in phases["suites"]["sessions"]
+    for framework in ("jax", "torch"):
+        noise = phases["noise"][framework]
+        assert noise["device_clock"] in ("no device clock on the CPU", None)
+        assert isinstance(noise["per_process"], list)
+    assert phases["ab"]["slowdowns"] == [0.0, 0.05]
+    assert isinstance(phases["ab"]["summary"], list)
+    assert isinstance(phases["determinism"]["cases"], dict)
