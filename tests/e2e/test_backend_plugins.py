@@ -18,7 +18,7 @@ from conftest import NUMPY_SGD, NUMPY_SGD_CONFTEST, Suite, verdicts
 from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends import BACKENDS, BackendSpec, BackendSpecError, get_backend
 from pytest_accelperf.cases import Case
-from pytest_accelperf.fingerprint import differences
+from pytest_accelperf.fingerprint import differences, stack_changes
 from pytest_accelperf.routing import route
 
 #: The conftest: the backend defined in it, registered as an object.
@@ -288,18 +288,20 @@ def test_a_backend_given_as_an_object_is_not_compared_in_ab_mode(tmp_path: Path)
                          "BackendSpec does not declare ab_blocks)")
 
 
-def test_throughput_compares_the_packages_the_backend_declares() -> None:
+def test_the_stack_compares_the_packages_the_backend_declares() -> None:
     now = {"packages": {"numpy": "2.4.6", "torch": "2.13.0", "libfoo": "2"}}
     base = {"packages": {"numpy": "2.4.5", "torch": "2.12.0", "libfoo": "1"}}
     own = BackendSpec("numpy-sgd", module="numpy_sgd", packages=("numpy",))
     # torch is some backend's package, not this one's; libfoo (the environment hook's)
     # always counts
-    assert differences(now, base, own) == ["libfoo: 1 -> 2", "numpy: 2.4.5 -> 2.4.6"]
-    assert differences(now, base, "jax") == ["libfoo: 1 -> 2", "numpy: 2.4.5 -> 2.4.6"]
+    assert stack_changes(now, base, own) == ["libfoo 1 → 2", "numpy 2.4.5 → 2.4.6"]
+    assert stack_changes(now, base, "jax") == ["libfoo 1 → 2", "numpy 2.4.5 → 2.4.6"]
     undeclared = BackendSpec("numpy-sgd", module="numpy_sgd")  # packages=None: all count
-    assert len(differences(now, base, undeclared)) == 3
-    assert differences(now, base, own, known=("numpy",)) == [
-        "libfoo: 1 -> 2", "numpy: 2.4.5 -> 2.4.6", "torch: 2.12.0 -> 2.13.0"]
+    assert len(stack_changes(now, base, undeclared)) == 3
+    assert stack_changes(now, base, own, known=("numpy",)) == [
+        "libfoo 1 → 2", "numpy 2.4.5 → 2.4.6", "torch 2.12.0 → 2.13.0"]
+    # The stack is judged, never incomparable: the machine's differences are none.
+    assert differences(now, base, own) == []
 
 
 def test_the_torch_backend_leaves_world_size_2_to_its_ranks() -> None:

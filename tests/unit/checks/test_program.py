@@ -341,7 +341,7 @@ def test_another_host_cpu_runs_the_same_program_but_not_the_same_step_times() ->
     without it every program check was `incomparable`, the one check that needs no timing.
     The host's CPU makes step times and numerics incomparable, not the program."""
     from pytest_accelperf.checks import run_checks
-    from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences
+    from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences, stack_changes
     from pytest_accelperf.run import Run
 
     base_env = {"platform": "cpu-x8", "host_cpu": "Xeon A", "cpu_isa": "avx2 avx_vnni",
@@ -358,5 +358,14 @@ def test_another_host_cpu_runs_the_same_program_but_not_the_same_step_times() ->
     assert checks["program"].verdict is Verdict.REGRESSION  # FLOPs doubled: still caught
     before = {c.metric: c for c in run_checks(run, None, baseline, TOL, differences=timing)}
     assert before["program"].verdict is Verdict.INCOMPARABLE  # what every CI run saw
-    newer = {**now_env, "packages": {"jax": "0.11.2"}}
-    assert differences(newer, base_env, keys=PROGRAM_KEYS) == ["jax: 0.10.2 -> 0.11.2"]
+    # A newer jax is the stack, not the machine: the program is compared across it
+    # (an upgrade is judged), and the verdict names it.
+    newer = {**base_env, "packages": {"jax": "0.11.2"}}
+    assert differences(newer, base_env, keys=PROGRAM_KEYS) == []
+    assert differences(newer, base_env) == []
+    assert stack_changes(newer, base_env, "jax") == ["jax 0.10.2 → 0.11.2"]
+    upgraded = {c.metric: c for c in run_checks(run, None, baseline, TOL,
+                                                stack=stack_changes(newer, base_env, "jax"))}
+    assert upgraded["program"].verdict is Verdict.REGRESSION
+    assert upgraded["program"].detail.endswith("; stack: jax 0.10.2 → 0.11.2")
+    assert upgraded["program"].data["stack"] == ["jax 0.10.2 → 0.11.2"]
