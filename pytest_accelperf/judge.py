@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
-from pytest_accelperf.ab.verdict import ab_check, new_in_head, not_compared
+from pytest_accelperf.ab.verdict import ab_check, ab_program_check, new_in_head, not_compared
 from pytest_accelperf.backends.protocol import TrainResult
 from pytest_accelperf.block import Block
 from pytest_accelperf.checks.base import CheckResult, Verdict
@@ -61,6 +61,14 @@ class Evaluated:
     @property
     def throughput(self) -> CheckResult | None:
         return next((c for c in self.checks if c.metric == METRIC), None)
+
+    def with_check(self, check: CheckResult) -> Evaluated:
+        """This result with the check of ``check``'s metric replaced by it, in its place
+        (added at the end when it had none)."""
+        if not any(c.metric == check.metric for c in self.checks):
+            return replace(self, checks=(*self.checks, check))
+        return replace(self, checks=tuple(check if c.metric == check.metric else c
+                                          for c in self.checks))
 
     def with_throughput(self, check: CheckResult | None, *, first: bool = False) -> Evaluated:
         """This result with its throughput check replaced by ``check`` (dropped when
@@ -283,7 +291,10 @@ class ABComparison:
             check = new_in_head(comparison.label, why, stored)
         else:
             check = not_compared(comparison.label, why, stored)
-        return evaluated.with_throughput(check, first=True)
+        judged = evaluated.with_throughput(check, first=True)
+        program = (ab_program_check(comparison.label, measured, self.program_tolerance)
+                   if status == "ready" else None)
+        return judged.with_check(program) if program is not None else judged
 
 
 #: What a re-measurement's run contributes besides its step, probe and input times: what

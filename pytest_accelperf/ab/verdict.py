@@ -14,7 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_accelperf.ab.rounds import ABMeasurement
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.contention import contaminated
 from pytest_accelperf.program import describe_changes
 from pytest_accelperf.stats import ProcessSpread, ab_ratio, ab_verdict
@@ -124,3 +125,37 @@ def new_in_head(label: str, why: str, stored: CheckResult | None) -> CheckResult
                        f"with", now=stored.now if stored else None,
                        unit=stored.unit if stored else "samples/s",
                        data={"mode": "ab", "ref": label})
+
+
+PROGRAM_METRIC = "program"
+
+
+def ab_program_check(label: str, measured: ABMeasurement, tolerance: float
+                     ) -> CheckResult | None:
+    """The program check of A/B mode: the head's program against the base arm's own, as
+    each arm's worker compiled or dispatched it, exactly (no timing): more work than the
+    base revision is a ``regression`` that fails the case even where the timing interval
+    cannot resolve it; less, an ``improvement``. None when either arm has no program
+    record (the stored-baseline check stands). An A/B verdict (``data["mode"] == "ab"``):
+    the base revision decides it, no baseline clears it."""
+    base, head = measured.programs.get("base"), measured.programs.get("head")
+    if not base or not head:
+        return None
+    result = check_program({"program": head}, {"program": base},
+                           Tolerances(program_tolerance=tolerance), comparable=True)
+    if result is None:
+        return None
+    data = {**result.data, "mode": "ab", "against": label}
+    if result.verdict is Verdict.REGRESSION:
+        lines = "; ".join(describe_changes(base, head, tolerance))
+        detail = (f"more work than {label}: {lines} (A/B: each revision's own program, "
+                  f"no timing)")
+    elif result.verdict is Verdict.IMPROVEMENT:
+        lines = "; ".join(describe_changes(base, head, tolerance))
+        detail = f"less work than {label}: {lines} (A/B: each revision's own program)"
+    elif result.verdict is Verdict.PASS:
+        detail = result.detail.replace("same program as the baseline",
+                                       f"same program as {label}")
+    else:
+        detail = f"{result.detail} (A/B: against {label}'s program)"
+    return replace(result, detail=detail, data=data)

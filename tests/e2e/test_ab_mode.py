@@ -9,6 +9,7 @@ import subprocess
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import Suite, verdicts
@@ -136,6 +137,34 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> 
     assert f"| `test_step[jax-nomesh-b512]` | A/B | `{diff[0]}` | base | head |" in md, md
 
 
+def _check(suite: Suite, metric: str) -> dict[str, Any]:
+    case = suite.report()["cases"][0]
+    check: dict[str, Any] = next(c for c in case["checks"] if c["metric"] == metric)
+    return check
+
+
+@pytest.mark.slow
+def test_more_work_than_the_base_fails_on_the_program_where_timing_cannot_tell(
+        repo: Suite) -> None:
+    """Issue 37: a widened layer (+13 % FLOPs) compared in A/B mode. The program check
+    compares with the base arm's own program, not the stored baseline (before: `new`, the
+    diff only named inside the throughput detail), so the case fails even where the timing
+    tolerance is far too wide to resolve the change."""
+    model = repo.pytester.path / "model.py"
+    model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 290"))
+    result = repo.run(*FAST, BUDGET, "--accelperf-compare=HEAD", UNBOUNDED,
+                      "--accelperf-compare-tolerance=10", "--accelperf-explain=off",
+                      subprocess=True)
+    result.assert_outcomes(failed=1)
+    assert _throughput(repo)["verdict"] != "regression"
+    program = _check(repo, "program")
+    assert program["verdict"] == "regression", program
+    assert program["data"]["mode"] == "ab" and str(program["data"]["against"]).startswith("HEAD (")
+    assert str(program["detail"]).startswith("more work than HEAD (")
+    assert ": FLOPs +" in str(program["detail"])
+    result.stdout.fnmatch_lines(["*program: more work than HEAD (*): FLOPs +*"])
+
+
 @pytest.mark.slow
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     """A/A at the default contamination bound: beside other tests (``-n 2``) the rounds
@@ -154,6 +183,9 @@ def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
         assert 0.7 < data["ratio"] < 1.4
     assert data["program_diff"] == []
     assert "same program in both revisions" in str(check["detail"])
+    program = _check(repo, "program")  # the base arm's own program, not a stored baseline
+    assert program["verdict"] == "pass" and program["data"]["mode"] == "ab"
+    assert str(program["detail"]).startswith("same program as HEAD (")
 
 
 @pytest.mark.slow
