@@ -265,7 +265,7 @@ class CaseRunner:
         recording pools :data:`~pytest_accelperf.judge.RECORDING_WINDOWS`, a confirmation
         one, as long as the baseline's."""
         settings = self.settings
-        if settings.compare and not settings.update:
+        if settings.ab and not settings.update:
             return ABComparison(
                 comparison=self._session.comparison, rounds=self._ab_rounds,
                 tolerance=settings.compare_tolerance, block=settings.compare_block,
@@ -568,7 +568,7 @@ class CaseRunner:
             if explained:
                 message += f"\nProfiler {explained['note']}"
             pytest.fail(message, pytrace=False)
-        if baseline is None and not self.settings.compare:
+        if baseline is None and not self.settings.ab:
             pytest.fail(no_baseline(nodeid, accept), pytrace=False)
 
     def accept_command(self) -> str:
