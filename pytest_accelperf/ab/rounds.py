@@ -22,6 +22,8 @@ from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement
+
 from pytest_accelperf.ab import CompareError
 from pytest_accelperf.ab.arms import BLOCK_TIMEOUT_S, PREPARE_TIMEOUT_S, Arm, start_arm
 from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir, toplevel
@@ -111,6 +113,9 @@ class Comparison:
         self.base_env = ""
         #: Each arm's stack (:func:`~pytest_accelperf.envs.stack.stack_versions`).
         self.stacks: dict[str, dict[str, str]] = {}
+        #: The packages an environment built for the base revision installed (named in
+        #: the stacks too).
+        self._installed: list[str] = []
 
     @property
     def label(self) -> str:
@@ -168,6 +173,7 @@ class Comparison:
                       f"lacks{notes}: both arms run in this session's environment")
             return None
         env = build_env(change.requirements, over=session_site())
+        self._installed = [Requirement(r).name for r in change.requirements]
         self.base_env = env.describe()
         self._say(f"accelperf: A/B: {differ}: its arm runs in {env.describe()}{notes}")
         return str(env.python)
@@ -202,7 +208,8 @@ class Comparison:
         finally:
             listener.close()
         first = self._pairs[0]
-        self.stacks = {arm: first[arm].call(BLOCK_TIMEOUT_S, "stack") for arm in first}
+        self.stacks = {arm: first[arm].call(BLOCK_TIMEOUT_S, "stack", self._installed)
+                       for arm in first}
 
     def _workers(self) -> list[Arm]:
         """Every worker, the base arm's first in each pair (a pair whose start was cut

@@ -247,11 +247,13 @@ class Worker:
             return captured.task
         raise RuntimeError("the test function returned without calling accelperf.train(task)")
 
-    def stack(self) -> dict[str, str]:
-        """This worker's environment: Python and its framework packages' versions."""
-        from pytest_accelperf.envs.stack import stack_versions
+    def stack(self, extra: list[str] | None = None) -> dict[str, str]:
+        """This worker's environment: Python and its framework packages' versions, and
+        those of the ``extra`` packages (what an environment built for the base revision
+        installed)."""
+        from pytest_accelperf.envs.stack import STACK_PACKAGES, stack_versions
 
-        return stack_versions()
+        return stack_versions([*STACK_PACKAGES, *(extra or [])])
 
     def run(self, key: str, n: int) -> list[float]:
         times: list[float] = self.steppers[key].run(n)

@@ -55,7 +55,7 @@ LOCK_TIMEOUT_S = 3600.0
 #: The plugin's dependencies, where its own metadata cannot be read (a plain checkout).
 _FALLBACK_REQUIREMENTS = ("pytest>=8.0", "numpy>=1.26", "scipy>=1.11", "filelock>=3.12",
                           "tabulate>=0.9", "pydantic>=2.6,<3", "typing_extensions>=4.6",
-                          "ruptures>=1.1.9,<2")
+                          "ruptures>=1.1.9,<2", "packaging>=23")
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,9 @@ def build_env(requirements: Sequence[str], *, over: Sequence[str] | None = None,
               offline: bool = False) -> Env:
     """The environment of ``requirements`` from the cache, built first if it is not there.
 
-    ``over``: the site-packages folders to layer it over (:func:`session_site`), or None
-    for a standalone environment, which also gets the plugin's dependencies. ``python``:
+    ``over``: the site-packages folders to layer it over (:func:`session_site`); None
+    for a standalone environment, which also gets the plugin's dependencies; ``()`` for
+    one of exactly ``requirements``. ``python``:
     the interpreter (default: this session's). ``offline``: uv may not use the network
     (only its cache). An :class:`EnvError` of one line when it cannot be built; then no
     entry is left in the cache.

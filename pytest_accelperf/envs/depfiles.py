@@ -10,10 +10,11 @@ optional dependencies, ``[dependency-groups]``), ``requirements*.txt`` and
 installed.
 
 A requirement of the base that the working tree does not have is needed when it applies
-here: a ``[project]`` dependency or a requirements file's line always (its marker
-permitting), an extra's, a group's or a lock's only when its package is installed in the
-session (an extra nobody installed stays out, as does a lock's package for another
-platform).
+here and the session's environment does not meet it already: a ``[project]`` dependency or
+a requirements file's line always (its marker permitting), an extra's, a group's or a
+lock's only when its package is installed in the session (an extra nobody installed stays
+out, as does a lock's package for another platform). ``jax>=0.6`` against the session's
+jax 0.10.2 needs nothing; ``jax==0.8.3`` needs jax 0.8.3.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion
 
 from pytest_accelperf.git import git
 
@@ -160,12 +162,22 @@ def read_requirements(rel: str, content: bytes) -> Requirements:
     return Requirements()
 
 
-def _installed(requirement: str) -> bool:
+def installed_version(name: str) -> str | None:
+    """The version of the distribution ``name`` installed in this session, or None."""
     try:
-        metadata.version(Requirement(requirement).name)
+        return metadata.version(name)
     except metadata.PackageNotFoundError:
+        return None
+
+
+def _satisfied(requirement: str, version: str | None) -> bool:
+    """Whether the installed ``version`` meets ``requirement`` already."""
+    if version is None:
         return False
-    return True
+    try:
+        return Requirement(requirement).specifier.contains(version, prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 def _applies(requirement: str) -> bool:
@@ -174,11 +186,12 @@ def _applies(requirement: str) -> bool:
 
 
 def dependency_change(base: Mapping[str, bytes], head: Mapping[str, bytes],
-                      installed: Callable[[str], bool] = _installed) -> DependencyChange:
+                      have: Callable[[str], str | None] = installed_version
+                      ) -> DependencyChange:
     """How the base's dependency files (``{path: content}``) differ from the head's, and
     the base's requirements to install over the session's environment for it: those the
-    head's files do not have (``installed`` says whether a requirement's package is in the
-    session)."""
+    head's files do not have and the session does not meet already (``have`` gives the
+    version of a package installed in the session, or None)."""
     out = DependencyChange(files=sorted(p for p in {*base, *head}
                                         if base.get(p) != head.get(p)))
     if not out.files:
@@ -195,11 +208,13 @@ def dependency_change(base: Mapping[str, bytes], head: Mapping[str, bytes],
         if rel not in base:
             continue  # a file only the head has: the session's environment is the head's
         reqs = read_requirements(rel, base[rel])
-        for req in sorted(reqs.always - head_reqs):
-            if _applies(req):
-                wanted[req] = None
-        for req in sorted(reqs.if_installed - head_reqs):
-            if _applies(req) and installed(req):
+        for req, only_installed in [*((r, False) for r in sorted(reqs.always - head_reqs)),
+                                    *((r, True) for r in sorted(reqs.if_installed
+                                                                - head_reqs))]:
+            version = have(Requirement(req).name)
+            if not _applies(req) or (only_installed and version is None):
+                continue
+            if not _satisfied(req, version):
                 wanted[req] = None
     out.requirements = list(wanted)
     return out
