@@ -21,7 +21,7 @@ import pytest
 
 from pytest_accelperf import hookspecs
 from pytest_accelperf.ab.arms import plugin_root
-from pytest_accelperf.ab.tree import RevisionError, resolve
+from pytest_accelperf.ab.tree import RevisionError, resolve, toplevel
 from pytest_accelperf.accel import (
     Accelerator,
     AcceleratorUnavailable,
@@ -123,6 +123,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             try:
                 if settings.compare:  # a bad ref stops here
                     resolve(session.config.rootpath, settings.compare)
+                else:  # the working tree's files are copied as git sees them
+                    toplevel(session.config.rootpath, "--accelperf-compare-python")
                 if settings.compare_python:  # and a Python that cannot run a worker
                     check_python(settings.compare_python, plugin_root())
             except (RevisionError, EnvError) as exc:

@@ -25,7 +25,13 @@ from typing import Any
 from packaging.requirements import Requirement
 
 from pytest_accelperf.ab import CompareError
-from pytest_accelperf.ab.arms import BLOCK_TIMEOUT_S, PREPARE_TIMEOUT_S, Arm, start_arm
+from pytest_accelperf.ab.arms import (
+    BLOCK_TIMEOUT_S,
+    PREPARE_TIMEOUT_S,
+    Arm,
+    plugin_root,
+    start_arm,
+)
 from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir, toplevel
 from pytest_accelperf.ab.worker import Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
@@ -35,7 +41,7 @@ from pytest_accelperf.contention import Contention, Load
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import build_env, session_site
 from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
-from pytest_accelperf.envs.stack import BACKEND_PACKAGES, STACK_PACKAGES, stack_change
+from pytest_accelperf.envs.stack import check_python, stack_change
 from pytest_accelperf.git import GitError
 from pytest_accelperf.stats import ab_ratio
 
@@ -116,12 +122,20 @@ class Comparison:
         #: The packages an environment built for the base revision installed (named in
         #: the stacks too).
         self._installed: list[str] = []
+        #: Per backend, why the base arm's environment cannot train its cases ("": it can).
+        self._checked: dict[str, str] = {}
+
+    def _is_session_python(self) -> bool:
+        """Whether the given interpreter is this session's own (``accelperf bisect`` gives
+        it, to keep every commit's comparison in one environment)."""
+        return self.python is not None and os.path.abspath(self.python) == os.path.abspath(
+            sys.executable)
 
     @property
     def label(self) -> str:
         if self.ref is None:
             return f"the working tree under {self.python}"
-        under = f" under {self.python}" if self.python else ""
+        under = f" under {self.python}" if self.python and not self._is_session_python() else ""
         return f"{self.ref} ({self.sha[:10]}){under}"
 
     def stack_change(self) -> str:
@@ -155,9 +169,11 @@ class Comparison:
         files differ from the working tree's, an environment built for it (the session's
         with the revision's requirements installed over it, cached); else None (this
         session's)."""
-        if self.python is not None:
+        if self.python is not None and not self._is_session_python():
             self.base_env = f"the environment of {self.python}"
             return self.python
+        if self.python is not None:
+            return None  # this session's own: as without the option
         if self.ref is None:
             return None
         try:
@@ -286,18 +302,18 @@ class Comparison:
                     arm.call(60, "drop", key)
 
     def _lacking(self, spec: BackendSpec) -> str:
-        """Why the base arm's environment cannot train a case of ``spec`` (its framework is
-        not installed there), in one line naming the interpreter and the fix; or ``""``."""
-        if self.base_python is None:
+        """Why the base arm's environment cannot train a case of ``spec`` (it cannot import
+        what the backend needs), in one line naming the interpreter and the fix; or
+        ``""``. Asked once per backend."""
+        if self.base_python is None or not spec.requires:
             return ""
-        base = self.stacks.get("base", {})
-        need = [d for d in BACKEND_PACKAGES.get(spec.name, ()) if d not in base
-                and d in STACK_PACKAGES]
-        if not need:
-            return ""
-        return (f"the base arm's Python {self.base_python} lacks {', '.join(need)}, which "
-                f"the {spec.name} cases need: install it into that environment (e.g. "
-                f"{self.base_python} -m pip install {' '.join(need)})")
+        if spec.name not in self._checked:
+            try:
+                check_python(self.base_python, plugin_root(), spec.requires, spec.name)
+                self._checked[spec.name] = ""
+            except EnvError as exc:
+                self._checked[spec.name] = str(exc)
+        return self._checked[spec.name]
 
     def _prepare(self, key: str, rel_file: str, qualname: str, case: Case,
                  spec: BackendSpec, prepared: list[Arm]) -> tuple[str, str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import platform
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
 
 from pytest_accelperf.envs import EnvError
@@ -22,10 +22,6 @@ STACK_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda13-pl
                   "flax", "optax", "torch", "triton", "deepspeed", "ray", "numpy",
                   "nvidia-cudnn-cu12", "nvidia-nccl-cu12", "nvidia-cuda-runtime-cu12",
                   "neuronx-cc", "torch-neuronx")
-#: The distributions each backend's cases need in an A/B worker's environment.
-BACKEND_PACKAGES: Mapping[str, tuple[str, ...]] = {
-    "jax": ("jax", "jaxlib"), "flax": ("jax", "jaxlib", "flax"),
-    "torch": ("torch", "cloudpickle"), "deepspeed": ("torch", "deepspeed", "cloudpickle")}
 #: The plugin's own imports, which every worker needs (module name: distribution).
 PLUGIN_MODULES: Mapping[str, str] = {
     "pytest": "pytest", "numpy": "numpy", "scipy": "scipy", "filelock": "filelock",
@@ -63,7 +59,13 @@ _PROBE = """
 import importlib.metadata as m, importlib.util as u, json, platform, sys
 mods = {mods!r}
 dists = {dists!r}
-missing = [d for mod, d in mods.items() if u.find_spec(mod) is None]
+missing = []
+for mod in mods:
+    try:
+        if u.find_spec(mod) is None:
+            missing.append(mod)
+    except (ImportError, ValueError):
+        missing.append(mod)
 versions = {{}}
 for d in dists:
     try:
@@ -75,13 +77,12 @@ print(json.dumps({{"python": platform.python_version(), "missing": missing,
 """
 
 
-def probe_python(python: str, option: str = "--accelperf-compare-python") -> dict[str, object]:
-    """What the interpreter ``python`` has: its version, which of the plugin's imports it
-    lacks, and the versions of the stack's packages; an :class:`EnvError` naming
-    ``option`` when it does not run."""
-    distributions = sorted({*STACK_PACKAGES, *(d for ds in BACKEND_PACKAGES.values()
-                                               for d in ds)})
-    code = _PROBE.format(mods=dict(PLUGIN_MODULES), dists=distributions)
+def probe_python(python: str, modules: Sequence[str] = (),
+                 option: str = "--accelperf-compare-python") -> dict[str, object]:
+    """What the interpreter ``python`` has: its version, which of the plugin's imports and
+    of ``modules`` it lacks (``missing``), and the versions of the stack's packages; an
+    :class:`EnvError` naming ``option`` when it does not run."""
+    code = _PROBE.format(mods=[*PLUGIN_MODULES, *modules], dists=list(STACK_PACKAGES))
     try:
         proc = subprocess.run([python, "-c", code], capture_output=True, text=True,
                               timeout=120, check=False, stdin=subprocess.DEVNULL)
@@ -98,24 +99,25 @@ def probe_python(python: str, option: str = "--accelperf-compare-python") -> dic
     return data
 
 
-def check_python(python: str, plugin_dir: str, backend: str | None = None,
-                 option: str = "--accelperf-compare-python") -> dict[str, str]:
-    """The stack of the interpreter ``python`` when it can run an A/B worker (for a case of
-    ``backend``, when given): the plugin's dependencies, and the backend's framework.
-    Otherwise an :class:`EnvError` of one line naming the path, what is missing and how to
-    install it."""
-    data = probe_python(python, option)
+def check_python(python: str, plugin_dir: str, modules: Sequence[str] = (),
+                 needed_by: str = "", option: str = "--accelperf-compare-python"
+                 ) -> dict[str, str]:
+    """The stack of the interpreter ``python`` when it can run an A/B worker: it has the
+    plugin's dependencies, and ``modules`` (what the cases of ``needed_by``, a backend,
+    import). Otherwise an :class:`EnvError` of one line naming the path, what is missing
+    and how to install it."""
+    data = probe_python(python, modules, option)
     versions = data.get("versions")
-    assert isinstance(versions, dict)
-    missing = list(data.get("missing") or [])  # type: ignore[call-overload]
-    if missing:
+    missing = data.get("missing")
+    assert isinstance(versions, dict) and isinstance(missing, list)
+    plugin = [PLUGIN_MODULES[m] for m in missing if m in PLUGIN_MODULES]
+    if plugin:
         raise EnvError(f"{option}={python}: lacks the plugin's dependencies "
-                       f"({', '.join(PLUGIN_MODULES[m] for m in missing)}): install the "
-                       f"plugin into it, e.g. {python} -m pip install -e {plugin_dir}")
-    need = [d for d in BACKEND_PACKAGES.get(backend or "", ()) if d not in versions]
-    if need:
-        raise EnvError(f"{option}={python}: lacks {', '.join(need)}, which the {backend} "
-                       f"cases need: install it into that environment, e.g. {python} -m pip "
-                       f"install {' '.join(need)}")
+                       f"({', '.join(plugin)}): install the plugin into it, e.g. {python} -m "
+                       f"pip install -e {plugin_dir}")
+    if missing:
+        raise EnvError(f"{option}={python}: lacks {', '.join(missing)}, which the "
+                       f"{needed_by or 'cases'} cases import: install it into that "
+                       f"environment, e.g. {python} -m pip install {' '.join(missing)}")
     return {"python": str(data.get("python", "")),
-            **{k: str(v) for k, v in versions.items() if k in STACK_PACKAGES}}
+            **{k: str(v) for k, v in versions.items()}}

@@ -132,7 +132,7 @@ def test_two_stacks_are_named_where_they_differ() -> None:
 
 
 def test_the_sessions_own_python_passes_the_check() -> None:
-    stack = check_python(sys.executable, "/plugin", backend="jax")
+    stack = check_python(sys.executable, "/plugin", ["jax", "optax"], "jax")
     assert stack["jax"] and stack["python"] == ".".join(map(str, sys.version_info[:3]))
 
 
@@ -150,16 +150,11 @@ def test_a_python_without_the_plugins_dependencies_is_one_line_naming_it(
     assert message.endswith(f"e.g. {python} -m pip install -e /src/plugin"), message
 
 
-def test_a_python_without_the_cases_framework_is_one_line_naming_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from pytest_accelperf.envs import stack
-
-    monkeypatch.setattr(stack, "probe_python", lambda python, option: {
-        "python": "3.11.7", "missing": [], "versions": {"numpy": "2.4.6"}})
-    with pytest.raises(EnvError, match=r"^--accelperf-compare-python=/py: lacks torch, "
-                                       r"cloudpickle, which the torch cases need: .*"
-                                       r"/py -m pip install torch cloudpickle$"):
-        check_python("/py", "/plugin", backend="torch")
+def test_a_python_without_the_cases_framework_is_one_line_naming_it() -> None:
+    with pytest.raises(EnvError, match=r"^--accelperf-compare-python=\S+: lacks no_such_fw, "
+                                       r"which the jax cases import: .* -m pip install "
+                                       r"no_such_fw$"):
+        check_python(sys.executable, "/plugin", ["jax", "no_such_fw"], "jax")
 
 
 def test_something_that_is_not_python_is_one_line_naming_it() -> None:
