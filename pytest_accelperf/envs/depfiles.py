@@ -58,9 +58,12 @@ def is_dependency_file(rel: str) -> bool:
 
 def files_at(root: Path, sha: str) -> dict[str, bytes]:
     """The dependency files of commit ``sha``: ``{path: content}``."""
-    listed = git(root, "ls-tree", "-r", "--name-only", "-z", sha)
+    listed = git(root, "ls-tree", "--name-only", "-z", sha).split("\0")  # the root only
+    if "requirements" in listed:
+        inner = git(root, "ls-tree", "--name-only", "-z", f"{sha}:requirements")
+        listed += [f"requirements/{name}" for name in inner.split("\0") if name]
     out = {}
-    for rel in filter(None, listed.split("\0")):
+    for rel in filter(None, listed):
         if is_dependency_file(rel):
             out[rel] = git(root, "show", f"{sha}:{rel}").encode() + b"\n"
     return out

@@ -65,9 +65,14 @@ def test_step(accelperf):
     accelperf.train(make_task(accelperf.case))
 '''
 
+#: A short comparison. These tests are about where the arms run and what the verdict names,
+#: not its statistic: one process pair's rounds on a loaded machine can be told apart by the
+#: pair's own offset (an A/A "regression" of a few percent once failed the first test here,
+#: beside another test at load 13), so no tolerance that a false alarm could pass.
 FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=4",
         "--accelperf-compare-processes=1", "--accelperf-compare-budget=1",
-        "--accelperf-max-foreign-load=64", "--accelperf-json=report.json")
+        "--accelperf-compare-tolerance=10", "--accelperf-max-foreign-load=64",
+        "--accelperf-json=report.json")
 
 
 def _git(path: Path, *args: str) -> None:
@@ -125,7 +130,7 @@ def test_the_working_tree_under_another_python_gets_a_verdict_naming_both_stacks
     check = _throughput(repo)
     detail = str(check["detail"])
     assert detail.startswith("A/B ") and f"the working tree under {env.python}" in detail
-    assert check["verdict"] in ("pass", "inconclusive", "regression", "improvement")
+    assert check["verdict"] in ("pass", "inconclusive")
     assert f"stack: optax 0.0.1 → {metadata.version('optax')}" in detail, detail
     data = check["data"]
     assert isinstance(data, dict) and data["stack"]["base"]["optax"] == "0.0.1"
