@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from pytest_accelperf.ab import CompareError
+from pytest_accelperf.ab import CompareError, EnvironmentSetupError
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.tree import node_location
 from pytest_accelperf.accel import Accelerator
@@ -292,7 +292,7 @@ class CaseRunner:
             label = self._session.comparison().label
             self._fail(evaluated.run, str(exc), checks=evaluated.checks,
                        message=f"{self._item.nodeid}: A/B comparison with {label} failed: "
-                               f"{exc}")
+                               f"{exc}", chained=not isinstance(exc, EnvironmentSetupError))
 
     def _ab_rounds(self, comparison: Comparison) -> tuple[str, str, ABMeasurement]:
         """This case's alternating rounds on the base revision and the working tree,

@@ -54,3 +54,8 @@ process starts with no more than the plugin's own modules.
 
 class CompareError(Exception):
     """The comparison cannot be made (a worker died or hung, the base cannot be built)."""
+
+
+class EnvironmentSetupError(CompareError):
+    """The base arm's environment cannot be had (it cannot be built, or lacks what the
+    cases import): the user's to fix, in one line that says it all."""

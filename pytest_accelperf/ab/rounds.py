@@ -24,7 +24,7 @@ from typing import Any
 
 from packaging.requirements import Requirement
 
-from pytest_accelperf.ab import CompareError
+from pytest_accelperf.ab import CompareError, EnvironmentSetupError
 from pytest_accelperf.ab.arms import (
     BLOCK_TIMEOUT_S,
     PREPARE_TIMEOUT_S,
@@ -111,8 +111,10 @@ class Comparison:
         self.processes = max(1, processes)
         self._dir: Path | None = None
         self._pairs: list[dict[str, Arm]] = []
-        #: Why the trees or arms could not be set up, once that failed.
+        #: Why the trees or arms could not be set up, once that failed; and whether it was
+        #: the base arm's environment.
         self._failed: str | None = None
+        self._failed_env = False
         #: The base arm's interpreter once started (None: this session's).
         self.base_python: str | None = None
         #: What the base arm's environment is, in words ("" where it is this session's).
@@ -151,14 +153,15 @@ class Comparison:
         every later case fails at once with its message, instead of waiting as long again.
         Half of it (one arm) is stopped."""
         if self._failed is not None:
-            raise CompareError(f"{self._failed} (found by an earlier case of this session; "
-                               f"not tried again)")
+            kind = EnvironmentSetupError if self._failed_env else CompareError
+            raise kind(f"{self._failed} (found by an earlier case of this session; not "
+                       f"tried again)")
         try:
             self._start_arms()
         except EnvError as exc:
-            self._failed = str(exc)
+            self._failed, self._failed_env = str(exc), True
             self.close()
-            raise CompareError(str(exc)) from None
+            raise EnvironmentSetupError(str(exc)) from None
         except CompareError as exc:
             self._failed = str(exc)
             self.close()
@@ -253,7 +256,7 @@ class Comparison:
             self._start()
         lacking = self._lacking(spec)
         if lacking:
-            raise CompareError(lacking)
+            raise EnvironmentSetupError(lacking)
         key = case.id
         prepared: list[Arm] = []
         try:

@@ -201,3 +201,31 @@ def test_a_revision_with_other_pins_runs_in_an_environment_built_for_it(
                                  f"(tabulate=={old} over *), built cold in *"])
     detail = str(_throughput(repo)["detail"])
     assert f"stack: tabulate {old} → {now}" in detail, detail
+
+
+@pytest.mark.slow
+def test_an_environment_that_cannot_be_built_fails_the_comparison_in_one_line(
+        repo: Suite, tmp_path_factory: pytest.TempPathFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """HEAD pins a release uv cannot have (here: without a network, UV_OFFLINE): the case's
+    comparison fails with uv's words in one line, and the cache keeps no entry."""
+    _uv_or_skip()
+    cache = tmp_path_factory.mktemp("envs")
+    monkeypatch.setenv("ACCELPERF_ENV_CACHE", str(cache))
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path_factory.mktemp("uv-cache")))
+    monkeypatch.setenv("PREFIXES", str(repo.pytester.path / "prefixes.txt"))
+    path = repo.pytester.path
+    (path / "requirements.txt").write_text("tabulate==0.0.99\n")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "pins")
+    (path / "requirements.txt").write_text(f"tabulate=={metadata.version('tabulate')}\n")
+    result = repo.run(*FAST, "--accelperf-compare=HEAD")
+    result.assert_outcomes(failed=1)
+    lines = [line for line in result.outlines if "A/B comparison with HEAD" in line]
+    assert len(lines) == 1, result.outlines
+    assert ": failed: building an environment with tabulate==0.0.99: uv said: " in \
+        lines[0].replace(") failed:", ": failed:"), lines[0]
+    assert "network was disabled" in lines[0]
+    assert "During handling" not in result.stdout.str()
+    assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
