@@ -229,3 +229,16 @@ def test_an_environment_that_cannot_be_built_fails_the_comparison_in_one_line(
     assert "network was disabled" in lines[0]
     assert "During handling" not in result.stdout.str()
     assert [p.name for p in cache.iterdir() if not p.name.endswith(".lock")] == []
+
+
+@pytest.mark.parametrize("other, said", [
+    ("--accelperf-target=tpu-v5e:2x4", "--accelperf-target and --accelperf-compare-python "
+                                       "cannot be combined: A/B mode times two environments*"),
+    ("--accelperf-cluster=local", "--accelperf-compare-python and --accelperf-cluster cannot "
+                                  "be combined*"),
+])
+def test_another_python_and_what_runs_no_ab_step_here_cannot_be_combined(
+        repo: Suite, other: str, said: str) -> None:
+    result = repo.run("--accel=cpu", other, f"--accelperf-compare-python={sys.executable}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {said}"])
