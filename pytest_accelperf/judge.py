@@ -286,7 +286,9 @@ class ABComparison:
         if status == "ready":
             check = ab_check(comparison.label, measured, evaluated.run.samples_per_step,
                              self.tolerance, self.block, max_foreign_load=self.max_foreign_load,
-                             program_tolerance=self.program_tolerance)
+                             program_tolerance=self.program_tolerance,
+                             stack=comparison.stack_change(), stacks=comparison.stacks,
+                             environment=comparison.base_env)
         elif status == "absent":
             check = new_in_head(comparison.label, why, stored)
         else:

@@ -10,6 +10,7 @@ reuse it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
@@ -189,6 +190,13 @@ OPTIONS: tuple[Option, ...] = (
            "taking turns, and gate throughput on their paired ratio; loss, memory and "
            "numerics are still checked against the stored baselines. Default: off.", "str",
            None),
+    Option("compare_python", "--accelperf-compare-python", "A/B mode across environments: "
+           "the base arm runs under this Python interpreter (e.g. .venv-old/bin/python; it "
+           "needs the plugin's dependencies and the cases' framework). Alone, it compares "
+           "the working tree under two environments (an upgrade tried before its pull "
+           "request exists); with --accelperf-compare, that revision under it. Default: the "
+           "session's Python, or, where --accelperf-compare's revision has other dependency "
+           "files, an environment built for it with uv (cached).", "str", None),
     Option("compare_processes", "--accelperf-compare-processes", "worker processes per "
            "revision in A/B mode: the rounds are spread over this many process pairs, and "
            "the interval is over the pairs (two-level: the speed of a process, from its "
@@ -353,6 +361,8 @@ class Settings:
     cluster: str | None = None
     cluster_wait: float = 60.0
     compare: str | None = None
+    #: The base arm's interpreter (``--accelperf-compare-python``), or None.
+    compare_python: str | None = None
     compare_tolerance: float = 0.01
     compare_rounds: int = 10
     compare_block: int = 5
@@ -374,6 +384,12 @@ class Settings:
         """The accelerator the cases are for: ``tpu`` under a compile-only target (its
         compile runs on this host's CPU), else ``accel``."""
         return "tpu" if self.target else self.accel
+
+    @property
+    def ab(self) -> bool:
+        """Whether this is an A/B session: against a revision, another environment, or
+        both."""
+        return bool(self.compare or self.compare_python)
 
     @property
     def compare_pairs(self) -> int:
@@ -402,12 +418,14 @@ class Settings:
             if value is None:
                 value = opt.default
             values[opt.key] = value
-        if values["compare"] and (values["update"] or values["add_session"]):
+        ab = "--accelperf-compare" if values["compare"] else (
+            "--accelperf-compare-python" if values["compare_python"] else None)
+        if ab and (values["update"] or values["add_session"]):
             which = "--accelperf-add-session" if values["add_session"] else "--accelperf-update"
             raise pytest.UsageError(
-                f"{which} and --accelperf-compare cannot be combined: A/B mode measures "
-                f"against a git revision and never stores baselines; record baselines in a "
-                f"run without --accelperf-compare")
+                f"{which} and {ab} cannot be combined: A/B mode measures against a git "
+                f"revision or another environment and never stores baselines; record "
+                f"baselines in a run without {ab}")
         if values["target"]:
             _check_target_combination(values)
         tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
@@ -432,6 +450,8 @@ class Settings:
             cluster=values["cluster"],
             cluster_wait=float(values["cluster_wait"]),
             compare=values["compare"],
+            compare_python=_python_path(values["compare_python"], getoption, rootdir,
+                                        invocation_dir),
             compare_tolerance=float(values["compare_tolerance"]),
             compare_rounds=int(values["compare_rounds"]),
             compare_block=int(values["compare_block"]),
@@ -463,11 +483,37 @@ def _check_target_combination(values: Mapping[str, Any]) -> None:
             f"--accelperf-target={target} compiles on this host's CPU for a TPU that is not "
             f"here; --accel={values['accel']} asks for devices that run: drop one of them")
     for key, what in (("compare", "A/B mode times two revisions"),
+                      ("compare_python", "A/B mode times two environments"),
                       ("cluster", "a Ray cluster trains cases on its workers")):
         if values[key]:
             raise pytest.UsageError(
-                f"--accelperf-target and --accelperf-{key} cannot be combined: {what}, and a "
+                f"--accelperf-target and {BY_KEY[key].flag} cannot be combined: {what}, and a "
                 f"compile-only target runs no step; drop one of them")
+
+def _python_path(value: Any, getoption: Callable[[str], Any], rootdir: Path,
+                 invocation_dir: Path | None) -> str | None:
+    """``--accelperf-compare-python``'s interpreter as an absolute path: a path relative to
+    where pytest was started (a flag) or to the rootdir; a bare name (``python3.12``)
+    looked up on PATH. A UsageError naming the option when there is no such file."""
+    if not value:
+        return None
+    text = str(value)
+    flag = BY_KEY["compare_python"].flag
+    if os.sep not in text and "/" not in text:
+        found = shutil.which(text)
+        if found is None:
+            raise pytest.UsageError(f"{flag}={text}: no such command on PATH; give the "
+                                    f"interpreter's path (e.g. .venv-old/bin/python)")
+        return found
+    base = invocation_dir if getoption(BY_KEY["compare_python"].dest) and invocation_dir \
+        else rootdir
+    path = Path(os.path.abspath(base / os.path.expanduser(text)))
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise pytest.UsageError(f"{flag}={text}: no executable file at {path}; give the "
+                                f"interpreter of the environment to compare with (e.g. "
+                                f".venv-old/bin/python)")
+    return str(path)
+
 
 def _explain_dir(values: Mapping[str, Any], getoption: Callable[[str], Any], rootdir: Path,
                  invocation_dir: Path | None) -> Path | None:

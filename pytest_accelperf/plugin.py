@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from pytest_accelperf import hookspecs
-from pytest_accelperf.ab.tree import RevisionError, resolve
+from pytest_accelperf.ab.arms import plugin_root
+from pytest_accelperf.ab.tree import RevisionError, resolve, toplevel
 from pytest_accelperf.accel import (
     Accelerator,
     AcceleratorUnavailable,
@@ -39,6 +40,8 @@ from pytest_accelperf.checks.protocol import Check
 from pytest_accelperf.checks.table import register, unregister
 from pytest_accelperf.cluster import session as ray_session
 from pytest_accelperf.contention import ROOT_ENV
+from pytest_accelperf.envs import EnvError
+from pytest_accelperf.envs.stack import check_python
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.fingerprint import environment
 from pytest_accelperf.options import Settings, add_options
@@ -119,14 +122,21 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             raise pytest.UsageError(str(exc)) from None
         _register_checks(session.config)
         settings = state.settings
-        if settings.compare:
+        if settings.ab:
             if settings.cluster:
+                flag = ("--accelperf-compare" if settings.compare
+                        else "--accelperf-compare-python")
                 raise pytest.UsageError(
-                    "--accelperf-compare and --accelperf-cluster cannot be combined: A/B mode "
-                    "alternates two revisions on this machine; drop one of them")
+                    f"{flag} and --accelperf-cluster cannot be combined: A/B mode "
+                    f"alternates two arms on this machine; drop one of them")
             try:
-                resolve(session.config.rootpath, settings.compare)  # a bad ref stops here
-            except RevisionError as exc:
+                if settings.compare:  # a bad ref stops here
+                    resolve(session.config.rootpath, settings.compare)
+                else:  # the working tree's files are copied as git sees them
+                    toplevel(session.config.rootpath, "--accelperf-compare-python")
+                if settings.compare_python:  # and a Python that cannot run a worker
+                    check_python(settings.compare_python, plugin_root())
+            except (RevisionError, EnvError) as exc:
                 raise pytest.UsageError(str(exc)) from None
         ray_session.session_start(session.config, settings.cluster, is_worker(session.config))
 

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 import pytest
 
-from pytest_accelperf.ab import CompareError
+from pytest_accelperf.ab import CompareError, EnvironmentSetupError
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.tree import node_location
 from pytest_accelperf.accel import Accelerator
@@ -317,7 +317,7 @@ class CaseRunner:
         recording pools :data:`~pytest_accelperf.judge.RECORDING_WINDOWS`, a confirmation
         one, as long as the baseline's."""
         settings = self.settings
-        if settings.compare and not settings.update:
+        if settings.ab and not settings.update:
             return ABComparison(
                 comparison=self._session.comparison, rounds=self._ab_rounds,
                 tolerance=settings.compare_tolerance, block=settings.compare_block,
@@ -344,7 +344,7 @@ class CaseRunner:
             label = self._session.comparison().label
             self._fail(evaluated.run, str(exc), checks=evaluated.checks,
                        message=f"{self._item.nodeid}: A/B comparison with {label} failed: "
-                               f"{exc}")
+                               f"{exc}", chained=not isinstance(exc, EnvironmentSetupError))
 
     def _ab_rounds(self, comparison: Comparison) -> tuple[str, str, ABMeasurement]:
         """This case's alternating rounds on the base revision and the working tree,
@@ -628,7 +628,7 @@ class CaseRunner:
             if explained:
                 message += f"\nProfiler {explained['note']}"
             pytest.fail(message, pytrace=False)
-        if baseline is None and not self.settings.compare:
+        if baseline is None and not self.settings.ab:
             pytest.fail(no_baseline(nodeid, accept), pytrace=False)
 
     def accept_command(self) -> str:

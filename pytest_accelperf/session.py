@@ -10,6 +10,7 @@ trains under (:func:`exclusive_host`) and how to say something while a test runs
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable
@@ -54,12 +55,15 @@ class AccelperfSession:
     broken_device: tuple[str, DeviceError] | None = None
 
     def comparison(self) -> Comparison:
-        """The session's A/B setup (``--accelperf-compare``), made on first use."""
+        """The session's A/B setup (``--accelperf-compare``, ``--accelperf-compare-python``),
+        made on first use."""
         if self._comparison is None:
             s = self.settings
-            self._comparison = Comparison(str(s.compare), self.config.rootpath, s.accel,
+            self._comparison = Comparison(s.compare, self.config.rootpath, s.accel,
                                           s.cpu_devices, s.platform,
                                           processes=s.compare_pairs,
+                                          python=s.compare_python,
+                                          notify=functools.partial(say, self.config),
                                           prepare_timeout=s.compare_prepare_timeout)
         return self._comparison
 

@@ -38,6 +38,14 @@ How a session goes:
    rounds (:mod:`.contention`): then the measurement is contaminated, pairing does not
    cancel it, and the verdict is ``inconclusive`` with that reason.
 
+The base arm may run in another Python environment: ``--accelperf-compare-python=PATH``
+(alone, both arms have the working tree's files), or, where the base revision's dependency
+files differ from the working tree's, an environment built for it by
+:mod:`pytest_accelperf.envs` (the session's, with the revision's requirements installed over
+it). Its worker then has its own site-packages on its path (``Setup.env_path``), the
+plugin still from this session's folder, and the verdict names the two stacks
+(``stack: jax 0.8.3 → 0.10.2``).
+
 A case that the base revision does not have is ``new``; one whose backend cannot train in
 blocks (ingested logs; JAX over processes, whose ranks have no ``block_job``) keeps the
 stored-baseline throughput check, and the detail says so.
@@ -54,3 +62,8 @@ process starts with no more than the plugin's own modules.
 
 class CompareError(Exception):
     """The comparison cannot be made (a worker died or hung, the base cannot be built)."""
+
+
+class EnvironmentSetupError(CompareError):
+    """The base arm's environment cannot be had (it cannot be built, or lacks what the
+    cases import): the user's to fix, in one line that says it all."""

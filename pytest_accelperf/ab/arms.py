@@ -245,19 +245,30 @@ def shared_device_env(accel: str, environ: Mapping[str, str], workers: int = 1,
     return env
 
 
+def plugin_root() -> str:
+    """The folder the plugin's package is in: first on every worker's ``PYTHONPATH``, so
+    that both arms, in whatever environment, run this plugin."""
+    return str(Path(pytest_accelperf.__file__).resolve().parents[1])
+
+
 def start_arm(setup: Setup, listener: Listener, authkey: bytes, log: Path,
-              revision: str = "", workers: int = 2) -> Arm:
+              revision: str = "", workers: int = 2, python: str | None = None) -> Arm:
     """Start the worker process of ``setup.arm`` in its tree, its output going to ``log``,
     and wait (at most ``setup.prepare_timeout`` seconds) until it connects to ``listener``.
     The plugin is imported from where this process has it, in both arms; everything else
     from the arm's ``sys.path``. ``revision`` names the arm's revision in messages;
-    ``workers`` is how many workers share the device (:func:`shared_device_env`)."""
-    plugin_parent = str(Path(pytest_accelperf.__file__).resolve().parents[1])
+    ``workers`` is how many workers share the device (:func:`shared_device_env`).
+    ``python``: the interpreter of another environment (default: this one's), whose own
+    site-packages then replace this one's on the worker's path (``Setup.env_path``)."""
     env = {**os.environ, ADDRESS_ENV: str(listener.address), AUTHKEY_ENV: authkey.hex(),
-           SETUP_ENV: json.dumps(setup.__dict__), "PYTHONPATH": plugin_parent,
+           SETUP_ENV: json.dumps(setup.__dict__), "PYTHONPATH": plugin_root(),
            PAIR_ENV: str(setup.pair), **shared_device_env(setup.accel, os.environ, workers)}
+    if python is not None:  # not this environment's: its own variables would point here
+        for name in ("VIRTUAL_ENV", "PYTHONHOME", "CONDA_PREFIX"):
+            env.pop(name, None)
+    command = list(WORKER_COMMAND) if python is None else [python, *WORKER_COMMAND[1:]]
     with log.open("wb") as out:
-        proc = subprocess.Popen(list(WORKER_COMMAND), cwd=setup.tree, env=env,
+        proc = subprocess.Popen(command, cwd=setup.tree, env=env,
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     revision_text = f", revision {revision}" if revision else ""
     who = f"the {setup.arm} worker (pair {setup.pair}, pid {proc.pid}{revision_text})"

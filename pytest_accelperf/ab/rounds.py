@@ -14,21 +14,36 @@ import os
 import random
 import secrets
 import shutil
+import site
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 from pathlib import Path
 from typing import Any
 
-from pytest_accelperf.ab import CompareError
-from pytest_accelperf.ab.arms import BLOCK_TIMEOUT_S, PREPARE_TIMEOUT_S, Arm, start_arm
-from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir
+from packaging.requirements import Requirement
+
+from pytest_accelperf.ab import CompareError, EnvironmentSetupError
+from pytest_accelperf.ab.arms import (
+    BLOCK_TIMEOUT_S,
+    PREPARE_TIMEOUT_S,
+    Arm,
+    plugin_root,
+    start_arm,
+)
+from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir, toplevel
 from pytest_accelperf.ab.worker import Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cases import Case
 from pytest_accelperf.contention import Contention, Load
+from pytest_accelperf.envs import EnvError
+from pytest_accelperf.envs.cache import build_env, session_site
+from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
+from pytest_accelperf.envs.stack import check_python, stack_change
+from pytest_accelperf.git import GitError
 from pytest_accelperf.stats import ab_ratio
 
 
@@ -51,6 +66,21 @@ class ABMeasurement:
     processes: int = 1
 
 
+def environment_entries(entries: Sequence[str]) -> list[str]:
+    """The entries of ``sys.path`` that are this interpreter's environment (its standard
+    library, its site-packages and what lies under its prefixes), which a worker in
+    another environment replaces with its own."""
+    prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
+                                            sys.base_exec_prefix)}
+    sites = {Path(p).resolve() for p in site.getsitepackages()}
+    out = []
+    for entry in entries:
+        path = Path(entry or os.getcwd()).resolve()
+        if path in sites or any(path.is_relative_to(p) for p in prefixes):
+            out.append(entry or os.getcwd())
+    return out
+
+
 def round_orders(rng: random.Random) -> tuple[bool, bool]:
     """Whether base runs first in each of the next two rounds: one round of each order,
     which one comes first drawn at random."""
@@ -59,14 +89,26 @@ def round_orders(rng: random.Random) -> tuple[bool, bool]:
 
 
 class Comparison:
-    """The session's A/B setup: the base tree and the two workers (started lazily)."""
+    """The session's A/B setup: the base tree and the two workers (started lazily).
 
-    def __init__(self, ref: str, rootdir: Path, accel: str, cpu_devices: int,
-                 platform: str | None, processes: int = 1,
+    ``ref``: the base revision (None: the working tree's own files, with ``python``);
+    ``python``: the base arm's interpreter (``--accelperf-compare-python``; None: this
+    session's, or an environment built for ``ref`` where its dependency files differ:
+    :mod:`pytest_accelperf.envs`). ``notify`` shows a line to the user now (which
+    environment the base arm runs in)."""
+
+    def __init__(self, ref: str | None, rootdir: Path, accel: str, cpu_devices: int,
+                 platform: str | None, processes: int = 1, python: str | None = None,
+                 notify: Callable[[str], None] | None = None,
                  prepare_timeout: float = PREPARE_TIMEOUT_S) -> None:
         self.ref = ref
-        self.root, self.sha = resolve(rootdir, ref)
+        self.python = python
+        if ref is not None:
+            self.root, self.sha = resolve(rootdir, ref)
+        else:
+            self.root, self.sha = toplevel(rootdir, "--accelperf-compare-python"), ""
         self._accel, self._cpu_devices, self._platform = accel, cpu_devices, platform
+        self._notify = notify
         #: Worker processes per arm: pair ``j`` is ``_pairs[j]``, one base and one head.
         self.processes = max(1, processes)
         #: Seconds a worker may take to connect, and then to prepare a case
@@ -79,12 +121,41 @@ class Comparison:
         self._authkey = b""
         #: Workers started in place of one that died or was stopped, so far.
         self.restarts = 0
-        #: Why the trees or arms could not be set up, once that failed.
+        #: Why the trees or arms could not be set up, once that failed; and whether it was
+        #: the base arm's environment.
         self._failed: str | None = None
+        self._failed_env = False
+        #: The base arm's interpreter once started (None: this session's).
+        self.base_python: str | None = None
+        #: What the base arm's environment is, in words ("" where it is this session's).
+        self.base_env = ""
+        #: Each arm's stack (:func:`~pytest_accelperf.envs.stack.stack_versions`).
+        self.stacks: dict[str, dict[str, str]] = {}
+        #: The packages an environment built for the base revision installed (named in
+        #: the stacks too).
+        self._installed: list[str] = []
+        #: Per backend, why the base arm's environment cannot train its cases ("": it can).
+        self._checked: dict[str, str] = {}
+
+    def _is_session_python(self) -> bool:
+        """Whether the given interpreter is this session's own (``accelperf bisect`` gives
+        it, to keep every commit's comparison in one environment)."""
+        return self.python is not None and os.path.abspath(self.python) == os.path.abspath(
+            sys.executable)
 
     @property
     def label(self) -> str:
-        return f"{self.ref} ({self.sha[:10]})"
+        if self.ref is None:
+            return f"the working tree under {self.python}"
+        under = f" under {self.python}" if self.python and not self._is_session_python() else ""
+        return f"{self.ref} ({self.sha[:10]}){under}"
+
+    def stack_change(self) -> str:
+        """How the head's stack differs from the base's (``stack: jax 0.8.3 → 0.10.2``),
+        or ``""``."""
+        if len(self.stacks) < 2:
+            return ""
+        return stack_change(self.stacks["base"], self.stacks["head"])
 
     def revision(self, arm: str) -> str:
         """What ``arm`` runs, as messages name it."""
@@ -92,42 +163,90 @@ class Comparison:
 
     def _start(self) -> None:
         """The two trees and arms; a setup that failed (git stuck past its timeout, an arm
-        that did not start) is not tried again: every later case fails at once with its
-        message, instead of waiting as long again. Half of it (one arm) is stopped."""
+        that did not start, an environment that could not be built) is not tried again:
+        every later case fails at once with its message, instead of waiting as long again.
+        Half of it (one arm) is stopped."""
         if self._failed is not None:
-            raise CompareError(f"{self._failed} (found by an earlier case of this session; "
-                               f"not tried again)")
+            kind = EnvironmentSetupError if self._failed_env else CompareError
+            raise kind(f"{self._failed} (found by an earlier case of this session; not "
+                       f"tried again)")
         try:
             self._start_arms()
+        except EnvError as exc:
+            self._failed, self._failed_env = str(exc), True
+            self.close()
+            raise EnvironmentSetupError(str(exc)) from None
         except CompareError as exc:
             self._failed = str(exc)
             self.close()
             raise
 
+    def _base_interpreter(self) -> str | None:
+        """The base arm's interpreter: the given one; for a revision whose dependency
+        files differ from the working tree's, an environment built for it (the session's
+        with the revision's requirements installed over it, cached); else None (this
+        session's)."""
+        if self.python is not None and not self._is_session_python():
+            self.base_env = f"the environment of {self.python}"
+            return self.python
+        if self.python is not None:
+            return None  # this session's own: as without the option
+        if self.ref is None:
+            return None
+        try:
+            change = dependency_change(files_at(self.root, self.sha), files_here(self.root))
+        except GitError as exc:
+            raise CompareError(f"reading {self.ref}'s dependency files: {exc}") from None
+        if not change.files:
+            return None
+        differ = f"{self.ref}'s dependency files differ ({', '.join(change.files)})"
+        notes = f" ({'; '.join(change.notes)})" if change.notes else ""
+        if not change.requirements:
+            self._say(f"accelperf: A/B: {differ}, but in no requirement this environment "
+                      f"lacks{notes}: both arms run in this session's environment")
+            return None
+        env = build_env(change.requirements, over=session_site())
+        self._installed = [Requirement(r).name for r in change.requirements]
+        self.base_env = env.describe()
+        self._say(f"accelperf: A/B: {differ}: its arm runs in {env.describe()}{notes}")
+        return str(env.python)
+
+    def _say(self, text: str) -> None:
+        if self._notify is not None:
+            self._notify(text)
+
     def _start_arms(self) -> None:
+        self.base_python = self._base_interpreter()
         self._dir = socket_dir("accelperf-compare-", "socket")
-        trees = {"base": extract(self.root, self.sha, self._dir),
+        trees = {"base": (extract(self.root, self.sha, self._dir) if self.ref is not None
+                          else snapshot(self.root, self._dir, "base")),
                  "head": snapshot(self.root, self._dir)}
         self._authkey = secrets.token_bytes(16)
         listener = Listener(str(self._dir / "socket"), family="AF_UNIX",
                             authkey=self._authkey)
+        env_path = environment_entries(sys.path)
         try:
             for j in range(self.processes):
                 pair: dict[str, Arm] = {}
                 self._pairs.append(pair)
                 for arm, arm_tree in trees.items():
                     entries = [p or os.getcwd() for p in sys.path]
+                    python = self.base_python if arm == "base" else None
                     setup = Setup(arm=arm, tree=str(arm_tree), head_root=str(self.root),
                                   sys_path=moved_path(entries, self.root, arm_tree),
                                   accel=self._accel, cpu_devices=self._cpu_devices,
-                                  platform=self._platform, pair=j,
+                                  platform=self._platform, pair=j, env_path=env_path,
+                                  own_env=python is not None,
                                   prepare_timeout=self.prepare_timeout)
                     self._setups[j, arm] = setup
                     pair[arm] = start_arm(setup, listener, self._authkey,
                                           self._dir / f"{arm}-{j}.log", self.revision(arm),
-                                          workers=2 * self.processes)
+                                          workers=2 * self.processes, python=python)
         finally:
             listener.close()
+        first = self._pairs[0]
+        self.stacks = {arm: first[arm].call(BLOCK_TIMEOUT_S, "stack", self._installed)
+                       for arm in first}
 
     def _revive(self) -> None:
         """Start a worker in place of each one that is gone: one that died, that did not
@@ -149,7 +268,8 @@ class Comparison:
                 self._pairs[j][name] = start_arm(
                     self._setups[j, name], listener, self._authkey,
                     self._dir / f"{name}-{j}.{self.restarts}.log", self.revision(name),
-                    workers=2 * self.processes)
+                    workers=2 * self.processes,
+                    python=self.base_python if name == "base" else None)
         except CompareError as exc:
             self._failed = str(exc)
             self.close()
@@ -183,6 +303,9 @@ class Comparison:
             self._start()
         else:
             self._revive()
+        lacking = self._lacking(spec)
+        if lacking:
+            raise EnvironmentSetupError(lacking)
         key = case.id
         prepared: list[Arm] = []
         try:
@@ -230,6 +353,20 @@ class Comparison:
                 if not arm.dead:  # one that fails to drop is stopped: the next case
                     with contextlib.suppress(CompareError):  # starts another
                         arm.call(60, "drop", key)
+
+    def _lacking(self, spec: BackendSpec) -> str:
+        """Why the base arm's environment cannot train a case of ``spec`` (it cannot import
+        what the backend needs), in one line naming the interpreter and the fix; or
+        ``""``. Asked once per backend."""
+        if self.base_python is None or not spec.requires:
+            return ""
+        if spec.name not in self._checked:
+            try:
+                check_python(self.base_python, plugin_root(), spec.requires, spec.name)
+                self._checked[spec.name] = ""
+            except EnvError as exc:
+                self._checked[spec.name] = str(exc)
+        return self._checked[spec.name]
 
     def _prepare(self, key: str, rel_file: str, qualname: str, case: Case,
                  spec: BackendSpec, prepared: list[Arm]) -> tuple[str, str]:

@@ -68,6 +68,20 @@ def resolve(rootdir: Path, ref: str) -> tuple[Path, str]:
     return root, sha
 
 
+def toplevel(rootdir: Path, option: str) -> Path:
+    """The repository root containing ``rootdir``; a :class:`RevisionError` naming
+    ``option`` where there is none (A/B mode copies the working tree's files as git sees
+    them)."""
+    try:
+        return Path(git(rootdir, "rev-parse", "--show-toplevel", timeout=GIT_TIMEOUT_S))
+    except GitTimeout as exc:
+        raise RevisionError(f"{option}: {exc}; is the repository on a filesystem that "
+                            f"hangs?") from None
+    except GitError as exc:
+        raise RevisionError(f"{option}: {rootdir} is not in a git repository "
+                            f"({exc.said}); A/B mode copies the files git sees") from None
+
+
 def extract(root: Path, sha: str, into: Path) -> Path:
     """The files of commit ``sha`` under ``into`` (``git archive``; the repository is not
     touched)."""
@@ -87,10 +101,11 @@ def extract(root: Path, sha: str, into: Path) -> Path:
     return tree
 
 
-def snapshot(root: Path, into: Path) -> Path:
-    """The working tree's files under ``into / "head"``: every file git sees (tracked, and
+def snapshot(root: Path, into: Path, name: str = "head") -> Path:
+    """The working tree's files under ``into / name``: every file git sees (tracked, and
     untracked but not ignored), as they are now, with the base revision's beside it in
-    ``into / "base"`` (:func:`extract`).
+    ``into / "base"`` (:func:`extract`; or a second snapshot, named ``base``, where the
+    arms differ in their environment only).
 
     The two arms then differ only in their files' contents: the same path layout under
     the same temporary directory, the same ``sys.path`` shape, the same working directory
@@ -100,7 +115,7 @@ def snapshot(root: Path, into: Path) -> Path:
     cannot.
     """
     listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard")
-    tree = into / "head"
+    tree = into / name
     tree.mkdir(parents=True, exist_ok=True)
     for rel in filter(None, listed.split("\0")):
         src = root / rel

@@ -35,12 +35,17 @@ def program_diff(measured: ABMeasurement, tolerance: float) -> list[str] | None:
 
 def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
              tolerance: float, block: int, max_foreign_load: float = math.inf,
-             program_tolerance: float = 0.01) -> CheckResult:
+             program_tolerance: float = 0.01, stack: str = "",
+             stacks: dict[str, dict[str, str]] | None = None,
+             environment: str = "") -> CheckResult:
     """The throughput verdict of an A/B measurement: ``inconclusive`` whatever the ratio
     when other processes used more than ``max_foreign_load`` cores during it. The two
     arms' programs are diffed and the difference follows the verdict: a slowdown comes
     with its likely cause (``program: all-gather: 2 → 6 per step (+48.00 MiB)``), or with
-    ``same program`` when only the kernels' speed can explain it."""
+    ``same program`` when only the kernels' speed can explain it. ``stack``: how the two
+    arms' environments differ (``stack: jax 0.8.3 → 0.10.2``), named after it;
+    ``stacks``: each arm's, and ``environment``: the base arm's where it is not this
+    session's, for the report."""
     est, spread = ab_ratio(measured.head, measured.base, measured.pairs)
     verdict = ab_verdict(est, tolerance)
     dirty = contaminated(measured.load, max_foreign_load)
@@ -79,6 +84,8 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
     if diff is not None:
         text += (f"; program: {'; '.join(diff)}" if diff
                  else "; same program in both revisions")
+    if stack:
+        text += f"; {stack}"
     data: dict[str, Any] = {
         "mode": "ab", "ref": label, "tolerance": tolerance, "ratio": est.ratio,
         "ci": [est.low, est.high], "mdc": est.mdc, "confidence": est.confidence,
@@ -89,7 +96,8 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
         "process_sd": spread.process_sd if spread else None,
         "within_sd": spread.within_sd if spread else None,
         "median_step_time": {"now": head_median, "baseline": base_median},
-        "blocks": {"base": measured.base, "head": measured.head}, "program_diff": diff}
+        "blocks": {"base": measured.base, "head": measured.head}, "program_diff": diff,
+        "stack": stacks or None, "base_env": environment or None}
     return CheckResult(METRIC, verdict, f"A/B {text}", baseline=rate(base_median),
                        now=rate(head_median), unit=unit, change=1 / est.ratio - 1, data=data)
 

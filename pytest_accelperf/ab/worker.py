@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from typing import Any
@@ -92,10 +92,39 @@ class Setup:
     #: timeout``); a rank group gets :data:`RANKS_SHARE` of it, so that this worker answers
     #: with the ranks' reason before the controller gives up on it.
     prepare_timeout: float = 600.0
+    #: The entries of ``sys_path`` that are the controller's environment (its standard
+    #: library and site-packages), replaced by the worker's own where it runs under
+    #: another interpreter (``own_env``).
+    env_path: list[str] = field(default_factory=list)
+    own_env: bool = False
 
 
 #: The share of the prepare deadline a case's rank group gets to start and warm up.
 RANKS_SHARE = 0.9
+
+
+def worker_path(setup: Setup, own: list[str]) -> list[str]:
+    """The worker's ``sys.path``: the controller's (``setup.sys_path``), where the worker
+    runs in another environment with the controller's environment entries replaced by
+    its own (``own``, its path at start), which come where the controller's first did.
+
+    >>> s = Setup("base", "/t", "/r", ["/t/suites", "/venv/site", "/t"], "cpu", 1, None,
+    ...           env_path=["/venv/site"], own_env=True)
+    >>> worker_path(s, ["/t", "/plugin", "/old/site"])
+    ['/t/suites', '/plugin', '/old/site', '/t']
+    """
+    if not setup.own_env:
+        return list(setup.sys_path)
+    theirs = set(setup.env_path)
+    out: list[str] = []
+    for entry in setup.sys_path:
+        if entry in theirs:
+            if not any(e in out for e in own):
+                out.extend(e for e in own if e not in setup.sys_path)
+            continue
+        out.append(entry)
+    out.extend(e for e in own if e not in out)
+    return out
 
 
 def _foreign_modules(setup: Setup) -> list[str]:
@@ -228,6 +257,14 @@ class Worker:
             return captured.task
         raise RuntimeError("the test function returned without calling accelperf.train(task)")
 
+    def stack(self, extra: list[str] | None = None) -> dict[str, str]:
+        """This worker's environment: Python and its framework packages' versions, and
+        those of the ``extra`` packages (what an environment built for the base revision
+        installed)."""
+        from pytest_accelperf.envs.stack import STACK_PACKAGES, stack_versions
+
+        return stack_versions([*STACK_PACKAGES, *(extra or [])])
+
     def run(self, key: str, n: int) -> list[float]:
         times: list[float] = self.steppers[key].run(n)
         return times
@@ -291,7 +328,7 @@ def serve(conn: Connection, worker: Worker) -> None:
 
 def main() -> None:
     setup = Setup(**json.loads(os.environ[SETUP_ENV]))
-    sys.path[:] = setup.sys_path
+    sys.path[:] = worker_path(setup, list(sys.path))
     address = os.environ[ADDRESS_ENV]
     conn = Client(address, authkey=bytes.fromhex(os.environ[AUTHKEY_ENV]))
     worker = Worker(setup)

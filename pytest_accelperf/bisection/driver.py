@@ -178,7 +178,10 @@ class _Bisection:
                 return self._search("program", notes, lambda c: self._program(
                     session(c, store), targets, good_programs))
             tolerance = self.settings.tolerance
-            ab = [store, f"--accelperf-compare={rng.good.sha}"]
+            # GOOD's arm in this environment, as every commit's: the commits are what is
+            # bisected, not their dependency files (which would build GOOD an environment)
+            ab = [store, f"--accelperf-compare={rng.good.sha}",
+                  f"--accelperf-compare-python={sys.executable}"]
             if self.settings.budget is not None:
                 ab.append(f"--accelperf-compare-budget={self.settings.budget:g}")
             bad_ab = require(session(rng.bad, *ab,

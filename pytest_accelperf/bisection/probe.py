@@ -39,6 +39,7 @@ STOP_GRACE_S = 15.0
 #: pytest arguments may not, and what to pass to ``accelperf bisect`` instead.
 OWN_OPTIONS: dict[str, str] = {
     "--accelperf-compare": "each commit is compared with GOOD by the bisection",
+    "--accelperf-compare-python": "every commit and GOOD run in this environment",
     "--accelperf-compare-tolerance": "pass accelperf bisect --tolerance",
     "--accelperf-compare-budget": "pass accelperf bisect --budget",
     "--accelperf-json": "pass accelperf bisect --json for the bisection's own result",

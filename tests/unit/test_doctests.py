@@ -10,7 +10,8 @@ import pytest
 MODULES = ["accel", "cases", "fingerprint", "stats", "units", "baselines",
            "backends.measure.common",
            "cluster.address", "family", "ab.arms", "targets", "backends.jax.backend",
-           "bisection.search", "bisection.evidence"]
+           "bisection.search", "bisection.evidence", "ab.worker", "envs.uv", "envs.cache",
+           "envs.stack", "envs.depfiles"]
 
 
 @pytest.mark.parametrize("name", MODULES)

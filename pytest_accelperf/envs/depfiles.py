@@ -1,0 +1,223 @@
+"""A revision's dependency files and what in them differs from the working tree's
+(:func:`dependency_change`): the requirements the base arm of an A/B comparison needs on
+top of the session's environment (:mod:`.cache` layers them over it).
+
+Read, at the repository's root: ``pyproject.toml`` (``[project]`` dependencies and
+optional dependencies, ``[dependency-groups]``), ``requirements*.txt`` and
+``requirements/*.txt``, ``constraints*.txt``, ``uv.lock``, ``poetry.lock``,
+``pylock*.toml`` and ``Pipfile.lock`` (their locked ``name==version``). ``setup.py``,
+``setup.cfg`` and ``Pipfile`` are compared but not read: a change there is named, not
+installed.
+
+A requirement of the base that the working tree does not have is needed when it applies
+here and the session's environment does not meet it already: a ``[project]`` dependency or
+a requirements file's line always (its marker permitting), an extra's, a group's or a
+lock's only when its package is installed in the session (an extra nobody installed stays
+out, as does a lock's package for another platform). ``jax>=0.6`` against the session's
+jax 0.10.2 needs nothing; ``jax==0.8.3`` needs jax 0.8.3.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion
+
+from pytest_accelperf.git import git
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+_NAMES = re.compile(r"^(pyproject\.toml|setup\.py|setup\.cfg|Pipfile|Pipfile\.lock|uv\.lock|"
+                    r"poetry\.lock|pylock(\..+)?\.toml|requirements[^/]*\.txt|"
+                    r"constraints[^/]*\.txt|requirements/[^/]+\.txt)$")
+#: Files compared but not read for requirements.
+_NOT_READ = ("setup.py", "setup.cfg", "Pipfile")
+
+
+def is_dependency_file(rel: str) -> bool:
+    """Whether ``rel`` (relative to the repository root, ``/``-separated) is one.
+
+    >>> [is_dependency_file(p) for p in ("pyproject.toml", "requirements-dev.txt",
+    ...  "requirements/gpu.txt", "suites/pyproject.toml", "uv.lock", "README.md")]
+    [True, True, True, False, True, False]
+    """
+    return bool(_NAMES.match(rel))
+
+
+def files_at(root: Path, sha: str) -> dict[str, bytes]:
+    """The dependency files of commit ``sha``: ``{path: content}``."""
+    listed = git(root, "ls-tree", "--name-only", "-z", sha).split("\0")  # the root only
+    if "requirements" in listed:
+        inner = git(root, "ls-tree", "--name-only", "-z", f"{sha}:requirements")
+        listed += [f"requirements/{name}" for name in inner.split("\0") if name]
+    out = {}
+    for rel in filter(None, listed):
+        if is_dependency_file(rel):
+            out[rel] = git(root, "show", f"{sha}:{rel}").encode() + b"\n"
+    return out
+
+
+def files_here(root: Path) -> dict[str, bytes]:
+    """The working tree's dependency files: ``{path: content}``."""
+    out = {}
+    for path in [*root.glob("*"), *root.glob("requirements/*")]:
+        rel = str(PurePosixPath(*path.relative_to(root).parts))
+        if path.is_file() and is_dependency_file(rel):
+            out[rel] = path.read_bytes().strip() + b"\n"
+    return out
+
+
+@dataclass(frozen=True)
+class Requirements:
+    """A file's requirements: those that always apply, and those that apply only where
+    their package is installed (extras, groups, locks)."""
+
+    always: frozenset[str] = frozenset()
+    if_installed: frozenset[str] = frozenset()
+
+
+@dataclass
+class DependencyChange:
+    """How the base revision's dependency files differ from the working tree's."""
+
+    #: The files that differ (added, removed or changed).
+    files: list[str] = field(default_factory=list)
+    #: The base's requirements the session's environment does not have, to install.
+    requirements: list[str] = field(default_factory=list)
+    #: What differs but is not installed (a file that is not read, a bad line).
+    notes: list[str] = field(default_factory=list)
+
+
+def _req(text: str) -> str | None:
+    try:
+        return str(Requirement(text.strip()))
+    except InvalidRequirement:
+        return None
+
+
+def _lines(text: str) -> frozenset[str]:
+    out = set()
+    for raw in text.splitlines():
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue  # -r, -c, -e, --index-url: options, not requirements
+        req = _req(line)
+        if req:
+            out.add(req)
+    return frozenset(out)
+
+
+def _locked(packages: Any, skip: Callable[[Mapping[str, Any]], bool]) -> frozenset[str]:
+    out = set()
+    for pkg in packages or []:
+        if isinstance(pkg, Mapping) and pkg.get("name") and pkg.get("version") and not skip(pkg):
+            out.add(f"{canonicalize_name(str(pkg['name']))}=={pkg['version']}")
+    return frozenset(out)
+
+
+def read_requirements(rel: str, content: bytes) -> Requirements:
+    """The requirements of one dependency file (empty for one that is not read or does
+    not parse)."""
+    name = PurePosixPath(rel).name
+    text = content.decode(errors="replace")
+    try:
+        if name.endswith(".txt"):
+            return Requirements(always=_lines(text))
+        if name == "Pipfile.lock":
+            data = json.loads(text)
+            pins = {f"{canonicalize_name(k)}{v['version']}"
+                    for k, v in (data.get("default") or {}).items()
+                    if isinstance(v, dict) and str(v.get("version", "")).startswith("==")}
+            return Requirements(if_installed=frozenset(pins))
+        if not name.endswith((".toml", ".lock")):
+            return Requirements()
+        toml = tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError):
+        return Requirements()
+    if name == "pyproject.toml":
+        project = toml.get("project") or {}
+        always = {r for r in map(_req, project.get("dependencies") or []) if r}
+        optional = [r for reqs in (project.get("optional-dependencies") or {}).values()
+                    for r in reqs]
+        groups = [r for reqs in (toml.get("dependency-groups") or {}).values()
+                  for r in reqs if isinstance(r, str)]
+        return Requirements(frozenset(always),
+                            frozenset(r for r in map(_req, [*optional, *groups]) if r))
+    if name in ("uv.lock", "poetry.lock"):
+        def editable(pkg: Mapping[str, Any]) -> bool:
+            source = pkg.get("source")
+            return isinstance(source, Mapping) and bool({"editable", "virtual"} & set(source))
+        return Requirements(if_installed=_locked(toml.get("package"), editable))
+    if name.startswith("pylock"):
+        return Requirements(if_installed=_locked(toml.get("packages"), lambda p: False))
+    return Requirements()
+
+
+def installed_version(name: str) -> str | None:
+    """The version of the distribution ``name`` installed in this session, or None."""
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _satisfied(requirement: str, version: str | None) -> bool:
+    """Whether the installed ``version`` meets ``requirement`` already."""
+    if version is None:
+        return False
+    try:
+        return Requirement(requirement).specifier.contains(version, prereleases=True)
+    except InvalidVersion:
+        return False
+
+
+def _applies(requirement: str) -> bool:
+    marker = Requirement(requirement).marker
+    return marker is None or marker.evaluate()
+
+
+def dependency_change(base: Mapping[str, bytes], head: Mapping[str, bytes],
+                      have: Callable[[str], str | None] = installed_version
+                      ) -> DependencyChange:
+    """How the base's dependency files (``{path: content}``) differ from the head's, and
+    the base's requirements to install over the session's environment for it: those the
+    head's files do not have and the session does not meet already (``have`` gives the
+    version of a package installed in the session, or None)."""
+    out = DependencyChange(files=sorted(p for p in {*base, *head}
+                                        if base.get(p) != head.get(p)))
+    if not out.files:
+        return out
+    head_reqs: set[str] = set()
+    for rel, content in head.items():
+        reqs = read_requirements(rel, content)
+        head_reqs |= reqs.always | reqs.if_installed
+    wanted: dict[str, None] = {}
+    for rel in out.files:
+        if PurePosixPath(rel).name in _NOT_READ:
+            out.notes.append(f"{rel} differs; its requirements are not read")
+            continue
+        if rel not in base:
+            continue  # a file only the head has: the session's environment is the head's
+        reqs = read_requirements(rel, base[rel])
+        for req, only_installed in [*((r, False) for r in sorted(reqs.always - head_reqs)),
+                                    *((r, True) for r in sorted(reqs.if_installed
+                                                                - head_reqs))]:
+            version = have(Requirement(req).name)
+            if not _applies(req) or (only_installed and version is None):
+                continue
+            if not _satisfied(req, version):
+                wanted[req] = None
+    out.requirements = list(wanted)
+    return out
