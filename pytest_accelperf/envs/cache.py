@@ -37,6 +37,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.uv import run_uv
@@ -49,7 +50,7 @@ META = "accelperf-env.json"
 #: The ``.pth`` file of an overlay that puts the environment below on the path.
 OVERLAY_PTH = "_accelperf_overlay.pth"
 #: Changes whenever the way an environment is built changes: old entries are not reused.
-LAYOUT = 1
+LAYOUT = 2
 #: Seconds a session waits for another that builds the same key.
 LOCK_TIMEOUT_S = 3600.0
 #: The plugin's dependencies, where its own metadata cannot be read (a plain checkout).
@@ -228,16 +229,52 @@ def _build(root: Path, key: str, reqs: Sequence[str], over: Sequence[str],
         python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
         if over:
             _layer(python, over)
-        if reqs:
-            run_uv(["pip", "install", "--quiet", "--python", str(python),
-                    *(["--offline"] if offline else []), *reqs], what=what)
-        meta = {"key": key, "requirements": list(reqs), "over": list(over),
+        how = _install(python, reqs, over, tmp, offline=offline, what=what) if reqs else ""
+        meta = {"key": key, "requirements": list(reqs), "over": list(over), "install": how,
                 "python": interpreter, "seconds": round(time.monotonic() - t0, 3),
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (venv / META).write_text(json.dumps(meta, indent=1) + "\n")
         os.rename(venv, root / key)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def below_constraints(over: Sequence[str], requirements: Sequence[str]) -> list[str]:
+    """``name==version`` of every distribution installed in ``over`` that ``requirements``
+    do not name: what an overlay must leave as it is below. Without them, a requirement's
+    own dependencies are resolved afresh (``deepspeed==0.18.9`` brought the newest torch,
+    a 5 GB CUDA build, over the session's CPU torch), and the two arms would differ in
+    more than what was asked."""
+    named = {canonicalize_name(Requirement(r).name) for r in requirements}
+    out: dict[str, str] = {}
+    for dist in metadata.distributions(path=list(over)):
+        name = dist.metadata["Name"]
+        if name and canonicalize_name(name) not in named:
+            out.setdefault(canonicalize_name(name), f"{name}=={dist.version}")
+    return sorted(out.values())
+
+
+def _install(python: Path, reqs: Sequence[str], over: Sequence[str], tmp: Path, *,
+             offline: bool, what: str) -> str:
+    """Install ``reqs`` into the environment of ``python``; over ``over``, with what is
+    installed there held at its versions (:func:`below_constraints`), or, where those
+    cannot be met from the index (a local build such as torch ``2.13.0+cpu``), the
+    requirements alone without their dependencies, which then come from below. Returns
+    how, in words."""
+    base = ["pip", "install", "--quiet", "--python", str(python),
+            *(["--offline"] if offline else [])]
+    if not over:
+        run_uv([*base, *reqs], what=what)
+        return "resolved"
+    constraints = tmp / "below.txt"
+    constraints.write_text("\n".join(below_constraints(over, reqs)) + "\n")
+    try:
+        run_uv([*base, "--constraint", str(constraints), *reqs], what=what)
+        return "resolved, what is below held at its versions"
+    except EnvError:
+        run_uv([*base, "--no-deps", *reqs], what=what)
+        return ("without dependencies: what is below could not be held at its versions "
+                "from the index, so the requirements' dependencies come from below")
 
 
 def _layer(python: Path, over: Sequence[str]) -> None:

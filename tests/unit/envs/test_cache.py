@@ -236,3 +236,17 @@ def test_an_overlay_shadows_one_package_of_the_session_and_keeps_the_rest(
                           "print(iniconfig.__file__); print(pluggy.__file__)"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert Path(out[0]).is_relative_to(env.path) and Path(out[1]).is_relative_to(below)
+
+
+def test_an_overlay_holds_what_is_below_at_its_versions() -> None:
+    """deepspeed==0.18.9 over this session once resolved torch afresh: the newest, a 5 GB
+    CUDA build, in place of the session's CPU torch. What is below is now held at its
+    versions, except what the requirements name."""
+    from importlib import metadata
+
+    from pytest_accelperf.envs.cache import below_constraints, session_site
+
+    held = below_constraints(session_site(), ["pytest==8.0.0"])
+    assert f"numpy=={metadata.version('numpy')}" in held
+    assert not any(c.lower().startswith("pytest==") for c in held)
+    assert all(c.count("==") == 1 for c in held)
