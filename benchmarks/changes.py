@@ -49,10 +49,12 @@ before and after all. ``--keep DIR`` writes the history to ``DIR/history`` and k
 (to compare the command's output before and after a change), instead of to a temporary
 directory.
 
-``example`` writes the history the docs show ``accelperf history changes`` on (docs/cli.md):
-40 sessions of the recorded ``--history``'s cases, one real line each copied per session,
-its samples/s multiplied by recorded ``--gate`` residuals; from session 15 one case's FLOPs
-50 % more, from session 25 another case 10 % slower, from session 32 a new environment.
+``example`` writes the history the docs show ``accelperf history changes`` on (docs/cli.md,
+docs/reports.md): 40 sessions of the recorded ``--history``'s cases, one real line each
+copied per session (with the machine and stack hashes this version writes), its samples/s
+multiplied by recorded ``--gate`` residuals; from session 15 one case's FLOPs 50 % more,
+from session 25 another case 10 % slower, from session 32 jax and jaxlib 0.10.3 on the
+same machine (a stack change), a third case 8 % slower under it.
 """
 
 from __future__ import annotations
@@ -82,7 +84,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
+from pytest_accelperf.fingerprint import case_stack, machine  # noqa: E402
 from pytest_accelperf.report.changes import Detection, find_changes  # noqa: E402
+from pytest_accelperf.report.history import fingerprint_hash  # noqa: E402
 from pytest_accelperf.report.points import Point, cache_path, load_points  # noqa: E402
 from pytest_accelperf.schema import ProgramRecord  # noqa: E402
 
@@ -360,11 +364,20 @@ def detection_table(result: dict[str, Any]) -> str:
 
 
 # -- scale --------------------------------------------------------------------------------------
+def _current(e: dict[str, Any]) -> dict[str, Any]:
+    """A history line as this version writes it: with the hashes of its machine and of its
+    case's stack (lines recorded before they were have only the fingerprint)."""
+    env = e.get("environment") or {}
+    e["machine"] = fingerprint_hash(machine(env))
+    e["stack"] = fingerprint_hash(case_stack(env, (e.get("case") or {}).get("backend")))
+    return e
+
+
 def _template(args: argparse.Namespace) -> dict[str, Any]:
     lines = _history_lines([args.template] if args.template else args.history)
     for e in lines:
         if e.get("outcome") == "ok" and e.get("samples_per_second"):
-            return e
+            return _current(e)
     raise SystemExit("no ok history line to copy: pass --template FILE or --history DIR")
 
 
@@ -482,9 +495,12 @@ def cmd_example(args: argparse.Namespace) -> dict[str, Any]:
                 sps /= 1.10
             if k == 0 and s >= 15 and e.get("program"):
                 e["program"]["flops"] *= 1.5
-            if s >= 32:
-                e["environment"]["packages"]["jax"] = "0.10.3"
-                e["fingerprint"] = "5f0c11aa" + e["fingerprint"][8:]
+            if s >= 32:  # a jax upgrade on the same machine, the third case slower under it
+                e["environment"]["packages"].update(jax="0.10.3", jaxlib="0.10.3")
+                e["fingerprint"] = fingerprint_hash(e["environment"])
+                if k == 2:
+                    sps /= 1.08
+            _current(e)
             e["median_step_time"] = e["median_step_time"] * e["samples_per_second"] / sps
             e["samples_per_second"] = sps
             out.append(json.dumps(e, sort_keys=True))

@@ -148,6 +148,26 @@ def stack(env: Mapping[str, Any]) -> dict[str, Any]:
     return {k: env.get(k) for k in STACK_KEYS if k in env}
 
 
+def case_stack(env: Mapping[str, Any], backend: str | BackendSpec | None = None, *,
+               known: Collection[str] = PACKAGES) -> dict[str, Any]:
+    """The stack of an environment that a case of ``backend`` runs on: as :func:`stack`,
+    its packages only those :func:`stack_changes` compares for that backend (the
+    history's ``stack`` is a hash of it: installing or upgrading torch beside jax is no
+    change of a jax case's stack).
+
+    >>> case_stack({"platform": "cpu", "python": "3.11.7",
+    ...             "packages": {"jax": "0.8.3", "torch": "2.13.0"}}, "jax")
+    {'python': '3.11.7', 'packages': {'jax': '0.8.3'}}
+    """
+    out = stack(env)
+    relevant = _declared(backend)
+    packages = out.get("packages")
+    if relevant is not None and isinstance(packages, Mapping):
+        out["packages"] = {k: v for k, v in packages.items()
+                           if k not in known or k in relevant}
+    return out
+
+
 def stack_changes(now: Mapping[str, Any], base: Mapping[str, Any],
                   backend: str | BackendSpec | None = None, *,
                   known: Collection[str] = PACKAGES) -> list[str]:

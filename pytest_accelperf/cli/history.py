@@ -17,6 +17,7 @@ from pytest_accelperf.report.changes import (
     ChangesError,
     Detection,
     analyse,
+    metric_order,
     since_order,
 )
 from pytest_accelperf.report.history import HistoryError
@@ -28,7 +29,7 @@ def change_rows(changes: Sequence[ChangePoint]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     last = None
     for c in sorted(changes, key=lambda c: (c.platform, c.nodeid, c.first_after.order,
-                                            c.metric)):
+                                            metric_order(c))):
         name = f"{c.platform}:{c.nodeid}" if c.platform else c.nodeid
         change = c.change
         rows.append((name if name != last else "", c.metric, c.levels(),
@@ -61,6 +62,10 @@ def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
                            headers=("case", "metric", "before → after", "change", "commits",
                                     "how sure"), disable_numparse=True) + "\n")
     since = f" since {args.since}" if args.since is not None else ""
-    out.write(f"{len(changes)} change point(s){since} in {found.cases} case(s) over "
-              f"{len(found.sessions)} session(s) of {args.directory}\n")
+    unchanged = sum(not c.significant for c in changes)
+    measured = (f" (and {unchanged} unchanged level(s) measured across a stack change)"
+                if unchanged else "")
+    out.write(f"{len(changes) - unchanged} change point(s){measured}{since} in "
+              f"{found.cases} case(s) over {len(found.sessions)} session(s) of "
+              f"{args.directory}\n")
     return 0

@@ -2,10 +2,17 @@
 commits, and how sure.
 
 The history (``--accelperf-history``, :mod:`pytest_accelperf.report.history`) holds one
-line per case per session. Each case's sessions, in time order, are split by environment
-fingerprint: sessions of one fingerprint form a series, and the first session of a new
-fingerprint is itself a change point (``environment``), where the program fields are also
-compared across the two environments. In each series:
+line per case per session. Each case's sessions, in time order, are split by machine
+(:func:`pytest_accelperf.fingerprint.machine`; by environment fingerprint in lines written
+before the history kept the machine): sessions of one machine form a series, and the first
+session on a new machine is itself a change point (``environment``), where the program
+fields are also compared across the two environments. Within a series, a change of the
+case's stack (an upgrade: :func:`pytest_accelperf.fingerprint.case_stack`) is a change
+point of its own (``stack``), named by its versions (``jax 0.8.3 → 0.10.2``); the measured
+metrics are searched within each stack's sessions and measured across each change of it
+(the throughput and the step time, by the same test as below, listed whether it resolves
+a change or not: ``significant``), and the deterministic ones are compared as anywhere in
+the series (``new_stack`` where they changed across it). In each series:
 
 - the **program fields** (FLOPs, bytes accessed, each kind of collective's count and bytes,
   host callbacks and syncs, custom calls, graphs, graph breaks, recompiles: the fields the
@@ -46,6 +53,7 @@ from typing import Any
 from numpy.typing import ArrayLike
 
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.fingerprint import stack_changes
 from pytest_accelperf.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.detection import MAX_PVALUE as MAX_PVALUE  # re-exported
 from pytest_accelperf.report.detection import Detection as Detection  # re-exported
@@ -58,6 +66,7 @@ from pytest_accelperf.schema import ProgramRecord
 REPEATS = 0.5
 
 ENVIRONMENT = "environment"
+STACK = "stack"
 
 
 class ChangesError(UserError):
@@ -74,6 +83,8 @@ class Session:
     dirty: bool | None
     fingerprint: str | None
     order: int  #: its place among all the sessions of the history, oldest first
+    machine: str | None = None  #: hash of the machine (None: a line written before it was)
+    stack: str | None = None  #: hash of the case's stack (likewise)
 
     @property
     def revision(self) -> str:
@@ -102,6 +113,15 @@ class ChangePoint:
     #: The first session after is the first of a new environment fingerprint: the level
     #: before is that of the previous environment.
     new_environment: bool = False
+    #: The first session after is the first of another stack on the same machine: the
+    #: change lies across an upgrade (or a downgrade), named by ``stack``.
+    new_stack: bool = False
+    #: How the stack changed across it (``jax 0.8.3 → 0.10.2``,
+    #: :func:`pytest_accelperf.fingerprint.stack_changes`); empty where it did not.
+    stack: tuple[str, ...] = ()
+    #: A level measured across a stack change whose test gave p above ``max_pvalue``: the
+    #: measurement, not a change (listed all the same: an upgrade that changed nothing).
+    significant: bool = True
 
     @property
     def exact(self) -> bool:
@@ -123,21 +143,33 @@ class ChangePoint:
     def sure(self) -> str:
         if self.metric == ENVIRONMENT:
             return "exact (new fingerprint)"
+        if self.metric == STACK:
+            return "exact (new stack)"
         if self.p_value is None:
-            return "exact" + (" (new environment)" if self.new_environment else "")
-        return f"p={self.p_value:.1g} ({self.sessions_before} → {self.sessions_after} sessions)"
+            return "exact" + (" (new environment)" if self.new_environment
+                              else " (new stack)" if self.new_stack else "")
+        sessions = f"{self.sessions_before} → {self.sessions_after} sessions"
+        if self.new_stack:
+            sessions += ", new stack"
+        none = "" if self.significant else ", no change"
+        return f"p={self.p_value:.1g}{none} ({sessions})"
 
     def levels(self) -> str:
-        """``before → after`` in the metric's unit."""
+        """``before → after`` in the metric's unit; the versions that changed for the
+        ``stack`` change point."""
         if self.metric == ENVIRONMENT:
             return (f"{(self.last_before.fingerprint or '?')[:8]} → "
                     f"{(self.first_after.fingerprint or '?')[:8]}")
+        if self.metric == STACK:
+            return ", ".join(self.stack) or (f"{(self.last_before.stack or '?')[:8]} → "
+                                             f"{(self.first_after.stack or '?')[:8]}")
         return f"{fmt_value(self.before, self.unit)} → {fmt_value(self.after, self.unit)}"
 
     def to_json(self) -> dict[str, Any]:
         def session(s: Session) -> dict[str, Any]:
             return {"session": s.session, "time": s.time, "commit": s.commit,
-                    "dirty": s.dirty, "fingerprint": s.fingerprint}
+                    "dirty": s.dirty, "fingerprint": s.fingerprint, "machine": s.machine,
+                    "stack": s.stack}
 
         return {"platform": self.platform, "nodeid": self.nodeid, "metric": self.metric,
                 "unit": self.unit, "before": self.before, "after": self.after,
@@ -145,6 +177,8 @@ class ChangePoint:
                 "sessions_before": self.sessions_before,
                 "sessions_after": self.sessions_after,
                 "new_environment": self.new_environment,
+                "new_stack": self.new_stack, "stack": list(self.stack),
+                "significant": self.significant,
                 "last_before": session(self.last_before),
                 "first_after": session(self.first_after)}
 
@@ -301,51 +335,126 @@ Orders = Mapping[str, int]  # {session: its order among the history's sessions}
 
 
 def _session(p: Point, orders: Orders) -> Session:
-    return Session(p.session, p.time, p.commit, p.dirty, p.fingerprint, orders[p.session])
+    return Session(p.session, p.time, p.commit, p.dirty, p.fingerprint, orders[p.session],
+                   p.machine, p.stack)
 
 
 def _median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
+def _stack_words(last: Point, first: Point) -> tuple[str, ...]:
+    """How the stack changed from ``last`` to ``first`` (empty where it did not)."""
+    if last.stack == first.stack:
+        return ()
+    return tuple(stack_changes(first.versions or {}, last.versions or {}))
+
+
+def _cuts(points: Sequence[Point]) -> list[int]:
+    """Where the stack changes in a machine's sessions of a case: the index of the first
+    session of each new stack."""
+    stacks = [p.stack for p in points]
+    if not any(map(operator.ne, stacks, itertools.islice(stacks, 1, None))):
+        return []
+    return [k for k in range(1, len(stacks)) if stacks[k] != stacks[k - 1]]
+
+
 def _series_changes(platform: str, nodeid: str, metric: str, unit: str,
                     points: Sequence[Point], values: Sequence[float], orders: Orders,
-                    detection: Detection, *, log: bool, exact: bool
+                    detection: Detection, *, log: bool, exact: bool,
+                    stacks: bool = False, step_time: bool = False
                     ) -> Iterator[ChangePoint]:
-    """The change points of one metric over one fingerprint's sessions of a case."""
+    """The change points of one metric over one machine's sessions of a case.
+
+    A measured metric is searched within each stack's sessions, and measured across each
+    change of the stack, by the same test as a change the search proposed: the median
+    since the change before it (or the stack's first session) against the median to the
+    change after it, the Mann-Whitney U test's p-value, whether significant or not.
+    ``stacks``: the stack changes in these sessions (else they are not looked for).
+    ``step_time``: the step time is measured across each change of the stack too, over
+    the same sessions (beside the throughput)."""
+    cuts = _cuts(points) if stacks else []
+    found: list[tuple[int, float | None]]
     if exact:
-        found: list[tuple[int, float | None]] = [(i, None) for i in exact_changes(values)]
+        found = [(i, None) for i in exact_changes(values)]
+    elif cuts:
+        found = []
+        for lo, hi in itertools.pairwise([0, *cuts, len(values)]):
+            found += [(lo + i, p) for i, p in noisy_changes(values[lo:hi], detection, log=log)]
     else:
         found = list(noisy_changes(values, detection, log=log))
-    bounds = [0, *(i for i, _ in found), len(values)]
-    for k, (i, p) in enumerate(found):
-        lo, hi = bounds[k], bounds[k + 2]
+    at = [i for i, _ in found]
+    bounds = [0, *(at if exact else sorted({*at, *cuts})), len(values)]
+    for i, p in found:
+        k = bounds.index(i)
+        lo, hi = bounds[k - 1], bounds[k + 1]
         before = values[i - 1] if exact else _median(values[lo:i])
         after = values[i] if exact else _median(values[i:hi])
+        words = _stack_words(points[i - 1], points[i])
         yield ChangePoint(platform, nodeid, metric, unit, before, after, p,
                           _session(points[i - 1], orders), _session(points[i], orders),
-                          i - lo, hi - i)
+                          i - lo, hi - i, new_stack=points[i - 1].stack != points[i].stack,
+                          stack=words)
+    if exact:
+        return
+    for c in cuts:
+        k = bounds.index(c)
+        lo, hi = bounds[k - 1], bounds[k + 1]
+        s0, s1 = _session(points[c - 1], orders), _session(points[c], orders)
+        words = _stack_words(points[c - 1], points[c])
+        measured: list[tuple[str, str, Sequence[float], Sequence[float]]] = [
+            (metric, unit, values[lo:c], values[c:hi])]
+        if step_time:
+            measured.append((STEP_TIME[0], STEP_TIME[2],
+                             [q.step_time for q in points[lo:c] if q.step_time],
+                             [q.step_time for q in points[c:hi] if q.step_time]))
+        for name, unit_, a, b in measured:
+            if not a or not b:
+                continue
+            p = _pvalue(a, b)
+            yield ChangePoint(platform, nodeid, name, unit_, _median(a), _median(b),
+                              p, s0, s1, len(a), len(b), new_stack=True, stack=words,
+                              significant=p <= detection.max_pvalue)
+
+
+def _series_key(p: Point) -> str | tuple[str | None]:
+    """What splits a case's sessions into series: the machine; the environment's
+    fingerprint in lines written before the machine was told from the stack."""
+    return p.machine if p.machine is not None else (p.fingerprint,)
 
 
 def _case_changes(platform: str, nodeid: str, seq: Sequence[Point], orders: Orders,
                   detection: Detection) -> Iterator[ChangePoint]:
     """The change points of one case (its sessions oldest first)."""
-    by_fingerprint: dict[str | None, list[Point]] = {}
+    by_machine: dict[str | tuple[str | None], list[Point]] = {}
     for k, p in enumerate(seq):
-        if p.fingerprint not in by_fingerprint and k:
+        key = _series_key(p)
+        if key not in by_machine and k:
             yield from _new_environment(platform, nodeid, seq[k - 1], p, orders)
-        by_fingerprint.setdefault(p.fingerprint, []).append(p)
-    for series in by_fingerprint.values():
-        yield from _fingerprint_changes(platform, nodeid, series, orders, detection)
+        by_machine.setdefault(key, []).append(p)
+    for series in by_machine.values():
+        yield from _machine_changes(platform, nodeid, series, orders, detection)
 
 
 _COLUMN = {name: i for i, name in enumerate(Point._fields)}
 
 
-def _fingerprint_changes(platform: str, nodeid: str, series: Sequence[Point], orders: Orders,
-                         detection: Detection) -> Iterator[ChangePoint]:
+def _machine_changes(platform: str, nodeid: str, series: Sequence[Point], orders: Orders,
+                     detection: Detection) -> Iterator[ChangePoint]:
+    """The change points of one machine's sessions of a case (one fingerprint's, in lines
+    written before the machine was told from the stack): each change of the stack, and
+    each metric's changes."""
+    cuts = _cuts(series)
+    bounds = [0, *cuts, len(series)]
+    for k, c in enumerate(cuts, start=1):
+        last, first = series[c - 1], series[c]
+        yield ChangePoint(platform, nodeid, STACK, "", None, None, None,
+                          _session(last, orders), _session(first, orders),
+                          c - bounds[k - 1], bounds[k + 1] - c, new_stack=True,
+                          stack=_stack_words(last, first))
     columns = list(zip(*series, strict=True))  # one pass in C: a column per field
     timing = THROUGHPUT if any(columns[_COLUMN["throughput"]]) else STEP_TIME
+    step_time = timing is THROUGHPUT and bool(cuts)
     for (metric, field, unit), noisy in ((timing, True), *((m, False) for m in MEASURED)):
         column = columns[_COLUMN[field]]
         points: Sequence[Point]
@@ -356,7 +465,8 @@ def _fingerprint_changes(platform: str, nodeid: str, series: Sequence[Point], or
         else:
             points, values = series, column
         yield from _series_changes(platform, nodeid, metric, unit, points, values, orders,
-                                   detection, log=noisy, exact=not noisy and repeats(values))
+                                   detection, log=noisy, exact=not noisy and repeats(values),
+                                   stacks=bool(cuts), step_time=noisy and step_time)
     if _records_differ([r for r in columns[_COLUMN["program"]] if r is not None]):
         yield from _program_changes(platform, nodeid, series, orders)
 
@@ -371,7 +481,8 @@ def _records_differ(records: Sequence[ProgramRecord]) -> bool:
 
 def _program_changes(platform: str, nodeid: str, series: Sequence[Point], orders: Orders
                      ) -> Iterator[ChangePoint]:
-    """Exact changes of the program fields of one fingerprint's sessions of a case."""
+    """Exact changes of the program fields of one machine's sessions of a case (those
+    across a change of the stack say so, and name it)."""
     records = [p for p in series if p.program is not None]
     values = _program_tables(records)
     for name in sorted({k for v in values for k in v}):
@@ -381,14 +492,17 @@ def _program_changes(platform: str, nodeid: str, series: Sequence[Point], orders
         bounds = [known[0] if known else 0, *at, len(column)]
         for k, i in enumerate(at):
             j = max(j for j in known if j < i)  # the last session that recorded it before
+            words = _stack_words(records[j], records[i])
             yield ChangePoint(platform, nodeid, name[0], name[1], column[j], column[i], None,
                               _session(records[j], orders), _session(records[i], orders),
-                              i - bounds[k], bounds[k + 2] - i)
+                              i - bounds[k], bounds[k + 2] - i,
+                              new_stack=records[j].stack != records[i].stack, stack=words)
 
 
 def _new_environment(platform: str, nodeid: str, last: Point, first: Point, orders: Orders
                      ) -> Iterator[ChangePoint]:
-    """A case's first session with a fingerprint it never had: the change point
+    """A case's first session on a machine it never ran on (in lines written before the
+    machine was told from the stack: with a fingerprint it never had): the change point
     ``environment``, and each program field that differs across it."""
     s0, s1 = _session(last, orders), _session(first, orders)
     yield ChangePoint(platform, nodeid, ENVIRONMENT, "", None, None, None, s0, s1, 0, 0,
@@ -419,8 +533,14 @@ def find_changes(points: Iterable[Point], detection: Detection | None = None
     out: list[ChangePoint] = []
     for (platform, nodeid), seq in cases.items():
         out.extend(_case_changes(platform, nodeid, seq, orders, detection))
-    out.sort(key=lambda c: (c.first_after.order, c.platform, c.nodeid, c.metric))
+    out.sort(key=lambda c: (c.first_after.order, c.platform, c.nodeid, metric_order(c)))
     return out
+
+
+def metric_order(change: ChangePoint) -> tuple[bool, str]:
+    """The order of a session's change points of one case: a new environment or stack
+    first (what the rows after it changed across), then by metric."""
+    return change.metric not in (ENVIRONMENT, STACK), change.metric
 
 
 # -- a history directory -----------------------------------------------------------------------
@@ -483,8 +603,10 @@ def _rev_parse(ref: str, cwd: Path) -> str | None:
 def worse(change: ChangePoint) -> bool | None:
     """Whether a change point is for the worse: less throughput, more step time, and more
     of anything else (memory, loss, FLOPs, bytes, collectives, syncs, recompiles); None
-    for a new environment or an unknown level."""
+    for a new environment or stack, a level measured across a stack that did not change,
+    or an unknown level."""
     before, after = change.before, change.after
-    if change.metric == ENVIRONMENT or before is None or after is None or before == after:
+    if (change.metric in (ENVIRONMENT, STACK) or not change.significant or before is None
+            or after is None or before == after):
         return None
     return after < before if change.metric == THROUGHPUT[0] else after > before

@@ -1,13 +1,15 @@
 """The run history: one JSON line per case per session, appended, never rewritten.
 
 ``--accelperf-history=DIR`` appends the session's runs to ``DIR/<platform>.jsonl``. Each
-line carries the git commit the session ran on, the environment fingerprint, the headline
-numbers, the gated fields of the program record and the verdicts, so trends and change
-points can be plotted (the HTML report) and listed (``accelperf history changes``,
-:mod:`pytest_accelperf.report.changes`) over commits, and read by anything that reads JSON
-lines::
+line carries the git commit the session ran on, the environment (and hashes of it: the
+whole ``fingerprint``, the ``machine`` and the case's ``stack``,
+:mod:`pytest_accelperf.fingerprint`), the headline numbers, the gated fields of the program
+record and the verdicts, so trends and change points can be plotted (the HTML report) and
+listed (``accelperf history changes``, :mod:`pytest_accelperf.report.changes`) over
+commits, and read by anything that reads JSON lines::
 
-    {"commit": "3d153e9...", "dirty": false, "fingerprint": "5f0c...", "nodeid": "...",
+    {"commit": "3d153e9...", "dirty": false, "fingerprint": "5f0c...",
+     "machine": "0b1e...", "stack": "9a3d...", "environment": {...}, "nodeid": "...",
      "samples_per_second": 1020.2, "median_step_time": 0.0627, "final_loss": 2.404,
      "peak_memory": 7539712, "program": {"source": "xla", "flops": 2.1e9, ...},
      "verdict": "regression", "checks": {"throughput": ...}, ...}
@@ -34,6 +36,7 @@ from filelock import FileLock
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.fingerprint import case_stack, machine
 from pytest_accelperf.git import git_or_none
 from pytest_accelperf.jsonfile import field_path
 from pytest_accelperf.program import AMOUNTS, COUNTS
@@ -94,6 +97,8 @@ def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
     derived = run.get("derived") or {}
     losses = [x for x in run.get("losses") or [] if isinstance(x, (int, float))]
     environment = dict(run.get("environment") or {})
+    backend = (record.case or {}).get("backend")
+    backend = backend if isinstance(backend, str) else None
     return {
         "schema_version": HISTORY_SCHEMA_VERSION,
         "session": session,
@@ -115,6 +120,8 @@ def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
         "compile_time": _number(run.get("compile_time")),
         "final_loss": float(losses[-1]) if losses else None,
         "fingerprint": fingerprint_hash(environment),
+        "machine": fingerprint_hash(machine(environment)),
+        "stack": fingerprint_hash(case_stack(environment, backend)),
         "environment": environment,
         "program": program_fields(run.get("program")),
     }

@@ -17,7 +17,8 @@ from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.report.changes import ChangePoint, find_changes, worse
+from pytest_accelperf.fingerprint import stack_words
+from pytest_accelperf.report.changes import STACK, ChangePoint, find_changes, worse
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.markdown import case_name, explanation, program_diff
 from pytest_accelperf.report.points import points_of
@@ -210,7 +211,11 @@ def _mark_label(change: ChangePoint, case: bool) -> str:
     the plot has several)."""
     pct, before, after = change.change, change.before, change.after
     text = change.metric
-    if pct is not None:
+    if change.metric == STACK:  # the versions: stack: jax 0.8.3 → 0.10.2, ...
+        text = stack_words(change.stack) or change.metric
+    elif not change.significant:  # measured across a stack change, and not changed
+        text += " no change"
+    elif pct is not None:
         text += f" {pct * 100:+.0f}%"
     elif before is not None and after is not None:
         text += f" {before:g} → {after:g}"
@@ -228,7 +233,9 @@ def _changes_table(changes: list[ChangePoint]) -> list[str]:
            else f"<h3>Change points ({len(changes)})</h3>",
            '<p class="sub">Deterministic fields (program, memory and loss that repeat) '
            "exactly; throughput where a new level held 3 sessions or more and the "
-           "Mann-Whitney U test gives p at most 0.001. <code>accelperf history changes"
+           "Mann-Whitney U test gives p at most 0.001. A change of the stack on the same "
+           "machine (an upgrade) is listed with its versions, the throughput and step time "
+           "measured across it (p above 0.001: no change). <code>accelperf history changes"
            "</code> lists the same.</p>",
            "<table><tr><th>case</th><th>metric</th><th>before → after</th><th>change</th>"
            "<th>commits</th><th>how sure</th></tr>"]

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import mmap
 import operator
@@ -47,6 +48,7 @@ from typing import Annotated, Any, NamedTuple, cast
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pytest_accelperf.fingerprint import case_stack
 from pytest_accelperf.jsonfile import atomic_write, gc_paused
 from pytest_accelperf.report.history import history_files, invalid_line, read_bytes
 from pytest_accelperf.schema import HistoryNumbers, ProgramRecord
@@ -56,6 +58,8 @@ CACHE_DIR = ".accelperf-cache"
 #: The version of the cache's layout; with the schema of the points, it decides whether a
 #: cache was written by this code.
 CACHE_VERSION = 2
+#: The fields of :class:`Point` the cache keeps in one column (``environment``).
+_ENVIRONMENT = ("fingerprint", "machine", "stack", "versions")
 #: The cache is rewritten where the lines after it are more than this share of those it
 #: holds (or where it holds none).
 REWRITE_SHARE = 0.1
@@ -79,18 +83,46 @@ class Point(NamedTuple):
     #: The program record, as a dict (compared whole, in C, from session to session; its
     #: fields read only where two sessions' records differ); None: not recorded.
     program: ProgramRecord | None
+    #: Hashes of the machine and of the case's stack; None in lines written before they
+    #: were (their ``fingerprint`` splits the series, as it did).
+    machine: str | None = None
+    stack: str | None = None
+    #: The case's stack (:func:`pytest_accelperf.fingerprint.case_stack`: python, packages,
+    #: libraries) that ``stack`` is the hash of, read from the line's environment once per
+    #: hash, one object for the lines of a hash; None without a ``stack``.
+    versions: Mapping[str, Any] | None = None
 
 
-def point(e: HistoryNumbers) -> Point:
+def point(e: HistoryNumbers, versions: Mapping[str, Any] | None = None) -> Point:
     return Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
                  e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
-                 e.final_loss, e.program)
+                 e.final_loss, e.program, e.machine, e.stack, versions)
+
+
+def line_stack(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """The case's stack of a history line (a dict), from its environment and its case's
+    backend (:func:`pytest_accelperf.fingerprint.case_stack`); empty without either."""
+    env, case = entry.get("environment"), entry.get("case")
+    backend = case.get("backend") if isinstance(case, dict) else None
+    if not isinstance(env, dict):
+        return {}
+    return case_stack(env, backend if isinstance(backend, str) else None)
 
 
 def points_of(entries: Iterable[Mapping[str, Any]]) -> list[Point]:
     """The points of entries :func:`~pytest_accelperf.report.history.read_history` read
     (validated as history lines already)."""
-    return [point(HistoryNumbers.model_validate(e)) for e in entries]
+    out: list[Point] = []
+    stacks: dict[str, dict[str, Any]] = {}
+    for item in entries:
+        e = HistoryNumbers.model_validate(item)
+        versions = None
+        if e.stack is not None:
+            versions = stacks.get(e.stack)
+            if versions is None:
+                versions = stacks[e.stack] = line_stack(item)
+        out.append(point(e, versions))
+    return out
 
 
 def load_points(directory: Path, platform: str | None = None, *, cache: bool = True
@@ -113,6 +145,7 @@ def parse_points(path: Path, data: bytes, first: int = 1) -> list[Point]:
     out: list[Point] = []
     append = out.append
     last: dict[str, ProgramRecord] = {}  # each case's last program record
+    stacks: dict[str, dict[str, Any]] = {}  # the versions of each stack hash
     for n, raw in enumerate(data.splitlines(), start=first):
         if not raw or raw.isspace():
             continue
@@ -126,10 +159,21 @@ def parse_points(path: Path, data: bytes, first: int = 1) -> list[Point]:
                 program = last[e.nodeid]
             else:
                 last[e.nodeid] = program
+        versions = None
+        if (h := e.stack) is not None:  # read from the environment once per stack
+            versions = stacks.get(h)
+            if versions is None:
+                versions = stacks[h] = _line_stack(raw)
         append(Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
                      e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
-                     e.final_loss, program))
+                     e.final_loss, program, e.machine, h, versions))
     return out
+
+
+def _line_stack(raw: bytes) -> dict[str, Any]:
+    """:func:`line_stack` of a line's bytes (a valid history line: they parse)."""
+    item = json.loads(raw)
+    return line_stack(item) if isinstance(item, dict) else {}
 
 
 # -- the cache ---------------------------------------------------------------------------------
@@ -140,8 +184,8 @@ Stat = tuple[int, int, int, int, int]
 
 class PointsCache(BaseModel):
     """The cache of one history file's points: the points of its first ``covered`` bytes
-    (``lines`` lines, ending in a newline), as columns (strings and program records stored
-    once each, referred to by index)."""
+    (``lines`` lines, ending in a newline), as columns (strings, program records and
+    environments stored once each, referred to by index)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
@@ -158,40 +202,62 @@ class PointsCache(BaseModel):
     nodeid: list[Index]
     commit: list[Index | None]
     dirty: list[bool | None]
-    fingerprint: list[Index | None]
+    #: Each line's environment: an index into ``environments``.
+    environment: list[Index]
     throughput: list[float | None]
     step_time: list[float | None]
     memory: list[float | None]
     loss: list[float | None]
     program: list[Index | None]
+    #: ``(fingerprint, machine, stack)`` of each environment the lines ran in (one column
+    #: for the three: they change together, rarely).
+    environments: list[tuple[str | None, str | None, str | None]]
+    #: ``{stack hash: versions}`` of the stacks of ``environments``.
+    stacks: dict[str, dict[str, Any]]
 
     @model_validator(mode="after")
     def _consistent(self) -> PointsCache:
         rows = len(self.time)
-        columns = [getattr(self, name) for name in Point._fields]
+        columns = [getattr(self, name) for name in Point._fields if name not in _ENVIRONMENT]
+        columns.append(self.environment)
         if any(len(c) != rows for c in columns):
             raise ValueError("columns of different lengths")
         for column, table in ((self.time, self.strings), (self.session, self.strings),
                               (self.platform, self.strings), (self.nodeid, self.strings),
-                              (self.commit, self.strings), (self.fingerprint, self.strings),
-                              (self.program, self.programs)):
+                              (self.commit, self.strings), (self.program, self.programs),
+                              (self.environment, self.environments)):
             if max([i for i in column if i is not None], default=-1) >= len(table):
                 raise ValueError("an index past its table")
         return self
 
     def points(self) -> list[Point]:
-        strings, programs = self.strings, self.programs
+        # each column looked up in C (map over a dict's __getitem__), None kept as None
+        strings: dict[int | None, str | None] = dict(enumerate(self.strings))
+        strings[None] = None
+        programs: dict[int | None, ProgramRecord | None] = dict(enumerate(self.programs))
+        programs[None] = None
+        environments = [(*e, None if e[2] is None else self.stacks.get(e[2]))
+                        for e in self.environments]
+        # (fingerprint, machine, stack, versions) of each line, as four columns
+        envs: Iterable[Iterable[Any]]
+        if len(environments) == 1:  # one environment throughout: no column to build
+            envs = (itertools.repeat(v, len(self.environment)) for v in environments[0])
+        else:
+            envs = (zip(*map(environments.__getitem__, self.environment), strict=True)
+                    if self.environment else iter(((),) * 4))
 
         def text(column: list[int]) -> list[str]:
-            return [strings[i] for i in column]
+            return cast(list[str], list(map(strings.__getitem__, column)))
 
         def maybe(column: list[int | None]) -> list[str | None]:
-            return [None if i is None else strings[i] for i in column]
+            return list(map(strings.__getitem__, column))
 
+        fingerprint, machine, stack, versions = envs
         rows = zip(text(self.time), text(self.session), text(self.platform),
-                   text(self.nodeid), maybe(self.commit), self.dirty, maybe(self.fingerprint),
+                   text(self.nodeid), maybe(self.commit), self.dirty, fingerprint,
                    self.throughput, self.step_time, self.memory, self.loss,
-                   [None if i is None else programs[i] for i in self.program], strict=True)
+                   map(programs.__getitem__, self.program), machine, stack, versions,
+                   strict=True)
         return list(map(Point._make, rows))
 
 
@@ -303,13 +369,20 @@ def _write_cache(path: Path, points: Sequence[Point], *, stat: Stat, covered: in
     columns = {name: list(map(operator.itemgetter(i), points))
                for i, name in enumerate(Point._fields)}
     body: dict[str, Any] = {name: index(columns[name]) for name in
-                            ("time", "session", "platform", "nodeid", "commit", "fingerprint")}
+                            ("time", "session", "platform", "nodeid", "commit")}
+    envs = list(zip(columns["fingerprint"], columns["machine"], columns["stack"],
+                    strict=True))
+    table = {e: i for i, e in enumerate(dict.fromkeys(envs))}  # each once, in C
+    stacks = dict(zip(columns["stack"], columns["versions"], strict=True))  # in C
+    stacks.pop(None, None)
     body.update(
         version=cache_version(), stat=stat, covered=covered, lines=lines, crc32=crc32,
         dirty=columns["dirty"], throughput=columns["throughput"],
         step_time=columns["step_time"], memory=columns["memory"], loss=columns["loss"],
         program=list(map(program, columns["program"])),
-        strings=list(strings)[1:], programs=records)
+        environment=list(map(table.__getitem__, envs)), environments=list(table),
+        strings=list(strings)[1:], programs=records,
+        stacks={h: dict(v) for h, v in stacks.items() if v is not None})
     where = cache_path(path)
     try:
         where.parent.mkdir(exist_ok=True)

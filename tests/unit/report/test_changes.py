@@ -19,6 +19,7 @@ import pytest
 from pytest_accelperf.cli import main
 from pytest_accelperf.report.changes import (
     ENVIRONMENT,
+    STACK,
     ChangesError,
     Detection,
     analyse,
@@ -26,6 +27,7 @@ from pytest_accelperf.report.changes import (
     find_changes,
     noisy_changes,
     since_order,
+    worse,
 )
 from pytest_accelperf.report.history import (
     HistoryError,
@@ -346,3 +348,151 @@ def test_the_command_takes_one_platform_and_refuses_a_p_value_out_of_range(
     assert main(["history", "changes", str(hist), "--max-pvalue", "2"]) == 1
     assert capsys.readouterr().err == ("accelperf: error: --max-pvalue 2.0: a p-value between "
                                        "0 and 1, such as 0.001\n")
+
+
+# -- the machine and the stack (issue 37) ------------------------------------------------------
+def machine_env(jax: str, *, host_cpu: str = "AMD EPYC 7B13", torch: str = "2.13.0"
+                ) -> dict[str, Any]:
+    """An environment as :func:`pytest_accelperf.fingerprint.environment` writes it: the
+    machine (platform, device, host CPU) and the stack (python, packages, libraries)."""
+    return {"platform": "cpu-x2", "accel": "cpu", "device_kind": "cpu", "device_count": 2,
+            "host_cpu": host_cpu, "cpu_isa": "avx avx2 fma", "python": "3.11.7",
+            "packages": {"jax": jax, "jaxlib": jax, "torch": torch}, "libraries": {}}
+
+
+def upgrade_history(tmp_path: Path) -> tuple[Path, str, str]:
+    """Through the real writer: two jax cases, 14 sessions under jax 0.8.3 then 14 under
+    0.10.2 on the same machine (torch upgraded too, which no jax case runs), where the first
+    case's step is 10 % slower and its FLOPs counted anew, the second's unchanged; then 6
+    sessions on another host CPU. ``(history, slower case, unchanged case)``."""
+    report = synthetic_report()
+    slow, same = (r for r in report.records if r.case_id in ("jax-nomesh-b64",
+                                                             "jax-nomesh-b128"))
+    report.records = [slow, same]
+    hist = tmp_path / "hist"
+    for i in range(34):
+        upgraded = i >= 14
+        env = machine_env("0.10.2" if upgraded else "0.8.3",
+                          torch="2.14.0" if upgraded else "2.13.0",
+                          host_cpu="Intel Xeon 8481C" if i >= 28 else "AMD EPYC 7B13")
+        for k, record in enumerate(report.records):
+            rng = np.random.default_rng(1000 * k + i)
+            step = 0.010 * (1.10 if k == 0 and upgraded else 1.0) * (
+                1 + 0.01 * float(rng.standard_normal()))
+            record.run["environment"] = env
+            record.run["derived"]["median_step_time"] = step
+            record.run["derived"]["samples_per_second"] = 64 * (k + 1) / step
+            record.run["program"] = {"source": "xla",
+                                     "flops": 2e9 if k == 0 and upgraded else 1e9}
+        append_history(hist, report, cwd=tmp_path,
+                       now=dt.datetime(2026, 11, 1, 12, i, tzinfo=dt.timezone.utc))
+    return hist, slow.nodeid, same.nodeid
+
+
+def test_a_stack_change_on_one_machine_is_named_and_measured_across(tmp_path: Path) -> None:
+    hist, slow, same = upgrade_history(tmp_path)
+    first = read_history(hist)[0]
+    assert {"fingerprint", "machine", "stack"} <= set(first)  # the line carries both hashes
+    changes = analyse(hist).changes
+    at = [c for c in changes if c.first_after.time.endswith("12:14:00+00:00")]
+    got = {(c.nodeid, c.metric, c.new_stack, c.exact, c.significant) for c in at}
+    assert got == {
+        (slow, STACK, True, True, True), (same, STACK, True, True, True),
+        (slow, "throughput", True, False, True), (slow, "step time", True, False, True),
+        (slow, "FLOPs", True, True, True),
+        # measured across the upgrade, and unchanged: listed, not a change
+        (same, "throughput", True, False, False), (same, "step time", True, False, False)}
+    for c in at:  # the versions: the torch upgrade is no jax case's
+        assert c.stack == ("jax 0.8.3 → 0.10.2", "jaxlib 0.8.3 → 0.10.2"), c
+    stack = next(c for c in at if c.nodeid == slow and c.metric == STACK)
+    assert stack.levels() == "jax 0.8.3 → 0.10.2, jaxlib 0.8.3 → 0.10.2"
+    assert stack.sure == "exact (new stack)" and worse(stack) is None
+    assert (stack.sessions_before, stack.sessions_after) == (14, 14)
+    step = next(c for c in at if c.nodeid == slow and c.metric == "step time")
+    assert step.change == pytest.approx(0.10, abs=0.02) and worse(step) is True
+    assert step.p_value is not None and step.p_value < 1e-4
+    assert (step.sessions_before, step.sessions_after) == (14, 14)
+    assert re.fullmatch(r"p=\de-\d+ \(14 → 14 sessions, new stack\)", step.sure)
+    flops = next(c for c in at if c.metric == "FLOPs")
+    assert (flops.before, flops.after, flops.sure) == (1e9, 2e9, "exact (new stack)")
+    unchanged = next(c for c in at if c.nodeid == same and c.metric == "step time")
+    assert unchanged.p_value is not None and unchanged.p_value > 0.001
+    assert unchanged.sure.startswith(f"p={unchanged.p_value:.1g}, no change (14 → 14")
+    assert worse(unchanged) is None
+    # not found again by the search: the series is searched within each stack
+    assert [c for c in changes if c.metric in ("throughput", "step time")
+            and not c.new_stack] == []
+    # another host CPU is another machine: an environment change, a new series
+    moved = [c for c in changes if c.first_after.time.endswith("12:28:00+00:00")]
+    assert {(c.nodeid, c.metric) for c in moved} == {(slow, ENVIRONMENT), (same, ENVIRONMENT)}
+
+
+def test_the_command_and_the_html_report_name_the_versions(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hist, slow, _ = upgrade_history(tmp_path)
+    assert main(["history", "changes", str(hist)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [re.split(r"\s{2,}", row.strip()) for row in out[2:-1]]
+    stack = next(r for r in rows if r[0] == f"cpu-x2:{slow}")
+    assert stack[1:3] == ["stack", "jax 0.8.3 → 0.10.2, jaxlib 0.8.3 → 0.10.2"]
+    assert stack[-1] == "exact (new stack)"
+    at = rows.index(stack)
+    assert rows[at + 1][0] == "FLOPs" and rows[at + 1][-1] == "exact (new stack)"
+    assert rows[at + 2][:4] == ["step time", "10.00 ms → 11.00 ms", "+10.0%", "?..?"]
+    assert re.fullmatch(r"p=\de-\d+ \(14 → 14 sessions, new stack\)", rows[at + 2][4])
+    assert rows[at + 3][0] == "throughput" and rows[at + 4][:2] == ["environment",
+                                                                    rows[at + 4][1]]
+    assert main(["history", "changes", str(hist), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    named = [c for c in listed if c["metric"] == STACK]
+    assert len(named) == 2 and all(
+        c["stack"] == ["jax 0.8.3 → 0.10.2", "jaxlib 0.8.3 → 0.10.2"] and c["new_stack"]
+        and c["first_after"]["stack"] != c["last_before"]["stack"]
+        and c["first_after"]["machine"] == c["last_before"]["machine"] for c in named)
+
+    report = synthetic_report()
+    report.records = [r for r in report.records if r.nodeid == slow]
+    text = html_report(report, history=read_history(hist))
+    name = slow.split("::", 1)[-1]
+    assert (f"<td>{name}</td><td>stack</td><td class=\"num\">jax 0.8.3 → 0.10.2, "
+            f"jaxlib 0.8.3 → 0.10.2</td>") in text
+
+
+def test_a_stack_change_point_is_marked_with_its_versions(tmp_path: Path) -> None:
+    from pytest_accelperf.report.html import _mark_label
+
+    hist, _, _ = upgrade_history(tmp_path)
+    changes = find_changes(load_points(hist))
+    labels = {_mark_label(c, False) for c in changes
+              if c.first_after.time.endswith("12:14:00+00:00")}
+    assert "stack: jax 0.8.3 → 0.10.2, jaxlib 0.8.3 → 0.10.2" in labels
+    assert "step time no change" in labels and "step time +10%" in labels
+
+
+def test_the_cache_keeps_the_machine_and_the_stack(tmp_path: Path) -> None:
+    hist, _, _ = upgrade_history(tmp_path)
+    fresh = load_points(hist, cache=False)
+    load_points(hist)  # writes the cache
+    cached = load_points(hist)
+    assert cached == fresh == points_of(read_history(hist))
+    assert {p.versions["packages"]["jax"] for p in cached if p.versions} == {"0.8.3", "0.10.2"}
+    assert len({id(p.versions) for p in cached}) == 2  # one object per stack
+    assert find_changes(cached) == find_changes(fresh)
+
+
+def test_a_history_written_before_the_stack_was_kept_splits_by_fingerprint(
+        tmp_path: Path) -> None:
+    # old lines: a fingerprint, no machine or stack; a jax upgrade changed the fingerprint
+    old = [line(i, sps=v, fingerprint="f1" if i < 20 else "f2")
+           for i, v in enumerate(noisy(30, seed=31))]
+    points = load_points(write(tmp_path / "h", old))
+    assert {(p.machine, p.stack, p.versions) for p in points} == {(None, None, None)}
+    changes = find_changes(points)
+    assert [(c.metric, c.first_after.session, c.new_stack) for c in changes] == [
+        (ENVIRONMENT, "s0020", False)]
+    # the first line written with the machine and the stack starts a series of its own
+    new = {"machine": "m1", "stack": "k1", "environment": machine_env("0.10.2")}
+    lines = old + [{**line(i), "fingerprint": "f3", **new} for i in range(30, 36)]
+    changes = find_changes(load_points(write(tmp_path / "h2", lines)))
+    assert [(c.metric, c.first_after.session) for c in changes] == [
+        (ENVIRONMENT, "s0020"), (ENVIRONMENT, "s0030")]
