@@ -36,7 +36,6 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     create_model,
-    field_validator,
     model_validator,
     with_config,
 )
@@ -203,21 +202,6 @@ class ReportCase(_Report):
     error: str | None = None
     worker: str = "main"
     baseline: dict[str, Any] | None = None
-
-    @field_validator("block")
-    @classmethod
-    def _a_baseline_block(cls, block: dict[str, Any] | None) -> dict[str, Any] | None:
-        """The block a case stored (or would store) is a baseline block, as the store
-        reads one: a report is an input anyone can hand over (``accelperf baselines
-        accept``, ``accelperf report``)."""
-        if block is not None:
-            try:
-                validate_block(block)
-            except ValidationError as exc:
-                raise ValueError("not a baseline block: " + "; ".join(
-                    f"{'.'.join(map(str, at)) or 'the block'}: {msg}"
-                    for at, msg in error_lines(exc))) from None
-        return block
 
     @model_validator(mode="after")
     def _a_loss_step_each(self) -> ReportCase:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pytest
-from pydantic import ValidationError
 from tabulate import tabulate
 
 from pytest_accelperf.baselines import (
@@ -28,15 +27,19 @@ from pytest_accelperf.baselines import (
     read,
 )
 from pytest_accelperf.cli.common import CliError, read_file
-from pytest_accelperf.jsonfile import field_path, gc_paused
+from pytest_accelperf.jsonfile import gc_paused
 from pytest_accelperf.nodeids import OUTPUT_ENV
 from pytest_accelperf.options import BY_KEY, read_pyproject_table
 from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
 from pytest_accelperf.report.data import CaseRecord
-from pytest_accelperf.report.loading import ReportFileError, case_line, load_report
+from pytest_accelperf.report.loading import (
+    ReportFileError,
+    case_line,
+    check_stored_block,
+    load_report,
+)
 from pytest_accelperf.report.terminal import fmt_value
 from pytest_accelperf.run import Run
-from pytest_accelperf.schema import error_lines, validate_block
 from pytest_accelperf.summary import summarize
 
 
@@ -144,23 +147,6 @@ def _block_of(record: CaseRecord) -> dict[str, Any]:
                        f"re-run the case with --accelperf-update instead") from None
 
 
-def _stored_block(report: Path, index: int, record: CaseRecord) -> None:
-    """A CliError naming the report, the line and the case where the block that the
-    report's case stored is not one the schema accepts (as the store's own read refuses
-    it, field by field)."""
-    if record.block is None:
-        return
-    try:
-        validate_block(record.block)
-    except ValidationError as exc:
-        shown = "; ".join(f"{field_path(loc) or 'the block'}: {msg}" if loc else msg
-                          for loc, msg in error_lines(exc))
-        raise CliError(f"{report}:{case_line(report, index)}: case {record.nodeid!r}: "
-                       f"invalid baseline block: {shown}; the report was edited or written "
-                       f"by another version: write one with pytest --accelperf-json=PATH"
-                       ) from None
-
-
 def _load(path: Path) -> list[CaseRecord]:
     try:
         return load_report(path)[0].records
@@ -255,7 +241,10 @@ def _side(path: Path, platform: str | None) -> tuple[dict[tuple[str, str], dict[
     blocks = {}
     for i, record in enumerate(_load(path)):
         if platform is None or record.platform == platform:
-            _stored_block(path, i, record)
+            try:
+                check_stored_block(path, i, record)
+            except ReportFileError as exc:
+                raise CliError(str(exc)) from None
             blocks[(record.platform, record.nodeid)] = _block_of(record)
     return blocks, True
 

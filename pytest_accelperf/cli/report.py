@@ -9,13 +9,15 @@ from pytest_accelperf.baselines import case_key
 from pytest_accelperf.cli.common import CliError, write_file
 from pytest_accelperf.report.history import HistoryError, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report
-from pytest_accelperf.report.loading import ReportFileError, load_report
+from pytest_accelperf.report.loading import ReportFileError, check_stored_block, load_report
 from pytest_accelperf.report.markdown import markdown
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
     try:
         report, _ = load_report(args.report)
+        for i, record in enumerate(report.records):  # what the renderings read is typed
+            check_stored_block(args.report, i, record)
     except ReportFileError as exc:
         raise CliError(str(exc)) from None
     hint = None

@@ -13,8 +13,8 @@ from pydantic import ValidationError
 
 from pytest_accelperf import jsonfile
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.report.data import REPORT_SCHEMA_VERSION, SessionReport
-from pytest_accelperf.schema import ReportFile, error_lines
+from pytest_accelperf.report.data import REPORT_SCHEMA_VERSION, CaseRecord, SessionReport
+from pytest_accelperf.schema import ReportFile, error_lines, validate_block
 
 _WRITE_ONE = "write one with pytest --accelperf-json=PATH"
 
@@ -93,3 +93,22 @@ def case_line(path: Path, index: int) -> int:
     except (OSError, UnicodeDecodeError):
         return 1
     return jsonfile.locate(text, ["cases", index])
+
+
+def check_stored_block(path: Path, index: int, record: CaseRecord) -> None:
+    """A :class:`ReportFileError` naming the report, the line and the case where the block
+    that the report's ``index``-th case stored (``record.block``) is not one the schema
+    accepts, field by field, as the store's own read refuses it: a report is an input
+    anyone can hand over (``accelperf baselines diff``, ``accelperf report``)."""
+    if record.block is None:
+        return
+    try:
+        validate_block(record.block)
+    except ValidationError as exc:
+        shown = "; ".join(f"{jsonfile.field_path(loc) or 'the block'}: {msg}" if loc else msg
+                          for loc, msg in error_lines(exc))
+        raise ReportFileError(
+            f"{path}:{case_line(path, index)}: case {record.nodeid!r}: invalid baseline "
+            f"block: {shown}; the report was edited or written by another version: "
+            f"{_WRITE_ONE}") from None
+
