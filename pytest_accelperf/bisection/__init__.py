@@ -29,7 +29,8 @@ How a bisection goes:
 The modules, one job each, the data flowing one way: :mod:`.commits` (the range, and a
 worktree of a commit), :mod:`.probe` (one pytest session at one commit, its report read
 back), :mod:`.evidence` (what a session says of a commit against GOOD), :mod:`.search`
-(which commit next, skips included), :mod:`.driver` (the bisection), :mod:`.status` (its
+(which commit next, skips included), :mod:`.driver` (the bisection; :mod:`.releases` runs it over a
+package's releases, each in an environment of its own), :mod:`.status` (its
 exit statuses) and :mod:`.show` (the table, the first bad commit, the command that
 reproduces the last comparison).
 """

@@ -56,6 +56,15 @@ class CommitRange:
     #: The refs as the user wrote them.
     good_ref: str = ""
     bad_ref: str = ""
+    #: Set for a range of a package's releases (:mod:`.releases`), not of commits: each
+    #: "commit" is then a release, its ``sha`` the version and its ``subject`` what is
+    #: installed (``jax 0.9.1, jaxlib 0.9.1``).
+    package: str = ""
+
+    @property
+    def unit(self) -> str:
+        """What the range is of, in words: ``commit`` or ``release``."""
+        return "release" if self.package else "commit"
 
     def position(self, commit: Commit) -> int:
         """1 for the oldest commit of the range, len(commits) for BAD, 0 for GOOD."""

@@ -6,7 +6,9 @@ commands that reproduce the last decisive one and the first bad commit's.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -15,7 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, Protocol
 
 from pytest_accelperf.bisection import BisectError
 from pytest_accelperf.bisection.commits import Commit, CommitRange, Worktrees
@@ -36,6 +39,7 @@ from pytest_accelperf.bisection.probe import Session, require, run_session, sess
 from pytest_accelperf.bisection.search import Search
 from pytest_accelperf.bisection.status import Status as Status  # re-exported
 from pytest_accelperf.options import BY_KEY
+from pytest_accelperf.program import describe_changes
 
 Kind = Literal["record", "program", "A/B", "input"]
 
@@ -91,6 +95,12 @@ class Result:
     reproduce: tuple[str, ...] = ()
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: A range of releases: the first bad release's program against the release before it,
+    #: in words (a line per case that differs).
+    diff: tuple[str, ...] = ()
+    #: A range of releases: each release's environment, and what to do next.
+    environments: tuple[str, ...] = ()
+    advice: tuple[str, ...] = ()
 
     @property
     def comparisons(self) -> int:
@@ -99,7 +109,7 @@ class Result:
 
     def to_json(self) -> dict[str, Any]:
         bad = self.first_bad
-        return {
+        out = {
             "status": self.status.name.lower(), "exit_status": int(self.status),
             "message": self.message, "basis": self.basis,
             "good": self.range.good.sha, "bad": self.range.bad.sha,
@@ -110,30 +120,117 @@ class Result:
             "comparisons": self.comparisons, "sessions": len(self.steps),
             "seconds": round(self.seconds, 3), "steps": [s.to_json() for s in self.steps],
             "reproduce": list(self.reproduce), "notes": list(self.notes)}
+        if self.range.package:
+            out.update(package=self.range.package, diff=list(self.diff),
+                       environments=list(self.environments), advice=list(self.advice))
+        return out
 
 
 _FIX = ("check that pytest ARGS runs there (accelperf bisect runs the node ids and "
         "pytest arguments after -- in a worktree of each commit)")
 
 
+class Points(Protocol):
+    """Where and how a bisection runs a session at a point of its range: a commit in a
+    worktree of its own (:class:`Commits`), or a release in an environment of its own
+    (:class:`pytest_accelperf.bisection.releases.Releases`). Entered once around the
+    bisection (what it made is removed on leaving)."""
+
+    def __enter__(self) -> Points: ...
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None: ...
+
+    def session(self, point: Commit, extra: Sequence[str], scratch: Path) -> Session:
+        """``pytest ARGS EXTRA`` at ``point``, its report read back."""
+        ...
+
+    def compare_with_good(self) -> list[str]:
+        """The options of a session in A/B mode against GOOD."""
+        ...
+
+    def reproduce(self, steps: Sequence[Step], first_bad: Commit | None) -> tuple[str, ...]:
+        """Shell lines that repeat the steps :func:`reproduced` picks."""
+        ...
+
+    def environments(self) -> tuple[str, ...]:
+        """Each point's environment in words, where the points have their own."""
+        ...
+
+    def advice(self, result: Result) -> tuple[str, ...]:
+        """What to do next, given the result."""
+        ...
+
+
+class Commits:
+    """The points of a range of commits: each session in a fresh git worktree of its
+    commit, under this interpreter; GOOD's A/B arm in this environment too."""
+
+    def __init__(self, rng: CommitRange, settings: Settings) -> None:
+        self.rng, self.settings = rng, settings
+        self.trees: Worktrees | None = None
+
+    def __enter__(self) -> Commits:
+        self.trees = Worktrees(self.rng.root)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.trees is not None:
+            self.trees.close()
+
+    def session(self, point: Commit, extra: Sequence[str], scratch: Path) -> Session:
+        assert self.trees is not None
+        return run_session(self.trees, self.rng, point, self.settings.args, extra, scratch)
+
+    def compare_with_good(self) -> list[str]:
+        # GOOD's arm in this environment, as every commit's: the commits are what is
+        # bisected, not their dependency files (which would build GOOD an environment)
+        return [f"--accelperf-compare={self.rng.good.sha}",
+                f"--accelperf-compare-python={sys.executable}"]
+
+    def reproduce(self, steps: Sequence[Step], first_bad: Commit | None) -> tuple[str, ...]:
+        return reproduce(self.rng, steps, first_bad)
+
+    def environments(self) -> tuple[str, ...]:
+        return ()
+
+    def advice(self, result: Result) -> tuple[str, ...]:
+        return ()
+
+
+_FIX_RELEASES = ("check that pytest ARGS runs here under that release (accelperf bisect "
+                 "--package runs the node ids and pytest arguments after -- in the current "
+                 "directory, under each release's interpreter)")
+
+
 def bisect(rng: CommitRange, settings: Settings,
-           progress: Callable[[Step], None] = lambda step: None) -> Result:
-    """Find the first commit of ``rng`` that made the cases worse than at GOOD."""
-    return _Bisection(rng, settings, progress).run()
+           progress: Callable[[Step], None] = lambda step: None,
+           points: Points | None = None) -> Result:
+    """Find the first commit (or release) of ``rng`` that made the cases worse than at
+    GOOD; ``points``: how a session runs at one (default: :class:`Commits`)."""
+    return _Bisection(rng, settings, progress,
+                      points if points is not None else Commits(rng, settings)).run()
 
 
 class _Bisection:
     def __init__(self, rng: CommitRange, settings: Settings,
-                 progress: Callable[[Step], None]) -> None:
+                 progress: Callable[[Step], None], points: Points) -> None:
         self.rng, self.settings, self.progress = rng, settings, progress
+        self.points = points
         self.steps: list[Step] = []
+        #: Each session's programs by node id, by the point's ``sha``.
+        self.programs: dict[str, dict[str, Any]] = {}
         self.t0 = time.monotonic()
 
     def _step(self, session: Session, kind: Kind, judged: Judgement,
               tolerance: float | None = None) -> Step:
         command = tuple(a for a in session.command if not a.startswith("--accelperf-json="))
+        self.programs.setdefault(session.commit.sha, {}).update(
+            {n: r.run["program"] for n, r in session.cases.items()
+             if isinstance(r.run.get("program"), dict)})
         step = Step(session.commit, self.rng.position(session.commit), kind, judged.call,
-                    judged.evidence, session.seconds, command, tolerance)
+                    self._ends(judged.evidence), session.seconds, command, tolerance)
         self.steps.append(step)
         self.progress(step)
         return step
@@ -141,31 +238,61 @@ class _Bisection:
     def _result(self, status: Status, message: str, basis: str, *,
                 first_bad: Commit | None = None, suspects: Sequence[Commit] = (),
                 notes: Sequence[str] = ()) -> Result:
-        return Result(self.rng, status, message, basis, tuple(self.steps), first_bad,
-                      tuple(suspects), reproduce(self.rng, self.steps, first_bad),
-                      time.monotonic() - self.t0, tuple(notes))
+        result = Result(self.rng, status, self._ends(message), basis, tuple(self.steps),
+                        first_bad, tuple(suspects),
+                        self.points.reproduce(self.steps, first_bad),
+                        time.monotonic() - self.t0, tuple(self._ends(n) for n in notes),
+                        self._diff(first_bad) if self.rng.package else (),
+                        self.points.environments())
+        return dataclasses.replace(result, advice=self.points.advice(result))
+
+    def _ends(self, text: str) -> str:
+        """The words for the two ends: GOOD and BAD for commits, LOW and HIGH for
+        releases."""
+        if not self.rng.package:
+            return text
+        return re.sub(r"\bBAD\b", "HIGH", re.sub(r"\bGOOD\b", "LOW", text))
+
+    def _diff(self, first_bad: Commit | None) -> tuple[str, ...]:
+        """The first bad point's programs against the point's before it, a line per case
+        that differs."""
+        if first_bad is None:
+            return ()
+        index = self.rng.commits.index(first_bad)
+        before = self.rng.commits[index - 1] if index else self.rng.good
+        then, now = self.programs.get(before.sha, {}), self.programs.get(first_bad.sha, {})
+        many = len(now) > 1
+        lines = []
+        for nodeid in sorted(set(then) & set(now)):
+            changed = describe_changes(then[nodeid], now[nodeid], 0.0)
+            name = f"{nodeid.rsplit('::', 1)[-1]}: " if many else ""
+            lines.append(name + ("; ".join(changed) if changed else
+                                 f"same program as {before.short}"))
+        return tuple(lines)
 
     def run(self) -> Result:
-        rng, args = self.rng, self.settings.args
-        with Worktrees(rng.root) as trees, tempfile.TemporaryDirectory(
+        rng = self.rng
+        low, high = ("LOW", "HIGH") if rng.package else ("GOOD", "BAD")
+        with self.points as points, tempfile.TemporaryDirectory(
                 prefix="accelperf-bisect-runs-") as tmp:
             scratch = Path(tmp)
             store = f"--accelperf-baselines={scratch / 'store'}"
 
             def session(commit: Commit, *extra: str) -> Session:
-                return run_session(trees, rng, commit, args, extra, scratch)
+                return points.session(commit, extra, scratch)
 
-            good = require(session(rng.good, "--accelperf-update", store), "GOOD", _FIX)
+            fix = _FIX_RELEASES if rng.package else _FIX
+            good = require(session(rng.good, "--accelperf-update", store), low, fix)
             unrecorded = [r for r in good.cases.values() if r.block is None]
             if unrecorded:
-                raise BisectError(f"GOOD {rng.good.short}: {unrecorded[0].nodeid} was not "
+                raise BisectError(f"{low} {rng.good.short}: {unrecorded[0].nodeid} was not "
                                   f"recorded as a baseline ({unrecorded[0].run.get('outcome')}"
-                                  f"); pick a GOOD whose cases run")
+                                  f"); pick a {low} whose cases run")
             good_programs = {n: r.run["program"] for n, r in good.cases.items()
                              if isinstance(r.run.get("program"), dict)}
             self._step(good, "record", Judgement(
                 "reference", f"baseline of {len(good.cases)} case(s) recorded"))
-            bad = require(session(rng.bad, store), "BAD", _FIX)
+            bad = require(session(rng.bad, store), high, fix)
             missing = sorted(set(bad.cases) - set(good.cases))
             notes = [f"{n} is not collected at GOOD: not compared" for n in missing]
             cases = set(bad.cases) & set(good.cases)
@@ -178,15 +305,12 @@ class _Bisection:
                 return self._search("program", notes, lambda c: self._program(
                     session(c, store), targets, good_programs))
             tolerance = self.settings.tolerance
-            # GOOD's arm in this environment, as every commit's: the commits are what is
-            # bisected, not their dependency files (which would build GOOD an environment)
-            ab = [store, f"--accelperf-compare={rng.good.sha}",
-                  f"--accelperf-compare-python={sys.executable}"]
+            ab = [store, *points.compare_with_good()]
             if self.settings.budget is not None:
                 ab.append(f"--accelperf-compare-budget={self.settings.budget:g}")
             bad_ab = require(session(rng.bad, *ab,
                                      f"--accelperf-compare-tolerance={tolerance:g}"),
-                             "BAD", _FIX)
+                             high, fix)
             judged = judge_timing(bad_ab, cases)
             self._step(bad_ab, "A/B", judged, tolerance)
             if judged.call == "bad":
@@ -274,13 +398,24 @@ class _Bisection:
         suspects = [commits[i] for i in search.suspects()]
         if len(suspects) == 1:
             first = suspects[0]
-            return self._result(Status.FOUND, f"first bad commit: {first.sha} "
-                                f"{first.subject}", basis, first_bad=first, notes=notes)
+            return self._result(Status.FOUND, first_bad_words(self.rng, first), basis,
+                                first_bad=first, notes=notes)
         listed = ", ".join(f"{c.short} ({c.subject})" for c in suspects)
-        return self._result(Status.NOT_FOUND, f"only skipped commits are left: the first bad "
-                            f"commit is one of {listed}; "
+        unit = self.rng.unit
+        return self._result(Status.NOT_FOUND, f"only skipped {unit}s are left: the first bad "
+                            f"{unit} is one of {listed}; "
                             f"{narrowed(self.rng, self.settings, suspects, basis)}",
                             basis, suspects=suspects, notes=notes)
+
+
+def first_bad_words(rng: CommitRange, first: Commit) -> str:
+    """``first bad commit: SHA SUBJECT``, or for releases ``first bad release: jax 0.9.1
+    (after 0.9.0)``."""
+    if not rng.package:
+        return f"first bad commit: {first.sha} {first.subject}"
+    index = rng.commits.index(first)
+    before = rng.commits[index - 1] if index else rng.good
+    return f"first bad release: {rng.package} {first.sha} (after {before.sha})"
 
 
 def narrowed(rng: CommitRange, settings: Settings, suspects: Sequence[Commit],
@@ -298,7 +433,11 @@ def narrowed(rng: CommitRange, settings: Settings, suspects: Sequence[Commit],
         argv += ["--budget", f"{2 * budget:g}"]
     elif settings.budget is not None:
         argv += ["--budget", f"{budget:g}"]
-    argv += [good.sha[:10], suspects[-1].sha[:10], "--", *settings.args]
+    if rng.package:
+        argv += ["--package", rng.package, good.sha, suspects[-1].sha]
+    else:
+        argv += [good.sha[:10], suspects[-1].sha[:10]]
+    argv += ["--", *settings.args]
     why = ("on a quieter machine or with more time to measure" if basis == "timing"
            else "once what made them untestable is fixed")
     return f"to decide between them, bisect only them {why}: {shlex.join(argv)}"

@@ -93,18 +93,26 @@ def session_env(root: Path, tree: Path, environ: Mapping[str, str]) -> dict[str,
     return env
 
 
-def pytest_argv(args: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """The session's command: the user's pytest arguments, then the bisection's own."""
-    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, *extra, *QUIET]
+def pytest_argv(args: Sequence[str], extra: Sequence[str], python: str | None = None
+                ) -> list[str]:
+    """The session's command: the user's pytest arguments, then the bisection's own; under
+    ``python`` (default: this interpreter)."""
+    return [python or sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, *extra,
+            *QUIET]
+
+
+def report_paths(scratch: Path, point: Commit) -> tuple[Path, Path]:
+    """A new session's report and log in ``scratch``, numbered in the order they ran."""
+    runs = len(list(scratch.glob("*.log")))
+    stem = scratch / f"{runs:02d}-{point.short}"
+    return stem.with_suffix(".json"), stem.with_suffix(".log")
 
 
 def run_session(trees: Worktrees, rng: CommitRange, commit: Commit, args: Sequence[str],
                 extra: Sequence[str], scratch: Path) -> Session:
     """Run ``pytest ARGS EXTRA`` in a fresh worktree of ``commit`` and read its report;
     the worktree is removed before this returns (or raises)."""
-    runs = len(list(scratch.glob("*.log")))
-    stem = scratch / f"{runs:02d}-{commit.short}"
-    report, log = stem.with_suffix(".json"), stem.with_suffix(".log")
+    report, log = report_paths(scratch, commit)
     argv = pytest_argv(args, [*extra, f"--accelperf-json={report}"])
     tree = trees.add(commit)
     cwd = tree / rng.subdir
@@ -113,10 +121,16 @@ def run_session(trees: Worktrees, rng: CommitRange, commit: Commit, args: Sequen
         if not cwd.is_dir():
             return Session(commit, tuple(argv), cwd, -1, 0.0,
                            why=f"{rng.subdir} does not exist at this commit")
-        status = _run(argv, cwd, session_env(rng.root, tree, os.environ), log)
+        status = run_logged(argv, cwd, session_env(rng.root, tree, os.environ), log)
     finally:
         trees.remove(tree)
-    seconds = time.monotonic() - t0
+    return read_session(commit, argv, cwd, status, time.monotonic() - t0, report, log)
+
+
+def read_session(commit: Commit, argv: Sequence[str], cwd: Path, status: int,
+                 seconds: float, report: Path, log: Path) -> Session:
+    """What a session that ended with ``status`` gave: its report's cases, or why it says
+    nothing of ``commit`` (it did not collect, import or run)."""
     if status not in READ:
         return Session(commit, tuple(argv), cwd, status, seconds,
                        why=f"pytest exit {status} ({_exit_name(status)}): {summary(log)}")
@@ -164,7 +178,7 @@ def summary(log: Path) -> str:
     return chosen if len(chosen) <= 200 else chosen[:197] + "..."
 
 
-def _run(argv: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path) -> int:
+def run_logged(argv: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path) -> int:
     """Run ``argv`` to its end, its output to ``log``; on an interrupt, stop it (SIGINT to
     its group, SIGKILL after :data:`STOP_GRACE_S`) and raise the interrupt on."""
     with log.open("wb") as out:

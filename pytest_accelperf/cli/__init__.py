@@ -9,6 +9,7 @@
     accelperf report REPORT --markdown/--html PATH  render a saved JSON report
     accelperf history changes DIR [--since REF]     change points over the run history
     accelperf bisect GOOD BAD -- NODEIDS [ARGS]     the first commit that made the cases worse
+    accelperf bisect --package NAME LOW HIGH -- ... the first release of NAME that did
     accelperf schema baseline|report|history        the JSON Schema of a block, report or line
 
 Paths are relative to the current directory. Node ids and baseline files are keyed relative
@@ -44,7 +45,9 @@ from pytest_accelperf.report.detection import MAX_PVALUE
 BISECT_EPILOG = f"""\
 exit status: {Status.FOUND.value} the first bad commit was found; 1 an error in what was given \
 (an unknown ref, GOOD not an ancestor of BAD, no node ids, a GOOD or BAD whose session does \
-not run); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD is not worse than GOOD (or only on \
+not run; with --package, a release that does not exist, a backwards range, no network, LOW's \
+or HIGH's environment that cannot be built); 2 a usage error; {Status.BAD_NOT_BAD.value} BAD \
+is not worse than GOOD (or only on \
 a check the search cannot follow, such as the parameter fingerprint, which it names); \
 {Status.GOOD_ALREADY_BAD.value} GOOD is already worse (BAD is faster); \
 {Status.NOT_FOUND.value} not found: only commits that could not be tested are left between \
@@ -149,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     bis = sub.add_parser(
         "bisect", help="the first commit between GOOD and BAD that made the cases worse",
         usage="accelperf bisect [-h] [--tolerance T] [--budget S] [--json PATH]\n"
-              "                        GOOD BAD -- NODEID [NODEID ...] [PYTEST_ARG ...]",
+              "                        GOOD BAD -- NODEID [NODEID ...] [PYTEST_ARG ...]\n"
+              "       accelperf bisect --package NAME [options] LOW HIGH -- NODEID ...",
         description="Bisect the commits of GOOD..BAD on BAD's first-parent line, each "
                     "tested in a git worktree of its own (removed at the end, also on "
                     "Ctrl-C; the working tree, index and branches are not touched) by "
@@ -166,11 +170,24 @@ def build_parser() -> argparse.ArgumentParser:
                     "tell which side of halfway it is on, is skipped as git bisect skip "
                     "does. Prints the first bad "
                     "commit, the evidence of each step, and the command that reproduces "
-                    "the last decisive comparison.",
+                    "the last decisive comparison. With --package NAME, LOW and HIGH are "
+                    "releases of NAME and the range is the releases between them on the "
+                    "index: the working tree's code runs under each release, in an "
+                    "environment of its own from the environment cache (this one's "
+                    "packages with the release pinned; jaxlib follows jax), searched "
+                    "as commits are (LOW records, the program first, A/B mode against "
+                    "LOW's interpreter where the programs agree); it prints the first bad "
+                    "release, its program against the release before it, and how to go "
+                    "on to the commits.",
         epilog=BISECT_EPILOG)
     bis.add_argument("good", metavar="GOOD", help="a commit without the regression (an "
-                                                  "ancestor of BAD on its first-parent line)")
-    bis.add_argument("bad", metavar="BAD", help="a commit with it")
+                                                  "ancestor of BAD on its first-parent line); "
+                                                  "with --package, a release (LOW)")
+    bis.add_argument("bad", metavar="BAD", help="a commit with it; with --package, a later "
+                                                "release (HIGH)")
+    bis.add_argument("--package", metavar="NAME",
+                     help="bisect NAME's releases from GOOD to BAD (e.g. --package jax "
+                          "0.8.3 0.10.2), the code held at the working tree's")
     bis.add_argument("nodeids", nargs="*", metavar="NODEID",
                      help="the tests to run at each commit, after --, then any pytest "
                           "arguments (--accel=cpu, -k EXPR, ...)")

@@ -1,4 +1,5 @@
-"""``accelperf bisect GOOD BAD -- NODEIDS``: the command around the bisection
+"""``accelperf bisect GOOD BAD -- NODEIDS`` (and ``accelperf bisect --package NAME LOW HIGH
+-- NODEIDS``, over a package's releases): the command around the bisection
 (:mod:`pytest_accelperf.bisection`): what it was given checked, each step printed as it
 ends, SIGTERM taken as Ctrl-C (the worktrees removed), the result and its exit status."""
 
@@ -14,7 +15,7 @@ from typing import TextIO
 
 from pytest_accelperf.bisection import show as bisect_show
 from pytest_accelperf.bisection.commits import commit_range
-from pytest_accelperf.bisection.driver import Settings, Step, bisect
+from pytest_accelperf.bisection.driver import Points, Settings, Step, bisect
 from pytest_accelperf.bisection.probe import own_option
 from pytest_accelperf.bisection.status import Status
 from pytest_accelperf.cli.common import CliError, write_file
@@ -43,10 +44,24 @@ def cmd_bisect(args: argparse.Namespace, out: TextIO) -> int:
     if args.budget is not None and not args.budget > 0:
         raise CliError(f"--budget {args.budget:g}: seconds of A/B measurement per case, more "
                        f"than 0, such as 20")
-    rng = commit_range(Path.cwd(), args.good, args.bad)
     settings = Settings(tuple(pytest_args), args.tolerance, args.budget)
-    out.write(bisect_show.start_line(rng, settings.args) + "\n")
-    out.flush()
+
+    def announce(line: str) -> None:
+        out.write(line + "\n")
+        out.flush()
+
+    points: Points | None = None
+    if args.package:
+        from pytest_accelperf.bisection.releases import Releases, release_range
+
+        rng, pins = release_range(Path.cwd(), args.package, args.good, args.bad)
+        out.write(bisect_show.start_line(rng, settings.args) + "\n")
+        out.flush()
+        points = Releases(rng, pins, settings, announce)
+    else:
+        rng = commit_range(Path.cwd(), args.good, args.bad)
+        out.write(bisect_show.start_line(rng, settings.args) + "\n")
+        out.flush()
 
     def progress(step: Step) -> None:
         out.write(bisect_show.step_line(step, rng) + "\n")
@@ -54,7 +69,7 @@ def cmd_bisect(args: argparse.Namespace, out: TextIO) -> int:
 
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        result = bisect(rng, settings, progress)
+        result = bisect(rng, settings, progress, points)
     except KeyboardInterrupt:
         print("accelperf bisect: interrupted; its worktrees were removed", file=sys.stderr)
         return int(Status.INTERRUPTED)
