@@ -313,8 +313,9 @@ def host_lock_of_this_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
     test starts). The lock keeps measurements comparable with a baseline recorded alone;
     these sessions' measurements are compared with nothing but their own, under tolerances
     that take the other worker's load (:class:`Suite`), so the two workers need not train
-    one at a time: with one lock for both, one of them waited for it most of the time (in a
-    full run one worker or the other held it in 95 % of the samples taken). Within a worker
+    one at a time: with one lock for both, the lock was held in 98 % of twice-a-second
+    samples over 3 minutes of a full run (69 % by its two workers, the rest by other
+    sessions on the machine), so a worker spent much of its time waiting. Within a worker
     the lock is still one for all its sessions and their processes (the tests of xdist,
     clusters and the lock itself rely on it); a run without xdist keeps the machine's."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
