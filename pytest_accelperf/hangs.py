@@ -280,8 +280,13 @@ def stuck_run(case: Case, steps: progress.StepRecord, why: str, elapsed: float,
 #: file for every process on the machine, and sessions on one machine do run with different
 #: ``$TMPDIR`` (a CI job's own, tox's, a user's shell): each would lock a file of its own
 #: and train at the same time as the others. ``$TMPDIR`` only where ``/tmp`` is not
-#: writable (or does not exist).
-HOST_LOCK_DIR = (Path("/tmp") if os.access("/tmp", os.W_OK | os.X_OK)
+#: writable (or does not exist). ``$ACCELPERF_HOST_LOCK_DIR``, where set, names another
+#: directory, for processes that are not measurements to compare with anyone's: the
+#: plugin's own tests give each pytest-xdist worker a lock of its own (tests/conftest.py),
+#: so that two workers' scratch sessions train side by side rather than one at a time.
+HOST_LOCK_DIR = (Path(os.environ["ACCELPERF_HOST_LOCK_DIR"])
+                 if os.environ.get("ACCELPERF_HOST_LOCK_DIR")
+                 else Path("/tmp") if os.access("/tmp", os.W_OK | os.X_OK)
                  else Path(tempfile.gettempdir()))
 HOST_LOCK_NAME = "accelperf-cpu-host.lock"
 #: Seconds a case waits for the host lock before it says whom it waits for.

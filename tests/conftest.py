@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -304,6 +305,31 @@ class Suite:
         return data
 
 
+@pytest.fixture(scope="session", autouse=True)
+def host_lock_of_this_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, the CPU host lock of this worker's scratch sessions is a file of
+    its own (``$ACCELPERF_HOST_LOCK_DIR``, in the worker's base temporary directory, read by
+    in-process sessions through ``hangs.HOST_LOCK_DIR`` and inherited by every process a
+    test starts). The lock keeps measurements comparable with a baseline recorded alone;
+    these sessions' measurements are compared with nothing but their own, under tolerances
+    that take the other worker's load (:class:`Suite`), so the two workers need not train
+    one at a time: with one lock for both, the lock was held in 98 % of twice-a-second
+    samples over 3 minutes of a full run (69 % by its two workers, the rest by other
+    sessions on the machine), so a worker spent much of its time waiting. Within a worker
+    the lock is still one for all its sessions and their processes (the tests of xdist,
+    clusters and the lock itself rely on it); a run without xdist keeps the machine's."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    from pytest_accelperf import hangs
+
+    directory = tmp_path_factory.getbasetemp()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ACCELPERF_HOST_LOCK_DIR", str(directory))
+        mp.setattr(hangs, "HOST_LOCK_DIR", directory)
+        yield
+
+
 @pytest.fixture
 def competitor() -> Iterator[int]:
     """Another job: a process spinning on one core for the test's duration, and no
@@ -326,10 +352,59 @@ def suite(pytester: pytest.Pytester) -> Suite:
     return Suite(pytester)
 
 
+def recorded_once(suite: Suite, recording: Path, *, passed: int) -> Suite:
+    """``suite`` (its suite module already written) with its baselines recorded by
+    ``--accelperf-update``: by the first test that asks for them with this ``recording``
+    (a directory of a module- or session-scoped fixture, in this process), and for every
+    other a copy of them as they were then, each test's to read and edit. A recording
+    trains each case three times (:data:`pytest_accelperf.judge.RECORDING_WINDOWS` more),
+    all of it holding the host lock; tests that only read or edit the baseline need not
+    make their own."""
+    baselines = suite.pytester.path / "baselines"
+    if recording.exists():
+        shutil.copytree(recording, baselines)
+    else:
+        suite.run("--accelperf-update").assert_outcomes(passed=passed)
+        shutil.copytree(baselines, recording)
+    return suite
+
+
+@pytest.fixture(scope="session")
+def sweep_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the baselines of :data:`SUITE` are kept once recorded (:func:`recorded_once`),
+    for the tests of every module of this process that ask for :func:`recorded`."""
+    return tmp_path_factory.mktemp("sweep-recording") / "baselines"
+
+
+@pytest.fixture
+def recorded(suite: Suite, sweep_recording: Path) -> Suite:
+    """:data:`SUITE` written, with its baselines recorded (:func:`recorded_once`): ten
+    recordings of the same two cases were about a third of tests/e2e/test_gate.py's CPU
+    time (126 s with them, 83 s with one)."""
+    suite.write()
+    return recorded_once(suite, sweep_recording, passed=2)
+
+
 def verdicts(report: dict[str, Any]) -> dict[str, dict[str, str]]:
     """``{case id: {metric: verdict}}`` of a JSON report."""
     return {c["nodeid"].split("::")[-1]: {k["metric"]: k["verdict"] for k in c["checks"]}
             for c in report["cases"]}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N`` without ``--dist`` sends each test module to one worker as a whole
+    (pytest-xdist's ``--dist loadfile``), not its tests one by one to whichever worker is
+    free (``load``): a module's fixtures then run once, not once in each worker. Several
+    are whole trainings or processes: a recording shared by the module's tests, a torch
+    compile, a Ray cluster, DeepSpeed's ranks. An explicit ``--dist`` is obeyed."""
+    given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    if config.getvalue("dist") != "load" or any(
+            str(a) == "-d" or str(a).startswith("--dist") for a in given):
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    return LoadFileScheduling(config, log)
 
 
 E2E = Path(__file__).parent / "e2e"

@@ -3,10 +3,11 @@ end to end through pytest (plus the search algorithm and its check on their own)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Suite
+from conftest import Suite, recorded_once
 
 # A torch MLP whose loss sleeps while a marker file says so ("SECONDS CALLS": sleep in the
 # next CALLS calls of the loss, -1 for all): a slowdown that can be switched on for the first
@@ -63,6 +64,19 @@ def torch_suite(suite: Suite, params: dict[str, Any] | None = None, steps: int =
     return suite
 
 
+@pytest.fixture(scope="module")
+def torch_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the 20-step torch suite's baselines are kept once recorded."""
+    return tmp_path_factory.mktemp("torch-recording") / "baselines"
+
+
+@pytest.fixture
+def torch_recorded(suite: Suite, torch_recording: Path) -> Suite:
+    """The 20-step torch suite with its baselines recorded once for the module's tests
+    (:func:`conftest.recorded_once`)."""
+    return recorded_once(torch_suite(suite), torch_recording, passed=1)
+
+
 def calls_per_training(steps: int) -> int:
     """Calls of the loss in one training of the suite's case: 4 while its memory is counted
     (mem_tracker), 1 while its FLOPs are, then the warm-up step and the measured ones."""
@@ -114,9 +128,8 @@ def test_unconfirmed_slowdown_passes_with_a_note(suite: Suite) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_persistent_slowdown_is_confirmed(suite: Suite) -> None:
-    torch_suite(suite)
-    suite.run("--accelperf-update").assert_outcomes(passed=1)
+def test_persistent_slowdown_is_confirmed(torch_recorded: Suite) -> None:
+    suite = torch_recorded
     suite.edit(faster_baseline)
     result = suite.run("--accelperf-json=report.json", TOLERANCE)
     result.assert_outcomes(failed=1)
@@ -127,9 +140,8 @@ def test_persistent_slowdown_is_confirmed(suite: Suite) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_confirm_zero_fails_on_the_first_measurement(suite: Suite) -> None:
-    torch_suite(suite)
-    suite.run("--accelperf-update").assert_outcomes(passed=1)
+def test_confirm_zero_fails_on_the_first_measurement(torch_recorded: Suite) -> None:
+    suite = torch_recorded
     suite.edit(faster_baseline)
     result = suite.run("--accelperf-json=report.json", TOLERANCE,
                        "--accelperf-confirm=0")
@@ -138,12 +150,11 @@ def test_confirm_zero_fails_on_the_first_measurement(suite: Suite) -> None:
 
 
 @pytest.mark.slow
-def test_probe_is_recorded_and_drift_correction_reported(suite: Suite) -> None:
+def test_probe_is_recorded_and_drift_correction_reported(recorded: Suite) -> None:
     """The probe's times are stored beside the step times, and the throughput check says
     whether it corrected with them (it does not when the probe itself was unsteady: see
     tests/unit/checks/test_checks.py for the arithmetic on fixed numbers)."""
-    suite.write()
-    suite.run("--accelperf-update").assert_outcomes(passed=2)
+    suite = recorded
     for block in suite.load()["cases"].values():
         assert block["probe"]["kind"] == "jax-cpu-matmul256x8"
         assert len(block["probe"]["samples"]) == len(block["step_time"]["samples"]) == 30

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import Suite
+from conftest import Suite, recorded_once
 
 from e2e.test_update import REFERENCE_SUITE
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -52,6 +52,20 @@ def test_leaky(accelperf):
 '''
 
 
+@pytest.fixture(scope="module")
+def leak_recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the leak suite's baselines (recorded without LEAK) are kept once recorded."""
+    return tmp_path_factory.mktemp("leak-recording") / "baselines"
+
+
+@pytest.fixture
+def leak_recorded(suite: Suite, leak_recording: Path) -> Suite:
+    """The leak suite, its baselines recorded without LEAK once for the module's tests
+    (:func:`conftest.recorded_once`)."""
+    suite.write(LEAK_SUITE)
+    return recorded_once(suite, leak_recording, passed=1)
+
+
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     capsys.readouterr()
     status = main(list(argv))
@@ -82,10 +96,9 @@ def test_a_reference_failure_is_never_offered_for_acceptance_and_accept_refuses_
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-def test_a_leak_is_no_baseline_matter(suite: Suite, capsys: pytest.CaptureFixture[str],
+def test_a_leak_is_no_baseline_matter(leak_recorded: Suite, capsys: pytest.CaptureFixture[str],
                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    suite.write(LEAK_SUITE)
-    suite.run("--accelperf-update").assert_outcomes(passed=1)
+    suite = leak_recorded
     monkeypatch.setenv("LEAK", "1")
     result = suite.run("--accelperf-json=report.json", "--accelperf-markdown=report.md")
     result.assert_outcomes(failed=1)
@@ -120,9 +133,8 @@ def triple_the_loss(block: dict[str, object]) -> None:
 
 @pytest.mark.slow
 def test_a_leak_beside_a_baseline_failure_is_named_in_the_accept_offer(
-        suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
-    suite.write(LEAK_SUITE)
-    suite.run("--accelperf-update").assert_outcomes(passed=1)
+        leak_recorded: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
+    suite = leak_recorded
 
     suite.edit(triple_the_loss)  # the baseline's loss is 3x this run's: a stored-baseline failure
     monkeypatch.setenv("LEAK", "1")
@@ -174,13 +186,12 @@ def test_an_unsteady_baseline_probe_says_it_is_the_baselines() -> None:
 
 
 @pytest.mark.slow
-def test_the_ci_recipe_fails_a_loss_far_below_its_baseline(suite: Suite,
+def test_the_ci_recipe_fails_a_loss_far_below_its_baseline(leak_recorded: Suite,
                                                            tmp_path: Path) -> None:
     """A loss far from the baseline in either direction fails under
     --accelperf-loss-either-way (the README's CI recipe passes it); by default a lower loss
     is an improvement and passes."""
-    suite.write(LEAK_SUITE)
-    suite.run("--accelperf-update").assert_outcomes(passed=1)
+    suite = leak_recorded
 
     suite.edit(triple_the_loss)  # this run's loss is a third of the baseline's
     suite.run().assert_outcomes(passed=1)

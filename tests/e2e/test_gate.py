@@ -3,38 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import Suite, verdicts
 
 from pytest_accelperf import jsonfile
-
-
-@pytest.fixture(scope="module")
-def recording(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the suite's baselines are kept once recorded, for the module's other tests."""
-    return tmp_path_factory.mktemp("recording") / "baselines"
-
-
-@pytest.fixture
-def recorded(suite: Suite, recording: Path) -> Suite:
-    """A suite whose baselines were recorded with --accelperf-update: by the first test of
-    the module (in this process) that asks for it, and copied as they were then for every
-    other, each to read and edit its own copy. Ten recordings of the same two cases were
-    about a third of this module's CPU time (126 s with them, 83 s with one), all of it
-    holding the host lock."""
-    suite.write()
-    baselines = suite.pytester.path / "baselines"
-    if recording.exists():
-        shutil.copytree(recording, baselines)
-    else:
-        result = suite.run("--accelperf-update")
-        result.assert_outcomes(passed=2)
-        shutil.copytree(baselines, recording)
-    return suite
 
 
 def test_no_baseline_fails_with_the_fix(suite: Suite) -> None:

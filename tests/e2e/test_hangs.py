@@ -417,12 +417,17 @@ def test_a_lock_path_that_is_no_lock_file_fails_the_case_at_once_naming_it(
 
 @pytest.mark.skipif(not os.access("/tmp", os.W_OK), reason="no writable /tmp here")
 def test_the_lock_lives_in_one_place_whatever_tmpdir_says() -> None:
-    """Sessions with different $TMPDIR on one machine must still exclude each other."""
+    """Sessions with different $TMPDIR on one machine must still exclude each other; only
+    $ACCELPERF_HOST_LOCK_DIR moves the lock (under xdist, this worker's own: conftest.py)."""
     code = "from pytest_accelperf.hangs import HOST_LOCK_DIR; print(HOST_LOCK_DIR)"
+    machine = {k: v for k, v in os.environ.items() if k != "ACCELPERF_HOST_LOCK_DIR"}
     dirs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           check=True, env={**os.environ, "TMPDIR": str(tmp)}).stdout.strip()
+                           check=True, env={**machine, "TMPDIR": str(tmp)}).stdout.strip()
             for tmp in (Path.cwd(), Path.home())}
     assert dirs == {"/tmp"}
+    moved = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, env={**machine, "ACCELPERF_HOST_LOCK_DIR": str(Path.home())})
+    assert moved.stdout.strip() == str(Path.home())
 
 
 def test_a_case_that_waits_too_long_fails_naming_the_holder(
