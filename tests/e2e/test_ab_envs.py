@@ -220,7 +220,7 @@ def test_an_environment_that_cannot_be_built_fails_the_comparison_in_one_line(
     _git(path, "add", "-A")
     _git(path, "commit", "-qm", "pins")
     (path / "requirements.txt").write_text(f"tabulate=={metadata.version('tabulate')}\n")
-    result = repo.run(*FAST, "--accelperf-compare=HEAD")
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", subprocess=True)
     result.assert_outcomes(failed=1)
     lines = [line for line in result.outlines if "A/B comparison with HEAD" in line]
     assert len(lines) == 1, result.outlines
