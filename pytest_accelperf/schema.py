@@ -161,6 +161,8 @@ def _report_run() -> type[_Report]:
         else:
             default = ...
         fields[f.name] = (_RUN_JSON_TYPES.get(f.name, hints[f.name]), default)
+    # What to_json derives from them (throughput, MFU, peak memory), read by the reports.
+    fields["derived"] = (dict[str, float | None], {})
     model: type[_Report] = create_model(
         "ReportRun", __base__=_Report, __module__=__name__,
         __doc__="A run as :meth:`pytest_accelperf.run.Run.to_json` writes it.", **fields)
