@@ -46,14 +46,7 @@ def resolve(rootdir: Path, ref: str) -> tuple[Path, str]:
     """The repository root containing ``rootdir`` and the commit ``ref`` names; a
     :class:`RevisionError` naming ``--accelperf-compare`` where git cannot say."""
     option = f"--accelperf-compare={ref}"
-    try:
-        root = Path(git(rootdir, "rev-parse", "--show-toplevel", timeout=GIT_TIMEOUT_S))
-    except GitTimeout as exc:
-        raise RevisionError(f"{option}: {exc}; is the repository on a filesystem that "
-                            f"hangs?") from None
-    except GitError as exc:
-        raise RevisionError(f"{option}: {rootdir} is not in a git repository "
-                            f"({exc.said})") from None
+    root = toplevel(rootdir, option)
     try:
         sha = git(root, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}",
                   timeout=GIT_TIMEOUT_S)

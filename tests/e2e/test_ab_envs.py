@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import Suite
 
+from e2e.test_ab_mode import _git
 from pytest_accelperf.ab.rounds import environment_entries
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import build_env, session_site
@@ -73,11 +74,6 @@ FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=
         "--accelperf-compare-processes=1", "--accelperf-compare-budget=1",
         "--accelperf-compare-tolerance=10", "--accelperf-max-foreign-load=64",
         "--accelperf-json=report.json")
-
-
-def _git(path: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],
-                   cwd=path, check=True, capture_output=True)
 
 
 @pytest.fixture
