@@ -25,7 +25,7 @@ import numpy as np
 from scipy.stats import binomtest
 from tabulate import tabulate
 
-from pytest_accelperf.stats import ab_ratio, ab_verdict
+from pytest_accelperf.stats.bootstrap import ab_ratio, ab_verdict
 
 
 def _tolerance(command: str) -> float:

@@ -72,7 +72,7 @@ def device_kind(accel: str) -> str:
     raises SystemExit with the plugin's one line when it is not there."""
     if accel == "cpu":
         return "cpu"
-    from pytest_accelperf.accel import AcceleratorUnavailable, provision
+    from pytest_accelperf.provision.accel import AcceleratorUnavailable, provision
 
     try:
         return str(provision(accel, 1).device_kind)

@@ -826,7 +826,7 @@ def _overhead_report(ns: argparse.Namespace, argv: Sequence[str],
     (``extra``: more top-level keys)."""
     import numpy as np
 
-    from pytest_accelperf.stats import paired_ratio, step_time_ratio
+    from pytest_accelperf.stats.bootstrap import paired_ratio, step_time_ratio
 
     hand_all = [t for blk in blocks["hand"] for t in blk]
     rows = []
@@ -862,7 +862,7 @@ def _overhead_report(ns: argparse.Namespace, argv: Sequence[str],
 
 def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     """Part 4: plugin-measured step times against a hand loop, in one process."""
-    from pytest_accelperf.accel import prepare_environment, provision
+    from pytest_accelperf.provision.accel import prepare_environment, provision
 
     if os.environ.get(INJECT_ENV):
         print(f"{INJECT_ENV} is set: unset it to measure the overhead", file=sys.stderr)
@@ -872,7 +872,7 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 
     from pytest_accelperf.backends.jax.backend import _execute, _init_state, jax_probe
     from pytest_accelperf.backends.jax.compile import _compile
-    from pytest_accelperf.cases import with_overrides
+    from pytest_accelperf.collect.cases import with_overrides
 
     steptask = _load_steptask()
     block_until_ready: Any = jax.block_until_ready  # untyped in jax
@@ -937,7 +937,7 @@ def run_torch_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 
     from pytest_accelperf.backends.torch.backend import PROBE_N, _execute
     from pytest_accelperf.backends.torch.task import to_device, torch_probe
-    from pytest_accelperf.cases import Case
+    from pytest_accelperf.collect.cases import Case
 
     gpt = _load_module("gpt", HERE.parent / "suites" / "torch" / "gpt.py")
     make_task = gpt.make_task
@@ -1148,7 +1148,7 @@ def _rounds_only(data: dict[str, Any]) -> dict[str, Any] | None:
     blocks, tolerance = data.get("blocks"), data.get("tolerance")
     if not blocks or tolerance is None or len(blocks.get("head") or []) < 3:
         return None
-    from pytest_accelperf.stats import paired_ratio, throughput_verdict
+    from pytest_accelperf.stats.bootstrap import paired_ratio, throughput_verdict
 
     est = paired_ratio(blocks["head"], blocks["base"])
     return {"verdict": throughput_verdict(est, float(tolerance)).value, "ratio": est.ratio,

@@ -21,13 +21,13 @@ the compact format holds. The files are written as the plugin writes them
 
 It then times, ``--repeat`` times each (the table shows the median and the fastest):
 
-* ``load + check``: a fresh :class:`~pytest_accelperf.baselines.BaselineStore` asked for
+* ``load + check``: a fresh :class:`~pytest_accelperf.store.baselines.BaselineStore` asked for
   every case (``store.get``): every file read, parsed and validated by the schema, in this
   process;
 * ``accelperf baselines show``: the command, in a subprocess, over the whole store, with its
   peak resident memory; and ``accelperf --help``, the same interpreter start and imports
   without the store, to tell the store's share from the imports';
-* ``one module of N cases``: :func:`pytest_accelperf.baselines.read` of one module file of
+* ``one module of N cases``: :func:`pytest_accelperf.store.baselines.read` of one module file of
   each ``--single`` size, to show how a file's parse time grows with its cases.
 
 ``--leaf-samples K`` (with ``--format legacy``) cuts each parameter leaf's fingerprint
@@ -39,7 +39,7 @@ command, the machine and its load average).
 ``--sizes`` measures instead what a block costs, part by part, in the bytes of the file
 (the block's lines as the store writes them, inside its file), before (``json.dumps``
 with an indent of 2, the per-leaf fingerprint, 6-digit samples) and after (the compact
-layout of :func:`pytest_accelperf.jsonfile.dumps`, the compact fingerprint, 4-digit
+layout of :func:`pytest_accelperf.store.jsonfile.dumps`, the compact fingerprint, 4-digit
 samples): for every block of ``benchmarks/store_templates/`` (one row per module, its
 largest block), and for a synthetic model of ``--leaves`` leaves (default 100) with
 ``params/encoder/layer_3/attention/query/kernel``-style names, the rest of the block
@@ -76,7 +76,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from pytest_accelperf.baselines import (  # noqa: E402
+from pytest_accelperf.store.baselines import (  # noqa: E402
     BaselineFile,
     BaselineStore,
     read,
@@ -242,7 +242,7 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def _in_file(block: dict[str, Any], compact_layout: bool) -> int:
     """Bytes ``block`` takes in its module file (its lines at their depth, with the case
     key), as the store writes it (``compact_layout``) or as ``json.dumps(indent=2)`` did."""
-    from pytest_accelperf import jsonfile
+    from pytest_accelperf.store import jsonfile
 
     def text(cases: dict[str, Any]) -> str:
         data = {"cases": cases, "platform": PLATFORM, "schema_version": 1}
@@ -255,10 +255,10 @@ def _in_file(block: dict[str, Any], compact_layout: bool) -> int:
 def compacted(block: dict[str, Any]) -> dict[str, Any]:
     """``block`` as this version records it: the compact fingerprint (when it has a
     sketch per leaf), step-time and probe samples at 4 significant digits, empty fields
-    left out (:func:`pytest_accelperf.summary.summarize`)."""
-    from pytest_accelperf.baselines import check_block
-    from pytest_accelperf.summary import _OMITTED_WHEN_EMPTY, SAMPLE_DIGITS
-    from pytest_accelperf.units import round_sig
+    left out (:func:`pytest_accelperf.store.summary.summarize`)."""
+    from pytest_accelperf.stats.units import round_sig
+    from pytest_accelperf.store.baselines import check_block
+    from pytest_accelperf.store.summary import _OMITTED_WHEN_EMPTY, SAMPLE_DIGITS
 
     out = copy.deepcopy(block)
     for part in ("step_time", "probe"):

@@ -38,7 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 prepare_environment("cpu", 8)
 
@@ -48,12 +48,12 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
 from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import run_checks  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
-from pytest_accelperf.summary import summarize  # noqa: E402
-from pytest_accelperf.targets import parse_target, provision_target  # noqa: E402
+from pytest_accelperf.provision.targets import parse_target, provision_target  # noqa: E402
+from pytest_accelperf.store.summary import summarize  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
 REGRESSIONS = ("lost_sharding", "precision", "extra_matmul", "host_callback", "wider")

@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.torch.deepspeed import BACKEND
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.torch import RankStep
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)

@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 # The decorator ``cases`` shares its name with its module: imported here, eagerly, so that
 # the package's attribute is the decorator whatever imports the module later.
-from pytest_accelperf.cases import Case, cases, grid
+from pytest_accelperf.collect.cases import Case, cases, grid
 
 if TYPE_CHECKING:
-    from pytest_accelperf.accel import Accelerator
     from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
-    from pytest_accelperf.maxbatch import MaxBatch
-    from pytest_accelperf.run import Run
-    from pytest_accelperf.runner import CaseResult, CaseRunner, MaxBatchSearch
-    from pytest_accelperf.session import AccelperfWarning
+    from pytest_accelperf.gate.maxbatch import MaxBatch
+    from pytest_accelperf.gate.runner import CaseResult, CaseRunner, MaxBatchSearch
+    from pytest_accelperf.gate.session import AccelperfWarning
+    from pytest_accelperf.provision.accel import Accelerator
+    from pytest_accelperf.records.run import Run
     from pytest_accelperf.torch import Built, RankStep
 
 __version__ = "0.1.0"
@@ -29,16 +29,16 @@ __version__ = "0.1.0"
 #: every check, numpy and scipy before it needs them; ``pytest_accelperf.torch`` only for a
 #: torch user.
 _LAZY = {
-    "Accelerator": "pytest_accelperf.accel",
-    "AccelperfWarning": "pytest_accelperf.session",
+    "Accelerator": "pytest_accelperf.provision.accel",
+    "AccelperfWarning": "pytest_accelperf.gate.session",
     "Built": "pytest_accelperf.torch",
-    "CaseResult": "pytest_accelperf.runner",
-    "CaseRunner": "pytest_accelperf.runner",
+    "CaseResult": "pytest_accelperf.gate.runner",
+    "CaseRunner": "pytest_accelperf.gate.runner",
     "CheckResult": "pytest_accelperf.checks.base",
-    "MaxBatch": "pytest_accelperf.maxbatch",
-    "MaxBatchSearch": "pytest_accelperf.runner",
+    "MaxBatch": "pytest_accelperf.gate.maxbatch",
+    "MaxBatchSearch": "pytest_accelperf.gate.runner",
     "RankStep": "pytest_accelperf.torch",
-    "Run": "pytest_accelperf.run",
+    "Run": "pytest_accelperf.records.run",
     "Tolerances": "pytest_accelperf.checks.base",
     "Verdict": "pytest_accelperf.checks.base",
 }

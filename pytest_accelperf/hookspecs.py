@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pytest_accelperf.accel import Accelerator
     from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.checks.base import CheckResult, Tolerances
     from pytest_accelperf.checks.protocol import Check
-    from pytest_accelperf.run import Run
+    from pytest_accelperf.provision.accel import Accelerator
+    from pytest_accelperf.records.run import Run
 
 
 def pytest_accelperf_backends(config: pytest.Config) -> list[BackendSpec] | None:
@@ -79,7 +79,7 @@ def pytest_accelperf_checks(config: pytest.Config) -> list[Check] | None:
             sections = ("loss",)
 
             def check(self, given):
-                # given.block and given.baseline are typed (pytest_accelperf.block.Block)
+                # given.block and given.baseline are typed (pytest_accelperf.store.block.Block)
                 if given.block.loss is None or given.baseline is None \
                         or given.baseline.loss is None:
                     return ()

@@ -22,7 +22,22 @@ import pytest
 from pytest_accelperf import hookspecs
 from pytest_accelperf.ab.arms import plugin_root
 from pytest_accelperf.ab.tree import RevisionError, resolve, toplevel
-from pytest_accelperf.accel import (
+from pytest_accelperf.backends import builtin
+from pytest_accelperf.backends.procs import rank_pool
+from pytest_accelperf.backends.registry import BackendRegistry
+from pytest_accelperf.backends.spec import BackendSpecError
+from pytest_accelperf.checks.protocol import Check
+from pytest_accelperf.checks.table import register, unregister
+from pytest_accelperf.cluster import session as ray_session
+from pytest_accelperf.collect.cases import MARKER, Case
+from pytest_accelperf.envs import EnvError
+from pytest_accelperf.envs.stack import check_python
+from pytest_accelperf.errors import UserError, render
+from pytest_accelperf.gate.options import Settings, add_options
+from pytest_accelperf.gate.runner import CaseRunner
+from pytest_accelperf.gate.session import AccelperfSession
+from pytest_accelperf.gate.xdist_role import is_worker, worker_id, worker_input
+from pytest_accelperf.provision.accel import (
     Accelerator,
     AcceleratorUnavailable,
     assign_worker_devices,
@@ -30,21 +45,13 @@ from pytest_accelperf.accel import (
     prepare_environment,
     provision,
 )
-from pytest_accelperf.backends import builtin
-from pytest_accelperf.backends.procs import rank_pool
-from pytest_accelperf.backends.registry import BackendRegistry
-from pytest_accelperf.backends.spec import BackendSpecError
-from pytest_accelperf.baselines import BaselineError, validate_platform
-from pytest_accelperf.cases import MARKER, Case
-from pytest_accelperf.checks.protocol import Check
-from pytest_accelperf.checks.table import register, unregister
-from pytest_accelperf.cluster import session as ray_session
-from pytest_accelperf.contention import ROOT_ENV
-from pytest_accelperf.envs import EnvError
-from pytest_accelperf.envs.stack import check_python
-from pytest_accelperf.errors import UserError, render
-from pytest_accelperf.fingerprint import environment
-from pytest_accelperf.options import Settings, add_options
+from pytest_accelperf.provision.fingerprint import environment
+from pytest_accelperf.provision.targets import (
+    TargetError,
+    libtpu_missing,
+    parse_target,
+    provision_target,
+)
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.html import ReportDependencyError, require_matplotlib
@@ -52,10 +59,8 @@ from pytest_accelperf.report.junit import add_suite_properties, junit_properties
 from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_json, write_outputs
 from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.report.writing import stream_fd
-from pytest_accelperf.runner import CaseRunner
-from pytest_accelperf.session import AccelperfSession
-from pytest_accelperf.targets import TargetError, libtpu_missing, parse_target, provision_target
-from pytest_accelperf.xdist_role import is_worker, worker_id, worker_input
+from pytest_accelperf.stats.contention import ROOT_ENV
+from pytest_accelperf.store.baselines import BaselineError, validate_platform
 
 SESSION_KEY = pytest.StashKey[AccelperfSession]()
 _WORKER_KEY = "accelperf"
@@ -464,7 +469,7 @@ def _capture_suspended(config: pytest.Config) -> Iterator[None]:
 
 def _abort(config: pytest.Config, message: str) -> None:
     """End the process after a case got stuck where it cannot be interrupted (called from
-    the watchdog thread of :func:`pytest_accelperf.hangs.case_alarm` while the main thread
+    the watchdog thread of :func:`pytest_accelperf.gate.hangs.case_alarm` while the main thread
     is still stuck): say why, write what was recorded (baselines under
     ``--accelperf-update``, the reports, the summary table), exit with status 2
     (interrupted). pytest's own end of session cannot run: its thread is the stuck one."""

@@ -129,7 +129,7 @@ from pytest_accelperf.backends import Fit, TrainResult
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.probe import numpy_probe
 from pytest_accelperf.report import progress
-from pytest_accelperf.run import Run
+from pytest_accelperf.records.run import Run
 
 
 class Steps:
@@ -326,7 +326,7 @@ def host_lock_of_this_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
             os.environ.get("ACCELPERF_TESTS_LOCK_PER_WORKER") != "1":
         yield
         return
-    from pytest_accelperf import hangs
+    from pytest_accelperf.gate import hangs
 
     directory = tmp_path_factory.getbasetemp()
     with pytest.MonkeyPatch.context() as mp:
@@ -362,7 +362,7 @@ def recorded_once(suite: Suite, recording: Path, *, passed: int) -> Suite:
     ``--accelperf-update``: by the first test that asks for them with this ``recording``
     (a directory of a module- or session-scoped fixture, in this process), and for every
     other a copy of them as they were then, each test's to read and edit. A recording
-    trains each case three times (:data:`pytest_accelperf.judge.RECORDING_WINDOWS` more),
+    trains each case three times (:data:`pytest_accelperf.gate.judge.RECORDING_WINDOWS` more),
     all of it holding the host lock; tests that only read or edit the baseline need not
     make their own."""
     baselines = suite.pytester.path / "baselines"

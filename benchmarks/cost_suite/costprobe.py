@@ -39,7 +39,7 @@ def _node() -> dict[str, float]:
 
 def _wrap_host_lock() -> None:
     try:
-        from pytest_accelperf import session
+        from pytest_accelperf.gate import session
     except ImportError:
         return
     inner = getattr(session, "host_lock", None)
@@ -58,7 +58,7 @@ def _wrap_host_lock() -> None:
 
 def _wrap_confirmation() -> None:
     try:
-        from pytest_accelperf import runner
+        from pytest_accelperf.gate import runner
     except ImportError:
         return
     base = getattr(runner, "Confirmation", None)

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.jax import JaxTask
 
 #: Model size: about 10 ms a step on this project's 2-core CPU machine, one device

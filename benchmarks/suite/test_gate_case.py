@@ -35,7 +35,7 @@ def test_step_benchmark(benchmark: Any, accelerator: Any) -> None:
     from pytest_accelperf.backends.jax.backend import _init_state, _step_fns
     from pytest_accelperf.backends.jax.compile import _compile
     from pytest_accelperf.backends.measure.loop import timed
-    from pytest_accelperf.session import exclusive_host
+    from pytest_accelperf.gate.session import exclusive_host
 
     task = make_task(CASE)
     program = _compile(CASE, task, accelerator, CASE.mesh)

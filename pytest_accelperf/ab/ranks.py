@@ -100,7 +100,7 @@ class RankGroupStepper:
         self._group: RankGroup | None = None
         #: The ranks' process ids (what the contention reading must not count as foreign).
         self.pids: list[int] = []
-        #: The group's program record (:mod:`pytest_accelperf.program`), or None.
+        #: The group's program record (:mod:`pytest_accelperf.records.program`), or None.
         self.program: dict[str, Any] | None = None
         try:
             control = BlockControl(str(self._dir), secrets.token_bytes(16))

@@ -37,14 +37,14 @@ from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, soc
 from pytest_accelperf.ab.worker import Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
-from pytest_accelperf.cases import Case
-from pytest_accelperf.contention import Contention, Load
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import build_env, session_site
 from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
 from pytest_accelperf.envs.stack import check_python, stack_change
 from pytest_accelperf.git import GitError
-from pytest_accelperf.stats import ab_ratio
+from pytest_accelperf.stats.bootstrap import ab_ratio
+from pytest_accelperf.stats.contention import Contention, Load
 
 
 @dataclass
@@ -58,7 +58,8 @@ class ABMeasurement:
     first: list[str] = field(default_factory=list)
     #: What the rest of the machine used during the rounds (None: unknown).
     load: Load | None = None
-    #: Each arm's program record (:mod:`pytest_accelperf.program`), where its stepper has one.
+    #: Each arm's program record (:mod:`pytest_accelperf.records.program`), where its stepper has
+    #: one.
     programs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     #: Which process pair (0, 1, ...) timed each round: its base and head workers.
     pairs: list[int] = field(default_factory=list)

@@ -16,10 +16,10 @@ from typing import Any
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.program import check_program
-from pytest_accelperf.contention import contaminated
-from pytest_accelperf.program import describe_changes
-from pytest_accelperf.stats import ProcessSpread, ab_ratio, ab_verdict
-from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
+from pytest_accelperf.records.program import describe_changes
+from pytest_accelperf.stats.bootstrap import ProcessSpread, ab_ratio, ab_verdict
+from pytest_accelperf.stats.contention import contaminated
+from pytest_accelperf.stats.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 
 METRIC = "throughput"
 

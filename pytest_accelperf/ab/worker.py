@@ -168,7 +168,7 @@ class Worker:
 
     def accelerator(self) -> Any:
         if self._accelerator is None:
-            from pytest_accelperf.accel import provision
+            from pytest_accelperf.provision.accel import provision
 
             s = self.setup
             self._accelerator = provision(s.accel, s.cpu_devices, s.platform)
@@ -270,7 +270,7 @@ class Worker:
         return times
 
     def program(self, key: str) -> dict[str, Any] | None:
-        """The case's program record (:mod:`pytest_accelperf.program`) at this arm's
+        """The case's program record (:mod:`pytest_accelperf.records.program`) at this arm's
         revision, when its stepper has one."""
         record: dict[str, Any] | None = getattr(self.steppers[key], "program", None)
         return record
@@ -314,7 +314,7 @@ def serve(conn: Connection, worker: Worker) -> None:
         try:
             conn.send(("ok", getattr(worker, op)(*args)))
         except Exception as exc:
-            from pytest_accelperf.device_errors import classify, release_device_memory
+            from pytest_accelperf.provision.device_errors import classify, release_device_memory
 
             device = classify(exc)
             broken = device is not None and device.sticky

@@ -5,7 +5,7 @@ protocol (``protocol.py``); ``registry.py`` finds specs by name, ``builtin.py`` 
 built-in ones. The code is one folder a framework, with the same file names in each:
 ``jax/`` and ``torch/`` (``backend``, ``step``, ``ranks``, ``program``, ``memory``, ...);
 what they share imports no framework: ``measure/`` (the step loop, the drift probe) and
-``procs/`` (launched ranks). The flat modules of 0.1 are deprecated stubs (``_moved.py``).
+``procs/`` (launched ranks).
 """
 
 from pytest_accelperf.backends.protocol import Backend, Fit, TrainResult

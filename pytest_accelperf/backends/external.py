@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
 
 _HOW = ("backend 'external' measures nothing itself: check the case with "
         "accelperf.ingest(path_or_command, parser=...)")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.cases import Case
-from pytest_accelperf.run import Run
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.run import Run
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 In a pytest session the registry is what the ``pytest_accelperf_backends`` hook returns,
 built-ins and conftest backends alike (:meth:`AccelperfSession.backends
-<pytest_accelperf.session.AccelperfSession.backends>`). Outside one (a Ray worker, an A/B
+<pytest_accelperf.gate.session.AccelperfSession.backends>`). Outside one (a Ray worker, an A/B
 worker, a script), :func:`get_backend` finds the built-in backends; a worker that trains a
 case is handed its spec by the controller rather than looking it up.
 """

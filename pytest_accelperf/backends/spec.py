@@ -5,7 +5,7 @@ backend: what it needs installed (and the command that installs it), which packa
 versions make its throughput comparable, and what it can do (train in the calling process,
 train a ``world_size > 1`` case in ranks, run A/B blocks of steps, train on a Ray cluster).
 The plugin decides from these declarations alone where a case trains
-(:mod:`pytest_accelperf.routing`); nothing outside a backend switches on its name.
+(:mod:`pytest_accelperf.gate.routing`); nothing outside a backend switches on its name.
 
 Specs are registered through the ``pytest_accelperf_backends`` hook
 (:mod:`pytest_accelperf.hookspecs`); the built-in ones too
@@ -80,7 +80,7 @@ class BackendSpec:
     * ``ray``: its cases may train on a Ray cluster (``--accelperf-cluster``).
     * ``compile_only``: its ``train`` compiles a case for a compile-only target
       (``--accelperf-target``: :attr:`Accelerator.compile_only
-      <pytest_accelperf.accel.Accelerator.compile_only>` set) and runs no step; the
+      <pytest_accelperf.provision.accel.Accelerator.compile_only>` set) and runs no step; the
       cases of a backend without it are skipped under a target.
     """
 

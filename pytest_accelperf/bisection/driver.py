@@ -38,8 +38,8 @@ from pytest_accelperf.bisection.evidence import (
 from pytest_accelperf.bisection.probe import Session, require, run_session, session_env
 from pytest_accelperf.bisection.search import Search
 from pytest_accelperf.bisection.status import Status as Status  # re-exported
-from pytest_accelperf.options import BY_KEY
-from pytest_accelperf.program import describe_changes
+from pytest_accelperf.gate.options import BY_KEY
+from pytest_accelperf.records.program import describe_changes
 
 Kind = Literal["record", "program", "A/B", "input"]
 

@@ -5,7 +5,7 @@ Two kinds of evidence, both read from checks the plugin made in the session:
 
 * **the program** (:func:`judge_program`): the ``program`` check against GOOD's recorded
   baseline (FLOPs, bytes, collectives, host callbacks and syncs, matmul dtypes, graph
-  breaks, recompiles: :mod:`pytest_accelperf.program`) and the ``memory`` check where both
+  breaks, recompiles: :mod:`pytest_accelperf.records.program`) and the ``memory`` check where both
   peaks are the compiler's plan (``memory_analysis``). Exact: the same on every run of
   unchanged code. A commit is bad when one of the fields that BAD made worse is worse than
   GOOD's in it too (a count at all, an amount past the program or memory tolerance).
@@ -36,10 +36,10 @@ from typing import Any, Literal
 
 from pytest_accelperf.bisection.probe import Session
 from pytest_accelperf.checks.base import CheckResult, Verdict
-from pytest_accelperf.program import describe_changes
+from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.terminal import fmt_change, fmt_value
-from pytest_accelperf.units import (
+from pytest_accelperf.stats.units import (
     fmt_bytes,
     fmt_percent,
     fmt_ratio,
@@ -111,7 +111,7 @@ def worse_fields(check: CheckResult) -> frozenset[str]:
 
 def _program_words(check: CheckResult, good: Mapping[str, Any] | None) -> str:
     """A deterministic check's finding in words: the program's changes against GOOD's
-    (:func:`~pytest_accelperf.program.describe_changes`), or the memory plan's."""
+    (:func:`~pytest_accelperf.records.program.describe_changes`), or the memory plan's."""
     if check.metric == "memory":
         return _memory_words(check)
     now = check.data.get("program")

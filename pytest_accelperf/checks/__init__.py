@@ -41,7 +41,7 @@ A run that did not finish gets the ``outcome`` check, ``memory`` where there are
 and, for a non-finite loss, a ``loss`` regression naming the step. A compile-only run
 (``--accelperf-target``: ``run.extra["compile_only"]``, no step executed) gets the checks
 its program answers, ``outcome``, ``compile``, ``program`` and ``memory``; the ``outcome``
-check names the ones not run (:data:`pytest_accelperf.targets.NOT_RUN`), which are never a
+check names the ones not run (:data:`pytest_accelperf.provision.targets.NOT_RUN`), which are never a
 verdict. With no baseline every
 applicable metric is ``new`` (except that a failed run never passes); ``reference`` needs
 no baseline. Checks never modify their inputs.

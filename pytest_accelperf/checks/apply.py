@@ -8,14 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf import summary
-from pytest_accelperf.block import BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.protocol import CheckInput
 from pytest_accelperf.checks.table import checks
-from pytest_accelperf.fingerprint import stack_words
-from pytest_accelperf.run import Run
-from pytest_accelperf.schema import block_model
+from pytest_accelperf.provision.fingerprint import stack_words
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.store import summary
+from pytest_accelperf.store.block import BlockLike, read_block
+from pytest_accelperf.store.schema import block_model
 
 
 def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
@@ -29,17 +29,17 @@ def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
     """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
 
     ``block`` is ``summarize(run)`` (computed here when None); it and ``baseline`` are read
-    as :class:`~pytest_accelperf.block.Block` with the sections of every check of the table
-    (:func:`pytest_accelperf.schema.block_model`) for the checks. ``comparable`` is False when
+    as :class:`~pytest_accelperf.store.block.Block` with the sections of every check of the table
+    (:func:`pytest_accelperf.store.schema.block_model`) for the checks. ``comparable`` is False when
     the baseline was recorded in another environment, and ``differences`` say how (in
-    words, :func:`pytest_accelperf.fingerprint.differences`; any makes it not comparable):
+    words, :func:`pytest_accelperf.provision.fingerprint.differences`; any makes it not comparable):
     throughput, input time, compile time and the program are then ``incomparable`` and the other
     checks still apply (numerics at its cross-environment tolerance).
     ``program_differences`` (default: ``differences``) are those that make the program
-    incomparable (:data:`pytest_accelperf.fingerprint.PROGRAM_KEYS`): another host CPU
+    incomparable (:data:`pytest_accelperf.provision.fingerprint.PROGRAM_KEYS`): another host CPU
     runs the same program.
     ``stack``: how the stack differs from the baseline's
-    (:func:`pytest_accelperf.fingerprint.stack_changes`): every check judges the run all
+    (:func:`pytest_accelperf.provision.fingerprint.stack_changes`): every check judges the run all
     the same, and each verdict against the baseline names it in its detail and its data
     (``stack: jax 0.8.3 → 0.10.2``).
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;

@@ -16,7 +16,7 @@ One compile is one sample, so the check is noise-aware the only ways one sample 
   with no one speed, and a change beyond the tolerance is ``inconclusive``, not a verdict;
 * contention during the compile: where the backend read what other processes used of
   the machine while it compiled (``extra["compile_load"]``, from ``/proc``;
-  :mod:`pytest_accelperf.contention`), more than ``--accelperf-max-foreign-load`` cores
+  :mod:`pytest_accelperf.stats.contention`), more than ``--accelperf-max-foreign-load`` cores
   makes a change beyond the tolerance ``inconclusive``: the probe is timed beside the
   steps, not beside the compile, and cannot see a job that ran only then (an unchanged
   2.8 s JAX compile took 5.6 s beside other jobs, a false 2x regression);
@@ -35,13 +35,13 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_accelperf.block import Block, BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.checks.throughput import across_stacks, spread
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_signed_percent, fmt_tolerance, round_sig
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_signed_percent, fmt_tolerance, round_sig
+from pytest_accelperf.store.block import Block, BlockLike, read_block
 
 METRIC = "compile"
 UNIT = "s"
@@ -63,7 +63,7 @@ def check_compile_time(block: BlockLike, baseline: BlockLike | None,
                        stack: Sequence[str] = ()) -> CheckResult | None:
     """``block``'s compile time against ``baseline``'s; None when this run compiled nothing
     it timed. ``compile_load`` is what other processes used while this run compiled
-    (:meth:`~pytest_accelperf.contention.Load.to_json`); past ``max_foreign_load`` cores a
+    (:meth:`~pytest_accelperf.stats.contention.Load.to_json`); past ``max_foreign_load`` cores a
     change is not judged. Across a ``stack`` change the probe does not correct it (it runs
     on the stack under test, :func:`~pytest_accelperf.checks.throughput.across_stacks`)."""
     block, baseline = read_block(block), read_block(baseline)

@@ -27,12 +27,12 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import BlockLike, Loss, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_num, fmt_signed_percent, fmt_tolerance, round_sig
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_num, fmt_signed_percent, fmt_tolerance, round_sig
+from pytest_accelperf.store.block import BlockLike, Loss, read_block
 
 METRIC = "loss"
 UNIT = "loss"

@@ -32,8 +32,8 @@ nothing.
 
 A change past that floor is judged by the ratio of median input times, with the
 throughput check's bootstrap interval and verdict rule
-(:func:`pytest_accelperf.stats.step_time_ratio`,
-:func:`~pytest_accelperf.stats.throughput_verdict`) under ``input_tolerance``: a
+(:func:`pytest_accelperf.stats.bootstrap.step_time_ratio`,
+:func:`~pytest_accelperf.stats.bootstrap.throughput_verdict`) under ``input_tolerance``: a
 ``regression`` when the interval lies beyond it, ``inconclusive`` when the noise is too
 large to resolve it.
 
@@ -52,18 +52,24 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import Block, BlockLike, InputTime, StepTime, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
-from pytest_accelperf.run import Run
-from pytest_accelperf.stats import (
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.bootstrap import (
     MIN_SAMPLES,
     RatioEstimate,
     step_time_ratio,
     throughput_verdict,
 )
-from pytest_accelperf.units import SAMPLE_DIGITS, fmt_percent, fmt_ratio, fmt_tolerance, round_sig
+from pytest_accelperf.stats.units import (
+    SAMPLE_DIGITS,
+    fmt_percent,
+    fmt_ratio,
+    fmt_tolerance,
+    round_sig,
+)
+from pytest_accelperf.store.block import Block, BlockLike, InputTime, StepTime, read_block
 
 METRIC = "input"
 UNIT = "s"
@@ -201,7 +207,7 @@ def input_block(run: Run) -> dict[str, Any]:
     """The block's ``input``: CPU seconds making each measured step's batch (every sample,
     rounded as step times are, and their median), the median wall seconds of the same,
     and the seconds the thread was blocked making it, every sample and their median
-    (:attr:`pytest_accelperf.run.Run.input_times`, ``input_blocked_times``; the
+    (:attr:`pytest_accelperf.records.run.Run.input_times`, ``input_blocked_times``; the
     ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`)."""
     out: dict[str, Any] = {
         "median": round_sig(statistics.median(run.input_times)),

@@ -31,7 +31,6 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import BlockLike, InputTime, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.input import (
     MIN_CHANGE_S,
@@ -45,8 +44,9 @@ from pytest_accelperf.checks.input import (
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
-from pytest_accelperf.stats import MIN_SAMPLES
-from pytest_accelperf.units import fmt_percent, fmt_ratio, fmt_tolerance
+from pytest_accelperf.stats.bootstrap import MIN_SAMPLES
+from pytest_accelperf.stats.units import fmt_percent, fmt_ratio, fmt_tolerance
+from pytest_accelperf.store.block import BlockLike, InputTime, read_block
 
 METRIC = "input_wait"
 UNIT = "s"

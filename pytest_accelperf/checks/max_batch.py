@@ -2,7 +2,7 @@
 
 Seed 002 reports, per ZeRO stage, the largest global batch that trains without running out
 of memory; a change that costs memory shows up there first. The search
-(:mod:`pytest_accelperf.maxbatch`) stores ``{"value", "capacity_bytes", "probes"}`` in the
+(:mod:`pytest_accelperf.gate.maxbatch`) stores ``{"value", "capacity_bytes", "probes"}`` in the
 block; this check compares ``value`` with the baseline's:
 
 * lower: ``regression`` (the case fits fewer samples than it did);
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_accelperf.block import BlockLike, MaxBatch, read_block
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_bytes
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_bytes
+from pytest_accelperf.store.block import BlockLike, MaxBatch, read_block
 
 METRIC = "max_batch"
 UNIT = "samples"
@@ -88,7 +88,7 @@ class MaxBatchCheck(BaseCheck):
         return one(check_max_batch(given.block, given.baseline))
 
     def record(self, run: Run) -> dict[str, Any]:
-        """``max_batch``: the search (:mod:`pytest_accelperf.maxbatch`)."""
+        """``max_batch``: the search (:mod:`pytest_accelperf.gate.maxbatch`)."""
         return {"max_batch": run.max_batch} if run.max_batch is not None else {}
 
 

@@ -27,12 +27,12 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import Block, BlockLike, Growth, Memory, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow, one
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_bytes, fmt_percent, fmt_signed_percent, fmt_tolerance
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_bytes, fmt_percent, fmt_signed_percent, fmt_tolerance
+from pytest_accelperf.store.block import Block, BlockLike, Growth, Memory, read_block
 
 METRIC = "memory"
 UNIT = "bytes"

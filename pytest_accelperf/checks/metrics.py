@@ -21,13 +21,13 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import Block, BlockLike, Loss, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import loss_checkpoints
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_num, fmt_tolerance, round_sig
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_num, fmt_tolerance, round_sig
+from pytest_accelperf.store.block import Block, BlockLike, Loss, read_block
 
 _REMEDY = "re-record with --accelperf-update"
 

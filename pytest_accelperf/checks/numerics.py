@@ -44,12 +44,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from pytest_accelperf.block import Block, BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_num, fmt_percent, round_sig
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_num, fmt_percent, round_sig
+from pytest_accelperf.store.block import Block, BlockLike, json_of, read_block
 
 METRIC = "numerics"
 REFERENCE_METRIC = "reference"
@@ -164,7 +164,7 @@ def fingerprint_leaves(numerics: Any) -> list[FingerprintLeaf]:
     """The leaves of a numerics fingerprint in any form the plugin writes: a run's (one
     entry per leaf path, with its RMS and samples) or the store's compact one
     (:func:`compact`, with its state section). The one reader of a fingerprint's numbers,
-    for the checks, :mod:`pytest_accelperf.recordable` and ``accelperf baselines
+    for the checks, :mod:`pytest_accelperf.store.recordable` and ``accelperf baselines
     accept``: a report or a baseline is an input anyone can hand over, so anything else
     is a :class:`FingerprintError` naming what is wrong, never another exception."""
     if numerics is None:
@@ -479,7 +479,7 @@ def check_numerics(block: BlockLike, baseline: BlockLike | None,
                   else (tol.numerics_cross_rtol, tol.numerics_cross_atol))
     block, baseline = read_block(block), read_block(baseline)
     # The fingerprints as JSON, what the fingerprint's functions here (and the store's
-    # compaction, pytest_accelperf.baselines) read.
+    # compaction, pytest_accelperf.store.baselines) read.
     now_fp: dict[str, Any] = json_of(block.numerics) or {}
     base_fp: dict[str, Any] = json_of(baseline.numerics if baseline is not None else None) or {}
     if not now_fp and not base_fp:

@@ -26,12 +26,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import Block, BlockLike, read_block
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow
-from pytest_accelperf.run import Run
-from pytest_accelperf.targets import NOT_RUN, not_run
-from pytest_accelperf.units import fmt_bytes
+from pytest_accelperf.provision.targets import NOT_RUN, not_run
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_bytes
+from pytest_accelperf.store.block import Block, BlockLike, read_block
 
 METRIC = "outcome"
 

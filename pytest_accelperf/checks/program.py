@@ -3,7 +3,7 @@
 No timing is involved: FLOPs, bytes accessed, collectives (count and bytes per step),
 host callbacks, custom calls, torch.compile's graphs, graph breaks and recompiles, and an
 eager torch step's host syncs and matrix-product dtypes are read from the program
-(:mod:`pytest_accelperf.program` describes the record), so the verdict is the same on a
+(:mod:`pytest_accelperf.records.program` describes the record), so the verdict is the same on a
 quiet machine and on a loaded one. The rule:
 
 * the same program (counts equal, amounts within ``program_tolerance``): ``pass``;
@@ -25,11 +25,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import Block, BlockLike, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
-from pytest_accelperf.program import (
+from pytest_accelperf.records.program import (
     AMOUNTS,
     COUNTS,
     TORCH_OPS,
@@ -39,8 +38,9 @@ from pytest_accelperf.program import (
     matmul_dtypes,
     ops_deltas,
 )
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_tolerance
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_tolerance
+from pytest_accelperf.store.block import Block, BlockLike, json_of, read_block
 
 METRIC = "program"
 #: The op-histogram moves a program check keeps for the reports (``data["op_changes"]``).
@@ -85,7 +85,7 @@ def not_in_baseline(base: dict[str, Any], now: dict[str, Any]) -> list[str]:
 
 
 def _record(block: Block) -> dict[str, Any] | None:
-    """``block``'s program record as the JSON that :mod:`pytest_accelperf.program` reads
+    """``block``'s program record as the JSON that :mod:`pytest_accelperf.records.program` reads
     (the history's change points read it too); None where it has none."""
     record: dict[str, Any] | None = json_of(block.program) or None
     return record

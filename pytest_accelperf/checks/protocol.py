@@ -9,14 +9,14 @@ check, rather than testing ``metric == "..."``:
 
 * :func:`pytest_accelperf.checks.run_checks` calls every check's :meth:`~Check.check`, in
   the table's order (the order of the report's rows);
-* :func:`pytest_accelperf.summary.summarize` stores every check's :meth:`~Check.record` of
+* :func:`pytest_accelperf.store.summary.summarize` stores every check's :meth:`~Check.record` of
   the run in the baseline block (the sections it owns), and the schema validates a
-  section that :class:`pytest_accelperf.schema.Block` does not declare with the check's
+  section that :class:`pytest_accelperf.store.schema.Block` does not declare with the check's
   :attr:`~Check.section_models`;
-* :mod:`pytest_accelperf.recordable` asks whether storing a baseline clears a failure
+* :mod:`pytest_accelperf.store.recordable` asks whether storing a baseline clears a failure
   (:meth:`~Check.not_cleared`) and whether a failure may never be stored
   (:meth:`~Check.refuses_recording`);
-* :mod:`pytest_accelperf.family` counts a check as an interval, another timing or a
+* :mod:`pytest_accelperf.stats.family` counts a check as an interval, another timing or a
   deterministic check by its :attr:`~Check.kind`;
 * the terminal table (:mod:`pytest_accelperf.report.terminal`) asks for the metric
   column's label, whether the change is the gate's estimate, and rows under the check's.
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
-from pytest_accelperf.block import Block
 from pytest_accelperf.checks.base import CheckResult, Tolerances
-from pytest_accelperf.run import Run
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.store.block import Block
 
-#: How :mod:`pytest_accelperf.family` counts a check's results: ``interval`` (a timing whose
+#: How :mod:`pytest_accelperf.stats.family` counts a check's results: ``interval`` (a timing whose
 #: verdict may come from an interval, with a false-alarm rate), ``timing`` (a timing without
 #: one: counted apart), ``deterministic`` (only counted).
 Kind = Literal["interval", "timing", "deterministic"]
@@ -48,17 +48,17 @@ Kind = Literal["interval", "timing", "deterministic"]
 class CheckInput:
     """What every check is given: the run, its baseline block, the stored block (None:
     nothing stored) and the case's tolerances, with what the session knows about them.
-    The blocks are read as :class:`~pytest_accelperf.block.Block` (its sections typed:
+    The blocks are read as :class:`~pytest_accelperf.store.block.Block` (its sections typed:
     ``given.baseline.step_time.samples``; a check's own section as its
     :attr:`~Check.section_models` says), not validated: a run's own block may hold what
     the store refuses (a failed outcome, a NaN), which the checks judge
-    (:func:`~pytest_accelperf.block.read`).
+    (:func:`~pytest_accelperf.store.block.read`).
 
     ``comparable``: the baseline was recorded in this environment, so timings are compared
     (``differences`` say how it differs, in words, when it is not). ``program_comparable``:
     the same for the compiled program (another host CPU runs the same program).
     ``stack``: how the stack (Python, framework packages, accelerator libraries) differs
-    from the baseline's, in words (:func:`pytest_accelperf.fingerprint.stack_changes`); a
+    from the baseline's, in words (:func:`pytest_accelperf.provision.fingerprint.stack_changes`); a
     stack change is judged like any other change, never ``incomparable``, but what depends
     on the stack's own arithmetic or speed says so (numerics at the cross-environment
     tolerance; no drift correction by a probe that runs on the stack under test).
@@ -120,8 +120,8 @@ class Check(Protocol):
     <pytest_accelperf.checks.base.CheckResult.metric>`), and the name a reader sees in the
     table. ``tolerances``: the fields of :class:`~pytest_accelperf.checks.base.Tolerances`
     it reads. ``sections``: the fields of the baseline block it reads
-    (:class:`pytest_accelperf.schema.Block`). ``section_models``: the schema of sections it
-    adds that :class:`~pytest_accelperf.schema.Block` does not declare (``{name: pydantic
+    (:class:`pytest_accelperf.store.schema.Block`). ``section_models``: the schema of sections it
+    adds that :class:`~pytest_accelperf.store.schema.Block` does not declare (``{name: pydantic
     model or type}``). ``cleared_by_a_baseline``: whether storing the run as the baseline
     (``--accelperf-update``, ``accelperf baselines accept``) clears its failure.
     ``kind``: how the suite's verdict counts it (:data:`Kind`).

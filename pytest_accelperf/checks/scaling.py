@@ -31,8 +31,8 @@ from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.protocol import BaseCheck
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.errors import ConfigError
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import fmt_num, fmt_percent
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_num, fmt_percent
 
 METRIC = "scaling"
 UNIT = "efficiency"

@@ -1,13 +1,14 @@
 """The throughput check: is this run's step time slower than the baseline's, beyond noise?
 
 The comparison is of median step times with a bootstrap confidence interval on their
-ratio (:mod:`pytest_accelperf.stats` documents the statistic and the verdict rule). It is
+ratio (:mod:`pytest_accelperf.stats.bootstrap` documents the statistic and the verdict rule). It is
 shown as throughput, ``samples_per_step / median step time`` in samples/s, because that is
 the number people track; ``change`` is the relative change of that throughput.
 
 Drift correction: when both runs timed the same reference probe after their measured steps
 (:mod:`pytest_accelperf.backends.measure.probe`), each run's median step time is taken relative to
-its median probe time (:func:`pytest_accelperf.stats.step_time_ratio`), so a machine that is
+its median probe time (:func:`pytest_accelperf.stats.bootstrap.step_time_ratio`), so a machine that
+is
 30 % slower today (another job on the cores, a slower CI runner) leaves the verdict alone,
 while a step that got slower by itself does not. The table's ``change`` is then the
 corrected change of throughput, and the detail also gives the raw one. Without matching
@@ -15,7 +16,7 @@ probes (an older baseline) raw step times are compared and the detail says so. T
 is a signal with its own noise: on one quiet 2-core machine its median moved between
 sessions from 0.94 to 1.41 ms while the step moved only 8 %, and the correction alone
 turned an unchanged step into a "regression" of 26 %. So against a baseline of fewer than
-:data:`~pytest_accelperf.stats.MIN_SESSIONS` sessions (whose spread would say how far the
+:data:`~pytest_accelperf.stats.bootstrap.MIN_SESSIONS` sessions (whose spread would say how far the
 probe moves), a regression or an improvement stands only when the raw step times say so
 too (the same rule, without the probe); otherwise it is ``inconclusive``, with both
 figures. The correction can excuse a slower machine, and never accuse on its own.
@@ -33,9 +34,9 @@ Session spread: a bootstrap interval only sees the noise within one session, and
 shared machine whole sessions differ. A baseline recorded over several sessions
 (``--accelperf-update`` once, then ``--accelperf-add-session`` in new sessions on unchanged
 code) keeps one step-time level per session in ``step_time.sessions``; with
-:data:`~pytest_accelperf.stats.MIN_SESSIONS` or more, the ratio is taken against their
+:data:`~pytest_accelperf.stats.bootstrap.MIN_SESSIONS` or more, the ratio is taken against their
 geometric mean and the interval widened by their spread
-(:func:`pytest_accelperf.stats.widen_by_sessions`), so a machine whose sessions differ by
+(:func:`pytest_accelperf.stats.bootstrap.widen_by_sessions`), so a machine whose sessions differ by
 more than the tolerance says ``inconclusive`` instead of guessing.
 
 A baseline stored marked ``noisy`` (:func:`recording_noise`: ``--accelperf-update``
@@ -68,13 +69,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.block import Block, BlockLike, StepSession, json_of, read_block
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
-from pytest_accelperf.contention import Load, contaminated
-from pytest_accelperf.run import Run
-from pytest_accelperf.stats import (
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.bootstrap import (
     MIN_SESSIONS,
     RatioEstimate,
     SessionSpread,
@@ -82,7 +81,8 @@ from pytest_accelperf.stats import (
     throughput_verdict,
     widen_by_sessions,
 )
-from pytest_accelperf.units import (
+from pytest_accelperf.stats.contention import Load, contaminated
+from pytest_accelperf.stats.units import (
     SAMPLE_DIGITS,
     fmt_percent,
     fmt_ratio,
@@ -90,6 +90,7 @@ from pytest_accelperf.units import (
     fmt_tolerance,
     round_sig,
 )
+from pytest_accelperf.store.block import Block, BlockLike, StepSession, json_of, read_block
 
 METRIC = "throughput"
 UNIT = "samples/s"
@@ -101,7 +102,7 @@ INCOMPARABLE_ENV = "baseline recorded in another environment; throughput not com
 
 def incomparable_detail(differences: Sequence[str] = ()) -> str:
     """Why throughput was not compared with a baseline from another environment: the
-    differing keys of the fingerprints (:func:`pytest_accelperf.fingerprint.differences`)
+    differing keys of the fingerprints (:func:`pytest_accelperf.provision.fingerprint.differences`)
     when known, else :data:`INCOMPARABLE_ENV`."""
     if differences:
         return f"baseline recorded in another environment ({'; '.join(differences)})"
@@ -175,10 +176,10 @@ def _probes(run: Run, baseline: Block, bound: float = MAX_PROBE_SPREAD,
 def foreign_load(run: Run, bound: float | None) -> str:
     """Why ``run``'s steps were measured beside another job, or ``""``: other processes
     used more than ``bound`` cores on average during its measured steps
-    (``run.extra["step_load"]``, :class:`~pytest_accelperf.contention.Load`). Nothing is
+    (``run.extra["step_load"]``, :class:`~pytest_accelperf.stats.contention.Load`). Nothing is
     known, and nothing said, without ``/proc`` or a bound. ``/proc`` counts CPU time in
     clock ticks: a few ticks of foreign time are no evidence
-    (:func:`~pytest_accelperf.contention.contaminated`)."""
+    (:func:`~pytest_accelperf.stats.contention.contaminated`)."""
     data = run.extra.get("step_load")
     if bound is None or not isinstance(data, dict):
         return ""

@@ -16,7 +16,7 @@ Paths are relative to the current directory. Node ids and baseline files are key
 to the pytest rootdir; ``prune`` takes the node ids and that rootdir from a collection it runs
 (``pytest --collect-only``), so it works from any directory. The store defaults to
 ``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines/``. Everything
-written goes through the store (:mod:`pytest_accelperf.baselines`): validated by the schema,
+written goes through the store (:mod:`pytest_accelperf.store.baselines`): validated by the schema,
 locked, atomic, inside the store. Exit status: 0 done, 1 an error (the message names the
 file, line, case and fix), 2 a usage error; ``bisect`` has three more (its ``--help``).
 """

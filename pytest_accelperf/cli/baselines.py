@@ -1,6 +1,6 @@
 """``accelperf baselines show | diff | accept | prune``: the baseline store, read, compared
 with another store or a report, added to from a report, and rid of cases pytest no longer
-collects. Everything written goes through the store (:mod:`pytest_accelperf.baselines`)."""
+collects. Everything written goes through the store (:mod:`pytest_accelperf.store.baselines`)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,10 @@ from typing import Any, TextIO
 import pytest
 from tabulate import tabulate
 
-from pytest_accelperf.baselines import (
-    BaselineError,
-    BaselineStore,
-    case_key,
-    check_block,
-    module_key,
-    read,
-)
 from pytest_accelperf.cli.common import CliError, read_file
-from pytest_accelperf.jsonfile import gc_paused
-from pytest_accelperf.nodeids import OUTPUT_ENV
-from pytest_accelperf.options import BY_KEY, read_pyproject_table
-from pytest_accelperf.recordable import clearable, not_cleared_by_a_baseline, unrecordable
+from pytest_accelperf.collect.nodeids import OUTPUT_ENV
+from pytest_accelperf.gate.options import BY_KEY, read_pyproject_table
+from pytest_accelperf.records.run import Run
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.loading import (
     ReportFileError,
@@ -39,8 +30,17 @@ from pytest_accelperf.report.loading import (
     load_report,
 )
 from pytest_accelperf.report.terminal import fmt_value
-from pytest_accelperf.run import Run
-from pytest_accelperf.summary import summarize
+from pytest_accelperf.store.baselines import (
+    BaselineError,
+    BaselineStore,
+    case_key,
+    check_block,
+    module_key,
+    read,
+)
+from pytest_accelperf.store.jsonfile import gc_paused
+from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline, unrecordable
+from pytest_accelperf.store.summary import summarize
 
 
 # -- the store, its blocks and their headline numbers ------------------------------------------
@@ -90,7 +90,7 @@ def iter_store(root: Path, platform: str | None, errors: list[str], *,
     """:func:`store_files` one file at a time, so that a caller that keeps only a summary
     of each holds one file in memory; the errors are appended to ``errors`` (raise them
     when the walk is done). The blocks are those the schema accepts (the store's read,
-    :func:`pytest_accelperf.baselines.read`); with ``invalid_blocks`` the invalid ones too,
+    :func:`pytest_accelperf.store.baselines.read`); with ``invalid_blocks`` the invalid ones too,
     as they are, and no error for them."""
     for name in _platforms(root, platform):
         base = root / name
@@ -314,7 +314,7 @@ def select(records: list[CaseRecord], patterns: Sequence[str], report: Path
 
 def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
     """The block ``record`` would store, checked as the plugin checks what it records
-    (:func:`pytest_accelperf.recordable.unrecordable`: no failed outcome, reference check or
+    (:func:`pytest_accelperf.store.recordable.unrecordable`: no failed outcome, reference check or
     non-finite loss) and as the store checks what it writes: a platform that is one safe
     path component, a node id under the rootdir, a block the schema accepts. A
     BaselineError or CliError says what is wrong.
@@ -407,11 +407,11 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
 # -- baselines prune ---------------------------------------------------------------------------
 def collected_nodeids(pytest_args: Sequence[str]) -> tuple[set[str], Path]:
     """The node ids ``pytest --collect-only`` collects here (deselected ones included) and
-    pytest's rootdir, which they are relative to (:mod:`pytest_accelperf.nodeids`)."""
+    pytest's rootdir, which they are relative to (:mod:`pytest_accelperf.collect.nodeids`)."""
     with tempfile.TemporaryDirectory(prefix="accelperf-prune-") as tmp:
         listing = Path(tmp) / "nodeids.json"
         cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-               "-p", "pytest_accelperf.nodeids", *pytest_args]
+               "-p", "pytest_accelperf.collect.nodeids", *pytest_args]
         done = subprocess.run(cmd, capture_output=True, text=True, check=False,
                               env={**os.environ, OUTPUT_ENV: str(listing)})
         if done.returncode not in (0, 5):  # 5: nothing collected

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from typing import Any, TextIO
 
-from pytest_accelperf.baselines import case_key
 from pytest_accelperf.cli.common import CliError, write_file
 from pytest_accelperf.report.history import HistoryError, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report
 from pytest_accelperf.report.loading import ReportFileError, check_stored_block, load_report
 from pytest_accelperf.report.markdown import markdown
+from pytest_accelperf.store.baselines import case_key
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:

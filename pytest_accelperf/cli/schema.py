@@ -1,5 +1,5 @@
 """``accelperf schema baseline|report|history``: the JSON Schema of a baseline block, a JSON
-report or a history line (:mod:`pytest_accelperf.schema`)."""
+report or a history line (:mod:`pytest_accelperf.store.schema`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Literal, TextIO, cast
 
-from pytest_accelperf.schema import json_schema
+from pytest_accelperf.store.schema import json_schema
 
 
 def cmd_schema(args: argparse.Namespace, out: TextIO) -> int:

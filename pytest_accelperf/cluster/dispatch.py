@@ -17,14 +17,14 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.procs.launch import RankReport, show_latest_step
 from pytest_accelperf.backends.protocol import TrainResult
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
-from pytest_accelperf.cases import Case
 from pytest_accelperf.cluster.connection import HOST_RESOURCE, ClusterError, import_ray
 from pytest_accelperf.cluster.placement import describe_nodes, feasible, placement, shown
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
 
 #: Seconds a worker may take beyond the case's own timeout (process start, imports,
 #: compile) before it is killed; the backend itself stops at a step boundary first.
@@ -315,7 +315,7 @@ def _failed_run(case: Case, gang: _Gang, failed: _Failed | None, timeout: float 
                 what: str, follow: _Follow) -> Any:
     """The run of a case whose worker died (``failed``) or was killed at the timeout,
     with the losses its first process had reported."""
-    from pytest_accelperf.run import Run
+    from pytest_accelperf.records.run import Run
 
     report = follow.report(0)
     where = report.where(_total(report))

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_accelperf.accel import Accelerator
-from pytest_accelperf.cases import Case
 from pytest_accelperf.cluster.connection import HOST_RESOURCE, ClusterError
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
 
 #: Ray resource names of the accelerators (``--accel``).
 DEVICE_RESOURCES = {"gpu": "GPU", "tpu": "TPU", "neuron": "neuron_cores"}

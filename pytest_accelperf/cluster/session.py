@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_accelperf.cluster.connection import Cluster, ClusterError, check_address, import_ray
-from pytest_accelperf.xdist_role import worker_input
+from pytest_accelperf.gate.xdist_role import worker_input
 
 #: workerinput key (xdist) carrying the controller's cluster address.
 WORKERINPUT_KEY = "accelperf_cluster_address"

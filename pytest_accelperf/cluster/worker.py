@@ -167,7 +167,7 @@ class CaseWorker:
         ``payload`` holds the case, its task and its backend's spec (whose module this
         worker imports). Returns ``(platform key here, TrainResult)``: the controller
         checks that the worker's devices are the platform the baselines are stored under."""
-        from pytest_accelperf.accel import provision
+        from pytest_accelperf.provision.accel import provision
 
         case, task, spec = pickle.loads(payload)
         if spec.spans_ranks(case.world_size):

@@ -31,7 +31,7 @@ from pytest_accelperf.ingest.base import IngestError
 from pytest_accelperf.ingest.cerebras import parse_cerebras_log
 from pytest_accelperf.ingest.hf import parse_hf_trainer
 from pytest_accelperf.ingest.neuron import parse_neuron_report
-from pytest_accelperf.run import Run
+from pytest_accelperf.records.run import Run
 
 Parser = Callable[[str, str], list[Run]]
 

@@ -1,6 +1,6 @@
 """What every parser shares: the error that names file and line, and number parsing.
 
-A parser reads text some other tool wrote and returns :class:`~pytest_accelperf.run.Run`
+A parser reads text some other tool wrote and returns :class:`~pytest_accelperf.records.run.Run`
 objects. It must never return a number it is not sure of: anything it does not recognize
 where a number should be (a unit it does not know, a row cut short, steps out of order, a
 log that ends before its summary) raises :class:`IngestError`, which says where
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.units import UnitError, round_sig, to_base_unit
+from pytest_accelperf.stats.units import UnitError, round_sig, to_base_unit
 
 #: A decimal number as tools print it (no thousands separators). Each digit can be matched
 #: one way only (``\d+(\.\d*)?``, not ``\d+\.?\d*``): a long run of digits that is no

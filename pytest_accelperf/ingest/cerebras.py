@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.ingest.base import NUMBER, IngestError, clip, finite, parse_int
-from pytest_accelperf.run import Run
-from pytest_accelperf.units import UnitError, to_base_unit
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import UnitError, to_base_unit
 
 # The message is stripped in code: "(.*?)\s*$" backtracked quadratically on a long line.
 _LOG = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ([A-Z]+):\s+(.*)$")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.ingest.base import IngestError, clip, near_int, parse_number
-from pytest_accelperf.run import Run
+from pytest_accelperf.records.run import Run
 
 HEADER = re.compile(r"^\s*\*{5} (\w+) metrics \*{5}\s*$")
 _LINE = re.compile(r"^\s+(\w+)\s+=\s+(\S+)\s*$")

@@ -16,7 +16,7 @@ The layout of seed 001::
     | 0      | 0      | Total      | 6.056 **GiB** |
 
 Values are converted to base units (bytes, seconds, FLOPs; percentages stay percent) with
-:func:`pytest_accelperf.units.to_base_unit`; an unknown unit is an error, as is a row with
+:func:`pytest_accelperf.stats.units.to_base_unit`; an unknown unit is an error, as is a row with
 the wrong number of cells, a continuation row before any group row (reordered), a metric
 that appears twice, a section missing the metrics a run needs, or a memory table without
 its ``Total`` row (truncated).
@@ -37,7 +37,7 @@ from typing import Any
 from pytest_accelperf.ingest.base import IngestError, clip, parse_int, parse_quantity, slug
 from pytest_accelperf.ingest.hf import HEADER as HF_HEADER
 from pytest_accelperf.ingest.hf import parse_blocks, run_from_block
-from pytest_accelperf.run import Run
+from pytest_accelperf.records.run import Run
 
 # The title is stripped in code: "(\S.*?)\s*$" backtracked quadratically on a long line.
 _HEADING = re.compile(r"^#{1,6}\s+(\S.*)$")

@@ -3,11 +3,11 @@ commits, and how sure.
 
 The history (``--accelperf-history``, :mod:`pytest_accelperf.report.history`) holds one
 line per case per session. Each case's sessions, in time order, are split by machine
-(:func:`pytest_accelperf.fingerprint.machine`; by environment fingerprint in lines written
+(:func:`pytest_accelperf.provision.fingerprint.machine`; by environment fingerprint in lines written
 before the history kept the machine): sessions of one machine form a series, and the first
 session on a new machine is itself a change point (``environment``), where the program
 fields are also compared across the two environments. Within a series, a change of the
-case's stack (an upgrade: :func:`pytest_accelperf.fingerprint.case_stack`) is a change
+case's stack (an upgrade: :func:`pytest_accelperf.provision.fingerprint.case_stack`) is a change
 point of its own (``stack``), named by its versions (``jax 0.8.3 → 0.10.2``); the measured
 metrics are searched within each stack's sessions and measured across each change of it
 (the throughput and the step time, by the same test as below, listed whether it resolves
@@ -16,7 +16,7 @@ the series (``new_stack`` where they changed across it). In each series:
 
 - the **program fields** (FLOPs, bytes accessed, each kind of collective's count and bytes,
   host callbacks and syncs, custom calls, graphs, graph breaks, recompiles: the fields the
-  ``program`` check gates, :mod:`pytest_accelperf.program`), and **peak memory** and the
+  ``program`` check gates, :mod:`pytest_accelperf.records.program`), and **peak memory** and the
   **final loss** where they repeat exactly from session to session (a compiler's memory
   analysis; a seeded run on one kind of device), are deterministic: any change of value
   is a change point, exact;
@@ -53,13 +53,13 @@ from typing import Any
 from numpy.typing import ArrayLike
 
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.fingerprint import stack_changes
-from pytest_accelperf.program import AMOUNTS, COUNTS
+from pytest_accelperf.provision.fingerprint import stack_changes
+from pytest_accelperf.records.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.detection import MAX_PVALUE as MAX_PVALUE  # re-exported
 from pytest_accelperf.report.detection import Detection as Detection  # re-exported
 from pytest_accelperf.report.points import Point, load_points
 from pytest_accelperf.report.terminal import fmt_value
-from pytest_accelperf.schema import ProgramRecord
+from pytest_accelperf.store.schema import ProgramRecord
 
 #: A series is deterministic when at least this share of its consecutive sessions have
 #: exactly the same value.
@@ -117,7 +117,7 @@ class ChangePoint:
     #: change lies across an upgrade (or a downgrade), named by ``stack``.
     new_stack: bool = False
     #: How the stack changed across it (``jax 0.8.3 → 0.10.2``,
-    #: :func:`pytest_accelperf.fingerprint.stack_changes`); empty where it did not.
+    #: :func:`pytest_accelperf.provision.fingerprint.stack_changes`); empty where it did not.
     stack: tuple[str, ...] = ()
     #: A level measured across a stack change whose test gave p above ``max_pvalue``: the
     #: measurement, not a change (listed all the same: an upgrade that changed nothing).

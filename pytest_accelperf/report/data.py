@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
-from pytest_accelperf.family import SuiteVerdict, suite_verdict
-from pytest_accelperf.recordable import clearable, refused
+from pytest_accelperf.stats.family import SuiteVerdict, suite_verdict
+from pytest_accelperf.store.recordable import clearable, refused
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -119,7 +119,7 @@ class SessionReport:
     @property
     def acceptable(self) -> list[CaseRecord]:
         """The regressed cases that accepting their run as a baseline would clear (at least
-        in part; :func:`pytest_accelperf.recordable.clearable`), and that may be stored: a
+        in part; :func:`pytest_accelperf.store.recordable.clearable`), and that may be stored: a
         reference failure, an A/B comparison, a leak are no baseline matter."""
         return [r for r in self.regressions
                 if clearable(r.checks) and not any(refused(c) for c in r.checks)]
@@ -151,7 +151,7 @@ class SessionReport:
                 for changes, n in self.stacks()]
 
     def suite(self) -> SuiteVerdict:
-        """The session as one verdict (:mod:`pytest_accelperf.family`), over
+        """The session as one verdict (:mod:`pytest_accelperf.stats.family`), over
         :meth:`sorted_records`: its positions are those of the report's cases."""
         return suite_verdict(self.sorted_records())
 

@@ -3,7 +3,8 @@
 ``--accelperf-history=DIR`` appends the session's runs to ``DIR/<platform>.jsonl``. Each
 line carries the git commit the session ran on, the environment (and hashes of it: the
 whole ``fingerprint``, the ``machine`` and the case's ``stack``,
-:mod:`pytest_accelperf.fingerprint`), the headline numbers, the gated fields of the program
+:mod:`pytest_accelperf.provision.fingerprint`), the headline numbers, the gated fields of the
+program
 record and the verdicts, so trends and change points can be plotted (the HTML report) and
 listed (``accelperf history changes``, :mod:`pytest_accelperf.report.changes`) over
 commits, and read by anything that reads JSON lines::
@@ -14,8 +15,8 @@ commits, and read by anything that reads JSON lines::
      "peak_memory": 7539712, "program": {"source": "xla", "flops": 2.1e9, ...},
      "verdict": "regression", "checks": {"throughput": ...}, ...}
 
-Every line read is validated by the schema (:class:`pytest_accelperf.schema.HistoryLine`;
-:class:`~pytest_accelperf.schema.HistoryNumbers` where only the numbers are read,
+Every line read is validated by the schema (:class:`pytest_accelperf.store.schema.HistoryLine`;
+:class:`~pytest_accelperf.store.schema.HistoryNumbers` where only the numbers are read,
 :mod:`pytest_accelperf.report.points`): a line that is not one is an error naming the file,
 the line and the field (:func:`invalid_line`).
 """
@@ -36,13 +37,13 @@ from filelock import FileLock
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.fingerprint import case_stack, machine
 from pytest_accelperf.git import git_or_none
-from pytest_accelperf.jsonfile import field_path
-from pytest_accelperf.program import AMOUNTS, COUNTS
+from pytest_accelperf.provision.fingerprint import case_stack, machine
+from pytest_accelperf.records.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.writing import OutputError, append_output, describe
-from pytest_accelperf.schema import HistoryLine, error_lines
+from pytest_accelperf.store.jsonfile import field_path
+from pytest_accelperf.store.schema import HistoryLine, error_lines
 
 HISTORY_SCHEMA_VERSION = 1
 
@@ -78,7 +79,7 @@ def _number(value: Any) -> float | None:
 
 
 #: The fields of a program record a history line keeps: those the ``program`` check gates
-#: (:mod:`pytest_accelperf.program`), not the op histogram or the reasons and sites shown
+#: (:mod:`pytest_accelperf.records.program`), not the op histogram or the reasons and sites shown
 #: beside a change (kilobytes a line).
 PROGRAM_FIELDS = ("source", "global_flops", *AMOUNTS, "collectives", *COUNTS)
 
@@ -224,7 +225,7 @@ def _not_utf8(path: Path, n: int, raw: bytes, exc: UnicodeDecodeError) -> Histor
 
 def read_history(directory: Path, platform: str | None = None) -> list[dict[str, Any]]:
     """Every entry under ``directory`` (of one platform, if given), oldest first, each line
-    validated as a :class:`~pytest_accelperf.schema.HistoryLine`."""
+    validated as a :class:`~pytest_accelperf.store.schema.HistoryLine`."""
     out: list[dict[str, Any]] = []
     for path, n, raw in _lines(directory, platform):
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.fingerprint import stack_words
+from pytest_accelperf.provision.fingerprint import stack_words
 from pytest_accelperf.report.changes import STACK, ChangePoint, find_changes, worse
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.markdown import case_name, explanation, program_diff

@@ -1,6 +1,6 @@
 """Reading a saved ``--accelperf-json`` report back, with errors that name the fix.
 
-The report is validated by its schema (:class:`pytest_accelperf.schema.ReportFile`); an
+The report is validated by its schema (:class:`pytest_accelperf.store.schema.ReportFile`); an
 error names the file, the line, the case and the field.
 """
 
@@ -11,10 +11,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pytest_accelperf import jsonfile
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.report.data import REPORT_SCHEMA_VERSION, CaseRecord, SessionReport
-from pytest_accelperf.schema import ReportFile, error_lines, validate_block
+from pytest_accelperf.store import jsonfile
+from pytest_accelperf.store.schema import ReportFile, error_lines, validate_block
 
 _WRITE_ONE = "write one with pytest --accelperf-json=PATH"
 

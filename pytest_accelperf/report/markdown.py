@@ -2,7 +2,7 @@
 
 Ordered by what a reviewer must act on: under the headline, one line for the whole suite
 (how many cases regressed, and whether the timing regressions are more than chance would
-give: :mod:`pytest_accelperf.family`); then regressions (and errors), then improvements
+give: :mod:`pytest_accelperf.stats.family`); then regressions (and errors), then improvements
 (which ask for a baseline refresh), then checks that could not decide (inconclusive, new,
 incomparable), then a folded ``<details>`` list of the cases that passed. Text only; the
 plugin and ``accelperf report`` decide where it goes.
@@ -14,10 +14,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
-from pytest_accelperf.explain import EXPLAIN_KEY
+from pytest_accelperf.gate.explain import EXPLAIN_KEY
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.terminal import fmt_change, fmt_value, suite_text
-from pytest_accelperf.units import fmt_bytes
+from pytest_accelperf.stats.units import fmt_bytes
 
 #: Longest detail shown in a table cell; the JSON report has the rest.
 MAX_DETAIL = 240
@@ -83,7 +83,7 @@ def _pass_row(record: CaseRecord) -> list[str]:
 
 
 def explanation(record: CaseRecord) -> dict[str, Any] | None:
-    """The profiler trace attached to a regressed case (:mod:`pytest_accelperf.explain`)."""
+    """The profiler trace attached to a regressed case (:mod:`pytest_accelperf.gate.explain`)."""
     found = (record.run.get("extra") or {}).get(EXPLAIN_KEY)
     return found if isinstance(found, dict) else None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_accelperf.errors import render
-from pytest_accelperf.options import Settings
+from pytest_accelperf.gate.options import Settings
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.report.history import HistoryError, append_history, read_history
 from pytest_accelperf.report.html import ReportDependencyError, html_report

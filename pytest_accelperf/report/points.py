@@ -3,7 +3,7 @@ session), the numbers change points are found in (:mod:`pytest_accelperf.report.
 validated by the schema; and a cache of them beside each file, so that a history, which is
 only ever appended to, is validated once.
 
-Every line is validated as :class:`~pytest_accelperf.schema.HistoryNumbers` (a
+Every line is validated as :class:`~pytest_accelperf.store.schema.HistoryNumbers` (a
 :class:`~pytest_accelperf.report.history.HistoryError` names the file, line and field of
 the first that is not a history entry). Validating 100,000 lines of 1.8 KB (1,000 cases x
 100 sessions) takes 1.2 s on a 2-core machine; reading their points back from the cache
@@ -48,10 +48,10 @@ from typing import Annotated, Any, NamedTuple, cast
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pytest_accelperf.fingerprint import case_stack
-from pytest_accelperf.jsonfile import atomic_write, gc_paused
+from pytest_accelperf.provision.fingerprint import case_stack
 from pytest_accelperf.report.history import history_files, invalid_line, read_bytes
-from pytest_accelperf.schema import HistoryNumbers, ProgramRecord
+from pytest_accelperf.store.jsonfile import atomic_write, gc_paused
+from pytest_accelperf.store.schema import HistoryNumbers, ProgramRecord
 
 #: The directory of the caches, in the history directory.
 CACHE_DIR = ".accelperf-cache"
@@ -87,7 +87,8 @@ class Point(NamedTuple):
     #: were (their ``fingerprint`` splits the series, as it did).
     machine: str | None = None
     stack: str | None = None
-    #: The case's stack (:func:`pytest_accelperf.fingerprint.case_stack`: python, packages,
+    #: The case's stack (:func:`pytest_accelperf.provision.fingerprint.case_stack`: python,
+    #: packages,
     #: libraries) that ``stack`` is the hash of, read from the line's environment once per
     #: hash, one object for the lines of a hash; None without a ``stack``.
     versions: Mapping[str, Any] | None = None
@@ -101,7 +102,7 @@ def point(e: HistoryNumbers, versions: Mapping[str, Any] | None = None) -> Point
 
 def line_stack(entry: Mapping[str, Any]) -> dict[str, Any]:
     """The case's stack of a history line (a dict), from its environment and its case's
-    backend (:func:`pytest_accelperf.fingerprint.case_stack`); empty without either."""
+    backend (:func:`pytest_accelperf.provision.fingerprint.case_stack`); empty without either."""
     env, case = entry.get("environment"), entry.get("case")
     backend = case.get("backend") if isinstance(case, dict) else None
     if not isinstance(env, dict):

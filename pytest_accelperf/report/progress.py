@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 import pytest
 
-from pytest_accelperf.xdist_role import is_worker
+from pytest_accelperf.gate.xdist_role import is_worker
 
 
 class ProgressSink(Protocol):

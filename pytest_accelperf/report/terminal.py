@@ -13,10 +13,10 @@ from tabulate import tabulate
 from pytest_accelperf.checks.base import CheckResult
 from pytest_accelperf.checks.memory import MAX_DEVICE_ROWS as MAX_DEVICE_ROWS
 from pytest_accelperf.checks.table import check_of
-from pytest_accelperf.family import SuiteVerdict, Tally
 from pytest_accelperf.report.data import SessionReport
-from pytest_accelperf.stats import MIN_SESSIONS
-from pytest_accelperf.units import fmt_bytes, fmt_flops
+from pytest_accelperf.stats.bootstrap import MIN_SESSIONS
+from pytest_accelperf.stats.family import SuiteVerdict, Tally
+from pytest_accelperf.stats.units import fmt_bytes, fmt_flops
 
 HEADERS = ("case", "metric", "baseline", "now", "change", "verdict")
 
@@ -169,7 +169,7 @@ def _percent(p: float) -> str:
 
 
 def suite_text(suite: SuiteVerdict) -> str:
-    """The session as one verdict, in one line (:mod:`pytest_accelperf.family`): how many
+    """The session as one verdict, in one line (:mod:`pytest_accelperf.stats.family`): how many
     cases regressed; how many timing checks gave a verdict from an interval, how many false
     alarms chance would give them at most, and whether the timing regressions hold at the
     suite's false-discovery rate; the regressions of the other checks, counted.

@@ -13,7 +13,7 @@ summary) and of ``accelperf report`` goes through :func:`write_output` or
   a Unix socket is connected to. Never renamed over: run as root, the atomic write used to
   leave a regular file where ``/dev/full``'s node had been. A FIFO is opened without
   blocking first, so that one nobody reads is an error instead of a hang.
-* a regular file or a new path: the atomic write of :func:`~pytest_accelperf.jsonfile.
+* a regular file or a new path: the atomic write of :func:`~pytest_accelperf.store.jsonfile.
   atomic_write` (readers see the old report or the new one, never half), at the end of any
   symlinks (the link stays a link; a dangling one creates its target). A file that existed
   keeps its permission bits.
@@ -22,7 +22,7 @@ A write that fails is an :class:`OutputError` naming the option, the path and th
 (``--accelperf-json: cannot write /x/y: [Errno 28] No space left on device``); the session
 turns it into one of its errors (exit status 1), the CLI into ``accelperf: error: ...``.
 The baseline store does not write through here: its files are always regular files, and
-keep :mod:`pytest_accelperf.baselines`' own guarantees.
+keep :mod:`pytest_accelperf.store.baselines`' own guarantees.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import sys
 from pathlib import Path
 
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.jsonfile import atomic_write
+from pytest_accelperf.store.jsonfile import atomic_write
 
 __all__ = ["OutputError", "append_output", "describe", "readable_back", "stream_fd",
            "write_output"]

@@ -24,7 +24,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec as _PartitionSpec
 
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.jax import JaxTask
 
 # Untyped in jax: through Any so the module passes mypy --strict too.

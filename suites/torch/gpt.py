@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.torch import TorchTask
 
 CORPUS = Path(__file__).resolve().parent.parent / "jax" / "data" / "tiny_corpus.txt"

@@ -18,11 +18,16 @@ from pytest_accelperf.ab import CompareError, rounds, tree
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison, round_orders
 from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot
 from pytest_accelperf.ab.verdict import ab_check
-from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Verdict
-from pytest_accelperf.contention import Contention, Load
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.stats import ab_verdict, paired_ratio, process_ratio, throughput_verdict
+from pytest_accelperf.stats.bootstrap import (
+    ab_verdict,
+    paired_ratio,
+    process_ratio,
+    throughput_verdict,
+)
+from pytest_accelperf.stats.contention import Contention, Load
 
 pytest.importorskip("jax")
 

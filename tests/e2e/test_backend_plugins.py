@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from conftest import NUMPY_SGD, NUMPY_SGD_CONFTEST, Suite, verdicts
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends import BACKENDS, BackendSpec, BackendSpecError, get_backend
-from pytest_accelperf.cases import Case
-from pytest_accelperf.fingerprint import differences, stack_changes
-from pytest_accelperf.routing import route
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.gate.routing import route
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.provision.fingerprint import differences, stack_changes
 
 #: The conftest: the backend defined in it, registered as an object.
 CONFTEST = NUMPY_SGD + '''

@@ -36,8 +36,6 @@ pytest.importorskip("cloudpickle")
 #: Checked without importing it: DeepSpeed is imported in its ranks only, never in pytest.
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
-from pytest_accelperf.accel import Accelerator  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.cluster.address import Target, auto_target, probe, split_address  # noqa: E402
 from pytest_accelperf.cluster.connection import (  # noqa: E402
     HOST_RESOURCE,
@@ -51,6 +49,8 @@ from pytest_accelperf.cluster.placement import (  # noqa: E402
     feasible,
     placement,
 )
+from pytest_accelperf.collect.cases import Case  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 
 #: The suites' small GPT (it reads the corpus next to it, so it is imported from there).
 TORCH_SUITE = Path(__file__).resolve().parents[2] / "suites" / "torch"

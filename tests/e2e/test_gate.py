@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from conftest import Suite, verdicts
 
-from pytest_accelperf import jsonfile
+from pytest_accelperf.store import jsonfile
 
 
 def test_no_baseline_fails_with_the_fix(suite: Suite) -> None:

@@ -20,8 +20,8 @@ from types import FrameType
 import pytest
 from conftest import Suite
 
-from pytest_accelperf import hangs
-from pytest_accelperf.hangs import (
+from pytest_accelperf.gate import hangs
+from pytest_accelperf.gate.hangs import (
     CaseTimeout,
     HostLockStuck,
     HostLockTimeout,
@@ -253,7 +253,7 @@ def test_a_step_that_cannot_be_interrupted_ends_the_process_cleanly(
 HOLDER = '''
 import sys, time
 from pathlib import Path
-from pytest_accelperf.hangs import host_lock
+from pytest_accelperf.gate.hangs import host_lock
 
 bound = float(sys.argv[3]) if len(sys.argv) > 3 else None  # its case's timeout
 with host_lock("test_other.py::test_holder[jax-nomesh-b8]", None, print,
@@ -419,7 +419,7 @@ def test_a_lock_path_that_is_no_lock_file_fails_the_case_at_once_naming_it(
 def test_the_lock_lives_in_one_place_whatever_tmpdir_says() -> None:
     """Sessions with different $TMPDIR on one machine must still exclude each other; only
     $ACCELPERF_HOST_LOCK_DIR moves the lock (under xdist, this worker's own: conftest.py)."""
-    code = "from pytest_accelperf.hangs import HOST_LOCK_DIR; print(HOST_LOCK_DIR)"
+    code = "from pytest_accelperf.gate.hangs import HOST_LOCK_DIR; print(HOST_LOCK_DIR)"
     machine = {k: v for k, v in os.environ.items() if k != "ACCELPERF_HOST_LOCK_DIR"}
     dirs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            check=True, env={**machine, "TMPDIR": str(tmp)}).stdout.strip()

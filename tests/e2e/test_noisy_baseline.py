@@ -34,9 +34,9 @@ from conftest import Suite, verdicts
 
 from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput, recording_noise, spread
-from pytest_accelperf.run import Run
-from pytest_accelperf.schema import validate_block
-from pytest_accelperf.summary import summarize
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.store.schema import validate_block
+from pytest_accelperf.store.summary import summarize
 
 NOISY_TASK = '''
 import time
@@ -187,7 +187,7 @@ import time
 from pytest_accelperf.backends import BackendSpec, TrainResult
 from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.report import progress
-from pytest_accelperf.run import Run
+from pytest_accelperf.records.run import Run
 
 
 class Wobbly:

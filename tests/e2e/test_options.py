@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import Suite
 
-from pytest_accelperf.options import BY_KEY, OPTIONS, _convert
+from pytest_accelperf.gate.options import BY_KEY, OPTIONS, _convert
 
 
 def test_help_lists_every_option(pytester: pytest.Pytester) -> None:
@@ -225,7 +225,7 @@ def test_compare_processes_automatic_and_explicit() -> None:
     from dataclasses import replace
 
     from pytest_accelperf.checks.base import Tolerances
-    from pytest_accelperf.options import Settings
+    from pytest_accelperf.gate.options import Settings
 
     base = Settings(accel="cpu", cpu_devices=8, update=False, baselines=Path("b"), json=None,
                     platform=None, tolerances=Tolerances())

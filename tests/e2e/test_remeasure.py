@@ -149,7 +149,7 @@ def test_a_confirmation_keeps_the_first_compile_time(suite: Suite) -> None:
 def _trained(times: list[float], *, foreign: float | None = None, seconds: float = 1.0,
              loss: float = 1.0) -> Any:
     from pytest_accelperf.backends.protocol import TrainResult
-    from pytest_accelperf.run import Run
+    from pytest_accelperf.records.run import Run
 
     extra: dict[str, Any] = {"warmup_step_times": [0.5]}
     if foreign is not None:
@@ -167,7 +167,7 @@ def test_a_re_measurement_brings_the_load_it_was_measured_under() -> None:
     every re-recording under the same luck."""
     from pytest_accelperf.checks.base import Tolerances
     from pytest_accelperf.checks.throughput import recording_noise
-    from pytest_accelperf.runner import retimed
+    from pytest_accelperf.gate.runner import retimed
 
     first = _trained([0.010] * 20, foreign=1.0, loss=2.0)
     again = retimed(first, _trained([0.011] * 20, foreign=0.0, loss=9.0))
@@ -180,7 +180,7 @@ def test_a_re_measurement_brings_the_load_it_was_measured_under() -> None:
 def test_a_longer_re_measurement_pools_its_trainings() -> None:
     """A noisy recording is re-measured over two trainings (runner.RECORDING_WINDOWS): one
     measurement of all their steps, under the load of all their seconds."""
-    from pytest_accelperf.runner import RECORDING_WINDOWS, retimed
+    from pytest_accelperf.gate.runner import RECORDING_WINDOWS, retimed
 
     assert RECORDING_WINDOWS == 2
     first = _trained([0.010] * 20, foreign=0.0, loss=2.0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import NO_HYPOTHESIS
 
-from pytest_accelperf.accel import (
+from pytest_accelperf.provision.accel import (
     assign_worker_devices,
     peak_flops,
     platform_key,
@@ -61,7 +61,7 @@ def test_gpu_workers_get_their_own_cuda_devices() -> None:
 
 # -- a session without jax: a torch user's install ------------------------------------------
 def test_without_jax_the_cpu_has_the_same_platform_key() -> None:
-    from pytest_accelperf.accel import provision, provision_without_jax
+    from pytest_accelperf.provision.accel import provision, provision_without_jax
 
     pytest.importorskip("jax")
     with_jax = provision("cpu", 8)
@@ -74,8 +74,8 @@ def test_without_jax_the_cpu_has_the_same_platform_key() -> None:
 def test_without_jax_gpus_are_found_through_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's CUDA devices (a stand-in for the GPUs this machine lacks): the same device
     names as jax's, so the same platform keys and peak FLOPs."""
-    import pytest_accelperf.accel as accel
-    from pytest_accelperf.accel import AcceleratorUnavailable, provision_without_jax
+    import pytest_accelperf.provision.accel as accel
+    from pytest_accelperf.provision.accel import AcceleratorUnavailable, provision_without_jax
 
     class Properties:
         total_memory = 85_520_809_984
@@ -205,14 +205,14 @@ def test_describing_the_cpu_imports_neither_jax_nor_torch(pytester: pytest.Pytes
     asks (a torch session with jax installed saved ~0.6 s and the XLA client's threads)."""
     pytest.importorskip("torch")
     pytest.importorskip("jax")
-    from pytest_accelperf.accel import JaxDevices, provision
+    from pytest_accelperf.provision.accel import JaxDevices, provision
 
     devices = provision("cpu", 8).devices
     assert isinstance(devices, JaxDevices)
     assert len(devices) == 8 and devices[0].platform == "cpu"  # found on first use
     # A process whose jax has other devices than the session was described with (a worker
     # that started jax without the plugin's XLA_FLAGS) is told so at first use, with the fix.
-    from pytest_accelperf.accel import AcceleratorUnavailable
+    from pytest_accelperf.provision.accel import AcceleratorUnavailable
 
     with pytest.raises(AcceleratorUnavailable, match=r"jax has 8 cpu device.* not the 4 .*"
                        r"XLA_FLAGS=--xla_force_host_platform_device_count=4"):
@@ -256,7 +256,7 @@ def test_a_case_needing_more_accelerators_than_the_host_has_is_skipped_naming_th
     error naming --accelperf-cpu-devices: test_user_errors.py)."""
     pytester.makeconftest('''
         import pytest
-        from pytest_accelperf.accel import Accelerator
+        from pytest_accelperf.provision.accel import Accelerator
 
         @pytest.fixture(scope="session")
         def accelerator():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_accelperf.baselines import BaselineError, BaselineStore, case_key, module_key
+from pytest_accelperf.store.baselines import BaselineError, BaselineStore, case_key, module_key
 
 
 def block(value: int) -> dict[str, object]:

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from pytest_accelperf.backends.measure.common import fingerprint
-from pytest_accelperf.baselines import BaselineStore, check_block, read
 from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.numerics import check_numerics, compact, is_compact
-from pytest_accelperf.schema import validate_block
+from pytest_accelperf.store.baselines import BaselineStore, check_block, read
+from pytest_accelperf.store.schema import validate_block
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -80,7 +80,7 @@ def test_a_changed_leaf_changes_one_line_of_the_sketch() -> None:
     the line of that leaf's group of five."""
     import difflib
 
-    from pytest_accelperf import jsonfile
+    from pytest_accelperf.store import jsonfile
     sketch = [round(0.1 + i / 1000, 6) for i in range(23)]
     moved = [*sketch[:12], 9.5, *sketch[13:]]
     old, new = (jsonfile.dumps({"numerics": {"sketch": s, "structure": "0" * 12,
@@ -242,7 +242,7 @@ def test_a_suite_baseline_reads_as_committed_and_rewrites_5_leaves_a_line(
     """The committed suite baselines (compact fingerprints, written a leaf a line before the
     sketch took 5 a line) read as they are, every block valid; the same file in a layout of
     a number a line reads the same; a write lays the sketch out 5 a line, no value changed."""
-    from pytest_accelperf.baselines import parse
+    from pytest_accelperf.store.baselines import parse
 
     committed = REPO / "baselines" / "cpu-x8" / "suites" / "torch" / "test_torch_gpt.json"
     text = committed.read_text()

@@ -19,15 +19,15 @@ import pytest
 from conftest import Suite
 from filelock import FileLock
 
-from pytest_accelperf.baselines import (
+from pytest_accelperf.cli import main
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.store.baselines import (
     LOCK_NAME,
     BaselineError,
     BaselineStore,
     atomic_write,
 )
-from pytest_accelperf.cases import Case
-from pytest_accelperf.cli import main
-from pytest_accelperf.summary import summarize
+from pytest_accelperf.store.summary import summarize
 from unit.report.test_reports import PLATFORM, make_run, synthetic_report
 
 BLOCK = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01)).to_json()
@@ -154,7 +154,7 @@ def test_accept_validates_blocks_as_the_plugin_does(
 def test_accept_refuses_a_failed_reference_check_as_update_does(
         workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A correctness failure is not an intended change: accept refuses it exactly as
-    --accelperf-update does (pytest_accelperf.recordable), and writes nothing."""
+    --accelperf-update does (pytest_accelperf.store.recordable), and writes nothing."""
     data = json.loads(json.dumps(synthetic_report().to_json(1), default=str))
     case = data["cases"][0]
     case["checks"].append({"metric": "reference", "verdict": "regression",
@@ -199,7 +199,7 @@ def test_a_module_outside_the_rootdir_is_refused(suite: Suite) -> None:
 _WRITE = """
 import sys
 from pathlib import Path
-from pytest_accelperf import baselines
+from pytest_accelperf.store import baselines
 
 baselines.LOCK_TIMEOUT = float(sys.argv[3])
 block = {"outcome": "ok", "environment": {}}
@@ -258,7 +258,7 @@ def test_the_lock_stays_out_of_git_status_and_show(
 _KILLED = """
 import os, signal, sys
 from pathlib import Path
-from pytest_accelperf.baselines import BaselineStore
+from pytest_accelperf.store.baselines import BaselineStore
 os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # killed mid-write
 BaselineStore(Path(sys.argv[1]), "cpu-x2").write(
     {"m.py::t[b]": {"outcome": "ok", "environment": {}}})

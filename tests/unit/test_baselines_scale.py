@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from pytest_accelperf import baselines, jsonfile, schema
-from pytest_accelperf.baselines import BaselineFile, BaselineStore, InvalidBlockError, parse
+from pytest_accelperf.store import baselines, jsonfile, schema
+from pytest_accelperf.store.baselines import BaselineFile, BaselineStore, InvalidBlockError, parse
 
 REPO = Path(__file__).resolve().parents[2]
 PLATFORM = "cpu-x2"
@@ -211,7 +211,7 @@ def test_the_accelperf_command_starts_without_scipy() -> None:
     import sys
 
     code = ("import sys, pytest_accelperf, pytest_accelperf.cli.baselines, "
-            "pytest_accelperf.stats as s; "
+            "pytest_accelperf.stats.bootstrap as s; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'scipy')); "
             "s.step_time_ratio([1.0, 1.1, 0.9, 1.05], [1.0, 1.0, 1.1, 0.95]); "
             "print('scipy.stats' in sys.modules)")

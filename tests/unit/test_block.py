@@ -1,11 +1,12 @@
-"""pytest_accelperf.block: a block read as the typed Block the checks take, not validated."""
+"""pytest_accelperf.store.block: a block read as the typed Block the checks take, not validated."""
 
 from __future__ import annotations
 
 import json
 import math
 
-from pytest_accelperf.block import (
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.store.block import (
     Block,
     CompactNumerics,
     CompactSection,
@@ -16,9 +17,8 @@ from pytest_accelperf.block import (
     json_of,
     read_block,
 )
-from pytest_accelperf.run import Run
-from pytest_accelperf.schema import validate_block
-from pytest_accelperf.summary import summarize
+from pytest_accelperf.store.schema import validate_block
+from pytest_accelperf.store.summary import summarize
 
 RUN = Run(case_id="c", samples_per_step=4, step_times=[0.010, 0.012, 0.011],
           losses=[3.0, 2.0, 1.5], loss_steps=[0, 1, 2], probe_times=[0.001, 0.001, 0.0012],

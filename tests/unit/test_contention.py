@@ -25,10 +25,10 @@ from pytest_accelperf.checks.throughput import (
     foreign_load,
     recording_noise,
 )
-from pytest_accelperf.contention import ROOT_ENV, Contention, measuring_root
-from pytest_accelperf.judge import Confirmation, Evaluated
-from pytest_accelperf.run import Run
-from pytest_accelperf.summary import summarize
+from pytest_accelperf.gate.judge import Confirmation, Evaluated
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.contention import ROOT_ENV, Contention, measuring_root
+from pytest_accelperf.store.summary import summarize
 
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
 
@@ -56,7 +56,7 @@ def test_another_process_tree_is_foreign(competitor: int) -> None:
 
 
 def test_the_measuring_root_is_the_session_when_it_is_an_ancestor() -> None:
-    code = "from pytest_accelperf.contention import measuring_root; print(measuring_root())"
+    code = "from pytest_accelperf.stats.contention import measuring_root; print(measuring_root())"
     env = {**os.environ, ROOT_ENV: str(os.getpid())}
     child = subprocess.run([sys.executable, "-c", code], env=env, check=True,
                            capture_output=True, text=True)
@@ -120,7 +120,7 @@ def test_two_ticks_read_back_from_json_are_still_two() -> None:
     (3 decimals) read back as 1.443 cores x 0.014 s = 2.02 ticks, past the floor: the
     throughput verdict was 'inconclusive, contaminated' on an idle machine. The reading
     keeps its tick count; a reading without one gets half a tick of slack."""
-    from pytest_accelperf.contention import Load, contaminated
+    from pytest_accelperf.stats.contention import Load, contaminated
 
     two = Load(foreign_cores=2 * 0.01 / 0.01386, steal_cores=0.0, cores=2, seconds=0.01386,
                foreign_ticks=2)
@@ -177,7 +177,7 @@ def test_a_contaminated_slowdown_is_measured_again() -> None:
 def test_only_the_cpus_this_process_may_use_count(tmp_path: Any, monkeypatch: Any) -> None:
     """A CI pod on a large node runs in a cpuset: the other CPUs' load is not contention.
     /proc/stat's per-CPU lines are summed over the process's affinity only."""
-    from pytest_accelperf import contention
+    from pytest_accelperf.stats import contention
 
     def stat(busy: dict[str, int]) -> str:
         # label user nice system idle iowait irq softirq steal

@@ -1,4 +1,4 @@
-"""One verdict for the whole suite (:mod:`pytest_accelperf.family`): the p-value of a
+"""One verdict for the whole suite (:mod:`pytest_accelperf.stats.family`): the p-value of a
 timing check from its interval, Benjamini-Hochberg q-values across the session, the false
 alarms to expect, and the line and JSON block that report them."""
 
@@ -17,7 +17,10 @@ from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.table import check_of
-from pytest_accelperf.family import (
+from pytest_accelperf.report.data import CaseRecord, SessionReport
+from pytest_accelperf.report.markdown import markdown
+from pytest_accelperf.report.terminal import suite_text, table_lines
+from pytest_accelperf.stats.family import (
     Interval,
     expected_false,
     interval,
@@ -26,10 +29,7 @@ from pytest_accelperf.family import (
     q_values,
     suite_verdict,
 )
-from pytest_accelperf.report.data import CaseRecord, SessionReport
-from pytest_accelperf.report.markdown import markdown
-from pytest_accelperf.report.terminal import suite_text, table_lines
-from pytest_accelperf.schema import ReportFile
+from pytest_accelperf.store.schema import ReportFile
 
 #: The normal quantile of a two-sided 95 % interval, to the digits printed in tables.
 Z975 = 1.959963984540054

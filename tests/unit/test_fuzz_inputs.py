@@ -24,13 +24,13 @@ from conftest import Suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_accelperf.baselines import BaselineStore
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.gate.options import OPTIONS, Settings
 from pytest_accelperf.ingest import PARSERS, parse_file
-from pytest_accelperf.options import OPTIONS, Settings
 from pytest_accelperf.report.history import read_history
 from pytest_accelperf.report.loading import load_report
+from pytest_accelperf.store.baselines import BaselineStore
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET = settings(max_examples=60, deadline=None, derandomize=True, database=None,

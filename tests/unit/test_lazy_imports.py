@@ -18,7 +18,7 @@ import pytest_accelperf.checks as checks_pkg
 from pytest_accelperf.cli import build_parser
 from unit.report.test_changes import line, noisy, write
 
-HEAVY = ("pytest_accelperf.runner", "pytest_accelperf.checks.table", "numpy", "scipy",
+HEAVY = ("pytest_accelperf.gate.runner", "pytest_accelperf.checks.table", "numpy", "scipy",
          "jax", "torch")
 
 
@@ -54,14 +54,15 @@ def test_every_public_name_resolves() -> None:
 
 
 def test_the_cases_decorator_is_not_shadowed_by_its_module() -> None:
-    loaded = _loaded_after("import pytest_accelperf.cases\nfrom pytest_accelperf import cases\n"
+    loaded = _loaded_after("import pytest_accelperf.collect.cases\n"
+                           "from pytest_accelperf import cases\n"
                            "assert callable(cases) and cases.__module__ == "
-                           "'pytest_accelperf.cases', cases")
-    assert "pytest_accelperf.cases" in loaded
+                           "'pytest_accelperf.collect.cases', cases")
+    assert "pytest_accelperf.collect.cases" in loaded
 
 
 #: What no ``accelperf`` command's parser needs: each command's own imports.
-COMMANDS_OWN = ("pytest_accelperf.baselines", "pytest_accelperf.bisection.driver",
+COMMANDS_OWN = ("pytest_accelperf.store.baselines", "pytest_accelperf.bisection.driver",
                 "pytest_accelperf.report.html", "pytest_accelperf.report.changes",
                 "pytest_accelperf.report.data", "pytest_accelperf.cli.baselines",
                 "pytest_accelperf.cli.history", "scipy", "ruptures", "numpy", "pytest")
@@ -97,7 +98,7 @@ def test_history_changes_imports_neither_the_store_nor_the_bisection(tmp_path: P
     hist = write(tmp_path / "h", [line(i, sps=v) for i, v in enumerate(values)])
     loaded = _loaded_after(_run_main(["history", "changes", str(hist)]))
     assert "ruptures" in loaded and "pytest_accelperf.cli.history" in loaded  # it ran
-    for module in ("pytest_accelperf.baselines", "pytest_accelperf.bisection.driver",
+    for module in ("pytest_accelperf.store.baselines", "pytest_accelperf.bisection.driver",
                    "pytest_accelperf.cli.baselines", "pytest_accelperf.report.html",
                    "pytest"):
         assert module not in loaded, module

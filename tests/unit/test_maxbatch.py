@@ -1,4 +1,4 @@
-"""The max-batch search algorithm on its own (pytest_accelperf/maxbatch.py)."""
+"""The max-batch search algorithm on its own (pytest_accelperf/gate/maxbatch.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from pytest_accelperf.backends.protocol import Fit
-from pytest_accelperf.cases import Case
-from pytest_accelperf.maxbatch import MAX_PROBES, search_max_batch
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.gate.maxbatch import MAX_PROBES, search_max_batch
 
 
 def linear(capacity: int, per_sample: int = 100) -> Any:

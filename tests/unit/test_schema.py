@@ -20,7 +20,16 @@ from conftest import Suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_accelperf.baselines import (
+from pytest_accelperf.checks import run_checks
+from pytest_accelperf.checks.base import Tolerances
+from pytest_accelperf.checks.outcome import FAILED_OUTCOMES
+from pytest_accelperf.cli import main
+from pytest_accelperf.cli.baselines import _fmt, _headline
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.fingerprint import differences
+from pytest_accelperf.records.run import OUTCOMES, Run
+from pytest_accelperf.report.loading import ReportFileError, load_report
+from pytest_accelperf.store.baselines import (
     BaselineError,
     BaselineStore,
     InvalidBlockError,
@@ -28,17 +37,8 @@ from pytest_accelperf.baselines import (
     parse,
     read,
 )
-from pytest_accelperf.cases import Case
-from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import Tolerances
-from pytest_accelperf.checks.outcome import FAILED_OUTCOMES
-from pytest_accelperf.cli import main
-from pytest_accelperf.cli.baselines import _fmt, _headline
-from pytest_accelperf.fingerprint import differences
-from pytest_accelperf.report.loading import ReportFileError, load_report
-from pytest_accelperf.run import OUTCOMES, Run
-from pytest_accelperf.schema import RECORDED_OUTCOMES, json_schema, validate_block
-from pytest_accelperf.summary import summarize, with_added_session
+from pytest_accelperf.store.schema import RECORDED_OUTCOMES, json_schema, validate_block
+from pytest_accelperf.store.summary import summarize, with_added_session
 from unit.report.test_reports import make_run
 
 REPO = Path(__file__).parents[2]

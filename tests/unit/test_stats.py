@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from pytest_accelperf.checks.base import Verdict
-from pytest_accelperf.stats import RatioEstimate, ab_verdict, step_time_ratio, throughput_verdict
+from pytest_accelperf.stats.bootstrap import (
+    RatioEstimate,
+    ab_verdict,
+    step_time_ratio,
+    throughput_verdict,
+)
 
 
 def noisy(n: int, center: float, noise: float, seed: int) -> list[float]:

@@ -19,7 +19,7 @@ import sys
 import textwrap
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 prepare_environment("cpu", 8)
 
@@ -35,11 +35,11 @@ from conftest import Suite, verdicts  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
 from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
-from pytest_accelperf.backends.jax.program import read_hlo  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.backends.jax.hlo import read_hlo  # noqa: E402
 from pytest_accelperf.checks.outcome import oom_sentence  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
-from pytest_accelperf.targets import (  # noqa: E402
+from pytest_accelperf.provision.targets import (  # noqa: E402
     CHIPS,
     GIB,
     INSTALL,
@@ -396,8 +396,8 @@ def test_libtpu_writes_nothing_to_the_terminal(tmp_path: Any) -> None:
         from jax.sharding import PartitionSpec as P
         from pytest_accelperf.backends.jax.backend import BACKEND
         from pytest_accelperf.jax import JaxStep
-        from pytest_accelperf.cases import Case
-        from pytest_accelperf.targets import LIBTPU_ENV, parse_target, provision_target
+        from pytest_accelperf.collect.cases import Case
+        from pytest_accelperf.provision.targets import LIBTPU_ENV, parse_target, provision_target
 
         step = JaxStep(init=lambda key: {"w": jnp.zeros((256, 256))},
                        step=lambda s, b: (s, {"loss": jnp.mean(b["x"] @ s["w"])}),

@@ -10,15 +10,5 @@
 * ``ranks``: a case spanning processes (``jax.distributed``);
 * ``pipeline``: GPipe (``jax-pipeline``); ``alpa``: Alpa.
 
-Importing this package imports no framework; its submodules import jax. Until the next
-release it also gives the names of the module it replaces (``backends/jax.py``), with a
-:class:`DeprecationWarning` naming their new place (:mod:`pytest_accelperf.backends._moved`).
+Importing this package imports no framework; its submodules import jax.
 """
-
-from typing import Any
-
-from pytest_accelperf.backends._moved import old_name
-
-
-def __getattr__(name: str) -> Any:
-    return old_name(__name__, name)

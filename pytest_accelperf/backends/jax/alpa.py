@@ -27,13 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import StepFns, load_json, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.cases import Case
-from pytest_accelperf.run import Run
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.run import Run
 
 INSTALL = ("Alpa needs Python <= 3.9 and jax 0.3.x: in a Python 3.9 environment, pip install "
            "alpa and its jaxlib build (https://alpa.ai/install.html)")

@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.jax.compile import _compile, _is_oom, _OutOfMemory, _Program
+from pytest_accelperf.backends.jax.hlo import program_of
 from pytest_accelperf.backends.jax.memory import (
     _analysis_bytes,
     _capacity,
@@ -43,7 +43,6 @@ from pytest_accelperf.backends.jax.memory import (
     _runtime_peaks,
     planner,
 )
-from pytest_accelperf.backends.jax.program import program_of
 from pytest_accelperf.backends.jax.step import JaxStep, as_step, check_batch
 from pytest_accelperf.backends.jax.step import host_batch as as_host
 from pytest_accelperf.backends.measure.common import Phases, fingerprint, with_state
@@ -57,13 +56,14 @@ from pytest_accelperf.backends.measure.loop import (
 )
 from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.cases import Case
 from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
-from pytest_accelperf.run import Run
-from pytest_accelperf.targets import not_run
-from pytest_accelperf.units import round_sig
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.provision.targets import not_run
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import round_sig
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.

@@ -4,7 +4,7 @@
 axis names), shards it (:mod:`.jax.sharding`) and compiles it: a case that cannot fit
 costs one compile and no allocation (XLA's RESOURCE_EXHAUSTED is :class:`_OutOfMemory`).
 For a compile-only target the compile runs in libtpu's environment with its log kept
-(:func:`pytest_accelperf.targets.compiling`). The model's FLOPs of a ``bind_axes`` step,
+(:func:`pytest_accelperf.provision.targets.compiling`). The model's FLOPs of a ``bind_axes`` step,
 or of a target's program, come from the same step lowered on one device over the global
 batch (:func:`_global_lowering`). What the compiled program does is read by
 :mod:`.jax.program`; its memory plan by :mod:`.jax.memory`.
@@ -23,7 +23,6 @@ from typing import Any
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.jax.sharding import _bound, _host_mesh, _inputs, _mesh_renaming
 from pytest_accelperf.backends.jax.step import (
     BatchSignature,
@@ -35,9 +34,10 @@ from pytest_accelperf.backends.jax.step import (
     explain,
 )
 from pytest_accelperf.backends.measure.common import TaskError
-from pytest_accelperf.cases import Case
-from pytest_accelperf.contention import Contention, Load
-from pytest_accelperf.targets import compiling
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.provision.targets import compiling
+from pytest_accelperf.stats.contention import Contention, Load
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -76,7 +76,7 @@ class _Program:
     #: against it before it is transferred (:func:`.jax.step.check_batch`).
     batch_signature: BatchSignature | None = None
     #: What the compiler wrote to stderr while compiling for a compile-only target (kept
-    #: off the terminal: :func:`pytest_accelperf.targets.compiling`).
+    #: off the terminal: :func:`pytest_accelperf.provision.targets.compiling`).
     compiler_log: list[str] = field(default_factory=list)
 
 
@@ -133,7 +133,7 @@ def _compile(case: Case, task: Any, accel: Accelerator,
 
 def _target_compile(accel: Accelerator, log: list[str]) -> AbstractContextManager[None]:
     """Where a program is made for a compile-only target: in libtpu's environment, its log
-    lines into ``log`` (:func:`pytest_accelperf.targets.compiling`); elsewhere nothing."""
+    lines into ``log`` (:func:`pytest_accelperf.provision.targets.compiling`); elsewhere nothing."""
     return compiling(log) if accel.compile_only else nullcontext()
 
 

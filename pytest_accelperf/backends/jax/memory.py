@@ -17,10 +17,10 @@ from typing import Any
 
 import jax
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.jax.compile import _compile
-from pytest_accelperf.cases import Case
-from pytest_accelperf.run import Run
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.run import Run
 
 PyTree = Any
 # jax leaves this untyped; mypy --strict refuses untyped calls, so it goes through Any.

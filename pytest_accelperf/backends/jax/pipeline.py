@@ -29,12 +29,12 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.jax.backend import BACKEND as JAX_BACKEND
 from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
+from pytest_accelperf.provision.accel import Accelerator
 
 PyTree = Any
 P: Any = PartitionSpec

@@ -3,7 +3,7 @@
 running the JAX backend's own training on the global mesh (multi-controller JAX).
 
 This module is the JAX backend's ranks (``RANKS``, named by its spec): the plugin, not the
-JAX backend, sends a ``world_size > 1`` case here (:mod:`pytest_accelperf.routing`).
+JAX backend, sends a ``world_size > 1`` case here (:mod:`pytest_accelperf.gate.routing`).
 Without a cluster the processes are launched on this machine by
 :mod:`pytest_accelperf.backends.procs.launch` (coordinator on 127.0.0.1); on a Ray cluster
 (:mod:`pytest_accelperf.cluster`) they are actors, one per host. Either way each process
@@ -22,14 +22,14 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.procs.launch import LaunchResult
 from pytest_accelperf.backends.procs.ranks import RankJob, train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.run import Outcome, Run
 from pytest_accelperf.report import progress
-from pytest_accelperf.run import Outcome, Run
 
 if TYPE_CHECKING:
     from pytest_accelperf.backends.procs._rank import RankContext
@@ -79,8 +79,8 @@ def train_here(case: Case, task: Any, accel: str, cpu_devices: int, platform: st
                timeout: float | None) -> tuple[str, TrainResult]:
     """After :func:`join`: the JAX backend's training over the global devices, and the
     platform key this process sees."""
-    from pytest_accelperf.accel import provision
     from pytest_accelperf.backends.jax.backend import BACKEND
+    from pytest_accelperf.provision.accel import provision
 
     acc = provision(accel, cpu_devices, platform)
     return acc.platform, BACKEND.train(case, task, acc, timeout=timeout)

@@ -22,7 +22,7 @@ from pytest_accelperf.backends.jax.step import JaxStep, full_specs
 from pytest_accelperf.backends.jax.step import host_batch as as_host
 from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.measure.data import source_label
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.

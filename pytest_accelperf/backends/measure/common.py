@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from pytest_accelperf.errors import UserError, shown, user_frame
-from pytest_accelperf.units import round_sig
+from pytest_accelperf.stats.units import round_sig
 
 #: Values per leaf sampled into the numerics fingerprint.
 N_SAMPLES = 16

@@ -26,7 +26,7 @@ A backend says how to do one step; the loop owns what makes a measurement one:
   run (``nan_step``), and so does the ``deadline`` (``time.monotonic()``), at the next
   step boundary;
 - what the rest of the machine used during the measured steps is read from ``/proc``
-  (:class:`~pytest_accelperf.contention.Contention`, the session's process tree counted as
+  (:class:`~pytest_accelperf.stats.contention.Contention`, the session's process tree counted as
   its own) into ``load``: the throughput check does not judge a measurement taken beside
   another job;
 - a gate benchmark's injected slowdown (:func:`.common.injected_slowdown`) stretches each
@@ -47,8 +47,8 @@ from typing import Any, Generic, Protocol, TypeVar
 from pytest_accelperf.backends.measure.blocked import BlockedClock
 from pytest_accelperf.backends.measure.common import injected_slowdown, stretch
 from pytest_accelperf.backends.measure.probe import Probe
-from pytest_accelperf.contention import Contention, Load, measuring_root
 from pytest_accelperf.report import progress
+from pytest_accelperf.stats.contention import Contention, Load, measuring_root
 
 B = TypeVar("B")
 H = TypeVar("H")

@@ -7,7 +7,7 @@ time with one recorded hours earlier compares two machines. So after each measur
 outside its timer, the backend runs a *probe*: a fixed matrix product in the same framework,
 on the same device, with the same threads, synchronized like the step. The probe's time is
 what the machine gave at that moment; the throughput check compares ``step / probe``
-(:mod:`pytest_accelperf.stats`), so a slowdown that hits both cancels, and a slowdown of
+(:mod:`pytest_accelperf.stats.bootstrap`), so a slowdown that hits both cancels, and a slowdown of
 the step alone (a regression) does not.
 
 A probe is identified by its ``kind`` string (framework, size, repetitions): ratios are

@@ -30,11 +30,11 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Any, Protocol
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.measure.loop import StepFns, time_block
 from pytest_accelperf.backends.procs.launch import LaunchResult, launch
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,5 @@
   ``world_size > 1``); ``deepspeed``: DeepSpeed ZeRO;
 * ``neuron``: torch-xla on Trainium / Inferentia.
 
-Importing this package imports no framework; its submodules import torch. Until the next
-release it also gives the names of the module it replaces (``backends/torch.py``), with a
-:class:`DeprecationWarning` naming their new place (:mod:`pytest_accelperf.backends._moved`).
+Importing this package imports no framework; its submodules import torch.
 """
-
-from typing import Any
-
-from pytest_accelperf.backends._moved import old_name
-
-
-def __getattr__(name: str) -> Any:
-    return old_name(__name__, name)

@@ -2,7 +2,7 @@
 
 (A case with ``world_size > 1`` trains with DistributedDataParallel in that many processes
 instead, :mod:`pytest_accelperf.backends.torch.ddp`: this backend's spec names it as its ranks,
-and the plugin, not this module, makes that choice (:mod:`pytest_accelperf.routing`).)
+and the plugin, not this module, makes that choice (:mod:`pytest_accelperf.gate.routing`).)
 
 What it trains is a :class:`~pytest_accelperf.backends.torch.step.TorchStep`: the user's
 own ``step(batch) -> metrics`` over their model, optimizer, scheduler, scaler and
@@ -64,7 +64,6 @@ from typing import Any
 
 import torch
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.measure.common import (
     Phases,
     TaskError,
@@ -83,12 +82,6 @@ from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
 from pytest_accelperf.backends.torch.ops import OpCounter
-from pytest_accelperf.backends.torch.program import (
-    COMPILE_TIME_COVERS,
-    DynamoWatch,
-    cold_compile,
-    eager_program,
-)
 from pytest_accelperf.backends.torch.step import (
     TorchStep,
     as_torch_step,
@@ -101,6 +94,12 @@ from pytest_accelperf.backends.torch.step import (
     to_float,
     undone,
 )
+from pytest_accelperf.backends.torch.step_record import (
+    COMPILE_TIME_COVERS,
+    DynamoWatch,
+    cold_compile,
+    eager_program,
+)
 from pytest_accelperf.backends.torch.task import (
     TorchTask,
     as_tensors,
@@ -109,10 +108,11 @@ from pytest_accelperf.backends.torch.task import (
     to_device,
     torch_probe,
 )
-from pytest_accelperf.cases import Case
-from pytest_accelperf.contention import Contention, Load, measuring_root
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
-from pytest_accelperf.run import Run
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.contention import Contention, Load, measuring_root
 
 GIB = 2**30
 #: Eager training steps (undone afterwards) that CPU memory is counted over: the first

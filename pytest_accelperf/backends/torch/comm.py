@@ -3,7 +3,7 @@
 A :class:`CommCounter` counts the collectives a rank's engine issues during the steps it is
 told to count (:meth:`CommCounter.step`), and gives them per step
 (:meth:`CommCounter.per_step`) in the form of ``Run.program["collectives"]``
-(:func:`pytest_accelperf.program.program_record`): ``{kind: {"count": n, "bytes": b}}``.
+(:func:`pytest_accelperf.records.program.program_record`): ``{kind: {"count": n, "bytes": b}}``.
 Two real sources feed it, each the layer where the engine's own collectives pass:
 
 * DeepSpeed (:func:`count_deepspeed`): every collective of ZeRO and the engine goes

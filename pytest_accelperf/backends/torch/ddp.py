@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, register_ddp_hook
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks
 from pytest_accelperf.backends.torch.task import TorchTask
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
+from pytest_accelperf.provision.accel import Accelerator
 
 
 class DDPRankEngine:

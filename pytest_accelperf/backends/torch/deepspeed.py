@@ -70,15 +70,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
 from pytest_accelperf.backends.torch.task import TorchTask
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
+from pytest_accelperf.provision.accel import Accelerator
 
 INSTALL = "pip install 'pytest-accelperf[deepspeed]' (DeepSpeed 0.19; torch first)"
 #: Keys of ``params["ds_config"]`` that the case itself decides.

@@ -29,7 +29,6 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult
@@ -41,9 +40,10 @@ from pytest_accelperf.backends.torch.backend import (
     timeout_message,
 )
 from pytest_accelperf.backends.torch.task import TorchTask, as_tensors, to_device
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
-from pytest_accelperf.run import Run
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.run import Run
 
 #: Warm-up steps at least: step 0 compiles forward+backward, step 1 the optimizer's update
 #: with its state allocated (a second graph on XLA).

@@ -36,7 +36,7 @@ decomposed what it decomposes (the counter sits below it: it sees the kernels th
     ``torch.optim`` reads with ``.item()`` (``optimizer._get_value``) and keeps on the CPU
     on every device. ``host_sync_sites`` says where each was, ``{"_local_scalar_dense at
     suites/x.py in step: logged = loss.item()": 1}``: the innermost frame outside torch,
-    keyed by its function and source text, not its line (:mod:`pytest_accelperf.sites`).
+    keyed by its function and source text, not its line (:mod:`pytest_accelperf.records.sites`).
 
 Deterministic: the same code, shapes and dtypes dispatch the same ops, every run. The
 plugin's own work inside the counted step (the snapshot that undoes it) runs
@@ -57,7 +57,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from pytest_accelperf.sites import code_site
+from pytest_accelperf.records.sites import code_site
 
 #: Compact dtype names in op keys (``mm[bf16]``); another dtype is its torch name.
 DTYPE_TAGS: dict[torch.dtype, str] = {
@@ -183,7 +183,7 @@ def sync_kind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
 
 def _caller() -> tuple[str, bool]:
     """Where the op being dispatched was called from: the site
-    (:func:`~pytest_accelperf.sites.code_site`: file, function and source text) of the
+    (:func:`~pytest_accelperf.records.sites.code_site`: file, function and source text) of the
     innermost Python frame outside torch and this module (``"?"`` when there is none: a
     backward op on autograd's thread); and whether torch.optim's ``_get_value`` (the
     optimizer's step counter) is between."""

@@ -76,7 +76,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from pytest_accelperf.accel import Accelerator
 from pytest_accelperf.backends.measure.common import TaskError, describe, fingerprint
 from pytest_accelperf.backends.measure.data import expect
 from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
@@ -101,10 +100,11 @@ from pytest_accelperf.backends.torch.task import (
     to_device,
     torch_probe,
 )
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
-from pytest_accelperf.program import program_record
-from pytest_accelperf.run import Run
+from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.program import program_record
+from pytest_accelperf.records.run import Run
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -585,7 +585,7 @@ def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> di
 def ranks_program(engine: dict[str, Any], flops: list[float | None],
                   comms: list[dict[str, Any] | None],
                   ops: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """The program record (:mod:`pytest_accelperf.program`) of a case's ranks: the FLOPs
+    """The program record (:mod:`pytest_accelperf.records.program`) of a case's ranks: the FLOPs
     of a step summed over ranks, per kind of collective the largest count and bytes over
     ranks, and ``ops``, what rank 0 dispatched per step
     (:meth:`.torch.ops.OpCounter.record`; None for a compiled model); None unless every

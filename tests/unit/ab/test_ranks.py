@@ -20,8 +20,8 @@ torch = pytest.importorskip("torch")
 
 from pytest_accelperf import Case  # noqa: E402
 from pytest_accelperf.ab.ranks import RankGroupError, RankGroupStepper  # noqa: E402
-from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends.procs import rank_pool  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 MODEL = '''

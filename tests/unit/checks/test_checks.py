@@ -22,9 +22,9 @@ from pytest_accelperf.checks.numerics import (
 )
 from pytest_accelperf.checks.outcome import check_outcome
 from pytest_accelperf.checks.throughput import check_throughput, spread
-from pytest_accelperf.run import Run
-from pytest_accelperf.summary import summarize
-from pytest_accelperf.units import fmt_bytes
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.units import fmt_bytes
+from pytest_accelperf.store.summary import summarize
 
 MiB = 2**20
 GiB = 2**30

@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 prepare_environment("cpu", 8)
 
@@ -29,17 +29,17 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from conftest import Suite  # noqa: E402
 
-from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.base import CheckResult  # noqa: E402
 from pytest_accelperf.checks.input import MIN_SHARE, check_input  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
+from pytest_accelperf.records.run import Run  # noqa: E402
 from pytest_accelperf.report.terminal import metric_label  # noqa: E402
-from pytest_accelperf.run import Run  # noqa: E402
-from pytest_accelperf.schema import validate_block  # noqa: E402
-from pytest_accelperf.summary import summarize  # noqa: E402
+from pytest_accelperf.store.schema import validate_block  # noqa: E402
+from pytest_accelperf.store.summary import summarize  # noqa: E402
 
 TOL = Tolerances()
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 prepare_environment("cpu", 8)
 
@@ -26,9 +26,9 @@ from pytest_accelperf.backends.measure.loop import StepFns, run_steps  # noqa: E
 from pytest_accelperf.checks import Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.base import CheckResult  # noqa: E402
 from pytest_accelperf.checks.input_wait import check_input_wait  # noqa: E402
-from pytest_accelperf.run import Run  # noqa: E402
-from pytest_accelperf.schema import validate_block  # noqa: E402
-from pytest_accelperf.summary import summarize  # noqa: E402
+from pytest_accelperf.records.run import Run  # noqa: E402
+from pytest_accelperf.store.schema import validate_block  # noqa: E402
+from pytest_accelperf.store.summary import summarize  # noqa: E402
 
 if BlockedClock.open() is None:  # pragma: no cover - Linux counts it
     pytest.skip("this kernel does not count a thread's run-queue delay "
@@ -219,9 +219,9 @@ def test_a_jax_make_batch_that_starts_sleeping_fails_input_wait_only() -> None:
     the disk used no more CPU, so ``input`` passed, and the step did not change, so
     ``throughput`` passed. 8 ms of sleep a batch."""
     pytest.importorskip("flax")
-    from pytest_accelperf.accel import provision
     from pytest_accelperf.backends.jax.backend import BACKEND
-    from pytest_accelperf.cases import Case
+    from pytest_accelperf.collect.cases import Case
+    from pytest_accelperf.provision.accel import provision
 
     accel = provision("cpu", 8)
     case = Case(backend="jax", batch=256, steps=12, warmup=1)
@@ -239,9 +239,9 @@ def test_a_jax_make_batch_that_starts_sleeping_fails_input_wait_only() -> None:
 
 def test_a_torch_make_batch_that_starts_sleeping_fails_input_wait() -> None:
     torch = pytest.importorskip("torch")
-    from pytest_accelperf.accel import Accelerator
     from pytest_accelperf.backends.torch.backend import BACKEND as TORCH
-    from pytest_accelperf.cases import Case
+    from pytest_accelperf.collect.cases import Case
+    from pytest_accelperf.provision.accel import Accelerator
     from pytest_accelperf.torch import TorchStep
 
     def make(sleep: float) -> TorchStep:

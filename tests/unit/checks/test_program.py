@@ -13,8 +13,8 @@ from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.compile_time import check_compile_time
 from pytest_accelperf.checks.memory import check_memory
 from pytest_accelperf.checks.program import check_program
-from pytest_accelperf.program import changes, describe_changes, program_record
-from pytest_accelperf.schema import validate_block
+from pytest_accelperf.records.program import changes, describe_changes, program_record
+from pytest_accelperf.store.schema import validate_block
 
 TOL = Tolerances()
 MiB = 2**20
@@ -316,7 +316,7 @@ def test_ab_verdict_names_the_program_change_or_says_the_program_is_the_same() -
 def test_wait_for_quiet_waits_at_most_its_bound_and_returns_at_once_when_quiet() -> None:
     import os
 
-    from pytest_accelperf.contention import wait_for_quiet
+    from pytest_accelperf.stats.contention import wait_for_quiet
 
     waited, load = wait_for_quiet(-1.0, max_wait=2.0)  # never quiet enough
     assert load is not None and 2.0 <= waited < 3.5
@@ -325,7 +325,7 @@ def test_wait_for_quiet_waits_at_most_its_bound_and_returns_at_once_when_quiet()
 
 
 def test_hfu_uses_the_hardware_flops_and_mfu_the_model_s() -> None:
-    from pytest_accelperf.run import Run
+    from pytest_accelperf.records.run import Run
 
     run = Run(case_id="c", n_devices=8, step_times=[0.5, 0.5, 0.5], flops_per_step=1e9,
               peak_flops_per_device=1e9,
@@ -341,8 +341,8 @@ def test_another_host_cpu_runs_the_same_program_but_not_the_same_step_times() ->
     without it every program check was `incomparable`, the one check that needs no timing.
     The host's CPU makes step times and numerics incomparable, not the program."""
     from pytest_accelperf.checks import run_checks
-    from pytest_accelperf.fingerprint import PROGRAM_KEYS, differences, stack_changes
-    from pytest_accelperf.run import Run
+    from pytest_accelperf.provision.fingerprint import PROGRAM_KEYS, differences, stack_changes
+    from pytest_accelperf.records.run import Run
 
     base_env = {"platform": "cpu-x8", "host_cpu": "Xeon A", "cpu_isa": "avx2 avx_vnni",
                 "python": "3.11.7", "packages": {"jax": "0.10.2"}}

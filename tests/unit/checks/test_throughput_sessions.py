@@ -12,9 +12,9 @@ import pytest
 
 from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput
-from pytest_accelperf.run import Run
-from pytest_accelperf.stats import RatioEstimate, widen_by_sessions
-from pytest_accelperf.summary import MAX_SESSIONS, summarize, with_added_session
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.bootstrap import RatioEstimate, widen_by_sessions
+from pytest_accelperf.store.summary import MAX_SESSIONS, summarize, with_added_session
 
 TOL = Tolerances(throughput_tolerance=0.03)
 

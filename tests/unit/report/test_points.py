@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from pytest_accelperf.program import AMOUNTS, COUNTS
+from pytest_accelperf.records.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.changes import exact_changes, find_changes
 from pytest_accelperf.report.history import HistoryError
 from pytest_accelperf.report.points import (
@@ -25,7 +25,7 @@ from pytest_accelperf.report.points import (
     load_points,
     points_of,
 )
-from pytest_accelperf.schema import HistoryNumbers, Program, ProgramRecord
+from pytest_accelperf.store.schema import HistoryNumbers, Program, ProgramRecord
 from unit.report.test_changes import PROGRAM, line, noisy, write
 
 

@@ -20,10 +20,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pytest_accelperf.cases import Case
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
-from pytest_accelperf.options import Settings
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.gate.options import Settings
+from pytest_accelperf.records.run import Run
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.report.history import (
     HistoryError,
@@ -38,8 +39,7 @@ from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.outputs import write_outputs
 from pytest_accelperf.report.progress import LineProgress, progress_text, reporting, step
 from pytest_accelperf.report.terminal import table_lines
-from pytest_accelperf.run import Run
-from pytest_accelperf.summary import summarize
+from pytest_accelperf.store.summary import summarize
 
 PLATFORM = "cpu-x2"
 MODULE = "suites/test_m.py"

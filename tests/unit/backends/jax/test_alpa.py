@@ -10,7 +10,7 @@ import sys
 import types
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 prepare_environment("cpu", 8)  # before jax: as every JAX test module of this suite
 
@@ -20,10 +20,10 @@ import pytest  # noqa: E402
 jax = pytest.importorskip("jax")
 optax = pytest.importorskip("optax")
 
-from pytest_accelperf.accel import provision  # noqa: E402
 from pytest_accelperf.backends.jax.alpa import BACKEND  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxTask  # noqa: E402
+from pytest_accelperf.provision.accel import provision  # noqa: E402
 
 
 class _Executable:

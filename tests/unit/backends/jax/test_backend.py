@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 # Before jax is imported anywhere: 8 virtual CPU devices for the (4, 2) and (8, 1) meshes.
 prepare_environment("cpu", 8)
@@ -27,14 +27,14 @@ pytest.importorskip("optax")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND, jax_probe  # noqa: E402
 from pytest_accelperf.backends.measure.common import fingerprint  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxTask, predict_memory  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "jax"))
 from charlm import make_task  # noqa: E402

@@ -17,8 +17,8 @@ import jax
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "pipeline"))
 from mlp_stages import make_task
 
-from pytest_accelperf.accel import provision
-from pytest_accelperf.cases import Case
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import provision
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The JAX backend's program record and leak reading, on real compiled programs.
 
 Each test trains (or compiles) a tiny step on 8 virtual CPU devices and checks what
-:mod:`pytest_accelperf.backends.jax.program` read from XLA's cost analysis and optimized
+:mod:`pytest_accelperf.backends.jax.hlo` read from XLA's cost analysis and optimized
 HLO: FLOPs against a count made by hand (2·m·n·k per matmul, forward and backward), the
 collectives a sharding change adds or removes, a host callback left in the loss, a matmul
 precision change, and that an unchanged program reads the same twice. The leak reading
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 # Before jax is imported anywhere: 8 virtual CPU devices for the (4, 2) and (8, 1) meshes.
 prepare_environment("cpu", 8)
@@ -27,13 +27,13 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
-from pytest_accelperf.backends.jax.program import program_of, read_hlo, shape_bytes  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.backends.jax.hlo import program_of, read_hlo, shape_bytes  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
-from pytest_accelperf.program import changes, describe_changes  # noqa: E402
-from pytest_accelperf.run import Run  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
+from pytest_accelperf.records.program import changes, describe_changes  # noqa: E402
+from pytest_accelperf.records.run import Run  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
 TOL = 0.02  # the program check's default tolerance on amounts

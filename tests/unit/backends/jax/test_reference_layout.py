@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 # Before jax is imported anywhere: 8 virtual CPU devices for the 8x1 mesh.
 prepare_environment("cpu", 8)
@@ -48,13 +48,13 @@ import optax  # noqa: E402
 from flax.training import train_state  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND, REFERENCE_MAX_STEPS  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import CheckResult, Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
 BATCH, STEPS, LR = 32, 32, 0.2

@@ -15,7 +15,7 @@ import pickle
 import time
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 # Before jax is imported anywhere: 8 virtual CPU devices for the (4, 2) and (8, 1) meshes.
 prepare_environment("cpu", 8)
@@ -34,14 +34,14 @@ from conftest import Suite  # noqa: E402
 from flax.training import train_state  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND, JaxTrainResult  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep, JaxTask, nnx_step  # noqa: E402
-from pytest_accelperf.run import Run  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
+from pytest_accelperf.records.run import Run  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
 DIM, STEPS, WARMUP = 8, 6, 1

@@ -13,7 +13,7 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-from pytest_accelperf.accel import prepare_environment
+from pytest_accelperf.provision.accel import prepare_environment
 
 prepare_environment("cpu", 8)
 
@@ -28,13 +28,13 @@ import numpy as np  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND as JAX  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.backends.measure.data import Batches, digest  # noqa: E402
 from pytest_accelperf.backends.torch.backend import BACKEND as TORCH  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep, nnx_step  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.torch import RankStep, TorchStep  # noqa: E402
 
 BATCH, DIM, STEPS, WARMUP = 16, 8, 6, 1

@@ -173,9 +173,9 @@ def test_two_zero_stages_in_the_same_warm_ranks_equal_fresh_ranks(
         monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("deepspeed")
-    from pytest_accelperf.accel import Accelerator
     from pytest_accelperf.backends.torch.deepspeed import BACKEND
-    from pytest_accelperf.cases import Case
+    from pytest_accelperf.collect.cases import Case
+    from pytest_accelperf.provision.accel import Accelerator
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))
     from gpt import make_task

@@ -12,10 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
 from pytest_accelperf.backends.torch.backend import BACKEND, count_flops  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))

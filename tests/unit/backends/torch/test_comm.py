@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytest.importorskip("cloudpickle")
 
-from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
 from pytest_accelperf.backends.torch.comm import (  # noqa: E402
     CommCounter,
@@ -25,7 +24,8 @@ from pytest_accelperf.backends.torch.comm import (  # noqa: E402
     payload_bytes,
 )
 from pytest_accelperf.backends.torch.deepspeed import BACKEND  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import RankStep, train_ddp  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
@@ -202,7 +202,7 @@ def test_rank_zero_records_what_its_counted_micro_batch_dispatched(
     """The same counted call as the FLOPs (tests/unit/backends/torch/test_ops.py has the rules): the
     MLP's products, DDP's bucket all-reduce, and the wait ZeRO-3 adds (``.item()`` on a
     tensor a GPU would hold: the ranks agree on the parameters they fetch)."""
-    from pytest_accelperf.program import matmul_dtypes
+    from pytest_accelperf.records.program import matmul_dtypes
 
     ddp = runs["ddp32"].run.program
     assert ddp is not None

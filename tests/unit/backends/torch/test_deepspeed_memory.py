@@ -25,10 +25,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytest.importorskip("cloudpickle")
 
-from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
 from pytest_accelperf.backends.torch.deepspeed import BACKEND, size_buckets  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import RankStep  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)

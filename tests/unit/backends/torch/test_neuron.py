@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 from pytest_accelperf.backends import BACKENDS  # noqa: E402
 from pytest_accelperf.backends.torch.backend import BACKEND as TORCH  # noqa: E402
 from pytest_accelperf.backends.torch.neuron import MIN_WARMUP, train_lazy  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.torch import TorchTask  # noqa: E402
 
 INSTALL = "pip install torch-neuronx --extra-index-url https://pip.repos.neuron.amazonaws.com"
@@ -76,7 +76,7 @@ def test_loop_marks_waits_and_times_warmup_apart() -> None:
 def test_same_numbers_as_the_torch_backend() -> None:
     case = Case(backend="neuron", batch=8, steps=5, warmup=2)
     lazy = train_lazy(case, make_task(case), CpuLazyDevice()).run
-    from pytest_accelperf.accel import Accelerator
+    from pytest_accelperf.provision.accel import Accelerator
 
     accel = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
     eager = TORCH.train(Case(backend="torch", batch=8, steps=5, warmup=2), make_task(case),

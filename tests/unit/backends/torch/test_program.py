@@ -16,7 +16,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends.torch.backend import (  # noqa: E402
     BACKEND,
     GROWTH_STEPS,
@@ -25,10 +24,11 @@ from pytest_accelperf.backends.torch.backend import (  # noqa: E402
     count_step,
     count_step_flops,
 )
-from pytest_accelperf.backends.torch.program import COMPILE_TIME_COVERS, eager_program  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
-from pytest_accelperf.program import changes, describe_changes  # noqa: E402
-from pytest_accelperf.run import Run  # noqa: E402
+from pytest_accelperf.backends.torch.step_record import COMPILE_TIME_COVERS, eager_program  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
+from pytest_accelperf.records.program import changes, describe_changes  # noqa: E402
+from pytest_accelperf.records.run import Run  # noqa: E402
 from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 STEPS, WARMUP, BATCH, DIM = 4, 1, 64, 8

@@ -18,7 +18,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytest.importorskip("cloudpickle")
 
-from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
@@ -29,9 +28,10 @@ from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
     zero_defaults,
 )
 from pytest_accelperf.backends.torch.ranks import micro_batches  # noqa: E402
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import (  # noqa: E402
     Built,
     RankStep,

@@ -1,5 +1,5 @@
 """Host syncs and graph breaks are keyed by the code, not its line
-(:mod:`pytest_accelperf.sites`): a real training step, written to a file, counted, edited
+(:mod:`pytest_accelperf.records.sites`): a real training step, written to a file, counted, edited
 and counted again. A comment inserted above a ``.item()`` (or the function moved down the
 file) records the same program; a new ``.item()`` is a regression naming its function and
 source text, and nothing that only moved. Before, a site was ``path:line in function``:
@@ -21,11 +21,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_accelperf.backends.torch.backend import count_step  # noqa: E402
-from pytest_accelperf.backends.torch.program import break_reason, eager_program  # noqa: E402
+from pytest_accelperf.backends.torch.step_record import break_reason, eager_program  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
-from pytest_accelperf.program import changes, describe_changes  # noqa: E402
-from pytest_accelperf.sites import is_line_keyed  # noqa: E402
+from pytest_accelperf.records.program import changes, describe_changes  # noqa: E402
+from pytest_accelperf.records.sites import is_line_keyed  # noqa: E402
 from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 TOL = Tolerances()
@@ -203,7 +203,7 @@ def test_a_graph_break_reason_is_keyed_by_the_code(tmp_path: Path) -> None:
 
 
 def test_source_text_drops_a_trailing_comment_not_a_hash_in_a_string() -> None:
-    from pytest_accelperf.sites import code_text
+    from pytest_accelperf.records.sites import code_text
 
     assert code_text("    x = loss.item()  # log it\n") == "x = loss.item()"
     assert code_text('    print("#", loss.item())\n') == 'print("#", loss.item())'
@@ -230,7 +230,7 @@ def test_a_frame_without_source_keeps_its_line(tmp_path: Path) -> None:
 def test_a_baselines_line_keyed_break_reasons_are_compared_by_text_and_file() -> None:
     """A graph break recorded before (``text (path:line in function)``) is the same break
     as the code-keyed one in the same file; one in another file is new."""
-    from pytest_accelperf.sites import new_reasons
+    from pytest_accelperf.records.sites import new_reasons
 
     text = "Call to `torch._dynamo.graph_break()`"
     old = [f"{text} (model.py:8 in forward)"]
@@ -244,7 +244,7 @@ def test_a_baselines_line_keyed_break_reasons_are_compared_by_text_and_file() ->
 def test_a_site_without_a_python_frame_is_compared_as_it_is() -> None:
     """``?`` (an op on autograd's thread, no Python frame) has no line to drop: a record
     with it keeps comparing by site."""
-    from pytest_accelperf.sites import compare_counts
+    from pytest_accelperf.records.sites import compare_counts
 
     code = "nonzero at train.py in step: i = m.nonzero()"
     assert not is_line_keyed("nonzero at ?")

@@ -25,7 +25,6 @@ torch = pytest.importorskip("torch")
 
 from conftest import Suite  # noqa: E402
 
-from pytest_accelperf.accel import Accelerator  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.backends.torch.backend import BACKEND, TorchTrainResult, count_step_flops  # noqa: E402
 from pytest_accelperf.backends.torch.step import (  # noqa: E402
@@ -33,10 +32,11 @@ from pytest_accelperf.backends.torch.step import (  # noqa: E402
     live_stateful,
     undone,
 )
-from pytest_accelperf.cases import Case  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
-from pytest_accelperf.run import Run  # noqa: E402
+from pytest_accelperf.collect.cases import Case  # noqa: E402
+from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
+from pytest_accelperf.records.run import Run  # noqa: E402
 from pytest_accelperf.torch import TorchStep, TorchTask  # noqa: E402
 
 STEPS, WARMUP, BATCH, DIM = 8, 2, 64, 8

@@ -1,0 +1,355 @@
+"""Judging a case's throughput: the step between evaluating a run and recording it.
+
+A case flows one way (:mod:`pytest_accelperf.gate.runner`): measured, evaluated (every check
+against the stored baseline, giving an :class:`Evaluated`), judged, recorded once, gated.
+Judging decides what the throughput check finally says (or, when recording, which
+measurement is stored), by one of four strategies; each
+takes the evaluated result and returns a new one, never changing what it was given:
+
+:class:`StoredBaseline`
+    the stored-baseline verdict stands (``--accelperf-update``, ``--accelperf-confirm=0``,
+    a run checked or ingested rather than trained);
+:class:`Confirmation`
+    an apparent throughput regression is re-measured (``--accelperf-confirm`` times) and
+    stands only if confirmed;
+:class:`Recording`
+    ``--accelperf-update`` and ``--accelperf-add-session``: a recording too noisy to be a
+    baseline is re-measured (the same loop, :func:`remeasure_until`, each re-measurement
+    over more steps), and one that stays noisy is recorded marked so;
+:class:`ABComparison`
+    A/B mode (``--accelperf-compare``): the throughput check becomes the paired comparison
+    with the base revision (:mod:`pytest_accelperf.ab`).
+
+A re-measurement trains the case again in this process; :func:`retimed` makes one
+measurement of the first training and the timings of the trainings after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
+from pytest_accelperf.ab.verdict import ab_check, ab_program_check, new_in_head, not_compared
+from pytest_accelperf.backends.protocol import TrainResult
+from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.throughput import spread
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.contention import Load, wait_for_quiet
+from pytest_accelperf.store.block import Block
+
+METRIC = "throughput"
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """A run with its checks, before it is judged, recorded and gated. ``diffs``: how
+    the machine differs from the baseline's (throughput then is ``incomparable``);
+    ``stack``: how the stack does (an upgrade: judged, and named by every verdict)."""
+
+    run: Run
+    block: Block
+    baseline: dict[str, Any] | None
+    checks: tuple[CheckResult, ...]
+    diffs: tuple[str, ...] = ()
+    state: Any = None  # the backend's final state of the training, when it returns one
+    stack: tuple[str, ...] = ()
+    #: What :class:`Recording` did before this run was recorded ("" when nothing).
+    recording_note: str = ""
+
+    @property
+    def throughput(self) -> CheckResult | None:
+        return next((c for c in self.checks if c.metric == METRIC), None)
+
+    def with_check(self, check: CheckResult) -> Evaluated:
+        """This result with the check of ``check``'s metric replaced by it, in its place
+        (added at the end when it had none)."""
+        if not any(c.metric == check.metric for c in self.checks):
+            return replace(self, checks=(*self.checks, check))
+        return replace(self, checks=tuple(check if c.metric == check.metric else c
+                                          for c in self.checks))
+
+    def with_throughput(self, check: CheckResult | None, *, first: bool = False) -> Evaluated:
+        """This result with its throughput check replaced by ``check`` (dropped when
+        None), in its place; with ``first``, every throughput check is dropped and
+        ``check`` goes before the others (where A/B mode shows its verdict)."""
+        if first:
+            others = tuple(c for c in self.checks if c.metric != METRIC)
+            return replace(self, checks=(check, *others) if check is not None else others)
+        current = self.throughput
+        return replace(self, checks=tuple(
+            c for c in ((check if c is current else c) for c in self.checks) if c is not None))
+
+
+class Judge(Protocol):
+    """One way to judge throughput: the evaluated result in, a new one out."""
+
+    def __call__(self, evaluated: Evaluated, /) -> Evaluated: ...
+
+
+class StoredBaseline:
+    """The stored-baseline verdict stands, as :func:`~pytest_accelperf.checks.run_checks`
+    gave it."""
+
+    def __call__(self, evaluated: Evaluated) -> Evaluated:
+        return evaluated
+
+
+def _ratio_text(seen: Sequence[CheckResult]) -> str:
+    ratios = [c.data.get("ratio") for c in seen]
+    shown = ", ".join(f"{r:.2f}" for r in ratios if isinstance(r, float))
+    return f"step-time ratio(s) {shown}" if shown else "no ratio"
+
+
+def _back_off(max_foreign_load: float) -> str:
+    """Wait for a machine where other processes use at most ``max_foreign_load`` cores
+    (:func:`~pytest_accelperf.stats.contention.wait_for_quiet`); what was waited, in words, or
+    ``""`` when the machine was quiet at once."""
+    waited, load = wait_for_quiet(max_foreign_load)
+    if load is not None and waited >= 1.5:
+        return (f"waited {waited:.0f} s for a quieter machine before re-measuring (then "
+                f"other processes used {load.foreign_cores:.2f} cores)")
+    return ""
+
+
+def remeasure_until(first: Evaluated, remeasure: Callable[[], Evaluated], times: int,
+                    max_foreign_load: float, settled: Callable[[Evaluated], bool]
+                    ) -> tuple[list[Evaluated], list[str]]:
+    """The one re-measurement loop of the judges: ``remeasure()`` up to ``times`` times,
+    each after backing off for a quieter machine (:func:`_back_off`), until a measurement
+    is ``settled``. Every measurement, ``first`` first, and the back-off notes."""
+    seen = [first]
+    backoff: list[str] = []
+    for _ in range(times):
+        note = _back_off(max_foreign_load)
+        if note:
+            backoff.append(note)
+        seen.append(remeasure())
+        if settled(seen[-1]):
+            break
+    return seen, backoff
+
+
+def _regressed(evaluated: Evaluated) -> bool:
+    check = evaluated.throughput
+    return check is not None and check.verdict is Verdict.REGRESSION
+
+
+def _contaminated_slowdown(evaluated: Evaluated) -> bool:
+    """Not judged because the measurement was contaminated, and what was measured looked
+    like a regression: worth measuring again on a quieter machine."""
+    check = evaluated.throughput
+    return (check is not None and check.verdict is Verdict.INCONCLUSIVE
+            and bool(check.data.get("contaminated"))
+            and check.data.get("measured_verdict") == Verdict.REGRESSION.value)
+
+
+def _suspect(evaluated: Evaluated) -> bool:
+    return _regressed(evaluated) or _contaminated_slowdown(evaluated)
+
+
+def _notes(backoff: Sequence[str]) -> str:
+    return "".join("; " + b for b in backoff)
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """Re-measure an apparent throughput regression; it stands only if confirmed.
+
+    One slow measurement on a shared machine is weak evidence: another job may have taken
+    the cores for exactly those seconds. So a ``regression`` of throughput, or a slowdown
+    left ``inconclusive`` because the measurement was contaminated (another job's load,
+    step times far more dispersed than the baseline's), trains the case again
+    (``remeasure``, up to ``times`` times, each after waiting for a machine where other
+    processes use at most ``max_foreign_load`` cores); the first re-measurement that says
+    neither decides, and its verdict is reported with a note of what the earlier
+    measurements said. One that stays contaminated stays ``inconclusive``: never a verdict
+    the evidence does not carry.
+    """
+
+    remeasure: Callable[[], Evaluated]
+    times: int
+    max_foreign_load: float
+
+    def __call__(self, first: Evaluated) -> Evaluated:
+        __tracebackhide__ = True
+        if not _suspect(first):
+            return first
+        seen, backoff = remeasure_until(first, self.remeasure, self.times,
+                                        self.max_foreign_load, lambda ev: not _suspect(ev))
+        evaluated = seen[-1]
+        again = evaluated.throughput
+        if again is None:
+            return evaluated
+        earlier = [c for c in (ev.throughput for ev in seen[:-1]) if c is not None]
+        dirty = sum(1 for c in earlier if c.verdict is Verdict.INCONCLUSIVE)
+        dirty_note = (f"; {dirty} of them not judged, contaminated" if dirty else "")
+        ratios = [c.data.get("ratio") for c in earlier]
+        if not _suspect(evaluated):
+            note = (f"re-measured: a first measurement looked like a regression, "
+                    f"{_ratio_text(earlier)}{dirty_note}; not confirmed")
+            key = "unconfirmed"
+        elif again.verdict is Verdict.INCONCLUSIVE:  # still contaminated: not judged
+            note = (f"re-measured {len(seen) - 1} time(s), contaminated each time: "
+                    f"{_ratio_text([*earlier, again])}")
+            key = "remeasured"
+        else:
+            note = (f"confirmed by {len(seen) - 1} re-measurement(s): "
+                    f"{_ratio_text([*earlier, again])}{dirty_note}")
+            key, ratios = "confirmations", [*ratios, again.data.get("ratio")]
+        return evaluated.with_throughput(replace(
+            again, detail=f"{again.detail} ({note}{_notes(backoff)})",
+            data={**again.data, key: ratios}))
+
+
+@dataclass(frozen=True)
+class Recording:
+    """``--accelperf-update`` / ``--accelperf-add-session``: refuse a blind baseline.
+
+    A recording too noisy to be a level (``noise(run)`` says why: step times far more
+    dispersed than a quiet machine gives, or measured beside another job,
+    :func:`~pytest_accelperf.checks.throughput.recording_noise`; never the drift probe's
+    spread) trains the case again, up to ``times`` times (``--accelperf-confirm``), each
+    after the same back-off as :class:`Confirmation`; the first quiet measurement is
+    recorded. ``remeasure`` is the caller's: the runner's measures over
+    :data:`RECORDING_WINDOWS` trainings, twice the measured steps
+    (a longer window dilutes a burst of another job's work), and the note says how many
+    steps it measured. One that stays noisy is recorded as the least dispersed of the
+    measurements, and the caller stores it marked ``noisy``; ``recording_note`` says what
+    happened.
+    """
+
+    remeasure: Callable[[], Evaluated]
+    times: int
+    max_foreign_load: float
+    noise: Callable[[Run], str]
+
+    def __call__(self, first: Evaluated) -> Evaluated:
+        __tracebackhide__ = True
+        why = self.noise(first.run)
+        if not why or self.times < 1:
+            return first
+        seen, backoff = remeasure_until(first, self.remeasure, self.times,
+                                        self.max_foreign_load,
+                                        lambda ev: not self.noise(ev.run))
+        n = len(seen) - 1
+        longer = _steps_text(first, seen[1:])
+        if not self.noise(seen[-1].run):
+            return replace(seen[-1], recording_note=(
+                f"re-measured before recording: the first measurement was too noisy to be a "
+                f"baseline: {why}; measurement {n + 1} was not{longer}{_notes(backoff)}"))
+        kept = min(range(len(seen)), key=lambda i: spread(list(seen[i].run.step_times)))
+        return replace(seen[kept], recording_note=(
+            f"still noisy after {n} re-measurement(s){longer}{_notes(backoff)}; recorded "
+            f"measurement {kept + 1} of {n + 1}, the least dispersed"))
+
+
+def _steps_text(first: Evaluated, again: Sequence[Evaluated]) -> str:
+    """How many steps the re-measurements timed, when not as many as the first: e.g.
+    ``" (re-measured over 60 measured steps, the first over 30)"``."""
+    counts = sorted({len(ev.run.step_times) for ev in again})
+    if not counts or counts == [len(first.run.step_times)]:
+        return ""
+    shown = "/".join(str(c) for c in counts)
+    return (f" (re-measured over {shown} measured steps, the first over "
+            f"{len(first.run.step_times)})")
+
+
+@dataclass(frozen=True)
+class ABComparison:
+    """A/B mode: the throughput check becomes the paired comparison with the base revision.
+
+    ``comparison()`` is the session's A/B setup (made on first use); ``rounds(comparison)``
+    measures this case's alternating rounds (under the host lock) and returns ``(status,
+    why, measurement)``; a :class:`~pytest_accelperf.ab.CompareError` from either goes to
+    the caller. A case the base revision lacks is ``new``; one that cannot be compared
+    keeps its stored-baseline check, with a note; a run that did not finish is not
+    compared.
+    """
+
+    comparison: Callable[[], Comparison]
+    rounds: Callable[[Comparison], tuple[str, str, ABMeasurement]]
+    tolerance: float
+    block: int
+    max_foreign_load: float
+    program_tolerance: float
+
+    def __call__(self, evaluated: Evaluated) -> Evaluated:
+        __tracebackhide__ = True
+        if evaluated.run.outcome != "ok":
+            return evaluated
+        comparison = self.comparison()
+        status, why, measured = self.rounds(comparison)
+        stored = evaluated.throughput
+        check: CheckResult | None
+        if status == "ready":
+            check = ab_check(comparison.label, measured, evaluated.run.samples_per_step,
+                             self.tolerance, self.block, max_foreign_load=self.max_foreign_load,
+                             program_tolerance=self.program_tolerance,
+                             stack=comparison.stack_change(), stacks=comparison.stacks,
+                             environment=comparison.base_env)
+        elif status == "absent":
+            check = new_in_head(comparison.label, why, stored)
+        else:
+            check = not_compared(comparison.label, why, stored)
+        judged = evaluated.with_throughput(check, first=True)
+        program = (ab_program_check(comparison.label, measured, self.program_tolerance)
+                   if status == "ready" else None)
+        return judged.with_check(program) if program is not None else judged
+
+
+#: What a re-measurement's run contributes besides its step, probe and input times: what
+#: the step loop read while it measured them.
+_TIMING_EXTRA = ("warmup_step_times", "injected_slowdown", "step_load", "batch_time")
+
+#: How many trainings a re-measurement of a recording too noisy to store pools
+#: (:class:`Recording`): twice the measured steps, over twice the
+#: window, so that a burst of another job's work weighs half as much in the step times'
+#: spread. Each training keeps to the case's own steps (its data, its timeout).
+RECORDING_WINDOWS = 2
+
+
+def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
+    """``first`` with the timing of ``again``, a re-measurement of the same case in this
+    process (a throughput confirmation, a noisy recording measured again); several
+    trainings of a re-measurement are one measurement over all their steps (their step,
+    probe and input times one after the other, the machine's load over all of them).
+
+    A re-measurement re-times the steps (and the making of their batches, timed beside
+    them), and the load on the machine read while they were timed; everything else stays
+    the first measurement's, the only true one: trained again
+    in this process, the step finds its program in JAX's or inductor's in-memory cache (its
+    "compile" is a lookup, 18 ms for a 2.9 s compile), and a step that keeps state of its
+    own (nanoGPT's ``iter_num``, which drives its learning-rate schedule) trains on from
+    where it stopped, so its loss curve and final parameters are not the first's. A
+    re-measurement that did not finish is what it is.
+    """
+    if not again:
+        raise ValueError("retimed needs a re-measurement")
+    unfinished = next((a for a in again if a.run.outcome != "ok"), None)
+    if unfinished is not None:
+        return unfinished
+    if first.run.outcome != "ok":
+        first = again[0]
+    runs = [a.run for a in again]
+    extra = {**first.run.extra}
+    for key in _TIMING_EXTRA:
+        extra.pop(key, None)
+        if key in runs[0].extra:
+            extra[key] = runs[0].extra[key]
+    loads = [Load.from_json(r.extra["step_load"]) for r in runs
+             if isinstance(r.extra.get("step_load"), dict)]
+    if len(runs) > 1 and loads:
+        extra["step_load"] = Load.pooled(loads).to_json()
+    if len(runs) > 1 and all(isinstance(r.extra.get("batch_time"), (int, float))
+                             for r in runs):
+        extra["batch_time"] = sum(float(r.extra["batch_time"]) for r in runs)
+    run = replace(first.run, step_times=[t for r in runs for t in r.step_times],
+                  probe_times=[t for r in runs for t in r.probe_times],
+                  probe_kind=runs[0].probe_kind,
+                  input_times=[t for r in runs for t in r.input_times],
+                  input_wall_times=[t for r in runs for t in r.input_wall_times],
+                  input_blocked_times=[t for r in runs for t in r.input_blocked_times],
+                  extra=extra)
+    return replace(first, run=run)

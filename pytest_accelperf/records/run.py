@@ -1,0 +1,151 @@
+"""The run: what training one case yields, as plain data that round-trips through JSON."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["ok", "oom", "nan", "error", "timeout"]
+OUTCOMES: tuple[str, ...] = ("ok", "oom", "nan", "error", "timeout")
+
+
+@dataclass
+class Run:
+    """Device-synchronized measurements of one case.
+
+    ``step_times`` are seconds per measured step, each step blocked until its outputs are
+    ready; compile time is kept apart in ``compile_time``. ``losses`` holds the loss of
+    every training step, warm-up included (``loss_steps`` gives their step numbers), and
+    ``metrics`` the other scalars a training step returned (accuracy, gradient norm,
+    learning rate), by name, one value per step of ``loss_steps``.
+    ``memory_per_device`` maps a device label to its peak bytes; ``memory_source`` says
+    whether the runtime counted it (``memory_stats``) or the compiler predicted it
+    (``memory_analysis``). ``flops_per_step`` is summed over devices. When the case did
+    not finish, ``outcome`` says why and ``message`` holds what was seen; a predicted
+    out-of-memory carries ``oom = {"required_bytes", "capacity_bytes"}``.
+
+    ``probe_times`` are the times of a fixed reference workload (``probe_kind`` names it)
+    run right after each measured step (after every k-th, evenly, in a run of more than
+    100: :func:`pytest_accelperf.backends.measure.loop.probe_every`), outside its timer: what the
+    machine's speed was at that moment. The throughput check compares step times relative
+    to them, which cancels drift that slows both (see
+    :mod:`pytest_accelperf.checks.throughput`). ``max_batch`` is the result of a
+    maximum-batch search (:mod:`pytest_accelperf.gate.maxbatch`), when the test ran one.
+
+    ``program`` is what the step's compiled program does, read from the program, not timed
+    (:func:`pytest_accelperf.records.program.program_record`: FLOPs, bytes, collectives, host
+    callbacks, torch.compile's graphs and breaks). ``memory_growth`` is how live memory
+    grew over the measured steps: ``{"bytes_per_step", "steps", "after_warmup",
+    "after_steps", "source"}`` (bytes live after the warm-up and after the last measured
+    step, and who counted them); the memory check judges a leak from it.
+
+    ``input_times`` are, per measured step (one per ``step_times`` entry), the CPU seconds
+    of the thread that made the step's batch (the user's ``make_batch`` or data iterator
+    and the host-side conversion, not the transfer to the device), timed apart from the
+    step (:mod:`pytest_accelperf.backends.measure.loop`); ``input_wall_times`` the wall seconds of
+    the same; ``input_blocked_times`` the seconds that thread was blocked in the same, neither on
+    a CPU nor waiting for one (:mod:`pytest_accelperf.backends.measure.blocked`; empty where
+    the kernel does not count its run-queue delay). The ``input`` check judges the first
+    (:mod:`pytest_accelperf.checks.input`), the ``input_wait`` check the third
+    (:mod:`pytest_accelperf.checks.input_wait`).
+    Empty where a backend does not time them apart (DDP and DeepSpeed ranks, whose batch
+    preparation waits for the other ranks; Alpa, Neuron, ingested logs).
+    """
+
+    case_id: str
+    outcome: Outcome = "ok"
+    message: str = ""
+    samples_per_step: int = 0
+    tokens_per_step: int | None = None
+    n_devices: int = 1
+    step_times: list[float] = field(default_factory=list)
+    compile_time: float | None = None
+    losses: list[float] = field(default_factory=list)
+    loss_steps: list[int] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    memory_per_device: dict[str, int] = field(default_factory=dict)
+    memory_source: str = ""
+    flops_per_step: float | None = None
+    peak_flops_per_device: float | None = None
+    params_fingerprint: dict[str, Any] = field(default_factory=dict)
+    oom: dict[str, Any] | None = None
+    nan_step: int | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    probe_times: list[float] = field(default_factory=list)
+    probe_kind: str = ""
+    max_batch: dict[str, Any] | None = None
+    program: dict[str, Any] | None = None
+    memory_growth: dict[str, Any] | None = None
+    input_times: list[float] = field(default_factory=list)
+    input_wall_times: list[float] = field(default_factory=list)
+    input_blocked_times: list[float] = field(default_factory=list)
+
+    # -- derived --------------------------------------------------------------------------
+    @property
+    def median_step_time(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
+
+    @property
+    def samples_per_second(self) -> float | None:
+        med = self.median_step_time
+        if not med or not self.samples_per_step:
+            return None
+        return self.samples_per_step / med
+
+    @property
+    def mfu(self) -> float | None:
+        """Model FLOPs utilization: achieved FLOP/s over the devices' peak FLOP/s."""
+        med = self.median_step_time
+        if not med or not self.flops_per_step or not self.peak_flops_per_device:
+            return None
+        return self.flops_per_step / med / (self.peak_flops_per_device * self.n_devices)
+
+    @property
+    def hfu(self) -> float | None:
+        """Hardware FLOPs utilization: what the devices executed (replicated work counted on
+        every replica: ``program["hardware_flops"]``) per second over their peak."""
+        med = self.median_step_time
+        hardware = (self.program or {}).get("hardware_flops")
+        if not med or not isinstance(hardware, int | float) or not self.peak_flops_per_device:
+            return None
+        return float(hardware) / med / (self.peak_flops_per_device * self.n_devices)
+
+    @property
+    def peak_memory(self) -> int | None:
+        return max(self.memory_per_device.values()) if self.memory_per_device else None
+
+    @property
+    def final_loss(self) -> float | None:
+        return self.losses[-1] if self.losses else None
+
+    # -- serialization ----------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["losses"] = [_json_float(x) for x in self.losses]
+        data["metrics"] = {k: [_json_float(x) for x in v] for k, v in self.metrics.items()}
+        data["derived"] = {
+            "median_step_time": self.median_step_time,
+            "samples_per_second": self.samples_per_second,
+            "mfu": self.mfu,
+            "hfu": self.hfu,
+            "peak_memory": self.peak_memory,
+        }
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        data = {k: v for k, v in data.items() if k != "derived"}
+        data["losses"] = [float(x) if x is not None else math.nan for x in data.get("losses", [])]
+        data["metrics"] = {str(k): [float(x) if x is not None else math.nan for x in v]
+                           for k, v in (data.get("metrics") or {}).items()}
+        return cls(**data)
+
+
+def _json_float(x: float) -> float | str:
+    """JSON has no NaN/inf: keep them as strings so a report stays valid JSON."""
+    if math.isfinite(x):
+        return x
+    return str(x)

@@ -1,0 +1,469 @@
+"""The baseline store: one human-diffable JSON file per test module per platform.
+
+Layout: ``<store>/<platform>/<module path without .py>.json``, e.g.
+``baselines/cpu-x8/suites/jax/test_mesh_sweep.json``::
+
+    {
+      "cases": {
+        "test_mesh_sweep[jax-mesh4x2-b128]": { ...block from summary.summarize... }
+      },
+      "platform": "cpu-x8",
+      "schema_version": 1
+    }
+
+Keys are sorted and indented so a refresh reads as a diff in a pull request; arrays of
+numbers (step-time samples, loss checkpoints) and objects of numbers (the ops histogram,
+bytes per device) take one line each, and the compact parameter fingerprint a line per 5
+leaves (:func:`pytest_accelperf.store.jsonfile.dumps`). A block recorded before the compact form
+(a per-leaf fingerprint, 6-digit samples) reads, validates and is checked as it was; the
+next ``--accelperf-update`` of its case writes the compact form. What the store promises:
+
+* Every write is atomic (a temporary file in the same directory, then ``os.replace``) and
+  leaves the file with the permissions the umask gives; the temporary files of a write that
+  was killed are deleted by the next write of that file.
+* Writers take one lock inside the store (``<store>/.lock``, ignored by the ``.gitignore``
+  the store writes beside it), so every process that writes the same store waits for the
+  others, whatever its environment.
+* Every path it writes resolves inside the store: the platform must be one safe path
+  component (:func:`validate_platform`), a node id must name a module under the rootdir.
+* Every block is validated by the schema (:mod:`pytest_accelperf.store.schema`), when it is read
+  and before it is written. A file that does not parse (bad JSON, a repeated key, another
+  schema version) raises :class:`BaselineError` naming the file and line, and is never
+  overwritten: the user fixes or deletes it. A block that does not validate in a file that
+  parses raises :class:`InvalidBlockError` naming the file, line, case and field; an update
+  replaces that block and keeps everything else in the file as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from filelock import FileLock, Timeout
+from pydantic import ValidationError
+
+from pytest_accelperf.checks.numerics import compact, compactable
+from pytest_accelperf.errors import UserError
+from pytest_accelperf.store import jsonfile
+from pytest_accelperf.store.jsonfile import atomic_write
+from pytest_accelperf.store.schema import (
+    BaselineHeader,
+    error_lines,
+    invalid_blocks,
+    validate_block,
+)
+
+__all__ = [
+    "LOCK_NAME",
+    "SCHEMA_VERSION",
+    "BaselineError",
+    "BaselineFile",
+    "BaselineStore",
+    "InvalidBlockError",
+    "atomic_write",
+    "case_key",
+    "check_block",
+    "module_key",
+    "parse",
+    "read",
+    "validate_platform",
+]
+
+SCHEMA_VERSION = 1
+#: The store's write lock, in its root.
+LOCK_NAME = ".lock"
+#: Seconds a writer waits for the lock before giving up with an error.
+LOCK_TIMEOUT = 120.0
+_GITIGNORE = """\
+# Written by pytest-accelperf: the baseline store's write lock and the temporary files of
+# an interrupted write are not baselines. (This file ignores itself; commit it or not.)
+.lock
+.*.tmp
+.gitignore
+"""
+
+
+class BaselineError(UserError):
+    """A baseline that cannot be used. The message names the file, the line and the fix.
+
+    ``replaceable`` is True when only a block is invalid and the file around it parsed:
+    ``--accelperf-update`` may store a new block over it. ``written`` lists the files a
+    :meth:`BaselineStore.write` wrote before raising (for the other cases).
+    """
+
+    replaceable = False
+
+    def __init__(self, message: str, written: list[Path] | None = None) -> None:
+        super().__init__(message)
+        self.written = written or []
+
+
+class InvalidBlockError(BaselineError):
+    """A case's block does not validate; the file around it parsed."""
+
+    replaceable = True
+
+
+_PLATFORM_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}")
+
+
+def validate_platform(name: str) -> str:
+    """``name`` if it can be a platform key: one safe path component (letters, digits,
+    ``.``, ``_``, ``+``, ``-``; not starting with a dot; no ``..``), else BaselineError.
+
+    The platform is a directory of the store, so ``../x`` or ``/x`` would write outside it.
+    """
+    if not _PLATFORM_RE.fullmatch(name) or ".." in name:
+        raise BaselineError(
+            f"invalid platform {name!r}: a platform key is one path component of letters, "
+            f"digits, '.', '_', '+' and '-' (e.g. cpu-x8, gpu-h100-80gb-x8), not starting with "
+            f"a dot and without '..'; pass such a name to --accelperf-platform")
+    return name
+
+
+def module_key(nodeid: str) -> str:
+    """``suites/jax/test_x.py::test_x[jax-nomesh-b128]`` -> ``suites/jax/test_x``."""
+    path = nodeid.split("::", 1)[0]
+    return path[:-3] if path.endswith(".py") else path
+
+
+def case_key(nodeid: str) -> str:
+    """The key of a case inside its module file: the nodeid past the module path."""
+    return nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+
+
+def _check_module(nodeid: str) -> str:
+    """The module key of ``nodeid`` if it is a relative path under the rootdir."""
+    module = module_key(nodeid)
+    if not module:
+        raise BaselineError(
+            f"{nodeid}: not stored: the test module is outside the pytest rootdir (pytest "
+            f"names its tests '::name', without a module path), and its baseline would go to "
+            f"a file shared by every such module. Move the module under the rootdir, or run "
+            f"pytest with --rootdir set to a directory that contains it")
+    parts = module.split("/")
+    if module.startswith("/") or any(p in ("", ".", "..") for p in parts) \
+            or "\\" in module or "\0" in module:
+        raise BaselineError(
+            f"{nodeid}: not stored: the module path {module!r} is not a relative path under "
+            f"the rootdir (it is absolute, or has '..', '.' or an empty component), so its "
+            f"baseline would be written outside the store. Run the tests with a rootdir that "
+            f"contains their modules; a report edited by hand cannot be accepted")
+    return module
+
+
+# -- one baseline file -------------------------------------------------------------------------
+_UNTOUCHED = "It was left untouched"
+
+
+@dataclass
+class InvalidBlock:
+    """A block that did not validate: kept as it was, with the error that names it."""
+
+    raw: Any
+    message: str
+
+
+@dataclass
+class BaselineFile:
+    path: Path
+    platform: str
+    cases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Blocks that did not validate, kept as they were until replaced.
+    invalid: dict[str, InvalidBlock] = field(default_factory=dict)
+    #: Top-level keys this version does not know (a newer one wrote them): kept.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_text(self) -> str:
+        cases: dict[str, Any] = {k: v.raw for k, v in self.invalid.items()}
+        cases.update(self.cases)
+        data = {**self.extra, "schema_version": SCHEMA_VERSION, "platform": self.platform,
+                "cases": cases}
+        # Valid blocks hold finite numbers only (the schema); an invalid block is written
+        # back exactly as it was read, NaN included. Sorted keys, an indent of 2, plain
+        # arrays and objects of numbers on one line, a compact fingerprint 5 leaves a line
+        # (jsonfile.dumps).
+        return jsonfile.dumps(data) + "\n"
+
+
+def _field_errors(exc: ValidationError, text: str, path: list[str | int],
+                  start: int | None = None) -> tuple[int, str]:
+    """``(position of the first error's field, "field: what is wrong; ...")``; ``path``
+    leads to the validated value (from ``start``, its position, when given)."""
+    lines = error_lines(exc)
+    first = lines[0][0] if lines else ()
+    pos = jsonfile.position(text, [*path, *first], start=start)
+    return pos, _shown(lines)
+
+
+def _shown(lines: list[tuple[tuple[str | int, ...], str]]) -> str:
+    return "; ".join(f"{jsonfile.field_path(loc) or 'the block'}: {msg}" if loc else msg
+                     for loc, msg in lines)
+
+
+def parse(path: Path, text: str) -> BaselineFile:
+    """Parse and validate the text of a baseline file.
+
+    A file that does not parse raises :class:`BaselineError`; blocks that do not validate
+    are kept in :attr:`BaselineFile.invalid` with their error (raised when the case is read).
+
+    Linear in the size of the file: one JSON parse, one schema validation of every block
+    (:func:`pytest_accelperf.store.schema.invalid_blocks`); a line number is only computed for
+    an error, by one more pass over the text.
+    """
+    with jsonfile.gc_paused():
+        return _parse(path, text)
+
+
+def _parse(path: Path, text: str) -> BaselineFile:
+    try:
+        data = jsonfile.loads(text)
+    except jsonfile.JsonFileError as exc:
+        raise BaselineError(
+            f"{path}:{exc.line}:{exc.column}: corrupt baseline file: {exc.msg}. "
+            f"{_UNTOUCHED}: fix it, restore it (git checkout -- {path}), or delete it "
+            f"and re-record with --accelperf-update"
+        ) from None
+    if not isinstance(data, dict):
+        raise BaselineError(f"{path}:1: baseline file must hold a JSON object; {_UNTOUCHED}: "
+                            f"restore it (git checkout -- {path}) or delete it and re-record "
+                            f"with --accelperf-update")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION or type(version) is not int:
+        line = jsonfile.locate(text, ["schema_version"])
+        raise BaselineError(
+            f"{path}:{line}: schema_version is {version!r}, this "
+            f"pytest-accelperf reads {SCHEMA_VERSION}: re-record with --accelperf-update after "
+            f"moving the file away, or upgrade pytest-accelperf"
+        )
+    try:
+        header = BaselineHeader.model_validate(data)
+    except ValidationError as exc:
+        pos, shown = _field_errors(exc, text, [])
+        line = jsonfile.line_column(text, pos)[0]
+        raise BaselineError(f"{path}:{line}: not a baseline file: {shown}. {_UNTOUCHED}: "
+                            f"restore it (git checkout -- {path}) or fix it") from None
+    raw_cases: dict[str, Any] = data["cases"]
+    bad = invalid_blocks(raw_cases)
+    cases: dict[str, dict[str, Any]] = (
+        {k: v for k, v in raw_cases.items() if k not in bad} if bad else raw_cases)
+    invalid: dict[str, InvalidBlock] = {}
+    if bad:  # lines are only computed for errors, in one pass over the file
+        starts = jsonfile.members(text, ["cases"])
+        located = [(key, *_field_errors(exc, text, [] if key in starts else ["cases", key],
+                                        starts.get(key)))
+                   for key, exc in bad.items()]
+        lines = jsonfile.lines_of(text, (pos for _, pos, _ in located))
+        for key, pos, shown in located:
+            invalid[key] = InvalidBlock(raw_cases[key], (
+                f"{path}:{lines[pos]}: case {key!r}: invalid baseline block: {shown}. Fix the "
+                f"block, or re-record the case with --accelperf-update (which replaces an "
+                f"invalid block and keeps the file's other cases)"))
+    extra = {k: v for k, v in data.items() if k not in ("schema_version", "platform", "cases")}
+    return BaselineFile(path=path, platform=header.platform, cases=cases, invalid=invalid,
+                        extra=extra)
+
+
+def read(path: Path, platform: str = "") -> BaselineFile:
+    """The baseline file at ``path`` (an empty one if there is none). A file that cannot be
+    read or does not parse is a :class:`BaselineError` naming it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return BaselineFile(path=path, platform=platform)
+    except IsADirectoryError:
+        raise BaselineError(f"{path}: a directory where the baseline file should be; move "
+                            f"it away (the store writes this file for a test module)") from None
+    except OSError as exc:
+        raise BaselineError(f"{path}: cannot read the baseline file: {exc.strerror or exc}; "
+                            f"{_UNTOUCHED}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise BaselineError(
+            f"{path}:{line}: corrupt baseline file: not UTF-8 (byte 0x{data[exc.start]:02x} "
+            f"at offset {exc.start}). {_UNTOUCHED}: restore it (git checkout -- {path}), or "
+            f"delete it and re-record with --accelperf-update") from None
+    return parse(path, text)
+
+
+def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
+    """``block`` as the store writes it (its JSON form), validated by the schema exactly as
+    a block read back; a :class:`BaselineError` naming the case and the field if it is not
+    a baseline. Used by every write (``--accelperf-update`` and ``accelperf baselines
+    accept``).
+
+    A run's per-leaf parameter fingerprint (with a sketch per leaf) is stored in its
+    compact form (:func:`pytest_accelperf.checks.numerics.compact`: one number per leaf, a
+    structure hash and tags); a block recorded before keeps the form it has."""
+    if isinstance(block, Mapping) and compactable(block.get("numerics")):
+        block = {**block, "numerics": compact(block["numerics"])}
+    try:
+        text = json.dumps(block, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise BaselineError(f"{nodeid}: not stored: the block is not JSON ({exc})") from None
+    clean: dict[str, Any] = json.loads(text)
+    try:
+        validate_block(clean)
+    except ValidationError as exc:
+        raise BaselineError(f"{nodeid}: not stored as a baseline: invalid block: "
+                            f"{_shown(error_lines(exc))}. A baseline records a finished run "
+                            f"(outcome ok or oom) with finite numbers: fix the run and "
+                            f"record it again") from None
+    return clean
+
+
+# -- the store ---------------------------------------------------------------------------------
+class BaselineStore:
+    """Reads are cached per file; writes merge into whatever is on disk at write time."""
+
+    def __init__(self, root: Path, platform: str) -> None:
+        self.root = root
+        self.platform = validate_platform(platform)
+        self._cache: dict[Path, BaselineFile | BaselineError] = {}
+        #: ``{module key: its file}`` of the modules read so far (:meth:`get`).
+        self._paths: dict[str, Path] = {}
+
+    def path_for(self, nodeid: str) -> Path:
+        """The file of ``nodeid``'s module; a :class:`BaselineError` if it would not be
+        inside the store."""
+        module = _check_module(nodeid)
+        path = self.root / self.platform / f"{module}.json"
+        root = self.root.resolve()
+        resolved = path.resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            raise BaselineError(
+                f"{nodeid}: not stored: {path} resolves to {resolved}, outside the baseline "
+                f"store {root} (a symbolic link in the store points out of it); replace the "
+                f"link with a directory")
+        return path
+
+    def _load(self, path: Path) -> BaselineFile:
+        if path not in self._cache:
+            try:
+                self._cache[path] = read(path, self.platform)
+            except BaselineError as exc:
+                self._cache[path] = exc
+        entry = self._cache[path]
+        if isinstance(entry, BaselineError):
+            raise entry
+        return entry
+
+    def get(self, nodeid: str) -> dict[str, Any] | None:
+        """The stored block of a case, None if there is none; :class:`BaselineError` if its
+        file is unreadable, :class:`InvalidBlockError` if its block is invalid."""
+        module = module_key(nodeid)
+        path = self._paths.get(module)
+        if path is None:  # resolving costs system calls: once per module read
+            path = self._paths[module] = self.path_for(nodeid)
+        loaded = self._load(path)
+        key = case_key(nodeid)
+        if key in loaded.invalid:
+            raise InvalidBlockError(loaded.invalid[key].message)
+        return loaded.cases.get(key)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The store's write lock (``<store>/.lock``), with the ``.gitignore`` that keeps it
+        out of ``git status``."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            ignore = self.root / ".gitignore"
+            if not ignore.exists():
+                atomic_write(ignore, _GITIGNORE)
+        except OSError as exc:
+            raise BaselineError(f"cannot create the baseline store {self.root}: {exc}") \
+                from None
+        lock = FileLock(str(self.root / LOCK_NAME), timeout=LOCK_TIMEOUT)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise BaselineError(
+                f"{self.root / LOCK_NAME}: another session or accelperf command has been "
+                f"writing this baseline store for {LOCK_TIMEOUT:.0f} s; nothing was written. "
+                f"Retry when it is done") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def write(self, blocks: Mapping[str, Mapping[str, Any]]) -> list[Path]:
+        """Merge ``{nodeid: block}`` into the store, one atomic write per module file.
+
+        Every block is validated first (:func:`check_block`). Invalid blocks, node ids
+        outside the store and files that do not parse are not written; their errors are
+        raised after the others were written, so nothing else is lost.
+        """
+        by_path: dict[Path, dict[str, dict[str, Any]]] = {}
+        errors: list[BaselineError] = []
+        for nodeid, block in blocks.items():
+            try:
+                path = self.path_for(nodeid)
+                by_path.setdefault(path, {})[case_key(nodeid)] = check_block(nodeid, block)
+            except BaselineError as exc:
+                errors.append(exc)
+        written: list[Path] = []
+        if by_path:
+            with self._locked():
+                for path, new_cases in sorted(by_path.items()):
+                    try:
+                        self._write_one(path, new_cases)
+                        written.append(path)
+                    except BaselineError as exc:
+                        errors.append(exc)
+        if errors:
+            raise BaselineError("\n".join(str(e) for e in errors), written=written)
+        return written
+
+    def remove(self, nodeids: list[str]) -> list[Path]:
+        """Drop the blocks of ``nodeids`` (``accelperf baselines prune``), one atomic write
+        per module file; a file left with no case is deleted. The files changed."""
+        by_path: dict[Path, set[str]] = {}
+        for nodeid in nodeids:
+            by_path.setdefault(self.path_for(nodeid), set()).add(case_key(nodeid))
+        changed: list[Path] = []
+        if not by_path:
+            return changed
+        with self._locked():
+            for path, keys in sorted(by_path.items()):
+                jsonfile.remove_leftovers(path)
+                self._cache.pop(path, None)
+                current = self._load(path)
+                kept = {k: v for k, v in current.cases.items() if k not in keys}
+                invalid = {k: v for k, v in current.invalid.items() if k not in keys}
+                if len(kept) + len(invalid) == len(current.cases) + len(current.invalid):
+                    continue
+                if kept or invalid:
+                    updated = BaselineFile(path, self.platform, kept, invalid, current.extra)
+                    atomic_write(path, updated.to_text())
+                else:
+                    path.unlink()
+                self._cache.pop(path, None)
+                changed.append(path)
+        return changed
+
+    def _write_one(self, path: Path, new_cases: dict[str, dict[str, Any]]) -> None:
+        """Under the lock: merge into what is on disk now (another session may have
+        written), after deleting what an interrupted write of this file left."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BaselineError(f"{path}: cannot create its directory: {exc}") from None
+        jsonfile.remove_leftovers(path)
+        self._cache.pop(path, None)
+        current = self._load(path)  # a file that does not parse raises: never overwritten
+        invalid = {k: v for k, v in current.invalid.items() if k not in new_cases}
+        merged = BaselineFile(path=path, platform=self.platform,
+                              cases={**current.cases, **new_cases}, invalid=invalid,
+                              extra=current.extra)
+        try:
+            atomic_write(path, merged.to_text())
+        except OSError as exc:
+            raise BaselineError(f"{path}: cannot write the baseline file: {exc}") from None
+        self._cache[path] = merged

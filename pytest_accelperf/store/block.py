@@ -1,0 +1,420 @@
+"""The baseline block, typed: a pydantic model of each section, and :class:`Block` of them.
+
+A block is what :func:`pytest_accelperf.store.summary.summarize` makes of a run, what the store
+(:mod:`pytest_accelperf.store.baselines`) keeps per case and what the checks
+(:mod:`pytest_accelperf.checks`) read. The rules of the file format (strict JSON types,
+finite numbers, unknown keys kept) are described in :mod:`pytest_accelperf.store.schema`, which
+validates blocks with these models and prints their JSON Schema; this module imports
+nothing of the checks, so that they can read the block as these types.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+import typing
+from collections.abc import Callable, Hashable, Mapping
+from typing import Annotated, Any, Literal, TypeVar, overload
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    PrivateAttr,
+    Strict,
+    StrictBool,
+    StrictInt,
+    Tag,
+    model_validator,
+)
+
+from pytest_accelperf.records.run import Outcome
+
+#: Outcomes that a baseline records: the outcomes of a run
+#: (:data:`pytest_accelperf.records.run.OUTCOMES`)
+#: less the failures (``nan``, ``error``, ``timeout``), which are never a baseline.
+RECORDED_OUTCOMES: tuple[str, ...] = ("ok", "oom")
+RecordedOutcome = Literal["ok", "oom"]
+RunOutcome = Outcome
+
+Int = Annotated[int, Field(ge=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Number = float  # finite (allow_inf_nan=False); an integer is accepted
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    """Strict JSON types, finite numbers, unknown keys kept as JSON values."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
+                              validate_default=False)
+    __pydantic_extra__: dict[str, JsonValue]
+    #: The JSON object this was read from (:func:`read`); None where it was validated.
+    _json: Mapping[str, Any] | None = PrivateAttr(default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        """This section as JSON (a copy): the object it was read from, as it was
+        (:func:`read`), or what validation kept of it."""
+        if self._json is not None:
+            return copy.deepcopy(dict(self._json))
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+# -- the baseline block ------------------------------------------------------------------------
+class Environment(_Strict):
+    """The environment fingerprint (:mod:`pytest_accelperf.provision.fingerprint`); the keys that
+    decide whether throughput is comparable are typed, hooks may add others."""
+
+    platform: str | None = None
+    accel: str | None = None
+    device_kind: str | None = None
+    device_count: Int | None = None
+    host_cpu: str | None = None
+    cpu_isa: str | None = None
+    python: str | None = None
+    packages: dict[str, JsonValue] | None = None
+    #: The accelerator's libraries (libtpu, CUDA runtime, cuDNN, NCCL, the driver, ...):
+    #: absent from baselines recorded before they were fingerprinted.
+    libraries: dict[str, JsonValue] | None = None
+
+
+class StepSession(_Strict):
+    """One session's step-time level (``--accelperf-add-session``)."""
+
+    median: Positive
+    probe_median: Positive | None = None
+    #: Why this session was recorded too noisy to be a level (it is kept, never used).
+    noisy: str | None = None
+
+
+class StepTime(_Strict):
+    """Seconds per measured step: the median and every sample (at least one)."""
+
+    median: Positive
+    samples: Annotated[list[Positive], Field(min_length=1)]
+    sessions: list[StepSession] | None = None
+
+
+class Probe(_Strict):
+    """Times of the reference workload run after each measured step (every k-th past 100
+    measured steps; drift correction)."""
+
+    kind: Annotated[str, Field(min_length=1)]
+    samples: Annotated[list[Positive], Field(min_length=1)]
+
+
+Checkpoint = Annotated[tuple[NonNegative, Number], Strict(False)]  # [step, mean loss]
+
+
+class Loss(_Strict):
+    """The loss curve: ``[step, mean loss]`` checkpoints, the final loss, the step count."""
+
+    checkpoints: list[Checkpoint]
+    final: Number | None
+    steps: Int
+
+    @model_validator(mode="after")
+    def _curve_when_steps(self) -> Loss:
+        if self.steps and not self.checkpoints:
+            raise ValueError(f"loss.steps is {self.steps} but loss.checkpoints is empty: the "
+                             f"loss check would have nothing to compare")
+        return self
+
+
+class Growth(_Strict):
+    """How live memory grew over the measured steps (the leak check)."""
+
+    bytes_per_step: Number
+    steps: Int
+    after_warmup: NonNegative
+    after_steps: NonNegative
+    source: str
+
+
+class Memory(_Strict):
+    """Peak bytes per device label, their maximum, how they were counted, and live
+    memory's growth per measured step."""
+
+    per_device: Annotated[dict[str, NonNegative], Field(min_length=1)]
+    peak: NonNegative | None = None
+    source: str = ""
+    growth: Growth | None = None
+
+
+class Collective(_Strict):
+    """One kind of collective in one step: how many, and one device's bytes."""
+
+    count: Int
+    bytes: Int
+
+
+class Program(_Strict):
+    """What the step's compiled program does (:mod:`pytest_accelperf.records.program`): the
+    ``program`` check's record. Every field but ``source`` is optional."""
+
+    source: Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]
+    flops: NonNegative | None = None
+    #: ``flops`` counted over the global batch on a second lowering (a bind_axes step).
+    global_flops: bool | None = None
+    hardware_flops: NonNegative | None = None
+    bytes_accessed: NonNegative | None = None
+    collectives: dict[str, Collective] | None = None
+    host_callbacks: Int | None = None
+    host_syncs: Int | None = None
+    host_sync_sites: dict[str, Int] | None = None
+    custom_calls: Int | None = None
+    graphs: Int | None = None
+    graph_breaks: Int | None = None
+    recompiles: Int | None = None
+    break_reasons: list[str] | None = None
+    recompile_causes: list[str] | None = None
+    ops: dict[str, Int] | None = None
+
+
+class Leaf(_Strict):
+    """The fingerprint of one parameter leaf
+    (:func:`pytest_accelperf.backends.measure.common.fingerprint`): what a run computes, and what
+    blocks recorded before the compact form (:class:`CompactNumerics`) stored per leaf."""
+
+    shape: list[Int]
+    dtype: str
+    rms: NonNegative
+    sample: list[Number]
+    sketch: Number | None = None
+    #: A leaf of the training state beside the parameters (not a parameter).
+    state: bool | None = None
+
+
+class CompactSection(_Strict):
+    """One section of a compact fingerprint: one sketch value per leaf in path order, a
+    hash of the leaves' paths, shapes and dtypes, and a tag of 2 hex digits per leaf (so
+    that a changed structure names the run's leaves that changed)."""
+
+    sketch: list[NonNegative]
+    structure: Annotated[str, Field(pattern=r"^[0-9a-f]{12}$")]
+    tags: Annotated[str, Field(pattern=r"^([0-9a-f]{2})*$")]
+
+    @model_validator(mode="after")
+    def _a_tag_per_leaf(self) -> CompactSection:
+        if len(self.tags) != 2 * len(self.sketch):
+            raise ValueError(f"numerics.tags has {len(self.tags) // 2} tag(s) of 2 hex digits "
+                             f"for {len(self.sketch)} sketch value(s): one per leaf")
+        return self
+
+
+class CompactNumerics(CompactSection):
+    """The fingerprint as the store keeps it
+    (:func:`pytest_accelperf.checks.numerics.compact`): the parameters' section, and the
+    training state's beside them (running statistics, step counters, a loss scale) under
+    ``state``; a block recorded before the state was fingerprinted has no ``state``."""
+
+    state: CompactSection | None = None
+
+
+def _numerics_kind(value: Any) -> str:
+    """Which form a block's ``numerics`` is: ``compact`` (it has a ``sketch`` list) or
+    ``per_leaf`` (the form recorded before, still read: the migration of old blocks)."""
+    if isinstance(value, Mapping) and isinstance(value.get("sketch"), list):
+        return "compact"
+    if isinstance(value, BaseModel):
+        return "compact" if isinstance(value, CompactNumerics) else "per_leaf"
+    return "per_leaf"
+
+
+Numerics = Annotated[Annotated[CompactNumerics, Tag("compact")]
+                     | Annotated[dict[str, Leaf], Tag("per_leaf")],
+                     Discriminator(_numerics_kind)]
+
+
+MaxBatchProbe = Annotated[tuple[StrictInt, StrictBool, NonNegative | None], Strict(False)]
+
+
+class MaxBatch(_Strict):
+    """A maximum-batch search (:mod:`pytest_accelperf.gate.maxbatch`)."""
+
+    value: PositiveInt | None
+    capacity_bytes: NonNegative | None = None
+    multiple_of: PositiveInt = 1
+    limit: PositiveInt | None = None
+    probes: list[MaxBatchProbe] = []
+
+
+class Oom(_Strict):
+    """What an out-of-memory outcome needed and had."""
+
+    required_bytes: NonNegative | None = None
+    capacity_bytes: NonNegative | None = None
+
+
+class InputTime(_Strict):
+    """CPU seconds of the thread that made each measured step's batch (the ``input``
+    check): every sample, their median, and the median wall seconds of the same; and
+    the seconds that thread was blocked making it, neither on a CPU nor waiting for one
+    (the ``input_wait`` check): every sample and their median, where the kernel counted
+    them."""
+
+    median: NonNegative
+    samples: Annotated[list[NonNegative], Field(min_length=1)]
+    wall_median: NonNegative | None = None
+    blocked_median: NonNegative | None = None
+    blocked_samples: Annotated[list[NonNegative], Field(min_length=1)] | None = None
+
+
+class Block(_Strict):
+    """The baseline block of one case (:func:`pytest_accelperf.store.summary.summarize`)."""
+
+    outcome: RecordedOutcome
+    environment: Environment
+    message: str = ""
+    samples_per_step: Int = 0
+    tokens_per_step: Int | None = None
+    n_devices: PositiveInt = 1
+    recorded_at: str | None = None
+    oom: Oom | None = None
+    step_time: StepTime | None = None
+    probe: Probe | None = None
+    samples_per_second: Positive | None = None
+    compile_time: NonNegative | None = None
+    loss: Loss | None = None
+    #: The other metrics of the training step (accuracy, learning rate), each a curve as
+    #: the loss's.
+    metrics: dict[str, Loss] | None = None
+    numerics: Numerics | None = None
+    #: Per leaf, how far a replay of the same steps moved it (``||run - replay|| /
+    #: ||run||``), where the platform does not repeat its arithmetic exactly (a GPU's
+    #: atomic reductions); only the leaves that moved, absent where none did.
+    numerics_spread: dict[str, NonNegative] | None = None
+    flops_per_step: NonNegative | None = None
+    mfu: NonNegative | None = None
+    max_batch: MaxBatch | None = None
+    memory: Memory | None = None
+    program: Program | None = None
+    #: What making the batches cost the thread that made them (the ``input`` check).
+    input: InputTime | None = None
+    #: Why the recording was too noisy to judge throughput against (re-measured, and it
+    #: stayed so): the throughput check is inconclusive until the case is re-recorded.
+    noisy: str | None = None
+
+
+# -- reading a block as these types -----------------------------------------------------------
+M = TypeVar("M", bound=BaseModel)
+
+#: A block as the checks take it: read (:func:`read_block`), or as JSON.
+BlockLike = Block | Mapping[str, Any]
+
+
+def read(model: type[M], data: Mapping[str, Any]) -> M:
+    """``data`` read as ``model``, not validated: each field its type (a section its model,
+    a list or an object of sections such, read so in turn), an unknown key kept as it is, a
+    missing field its default (None where it has none), a value of another type as it is.
+
+    What the checks read a block as (:func:`read_block`): a run's own block may hold what
+    the store refuses (the outcome of a failed run, a NaN loss or parameter), which the
+    checks judge rather than reject; the store validates every block it reads and writes
+    (:func:`pytest_accelperf.store.schema.validate_block`). A section keeps the JSON object it was
+    read from (:meth:`_Strict.to_json`)."""
+    values: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        if name in data:
+            values[name] = _read(info.annotation, data[name])
+        elif info.is_required():
+            values[name] = None
+    extra = {k: v for k, v in data.items() if k not in model.model_fields}
+    out = model.model_construct(**values, **extra)
+    if isinstance(out, _Strict):
+        out._json = data
+    return out
+
+
+@overload
+def read_block(data: Mapping[str, Any] | Block, model: type[Block] = ...) -> Block: ...
+
+
+@overload
+def read_block(data: None, model: type[Block] = ...) -> None: ...
+
+
+def read_block(data: Mapping[str, Any] | Block | None,
+               model: type[Block] = Block) -> Block | None:
+    """``data`` (a block as JSON) read as a :class:`Block` (:func:`read`): the form the
+    checks read; a :class:`Block` as it is, None as None. ``model``: :class:`Block` with
+    the sections that checks added (:func:`pytest_accelperf.store.schema.block_model`)."""
+    if data is None or isinstance(data, Block):
+        return data
+    return read(model, data)
+
+
+def json_of(value: Any) -> Any:
+    """``value`` (a section :func:`read` made, or a list or an object of them) as JSON
+    again: what it was read from."""
+    if isinstance(value, _Strict):
+        return value.to_json()
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", exclude_unset=True)
+    if isinstance(value, dict):
+        return {k: json_of(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_of(v) for v in value]
+    return value
+
+
+def _branches(annotation: Any) -> tuple[Any, Callable[[Any], Hashable] | None]:
+    """``annotation`` without ``Annotated``, and the discriminator of its union if it has
+    one."""
+    pick: Callable[[Any], Hashable] | None = None
+    while typing.get_origin(annotation) is Annotated:
+        annotation, *meta = typing.get_args(annotation)
+        for m in meta:
+            if isinstance(m, Discriminator) and callable(m.discriminator):
+                pick = m.discriminator
+    return annotation, pick
+
+
+def _tag(annotation: Any) -> str | None:
+    if typing.get_origin(annotation) is Annotated:
+        return next((m.tag for m in typing.get_args(annotation)[1:] if isinstance(m, Tag)),
+                    None)
+    return None
+
+
+def _shape(annotation: Any) -> type | None:
+    """The JSON container ``annotation`` reads: ``dict`` (a model, an object), ``list`` (a
+    list, a tuple), or None (a scalar)."""
+    annotation, _ = _branches(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return dict
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):  # a union of unions (with a discriminator)
+        shapes = {_shape(a) for a in typing.get_args(annotation)} - {None}
+        return shapes.pop() if len(shapes) == 1 else None
+    if origin in (dict, Mapping):
+        return dict
+    if origin in (list, tuple):
+        return list
+    return None
+
+
+def _read(annotation: Any, value: Any) -> Any:
+    """``value`` read as ``annotation`` (see :func:`read`)."""
+    annotation, pick = _branches(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if pick is not None:
+            tag = pick(value)
+            options = [a for a in options if _tag(a) == tag] or options
+        shape = dict if isinstance(value, Mapping) else list if isinstance(value, list) else None
+        chosen = next((a for a in options if _shape(a) is shape), None)
+        return value if chosen is None else _read(chosen, value)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return read(annotation, value) if isinstance(value, Mapping) else value
+    if origin is list and isinstance(value, list):
+        (item,) = typing.get_args(annotation)
+        return [_read(item, v) for v in value]
+    if origin is dict and isinstance(value, Mapping):
+        _, item = typing.get_args(annotation)
+        return {k: _read(item, v) for k, v in value.items()}
+    return value

@@ -1,0 +1,481 @@
+"""The schema of the files pytest-accelperf writes: the baseline block, the baseline file's
+header, the JSON report and the history line. Described once, as pydantic models.
+
+The baseline block is what :func:`pytest_accelperf.store.summary.summarize` makes of a run and
+what the checks (:mod:`pytest_accelperf.checks`) read. Every field a check reads is typed,
+and a value that would make a check crash or silently switch it off is refused: a NaN or
+negative step time, an empty list of step times, a NaN loss checkpoint, an outcome that is
+not a recorded one. Unknown keys are kept (a newer version may add some), as JSON values
+without NaN or infinity (a baseline file is strict JSON). Scalars are strict: ``"0.1"``
+is not a number, ``1.0`` is not an integer (an integer is a number, though). Its models
+are defined in :mod:`pytest_accelperf.store.block` (which the checks import) and named here too.
+
+The store (:mod:`pytest_accelperf.store.baselines`) validates every block it reads and every
+block it writes with :func:`validate_block`; ``accelperf baselines accept`` goes through
+the same write. The report loader (:mod:`pytest_accelperf.report.loading`) validates a
+report with :class:`ReportFile`; the history reader
+(:mod:`pytest_accelperf.report.history`) each line of ``--accelperf-history`` with
+:class:`HistoryLine`, or with :class:`HistoryNumbers` (the fields change points are found
+in) where only those are read. ``accelperf schema baseline|report|history`` prints the JSON
+Schema of each (:func:`json_schema`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import typing
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    JsonValue,
+    Strict,
+    TypeAdapter,
+    ValidationError,
+    create_model,
+    model_validator,
+    with_config,
+)
+from typing_extensions import Required, TypedDict  # pydantic reads TypedDict of these
+
+from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.checks.table import checks
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.store.block import (
+    RECORDED_OUTCOMES,
+    Block,
+    Checkpoint,
+    Collective,
+    CompactNumerics,
+    CompactSection,
+    Environment,
+    Growth,
+    InputTime,
+    Int,
+    Leaf,
+    Loss,
+    MaxBatch,
+    MaxBatchProbe,
+    Memory,
+    NonNegative,
+    Number,
+    Numerics,
+    Oom,
+    Positive,
+    PositiveInt,
+    Probe,
+    Program,
+    RecordedOutcome,
+    RunOutcome,
+    StepSession,
+    StepTime,
+    _Strict,
+)
+
+__all__ = [
+    "RECORDED_OUTCOMES",
+    "BaselineHeader",
+    "Block",
+    "Checkpoint",
+    "Collective",
+    "CollectiveRecord",
+    "CompactNumerics",
+    "CompactSection",
+    "Environment",
+    "Growth",
+    "HistoryLine",
+    "HistoryNumbers",
+    "InputTime",
+    "Int",
+    "Leaf",
+    "Loss",
+    "MaxBatch",
+    "MaxBatchProbe",
+    "Memory",
+    "NonNegative",
+    "Number",
+    "Numerics",
+    "Oom",
+    "Positive",
+    "PositiveInt",
+    "Probe",
+    "Program",
+    "ProgramRecord",
+    "RecordedOutcome",
+    "ReportCase",
+    "ReportCheck",
+    "ReportFile",
+    "ReportRun",
+    "RunOutcome",
+    "StepSession",
+    "StepTime",
+    "added_sections",
+    "block_model",
+    "error_lines",
+    "invalid_blocks",
+    "json_schema",
+    "validate_block",
+]
+
+class BaselineHeader(_Strict):
+    """A baseline file around its blocks (the blocks are validated apart, by
+    :func:`invalid_blocks`, so that one invalid block names its case and an update can
+    replace it)."""
+
+    schema_version: Literal[1]
+    platform: str = ""
+    cases: dict[str, Any]
+
+
+# -- the JSON report ---------------------------------------------------------------------------
+class _Report(BaseModel):
+    """Reports may hold NaN (a non-finite loss is reported as such)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+#: The fields of a run whose JSON form differs from the run's own types: a non-finite
+#: loss or metric is written as a string (:meth:`pytest_accelperf.records.run.Run.to_json`), and a
+#: log may count memory in fractional bytes.
+_RUN_JSON_TYPES: dict[str, Any] = {
+    "losses": list[float | str | None],
+    "metrics": dict[str, list[float | str | None]],
+    "memory_per_device": dict[str, float],
+}
+
+
+def _report_run() -> type[_Report]:
+    """:class:`ReportRun`, made from the fields of :class:`pytest_accelperf.records.run.Run` (the
+    one definition of them): each field's type (its JSON form where
+    :data:`_RUN_JSON_TYPES` says it differs) and its default."""
+    hints = typing.get_type_hints(Run)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Run):
+        if f.default is not dataclasses.MISSING:
+            default: Any = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = ...
+        fields[f.name] = (_RUN_JSON_TYPES.get(f.name, hints[f.name]), default)
+    # What to_json derives from them (throughput, MFU, peak memory), read by the reports.
+    fields["derived"] = (dict[str, float | None], {})
+    model: type[_Report] = create_model(
+        "ReportRun", __base__=_Report, __module__=__name__,
+        __doc__="A run as :meth:`pytest_accelperf.records.run.Run.to_json` writes it.", **fields)
+    return model
+
+
+if TYPE_CHECKING:
+    ReportRun = _Report
+else:
+    #: A run as :meth:`pytest_accelperf.records.run.Run.to_json` writes it (:func:`_report_run`).
+    ReportRun = _report_run()
+
+
+class ReportCheck(_Report):
+    """A :class:`pytest_accelperf.checks.base.CheckResult` as ``to_json`` writes it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    metric: str
+    verdict: Annotated[Verdict, Strict(False)]
+    detail: str
+    baseline: float | None = None
+    now: float | None = None
+    unit: str = ""
+    change: float | None = None
+    data: dict[str, Any] = {}
+
+
+class ReportCase(_Report):
+    """One case of a report (:class:`pytest_accelperf.report.data.CaseRecord`)."""
+
+    nodeid: str
+    case_id: str
+    platform: str
+    run: ReportRun
+    checks: list[ReportCheck]
+    block: dict[str, Any] | None = None
+    case: dict[str, Any] = {}
+    error: str | None = None
+    worker: str = "main"
+    baseline: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _a_loss_step_each(self) -> ReportCase:
+        run: Any = self.run
+        steps, losses = run.loss_steps, run.losses
+        if steps and len(steps) != len(losses):
+            raise ValueError(f"run.loss_steps has {len(steps)} step numbers for "
+                             f"{len(losses)} losses (one per loss, or none)")
+        return self
+
+
+class ReportTested(_Report):
+    """A timing regression of the suite verdict (:class:`pytest_accelperf.stats.family.Tested`)."""
+
+    nodeid: str
+    metric: str
+    ratio: float
+    ci: list[float]
+    confidence: float
+    df: int | None = None
+    p_value: float
+    q_value: float
+
+
+class ReportStatistical(_Report):
+    """The statistical checks of a session: how many, how many regressed, how many false
+    alarms chance would give, and which regressions hold at the false-discovery rate."""
+
+    checks: int
+    set_aside: int
+    regressions: int
+    expected_false: float
+    at_least: int
+    p_at_least: float
+    fdr: float
+    held: list[ReportTested]
+    not_held: list[ReportTested]
+
+
+class ReportTally(_Report):
+    """Checks only counted (:class:`pytest_accelperf.stats.family.Tally`)."""
+
+    checks: int
+    regressions: int
+    by_metric: dict[str, int]
+
+
+class ReportSuite(_Report):
+    """The session as one verdict (:class:`pytest_accelperf.stats.family.SuiteVerdict`)."""
+
+    cases: int
+    regressed: int
+    statistical: ReportStatistical
+    other_timing: ReportTally
+    deterministic: ReportTally
+
+
+class ReportFile(_Report):
+    """A ``--accelperf-json`` report (:class:`pytest_accelperf.report.data.SessionReport`)."""
+
+    schema_version: Literal[1]
+    cases: list[ReportCase]
+    accel: str = ""
+    platform: str = ""
+    update: bool = False
+    environment: dict[str, Any] = {}
+    baselines_written: list[str] = []
+    errors: list[str] = []
+    #: Absent from reports written before the suite verdict was.
+    suite: ReportSuite | None = None
+
+
+# -- the history -------------------------------------------------------------------------------
+#: A program record read as a plain dict, for :class:`HistoryNumbers`: strict and finite
+#: as the models are, unknown keys skipped unread.
+_RECORD = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+@with_config(_RECORD)
+class CollectiveRecord(TypedDict):
+    """:class:`Collective` as a dict."""
+
+    count: Int
+    bytes: Int
+
+
+@with_config(_RECORD)
+class ProgramRecord(TypedDict, total=False):
+    """:class:`Program` as a dict: the same fields, types and constraints (a test holds them
+    equal), validated the same, its unknown keys skipped instead of kept. Change-point
+    analysis reads a program record of every history line, and compares each with the
+    next: a dict is built and compared in C, a model in Python (a third of the time of
+    ``accelperf history changes`` over 100,000 lines was the models')."""
+
+    source: Required[Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]]
+    flops: NonNegative | None
+    global_flops: bool | None
+    hardware_flops: NonNegative | None
+    bytes_accessed: NonNegative | None
+    collectives: dict[str, CollectiveRecord] | None
+    host_callbacks: Int | None
+    host_syncs: Int | None
+    host_sync_sites: dict[str, Int] | None
+    custom_calls: Int | None
+    graphs: Int | None
+    graph_breaks: Int | None
+    recompiles: Int | None
+    break_reasons: list[str] | None
+    recompile_causes: list[str] | None
+    ops: dict[str, Int] | None
+
+
+class HistoryNumbers(BaseModel):
+    """What change-point analysis (:mod:`pytest_accelperf.report.changes`) reads of a
+    ``--accelperf-history`` line: the case, the session, its commit and fingerprint, the
+    headline numbers and the program record. The other keys are skipped unread (not built
+    as Python objects: a history of 100,000 lines is read in under a second); a line is
+    still checked whole by :class:`HistoryLine` where the whole line is read."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+    nodeid: str
+    session: str
+    schema_version: Literal[1] = 1
+    time: str = ""
+    commit: str | None = None
+    #: Tracked files had changes when the session ran.
+    dirty: bool | None = None
+    platform: str | None = None
+    #: A hash of the environment (:func:`pytest_accelperf.report.history.fingerprint_hash`).
+    fingerprint: str | None = None
+    #: A hash of the machine (:func:`pytest_accelperf.provision.fingerprint.machine`): the sessions
+    #: of
+    #: a case on one machine are one series of the history; absent from lines written
+    #: before the machine and the stack were told apart (their ``fingerprint`` is used).
+    machine: str | None = None
+    #: A hash of the case's stack (:func:`pytest_accelperf.provision.fingerprint.case_stack`): a
+    #: change of it on the same machine is a ``stack`` change point, named from the line's
+    #: ``environment``; absent as ``machine`` is.
+    stack: str | None = None
+    samples_per_second: NonNegative | None = None
+    median_step_time: NonNegative | None = None
+    peak_memory: NonNegative | None = None
+    final_loss: Number | None = None
+    #: The gated fields of the run's program record, as a dict (:class:`ProgramRecord`);
+    #: absent from lines written before it was kept.
+    program: ProgramRecord | None = None
+
+
+class HistoryLine(HistoryNumbers):
+    """One line of ``--accelperf-history`` (:func:`pytest_accelperf.report.history.entry`):
+    one case of one session. Only ``nodeid`` and ``session`` are required; unknown keys are
+    kept (a newer version may add some)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, JsonValue]
+
+    case_id: str | None = None
+    case: dict[str, JsonValue] | None = None
+    outcome: RunOutcome | None = None
+    verdict: str | None = None
+    checks: dict[str, str] | None = None
+    update: bool | None = None
+    mfu: NonNegative | None = None
+    compile_time: NonNegative | None = None
+    environment: Environment | None = None
+    #: The gated fields of the run's program record; absent from lines written before it
+    #: was kept.
+    program: Program | None = None  # type: ignore[assignment]
+
+
+# -- helpers -----------------------------------------------------------------------------------
+def added_sections() -> tuple[tuple[str, Any], ...]:
+    """``((section, model), ...)`` of the sections that checks of the table declare
+    (:attr:`pytest_accelperf.checks.protocol.Check.section_models`) and :class:`Block`
+    does not: a check added after this schema was written validates its own section."""
+    return tuple((name, model) for check in checks()
+                 for name, model in check.section_models.items()
+                 if name not in Block.model_fields)
+
+
+@functools.cache
+def _block_model(sections: tuple[tuple[str, Any], ...]) -> type[Block]:
+    if not sections:
+        return Block
+    fields: dict[str, Any] = {name: (model | None, None) for name, model in sections}
+    model: type[Block] = create_model("Block", __base__=Block, **fields)
+    return model
+
+
+def block_model() -> type[Block]:
+    """:class:`Block`, with the sections of :func:`added_sections` where there are any."""
+    return _block_model(added_sections())
+
+
+def validate_block(data: Any) -> Block:
+    """``data`` as a :class:`Block` (:func:`block_model`); :class:`pydantic.ValidationError`
+    if it is not one."""
+    return block_model().model_validate(data)
+
+
+@functools.cache
+def _blocks_adapter(model: type[Block]) -> TypeAdapter[dict[str, Block]]:
+    return TypeAdapter(dict[str, model])  # type: ignore[valid-type]
+
+
+def invalid_blocks(cases: Mapping[str, Any]) -> dict[str, ValidationError]:
+    """``{case key: its error}`` of the blocks of ``cases`` that are not a :class:`Block`,
+    in the order of ``cases``; empty when all are.
+
+    One pydantic call validates the whole mapping (the store reads a file's blocks this
+    way); only when it fails are the blocks it names validated again one by one, so that
+    each error is that block's own, as :func:`validate_block` raises it.
+    """
+    try:
+        _blocks_adapter(block_model()).validate_python(cases)
+    except ValidationError as exc:
+        named = {err["loc"][0] for err in exc.errors(include_url=False) if err["loc"]}
+    else:
+        return {}
+    out: dict[str, ValidationError] = {}
+    for key, block in cases.items():
+        if key not in named:
+            continue
+        try:
+            validate_block(block)
+        except ValidationError as exc:
+            out[key] = exc
+    return out
+
+
+def error_lines(exc: ValidationError, *, limit: int = 5) -> list[tuple[tuple[str | int, ...],
+                                                                        str]]:
+    """``[(location, "what is wrong (found ...)")]`` of a validation error, the first
+    ``limit`` of them (and a last one that counts the rest)."""
+    out: list[tuple[tuple[str | int, ...], str]] = []
+    errors = exc.errors(include_url=False)
+    for err in errors[:limit]:
+        loc = _untagged(tuple(err["loc"]))
+        if err["type"] == "finite_number" and loc and loc[-1] == "float":
+            loc = loc[:-1]  # the branch of a JSON value, not a key
+        if err["type"] == "missing":
+            msg = "missing (a required field)"
+        elif err["type"] in ("model_type", "model_attributes_type", "dict_type"):
+            msg = f"should be a JSON object (found {_short(err.get('input'))})"
+        else:
+            msg = f"{err['msg']} (found {_short(err.get('input'))})"
+        out.append((loc, msg))
+    if len(errors) > limit:
+        out.append(((), f"and {len(errors) - limit} more error(s)"))
+    return out
+
+
+def _untagged(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
+    """``loc`` without the tag pydantic puts after ``numerics`` (which form it was read
+    as): the path of the field in the file."""
+    out = list(loc)
+    for i in range(len(out) - 1):
+        if out[i] == "numerics" and out[i + 1] in ("compact", "per_leaf"):
+            del out[i + 1]
+            break
+    return tuple(out)
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 4] + " ..."
+
+
+def json_schema(kind: Literal["baseline", "report", "history"]) -> dict[str, Any]:
+    """The JSON Schema of a baseline block (``baseline``), of a report (``report``) or of
+    a history line (``history``)."""
+    models: dict[str, type[BaseModel]] = {"baseline": block_model(), "report": ReportFile,
+                                          "history": HistoryLine}
+    return models[kind].model_json_schema()
