@@ -45,12 +45,15 @@ import tempfile
 import time
 from multiprocessing.connection import Client, Connection, wait
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest_accelperf
 from pytest_accelperf.ab.tree import socket_dir
 from pytest_accelperf.backends.procs.launch import LaunchResult, RankGroup, start_group
 from pytest_accelperf.backends.procs.ranks import BlockControl
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 #: Seconds a group may take to start, build its engine and warm up, by default (the worker
 #: passes 90 % of ``--accelperf-compare-prepare-timeout``: below the controller's deadline
@@ -92,7 +95,7 @@ class RankGroupStepper:
     this arm's test function built it. Raises :class:`RankGroupError` when the group
     fails to start (nothing is left running)."""
 
-    def __init__(self, trainer: Any, case: Any, task: Any, accel: Any,
+    def __init__(self, trainer: Any, case: Any, task: Task, accel: Any,
                  prepare_s: float = PREPARE_S) -> None:
         self._case = case
         self._dir = socket_dir("accelperf-ab-ranks-", "rank999.sock")

@@ -30,7 +30,10 @@ import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 #: Environment of a worker: the controller's address and key, and its arm's setup (JSON).
 ADDRESS_ENV = "ACCELPERF_AB_ADDRESS"
@@ -50,7 +53,7 @@ class Captured(BaseException):
     """Raised by the stand-in fixture's ``train`` to stop the test function there (a
     BaseException so that a test's own ``except Exception`` cannot swallow it)."""
 
-    def __init__(self, task: Any) -> None:
+    def __init__(self, task: Task) -> None:
         super().__init__("task captured")
         self.task = task
 
@@ -63,7 +66,7 @@ class CaptureRunner:
         self.case = case
         self.accelerator = accelerator
 
-    def train(self, task: Any, **_: Any) -> Any:
+    def train(self, task: Task, **_: Any) -> Any:
         raise Captured(task)
 
     def __getattr__(self, name: str) -> Any:

@@ -7,9 +7,7 @@ imports no framework, so it never skips for one. ``accelperf.train`` has nothing
 
 from __future__ import annotations
 
-from typing import Any
-
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 
@@ -23,11 +21,11 @@ class ExternalBackend:
     def unavailable_reason(self) -> str | None:
         return None
 
-    def train(self, case: Case, task: Any, accel: Accelerator, *,
+    def train(self, case: Case, task: Task, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         raise TypeError(f"{case.id}: {_HOW}")
 
-    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         raise TypeError(f"{case.id}: {_HOW}; it has no maximum batch to search")
 

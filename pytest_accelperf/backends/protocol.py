@@ -9,11 +9,27 @@ ImportError.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.run import Run
+
+#: What a test hands to ``accelperf.train(task)``: whatever its case's backend trains.
+#:
+#: The plugin never looks inside a task. The runner, the routing, the hang guard, the
+#: explanation, A/B mode and the Ray dispatch only pass it on (in this process, to ranks it
+#: launches, pickled to a worker), and only the backend reads it: it narrows the task to
+#: what it trains and refuses anything else with a
+#: :class:`~pytest_accelperf.backends.measure.common.TaskError` naming what it takes. The
+#: built-in backends train a ``JaxStep`` (or anything whose ``to_step()`` gives one: a
+#: ``JaxTask``, ``nnx_step(...)``), a ``PipelineTask``, a ``TorchStep`` or ``TorchTask``, a
+#: ``RankStep`` (DDP, DeepSpeed); a backend of a conftest trains what it likes (a dict, in
+#: this project's own tests and in docs/backends.md). So the narrowest type every task
+#: has is ``object``; named ``Task`` so that mypy refuses any use of a task's attributes
+#: outside the backend that narrowed it (``isinstance``, ``as_step``, ``as_torch_step``,
+#: ``as_rank_step``), where ``Any`` let every call through unchecked.
+Task: TypeAlias = object
 
 
 @dataclass
@@ -53,7 +69,7 @@ class Backend(Protocol):
     def unavailable_reason(self) -> str | None:
         """None when usable here, else a sentence naming what to install."""
 
-    def train(self, case: Case, task: Any, accel: Accelerator, *,
+    def train(self, case: Case, task: Task, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         """Train ``task`` as ``case`` on ``accel`` and measure it.
 
@@ -63,7 +79,7 @@ class Backend(Protocol):
         backends stop at the next step boundary.
         """
 
-    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Whether ``case`` (at ``case.batch``) fits in device memory: against the runtime's
         capacity, or ``case.memory_capacity`` where the runtime has no counter (CPU). Used

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_accelperf.backends.procs.launch import RankReport, show_latest_step
-from pytest_accelperf.backends.protocol import TrainResult
+from pytest_accelperf.backends.protocol import Task, TrainResult
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.cluster.connection import HOST_RESOURCE, ClusterError, import_ray
@@ -273,7 +273,7 @@ def _cause(error: BaseException) -> BaseException:
 
 
 # -- the entry point ----------------------------------------------------------------------
-def train(case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
+def train(case: Case, task: Task, accel: Accelerator, *, cpu_devices: int,
           platform: str | None, timeout: float | None, wait: float,
           spec: BackendSpec | None = None) -> TrainResult:
     """Train ``case`` on the connected cluster and return its run, as ``backend.train``
@@ -345,7 +345,7 @@ def _check_platform(worker_platform: str, accel: Accelerator, platform: str | No
             f"devices match, or pass --accelperf-platform={worker_platform}")
 
 
-def _train_ranks(spec: BackendSpec, case: Case, task: Any, accel: Accelerator,
+def _train_ranks(spec: BackendSpec, case: Case, task: Task, accel: Accelerator,
                  cloudpickle: Any, *, cpu_devices: int, platform: str | None,
                  timeout: float | None, wait: float) -> TrainResult:
     """A case whose ranks are Ray actors, one per host: its backend's

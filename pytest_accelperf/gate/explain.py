@@ -28,12 +28,15 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.hangs import CaseTimeout, case_alarm
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.stats.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 #: ``Run.extra`` key of an explanation.
 EXPLAIN_KEY = "explain"
@@ -102,7 +105,7 @@ def skipped(outcome: str, timeout: float | None) -> Explanation:
         f"again under the profiler (a step that blocked would block again)"))
 
 
-def explain(backend: Any, case: Case, task: Any, accel: Accelerator, root: Path, *,
+def explain(backend: Any, case: Case, task: Task, accel: Accelerator, root: Path, *,
             max_bytes: int, steps: int = STEPS, timeout: float | None = None,
             on_stuck: Callable[[str], None] | None = None) -> Explanation:
     """Train ``case`` ``steps`` more steps (at most :data:`MAX_STEPS`) under its
@@ -128,7 +131,7 @@ def explain(backend: Any, case: Case, task: Any, accel: Accelerator, root: Path,
             f"(--accelperf-timeout) and were interrupted in {exc.where}; nothing was kept"))
 
 
-def _explain(backend: Any, case: Case, task: Any, accel: Accelerator, root: Path, *,
+def _explain(backend: Any, case: Case, task: Task, accel: Accelerator, root: Path, *,
              max_bytes: int, steps: int) -> Explanation:
     steps = max(1, min(steps, MAX_STEPS))
     make_stepper = getattr(backend, "stepper", None)

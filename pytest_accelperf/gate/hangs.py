@@ -45,7 +45,7 @@ from typing import Any
 
 import filelock
 
-from pytest_accelperf.backends.protocol import Backend, TrainResult
+from pytest_accelperf.backends.protocol import Backend, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.run import Run
@@ -199,7 +199,7 @@ STUCK_DEVICE = ("a device computation of it, which cannot be cancelled, was stil
                 "(the next case would wait behind it)")
 
 
-def train_in_process(backend: Backend, case: Case, task: Any, accel: Accelerator, *,
+def train_in_process(backend: Backend, case: Case, task: Task, accel: Accelerator, *,
                      timeout: float | None, environment: dict[str, Any],
                      on_stuck: Callable[[Run], None]) -> TrainResult:
     """Train ``case`` by ``backend.train`` in this process; a case that blocks past its

@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.collect.cases import Case
@@ -53,7 +53,7 @@ def route(spec: BackendSpec, case: Case, *, cluster: bool) -> Route:
     return "in-process" if spec.in_process else "launched"
 
 
-def train(spec: BackendSpec, case: Case, task: Any, accel: Accelerator, *, settings: Settings,
+def train(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *, settings: Settings,
           on_cluster: bool, host: Callable[[], AbstractContextManager[object]],
           environment: dict[str, Any], on_stuck: Callable[[Run], None]) -> TrainResult:
     """Train ``case`` where :func:`route` says. On the Ray cluster (``on_cluster``: the
@@ -76,7 +76,7 @@ def train(spec: BackendSpec, case: Case, task: Any, accel: Accelerator, *, setti
         return train_here(spec, case, task, accel, timeout=settings.timeout)
 
 
-def train_here(spec: BackendSpec, case: Case, task: Any, accel: Accelerator, *,
+def train_here(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *,
                timeout: float | None) -> TrainResult:
     """Train ``case`` on this machine: in its backend's ranks when it spans processes,
     else by the backend's own ``train`` (the caller interrupts an ``in-process`` one that
@@ -87,7 +87,7 @@ def train_here(spec: BackendSpec, case: Case, task: Any, accel: Accelerator, *,
     return result
 
 
-def fits(spec: BackendSpec, case: Case, task: Any, accel: Accelerator, *,
+def fits(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *,
          timeout: float | None) -> Fit:
     """Whether ``case`` fits (the maximum-batch search), asked where it would train."""
     if spec.spans_ranks(case.world_size):

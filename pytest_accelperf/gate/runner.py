@@ -36,7 +36,7 @@ from pytest_accelperf.ab import CompareError, EnvironmentSetupError
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.tree import node_location
 from pytest_accelperf.backends.measure.common import INJECT_ENV, injected_slowdown
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -198,7 +198,7 @@ class CaseRunner:
     def settings(self) -> Settings:
         return self._session.settings
 
-    def train(self, task: Any, *,
+    def train(self, task: Task, *,
               max_batch: MaxBatchSearch | Callable[[Case], Any] | None = None) -> CaseResult:
         """Train ``task`` (e.g. a ``JaxTask``) as this case, check it, and gate on it.
 
@@ -255,7 +255,7 @@ class CaseRunner:
                    message=f"{self._item.nodeid} ({self.case.id}): {what} on {where}: "
                            f"{device.message}")
 
-    def _explained(self, ev: Evaluated, task: Any) -> Evaluated:
+    def _explained(self, ev: Evaluated, task: Task) -> Evaluated:
         """``ev`` with a profiler trace of a few more steps attached when it regressed
         (:mod:`pytest_accelperf.gate.explain`): only where the case trains in this process, never
         while recording, not under a compile-only target (no step can run), and not with
@@ -450,7 +450,7 @@ class CaseRunner:
             pytest.fail(f"{self._item.nodeid}: scaling group {verdict.detail}", pytrace=False)
         return verdict
 
-    def _train_once(self, task: Any, found: MaxBatch | None) -> TrainResult:
+    def _train_once(self, task: Task, found: MaxBatch | None) -> TrainResult:
         __tracebackhide__ = True
         settings = self.settings
         try:

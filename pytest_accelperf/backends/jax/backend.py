@@ -55,7 +55,7 @@ from pytest_accelperf.backends.measure.loop import (
     time_block,
 )
 from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
 from pytest_accelperf.collect.cases import Case
@@ -228,7 +228,7 @@ class JaxStepper:
     comparison (:mod:`pytest_accelperf.ab`) alternates between two revisions. Steps
     are timed exactly as in a run (:func:`.loop.time_block`)."""
 
-    def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
+    def __init__(self, case: Case, task: Task, accel: Accelerator) -> None:
         step = as_step(task)
         expect(step.make_batch, case.warmup + case.steps)  # data given as an iterable
         self._program = _compile(case, step, accel, case.mesh)
@@ -325,7 +325,7 @@ class JaxBackend:
                     f"pip install 'pytest-accelperf[jax]'")
         return None
 
-    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Compile only: the planned bytes per device against the capacity (the smaller of
         the runtime's and ``case.memory_capacity``); a compile that itself runs out of
@@ -357,11 +357,11 @@ class JaxBackend:
             time.sleep(0.01)
         return True
 
-    def stepper(self, case: Case, task: Any, accel: Accelerator) -> JaxStepper:
+    def stepper(self, case: Case, task: Task, accel: Accelerator) -> JaxStepper:
         """The case's compiled step, run in blocks (A/B comparison)."""
         return JaxStepper(case, task, accel)
 
-    def train(self, case: Case, task: Any, accel: Accelerator, *,
+    def train(self, case: Case, task: Task, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         """Compile, predict memory, train and fingerprint the case (the module docstring);
         where its time went is ``Run.extra["phases"]`` (:meth:`_train`)."""
@@ -370,7 +370,7 @@ class JaxBackend:
         result.run.extra["phases"] = phases.record()
         return result
 
-    def _train(self, case: Case, task: Any, accel: Accelerator, timeout: float | None,
+    def _train(self, case: Case, task: Task, accel: Accelerator, timeout: float | None,
                phases: Phases) -> TrainResult:
         """:meth:`train`, timing its phases in ``phases``: ``build`` (the user's task as a
         step), ``compile`` (tracing and checking the step, then lowering and compiling it:

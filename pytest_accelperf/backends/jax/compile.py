@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -38,6 +38,9 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.targets import compiling
 from pytest_accelperf.stats.contention import Contention, Load
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -90,7 +93,7 @@ def _is_oom(exc: BaseException) -> bool:
         "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower())
 
 
-def _compile(case: Case, task: Any, accel: Accelerator,
+def _compile(case: Case, task: Task, accel: Accelerator,
              shape: tuple[int, ...] | None) -> _Program:
     """Lower and compile the train step of ``task`` on a mesh of ``shape``; no allocation.
 

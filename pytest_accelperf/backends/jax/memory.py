@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 
@@ -21,6 +21,9 @@ from pytest_accelperf.backends.jax.compile import _compile
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.run import Run
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 PyTree = Any
 # jax leaves this untyped; mypy --strict refuses untyped calls, so it goes through Any.
@@ -48,7 +51,7 @@ def _analysis_bytes(compiled: Any) -> dict[str, int]:
     return parts
 
 
-def predict_memory(case: Case, task: Any, accel: Accelerator) -> dict[str, int]:
+def predict_memory(case: Case, task: Task, accel: Accelerator) -> dict[str, int]:
     """Compile ``task`` as ``case`` and return the planned per-device bytes.
 
     Keys: ``argument_bytes``, ``output_bytes``, ``temp_bytes``, ``alias_bytes`` and their

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.backends.procs.launch import LaunchResult
 from pytest_accelperf.backends.procs.ranks import RankJob, train_in_ranks
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -75,7 +75,7 @@ def join(coordinator: str, n_processes: int, process_id: int, accel: str,
                                process_id=process_id)
 
 
-def train_here(case: Case, task: Any, accel: str, cpu_devices: int, platform: str | None,
+def train_here(case: Case, task: Task, accel: str, cpu_devices: int, platform: str | None,
                timeout: float | None) -> tuple[str, TrainResult]:
     """After :func:`join`: the JAX backend's training over the global devices, and the
     platform key this process sees."""
@@ -101,7 +101,7 @@ class _RankSteps:
         pass
 
 
-def rank_main(ctx: RankContext, case: Case, task: Any, accel: str, cpu_devices: int,
+def rank_main(ctx: RankContext, case: Case, task: Task, accel: str, cpu_devices: int,
               platform: str | None, timeout: float | None
               ) -> tuple[str, TrainResult] | None:
     """One process of the case, launched here or a Ray actor (see :mod:`.launch`):
@@ -118,13 +118,13 @@ class JaxProcesses:
     """The JAX backend's :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer`: every
     process runs :func:`rank_main`; process 0's result is the run."""
 
-    def job(self, case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
+    def job(self, case: Case, task: Task, accel: Accelerator, *, cpu_devices: int,
             platform: str | None, timeout: float | None) -> RankJob:
         check_case(case, accel)
         return RankJob(rank_main, (case, task, accel.name, cpu_devices, platform, timeout),
                        total_steps=case.warmup + case.steps)
 
-    def result(self, case: Case, task: Any, accel: Accelerator, job: RankJob,
+    def result(self, case: Case, task: Task, accel: Accelerator, job: RankJob,
                launched: LaunchResult, *, timeout: float | None) -> TrainResult:
         if launched.outcome != "ok":
             outcome: Outcome = "timeout" if launched.outcome == "timeout" else "error"
@@ -139,7 +139,7 @@ class JaxProcesses:
         result.run.extra["processes"] = case.world_size
         return result
 
-    def reference(self, case: Case, task: Any, job: RankJob) -> dict[str, Any] | None:
+    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, Any] | None:
         return None  # check_case refuses reference=True: no device every process shares
 
     def platform(self, launched: LaunchResult) -> str | None:
@@ -148,7 +148,7 @@ class JaxProcesses:
         seen, _ = launched.ranks[0].result
         return str(seen)
 
-    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """The JAX backend's own answer (a compile and its memory analysis), here."""
         from pytest_accelperf.backends.jax.backend import BACKEND
@@ -160,7 +160,7 @@ class JaxProcesses:
 RANKS = JaxProcesses()
 
 
-def train_processes(case: Case, task: Any, accel: Accelerator, *,
+def train_processes(case: Case, task: Task, accel: Accelerator, *,
                     timeout: float | None = None) -> TrainResult:
     """Train ``case`` in ``case.world_size`` processes launched on this machine."""
     return train_in_ranks(RANKS, case, task, accel, timeout=timeout)

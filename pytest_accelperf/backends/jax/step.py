@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -35,6 +35,9 @@ from pytest_accelperf.backends.measure.common import (
     first_line,
 )
 from pytest_accelperf.backends.measure.data import batch_function, source_label
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
@@ -529,7 +532,7 @@ def _is_graph_node(nnx: Any, obj: Any) -> bool:
     return isinstance(obj, nnx.Module | nnx.Optimizer)
 
 
-def as_step(task: Any) -> JaxStep:
+def as_step(task: Task) -> JaxStep:
     """``task`` as the :class:`JaxStep` to train: itself, or what its ``to_step()`` gives
     (:class:`JaxTask`)."""
     if isinstance(task, JaxStep):

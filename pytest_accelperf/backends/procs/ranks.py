@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from pytest_accelperf.backends.measure.loop import StepFns, time_block
 from pytest_accelperf.backends.procs.launch import LaunchResult, launch
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 
@@ -64,18 +64,18 @@ class RankJob:
 class RankTrainer(Protocol):
     """What the plugin needs of a backend's multi-process training (its spec's ``ranks``)."""
 
-    def job(self, case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
+    def job(self, case: Case, task: Task, accel: Accelerator, *, cpu_devices: int,
             platform: str | None, timeout: float | None) -> RankJob:
         """The job of ``case``; refuses (``ValueError`` naming the fix) a case it cannot
         train, before anything is launched. ``cpu_devices`` and ``platform`` are the
         session's (``platform`` None: the ranks' devices decide it)."""
 
-    def result(self, case: Case, task: Any, accel: Accelerator, job: RankJob,
+    def result(self, case: Case, task: Task, accel: Accelerator, job: RankJob,
                launched: LaunchResult, *, timeout: float | None) -> TrainResult:
         """The run, from what the ranks returned or reported before the launch ended
         (``launched.outcome`` other than ``ok`` is that run's outcome)."""
 
-    def reference(self, case: Case, task: Any, job: RankJob) -> dict[str, Any] | None:
+    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, Any] | None:
         """For a ``reference=True`` case that trained ``ok``: the final parameters of the
         same training in one process, or None when there is none. Runs where rank 0 ran
         (here, or in rank 0's Ray worker)."""
@@ -84,13 +84,13 @@ class RankTrainer(Protocol):
         """The platform key the ranks saw, when they provisioned devices themselves
         (checked against the session's on a cluster); None when they did not."""
 
-    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """:meth:`Backend.fits <pytest_accelperf.backends.protocol.Backend.fits>` for a case
         trained in ranks."""
 
 
-def train_in_ranks(trainer: RankTrainer, case: Case, task: Any, accel: Accelerator, *,
+def train_in_ranks(trainer: RankTrainer, case: Case, task: Task, accel: Accelerator, *,
                    cpu_devices: int | None = None, platform: str | None = None,
                    timeout: float | None = None) -> TrainResult:
     """Train ``case`` in ``case.world_size`` processes launched on this machine.

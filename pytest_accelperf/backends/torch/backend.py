@@ -79,7 +79,7 @@ from pytest_accelperf.backends.measure.loop import (
     time_block,
 )
 from pytest_accelperf.backends.measure.probe import Probe
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
 from pytest_accelperf.backends.torch.ops import OpCounter
 from pytest_accelperf.backends.torch.step import (
@@ -374,7 +374,7 @@ class TorchStepper:
     as a run counts it (one call of the step on step 0's batch, undone) before the first
     block; None for a compiled step (its record needs dynamo's accounting over a run)."""
 
-    def __init__(self, case: Case, task: Any, accel: Accelerator) -> None:
+    def __init__(self, case: Case, task: Task, accel: Accelerator) -> None:
         if case.world_size > 1 or case.n_devices != 1:
             raise ConfigError(f"{case.id}: A/B comparison runs single-process torch cases "
                              f"only")
@@ -534,7 +534,7 @@ class TorchBackend:
                     "pip install 'pytest-accelperf[torch]'")
         return None
 
-    def fits(self, case: Case, task: Any, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """CPU: the counted peak of two eager steps against ``case.memory_capacity``.
         CUDA: two real steps, caught out-of-memory or an allocator peak over capacity.
@@ -580,11 +580,11 @@ class TorchBackend:
             time.sleep(0.01)
         return True
 
-    def stepper(self, case: Case, task: Any, accel: Accelerator) -> TorchStepper:
+    def stepper(self, case: Case, task: Task, accel: Accelerator) -> TorchStepper:
         """The case's step, trained in blocks of steps (A/B comparison)."""
         return TorchStepper(case, task, accel)
 
-    def train(self, case: Case, task: Any, accel: Accelerator, *,
+    def train(self, case: Case, task: Task, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         _one_process(case)
         if case.reference:

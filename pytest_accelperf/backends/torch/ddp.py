@@ -15,11 +15,10 @@ import numpy as np
 import torch
 
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, register_ddp_hook
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks
-from pytest_accelperf.backends.torch.task import TorchTask
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -119,14 +118,14 @@ def _check(case: Case, step: RankStep) -> None:
 RANKS = TorchRanks(DDPRankEngine, _check)
 
 
-def train_ddp(case: Case, task: TorchTask | RankStep, accel: Accelerator,
+def train_ddp(case: Case, task: Task, accel: Accelerator,
               timeout: float | None = None) -> TrainResult:
     """Train a ``backend="torch"`` case with ``world_size > 1`` by DDP in ranks launched on
     this machine (what ``accelperf.train`` does for it without a cluster)."""
     return train_in_ranks(RANKS, case, task, accel, timeout=timeout)
 
 
-def fits_ddp(case: Case, task: TorchTask | RankStep, accel: Accelerator,
+def fits_ddp(case: Case, task: Task, accel: Accelerator,
              timeout: float | None = None) -> Fit:
     """:meth:`Backend.fits` for DDP cases (see :meth:`TorchRanks.fits`)."""
     return RANKS.fits(case, task, accel, timeout=timeout)

@@ -71,11 +71,10 @@ import numpy as np
 import torch
 
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
-from pytest_accelperf.backends.torch.task import TorchTask
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -415,7 +414,7 @@ class DeepSpeedBackend:
             return f"the deepspeed backend needs {', '.join(missing)}: {INSTALL}"
         return None
 
-    def train(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *,
+    def train(self, case: Case, task: Task, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         """Train and measure ``case`` in ranks launched on this machine (see
         :mod:`.torch.ranks` for what is measured). With ``case.reference`` the task is also
@@ -423,7 +422,7 @@ class DeepSpeedBackend:
         are returned for the reference check."""
         return train_in_ranks(RANKS, case, task, accel, timeout=timeout)
 
-    def fits(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Two real steps in every rank; the largest rank's peak against the capacity."""
         return RANKS.fits(case, task, accel, timeout=timeout)

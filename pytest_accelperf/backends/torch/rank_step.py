@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ from pytest_accelperf.backends.measure.common import (
 )
 from pytest_accelperf.backends.measure.data import batch_function
 from pytest_accelperf.backends.torch.task import TorchTask
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,7 @@ def from_task(task: TorchTask) -> RankStep:
                     label=f"TorchTask.make_model {describe(make_model)}")
 
 
-def as_rank_step(task: Any) -> RankStep:
+def as_rank_step(task: Task) -> RankStep:
     """``task`` as the :class:`RankStep` to train: itself, or a :class:`TorchTask`
     converted (:func:`from_task`)."""
     if isinstance(task, RankStep):

@@ -86,7 +86,7 @@ from pytest_accelperf.backends.procs.launch import (
     launch,
 )
 from pytest_accelperf.backends.procs.ranks import BlockControl, RankJob, serve_blocks
-from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import largest_over_ranks
 from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
 from pytest_accelperf.backends.torch.ops import OpCounter
@@ -598,7 +598,7 @@ def ranks_program(engine: dict[str, Any], flops: list[float | None],
     return program_record(source, flops=total, collectives=collectives, **(ops or {}))
 
 
-def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
+def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
               launched: LaunchResult, timeout: float | None) -> tuple[Run, dict[str, Any]]:
     """The run of a launch (complete, or what the ranks reported before it ended) and
     rank 0's final parameters (empty unless it finished). A rank that raised a
@@ -716,7 +716,7 @@ class TorchRanks:
     engine: EngineFactory
     check: Callable[[Case, RankStep], None] | None = None
 
-    def plan(self, case: Case, task: TorchTask | RankStep, accel: Accelerator,
+    def plan(self, case: Case, task: Task, accel: Accelerator,
              fits: bool = False) -> RankPlan:
         step = as_rank_step(task)
         if self.check is not None:
@@ -725,13 +725,13 @@ class TorchRanks:
         expect(step.make_batch, plan.total_steps)  # data given as an iterable: refused now
         return plan
 
-    def job(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *, cpu_devices: int,
+    def job(self, case: Case, task: Task, accel: Accelerator, *, cpu_devices: int,
             platform: str | None, timeout: float | None) -> RankJob:
         plan = self.plan(case, task, accel)
         return RankJob(rank_main, (plan,), device=plan.device, total_steps=plan.total_steps,
                        plan=plan, warm=self.warm_modules())
 
-    def block_job(self, case: Case, task: TorchTask | RankStep, accel: Accelerator,
+    def block_job(self, case: Case, task: Task, accel: Accelerator,
                   control: BlockControl) -> RankJob:
         """The job of an A/B group (:mod:`pytest_accelperf.ab.ranks`): :func:`rank_main`
         with ``control``, so that the ranks build and warm up the engine as a run does,
@@ -751,19 +751,19 @@ class TorchRanks:
         imports before its first step that does not depend on the case)."""
         return WARM_MODULES + tuple(getattr(self.engine, "warm_modules", ()))
 
-    def result(self, case: Case, task: Any, accel: Accelerator, job: RankJob,
+    def result(self, case: Case, task: Task, accel: Accelerator, job: RankJob,
                launched: LaunchResult, *, timeout: float | None) -> TrainResult:
         run, params = build_run(case, task, accel, job.plan, launched, timeout)
         return TrainResult(run=run, params=params)
 
-    def reference(self, case: Case, task: Any, job: RankJob) -> dict[str, Any]:
+    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, Any]:
         reference: dict[str, Any] = train_reference(case, job.plan.step, job.plan)
         return reference
 
     def platform(self, launched: LaunchResult) -> str | None:
         return None  # the ranks take the devices they are given; they provision nothing
 
-    def fits(self, case: Case, task: TorchTask | RankStep, accel: Accelerator, *,
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
         """Whether ``case`` fits: :data:`MEMORY_STEPS` real steps in every rank, the largest
         rank's peak against ``case.memory_capacity`` (CPU: required) or the GPU's capacity.

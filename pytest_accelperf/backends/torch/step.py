@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -40,6 +40,9 @@ import torch
 from pytest_accelperf.backends.measure.common import TaskError, check_metric_keys, describe
 from pytest_accelperf.backends.measure.data import batch_function
 from pytest_accelperf.backends.torch.ops import uncounted
+
+if TYPE_CHECKING:
+    from pytest_accelperf.backends.protocol import Task
 
 Models = torch.nn.Module | Sequence[torch.nn.Module] | Mapping[str, torch.nn.Module]
 
@@ -259,7 +262,7 @@ def host_array(value: torch.Tensor) -> np.ndarray:
     return np.asarray(t.cpu().numpy())
 
 
-def as_torch_step(task: Any, device: torch.device | None = None) -> TorchStep:
+def as_torch_step(task: Task, device: torch.device | None = None) -> TorchStep:
     """``task`` as the :class:`TorchStep` to train: itself, or what its ``to_step(device)``
     gives (:class:`~pytest_accelperf.backends.torch.task.TorchTask`)."""
     if isinstance(task, TorchStep):
