@@ -23,8 +23,8 @@ keeps two workers off the same devices.
 
 Processes. Each case trains in fresh actors (:class:`~.worker.CaseWorker`),
 killed afterwards. Cases that span hosts have one actor per process: a multi-process torch
-case (DeepSpeed, DDP) runs the ranks of :func:`~.backends.torch.ranks.rank_main` as actors, one per
-"host", with ``MASTER_ADDR``/``MASTER_PORT`` on rank 0's node; a JAX case with
+case (DeepSpeed, DDP) runs the ranks of :func:`~.backends.torch.in_rank.rank_main` as actors,
+one per "host", with ``MASTER_ADDR``/``MASTER_PORT`` on rank 0's node; a JAX case with
 ``world_size > 1`` runs ``world_size`` processes joined by ``jax.distributed.initialize``
 (CPU collectives over gloo on ``--accel=cpu``), each with ``cpu_devices / world_size``
 virtual devices. On one machine the "hosts" are actors on one node; the code path is the

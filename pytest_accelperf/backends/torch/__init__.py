@@ -5,10 +5,11 @@
   DeepSpeed share with it (import the step API from :mod:`pytest_accelperf.torch`);
 * ``memory``: the CPU memory count (MemTracker) and CUDA's peaks; ``ops``: an eager step's
   aten ops; ``program``: the program record (FLOPs, ops, what dynamo compiled);
-* ``ranks``: the rank loop of DDP and DeepSpeed (launched ranks or Ray actors);
-  ``rank_step``: their step API (``RankStep``, ``Built``); ``comm``: what a rank
-  communicates per step; ``ddp``: DistributedDataParallel (``torch`` with
-  ``world_size > 1``); ``deepspeed``: DeepSpeed ZeRO;
+* ``ranks``: DDP's and DeepSpeed's ranks from the parent's side (the plan, the launch or the Ray
+  actors, the run made of what the ranks return); ``in_rank``: what runs inside a rank (the plan it
+  is shipped, its loop); ``rank_step``: their step API (``RankStep``, ``Built``); ``comm``: what a
+  rank communicates per step; ``ddp``: DistributedDataParallel (``torch`` with ``world_size > 1``);
+  ``deepspeed``: DeepSpeed ZeRO;
 * ``neuron``: torch-xla on Trainium / Inferentia.
 
 Importing this package imports no framework; its submodules import torch.

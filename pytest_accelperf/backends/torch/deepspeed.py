@@ -7,8 +7,9 @@ A ``backend="deepspeed"`` case trains a
 trains, converted to one) with ``deepspeed.initialize`` in
 ``case.world_size`` processes that the plugin launches itself (no ``deepspeed`` or
 ``torchrun`` launcher: :mod:`pytest_accelperf.backends.procs.launch`; gloo on the CPU, nccl on
-GPUs), or as Ray actors. The rank loop, what is measured and how, are those of
-:mod:`pytest_accelperf.backends.torch.ranks` (shared with DDP); this module builds the
+GPUs), or as Ray actors. The rank loop (:mod:`pytest_accelperf.backends.torch.in_rank`), what
+is measured and how (:mod:`pytest_accelperf.backends.torch.ranks`), are shared with DDP;
+this module builds the
 engine, and its ``RANKS`` is what the backend's spec names as its ranks.
 
 The DeepSpeed configuration comes from the case (:func:`ds_config`):
@@ -41,7 +42,7 @@ rank holds only its partition from the start, as it must for a model that does n
 device; off by default, as DeepSpeed recommends for a model that fits (a model's own init
 after construction, and optimizer groups made by ``p.dim()``, see empty tensors inside it).
 ``compile=True`` calls DeepSpeed's ``engine.compile()`` (after the counted steps, see
-:mod:`.torch.ranks`).
+:mod:`.torch.in_rank`).
 
 C++ ops: DeepSpeed compiles ``deepspeed_shm_comm`` (the CPU accelerator's shared-memory
 collectives, at ``init_distributed`` on the CPU) and ``cpu_adam`` (for offload) on first use,
@@ -73,8 +74,9 @@ import torch
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
+from pytest_accelperf.backends.torch.in_rank import RankPlan
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
-from pytest_accelperf.backends.torch.ranks import RankPlan, TorchRanks, micro_batch, resolve_clip
+from pytest_accelperf.backends.torch.ranks import TorchRanks, micro_batch, resolve_clip
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator

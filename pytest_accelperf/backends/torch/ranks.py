@@ -1,4 +1,5 @@
-"""Multi-process torch training: the rank loop that DDP and DeepSpeed share.
+"""Multi-process torch training, the parent's side: DDP's and DeepSpeed's ranks launched,
+and their run made of what they return.
 
 A case with ``world_size = N`` trains a
 :class:`~pytest_accelperf.backends.torch.rank_step.RankStep` (the user's ``build(rank)`` and loss;
@@ -6,10 +7,16 @@ a :class:`~pytest_accelperf.backends.torch.task.TorchTask` is converted to one) 
 processes (gloo on the
 CPU, nccl on CUDA, one GPU per rank), launched on this machine by
 :mod:`pytest_accelperf.backends.procs.launch` or as Ray actors. Which engine wraps the model in
-each rank is the plan's ``engine`` (a :class:`RankEngine` class): DDP's
+each rank is the plan's ``engine`` (a :class:`~.in_rank.RankEngine` class): DDP's
 (:mod:`pytest_accelperf.backends.torch.ddp`) or DeepSpeed's
 (:mod:`pytest_accelperf.backends.torch.deepspeed`); this module knows neither. :class:`TorchRanks`
 is the :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` both of them declare.
+
+This module is the parent process's code: it makes the plan (:func:`make_plan`), launches
+the ranks or hands them to Ray (:class:`TorchRanks`), builds the run of what they returned
+(:func:`build_run`) and trains the single-process reference (:func:`train_reference`). What
+runs inside a rank (the plan it is shipped and :func:`~.in_rank.rank_main`, its loop) is
+:mod:`pytest_accelperf.backends.torch.in_rank`.
 
 Data parallel: ``step.make_batch(i)`` is the *global* batch of ``case.batch`` samples of
 optimizer step ``i``, the one a single process would train on, and rank ``r`` trains on rows
@@ -36,7 +43,7 @@ What each rank measures, and how the run is assembled from it:
 * ``memory_per_device``: ``{"rank0": bytes, "rank1": bytes, ...}``. CUDA: each rank's
   ``torch.cuda.max_memory_allocated`` over the whole run. CPU (no allocator counter):
   ``MemTracker`` (live tensor storage bytes) in each rank over the engine's construction
-  (model, optimizer, ZeRO partitions and buckets) and its first :data:`MEMORY_STEPS`
+  (model, optimizer, ZeRO partitions and buckets) and its first :data:`~.in_rank.MEMORY_STEPS`
   warm-up steps; those steps are never timed. A rank whose count exceeds the case's
   ``memory_capacity`` stops with the outcome ``oom`` at that step (before step 0: "cannot
   even initialize model").
@@ -50,7 +57,7 @@ What each rank measures, and how the run is assembled from it:
   step is not in it, nor, with ``grad_accum > 1``, the reduction the boundary micro-batch
   adds. Not counted for a compiled model (its eager ops are not what it runs).
 * ``compile=True``: the model is compiled (``engine.compile()``) right after the
-  :data:`MEMORY_STEPS` counted steps, and the warm-up is one step longer, so the compile
+  :data:`~.in_rank.MEMORY_STEPS` counted steps, and the warm-up is one step longer, so the compile
   happens in an untimed step. The first steps run eager on purpose: MemTracker and
   FlopCounterMode are dispatch modes, and a model whose first compiled call meets one is
   skipped by dynamo for good ("non-infra torch dispatch mode present"), i.e. silently
@@ -60,153 +67,46 @@ What each rank measures, and how the run is assembled from it:
   trained in one process by plain torch on the full global batch (:func:`train_reference`,
   where rank 0 ran).
 
-The warm-up is at least :data:`MEMORY_STEPS` steps (``max(case.warmup, 2)``): the CPU memory
-count and the FLOP count happen there. The reference trains as many steps.
+The warm-up is at least :data:`~.in_rank.MEMORY_STEPS` steps (``max(case.warmup, 2)``): the
+CPU memory count and the FLOP count happen there. The reference trains as many steps.
 """
+
 
 from __future__ import annotations
 
 import itertools
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
-from pytest_accelperf.backends.measure.common import TaskError, describe, fingerprint
+from pytest_accelperf.backends.measure.common import TaskError, fingerprint
 from pytest_accelperf.backends.measure.data import expect
-from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
-from pytest_accelperf.backends.procs.launch import (
-    CapacityExceeded,
-    LaunchResult,
-    RankReport,
-    launch,
-)
-from pytest_accelperf.backends.procs.ranks import BlockControl, RankJob, serve_blocks
+from pytest_accelperf.backends.procs.launch import LaunchResult, RankReport, launch
+from pytest_accelperf.backends.procs.ranks import BlockControl, RankJob
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import largest_over_ranks
-from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
-from pytest_accelperf.backends.torch.ops import OpCounter
-from pytest_accelperf.backends.torch.rank_step import RankStep, as_rank_step
-from pytest_accelperf.backends.torch.task import (
-    TorchTask,
-    as_tensors,
-    flop_counter,
-    map_batch,
-    sync,
-    to_device,
-    torch_probe,
+from pytest_accelperf.backends.torch.in_rank import (
+    MEMORY_STEPS,
+    EngineFactory,
+    RankPlan,
+    rank_main,
 )
+from pytest_accelperf.backends.torch.rank_step import RankStep, as_rank_step
+from pytest_accelperf.backends.torch.task import TorchTask, to_device
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.program import program_record
 from pytest_accelperf.records.run import Run
 
-if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
-
-    from pytest_accelperf.backends.measure.probe import Probe
-    from pytest_accelperf.backends.procs._rank import RankContext
-    from pytest_accelperf.backends.torch.comm import CommCounter
-
-GIB = 2**30
 #: What a pool's warm ranks import for every torch engine
 #: (:mod:`pytest_accelperf.backends.procs.rank_pool`); the engine class adds its own.
 WARM_MODULES = ("cloudpickle", "numpy", "torch", "torch.distributed",
                 "torch.distributed._tools.mem_tracker", "torch.utils.flop_counter",
-                "pytest_accelperf.backends.torch.ranks")
-#: Warm-up steps the CPU memory count covers (the first creates the optimizer state, the
-#: second is the steady state with it); the multi-process warm-up is at least this long.
-MEMORY_STEPS = 2
-
-
-# -- what is shipped to the ranks ---------------------------------------------------------
-class RankEngine(Protocol):
-    """A wrapped model in one rank: what ``loss_fn`` is called with, and how to step;
-    ``comm`` counts its collectives in the steps run inside :meth:`counting`."""
-
-    model: Any
-    comm: CommCounter
-
-    def micro_step(self, boundary: bool) -> AbstractContextManager[object]:
-        """The context of one micro-batch's forward and backward (DDP: ``no_sync`` unless
-        ``boundary``, the last micro-batch of an optimizer step)."""
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backward of one micro-batch's loss, scaled by ``1 / grad_accum``."""
-
-    def step(self, boundary: bool) -> None:
-        """After every micro-batch; at ``boundary``: clip (if asked), step the optimizer,
-        then the scheduler, zero the gradients."""
-
-    def lr(self) -> float:
-        """The learning rate of the first parameter group (what the next step uses)."""
-
-    def compile(self) -> None:
-        """Compile the model with ``torch.compile`` (after the counted steps)."""
-
-    def full_params(self, rank: int) -> dict[str, np.ndarray] | None:
-        """The full final parameters on rank 0 (None elsewhere); a collective."""
-
-    def describe(self) -> dict[str, Any]:
-        """What the run's ``extra`` should say about the engine (its configuration)."""
-
-    def counting(self) -> AbstractContextManager[object]:
-        """The context of a step whose collectives the engine's
-        :class:`~pytest_accelperf.backends.torch.comm.CommCounter` (``comm``) counts."""
-
-
-class EngineFactory(Protocol):
-    """An engine class: joins the process group, then builds a rank's engine. A class
-    attribute ``warm_modules`` (optional) names what a pool's warm ranks import for it,
-    beyond :data:`WARM_MODULES`."""
-
-    def __call__(self, plan: RankPlan, device: torch.device, rank: int) -> RankEngine: ...
-
-    def init_distributed(self, backend: str) -> None:
-        """Join the process group of the launched ranks with ``backend`` (gloo, nccl)."""
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    """Everything a rank needs, pickled by cloudpickle: the case, the user's
-    :class:`~pytest_accelperf.backends.torch.rank_step.RankStep`, the engine class (it travels
-    by reference: an importable class), the device type, the resolved clipping, and whether
-    this is a training run or a memory probe of :data:`MEMORY_STEPS` steps (``fits``)."""
-
-    engine: EngineFactory
-    case: Case
-    step: RankStep
-    device: str
-    grad_clip: float | None
-    fits: bool = False
-
-    @property
-    def warmup(self) -> int:
-        """Untimed steps: the case's, at least the counted ones (and the compile step)."""
-        return max(self.case.warmup, MEMORY_STEPS + (1 if self.step.compile else 0))
-
-    @property
-    def total_steps(self) -> int:
-        return MEMORY_STEPS if self.fits else self.warmup + self.case.steps
-
-    @property
-    def comm_steps(self) -> range:
-        """The steps whose collectives are counted: every step after the
-        :data:`MEMORY_STEPS` first (and after the compile step), warm-up and measured; none
-        in a memory probe. The first two are not the steady state: step 0 creates the
-        optimizer state and records ZeRO-3's parameter trace, and step 1 has ZeRO-3 check
-        that trace against the other ranks (six broadcasts, once). Counting costs a timed
-        step under a microsecond per collective (a Python wrapper that adds up tensor
-        sizes, 0.7 µs measured; no synchronization, no timer): the suite's ZeRO-3 GPT step
-        issues 55 collectives in about 0.19 s, 0.02 % of it."""
-        if self.fits:
-            return range(0)
-        return range(MEMORY_STEPS + (1 if self.step.compile else 0), self.total_steps)
+                "pytest_accelperf.backends.torch.in_rank")
 
 
 def resolve_clip(case: Case, task: TorchTask | RankStep) -> float | None:
@@ -234,289 +134,6 @@ def micro_batch(case: Case) -> int:
     return case.batch // parts
 
 
-def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> Any:
-    """Rank ``rank``'s rows of every tensor of the global batch (dicts, namedtuples, tuples
-    and lists kept).
-
-    Tensors whose first dimension is the global batch are split; a scalar or any other
-    tensor is given whole to every rank. (Also splits a rank's rows into micro-batches:
-    ``slice_batch(rows, k, grad_accum, rows_per_rank)``.)
-    """
-    size = global_batch // world_size
-
-    def rows(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == global_batch:
-            return leaf[rank * size:(rank + 1) * size]
-        return leaf
-
-    return map_batch(batch, rows)
-
-
-def micro_batches(batch: Any, rank: int, case: Case) -> list[Any]:
-    """Rank ``rank``'s micro-batches of the global batch of one step, in order: its rows
-    ``[rank * B/N, (rank+1) * B/N)``, cut into ``case.grad_accum`` consecutive parts.
-    Numpy arrays are made tensors first (:func:`.torch.task.as_tensors`, as DataLoader
-    makes them): an array left one would be given whole to every rank."""
-    mine = slice_batch(as_tensors(batch), rank, case.world_size, case.batch)
-    rows = case.batch // case.world_size
-    return [slice_batch(mine, k, case.grad_accum, rows) for k in range(case.grad_accum)]
-
-
-# -- the rank side ------------------------------------------------------------------------
-class _MemoryCounter:
-    """A rank's peak memory: CUDA's allocator peak, or MemTracker's on the CPU while open."""
-
-    def __init__(self, device: torch.device, capacity: int | None, enforce: bool) -> None:
-        self.device = device
-        self.capacity = capacity if enforce else None
-        self.tracker: Any = None
-        self.source = "cuda_allocator" if device.type == "cuda" else "mem_tracker"
-        self._closed_peak: int | None = None
-
-    @contextmanager
-    def counting(self) -> Iterator[None]:
-        if self.device.type == "cuda":
-            reset_cuda_peak(self.device)
-            yield
-            return
-        self.tracker = memory_tracker()
-        with self.tracker:
-            yield
-        self._closed_peak = self._tracker_peak()
-
-    def _tracker_peak(self) -> int:
-        return device_total(self.tracker, "peak", self.device) or 0
-
-    def step_done(self) -> None:
-        if self.tracker is not None and self._closed_peak is None:
-            self.tracker.reset_mod_stats()  # per-module stats refuse a second step otherwise
-
-    def peak(self) -> int | None:
-        if self.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.device))
-        if self._closed_peak is not None:
-            return self._closed_peak
-        return self._tracker_peak() if self.tracker is not None else None
-
-    def check(self) -> None:
-        """Raise :class:`CapacityExceeded` when the peak so far exceeds the capacity."""
-        peak = self.peak()
-        if self.capacity and peak is not None and peak > self.capacity:
-            raise CapacityExceeded(peak, self.capacity, self.source)
-
-
-def rank_main(ctx: RankContext, plan: RankPlan,
-              control: BlockControl | None = None) -> dict[str, Any]:
-    """One rank's training (the function :func:`launch` runs in every process), in the
-    measured-step loop (:func:`.loop.run_steps`): every rank starts each step after a
-    barrier and stops it after the device is synchronized; the all-reduce of the loss and
-    metrics happens after the timer.
-
-    With ``control`` (A/B mode, :meth:`TorchRanks.block_job`) the rank first waits for its
-    arm worker, builds the engine and warms up as a run does (one step longer, so that a
-    step's collectives are counted), then trains the blocks of steps it is told to, with
-    the same step functions (:func:`~.ranks.serve_blocks`).
-
-    Its phases: join the process group (:func:`_join`); inside the memory count, build the
-    engine (:func:`_build_engine`) and train (:class:`_RankSteps`, the step functions, for
-    :func:`_step_counts` steps); then serve the A/B blocks (:func:`_serve_ab_blocks`) or
-    gather the rank's result (:func:`_rank_result`)."""
-    conn = control.connect(ctx.rank) if control is not None else None
-    device, marks = _join(ctx, plan)
-    counter = _MemoryCounter(device, plan.case.memory_capacity, enforce=not plan.fits)
-    probe = None if plan.fits else torch_probe(device)  # its matrices are not the case's
-    with ExitStack() as window:
-        window.enter_context(counter.counting())
-        engine = _build_engine(ctx, plan, device, counter, marks)
-        steps = _RankSteps(ctx, plan, device, engine, counter, window)
-        fns = steps.fns()
-        warmup, measured = _step_counts(plan, blocks=conn is not None)
-        trained = run_steps(fns, warmup=warmup, steps=measured, probe=probe,
-                            report=steps.report, after_step=steps.after_step)
-    if conn is not None:
-        return _serve_ab_blocks(ctx, conn, fns, steps, first=warmup)
-    marks["trained"] = time.time()
-    return _rank_result(steps, trained, probe, marks)
-
-
-def _join(ctx: RankContext, plan: RankPlan) -> tuple[torch.device, dict[str, float]]:
-    """This rank's device, set, and the process group joined; the wall clocks of entering
-    and of joining (comparable with the launcher's)."""
-    device = (torch.device("cuda", ctx.local_rank) if plan.device == "cuda"
-              else torch.device("cpu"))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    marks = {"entered": time.time()}  # wall clocks, comparable with the launcher's
-    ctx.progress(phase="init")
-    plan.engine.init_distributed("nccl" if device.type == "cuda" else "gloo")
-    marks["joined"] = time.time()
-    return device, marks
-
-
-def _build_engine(ctx: RankContext, plan: RankPlan, device: torch.device,
-                  counter: _MemoryCounter, marks: dict[str, float]) -> RankEngine:
-    """The engine over the user's model and optimizer, made inside the memory count: a rank
-    that cannot even hold the model stops here (:class:`CapacityExceeded`)."""
-    engine = plan.engine(plan, device, ctx.rank)
-    counter.check()  # an overrun here: cannot even initialize the model
-    marks["built"] = time.time()
-    ctx.progress(phase="train", peak_bytes=counter.peak())
-    return engine
-
-
-def _step_counts(plan: RankPlan, *, blocks: bool) -> tuple[int, int]:
-    """The warm-up and measured steps of the loop: a memory probe (``plan.fits``) only
-    warms up; an A/B rank (``blocks``) warms up and takes one counted step, its blocks
-    come later."""
-    # A memory probe (fits) only warms up: none of its steps is measured.
-    warmup = plan.total_steps if plan.fits else plan.warmup
-    measured = plan.total_steps - warmup
-    if blocks:  # A/B: the warm-up and one counted step; blocks come later
-        warmup, measured = plan.warmup + 1, 0
-    return warmup, measured
-
-
-_Prepared = tuple[int, list[Any]]
-_Done = tuple[list[Any], dict[str, Any]]
-
-
-class _RankSteps:
-    """The step functions of one rank's loop (:meth:`fns`) and what they record in
-    ``out``, the start of the rank's result: its own loss per step, step 0's FLOPs and
-    dispatched ops (rank 0, eager). ``window`` is the memory count's, closed after
-    :data:`MEMORY_STEPS` steps."""
-
-    def __init__(self, ctx: RankContext, plan: RankPlan, device: torch.device,
-                 engine: RankEngine, counter: _MemoryCounter, window: ExitStack) -> None:
-        self.ctx, self.plan, self.device = ctx, plan, device
-        self.engine, self.counter, self.window = engine, counter, window
-        self.out: dict[str, Any] = {"rank": ctx.rank, "local_losses": [], "flops": None}
-        self.names: list[str] | None = None
-        self.lrs: list[float] = []
-
-    def fns(self) -> StepFns[_Prepared, _Done]:
-        return StepFns(prepare=self.prepare, run=self.run, read=self.read,
-                       sync=lambda: sync(self.device))
-
-    def prepare(self, i: int) -> _Prepared:
-        import torch.distributed as dist
-
-        step, case = self.plan.step, self.plan.case
-        micro = [to_device(m, self.device)
-                 for m in micro_batches(step.make_batch(i), self.ctx.rank, case)]
-        self.lrs.append(self.engine.lr())  # the rate this step uses (the schedule steps after it)
-        dist.barrier()  # every rank starts the step together
-        return i, micro
-
-    def run(self, i: int, prepared: _Prepared) -> _Done:
-        if i in self.plan.comm_steps:
-            with self.engine.counting():
-                return self._micro_steps(i, prepared)
-        return self._micro_steps(i, prepared)
-
-    def _micro_steps(self, i: int, prepared: _Prepared) -> _Done:
-        step, engine, accum = self.plan.step, self.engine, self.plan.case.grad_accum
-        losses: list[torch.Tensor] = []
-        sums: dict[str, torch.Tensor] = {}
-        for k, part in enumerate(prepared[1]):
-            boundary = k == accum - 1
-            with engine.micro_step(boundary):
-                if i == 0 and k == 0:
-                    # Rank 0 counts the dispatched ops of the same call (a compiled
-                    # model's eager ops are not what it will run: not counted).
-                    ops = (OpCounter(self.device) if self.ctx.rank == 0 and not step.compile
-                           else None)
-                    flops = flop_counter()
-                    with ops or nullcontext(), flops:
-                        loss, metrics = step.compute(engine.model, part)
-                        engine.backward(loss)
-                    self.out["flops"] = float(flops.get_total_flops()) * accum or None
-                    self.out["ops"] = ops.record(times=accum) if ops is not None else None
-                else:
-                    loss, metrics = step.compute(engine.model, part)
-                    engine.backward(loss)
-            engine.step(boundary)
-            if i < MEMORY_STEPS:
-                self.counter.step_done()  # MemTracker takes one forward per module at a time
-            losses.append(loss.detach())
-            for key, value in metrics.items():
-                sums[key] = sums.get(key, torch.zeros(())) + value
-        return losses, sums
-
-    def read(self, done: _Done) -> tuple[float, dict[str, float]]:
-        import torch.distributed as dist
-
-        step, accum = self.plan.step, self.plan.case.grad_accum
-        losses, sums = done
-        i = len(self.out["local_losses"])
-        if self.names is None:
-            self.names = sorted(sums)
-        elif sorted(sums) != self.names:
-            raise TaskError(f"RankStep.loss_fn {describe(step.loss_fn)} returned metrics "
-                            f"{sorted(sums)} at step {i}, {self.names} before: return the "
-                            f"same metrics every step")
-        names = self.names
-        local = torch.stack([x.reshape(()).float().cpu() for x in losses]).mean()
-        # One all-reduce: the loss, then each metric, averaged over micro-batches.
-        values = torch.stack([local, *[sums[n] / accum for n in names]]).to(self.device)
-        dist.all_reduce(values)
-        means = (values / self.ctx.world_size).cpu().tolist()
-        self.out["local_losses"].append(float(local.item()))
-        metrics = {name: float(v) for name, v in zip(names, means[1:], strict=True)}
-        if step.lr_metric is not None:
-            metrics[step.lr_metric] = self.lrs[i]
-        return float(means[0]), metrics
-
-    def after_step(self, i: int, done: Any, measured: bool) -> None:
-        self.counter.check()
-        if i == MEMORY_STEPS - 1:
-            self.window.close()  # the CPU count ends with the memory steps
-            if self.plan.step.compile and not self.plan.fits:
-                self.engine.compile()  # compiled in the next (untimed) step
-
-    def report(self, done: int, total: int, loss: float, seconds: float,
-               measured: bool) -> None:
-        self.ctx.progress(phase="train", step=done - 1, loss=loss, time=seconds,
-                          measured=measured, peak_bytes=self.counter.peak())
-
-
-def _serve_ab_blocks(ctx: RankContext, conn: Connection, fns: StepFns[_Prepared, _Done],
-                     steps: _RankSteps, *, first: int) -> dict[str, Any]:
-    """An A/B rank after its warm-up: what it measured of step 0 goes to its arm worker,
-    then it trains the blocks it is told to (:func:`~.ranks.serve_blocks`)."""
-    engine, counter = steps.engine, steps.counter
-    ready = {"flops": steps.out["flops"], "ops": steps.out.get("ops"),
-             "comm": engine.comm.summary(), "engine": engine.describe(),
-             "peak_bytes": counter.peak()}
-    blocks = serve_blocks(conn, fns, first=first, cycle=steps.plan.total_steps, ready=ready,
-                          done=lambda n: ctx.progress(phase="blocks", step=n - 1))
-    return {"rank": ctx.rank, "blocks": blocks}
-
-
-def _rank_result(steps: _RankSteps, trained: LoopResult, probe: Probe | None,
-                 marks: dict[str, float]) -> dict[str, Any]:
-    """The rank's result: what the loop measured, the memory peak, the engine and its
-    communication, and the full parameters (gathered by every rank, kept by rank 0)."""
-    import torch.distributed as dist
-
-    out, engine, counter = steps.out, steps.engine, steps.counter
-    out.update(step_times=trained.step_times, probe_times=trained.probe_times,
-               losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step,
-               **load_json(trained))
-    out["peak_bytes"] = counter.peak()
-    out["memory_source"] = counter.source
-    out["engine"] = engine.describe()
-    out["comm"] = engine.comm.summary()
-    out["probe_kind"] = probe.kind if probe is not None else ""
-    dist.barrier()
-    out["params"] = None if steps.plan.fits else engine.full_params(steps.ctx.rank)
-    dist.barrier()
-    marks["done"] = time.time()
-    out["marks"] = marks
-    return out
-
-
-# -- the parent side ----------------------------------------------------------------------
 def device_type(case: Case, accel: Accelerator) -> str:
     """``"cpu"`` or ``"cuda"`` for ``accel``; CUDA needs a GPU per rank."""
     if accel.name == "cpu":
@@ -709,7 +326,7 @@ def train_reference(case: Case, task: TorchTask | RankStep,
 @dataclass(frozen=True)
 class TorchRanks:
     """The :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` of a torch engine: a
-    :class:`RankStep` (or a :class:`TorchTask`, converted) trained by :func:`rank_main` in
+    :class:`RankStep` (or a :class:`TorchTask`, converted) trained by :func:`~.in_rank.rank_main` in
     every rank with ``engine``. ``check(case, step)`` refuses what the engine cannot train
     (before any launch)."""
 
@@ -733,7 +350,7 @@ class TorchRanks:
 
     def block_job(self, case: Case, task: Task, accel: Accelerator,
                   control: BlockControl) -> RankJob:
-        """The job of an A/B group (:mod:`pytest_accelperf.ab.ranks`): :func:`rank_main`
+        """The job of an A/B group (:mod:`pytest_accelperf.ab.ranks`): :func:`~.in_rank.rank_main`
         with ``control``, so that the ranks build and warm up the engine as a run does,
         then train blocks of steps on demand."""
         plan = self.plan(case, task, accel)
@@ -765,8 +382,8 @@ class TorchRanks:
 
     def fits(self, case: Case, task: Task, accel: Accelerator, *,
              timeout: float | None = None) -> Fit:
-        """Whether ``case`` fits: :data:`MEMORY_STEPS` real steps in every rank, the largest
-        rank's peak against ``case.memory_capacity`` (CPU: required) or the GPU's capacity.
+        """Whether ``case`` fits: :data:`~.in_rank.MEMORY_STEPS` real steps in every rank, the
+        largest rank's peak against ``case.memory_capacity`` (CPU: required) or the GPU's capacity.
         A CUDA out-of-memory error in any rank is "does not fit"; any other failure
         raises."""
         plan = self.plan(case, task, accel, fits=True)

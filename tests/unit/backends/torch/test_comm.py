@@ -30,7 +30,8 @@ from pytest_accelperf.torch import RankStep, train_ddp  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 BATCH, STEPS, WARMUP, IN = 8, 2, 2, 16
-#: Steps whose collectives are counted: all but the first two (torch/ranks.py: RankPlan.comm_steps).
+#: Steps whose collectives are counted: all but the first two
+#: (torch/in_rank.py: RankPlan.comm_steps).
 COUNTED = WARMUP + STEPS - 2
 
 

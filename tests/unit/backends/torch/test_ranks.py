@@ -27,7 +27,7 @@ from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
     size_buckets,
     zero_defaults,
 )
-from pytest_accelperf.backends.torch.ranks import micro_batches  # noqa: E402
+from pytest_accelperf.backends.torch.in_rank import micro_batches  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402

@@ -421,7 +421,7 @@ def test_numpy_leaves_become_tensors_and_containers_keep_their_types() -> None:
 def test_ranks_split_numpy_arrays_as_they_split_tensors() -> None:
     """DDP and DeepSpeed ranks take their rows of the global batch: a numpy array was
     given whole to every rank (only tensors were split). Now it is made a tensor first."""
-    from pytest_accelperf.backends.torch.ranks import micro_batches
+    from pytest_accelperf.backends.torch.in_rank import micro_batches
 
     c = Case(backend="torch", batch=8, world_size=2, grad_accum=2, steps=1, warmup=0)
     rows = np.arange(8, dtype=np.float32)
