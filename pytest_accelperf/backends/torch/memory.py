@@ -1,5 +1,10 @@
 """Counting the live tensor bytes of torch on a CPU: the one MemTracker the torch backend
-and the ranks (DDP, DeepSpeed) count with, and how a device's total is read from it.
+and the ranks (DDP, DeepSpeed) count with, and how a device's total is read from it; and
+the in-process torch backend's memory counts made with it: the peak and live bytes of
+counted CPU steps (:func:`cpu_memory`: MemTracker, or the profiler's allocations where
+MemTracker cannot follow the step), the live memory's growth on the CPU
+(:func:`cpu_memory_growth`) and on CUDA (:class:`_CudaGrowth`), and the out-of-memory record
+and message of a peak over the capacity (:func:`_oom_record`, :func:`_oom_message`).
 
 ``torch.distributed._tools.mem_tracker.MemTracker`` sums the storage bytes of live tensors
 (parameters, buffers, gradients, optimizer state, activations and temporaries) as a
@@ -16,13 +21,29 @@ leaves the per-module peaks out: the totals are the same bytes
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from pytest_accelperf.backends.measure.common import TaskError
+from pytest_accelperf.backends.torch.step import TorchStep, float_metrics, run_step, undone
+from pytest_accelperf.backends.torch.task import to_device
+
+GIB = 2**30
+
 #: The private attributes the per-op peak update reads; a torch without them gets the stock
 #: tracker (slower, the same totals).
 _PEAK_STATE = ("_curr_mem_snap", "_peak_mem", "_peak_mem_snap", "_update_peak_stats")
+#: Eager training steps (undone afterwards) that CPU memory is counted over: the first
+#: creates the optimizer state, the second is the steady state with it.
+MEMORY_STEPS = 2
+
+
+#: Counted steps after :data:`MEMORY_STEPS` over which a CPU case's live memory growth (a
+#: leak) is read: the live bytes after them less those after the memory steps.
+GROWTH_STEPS = 2
 
 
 @functools.cache
@@ -74,3 +95,160 @@ def reset_cuda_peak(device: torch.device) -> None:
     torch.empty(0, device=device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
+
+
+# -- the in-process backend's counts ---------------------------------------------------------
+@dataclass(frozen=True)
+class CpuMemory:
+    """What counted CPU steps held: ``peak`` bytes over the first :data:`MEMORY_STEPS`,
+    ``live`` bytes after each counted step, and the ``source`` that counted them
+    (``mem_tracker`` or ``profiler``)."""
+
+    peak: int
+    source: str
+    live: list[int]
+
+
+def _mem_tracker_count(step: TorchStep, device: torch.device, steps: int, peak_after: int,
+                       stateful: Sequence[Any] | None = None) -> tuple[int, list[int]]:
+    """MemTracker over ``steps`` counted steps: the peak over the first ``peak_after`` and
+    the bytes of live tensors after each."""
+    tracker = memory_tracker()
+    tracker.track_external(*step.modules().values())
+    live: list[int] = []
+    peak = 0
+    with undone(step, stateful), tracker:
+        for i in range(steps):
+            # The batch is not bound to a name: it is freed before the live bytes are read.
+            float_metrics(step, run_step(step, to_device(step.make_batch(i), device),
+                                         counting=True))
+            tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
+            live.append(_seen(device_total(tracker, "current", device), device))
+            if i + 1 == min(peak_after, steps):
+                peak = _seen(device_total(tracker, "peak", device), device)
+    return peak, live
+
+
+def _seen(total: int | None, device: torch.device) -> int:
+    if total is None:
+        raise RuntimeError(f"MemTracker saw no tensor on {device}")
+    return total
+
+
+#: The profiler event that marks the end of a counted step (:func:`_profiler_count`).
+_STEP_END = "accelperf::counted_step_end"
+
+
+def _profiler_count(step: TorchStep, device: torch.device, steps: int, peak_after: int,
+                    stateful: Sequence[Any] | None = None) -> tuple[int, list[int]]:
+    """Where MemTracker fails (a module called twice in one step, as gradient accumulation
+    does): the peak of the profiler's allocations net of frees over the first
+    ``peak_after`` steps, plus the tensors that existed before it started (the models'
+    parameters and buffers, and the optimizer state the first counted step leaves: counted
+    by its second); and the same count of live bytes at the end of each step."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    held = sum({id(t): t.numel() * t.element_size() for module in step.modules().values()
+                for t in [*module.parameters(), *module.buffers()]}.values())
+    with (undone(step, stateful),
+          profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof):
+        for i in range(steps):
+            # The batch is not bound to a name: it is freed before the live bytes are read.
+            float_metrics(step, run_step(step, to_device(step.make_batch(i), device),
+                                         counting=True))
+            with record_function(_STEP_END):  # allocates nothing: a mark in time
+                pass
+    # Each op's *self* allocations minus frees (children excluded, so each byte counts
+    # once), summed in start order: the live bytes over time at op granularity.
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    current = peak = 0
+    live: list[int] = []
+    for event in events:
+        if event.name == _STEP_END:
+            live.append(held + current)
+            continue
+        current += int(event.self_cpu_memory_usage)
+        if len(live) < peak_after:
+            peak = max(peak, current)
+    if peak <= 0:
+        raise RuntimeError("the profiler recorded no allocation")
+    return held + peak, live  # held: allocated before the profiler started
+
+
+def cpu_memory(step: TorchStep, device: torch.device, steps: int = MEMORY_STEPS,
+               stateful: Sequence[Any] | None = None) -> CpuMemory:
+    """``steps`` eager steps counted (undone afterwards, ``stateful`` as in
+    :func:`~.torch.step.undone`): the peak over the first :data:`MEMORY_STEPS`, the live
+    bytes after each step, and the method that counted them: ``mem_tracker``, or
+    ``profiler`` where MemTracker cannot follow the step (it raises on a module called
+    twice in one step: gradient accumulation)."""
+    try:
+        peak, live = _mem_tracker_count(step, device, steps, MEMORY_STEPS, stateful)
+        return CpuMemory(peak, "mem_tracker", live)
+    except TaskError:
+        raise
+    except (ImportError, AttributeError, RuntimeError, TypeError, NotImplementedError):
+        peak, live = _profiler_count(step, device, steps, MEMORY_STEPS, stateful)
+        return CpuMemory(peak, "profiler", live)
+
+
+def cpu_peak_memory(step: TorchStep, device: torch.device) -> tuple[int, str]:
+    """Peak bytes of :data:`MEMORY_STEPS` eager steps (undone afterwards), and the method
+    that counted them (:func:`cpu_memory`)."""
+    memory = cpu_memory(step, device)
+    return memory.peak, memory.source
+
+
+def growth_record(after_warmup: int, after_steps: int, steps: int,
+                  source: str) -> dict[str, Any]:
+    """A ``Run.memory_growth`` record: live bytes after the warm-up and after ``steps``
+    more steps, and their growth per step."""
+    return {"bytes_per_step": (after_steps - after_warmup) / steps if steps else 0.0,
+            "steps": steps, "after_warmup": int(after_warmup),
+            "after_steps": int(after_steps), "source": source}
+
+
+def cpu_memory_growth(memory: CpuMemory) -> dict[str, Any] | None:
+    """Live memory's growth over the counted steps after the first :data:`MEMORY_STEPS`
+    (which create the optimizer state): a leak's bytes per step. None when no step was
+    counted after them."""
+    steps = len(memory.live) - MEMORY_STEPS
+    if steps <= 0:
+        return None
+    return growth_record(memory.live[MEMORY_STEPS - 1], memory.live[-1], steps,
+                         memory.source)
+
+
+class _CudaGrowth:
+    """``torch.cuda.memory_allocated`` after the warm-up and after the last measured step
+    (the loop's ``after_step``): a CUDA case's live memory growth."""
+
+    def __init__(self, device: torch.device, warmup: int) -> None:
+        self.device, self.warmup = device, warmup
+        self.after_warmup = int(torch.cuda.memory_allocated(device)) if warmup == 0 else None
+        self.after_steps: int | None = None
+        self.steps = 0
+
+    def after_step(self, i: int, handle: Any, measured: bool) -> None:
+        if i == self.warmup - 1:
+            self.after_warmup = int(torch.cuda.memory_allocated(self.device))
+        elif measured:
+            self.after_steps = int(torch.cuda.memory_allocated(self.device))
+            self.steps += 1
+
+    def record(self) -> dict[str, Any] | None:
+        if self.after_warmup is None or self.after_steps is None:
+            return None
+        return growth_record(self.after_warmup, self.after_steps, self.steps,
+                             "cuda_allocator")
+
+
+def _oom_record(required: int, capacity: int, source: str) -> dict[str, Any]:
+    return {"required_bytes": required, "capacity_bytes": capacity,
+            "exceeded_by_bytes": required - capacity, "source": source}
+
+
+def _oom_message(oom: dict[str, Any]) -> str:
+    return (f"out of memory: a training step needs {oom['required_bytes'] / GIB:.2f} GiB "
+            f"({oom['source']}) of {oom['capacity_bytes'] / GIB:.2f} GiB capacity "
+            f"(exceeded by {oom['exceeded_by_bytes'] / GIB:.2f} GiB)")

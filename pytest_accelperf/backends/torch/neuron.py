@@ -32,13 +32,8 @@ import torch
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.backends.torch.backend import (
-    _build,
-    _step,
-    count_flops,
-    deadline_after,
-    timeout_message,
-)
+from pytest_accelperf.backends.torch.backend import deadline_after, timeout_message
+from pytest_accelperf.backends.torch.flops import count_flops
 from pytest_accelperf.backends.torch.task import TorchTask, as_tensors, to_device
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
@@ -115,6 +110,23 @@ def xla_device() -> XlaDevice:
     metrics = importlib.import_module("torch_xla.debug.metrics")
     device = torch_xla.device() if hasattr(torch_xla, "device") else xm.xla_device()
     return XlaDevice(xm=xm, metrics=metrics, device=device, sync=getattr(torch_xla, "sync", None))
+
+
+def _build(task: TorchTask, device: torch.device) -> torch.nn.Module:
+    torch.manual_seed(task.seed)
+    return task.make_model().to(device)
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: TorchTask,
+          batch: Any) -> torch.Tensor:
+    """One training step; returns the loss tensor (not synchronized)."""
+    optimizer.zero_grad(set_to_none=True)
+    loss = task.loss_fn(model, batch)
+    loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
+    if task.grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), task.grad_clip)
+    optimizer.step()
+    return loss
 
 
 def _loop(model: torch.nn.Module, case: Case, task: TorchTask, dev: LazyDevice,

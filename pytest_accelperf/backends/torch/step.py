@@ -323,6 +323,11 @@ def to_float(value: Any) -> float:
     return float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
 
 
+def float_metrics(step: TorchStep, out: Any) -> dict[str, float]:
+    """The step's output as float metrics (waits for them)."""
+    return {k: to_float(v) for k, v in metrics_of(step, out).items()}
+
+
 # -- running a step and undoing it ----------------------------------------------------------
 def _stateful_kinds() -> tuple[type, ...]:
     kinds: list[type] = [torch.optim.lr_scheduler.LRScheduler, torch.amp.GradScaler]

@@ -13,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
-from pytest_accelperf.backends.torch.backend import BACKEND, count_flops  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND  # noqa: E402
+from pytest_accelperf.backends.torch.flops import count_flops  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import TorchTask  # noqa: E402
@@ -155,7 +156,7 @@ def test_flops_of_the_suite_gpt_match_the_analytic_count() -> None:
     multiply-add is two FLOPs) and 3 (the forward, and the backward's two products each)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pytest_accelperf.backends.torch.backend import count_flops
+    from pytest_accelperf.backends.torch.flops import count_flops
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))
     import gpt

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.backends.torch import backend as torch_backend  # noqa: E402
+from pytest_accelperf.backends.torch import memory as torch_memory  # noqa: E402
 from pytest_accelperf.backends.torch.memory import (  # noqa: E402
     device_total,
     memory_tracker,
@@ -56,10 +56,10 @@ def residual_mlp_step() -> TorchStep:
 
 def test_the_totals_are_the_stock_trackers_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     step = residual_mlp_step()
-    lean = torch_backend.cpu_memory(step, CPU, steps=4)
-    monkeypatch.setattr(torch_backend, "memory_tracker",
+    lean = torch_memory.cpu_memory(step, CPU, steps=4)
+    monkeypatch.setattr(torch_memory, "memory_tracker",
                         lambda: memory_tracker(per_module=True))
-    stock = torch_backend.cpu_memory(step, CPU, steps=4)
+    stock = torch_memory.cpu_memory(step, CPU, steps=4)
     assert lean.source == stock.source == "mem_tracker"
     assert lean.peak == stock.peak
     assert lean.live == stock.live

@@ -21,9 +21,11 @@ import pytest
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from pytest_accelperf.backends.torch.backend import BACKEND, TorchStepper, count_step  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND  # noqa: E402
+from pytest_accelperf.backends.torch.flops import count_step  # noqa: E402
 from pytest_accelperf.backends.torch.ops import OpCounter, left_out, op_key, sync_kind  # noqa: E402
 from pytest_accelperf.backends.torch.step_record import eager_program  # noqa: E402
+from pytest_accelperf.backends.torch.stepper import TorchStepper  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402

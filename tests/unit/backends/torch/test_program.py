@@ -16,13 +16,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.backends.torch.backend import (  # noqa: E402
-    BACKEND,
+from pytest_accelperf.backends.torch.backend import BACKEND  # noqa: E402
+from pytest_accelperf.backends.torch.flops import count_step, count_step_flops  # noqa: E402
+from pytest_accelperf.backends.torch.memory import (  # noqa: E402
     GROWTH_STEPS,
     MEMORY_STEPS,
     _CudaGrowth,
-    count_step,
-    count_step_flops,
 )
 from pytest_accelperf.backends.torch.step_record import COMPILE_TIME_COVERS, eager_program  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_accelperf.backends.torch.backend import count_step  # noqa: E402
+from pytest_accelperf.backends.torch.flops import count_step  # noqa: E402
 from pytest_accelperf.backends.torch.step_record import break_reason, eager_program  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402

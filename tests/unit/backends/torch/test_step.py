@@ -26,7 +26,8 @@ torch = pytest.importorskip("torch")
 from conftest import Suite  # noqa: E402
 
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
-from pytest_accelperf.backends.torch.backend import BACKEND, TorchTrainResult, count_step_flops  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND, TorchTrainResult  # noqa: E402
+from pytest_accelperf.backends.torch.flops import count_step_flops  # noqa: E402
 from pytest_accelperf.backends.torch.step import (  # noqa: E402
     as_torch_step,
     live_stateful,
