@@ -45,7 +45,7 @@ from pytest_accelperf.backends.jax.memory import (
 )
 from pytest_accelperf.backends.jax.step import JaxStep, as_step, check_batch
 from pytest_accelperf.backends.jax.step import host_batch as as_host
-from pytest_accelperf.backends.measure.common import Phases, fingerprint, with_state
+from pytest_accelperf.backends.measure.common import Phases, fingerprint, settled, with_state
 from pytest_accelperf.backends.measure.data import expect
 from pytest_accelperf.backends.measure.loop import (
     LoopResult,
@@ -349,13 +349,8 @@ class JaxBackend:
         finishes a trivial computation within ``within`` seconds. XLA cannot cancel a
         computation once dispatched; one of the interrupted case that is still running
         holds its device, and anything measured after it would wait behind it."""
-        deadline = time.monotonic() + within
         probes = [jax.device_put(np.zeros((), np.float32), d) + 1 for d in jax.local_devices()]
-        while not all(p.is_ready() for p in probes):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return settled(lambda: all(p.is_ready() for p in probes), within)
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> JaxStepper:
         """The case's compiled step, run in blocks (A/B comparison)."""

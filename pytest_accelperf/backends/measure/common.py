@@ -162,6 +162,19 @@ def stretch(t0: float, t1: float, fraction: float) -> float:
     return now
 
 
+def settled(idle: Callable[[], bool], within: float, poll: float = 0.01) -> bool:
+    """Whether ``idle()`` is true within ``within`` seconds (asked every ``poll`` s): how a
+    backend's ``settle`` waits for its devices after a case was interrupted mid-step (the
+    JAX backend: a trivial computation on every device done; torch: the CUDA stream
+    empty)."""
+    deadline = time.monotonic() + within
+    while not idle():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
 class Phases:
     """Wall seconds of the named phases of one in-process training, for
     ``Run.extra["phases"]``: where a case's time goes besides its compile and its measured

@@ -70,6 +70,7 @@ from pytest_accelperf.backends.measure.common import (
     Phases,
     TaskError,
     fingerprint,
+    settled,
     with_state,
 )
 from pytest_accelperf.backends.measure.data import expect, source_label
@@ -264,12 +265,7 @@ class TorchBackend:
         device = _device(accel)
         if device.type != "cuda":
             return True
-        deadline = time.monotonic() + within
-        while not torch.cuda.current_stream(device).query():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
+        return settled(torch.cuda.current_stream(device).query, within)
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> TorchStepper:
         """The case's step, trained in blocks of steps (A/B comparison)."""
