@@ -50,7 +50,7 @@ class Evaluated:
 
     run: Run
     block: Block
-    baseline: dict[str, Any] | None
+    baseline: Block | None
     checks: tuple[CheckResult, ...]
     diffs: tuple[str, ...] = ()
     state: Any = None  # the backend's final state of the training, when it returns one

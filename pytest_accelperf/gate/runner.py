@@ -89,6 +89,7 @@ from pytest_accelperf.report.failure import (
     other_environment,
 )
 from pytest_accelperf.store.baselines import BaselineError
+from pytest_accelperf.store.block import Block
 from pytest_accelperf.store.policy import to_store
 from pytest_accelperf.store.summary import summarize
 
@@ -523,7 +524,7 @@ class CaseRunner:
         block = summarize(run)
         baseline = self._stored_baseline(run)
         known = session.backends().packages()
-        base_env = baseline["environment"] if baseline else {}
+        base_env = baseline.environment.to_json() if baseline else {}
         diffs = tuple(differences(run.environment, base_env, self.spec,
                                   known=known) if baseline else [])
         program_diffs = tuple(differences(run.environment, base_env, self.spec,
@@ -539,12 +540,12 @@ class CaseRunner:
                             loss_either_way=self.settings.loss_either_way,
                             max_foreign_load=self.settings.max_foreign_load)
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
-                run=run, block=block.to_json(), baseline=baseline, tolerances=tol):
+                run=run, block=block, baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
         return Evaluated(run, block, baseline, tuple(checks), diffs, stack=stack,
                          state=getattr(result, "state", None))
 
-    def _stored_baseline(self, run: Run) -> dict[str, Any] | None:
+    def _stored_baseline(self, run: Run) -> Block | None:
         """This case's stored baseline (None: nothing stored). A broken one ends the case
         (the run reported, nothing lost), unless ``--accelperf-update`` replaces it."""
         __tracebackhide__ = True
@@ -598,17 +599,17 @@ class CaseRunner:
 
     def _record(self, run: Run, checks: Sequence[CheckResult], *,
                 block: dict[str, Any] | None = None, error: str | None = None,
-                baseline: dict[str, Any] | None = None) -> None:
+                baseline: Block | None = None) -> None:
         """Add the case to the session's report: once per case, from :meth:`_finish`,
         :meth:`_fail` or :meth:`_stuck`."""
         self._session.report.add(CaseRecord(
             nodeid=self._item.nodeid, case_id=self.case.id, platform=self.accelerator.platform,
             run=run.to_json(), checks=list(checks), block=block, case=self.case.to_json(),
             error=error, worker=worker_id(self._item.config),
-            baseline=baseline_view(baseline),
+            baseline=baseline_view(baseline.to_json() if baseline is not None else None),
         ))
 
-    def _gate(self, run: Run, checks: Sequence[CheckResult], baseline: dict[str, Any] | None,
+    def _gate(self, run: Run, checks: Sequence[CheckResult], baseline: Block | None,
               unstorable: str | None) -> None:
         """Fail the test where the case failed, saying what clears it
         (:mod:`pytest_accelperf.report.failure`)."""
