@@ -45,7 +45,7 @@ from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import UserError, render
-from pytest_accelperf.gate.explain import EXPLAIN_KEY, NOT_RETRAINED, Explanation, explain, skipped
+from pytest_accelperf.gate.explain import NOT_RETRAINED, Explanation, explain, skipped
 from pytest_accelperf.gate.hangs import HostLockError
 from pytest_accelperf.gate.judge import (
     RECORDING_WINDOWS,
@@ -153,7 +153,7 @@ STEP_FIELDS = frozenset({
 def skip_compile_only(run: Run, what: str) -> None:
     """Skip the test, naming ``what`` it asked for, when ``run`` is a compile-only case's
     (no step executed); else nothing."""
-    target = run.extra.get("compile_only") if isinstance(run.extra, dict) else None
+    target = run.compile_only
     if target:
         # Reported at the test (as a skip mark's is), not at this line of the plugin.
         raise pytest.skip.Exception(
@@ -278,7 +278,7 @@ class CaseRunner:
 
     @staticmethod
     def _with_explanation(ev: Evaluated, found: Explanation) -> Evaluated:
-        run = replace(ev.run, extra={**ev.run.extra, EXPLAIN_KEY: found.to_json()})
+        run = replace(ev.run, explain=found.to_json())
         return replace(ev, run=run)
 
     def _explain_stuck(self, ev: Evaluated, why: str) -> None:
@@ -476,7 +476,7 @@ class CaseRunner:
         if found is not None:
             result.run.max_batch = found.to_json()
         if injected_slowdown():
-            result.run.extra["injected_slowdown"] = injected_slowdown()
+            result.run.injected_slowdown = injected_slowdown()
         return result
 
     @contextlib.contextmanager
@@ -576,7 +576,7 @@ class CaseRunner:
             pytest.fail(f"{nodeid}: no session added: {stored.refused}", pytrace=False)
         self._gate(ev.run, ev.checks, ev.baseline, stored.unstorable)
         run = ev.run
-        if run.extra.get("compile_only"):
+        if run.compile_only:
             run = CompiledRun(**{f.name: getattr(run, f.name) for f in fields(Run)})
         return CaseResult(run=run, checks=list(ev.checks), state=ev.state)
 
@@ -626,7 +626,7 @@ class CaseRunner:
                                       has_baseline=baseline is not None,
                                       unstorable=unstorable, accept=accept,
                                       report=self.settings.json)
-            explained = run.extra.get(EXPLAIN_KEY)
+            explained = run.explain
             if explained:
                 message += f"\nProfiler {explained['note']}"
             pytest.fail(message, pytrace=False)

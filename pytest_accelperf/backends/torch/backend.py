@@ -74,7 +74,6 @@ from pytest_accelperf.backends.measure.data import expect, source_label
 from pytest_accelperf.backends.measure.loop import (
     LoopResult,
     StepFns,
-    load_json,
     run_steps,
     time_block,
 )
@@ -111,7 +110,7 @@ from pytest_accelperf.backends.torch.task import (
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import MemoryGrowth, OomRecord, Run
 from pytest_accelperf.stats.contention import Contention, Load, measuring_root
 
 GIB = 2**30
@@ -318,7 +317,7 @@ def cpu_peak_memory(step: TorchStep, device: torch.device) -> tuple[int, str]:
 
 
 def growth_record(after_warmup: int, after_steps: int, steps: int,
-                  source: str) -> dict[str, Any]:
+                  source: str) -> MemoryGrowth:
     """A ``Run.memory_growth`` record: live bytes after the warm-up and after ``steps``
     more steps, and their growth per step."""
     return {"bytes_per_step": (after_steps - after_warmup) / steps if steps else 0.0,
@@ -326,7 +325,7 @@ def growth_record(after_warmup: int, after_steps: int, steps: int,
             "after_steps": int(after_steps), "source": source}
 
 
-def cpu_memory_growth(memory: CpuMemory) -> dict[str, Any] | None:
+def cpu_memory_growth(memory: CpuMemory) -> MemoryGrowth | None:
     """Live memory's growth over the counted steps after the first :data:`MEMORY_STEPS`
     (which create the optimizer state): a leak's bytes per step. None when no step was
     counted after them."""
@@ -454,7 +453,7 @@ class _CudaGrowth:
             self.after_steps = int(torch.cuda.memory_allocated(self.device))
             self.steps += 1
 
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> MemoryGrowth | None:
         if self.after_warmup is None or self.after_steps is None:
             return None
         return growth_record(self.after_warmup, self.after_steps, self.steps,
@@ -497,12 +496,12 @@ def _same_metrics(step: TorchStep, out: LoopResult) -> None:
                         f"some steps only: return the same metrics on every step")
 
 
-def _oom_record(required: int, capacity: int, source: str) -> dict[str, Any]:
+def _oom_record(required: int, capacity: int, source: str) -> OomRecord:
     return {"required_bytes": required, "capacity_bytes": capacity,
             "exceeded_by_bytes": required - capacity, "source": source}
 
 
-def _oom_message(oom: dict[str, Any]) -> str:
+def _oom_message(oom: OomRecord) -> str:
     return (f"out of memory: a training step needs {oom['required_bytes'] / GIB:.2f} GiB "
             f"({oom['source']}) of {oom['capacity_bytes'] / GIB:.2f} GiB capacity "
             f"(exceeded by {oom['exceeded_by_bytes'] / GIB:.2f} GiB)")
@@ -624,7 +623,7 @@ class TorchBackend:
             if capacity and memory.peak > capacity:
                 run.oom = _oom_record(memory.peak, int(capacity), memory.source)
                 run.outcome, run.message = "oom", _oom_message(run.oom)
-                run.extra["phases"] = phases.record()
+                run.phases = phases.record()
                 return TorchTrainResult(run=run)  # never trained
 
         watch: DynamoWatch | None = None
@@ -655,7 +654,7 @@ class TorchBackend:
             if device.type == "cuda":
                 run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
                 run.memory_source = "cuda_allocator"
-            run.extra["phases"] = phases.record()
+            run.phases = phases.record()
             return TorchTrainResult(run=run)
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
@@ -667,9 +666,9 @@ class TorchBackend:
         run.compile_time = trained.warmup_times[0] if step.compile else None
         if watch is not None:
             run.program = watch.record(run.flops_per_step)
-            run.extra["compile_time_covers"] = COMPILE_TIME_COVERS
+            run.compile_time_covers = COMPILE_TIME_COVERS
             if compile_load is not None and compile_load.load is not None:
-                run.extra["compile_load"] = compile_load.load.to_json()
+                run.compile_load = compile_load.load
             if watch.recompiles:
                 run.extra["recompile_reasons"] = watch.recompile_reasons
         else:
@@ -683,7 +682,7 @@ class TorchBackend:
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
         run.input_blocked_times = trained.input_blocked_times
-        run.extra.update(load_json(trained))
+        run.step_load, run.batch_time = trained.load, trained.batch_time
         with phases("fingerprint"):  # the parameters and the state beside them
             own = step.params_of()
             params, state_names = with_state(own, state_beside(step, own, stateful, scalers))
@@ -695,7 +694,7 @@ class TorchBackend:
         if trained.timed_out and run.outcome == "ok":
             run.outcome = "timeout"
             run.message = timeout_message(timeout, len(trained.losses), case)
-        run.extra["phases"] = phases.record()
+        run.phases = phases.record()
         return TorchTrainResult(run=run, params=params, state=step.final_of())
 
 

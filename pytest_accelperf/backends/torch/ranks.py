@@ -105,6 +105,7 @@ from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.program import program_record
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.contention import Load
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -645,7 +646,7 @@ def build_run(case: Case, task: Any, accel: Accelerator, plan: RankPlan,
         "ranks": ranks,
     }
     if isinstance(res.get("step_load"), dict):  # rank 0's loop, whose times are the run's
-        run.extra["step_load"] = res["step_load"]
+        run.step_load = Load.from_json(res["step_load"])
     comms = [r["comm"] for r in ranks if r.get("comm")]
     run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks],
                                 res.get("ops"))
