@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from pytest_accelperf.checks.protocol import Check
     from pytest_accelperf.provision.accel import Accelerator
     from pytest_accelperf.records.run import Run
+    from pytest_accelperf.store.block import Block
 
 
 def pytest_accelperf_backends(config: pytest.Config) -> list[BackendSpec] | None:
@@ -93,14 +94,16 @@ def pytest_accelperf_checks(config: pytest.Config) -> list[Check] | None:
     """
 
 
-def pytest_accelperf_extra_checks(run: Run, block: dict[str, Any],
-                                  baseline: dict[str, Any] | None,
+def pytest_accelperf_extra_checks(run: Run, block: Block, baseline: Block | None,
                                   tolerances: Tolerances) -> list[CheckResult] | None:
     """Return additional checks of a run against its baseline block (a metric of your own;
     for a check with a section of the baseline block and a say in the table, see
     ``pytest_accelperf_checks``).
 
     ``block`` is what will be stored for this run; ``baseline`` the stored one (or None).
+    Both are typed, as the checks of ``pytest_accelperf_checks`` read them
+    (:class:`pytest_accelperf.store.block.Block`: ``block.compile_time``,
+    ``baseline.step_time.median``; ``to_json()`` gives a block as JSON).
     A returned ``CheckResult`` with verdict ``regression`` fails the case::
 
         # conftest.py

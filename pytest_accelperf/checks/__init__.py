@@ -39,7 +39,7 @@ each metric of the training step (``accuracy``, ``lr``, ...)
 
 A run that did not finish gets the ``outcome`` check, ``memory`` where there are numbers,
 and, for a non-finite loss, a ``loss`` regression naming the step. A compile-only run
-(``--accelperf-target``: ``run.extra["compile_only"]``, no step executed) gets the checks
+(``--accelperf-target``: ``run.compile_only``, no step executed) gets the checks
 its program answers, ``outcome``, ``compile``, ``program`` and ``memory``; the ``outcome``
 check names the ones not run (:data:`pytest_accelperf.provision.targets.NOT_RUN`), which are never a
 verdict. With no baseline every

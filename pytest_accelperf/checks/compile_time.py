@@ -4,8 +4,8 @@ baseline's.
 ``compile_time`` covers every compile the user waits for (JAX: the step's and the
 initializer's lower and compile; torch.compile: dynamo's trace and inductor's compile of
 forward and backward, with the in-process caches cleared first, plus that first step);
-each backend says what it timed in ``extra["compile_time_covers"]`` or
-``extra["compile_time_parts"]``.
+each backend says what it timed in ``Run.compile_time_covers`` or
+``Run.compile_time_parts``.
 
 One compile is one sample, so the check is noise-aware the only ways one sample can be:
 
@@ -15,7 +15,7 @@ One compile is one sample, so the check is noise-aware the only ways one sample 
   ``max_probe_spread``) was measured on a machine
   with no one speed, and a change beyond the tolerance is ``inconclusive``, not a verdict;
 * contention during the compile: where the backend read what other processes used of
-  the machine while it compiled (``extra["compile_load"]``, from ``/proc``;
+  the machine while it compiled (``Run.compile_load``, from ``/proc``;
   :mod:`pytest_accelperf.stats.contention`), more than ``--accelperf-max-foreign-load`` cores
   makes a change beyond the tolerance ``inconclusive``: the probe is timed beside the
   steps, not beside the compile, and cannot see a job that ran only then (an unchanged
@@ -137,7 +137,8 @@ class CompileCheck(BaseCheck):
             return ()
         return one(check_compile_time(given.block, given.baseline, given.tol,
                                       comparable=given.comparable,
-                                      compile_load=given.run.extra.get("compile_load"),
+                                      compile_load=(given.run.compile_load.to_json()
+                                                    if given.run.compile_load else None),
                                       max_foreign_load=given.max_foreign_load,
                                       stack=given.stack))
 

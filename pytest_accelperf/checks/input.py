@@ -48,8 +48,8 @@ the baseline was recorded in; a baseline recorded before input times were kept g
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -124,6 +124,56 @@ def sample_ratio(now: Sequence[float], base: Sequence[float], tolerance: float
     return est, throughput_verdict(est, tolerance)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """What :func:`judge_medians` made of two runs' samples: ``result`` (a ``pass`` with
+    the medians, or the final result where ``est`` is None), the words that name the two
+    medians, and the ratio's estimate and verdict where it got that far."""
+
+    result: CheckResult
+    words: str
+    est: RatioEstimate | None = None
+    verdict: Verdict | None = None
+
+
+def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
+                  step_now: float | None, step_base: float | None, data: dict[str, Any],
+                  tolerance: float, *, metric: str, comparable: bool, what: str, tail: str,
+                  words: Callable[[str, str], str], why_share: str, why_min: str) -> Judged:
+    """The rules the ``input`` and ``input_wait`` checks share, once both runs have
+    samples: not compared across environments, not judged under the floor
+    (:func:`change_floor`) or with too few samples, else the ratio of the samples
+    (:func:`sample_ratio`), for the check ``metric``. ``data`` gets the baseline's share
+    and the floor; ``words`` names the medians from the baseline's and this run's shares
+    of the step; ``what`` names the quantity, ``why_share``/``why_min`` end the detail
+    under either floor, and ``tail`` ends the details of this helper's results."""
+    now, base = statistics.median(now_samples), statistics.median(base_samples)
+    data["baseline_share"] = base / step_base if step_base else None
+    result = CheckResult(metric, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
+                         change=now / base - 1 if base > 0 else None)
+    said = words(share_text(base, step_base), share_text(now, step_now))
+    if not comparable:
+        return Judged(replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
+                              detail=f"baseline recorded in another environment; {what} "
+                                     f"not compared"), said)
+    # The floor: a change that moves the training by less than MIN_SHARE of its step is
+    # not judged, however sure (module docstring).
+    floor, step_ref = change_floor(step_base, step_now)
+    data["min_change_s"] = floor
+    if abs(now - base) < floor:
+        why = (f"under the {fmt_percent(MIN_SHARE)} of the {fmt_ms(step_ref)} step from "
+               f"which it is judged{why_share}" if step_ref and floor > MIN_CHANGE_S else
+               why_min)
+        return Judged(replace(result, data=dict(data), detail=(
+            f"{said}: a change of {fmt_ms(abs(now - base))}, {why}{tail}")), said)
+    if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
+        return Judged(replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
+            f"{said}; fewer than {MIN_SAMPLES} measured steps on one side: "
+            f"too few to judge{tail}")), said)
+    est, verdict = sample_ratio(now_samples, base_samples, tolerance)
+    return Judged(result, said, est, verdict)
+
+
 def input_bound(inputs: list[float], steps: list[float]) -> int:
     """How many steps took longer to make the batch of (input CPU time) than to run
     (device step time); the two lists are per measured step, in order."""
@@ -163,34 +213,18 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
         return replace(result, data={**result.data, **data},
                        detail=result.detail + bound_text)
     base = statistics.median(base_samples)
-    step_base = median_step(baseline)
-    data["baseline_share"] = base / step_base if step_base else None
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
-                         change=now / base - 1 if base > 0 else None)
-    words = (f"input {fmt_ms(now)} CPU per step ({share_text(now, step_now)}), baseline "
-             f"{fmt_ms(base)} ({share_text(base, step_base)})")
-    if not comparable:
-        return replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
-                       detail="baseline recorded in another environment; input time not "
-                              "compared")
-    # The floor: a change that moves the training by less than MIN_SHARE of its step is
-    # not judged, however sure (module docstring).
-    floor, step_ref = change_floor(step_base, step_now)
-    data["min_change_s"] = floor
-    if abs(now - base) < floor:
-        why = (f"under the {fmt_percent(MIN_SHARE)} of the {fmt_ms(step_ref)} step from "
-               f"which it is judged: too small a share of the step to judge"
-               if step_ref and floor > MIN_CHANGE_S else
-               f"under the {fmt_ms(MIN_CHANGE_S)} from which an input change is judged (a "
-               f"thread's CPU time moves by tenths of a millisecond between processes)")
-        return replace(result, data=dict(data), detail=(
-            f"{words}: a change of {fmt_ms(abs(now - base))}, {why}{bound_text}"))
-    if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
-        return replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
-            f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: "
-            f"too few to judge{bound_text}"))
+    judged = judge_medians(
+        now_samples, base_samples, step_now, median_step(baseline), data, tol.input_tolerance,
+        metric=METRIC, comparable=comparable, what="input time", tail=bound_text,
+        words=lambda base_share, now_share: (f"input {fmt_ms(now)} CPU per step ({now_share}), "
+                                             f"baseline {fmt_ms(base)} ({base_share})"),
+        why_share=": too small a share of the step to judge",
+        why_min=(f"under the {fmt_ms(MIN_CHANGE_S)} from which an input change is judged (a "
+                 f"thread's CPU time moves by tenths of a millisecond between processes)"))
+    if judged.est is None or judged.verdict is None:
+        return judged.result
+    result, words, est, verdict = judged.result, judged.words, judged.est, judged.verdict
     tolerance = tol.input_tolerance
-    est, verdict = sample_ratio(now_samples, base_samples, tolerance)
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
                  "confidence": est.confidence})
     stats_text = (f"{fmt_ratio(est.ratio)}x the baseline's, {est.confidence * 100:.0f}% CI "

@@ -35,17 +35,14 @@ from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.input import (
     MIN_CHANGE_S,
     MIN_SHARE,
-    change_floor,
     fmt_ms,
+    judge_medians,
     median_step,
-    sample_ratio,
-    share_text,
 )
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
-from pytest_accelperf.stats.bootstrap import MIN_SAMPLES
-from pytest_accelperf.stats.units import fmt_percent, fmt_ratio, fmt_tolerance
+from pytest_accelperf.stats.units import fmt_ratio, fmt_tolerance
 from pytest_accelperf.store.block import BlockLike, InputTime, read_block
 
 METRIC = "input_wait"
@@ -81,29 +78,16 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
                                      unit=UNIT)
         return replace(result, data={**result.data, **data})
     base = statistics.median(base_samples)
-    step_base = median_step(baseline)
-    data["baseline_share"] = base / step_base if step_base else None
-    result = CheckResult(METRIC, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
-                         change=now / base - 1 if base > 0 else None)
-    words = (f"blocked {fmt_ms(now)} per step making the batch ({share_text(now, step_now)}), "
-             f"baseline {fmt_ms(base)} ({share_text(base, step_base)})")
-    if not comparable:
-        return replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
-                       detail="baseline recorded in another environment; blocked input "
-                              "time not compared")
-    floor, step_ref = change_floor(step_base, step_now)
-    data["min_change_s"] = floor
-    if abs(now - base) < floor:
-        why = (f"under the {fmt_percent(MIN_SHARE)} of the {fmt_ms(step_ref)} step from "
-               f"which it is judged" if step_ref and floor > MIN_CHANGE_S else
-               f"under the {fmt_ms(MIN_CHANGE_S)} from which it is judged")
-        return replace(result, data=dict(data),
-                       detail=f"{words}: a change of {fmt_ms(abs(now - base))}, {why}")
-    if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
-        return replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
-            f"{words}; fewer than {MIN_SAMPLES} measured steps on one side: too few to "
-            f"judge"))
-    est, verdict = sample_ratio(now_samples, base_samples, tol.input_tolerance)
+    judged = judge_medians(
+        now_samples, base_samples, step_now, median_step(baseline), data, tol.input_tolerance,
+        metric=METRIC, comparable=comparable, what="blocked input time", tail="",
+        words=lambda base_share, now_share: (f"blocked {fmt_ms(now)} per step making the "
+                                             f"batch ({now_share}), baseline {fmt_ms(base)} "
+                                             f"({base_share})"),
+        why_share="", why_min=f"under the {fmt_ms(MIN_CHANGE_S)} from which it is judged")
+    if judged.est is None or judged.verdict is None:
+        return judged.result
+    result, words, est, verdict = judged.result, judged.words, judged.est, judged.verdict
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
                  "confidence": est.confidence, "measured_verdict": verdict.value})
     change = now - base

@@ -702,9 +702,8 @@ class NumericsCheck(BaseCheck):
         if not stepped(run):
             return {}
         out: dict[str, Any] = {"numerics": run.params_fingerprint}
-        replay = run.extra.get("replay")
-        if isinstance(replay, dict) and replay.get("leaves"):
-            out["numerics_spread"] = dict(replay["leaves"])
+        if run.replay is not None and run.replay["leaves"]:
+            out["numerics_spread"] = dict(run.replay["leaves"])
         return out
 
 

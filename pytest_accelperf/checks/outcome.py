@@ -98,11 +98,11 @@ def check_outcome(run: Run, block: BlockLike, baseline: BlockLike | None) -> Che
 
     Where either side ran out of memory, ``baseline``/``now`` are the bytes the case
     needs (unit ``bytes``), so the table shows how far from fitting it is. A compile-only
-    run's (``run.extra["compile_only"]``) says so, and names the checks that did not run
+    run's (``run.compile_only``) says so, and names the checks that did not run
     (``data["not_run"]``).
     """
     result = _check_outcome(run, read_block(block), read_block(baseline))
-    target = run.extra.get("compile_only")
+    target = run.compile_only
     if target:
         result = replace(
             result, data={**result.data, "compile_only": str(target), "not_run": list(NOT_RUN)},
@@ -139,7 +139,7 @@ def _check_outcome(run: Run, block: Block, baseline: Block | None) -> CheckResul
 
     verdict = Verdict.PASS
     if run.outcome == base_outcome:
-        done = "compiled" if run.extra.get("compile_only") else "finished"
+        done = "compiled" if run.compile_only else "finished"
         detail = (f"{done} as in the baseline" if run.outcome == "ok"
                   else f"{now_desc}, as in the baseline")
         if run.outcome == "oom" and now_oom:

@@ -94,9 +94,9 @@ class CheckInput:
 
 def stepped(run: Run) -> bool:
     """Whether ``run`` finished (outcome ``ok``) having executed its steps: not a
-    compile-only run (``--accelperf-target``, ``run.extra["compile_only"]``), which has a
+    compile-only run (``--accelperf-target``, ``run.compile_only``), which has a
     program, a compile time and a memory plan, and no step times, loss or parameters."""
-    return run.outcome == "ok" and not run.extra.get("compile_only")
+    return run.outcome == "ok" and not run.compile_only
 
 
 @dataclass(frozen=True)

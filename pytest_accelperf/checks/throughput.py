@@ -81,7 +81,7 @@ from pytest_accelperf.stats.bootstrap import (
     throughput_verdict,
     widen_by_sessions,
 )
-from pytest_accelperf.stats.contention import Load, contaminated
+from pytest_accelperf.stats.contention import contaminated
 from pytest_accelperf.stats.units import (
     SAMPLE_DIGITS,
     fmt_percent,
@@ -176,14 +176,13 @@ def _probes(run: Run, baseline: Block, bound: float = MAX_PROBE_SPREAD,
 def foreign_load(run: Run, bound: float | None) -> str:
     """Why ``run``'s steps were measured beside another job, or ``""``: other processes
     used more than ``bound`` cores on average during its measured steps
-    (``run.extra["step_load"]``, :class:`~pytest_accelperf.stats.contention.Load`). Nothing is
+    (``run.step_load``, :class:`~pytest_accelperf.stats.contention.Load`). Nothing is
     known, and nothing said, without ``/proc`` or a bound. ``/proc`` counts CPU time in
     clock ticks: a few ticks of foreign time are no evidence
     (:func:`~pytest_accelperf.stats.contention.contaminated`)."""
-    data = run.extra.get("step_load")
-    if bound is None or not isinstance(data, dict):
+    load = run.step_load
+    if bound is None or load is None:
         return ""
-    load = Load.from_json(data)
     if not contaminated(load, bound):
         return ""
     stolen = (f", {load.steal_cores:.2f} of it stolen by the hypervisor"
@@ -433,8 +432,8 @@ def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
             data["probe_only"] = True
     data["contaminated"] = dirty or None
     data["measured_verdict"] = verdict.value  # before contamination or a noisy mark
-    if isinstance(run.extra.get("step_load"), dict):
-        data["load"] = dict(run.extra["step_load"])
+    if run.step_load is not None:
+        data["load"] = run.step_load.to_json()
     data["noisy_baseline"] = blind or None
     data.update({"ratio": est.ratio, "ci": [est.low, est.high], "mdc": est.mdc,
                  "confidence": est.confidence, "drift_corrected": pair is not None,

@@ -8,7 +8,8 @@ one step to compile and warm up outside the trace, then :data:`STEPS` steps insi
 ``.trace.json.gz``) or ``torch.profiler.profile`` (the in-process torch backend: a Chrome
 trace, ``trace.json``). The trace goes to ``<explain dir>/<case id>/``; a trace larger than
 the cap (``--accelperf-explain-max-mb``) is deleted and the note says so. The result is
-frozen data that the run carries in ``Run.extra["explain"]`` for the reports.
+frozen data that the run carries in ``Run.explain`` for the reports (under ``"extra"`` in
+its JSON).
 
 An explanation never changes the verdict: if the profiler cannot run, the note says why.
 
@@ -26,19 +27,20 @@ import contextlib
 import re
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.hangs import CaseTimeout, case_alarm
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.run import Explained
 from pytest_accelperf.stats.units import fmt_bytes
 
 if TYPE_CHECKING:
     from pytest_accelperf.backends.protocol import Task
 
-#: ``Run.extra`` key of an explanation.
+#: Key of an explanation under ``"extra"`` in a run's JSON (``Run.explain``).
 EXPLAIN_KEY = "explain"
 #: Steps traced (the issue's cap: at most 5).
 STEPS = 3
@@ -58,8 +60,8 @@ class Explanation:
     size: int
     note: str
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_json(self) -> Explained:
+        return Explained(path=self.path, steps=self.steps, size=self.size, note=self.note)
 
 
 def trace_dir(root: Path, case_id: str) -> Path:

@@ -50,7 +50,7 @@ class Evaluated:
 
     run: Run
     block: Block
-    baseline: dict[str, Any] | None
+    baseline: Block | None
     checks: tuple[CheckResult, ...]
     diffs: tuple[str, ...] = ()
     state: Any = None  # the backend's final state of the training, when it returns one
@@ -301,7 +301,7 @@ class ABComparison:
 
 #: What a re-measurement's run contributes besides its step, probe and input times: what
 #: the step loop read while it measured them.
-_TIMING_EXTRA = ("warmup_step_times", "injected_slowdown", "step_load", "batch_time")
+_TIMING = ("warmup_step_times", "injected_slowdown", "step_load", "batch_time")
 
 #: How many trainings a re-measurement of a recording too noisy to store pools
 #: (:class:`Recording`): twice the measured steps, over twice the
@@ -333,23 +333,18 @@ def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
     if first.run.outcome != "ok":
         first = again[0]
     runs = [a.run for a in again]
-    extra = {**first.run.extra}
-    for key in _TIMING_EXTRA:
-        extra.pop(key, None)
-        if key in runs[0].extra:
-            extra[key] = runs[0].extra[key]
-    loads = [Load.from_json(r.extra["step_load"]) for r in runs
-             if isinstance(r.extra.get("step_load"), dict)]
+    timing: dict[str, Any] = {key: getattr(runs[0], key) for key in _TIMING}
+    loads = [r.step_load for r in runs if r.step_load is not None]
     if len(runs) > 1 and loads:
-        extra["step_load"] = Load.pooled(loads).to_json()
-    if len(runs) > 1 and all(isinstance(r.extra.get("batch_time"), (int, float))
-                             for r in runs):
-        extra["batch_time"] = sum(float(r.extra["batch_time"]) for r in runs)
+        timing["step_load"] = Load.pooled(loads)
+    batch_times = [r.batch_time for r in runs if r.batch_time is not None]
+    if len(runs) > 1 and len(batch_times) == len(runs):
+        timing["batch_time"] = sum(batch_times)
     run = replace(first.run, step_times=[t for r in runs for t in r.step_times],
                   probe_times=[t for r in runs for t in r.probe_times],
                   probe_kind=runs[0].probe_kind,
                   input_times=[t for r in runs for t in r.input_times],
                   input_wall_times=[t for r in runs for t in r.input_wall_times],
                   input_blocked_times=[t for r in runs for t in r.input_blocked_times],
-                  extra=extra)
+                  **timing)
     return replace(first, run=run)

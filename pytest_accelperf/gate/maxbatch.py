@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_accelperf.backends.protocol import Fit
 from pytest_accelperf.collect.cases import Case, with_overrides
+from pytest_accelperf.records.run import MaxBatchRecord
 
 #: Candidates tried at most; doubling from 1 to 65536 and bisecting back takes ~33.
 MAX_PROBES = 40
@@ -41,7 +41,7 @@ class MaxBatch:
     probes: list[tuple[int, bool, int | None]] = field(default_factory=list)
     messages: dict[int, str] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> MaxBatchRecord:
         return {"value": self.value, "capacity_bytes": self.capacity_bytes,
                 "multiple_of": self.multiple_of, "limit": self.limit,
                 "probes": [list(p) for p in self.probes]}

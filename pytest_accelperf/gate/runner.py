@@ -45,7 +45,7 @@ from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import UserError, render
-from pytest_accelperf.gate.explain import EXPLAIN_KEY, NOT_RETRAINED, Explanation, explain, skipped
+from pytest_accelperf.gate.explain import NOT_RETRAINED, Explanation, explain, skipped
 from pytest_accelperf.gate.hangs import HostLockError
 from pytest_accelperf.gate.judge import (
     RECORDING_WINDOWS,
@@ -89,6 +89,7 @@ from pytest_accelperf.report.failure import (
     other_environment,
 )
 from pytest_accelperf.store.baselines import BaselineError
+from pytest_accelperf.store.block import Block
 from pytest_accelperf.store.policy import to_store
 from pytest_accelperf.store.summary import summarize
 
@@ -152,7 +153,7 @@ STEP_FIELDS = frozenset({
 def skip_compile_only(run: Run, what: str) -> None:
     """Skip the test, naming ``what`` it asked for, when ``run`` is a compile-only case's
     (no step executed); else nothing."""
-    target = run.extra.get("compile_only") if isinstance(run.extra, dict) else None
+    target = run.compile_only
     if target:
         # Reported at the test (as a skip mark's is), not at this line of the plugin.
         raise pytest.skip.Exception(
@@ -277,7 +278,7 @@ class CaseRunner:
 
     @staticmethod
     def _with_explanation(ev: Evaluated, found: Explanation) -> Evaluated:
-        run = replace(ev.run, extra={**ev.run.extra, EXPLAIN_KEY: found.to_json()})
+        run = replace(ev.run, explain=found.to_json())
         return replace(ev, run=run)
 
     def _explain_stuck(self, ev: Evaluated, why: str) -> None:
@@ -475,7 +476,7 @@ class CaseRunner:
         if found is not None:
             result.run.max_batch = found.to_json()
         if injected_slowdown():
-            result.run.extra["injected_slowdown"] = injected_slowdown()
+            result.run.injected_slowdown = injected_slowdown()
         return result
 
     @contextlib.contextmanager
@@ -523,7 +524,7 @@ class CaseRunner:
         block = summarize(run)
         baseline = self._stored_baseline(run)
         known = session.backends().packages()
-        base_env = baseline["environment"] if baseline else {}
+        base_env = baseline.environment.to_json() if baseline else {}
         diffs = tuple(differences(run.environment, base_env, self.spec,
                                   known=known) if baseline else [])
         program_diffs = tuple(differences(run.environment, base_env, self.spec,
@@ -539,12 +540,12 @@ class CaseRunner:
                             loss_either_way=self.settings.loss_either_way,
                             max_foreign_load=self.settings.max_foreign_load)
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
-                run=run, block=block.to_json(), baseline=baseline, tolerances=tol):
+                run=run, block=block, baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
         return Evaluated(run, block, baseline, tuple(checks), diffs, stack=stack,
                          state=getattr(result, "state", None))
 
-    def _stored_baseline(self, run: Run) -> dict[str, Any] | None:
+    def _stored_baseline(self, run: Run) -> Block | None:
         """This case's stored baseline (None: nothing stored). A broken one ends the case
         (the run reported, nothing lost), unless ``--accelperf-update`` replaces it."""
         __tracebackhide__ = True
@@ -575,7 +576,7 @@ class CaseRunner:
             pytest.fail(f"{nodeid}: no session added: {stored.refused}", pytrace=False)
         self._gate(ev.run, ev.checks, ev.baseline, stored.unstorable)
         run = ev.run
-        if run.extra.get("compile_only"):
+        if run.compile_only:
             run = CompiledRun(**{f.name: getattr(run, f.name) for f in fields(Run)})
         return CaseResult(run=run, checks=list(ev.checks), state=ev.state)
 
@@ -598,17 +599,17 @@ class CaseRunner:
 
     def _record(self, run: Run, checks: Sequence[CheckResult], *,
                 block: dict[str, Any] | None = None, error: str | None = None,
-                baseline: dict[str, Any] | None = None) -> None:
+                baseline: Block | None = None) -> None:
         """Add the case to the session's report: once per case, from :meth:`_finish`,
         :meth:`_fail` or :meth:`_stuck`."""
         self._session.report.add(CaseRecord(
             nodeid=self._item.nodeid, case_id=self.case.id, platform=self.accelerator.platform,
             run=run.to_json(), checks=list(checks), block=block, case=self.case.to_json(),
             error=error, worker=worker_id(self._item.config),
-            baseline=baseline_view(baseline),
+            baseline=baseline_view(baseline.to_json() if baseline is not None else None),
         ))
 
-    def _gate(self, run: Run, checks: Sequence[CheckResult], baseline: dict[str, Any] | None,
+    def _gate(self, run: Run, checks: Sequence[CheckResult], baseline: Block | None,
               unstorable: str | None) -> None:
         """Fail the test where the case failed, saying what clears it
         (:mod:`pytest_accelperf.report.failure`)."""
@@ -625,7 +626,7 @@ class CaseRunner:
                                       has_baseline=baseline is not None,
                                       unstorable=unstorable, accept=accept,
                                       report=self.settings.json)
-            explained = run.extra.get(EXPLAIN_KEY)
+            explained = run.explain
             if explained:
                 message += f"\nProfiler {explained['note']}"
             pytest.fail(message, pytrace=False)

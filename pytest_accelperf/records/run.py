@@ -4,11 +4,84 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal, TypedDict
+
+from pytest_accelperf.stats.contention import Load
 
 Outcome = Literal["ok", "oom", "nan", "error", "timeout"]
 OUTCOMES: tuple[str, ...] = ("ok", "oom", "nan", "error", "timeout")
+
+
+class OomRecord(TypedDict, total=False):
+    """``Run.oom``: what a predicted or caught out-of-memory needed and had (the backend
+    says what it knows: the JAX plan, the torch allocator, a rank's error)."""
+
+    required_bytes: float
+    capacity_bytes: float
+    exceeded_by_bytes: float
+    source: str
+    rank: int
+    step: int | None
+    #: The compiler whose memory plan it is (JAX).
+    planned_by: str
+
+
+class MemoryGrowth(TypedDict):
+    """``Run.memory_growth``: how live memory grew over the measured steps (bytes live
+    after the warm-up and after the last measured step, and who counted them)."""
+
+    bytes_per_step: float
+    steps: int
+    after_warmup: float
+    after_steps: float
+    source: str
+
+
+class MaxBatchRecord(TypedDict):
+    """``Run.max_batch``: a maximum-batch search
+    (:meth:`pytest_accelperf.gate.maxbatch.MaxBatchResult.to_json`)."""
+
+    value: int | None
+    capacity_bytes: float | None
+    multiple_of: int
+    limit: int | None
+    #: ``[batch, fits, peak bytes or None]`` per batch tried, in order.
+    probes: list[list[Any]]
+
+
+class Replay(TypedDict):
+    """``Run.replay``: how far a replay of the same steps moved the parameters (JAX, on
+    platforms whose arithmetic does not repeat exactly): the worst leaf's relative spread,
+    and each leaf that moved."""
+
+    steps: int
+    spread: float
+    leaf: str | None
+    leaves: dict[str, float]
+
+
+class Explained(TypedDict):
+    """``Run.explain``: the profiler trace of a failed case
+    (:class:`pytest_accelperf.gate.explain.Explanation` as JSON)."""
+
+    path: str | None
+    steps: int
+    size: int
+    note: str
+
+
+#: Marks a field of :class:`Run` whose JSON lives under ``"extra"`` (where it was written
+#: before it was a field: old reports and reports of this version have the same form).
+IN_EXTRA = "in_extra"
+
+
+_EXTRA = {IN_EXTRA: True}
+
+
+def extra_fields() -> tuple[str, ...]:
+    """The fields of :class:`Run` kept under ``"extra"`` in its JSON (:data:`IN_EXTRA`)."""
+    return tuple(f.name for f in fields(Run) if f.metadata.get(IN_EXTRA))
 
 
 @dataclass
@@ -52,6 +125,22 @@ class Run:
     (:mod:`pytest_accelperf.checks.input_wait`).
     Empty where a backend does not time them apart (DDP and DeepSpeed ranks, whose batch
     preparation waits for the other ranks; Alpa, Neuron, ingested logs).
+
+    The fields after ``input_blocked_times`` are read by other modules than the one that
+    writes them; their JSON is under ``"extra"`` (:data:`IN_EXTRA`), as it always was:
+    ``compile_only`` (the compile-only target a run stood for, ``--accelperf-target``: no
+    step executed), ``step_load`` and ``compile_load`` (what other processes used while the
+    steps ran, while the step compiled: :class:`~pytest_accelperf.stats.contention.Load`),
+    ``batch_time`` (wall seconds making the batches), ``warmup_step_times``,
+    ``injected_slowdown`` (the test-only slowdown a run was timed with),
+    ``compile_time_parts`` / ``compile_time_covers`` (what ``compile_time`` timed),
+    ``trace_time``, ``phases`` (where the case's wall time went), ``replay``
+    (:class:`Replay`) and ``explain`` (:class:`Explained`).
+
+    ``extra`` keeps the rest: what one backend or log reader notes about its own run
+    (DeepSpeed's engine config, each rank's times, the compiler's log lines, a Neuron
+    profile's metrics, a Cerebras log's phases by name, the cluster hosts), which no other
+    module reads and whose keys are the source's own: JSON, shown in the report as it is.
     """
 
     case_id: str
@@ -70,18 +159,31 @@ class Run:
     flops_per_step: float | None = None
     peak_flops_per_device: float | None = None
     params_fingerprint: dict[str, Any] = field(default_factory=dict)
-    oom: dict[str, Any] | None = None
+    oom: OomRecord | None = None
     nan_step: int | None = None
     environment: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     probe_times: list[float] = field(default_factory=list)
     probe_kind: str = ""
-    max_batch: dict[str, Any] | None = None
+    max_batch: MaxBatchRecord | None = None
     program: dict[str, Any] | None = None
-    memory_growth: dict[str, Any] | None = None
+    memory_growth: MemoryGrowth | None = None
     input_times: list[float] = field(default_factory=list)
     input_wall_times: list[float] = field(default_factory=list)
     input_blocked_times: list[float] = field(default_factory=list)
+    # -- under "extra" in the JSON ------------------------------------------------------------
+    compile_only: str | None = field(default=None, metadata=_EXTRA)
+    step_load: Load | None = field(default=None, metadata=_EXTRA)
+    compile_load: Load | None = field(default=None, metadata=_EXTRA)
+    batch_time: float | None = field(default=None, metadata=_EXTRA)
+    warmup_step_times: list[float] | None = field(default=None, metadata=_EXTRA)
+    injected_slowdown: float | None = field(default=None, metadata=_EXTRA)
+    compile_time_parts: dict[str, float] | None = field(default=None, metadata=_EXTRA)
+    compile_time_covers: str | None = field(default=None, metadata=_EXTRA)
+    trace_time: float | None = field(default=None, metadata=_EXTRA)
+    phases: dict[str, float] | None = field(default=None, metadata=_EXTRA)
+    replay: Replay | None = field(default=None, metadata=_EXTRA)
+    explain: Explained | None = field(default=None, metadata=_EXTRA)
 
     # -- derived --------------------------------------------------------------------------
     @property
@@ -124,6 +226,16 @@ class Run:
     # -- serialization ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        extra: dict[str, Any] = {}
+        for name in extra_fields():
+            value = data.pop(name)
+            if value is not None:
+                extra[name] = value
+        for name in ("step_load", "compile_load"):
+            load = getattr(self, name)
+            if load is not None:
+                extra[name] = load.to_json()
+        data["extra"] = {**extra, **data["extra"]}
         data["losses"] = [_json_float(x) for x in self.losses]
         data["metrics"] = {k: [_json_float(x) for x in v] for k, v in self.metrics.items()}
         data["derived"] = {
@@ -141,6 +253,14 @@ class Run:
         data["losses"] = [float(x) if x is not None else math.nan for x in data.get("losses", [])]
         data["metrics"] = {str(k): [float(x) if x is not None else math.nan for x in v]
                            for k, v in (data.get("metrics") or {}).items()}
+        extra = dict(data.get("extra") or {})
+        for name in extra_fields():
+            if name in extra and name not in data:
+                data[name] = extra.pop(name)
+        for name in ("step_load", "compile_load"):
+            if isinstance(data.get(name), dict):
+                data[name] = Load.from_json(data[name])
+        data["extra"] = extra
         return cls(**data)
 
 

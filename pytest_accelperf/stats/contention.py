@@ -59,7 +59,8 @@ class Load:
 
     @classmethod
     def from_json(cls, data: dict[str, float | int]) -> Load:
-        """The load :meth:`to_json` wrote (``Run.extra["step_load"]``)."""
+        """The load :meth:`to_json` wrote (``Run.step_load``'s JSON, under the run's
+        ``"extra"``)."""
         ticks = data.get("foreign_ticks")
         return cls(foreign_cores=float(data.get("foreign_cores") or 0.0),
                    steal_cores=float(data.get("steal_cores") or 0.0),

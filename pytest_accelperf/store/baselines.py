@@ -50,9 +50,11 @@ from pydantic import ValidationError
 from pytest_accelperf.checks.numerics import compact, compactable
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.store import jsonfile
+from pytest_accelperf.store.block import Block, read_block
 from pytest_accelperf.store.jsonfile import atomic_write
 from pytest_accelperf.store.schema import (
     BaselineHeader,
+    block_model,
     error_lines,
     invalid_blocks,
     validate_block,
@@ -355,9 +357,11 @@ class BaselineStore:
             raise entry
         return entry
 
-    def get(self, nodeid: str) -> dict[str, Any] | None:
-        """The stored block of a case, None if there is none; :class:`BaselineError` if its
-        file is unreadable, :class:`InvalidBlockError` if its block is invalid."""
+    def get(self, nodeid: str) -> Block | None:
+        """The stored block of a case, typed (:func:`~pytest_accelperf.store.block.read_block`
+        of a block the store validated; its ``to_json()`` is the block as stored), None if
+        there is none; :class:`BaselineError` if its file is unreadable,
+        :class:`InvalidBlockError` if its block is invalid."""
         module = module_key(nodeid)
         path = self._paths.get(module)
         if path is None:  # resolving costs system calls: once per module read
@@ -366,7 +370,8 @@ class BaselineStore:
         key = case_key(nodeid)
         if key in loaded.invalid:
             raise InvalidBlockError(loaded.invalid[key].message)
-        return loaded.cases.get(key)
+        found = loaded.cases.get(key)
+        return None if found is None else read_block(found, block_model())
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

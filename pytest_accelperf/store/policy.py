@@ -55,7 +55,8 @@ def to_store(ev: Evaluated, *, update: bool, add_session: bool,
     refused = ""
     if add_session and block is not None:
         try:
-            block = with_added_session(ev.baseline, ev.run, list(ev.diffs))
+            block = with_added_session(ev.baseline.to_json() if ev.baseline else None, ev.run,
+                                       list(ev.diffs))
         except ValueError as exc:
             block, refused = None, str(exc)
     noisy = noise(ev.run) if block is not None else ""

@@ -43,7 +43,7 @@ from typing_extensions import Required, TypedDict  # pydantic reads TypedDict of
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.table import checks
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import IN_EXTRA, Run
 from pytest_accelperf.store.block import (
     RECORDED_OUTCOMES,
     Block,
@@ -144,16 +144,24 @@ _RUN_JSON_TYPES: dict[str, Any] = {
     "losses": list[float | str | None],
     "metrics": dict[str, list[float | str | None]],
     "memory_per_device": dict[str, float],
+    # Records typed for the code that writes and reads them, read from reports as the JSON
+    # they always were (a report written before a key was declared still loads).
+    "oom": dict[str, Any] | None,
+    "max_batch": dict[str, Any] | None,
+    "memory_growth": dict[str, Any] | None,
 }
 
 
 def _report_run() -> type[_Report]:
     """:class:`ReportRun`, made from the fields of :class:`pytest_accelperf.records.run.Run` (the
     one definition of them): each field's type (its JSON form where
-    :data:`_RUN_JSON_TYPES` says it differs) and its default."""
+    :data:`_RUN_JSON_TYPES` says it differs) and its default; the fields whose JSON is
+    under ``extra`` (:data:`pytest_accelperf.records.run.IN_EXTRA`) are in ``extra``."""
     hints = typing.get_type_hints(Run)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(Run):
+        if f.metadata.get(IN_EXTRA):
+            continue
         if f.default is not dataclasses.MISSING:
             default: Any = f.default
         elif f.default_factory is not dataclasses.MISSING:

@@ -10,6 +10,7 @@ from conftest import Suite, verdicts
 def test_platform_environment_and_extra_check_hooks(suite: Suite) -> None:
     suite.pytester.makeconftest('''
         from pytest_accelperf import CheckResult, Verdict
+        from pytest_accelperf.store.block import Block
 
         def pytest_accelperf_platform(config, accelerator):
             return f"lab-{accelerator.device_count}"
@@ -18,6 +19,10 @@ def test_platform_environment_and_extra_check_hooks(suite: Suite) -> None:
             return {"packages": {"libfoo": "1.2"}, "driver": "550"}
 
         def pytest_accelperf_extra_checks(run, block, baseline, tolerances):
+            # the block to store and the stored one are typed, as a Check reads them
+            assert isinstance(block, Block) and block.compile_time is not None
+            assert baseline is None or (isinstance(baseline, Block)
+                                        and baseline.environment.packages["libfoo"] == "1.2")
             verdict = Verdict.REGRESSION if run.compile_time > 1e-9 else Verdict.PASS
             return [CheckResult("compile_budget", verdict, "compile over budget",
                                 now=run.compile_time, unit="s")]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_accelperf.store.baselines import BaselineError, BaselineStore, case_key, module_key
+from pytest_accelperf.store.block import Block
 
 
 def block(value: int) -> dict[str, object]:
@@ -27,7 +28,8 @@ def test_write_merges_and_keeps_other_cases(tmp_path: Path) -> None:
     fresh.write({"m.py::b": block(3)})
     data = json.loads((tmp_path / "cpu-x8" / "m.json").read_text())
     assert data["cases"] == {"a": block(1), "b": block(3)}
-    assert BaselineStore(tmp_path, "cpu-x8").get("m.py::b") == block(3)
+    stored = BaselineStore(tmp_path, "cpu-x8").get("m.py::b")
+    assert isinstance(stored, Block) and stored.to_json() == block(3)
     assert BaselineStore(tmp_path, "cpu-x8").get("m.py::zzz") is None
     assert [p.name for p in (tmp_path / "cpu-x8").iterdir()] == ["m.json"], "no temp/lock left"
 

@@ -173,7 +173,9 @@ def test_a_committed_block_loads_and_checks_as_before(tmp_path: Path) -> None:
     shutil.copy(COMMITTED, path)
     store = BaselineStore(tmp_path, "cpu-x8")
     nodeid = f"suites/torch/test_torch_gpt.py::{key}"
-    stored = store.get(nodeid)
+    read = store.get(nodeid)
+    assert read is not None
+    stored = read.to_json()
     assert stored == block and not is_compact(stored["numerics"])
     validate_block(stored)
     # this run computes RMS and samples as it did: the old block is checked with them

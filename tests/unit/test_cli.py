@@ -204,7 +204,7 @@ def test_show_lists_cases_and_filters(workdir: Path, capsys: pytest.CaptureFixtu
     block = store.get(f"{MODULE}::test_sweep[jax-nomesh-b64-a]")
     assert block is not None
     assert row.split()[:3] == [PLATFORM, f"{MODULE}::test_sweep[jax-nomesh-b64-a]", "ok"]
-    assert f"{block['samples_per_second']:,.1f}/s" in row
+    assert f"{block.samples_per_second:,.1f}/s" in row
     assert out.rstrip().endswith("2 case(s) in baselines")
     status, out, _ = _run(capsys, "baselines", "show", "*-b")
     assert "b64-a]" not in out and "b64-b]" in out

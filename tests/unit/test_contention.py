@@ -27,7 +27,7 @@ from pytest_accelperf.checks.throughput import (
 )
 from pytest_accelperf.gate.judge import Confirmation, Evaluated
 from pytest_accelperf.records.run import Run
-from pytest_accelperf.stats.contention import ROOT_ENV, Contention, measuring_root
+from pytest_accelperf.stats.contention import ROOT_ENV, Contention, Load, measuring_root
 from pytest_accelperf.store.summary import summarize
 
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
@@ -73,8 +73,8 @@ def _run(median: float, foreign_cores: float | None = None, seconds: float = 2.0
     run = Run(case_id="c", samples_per_step=8, n_devices=1,
               step_times=[median * f for f in (1.0, 1.01, 0.99, 1.02, 0.98)] * 4)
     if foreign_cores is not None:
-        run.extra["step_load"] = {"foreign_cores": foreign_cores, "steal_cores": 0.0,
-                                  "cores": 2, "seconds": seconds}
+        run.step_load = Load(foreign_cores=foreign_cores, steal_cores=0.0, cores=2,
+                             seconds=seconds)
     return run
 
 

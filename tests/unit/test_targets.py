@@ -220,7 +220,7 @@ def test_a_matmul_for_v5e_counts_2mkn_over_the_mesh_and_its_shards_bytes() -> No
     case = Case(backend="jax", batch=M, mesh=(4, 2))
     run = BACKEND.train(case, matmul(), accel).run
     assert dict(os.environ) == before
-    assert run.outcome == "ok" and run.extra["compile_only"] == "tpu-v5e:2x4"
+    assert run.outcome == "ok" and run.compile_only == "tpu-v5e:2x4"
     assert run.step_times == [] and run.losses == [] and run.params_fingerprint == {}
     program = run.program or {}
     flops = 2 * M * K * N

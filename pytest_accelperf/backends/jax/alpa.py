@@ -29,7 +29,7 @@ import numpy as np
 
 from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.measure.common import fingerprint
-from pytest_accelperf.backends.measure.loop import StepFns, load_json, run_steps
+from pytest_accelperf.backends.measure.loop import StepFns, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
@@ -116,7 +116,7 @@ class AlpaBackend:
             run.losses = trained.losses
             run.loss_steps = list(range(len(trained.losses)))
             run.step_times = trained.step_times
-            run.extra.update(load_json(trained))
+            run.step_load, run.batch_time = trained.load, trained.batch_time
             if trained.nan_step is not None:
                 run.outcome, run.nan_step = "nan", trained.nan_step
                 run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"

@@ -50,7 +50,6 @@ from pytest_accelperf.backends.measure.data import expect
 from pytest_accelperf.backends.measure.loop import (
     LoopResult,
     StepFns,
-    load_json,
     run_steps,
     time_block,
 )
@@ -62,7 +61,7 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.targets import not_run
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import MemoryGrowth, Replay, Run
 from pytest_accelperf.stats.units import round_sig
 
 PyTree = Any
@@ -258,7 +257,7 @@ class _Trained:
     state: PyTree  #: the final state
     init_compile_time: float  #: seconds compiling ``init`` (:func:`_init_state`)
     #: ``Run.memory_growth``; None when the loop stopped before its last step.
-    memory_growth: dict[str, Any] | None
+    memory_growth: MemoryGrowth | None
 
 
 def _execute(program: _Program, case: Case, probe: Probe | None = None,
@@ -304,7 +303,7 @@ def _execute(program: _Program, case: Case, probe: Probe | None = None,
                                 sync_before=fns.sync_before, host=host, put=put),
                         warmup=case.warmup, steps=case.steps, probe=probe, deadline=deadline,
                         after_step=after_step)
-    growth: dict[str, Any] | None = None
+    growth: MemoryGrowth | None = None
     if "after_warmup" in readings and "after_steps" in readings:
         before, after = readings["after_warmup"], readings["after_steps"]
         growth = {"bytes_per_step": (after - before) / case.steps, "steps": case.steps,
@@ -362,7 +361,7 @@ class JaxBackend:
         where its time went is ``Run.extra["phases"]`` (:meth:`_train`)."""
         phases = Phases()
         result = self._train(case, task, accel, timeout, phases)
-        result.run.extra["phases"] = phases.record()
+        result.run.phases = phases.record()
         return result
 
     def _train(self, case: Case, task: Task, accel: Accelerator, timeout: float | None,
@@ -382,7 +381,7 @@ class JaxBackend:
                                    if step.tokens_per_sample else None),
                   n_devices=case.n_devices, peak_flops_per_device=accel.peak_flops)
         if accel.compile_only:  # every result of this case says what it did not measure
-            run.extra["compile_only"] = accel.compile_only
+            run.compile_only = accel.compile_only
             run.message = not_run(accel.compile_only)
         try:
             with phases("compile"):  # tracing and checking the step, then compiling it
@@ -393,9 +392,9 @@ class JaxBackend:
         run.n_devices = int(mesh.devices.size)
         run.compile_time = program.compile_time
         if program.compile_load is not None:
-            run.extra["compile_load"] = program.compile_load.to_json()
-        run.extra["compile_time_parts"] = {"step": program.compile_time}
-        run.extra["trace_time"] = program.trace_time
+            run.compile_load = program.compile_load
+        run.compile_time_parts = {"step": program.compile_time}
+        run.trace_time = program.trace_time
         with phases("program"):
             run.program = program_of(program.lowered, program.compiled, run.n_devices,
                                      global_flops=program.global_flops)
@@ -440,7 +439,8 @@ class JaxBackend:
                 return TrainResult(run=_oom_run(run, str(exc)))
             raise
         trained, final = executed.loop, executed.state
-        run.extra["compile_time_parts"]["init"] = executed.init_compile_time
+        run.compile_time_parts = {**(run.compile_time_parts or {}),
+                                  "init": executed.init_compile_time}
         run.compile_time = program.compile_time + executed.init_compile_time
         run.memory_growth = executed.memory_growth
         run.losses = trained.losses
@@ -450,7 +450,7 @@ class JaxBackend:
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
         run.input_blocked_times = trained.input_blocked_times
-        run.extra.update(load_json(trained))
+        run.step_load, run.batch_time = trained.load, trained.batch_time
         # The gate's figure stays the compiler's plan on every platform. GPU/TPU runtimes
         # also count a peak, but since the process started, with no reset: on an H100 every
         # case after a larger one read that one's peak (189.77 MiB for an MLP of 2 MiB).
@@ -466,7 +466,7 @@ class JaxBackend:
         if (trained.nan_step is None and not trained.timed_out
                 and _replayed_on(next(iter(mesh.devices.flat)).platform)):
             with phases("replay"):  # the same steps again: does the platform repeat them?
-                run.extra["replay"] = _replay(program, len(trained.losses), params)
+                run.replay = _replay(program, len(trained.losses), params)
         # The final state goes back to the test; a case spanning processes holds shards
         # of it in each, and no process can hand it over whole.
         state = step.final_of(final) if jax.process_count() == 1 else None
@@ -579,7 +579,7 @@ def _replayed_on(platform: str) -> bool:
     return platform in REPLAYED_PLATFORMS
 
 
-def _replay(program: _Program, steps: int, flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def _replay(program: _Program, steps: int, flat: Mapping[str, np.ndarray]) -> Replay:
     """The case's training replayed: the same ``steps`` steps of the same compiled program
     from the same initial state and batches, untimed, and its parameters and state against
     the run's (``flat``), leaf by leaf: ``spread``, the largest relative difference

@@ -20,7 +20,7 @@ import jax
 from pytest_accelperf.backends.jax.compile import _compile
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import OomRecord, Run
 
 if TYPE_CHECKING:
     from pytest_accelperf.backends.protocol import Task
@@ -114,13 +114,13 @@ def planner(accel: Accelerator) -> str:
 
 
 def _predicted_oom(planned: dict[str, int], capacity: int | None,
-                   planned_by: str = "") -> dict[str, Any] | None:
+                   planned_by: str = "") -> OomRecord | None:
     """The ``Run.oom`` record when the planned bytes exceed the capacity, else None;
     ``planned_by`` names the compiler whose plan it is (:func:`planner`)."""
     if not planned or not capacity or planned["required_bytes"] <= capacity:
         return None
     need = planned["required_bytes"]
-    oom: dict[str, Any] = {"required_bytes": need, "capacity_bytes": int(capacity),
+    oom: OomRecord = {"required_bytes": need, "capacity_bytes": int(capacity),
                            "exceeded_by_bytes": need - int(capacity),
                            "source": "memory_analysis"}
     if planned_by:
@@ -128,7 +128,7 @@ def _predicted_oom(planned: dict[str, int], capacity: int | None,
     return oom
 
 
-def _oom_message(oom: dict[str, Any]) -> str:
+def _oom_message(oom: OomRecord) -> str:
     whose = f"; {oom['planned_by']}'s memory plan" if oom.get("planned_by") else ""
     return (f"predicted out of memory: program needs {_gib(oom['required_bytes'])} per device "
             f"of {_gib(oom['capacity_bytes'])} capacity "
@@ -149,7 +149,7 @@ _HBM_REQUIRED = re.compile(r"\(([\d.]+)([KMGT]?)\) exceeds available HBM \(([\d.
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def compiler_oom(message: str, planned_by: str = "") -> dict[str, Any] | None:
+def compiler_oom(message: str, planned_by: str = "") -> OomRecord | None:
     """The ``Run.oom`` record of a compiler's out-of-memory error: what it said the program
     needs and what it had (``source: compiler``); None when it did not say.
 
@@ -162,7 +162,7 @@ def compiler_oom(message: str, planned_by: str = "") -> dict[str, Any] | None:
         return None
     need = round(float(found[1]) * _UNITS[found[2].upper()])
     have = round(float(found[3]) * _UNITS[found[4].upper()])
-    oom: dict[str, Any] = {"required_bytes": need, "capacity_bytes": have,
+    oom: OomRecord = {"required_bytes": need, "capacity_bytes": have,
                            "exceeded_by_bytes": need - have, "source": "compiler"}
     if planned_by:
         oom["planned_by"] = planned_by

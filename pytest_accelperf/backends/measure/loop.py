@@ -120,7 +120,7 @@ class LoopResult:
     timed_out: bool = False
     last: Any = None
     #: What other processes used during the measured steps (None: nothing measured, or no
-    #: ``/proc``); a backend stores it as ``Run.extra["step_load"]`` (:func:`load_json`).
+    #: ``/proc``); a backend stores it as ``Run.step_load``.
     load: Load | None = None
     #: Wall seconds making the batches and moving them to the device (``prepare``, every
     #: step): the user's data work, which any training loop does too.
@@ -218,9 +218,9 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
 
 
 def load_json(result: LoopResult) -> dict[str, Any]:
-    """What a backend puts in ``Run.extra`` from the loop: ``batch_time``, and
-    ``step_load`` when the loop read the machine's load (what the throughput check reads,
-    :func:`pytest_accelperf.checks.throughput.foreign_load`)."""
+    """The loop's ``batch_time``, and ``step_load`` when the loop read the machine's load,
+    as JSON: what a rank process sends back for ``Run.batch_time`` and ``Run.step_load``
+    (what the throughput check reads, :func:`pytest_accelperf.checks.throughput.foreign_load`)."""
     out: dict[str, Any] = {"batch_time": result.batch_time}
     if result.load is not None:
         out["step_load"] = result.load.to_json()

@@ -74,7 +74,7 @@ from pytest_accelperf.backends.measure.common import (
     with_state,
 )
 from pytest_accelperf.backends.measure.data import expect, source_label
-from pytest_accelperf.backends.measure.loop import LoopResult, load_json, run_steps
+from pytest_accelperf.backends.measure.loop import LoopResult, run_steps
 from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.flops import count_step
@@ -311,7 +311,7 @@ class TorchBackend:
             if capacity and memory.peak > capacity:
                 run.oom = _oom_record(memory.peak, int(capacity), memory.source)
                 run.outcome, run.message = "oom", _oom_message(run.oom)
-                run.extra["phases"] = phases.record()
+                run.phases = phases.record()
                 return TorchTrainResult(run=run)  # never trained
 
         watch: DynamoWatch | None = None
@@ -342,7 +342,7 @@ class TorchBackend:
             if device.type == "cuda":
                 run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
                 run.memory_source = "cuda_allocator"
-            run.extra["phases"] = phases.record()
+            run.phases = phases.record()
             return TorchTrainResult(run=run)
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
@@ -354,9 +354,9 @@ class TorchBackend:
         run.compile_time = trained.warmup_times[0] if step.compile else None
         if watch is not None:
             run.program = watch.record(run.flops_per_step)
-            run.extra["compile_time_covers"] = COMPILE_TIME_COVERS
+            run.compile_time_covers = COMPILE_TIME_COVERS
             if compile_load is not None and compile_load.load is not None:
-                run.extra["compile_load"] = compile_load.load.to_json()
+                run.compile_load = compile_load.load
             if watch.recompiles:
                 run.extra["recompile_reasons"] = watch.recompile_reasons
         else:
@@ -370,7 +370,7 @@ class TorchBackend:
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
         run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
         run.input_blocked_times = trained.input_blocked_times
-        run.extra.update(load_json(trained))
+        run.step_load, run.batch_time = trained.load, trained.batch_time
         with phases("fingerprint"):  # the parameters and the state beside them
             own = step.params_of()
             params, state_names = with_state(own, state_beside(step, own, stateful, scalers))
@@ -382,7 +382,7 @@ class TorchBackend:
         if trained.timed_out and run.outcome == "ok":
             run.outcome = "timeout"
             run.message = timeout_message(timeout, len(trained.losses), case)
-        run.extra["phases"] = phases.record()
+        run.phases = phases.record()
         return TorchTrainResult(run=run, params=params, state=step.final_of())
 
 

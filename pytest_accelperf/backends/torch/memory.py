@@ -30,6 +30,7 @@ import torch
 from pytest_accelperf.backends.measure.common import TaskError
 from pytest_accelperf.backends.torch.step import TorchStep, float_metrics, run_step, undone
 from pytest_accelperf.backends.torch.task import to_device
+from pytest_accelperf.records.run import MemoryGrowth, OomRecord
 
 GIB = 2**30
 
@@ -200,7 +201,7 @@ def cpu_peak_memory(step: TorchStep, device: torch.device) -> tuple[int, str]:
 
 
 def growth_record(after_warmup: int, after_steps: int, steps: int,
-                  source: str) -> dict[str, Any]:
+                  source: str) -> MemoryGrowth:
     """A ``Run.memory_growth`` record: live bytes after the warm-up and after ``steps``
     more steps, and their growth per step."""
     return {"bytes_per_step": (after_steps - after_warmup) / steps if steps else 0.0,
@@ -208,7 +209,7 @@ def growth_record(after_warmup: int, after_steps: int, steps: int,
             "after_steps": int(after_steps), "source": source}
 
 
-def cpu_memory_growth(memory: CpuMemory) -> dict[str, Any] | None:
+def cpu_memory_growth(memory: CpuMemory) -> MemoryGrowth | None:
     """Live memory's growth over the counted steps after the first :data:`MEMORY_STEPS`
     (which create the optimizer state): a leak's bytes per step. None when no step was
     counted after them."""
@@ -236,19 +237,19 @@ class _CudaGrowth:
             self.after_steps = int(torch.cuda.memory_allocated(self.device))
             self.steps += 1
 
-    def record(self) -> dict[str, Any] | None:
+    def record(self) -> MemoryGrowth | None:
         if self.after_warmup is None or self.after_steps is None:
             return None
         return growth_record(self.after_warmup, self.after_steps, self.steps,
                              "cuda_allocator")
 
 
-def _oom_record(required: int, capacity: int, source: str) -> dict[str, Any]:
+def _oom_record(required: int, capacity: int, source: str) -> OomRecord:
     return {"required_bytes": required, "capacity_bytes": capacity,
             "exceeded_by_bytes": required - capacity, "source": source}
 
 
-def _oom_message(oom: dict[str, Any]) -> str:
+def _oom_message(oom: OomRecord) -> str:
     return (f"out of memory: a training step needs {oom['required_bytes'] / GIB:.2f} GiB "
             f"({oom['source']}) of {oom['capacity_bytes'] / GIB:.2f} GiB capacity "
             f"(exceeded by {oom['exceeded_by_bytes'] / GIB:.2f} GiB)")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from pytest_accelperf.backends.measure.common import fingerprint
-from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
+from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.backend import deadline_after, timeout_message
 from pytest_accelperf.backends.torch.flops import count_flops
@@ -186,8 +186,8 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
     run.compile_time = math.fsum(trained.warmup_times) if trained.warmup_times else None
     run.losses, run.loss_steps = trained.losses, list(range(len(trained.losses)))
     run.step_times = trained.step_times
-    run.extra["warmup_step_times"] = trained.warmup_times
-    run.extra.update(load_json(trained))
+    run.warmup_step_times = trained.warmup_times
+    run.step_load, run.batch_time = trained.load, trained.batch_time
     run.extra["device"] = dev.kind
     if recompiles:
         run.extra["recompiles"] = recompiles

@@ -101,6 +101,7 @@ from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.program import program_record
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.stats.contention import Load
 
 #: What a pool's warm ranks import for every torch engine
 #: (:mod:`pytest_accelperf.backends.procs.rank_pool`); the engine class adds its own.
@@ -262,7 +263,7 @@ def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
         "ranks": ranks,
     }
     if isinstance(res.get("step_load"), dict):  # rank 0's loop, whose times are the run's
-        run.extra["step_load"] = res["step_load"]
+        run.step_load = Load.from_json(res["step_load"])
     comms = [r["comm"] for r in ranks if r.get("comm")]
     run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks],
                                 res.get("ops"))

@@ -107,10 +107,11 @@ def test_a_change_beyond_the_spread_is_still_a_regression(replayed: None,
 def test_a_platform_that_repeats_itself_records_no_spread(replayed: None,
                                                           accel: Accelerator) -> None:
     run = BACKEND.train(CASE, task(noise=0.0), accel).run
-    assert run.extra["replay"]["spread"] == 0.0 and run.extra["replay"]["leaves"] == {}
-    assert run.extra["replay"]["steps"] == CASE.warmup + CASE.steps
+    assert run.replay is not None
+    assert run.replay["spread"] == 0.0 and run.replay["leaves"] == {}
+    assert run.replay["steps"] == CASE.warmup + CASE.steps
     assert "numerics_spread" not in summarize(run).to_json()
 
 
 def test_the_cpu_is_not_replayed(accel: Accelerator) -> None:
-    assert "replay" not in BACKEND.train(CASE, task(noise=0.0), accel).run.extra
+    assert BACKEND.train(CASE, task(noise=0.0), accel).run.replay is None

@@ -33,7 +33,8 @@ FULL = Run(
                                      "sample": [0.1, -0.2], "sketch": 0.3}},
     probe_times=[0.002] * 30, probe_kind="matmul", input_times=[0.001] * 30,
     input_wall_times=[0.0012] * 30, program={"source": "xla", "flops": 1e6},
-    max_batch={"value": 64, "probes": []}, extra={"replay": {"leaves": {"params/w": 1e-6}}},
+    max_batch={"value": 64, "probes": []}, replay={"steps": 30, "spread": 1e-6, "leaf": "params/w",
+                                                       "leaves": {"params/w": 1e-6}},
     environment={"host_cpu": "Test CPU"})
 
 
