@@ -27,6 +27,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
@@ -269,10 +270,10 @@ class Worker:
         times: list[float] = self.steppers[key].run(n)
         return times
 
-    def program(self, key: str) -> dict[str, Any] | None:
+    def program(self, key: str) -> Mapping[str, object] | None:
         """The case's program record (:mod:`pytest_accelperf.records.program`) at this arm's
         revision, when its stepper has one."""
-        record: dict[str, Any] | None = getattr(self.steppers[key], "program", None)
+        record: Mapping[str, object] | None = getattr(self.steppers[key], "program", None)
         return record
 
     def pids(self, key: str) -> list[int]:
