@@ -30,7 +30,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 #: Environment variable carrying the thread count the controller chose for torch
 #: (``OMP_NUM_THREADS`` itself is overwritten by Ray in its workers).
@@ -39,7 +39,16 @@ THREADS_ENV = "ACCELPERF_THREADS"
 POST_S = 0.5
 
 
-def host_info() -> dict[str, Any]:
+class HostInfo(TypedDict):
+    """Where a worker runs (:func:`host_info`); kept in the run's ``extra["cluster"]``."""
+
+    node_ip: str
+    node_id: str
+    hostname: str
+    pid: int
+
+
+def host_info() -> HostInfo:
     """Where this worker runs: node IP and id (Ray's), host name, process id."""
     ray: Any = importlib.import_module("ray")
 
@@ -150,7 +159,7 @@ class CaseWorker:
     def __init__(self) -> None:
         _threads()
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> HostInfo:
         return host_info()
 
     def free_port(self) -> int:
