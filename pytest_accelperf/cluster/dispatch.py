@@ -28,6 +28,7 @@ from pytest_accelperf.provision.accel import Accelerator
 
 if TYPE_CHECKING:
     from pytest_accelperf.cluster.worker import HostInfo
+    from pytest_accelperf.records.run import Run
 
 #: Seconds a worker may take beyond the case's own timeout (process start, imports,
 #: compile) before it is killed; the backend itself stops at a step boundary first.
@@ -317,7 +318,7 @@ def train(case: Case, task: Any, accel: Accelerator, *, cpu_devices: int,
 
 
 def _failed_run(case: Case, gang: _Gang, failed: _Failed | None, timeout: float | None,
-                what: str, follow: _Follow) -> Any:
+                what: str, follow: _Follow) -> Run:
     """The run of a case whose worker died (``failed``) or was killed at the timeout,
     with the losses its first process had reported."""
     from pytest_accelperf.records.run import Run

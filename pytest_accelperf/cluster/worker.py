@@ -48,6 +48,14 @@ class HostInfo(TypedDict):
     pid: int
 
 
+class RankOutput(TypedDict):
+    """What :meth:`CaseWorker.rank` returns: the rank's result, and the progress events it
+    reported (JSON lines, as a launched rank writes them)."""
+
+    result: Any
+    events: list[str]
+
+
 def host_info() -> HostInfo:
     """Where this worker runs: node IP and id (Ray's), host name, process id."""
     ray: Any = importlib.import_module("ray")
@@ -190,7 +198,7 @@ class CaseWorker:
         return acc.platform, result
 
     def rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
-             master_port: int, board: Any = None, key: str = "") -> dict[str, Any]:
+             master_port: int, board: Any = None, key: str = "") -> RankOutput:
         """Rank ``rank`` of a case that spans hosts: ``fn(ctx, *args)`` of its backend's
         :class:`~pytest_accelperf.backends.procs.ranks.RankJob`, as a launched rank runs it, one
         rank per host (so its local rank is 0). Returns its result and the progress events

@@ -84,7 +84,7 @@ def _number(value: object) -> float | None:
 PROGRAM_FIELDS = ("source", "global_flops", *AMOUNTS, "collectives", *COUNTS)
 
 
-def program_fields(program: Any) -> dict[str, Any] | None:
+def program_fields(program: object) -> dict[str, object] | None:
     """The gated fields of a run's program record (:data:`PROGRAM_FIELDS`), or None."""
     if not isinstance(program, dict) or not isinstance(program.get("source"), str):
         return None
