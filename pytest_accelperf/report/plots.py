@@ -242,7 +242,7 @@ def _mesh_bars(fig: Figure, ax: Any, title: str,
 GOOD_COLOR = "#1a7f37"
 
 
-def trend_figure(title: str, entries: list[dict[str, Any]], nodeids: list[str],
+def trend_figure(title: str, entries: Sequence[Mapping[str, object]], nodeids: list[str],
                  max_sessions: int = 30,
                  marks: Sequence[tuple[str, str, bool | None]] = ()) -> bytes | None:
     """Samples/s of ``nodeids`` over the last ``max_sessions`` sessions of the history, one
@@ -268,11 +268,10 @@ def trend_figure(title: str, entries: list[dict[str, Any]], nodeids: list[str],
     ax = fig.subplots()
     drawn = False
     for nodeid in nodeids:
-        points = [(index[str(e["session"])], float(e["samples_per_second"]),
-                   e.get("verdict") == "regression")
+        points = [(index[str(e["session"])], float(sps), e.get("verdict") == "regression")
                   for e in entries
                   if e.get("nodeid") == nodeid and str(e.get("session")) in index
-                  and isinstance(e.get("samples_per_second"), (int, float))]
+                  and isinstance(sps := e.get("samples_per_second"), (int, float))]
         if not points:
             continue
         drawn = True
