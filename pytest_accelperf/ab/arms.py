@@ -158,7 +158,7 @@ def _accept(listener: Listener, proc: subprocess.Popen[bytes], who: str, log: Pa
     ``Listener.accept`` has no timeout and closing the listener does not wake it (Linux),
     so it runs in a thread, and a wait that ends without a connection wakes that thread
     with a connection of its own, which fails its handshake: nothing is left blocked."""
-    box: dict[str, Any] = {}
+    box: dict[str, Connection | BaseException] = {}
 
     def accept() -> None:
         try:
@@ -186,7 +186,8 @@ def _accept(listener: Listener, proc: subprocess.Popen[bytes], who: str, log: Pa
     if "conn" not in box:
         kill(proc)
         raise CompareError(f"{who} could not connect ({box.get('error')!r}). {log_tail(log)}")
-    conn: Connection = box["conn"]
+    conn = box["conn"]
+    assert isinstance(conn, Connection)
     return conn
 
 

@@ -43,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from multiprocessing.connection import Client, Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -104,7 +105,7 @@ class RankGroupStepper:
         #: The ranks' process ids (what the contention reading must not count as foreign).
         self.pids: list[int] = []
         #: The group's program record (:mod:`pytest_accelperf.records.program`), or None.
-        self.program: dict[str, Any] | None = None
+        self.program: Mapping[str, object] | None = None
         try:
             control = BlockControl(str(self._dir), secrets.token_bytes(16))
             job = trainer.block_job(case, task, accel, control)

@@ -17,11 +17,10 @@ import shutil
 import site
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 from pathlib import Path
-from typing import Any
 
 from packaging.requirements import Requirement
 
@@ -60,7 +59,7 @@ class ABMeasurement:
     load: Load | None = None
     #: Each arm's program record (:mod:`pytest_accelperf.records.program`), where its stepper has
     #: one.
-    programs: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    programs: dict[str, Mapping[str, object] | None] = field(default_factory=dict)
     #: Which process pair (0, 1, ...) timed each round: its base and head workers.
     pairs: list[int] = field(default_factory=list)
     #: Process pairs the rounds were spread over.

@@ -27,13 +27,18 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pytest_accelperf.backends.protocol import Task
+    from pytest_accelperf.backends.spec import BackendSpec
+    from pytest_accelperf.collect.cases import Case
+    from pytest_accelperf.provision.accel import Accelerator
 
 #: Environment of a worker: the controller's address and key, and its arm's setup (JSON).
 ADDRESS_ENV = "ACCELPERF_AB_ADDRESS"
@@ -62,7 +67,7 @@ class CaptureRunner:
     """The ``accelperf`` fixture as an A/B worker gives it to a test function: ``case``
     and ``accelerator`` are real; ``train(task)`` captures ``task``."""
 
-    def __init__(self, case: Any, accelerator: Any) -> None:
+    def __init__(self, case: Case, accelerator: Accelerator) -> None:
         self.case = case
         self.accelerator = accelerator
 
@@ -149,14 +154,14 @@ def _foreign_modules(setup: Setup) -> list[str]:
     return out
 
 
-def in_ranks(spec: Any, world_size: int) -> bool:
+def in_ranks(spec: BackendSpec, world_size: int) -> bool:
     """Whether a case of backend ``spec`` and ``world_size`` trains in ranks (its spec's
     ``ranks``): every case of a backend with ranks and no stepper (DeepSpeed), and the
     ``world_size > 1`` cases of one with both (torch: DDP)."""
     return spec.ranks is not None and (spec.spans_ranks(world_size) or not spec.ab_blocks)
 
 
-def unsupported(spec: Any) -> str:
+def unsupported(spec: BackendSpec) -> str:
     """Why a case of backend ``spec`` (a :class:`~pytest_accelperf.backends.spec.BackendSpec`
     without ``ab_blocks``) is not compared in A/B mode."""
     return (f"the {spec.name} backend cannot train a case in blocks of steps (its "
@@ -167,9 +172,9 @@ class Worker:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self.steppers: dict[str, Any] = {}
-        self._accelerator: Any = None
+        self._accelerator: Accelerator | None = None
 
-    def accelerator(self) -> Any:
+    def accelerator(self) -> Accelerator:
         if self._accelerator is None:
             from pytest_accelperf.provision.accel import provision
 
@@ -177,8 +182,8 @@ class Worker:
             self._accelerator = provision(s.accel, s.cpu_devices, s.platform)
         return self._accelerator
 
-    def prepare(self, key: str, rel_file: str, qualname: str, case: Any,
-                spec: Any) -> tuple[str, str]:
+    def prepare(self, key: str, rel_file: str, qualname: str, case: Case,
+                spec: BackendSpec) -> tuple[str, str]:
         """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
         why)`` when this revision has no such test, or ``("unsupported", why)`` when the
         backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) neither
@@ -206,7 +211,8 @@ class Worker:
                                    f"blocks of steps (its RankTrainer has no block_job)")
         if not ranks and not spec.ab_blocks:
             return "unsupported", unsupported(spec)
-        backend = None if ranks else spec.load()
+        # Its stepper: what ab_blocks declares, beyond the Backend protocol.
+        backend: Any = None if ranks else spec.load()
         try:
             task = self._capture(target, case)
         except NotCapturable as exc:
@@ -233,7 +239,7 @@ class Worker:
         self.steppers[key] = stepper
         return "ready", ""
 
-    def _import(self, path: Path) -> Any:
+    def _import(self, path: Path) -> ModuleType:
         name = f"_accelperf_ab_{self.setup.arm}_{abs(hash(str(path)))}_{path.stem}"
         if name in sys.modules:
             return sys.modules[name]
@@ -247,7 +253,7 @@ class Worker:
         spec.loader.exec_module(module)
         return module
 
-    def _capture(self, function: Any, case: Any) -> Any:
+    def _capture(self, function: Callable[..., object], case: Case) -> Any:
         params = inspect.signature(function).parameters
         missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
                    and n != "accelperf"]
@@ -272,10 +278,10 @@ class Worker:
         times: list[float] = self.steppers[key].run(n)
         return times
 
-    def program(self, key: str) -> dict[str, Any] | None:
+    def program(self, key: str) -> Mapping[str, object] | None:
         """The case's program record (:mod:`pytest_accelperf.records.program`) at this arm's
         revision, when its stepper has one."""
-        record: dict[str, Any] | None = getattr(self.steppers[key], "program", None)
+        record: Mapping[str, object] | None = getattr(self.steppers[key], "program", None)
         return record
 
     def pids(self, key: str) -> list[int]:

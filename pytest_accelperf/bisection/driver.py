@@ -14,11 +14,11 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol, TypedDict
 
 from pytest_accelperf.bisection import BisectError
 from pytest_accelperf.bisection.commits import Commit, CommitRange, Worktrees
@@ -54,6 +54,53 @@ class Settings:
     budget: float | None = None
 
 
+class StepJson(TypedDict):
+    """:meth:`Step.to_json`: a step of ``accelperf bisect --json``."""
+
+    sha: str
+    subject: str
+    position: int
+    kind: Kind
+    call: Call
+    evidence: str
+    seconds: float
+    tolerance: float | None
+
+
+class FirstBadJson(TypedDict):
+    sha: str
+    subject: str
+    position: int
+
+
+class _ResultJson(TypedDict):
+    status: str
+    exit_status: int
+    message: str
+    basis: str
+    good: str
+    bad: str
+    commits: int
+    first_bad: FirstBadJson | None
+    suspects: list[str]
+    comparisons: int
+    sessions: int
+    seconds: float
+    steps: list[StepJson]
+    reproduce: list[str]
+    notes: list[str]
+
+
+class ResultJson(_ResultJson, total=False):
+    """:meth:`Result.to_json`: ``accelperf bisect --json``; the last four keys only for a
+    range of releases."""
+
+    package: str
+    diff: list[str]
+    environments: list[str]
+    advice: list[str]
+
+
 @dataclass(frozen=True)
 class Step:
     """One commit tested against GOOD (or GOOD's own session, ``reference``)."""
@@ -69,7 +116,7 @@ class Step:
     #: The A/B tolerance the verdict was under.
     tolerance: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> StepJson:
         return {"sha": self.commit.sha, "subject": self.commit.subject,
                 "position": self.position, "kind": self.kind, "call": self.call,
                 "evidence": self.evidence, "seconds": round(self.seconds, 3),
@@ -107,9 +154,9 @@ class Result:
         """Commits compared with GOOD (skipped ones included; GOOD's own session not)."""
         return sum(1 for s in self.steps if s.call != "reference")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ResultJson:
         bad = self.first_bad
-        out = {
+        out: ResultJson = {
             "status": self.status.name.lower(), "exit_status": int(self.status),
             "message": self.message, "basis": self.basis,
             "good": self.range.good.sha, "bad": self.range.bad.sha,
@@ -121,8 +168,9 @@ class Result:
             "seconds": round(self.seconds, 3), "steps": [s.to_json() for s in self.steps],
             "reproduce": list(self.reproduce), "notes": list(self.notes)}
         if self.range.package:
-            out.update(package=self.range.package, diff=list(self.diff),
-                       environments=list(self.environments), advice=list(self.advice))
+            out.update({"package": self.range.package, "diff": list(self.diff),
+                        "environments": list(self.environments),
+                        "advice": list(self.advice)})
         return out
 
 
@@ -220,7 +268,7 @@ class _Bisection:
         self.points = points
         self.steps: list[Step] = []
         #: Each session's programs by node id, by the point's ``sha``.
-        self.programs: dict[str, dict[str, Any]] = {}
+        self.programs: dict[str, dict[str, Mapping[str, object]]] = {}
         self.t0 = time.monotonic()
 
     def _step(self, session: Session, kind: Kind, judged: Judgement,
@@ -378,7 +426,7 @@ class _Bisection:
                 "timing", notes=notes)
 
     def _program(self, session: Session, targets: Targets,
-                 good_programs: dict[str, Any]) -> None:
+                 good_programs: Mapping[str, Mapping[str, object]]) -> None:
         self._step(session, "program", judge_program(session, targets, good_programs))
 
     def _host(self, session: Session, levels: dict[tuple[str, str], float]) -> None:

@@ -11,7 +11,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -72,7 +72,7 @@ def _platforms(root: Path, only: str | None) -> list[str]:
 
 
 def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool = False
-                ) -> list[tuple[str, str, dict[str, Any]]]:
+                ) -> list[tuple[str, str, Mapping[str, Mapping[str, object]]]]:
     """``[(platform, module key, {case key: block})]`` of every baseline file under
     ``root``; a CliError that lists every file that does not parse and every invalid block
     (each naming its file, line, case and field), or, with ``invalid_blocks``, those blocks
@@ -86,7 +86,8 @@ def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool
 
 
 def iter_store(root: Path, platform: str | None, errors: list[str], *,
-               invalid_blocks: bool = False) -> Iterator[tuple[str, str, dict[str, Any]]]:
+               invalid_blocks: bool = False
+               ) -> Iterator[tuple[str, str, Mapping[str, Mapping[str, object]]]]:
     """:func:`store_files` one file at a time, so that a caller that keeps only a summary
     of each holds one file in memory; the errors are appended to ``errors`` (raise them
     when the walk is done). The blocks are those the schema accepts (the store's read,
@@ -113,7 +114,7 @@ def iter_store(root: Path, platform: str | None, errors: list[str], *,
 
 
 def store_blocks(root: Path, platform: str | None = None
-                 ) -> dict[tuple[str, str], dict[str, Any]]:
+                 ) -> dict[tuple[str, str], Mapping[str, object]]:
     """``{(platform, nodeid): block}`` of every baseline file under ``root`` (a CliError
     naming every file or block that is invalid)."""
     return {(name, f"{module}.py::{key}"): block
@@ -154,21 +155,29 @@ def _load(path: Path) -> list[CaseRecord]:
         raise CliError(str(exc)) from None
 
 
-def _num(value: Any) -> float | None:
+def _num(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+def _section(block: Mapping[str, object], name: str) -> Mapping[str, object]:
+    """The section ``name`` of a block (a mapping in a valid block); empty where absent."""
+    part = block.get(name)
+    return part if isinstance(part, Mapping) else {}
+
+
 #: The headline numbers of a block, shown by `show` and compared by `diff`.
-def _headline(block: dict[str, Any]) -> list[tuple[str, float | str | None, str]]:
-    step = block.get("step_time") or {}
-    loss = block.get("loss") or {}
-    memory = block.get("memory") or {}
-    max_batch = block.get("max_batch") or {}
+def _headline(block: Mapping[str, object]) -> list[tuple[str, float | str | None, str]]:
+    step = _section(block, "step_time")
+    loss = _section(block, "loss")
+    memory = _section(block, "memory")
+    max_batch = _section(block, "max_batch")
+    outcome = block.get("outcome")
     return [
-        ("outcome", block.get("outcome"), ""),
+        ("outcome", outcome if isinstance(outcome, str) or outcome is None else str(outcome),
+         ""),
         ("throughput", _num(block.get("samples_per_second")), "samples/s"),
         ("step time", _num(step.get("median")), "s"),
-        ("input time", _num((block.get("input") or {}).get("median")), "s"),
+        ("input time", _num(_section(block, "input").get("median")), "s"),
         ("final loss", _num(loss.get("final")), ""),
         ("peak memory", _num(memory.get("peak")), "bytes"),
         ("compile", _num(block.get("compile_time")), "sec"),
@@ -232,13 +241,14 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- baselines diff ----------------------------------------------------------------------------
-def _side(path: Path, platform: str | None) -> tuple[dict[tuple[str, str], dict[str, Any]], bool]:
+def _side(path: Path, platform: str | None
+          ) -> tuple[dict[tuple[str, str], Mapping[str, object]], bool]:
     """The blocks of a store directory or of a JSON report; True when it is a report."""
     if path.is_dir():
         return store_blocks(path, platform), False
     if not path.exists():
         raise CliError(f"{path}: neither a baseline store directory nor a JSON report")
-    blocks = {}
+    blocks: dict[tuple[str, str], Mapping[str, object]] = {}
     for i, record in enumerate(_load(path)):
         if platform is None or record.platform == platform:
             try:
@@ -249,8 +259,8 @@ def _side(path: Path, platform: str | None) -> tuple[dict[tuple[str, str], dict[
     return blocks, True
 
 
-def diff_rows(old: dict[tuple[str, str], dict[str, Any]],
-              new: dict[tuple[str, str], dict[str, Any]], *, show_removed: bool
+def diff_rows(old: Mapping[tuple[str, str], Mapping[str, object]],
+              new: Mapping[tuple[str, str], Mapping[str, object]], *, show_removed: bool
               ) -> tuple[list[tuple[str, ...]], int]:
     """Table rows of what differs between two sets of blocks, and how many were equal."""
     rows: list[tuple[str, ...]] = []

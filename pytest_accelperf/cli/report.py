@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any, TextIO
+from collections.abc import Mapping, Sequence
+from typing import TextIO
 
 from pytest_accelperf.cli.common import CliError, write_file
 from pytest_accelperf.report.history import HistoryError, read_history
@@ -34,7 +35,7 @@ def cmd_report(args: argparse.Namespace, out: TextIO) -> int:
             out.write(f"Markdown summary written to {args.markdown}\n")
         wrote = True
     if args.html is not None:
-        history: list[dict[str, Any]] = []
+        history: Sequence[Mapping[str, object]] = []
         try:
             if args.history is not None:
                 history = read_history(args.history, report.platform or None)

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.backends.procs.launch import RankReport, show_latest_step
 from pytest_accelperf.backends.protocol import Task, TrainResult
@@ -25,6 +25,10 @@ from pytest_accelperf.cluster.connection import HOST_RESOURCE, ClusterError, imp
 from pytest_accelperf.cluster.placement import describe_nodes, feasible, placement, shown
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
+
+if TYPE_CHECKING:
+    from pytest_accelperf.cluster.worker import HostInfo
+    from pytest_accelperf.records.run import Run
 
 #: Seconds a worker may take beyond the case's own timeout (process start, imports,
 #: compile) before it is killed; the backend itself stops at a step boundary first.
@@ -39,10 +43,12 @@ class _Gang:
     """The actors of one case, in one placement group, and where each runs."""
 
     actors: list[Any]
-    hosts: list[dict[str, Any]]
+    hosts: list[HostInfo]
 
     def host(self, index: int) -> str:
-        h = self.hosts[index] if index < len(self.hosts) else {}
+        if index >= len(self.hosts):
+            return "host ? (node ?, id ?, pid ?)"
+        h = self.hosts[index]
         return (f"host {h.get('hostname', '?')} (node {h.get('node_ip', '?')}, id "
                 f"{str(h.get('node_id', '?'))[:8]}, pid {h.get('pid', '?')})")
 
@@ -312,7 +318,7 @@ def train(case: Case, task: Task, accel: Accelerator, *, cpu_devices: int,
 
 
 def _failed_run(case: Case, gang: _Gang, failed: _Failed | None, timeout: float | None,
-                what: str, follow: _Follow) -> Any:
+                what: str, follow: _Follow) -> Run:
     """The run of a case whose worker died (``failed``) or was killed at the timeout,
     with the losses its first process had reported."""
     from pytest_accelperf.records.run import Run

@@ -7,11 +7,21 @@ data out: nothing here talks to Ray.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from pytest_accelperf.cluster.connection import HOST_RESOURCE, ClusterError
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
+
+
+class Node(TypedDict, total=False):
+    """What is read of a node of ``ray.nodes()`` (which has more keys)."""
+
+    Alive: bool
+    NodeID: str
+    NodeManagerAddress: str
+    Resources: dict[str, float]
+
 
 #: Ray resource names of the accelerators (``--accel``).
 DEVICE_RESOURCES = {"gpu": "GPU", "tpu": "TPU", "neuron": "neuron_cores"}
@@ -23,7 +33,7 @@ def process_count(case: Case) -> int:
 
 
 def placement(case: Case, accel: Accelerator,
-              nodes: Sequence[dict[str, Any]]) -> tuple[list[dict[str, float]], str]:
+              nodes: Sequence[Node]) -> tuple[list[dict[str, float]], str]:
     """The placement-group bundles (one per process) and strategy of ``case``.
 
     A case holds all the devices of the session's platform: on ``cpu`` the whole host
@@ -51,7 +61,7 @@ def shown(resources: dict[str, float]) -> str:
     return ", ".join(f"{k}: {v:g}" for k, v in sorted(resources.items())) or "nothing"
 
 
-def describe_nodes(nodes: Sequence[dict[str, Any]]) -> str:
+def describe_nodes(nodes: Sequence[Node]) -> str:
     """``node 10.0.0.2 (id 3f2a9c1d): CPU: 2, accelperf_cpu_host: 1`` per alive node."""
     lines = []
     for n in nodes:
@@ -64,7 +74,7 @@ def describe_nodes(nodes: Sequence[dict[str, Any]]) -> str:
 
 
 def feasible(bundles: Sequence[dict[str, float]], strategy: str,
-             nodes: Sequence[dict[str, Any]]) -> bool:
+             nodes: Sequence[Node]) -> bool:
     """Whether the alive ``nodes`` could ever hold ``bundles`` (not whether they are free
     now): every bundle fits a node, the totals fit the cluster, and ``STRICT_SPREAD`` has
     a distinct node per bundle."""

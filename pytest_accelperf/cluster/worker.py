@@ -30,7 +30,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 #: Environment variable carrying the thread count the controller chose for torch
 #: (``OMP_NUM_THREADS`` itself is overwritten by Ray in its workers).
@@ -39,7 +39,24 @@ THREADS_ENV = "ACCELPERF_THREADS"
 POST_S = 0.5
 
 
-def host_info() -> dict[str, Any]:
+class HostInfo(TypedDict):
+    """Where a worker runs (:func:`host_info`); kept in the run's ``extra["cluster"]``."""
+
+    node_ip: str
+    node_id: str
+    hostname: str
+    pid: int
+
+
+class RankOutput(TypedDict):
+    """What :meth:`CaseWorker.rank` returns: the rank's result, and the progress events it
+    reported (JSON lines, as a launched rank writes them)."""
+
+    result: Any
+    events: list[str]
+
+
+def host_info() -> HostInfo:
     """Where this worker runs: node IP and id (Ray's), host name, process id."""
     ray: Any = importlib.import_module("ray")
 
@@ -150,7 +167,7 @@ class CaseWorker:
     def __init__(self) -> None:
         _threads()
 
-    def where(self) -> dict[str, Any]:
+    def where(self) -> HostInfo:
         return host_info()
 
     def free_port(self) -> int:
@@ -181,7 +198,7 @@ class CaseWorker:
         return acc.platform, result
 
     def rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
-             master_port: int, board: Any = None, key: str = "") -> dict[str, Any]:
+             master_port: int, board: Any = None, key: str = "") -> RankOutput:
         """Rank ``rank`` of a case that spans hosts: ``fn(ctx, *args)`` of its backend's
         :class:`~pytest_accelperf.backends.procs.ranks.RankJob`, as a launched rank runs it, one
         rank per host (so its local rank is 0). Returns its result and the progress events

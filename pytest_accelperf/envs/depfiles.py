@@ -119,9 +119,10 @@ def _lines(text: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def _locked(packages: Any, skip: Callable[[Mapping[str, Any]], bool]) -> frozenset[str]:
+def _locked(packages: object, skip: Callable[[Mapping[str, Any]], bool]) -> frozenset[str]:
+    """The ``name==version`` pins of a lock file's ``packages`` (a TOML array of tables)."""
     out = set()
-    for pkg in packages or []:
+    for pkg in packages if isinstance(packages, list) else []:
         if isinstance(pkg, Mapping) and pkg.get("name") and pkg.get("version") and not skip(pkg):
             out.add(f"{canonicalize_name(str(pkg['name']))}=={pkg['version']}")
     return frozenset(out)

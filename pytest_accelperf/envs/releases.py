@@ -11,10 +11,10 @@ import json
 import os
 import urllib.error
 import urllib.request
-from typing import Any
 
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pytest_accelperf.envs import EnvError
 
@@ -32,14 +32,30 @@ def _version(package: str, text: str) -> Version:
         raise EnvError(f"{package} {text!r} is not a version (e.g. 0.8.3)") from None
 
 
-def _fetch(package: str) -> dict[str, Any]:
+class IndexFile(BaseModel):
+    """A file of a release in the index's JSON: only whether it was yanked is read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    yanked: bool | None = False
+
+
+class IndexAnswer(BaseModel):
+    """The index's JSON for a package (PyPI's JSON API): only its releases are read."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    releases: dict[str, list[IndexFile]] | None = None
+
+
+def _fetch(package: str) -> IndexAnswer:
     """The index's JSON for ``package``; an :class:`EnvError` for an unknown package or an
     index that cannot be reached."""
     url = os.environ.get(INDEX_JSON_ENV, DEFAULT_INDEX_JSON).format(
         name=canonicalize_name(package))
     try:
         with urllib.request.urlopen(url, timeout=INDEX_TIMEOUT_S) as reply:
-            data: dict[str, Any] = json.loads(reply.read())
+            data = IndexAnswer.model_validate(json.loads(reply.read()))
     except urllib.error.HTTPError as exc:
         if exc.code == 404:
             raise EnvError(f"{package}: no such package on the index ({url})") from None
@@ -51,6 +67,9 @@ def _fetch(package: str) -> dict[str, Any]:
             raise EnvError(f"{package}: no such package on the index ({url})") from None
         raise EnvError(f"{package}: cannot reach the index ({url}): {reason}; is there a "
                        f"network?") from None
+    except ValidationError as exc:
+        raise EnvError(f"{package}: cannot read the index's answer ({url}): "
+                       f"{exc.errors()[0]['msg']}") from None
     except (OSError, ValueError) as exc:
         raise EnvError(f"{package}: cannot read the index's answer ({url}): {exc}") from None
     return data
@@ -61,12 +80,12 @@ def released(package: str) -> list[Version]:
     oldest first."""
     data = _fetch(package)
     out = []
-    for text, files in (data.get("releases") or {}).items():
+    for text, files in (data.releases or {}).items():
         try:
             version = Version(text)
         except InvalidVersion:
             continue  # a legacy version string pip would not install either
-        if files and not all(f.get("yanked") for f in files):
+        if files and not all(f.yanked for f in files):
             out.append(version)
     return sorted(out)
 

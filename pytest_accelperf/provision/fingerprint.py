@@ -138,18 +138,18 @@ def environment(accel: Accelerator, packages_of: Iterable[str] = PACKAGES) -> di
     }
 
 
-def machine(env: Mapping[str, Any]) -> dict[str, Any]:
+def machine(env: Mapping[str, object]) -> dict[str, object]:
     """The machine of an environment (:data:`MACHINE_KEYS`)."""
     return {k: env.get(k) for k in MACHINE_KEYS}
 
 
-def stack(env: Mapping[str, Any]) -> dict[str, Any]:
+def stack(env: Mapping[str, object]) -> dict[str, object]:
     """The stack of an environment (:data:`STACK_KEYS`): Python, packages, libraries."""
     return {k: env.get(k) for k in STACK_KEYS if k in env}
 
 
-def case_stack(env: Mapping[str, Any], backend: str | BackendSpec | None = None, *,
-               known: Collection[str] = PACKAGES) -> dict[str, Any]:
+def case_stack(env: Mapping[str, object], backend: str | BackendSpec | None = None, *,
+               known: Collection[str] = PACKAGES) -> dict[str, object]:
     """The stack of an environment that a case of ``backend`` runs on: as :func:`stack`,
     its packages only those :func:`stack_changes` compares for that backend (the
     history's ``stack`` is a hash of it: installing or upgrading torch beside jax is no
@@ -168,7 +168,7 @@ def case_stack(env: Mapping[str, Any], backend: str | BackendSpec | None = None,
     return out
 
 
-def stack_changes(now: Mapping[str, Any], base: Mapping[str, Any],
+def stack_changes(now: Mapping[str, object], base: Mapping[str, object],
                   backend: str | BackendSpec | None = None, *,
                   known: Collection[str] = PACKAGES) -> list[str]:
     """How the stack of ``now`` differs from ``base``'s, one item a component, in the
@@ -233,7 +233,7 @@ def _declared(backend: str | BackendSpec | None) -> tuple[str, ...] | None:
     return backend.packages if backend is not None else None
 
 
-def differences(now: dict[str, Any], base: dict[str, Any],
+def differences(now: Mapping[str, object], base: Mapping[str, object],
                 backend: str | BackendSpec | None = None, *,
                 known: Collection[str] = PACKAGES,
                 keys: Sequence[str] = THROUGHPUT_KEYS) -> list[str]:

@@ -239,7 +239,7 @@ def provision_target(target: Target, platform_override: str | None = None) -> Ac
 
     get: Any = topologies.get_topology_desc
     dims = target.topology + (1,) * (3 - len(target.topology))
-    kwargs: dict[str, Any] = {"chip_config_name": target.chip.chip_config}
+    kwargs: dict[str, str | tuple[int, ...]] = {"chip_config_name": target.chip.chip_config}
     if any(d < h for d, h in zip(dims, (2, 2, 1), strict=True)):
         # A slice smaller than libtpu's default host (2x2x1 chips) is one host's share.
         kwargs["chips_per_host_bounds"] = tuple(min(d, h) for d, h in

@@ -48,7 +48,7 @@ import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from numpy.typing import ArrayLike
 
@@ -71,6 +71,40 @@ STACK = "stack"
 
 class ChangesError(UserError):
     """What ``accelperf history changes`` cannot do; the message names the fix."""
+
+
+class SessionJson(TypedDict):
+    """A :class:`Session` in :meth:`ChangePoint.to_json`."""
+
+    session: str
+    time: str
+    commit: str | None
+    dirty: bool | None
+    fingerprint: str | None
+    machine: str | None
+    stack: str | None
+
+
+class ChangePointJson(TypedDict):
+    """:meth:`ChangePoint.to_json`: a change point of ``accelperf history changes --json``."""
+
+    platform: str
+    nodeid: str
+    metric: str
+    unit: str
+    before: float | None
+    after: float | None
+    change: float | None
+    exact: bool
+    p_value: float | None
+    sessions_before: int
+    sessions_after: int
+    new_environment: bool
+    new_stack: bool
+    stack: list[str]
+    significant: bool
+    last_before: SessionJson
+    first_after: SessionJson
 
 
 @dataclass(frozen=True)
@@ -165,8 +199,8 @@ class ChangePoint:
                                              f"{(self.first_after.stack or '?')[:8]}")
         return f"{fmt_value(self.before, self.unit)} → {fmt_value(self.after, self.unit)}"
 
-    def to_json(self) -> dict[str, Any]:
-        def session(s: Session) -> dict[str, Any]:
+    def to_json(self) -> ChangePointJson:
+        def session(s: Session) -> SessionJson:
             return {"session": s.session, "time": s.time, "commit": s.commit,
                     "dirty": s.dirty, "fingerprint": s.fingerprint, "machine": s.machine,
                     "stack": s.stack}

@@ -8,6 +8,7 @@ workers.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,7 +202,7 @@ _BASELINE_VIEW_KEYS = ("outcome", "samples_per_step", "samples_per_second", "ste
                        "max_batch", "noisy")
 
 
-def baseline_view(block: dict[str, Any] | None) -> dict[str, Any] | None:
+def baseline_view(block: Mapping[str, object] | None) -> dict[str, object] | None:
     """The part of a stored baseline block that a report carries for its plots."""
     if block is None:
         return None

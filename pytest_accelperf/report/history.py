@@ -29,7 +29,7 @@ import json
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +68,13 @@ def git_state(cwd: Path) -> tuple[str | None, bool | None]:
     return None, None
 
 
-def fingerprint_hash(environment: dict[str, Any]) -> str:
+def fingerprint_hash(environment: Mapping[str, object]) -> str:
     """A short stable hash of an environment fingerprint (equal environments, equal hash)."""
     text = json.dumps(environment, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -84,7 +84,7 @@ def _number(value: Any) -> float | None:
 PROGRAM_FIELDS = ("source", "global_flops", *AMOUNTS, "collectives", *COUNTS)
 
 
-def program_fields(program: Any) -> dict[str, Any] | None:
+def program_fields(program: object) -> dict[str, object] | None:
     """The gated fields of a run's program record (:data:`PROGRAM_FIELDS`), or None."""
     if not isinstance(program, dict) or not isinstance(program.get("source"), str):
         return None

@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import importlib.util
+from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
-from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.errors import UserError
@@ -179,7 +179,7 @@ def _throughput_section(records: list[CaseRecord]) -> list[str]:
             "with hollow markers).</p>", *out]
 
 
-def _history_section(records: list[CaseRecord], history: list[dict[str, Any]]
+def _history_section(records: list[CaseRecord], history: Sequence[Mapping[str, object]]
                      ) -> list[str]:
     from pytest_accelperf.report.plots import trend_figure
 
@@ -251,7 +251,8 @@ def _changes_table(changes: list[ChangePoint]) -> list[str]:
     return out
 
 
-def html_report(report: SessionReport, *, history: list[dict[str, Any]] | None = None,
+def html_report(report: SessionReport, *,
+                history: Sequence[Mapping[str, object]] | None = None,
                 title: str = "accelperf report",
                 generated: _dt.datetime | None = None) -> str:
     """The whole report as one HTML document. ``history`` (entries of

@@ -15,8 +15,6 @@ counts) are :func:`suite_properties`, written once as ``<testsuite>`` properties
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from pytest_accelperf.report.data import CaseRecord, SessionReport
@@ -31,7 +29,7 @@ _DERIVED = (("samples_per_second", "samples_per_second"),
             ("mfu", "mfu"))
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     return str(value)

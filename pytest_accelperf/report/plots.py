@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -114,9 +114,9 @@ def _median(xs: list[float]) -> float:
 
 
 def _memory_panel(ax: Any, record: CaseRecord) -> bool:
-    now: dict[str, Any] = record.run.get("memory_per_device") or {}
-    base: dict[str, Any] = (((record.baseline or {}).get("memory") or {})
-                            .get("per_device") or {})
+    now: Mapping[str, float] = record.run.get("memory_per_device") or {}
+    base: Mapping[str, float] = (((record.baseline or {}).get("memory") or {})
+                                 .get("per_device") or {})
     labels = sorted(set(now) | set(base), key=_device_order)
     if not labels:
         return False
@@ -170,12 +170,13 @@ def case_figure(record: CaseRecord) -> bytes | None:
     return _png(fig) if drawn else None
 
 
-def _mesh_label(case: dict[str, Any]) -> str:
+def _mesh_label(case: Mapping[str, object]) -> str:
     mesh = case.get("mesh")
-    return "mesh" + "x".join(str(n) for n in mesh) if mesh else "no mesh"
+    return ("mesh" + "x".join(str(n) for n in mesh) if mesh and isinstance(mesh, list | tuple)
+            else "no mesh")
 
 
-def _sps(value: Any) -> float | None:
+def _sps(value: object) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
@@ -241,7 +242,7 @@ def _mesh_bars(fig: Figure, ax: Any, title: str,
 GOOD_COLOR = "#1a7f37"
 
 
-def trend_figure(title: str, entries: list[dict[str, Any]], nodeids: list[str],
+def trend_figure(title: str, entries: Sequence[Mapping[str, object]], nodeids: list[str],
                  max_sessions: int = 30,
                  marks: Sequence[tuple[str, str, bool | None]] = ()) -> bytes | None:
     """Samples/s of ``nodeids`` over the last ``max_sessions`` sessions of the history, one
@@ -267,11 +268,10 @@ def trend_figure(title: str, entries: list[dict[str, Any]], nodeids: list[str],
     ax = fig.subplots()
     drawn = False
     for nodeid in nodeids:
-        points = [(index[str(e["session"])], float(e["samples_per_second"]),
-                   e.get("verdict") == "regression")
+        points = [(index[str(e["session"])], float(sps), e.get("verdict") == "regression")
                   for e in entries
                   if e.get("nodeid") == nodeid and str(e.get("session")) in index
-                  and isinstance(e.get("samples_per_second"), (int, float))]
+                  and isinstance(sps := e.get("samples_per_second"), (int, float))]
         if not points:
             continue
         drawn = True

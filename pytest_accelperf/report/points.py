@@ -91,16 +91,16 @@ class Point(NamedTuple):
     #: packages,
     #: libraries) that ``stack`` is the hash of, read from the line's environment once per
     #: hash, one object for the lines of a hash; None without a ``stack``.
-    versions: Mapping[str, Any] | None = None
+    versions: Mapping[str, object] | None = None
 
 
-def point(e: HistoryNumbers, versions: Mapping[str, Any] | None = None) -> Point:
+def point(e: HistoryNumbers, versions: Mapping[str, object] | None = None) -> Point:
     return Point(e.time, e.session, e.platform or "", e.nodeid, e.commit, e.dirty,
                  e.fingerprint, e.samples_per_second, e.median_step_time, e.peak_memory,
                  e.final_loss, e.program, e.machine, e.stack, versions)
 
 
-def line_stack(entry: Mapping[str, Any]) -> dict[str, Any]:
+def line_stack(entry: Mapping[str, object]) -> dict[str, object]:
     """The case's stack of a history line (a dict), from its environment and its case's
     backend (:func:`pytest_accelperf.provision.fingerprint.case_stack`); empty without either."""
     env, case = entry.get("environment"), entry.get("case")
@@ -110,11 +110,11 @@ def line_stack(entry: Mapping[str, Any]) -> dict[str, Any]:
     return case_stack(env, backend if isinstance(backend, str) else None)
 
 
-def points_of(entries: Iterable[Mapping[str, Any]]) -> list[Point]:
+def points_of(entries: Iterable[Mapping[str, object]]) -> list[Point]:
     """The points of entries :func:`~pytest_accelperf.report.history.read_history` read
     (validated as history lines already)."""
     out: list[Point] = []
-    stacks: dict[str, dict[str, Any]] = {}
+    stacks: dict[str, dict[str, object]] = {}
     for item in entries:
         e = HistoryNumbers.model_validate(item)
         versions = None
@@ -146,7 +146,7 @@ def parse_points(path: Path, data: bytes, first: int = 1) -> list[Point]:
     out: list[Point] = []
     append = out.append
     last: dict[str, ProgramRecord] = {}  # each case's last program record
-    stacks: dict[str, dict[str, Any]] = {}  # the versions of each stack hash
+    stacks: dict[str, dict[str, object]] = {}  # the versions of each stack hash
     for n, raw in enumerate(data.splitlines(), start=first):
         if not raw or raw.isspace():
             continue
@@ -171,7 +171,7 @@ def parse_points(path: Path, data: bytes, first: int = 1) -> list[Point]:
     return out
 
 
-def _line_stack(raw: bytes) -> dict[str, Any]:
+def _line_stack(raw: bytes) -> dict[str, object]:
     """:func:`line_stack` of a line's bytes (a valid history line: they parse)."""
     item = json.loads(raw)
     return line_stack(item) if isinstance(item, dict) else {}

@@ -55,9 +55,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from types import ModuleType
 
 import numpy as np
 import numpy.typing as npt
@@ -65,13 +65,14 @@ import numpy.typing as npt
 from pytest_accelperf.checks.base import Verdict
 
 
-def _scipy_stats() -> Any:
+def _scipy_stats() -> ModuleType:
     """``scipy.stats``, imported on first use: it is most of the start-up time of the
     ``accelperf`` command (and of ``import pytest_accelperf``), which mostly never needs
     it."""
     from scipy import stats
 
-    return stats
+    module: ModuleType = stats
+    return module
 
 
 #: The fewest step times per run for which a bootstrap interval means anything.
@@ -115,13 +116,13 @@ def _as_samples(values: Sequence[float], name: str) -> FloatArray:
     return arr
 
 
-def _median_ratio(now: FloatArray, base: FloatArray, axis: int = -1) -> Any:
+def _median_ratio(now: FloatArray, base: FloatArray, axis: int = -1) -> FloatArray | float:
     """The statistic, vectorized over resamples along ``axis``."""
     return np.median(now, axis=axis) / np.median(base, axis=axis)
 
 
 def _corrected_ratio(now: FloatArray, now_probe: FloatArray, base: FloatArray,
-                     base_probe: FloatArray, axis: int = -1) -> Any:
+                     base_probe: FloatArray, axis: int = -1) -> FloatArray | float:
     """The drift-corrected statistic, vectorized over resamples along ``axis``."""
     return ((np.median(now, axis=axis) / np.median(now_probe, axis=axis))
             / (np.median(base, axis=axis) / np.median(base_probe, axis=axis)))
@@ -156,7 +157,8 @@ def step_time_ratio(now: Sequence[float], base: Sequence[float], *, confidence: 
     return _bootstrap((x, y), _median_ratio, confidence, n_resamples, seed)
 
 
-def _bootstrap(samples: tuple[FloatArray, ...], statistic: Any, confidence: float,
+def _bootstrap(samples: tuple[FloatArray, ...],
+               statistic: Callable[..., FloatArray | float], confidence: float,
                n_resamples: int, seed: int) -> RatioEstimate:
     x, y = samples[0], samples[-2 if len(samples) == 4 else 1]
     ratio = float(statistic(*samples))
@@ -340,8 +342,9 @@ def ab_verdict(est: RatioEstimate, tolerance: float) -> Verdict:
 TRIM = 0.1
 
 
-def _trimmed_mean(logs: FloatArray, axis: int = -1) -> Any:
-    return _scipy_stats().trim_mean(logs, TRIM, axis=axis)
+def _trimmed_mean(logs: FloatArray, axis: int = -1) -> FloatArray | float:
+    mean: FloatArray | float = _scipy_stats().trim_mean(logs, TRIM, axis=axis)
+    return mean
 
 
 def paired_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Sequence[float]],

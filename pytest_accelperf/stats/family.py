@@ -41,7 +41,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.table import check_of
@@ -54,6 +54,52 @@ FDR = 0.05
 DEFAULT_CONFIDENCE = 0.95
 #: The data keys that mark a timing check whose interval was set aside (see the module).
 SET_ASIDE_KEYS = ("contaminated", "noisy_baseline", "probe_only")
+
+
+class TestedJson(TypedDict):
+    """:meth:`Tested.to_json` (read back as :class:`pytest_accelperf.store.schema.ReportTested`)."""
+
+    nodeid: str
+    metric: str
+    ratio: float
+    ci: list[float]
+    confidence: float
+    df: int | None
+    p_value: float
+    q_value: float
+
+
+class TallyJson(TypedDict):
+    """:meth:`Tally.to_json` (read back as :class:`pytest_accelperf.store.schema.ReportTally`)."""
+
+    checks: int
+    regressions: int
+    by_metric: dict[str, int]
+
+
+class StatisticalJson(TypedDict):
+    """The ``statistical`` part of :meth:`SuiteVerdict.to_json`."""
+
+    checks: int
+    set_aside: int
+    regressions: int
+    expected_false: float
+    at_least: int
+    p_at_least: float
+    fdr: float
+    held: list[TestedJson]
+    not_held: list[TestedJson]
+
+
+class SuiteJson(TypedDict):
+    """:meth:`SuiteVerdict.to_json` (read back as
+    :class:`pytest_accelperf.store.schema.ReportSuite`)."""
+
+    cases: int
+    regressed: int
+    statistical: StatisticalJson
+    other_timing: TallyJson
+    deterministic: TallyJson
 
 
 class Case(Protocol):
@@ -102,7 +148,7 @@ class Tested:
     p_value: float
     q_value: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TestedJson:
         iv = self.interval
         return {"nodeid": self.nodeid, "metric": self.metric, "ratio": iv.ratio,
                 "ci": [iv.low, iv.high], "confidence": iv.confidence, "df": iv.df,
@@ -120,7 +166,7 @@ class Tally:
     def regressions(self) -> int:
         return sum(n for _, n in self.by_metric)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> TallyJson:
         return {"checks": self.checks, "regressions": self.regressions,
                 "by_metric": dict(self.by_metric)}
 
@@ -172,7 +218,7 @@ class SuiteVerdict:
         statistical checks by chance alone."""
         return p_at_least(self.at_least, self.rates)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SuiteJson:
         return {
             "cases": self.cases,
             "regressed": self.regressed_cases,
@@ -199,7 +245,7 @@ def _positive(value: object) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
-def _degrees_of_freedom(data: Mapping[str, Any]) -> int | None:
+def _degrees_of_freedom(data: Mapping[str, object]) -> int | None:
     """A/B mode over several process pairs has a Student-t interval with one degree of
     freedom fewer than the pairs its rounds came from
     (:func:`pytest_accelperf.stats.bootstrap.process_ratio`); otherwise None."""
