@@ -151,13 +151,14 @@ def _trained(times: list[float], *, foreign: float | None = None, seconds: float
     from pytest_accelperf.backends.protocol import TrainResult
     from pytest_accelperf.records.run import Run
 
-    extra: dict[str, Any] = {"warmup_step_times": [0.5]}
-    if foreign is not None:
-        extra["step_load"] = {"foreign_cores": foreign, "steal_cores": 0.0, "cores": 2,
-                              "seconds": seconds, "foreign_ticks": int(foreign * seconds * 100)}
+    from pytest_accelperf.stats.contention import Load
+
+    load = None if foreign is None else Load(
+        foreign_cores=foreign, steal_cores=0.0, cores=2, seconds=seconds,
+        foreign_ticks=int(foreign * seconds * 100))
     return TrainResult(run=Run(case_id="c", samples_per_step=8, n_devices=1, step_times=times,
                                probe_times=[0.001] * len(times), probe_kind="numpy",
-                               losses=[loss], extra=extra))
+                               losses=[loss], warmup_step_times=[0.5], step_load=load))
 
 
 def test_a_re_measurement_brings_the_load_it_was_measured_under() -> None:
@@ -171,7 +172,7 @@ def test_a_re_measurement_brings_the_load_it_was_measured_under() -> None:
 
     first = _trained([0.010] * 20, foreign=1.0, loss=2.0)
     again = retimed(first, _trained([0.011] * 20, foreign=0.0, loss=9.0))
-    assert again.run.extra["step_load"]["foreign_cores"] == 0.0
+    assert again.run.step_load is not None and again.run.step_load.foreign_cores == 0.0
     assert again.run.step_times == [0.011] * 20 and again.run.losses == [2.0]
     assert recording_noise(first.run, Tolerances(), 0.25)
     assert recording_noise(again.run, Tolerances(), 0.25) == ""
@@ -189,9 +190,10 @@ def test_a_longer_re_measurement_pools_its_trainings() -> None:
     run = pooled.run
     assert run.step_times == [0.011] * 20 + [0.012] * 20
     assert len(run.probe_times) == 40 and run.losses == [2.0]
-    load = run.extra["step_load"]
-    assert load["seconds"] == 4.0 and load["foreign_cores"] == pytest.approx(0.3)
-    assert load["foreign_ticks"] == 90 + 30
+    load = run.step_load
+    assert load is not None
+    assert load.seconds == 4.0 and load.foreign_cores == pytest.approx(0.3)
+    assert load.foreign_ticks == 90 + 30
     # a training that did not finish is what it is
     failed = _trained([0.011] * 3)
     failed.run.outcome = "timeout"

@@ -139,20 +139,23 @@ def test_training_is_deterministic(nomesh: TrainResult, sharded: TrainResult) ->
 def test_the_run_says_where_its_time_went(nomesh: TrainResult, sharded: TrainResult) -> None:
     for result, reference in ((nomesh, False), (sharded, True)):
         run = result.run
-        phases = run.extra["phases"]
+        phases = run.phases
+        assert phases is not None
         assert set(phases) == {"build", "compile", "program", "probe", "train",
                                "fingerprint", "reference", "total"}
         assert all(seconds >= 0 for seconds in phases.values())
         # The step's timed lowering and compile is inside the compile phase; the init's
         # compile and the measured steps inside the train phase.
         # The step's one trace (before the lowering, which reuses it) is timed apart.
-        assert 0 < run.extra["trace_time"] < phases["compile"]
-        assert phases["compile"] >= (run.extra["compile_time_parts"]["step"]
-                                     + run.extra["trace_time"])
+        assert run.trace_time is not None and run.batch_time is not None
+        assert run.compile_time_parts is not None
+        assert 0 < run.trace_time < phases["compile"]
+        assert phases["compile"] >= (run.compile_time_parts["step"]
+                                     + run.trace_time)
         # The batches made and moved outside the timer are inside the train phase too.
-        assert run.extra["batch_time"] > 0
-        assert phases["train"] >= (run.extra["compile_time_parts"]["init"]
-                                   + sum(run.step_times) + run.extra["batch_time"])
+        assert run.batch_time > 0
+        assert phases["train"] >= (run.compile_time_parts["init"]
+                                   + sum(run.step_times) + run.batch_time)
         assert (phases["reference"] > 0.05) is reference  # the single-device program's compile
         assert sum(v for k, v in phases.items() if k != "total") <= phases["total"]
 

@@ -396,13 +396,14 @@ def test_a_leaking_step_grows_by_what_it_keeps(accel: Accelerator,
 
 def test_compile_time_includes_the_init(nomesh: Run, sharded: Run) -> None:
     for run in (nomesh, sharded):
-        parts = run.extra["compile_time_parts"]
+        parts = run.compile_time_parts
+        assert parts is not None
         assert set(parts) == {"step", "init"}
         assert parts["step"] > 0 and parts["init"] > 0
         assert run.compile_time == pytest.approx(parts["step"] + parts["init"])
         # what the rest of the machine used while the step compiled (Linux: /proc)
-        load = run.extra["compile_load"]
-        assert load["foreign_cores"] >= 0 and load["seconds"] > 0
+        load = run.compile_load
+        assert load is not None and load.foreign_cores >= 0 and load.seconds > 0
 
 
 def test_a_ready_state_compiles_its_copy(accel: Accelerator) -> None:
@@ -411,5 +412,5 @@ def test_a_ready_state_compiles_its_copy(accel: Accelerator) -> None:
     step = mlp()
     step.init = step.init(jax.random.key(0))
     run = train(accel, (4, 2), step)
-    assert run.extra["compile_time_parts"]["init"] > 0
+    assert run.compile_time_parts is not None and run.compile_time_parts["init"] > 0
     assert run.memory_growth is not None and run.memory_growth["bytes_per_step"] == 0

@@ -65,8 +65,9 @@ def test_loop_marks_waits_and_times_warmup_apart() -> None:
     # per step: the batch copy's graph, then the step's; each cut and waited for
     assert dev.calls == ["mark_step", "wait"] * (2 * total)
     assert len(run.step_times) == case.steps and len(run.losses) == total
-    assert len(run.extra["warmup_step_times"]) == MIN_WARMUP
-    assert run.compile_time == pytest.approx(sum(run.extra["warmup_step_times"]))
+    assert run.warmup_step_times is not None
+    assert len(run.warmup_step_times) == MIN_WARMUP
+    assert run.compile_time == pytest.approx(sum(run.warmup_step_times))
     assert run.losses[-1] < run.losses[0]
     assert run.memory_per_device == {"cpu-lazy:0": 1234}
     assert run.flops_per_step and run.flops_per_step > 0

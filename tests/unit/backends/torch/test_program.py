@@ -143,12 +143,14 @@ def test_what_the_machine_did_while_the_step_compiled_is_recorded(
     compiled is recorded (from ``/proc``), for the compile check to leave a change made
     beside another job unjudged. Quiet, then beside a process spinning on one core."""
     for run in compiled:
-        load = run.extra["compile_load"]
-        assert load["seconds"] >= 0.8 * (run.compile_time or 0) > 0
-        assert load["foreign_cores"] >= 0
+        load = run.compile_load
+        assert load is not None
+        assert load.seconds >= 0.8 * (run.compile_time or 0) > 0
+        assert load.foreign_cores >= 0
     busy = train(Training(compile=True))
-    assert busy.extra["compile_load"]["foreign_cores"] > 0.5  # the spinning core
-    assert "compile_load" not in train(Training()).extra  # an eager step compiles nothing
+    assert busy.compile_load is not None
+    assert busy.compile_load.foreign_cores > 0.5  # the spinning core
+    assert train(Training()).compile_load is None  # an eager step compiles nothing
 
 
 def test_a_compiled_step_records_dynamos_graphs(compiled: list[Run]) -> None:
@@ -239,7 +241,7 @@ def test_a_compiled_case_after_an_identical_one_compiles_cold(compiled: list[Run
     assert first is not None and second is not None
     # Before dynamo was reset and inductor's caches emptied the second reported 0.001 s.
     assert second >= 0.3 * first, (first, second)
-    assert compiled[1].extra["compile_time_covers"] == COMPILE_TIME_COVERS
+    assert compiled[1].compile_time_covers == COMPILE_TIME_COVERS
     assert "caches cold" in COMPILE_TIME_COVERS
 
 

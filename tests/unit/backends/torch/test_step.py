@@ -272,13 +272,14 @@ def test_a_step_that_names_its_schedulers_is_trained_without_the_scan(
 
 
 def test_the_run_says_where_its_time_went(plain: tuple[Training, TorchTrainResult]) -> None:
-    phases = plain[1].run.extra["phases"]
+    phases = plain[1].run.phases
+    assert phases is not None
     assert set(phases) == {"build", "memory", "flops", "probe", "train", "fingerprint",
                            "total"}
     assert all(seconds >= 0 for seconds in phases.values())
     run = plain[1].run
-    assert run.extra["batch_time"] > 0  # make_batch and the move, outside the timer
-    assert phases["train"] >= sum(run.step_times) + run.extra["batch_time"]
+    assert run.batch_time is not None and run.batch_time > 0  # make_batch and the move, outside the timer
+    assert phases["train"] >= sum(run.step_times) + run.batch_time
     assert sum(v for k, v in phases.items() if k != "total") <= phases["total"]
 
 
