@@ -150,7 +150,6 @@ def _trained(times: list[float], *, foreign: float | None = None, seconds: float
              loss: float = 1.0) -> Any:
     from pytest_accelperf.backends.protocol import TrainResult
     from pytest_accelperf.records.run import Run
-
     from pytest_accelperf.stats.contention import Load
 
     load = None if foreign is None else Load(

@@ -278,7 +278,8 @@ def test_the_run_says_where_its_time_went(plain: tuple[Training, TorchTrainResul
                            "total"}
     assert all(seconds >= 0 for seconds in phases.values())
     run = plain[1].run
-    assert run.batch_time is not None and run.batch_time > 0  # make_batch and the move, outside the timer
+    # make_batch and the move, outside the timer
+    assert run.batch_time is not None and run.batch_time > 0
     assert phases["train"] >= sum(run.step_times) + run.batch_time
     assert sum(v for k, v in phases.items() if k != "total") <= phases["total"]
 
