@@ -330,6 +330,8 @@ def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 def _json_in(lines: list[str]) -> dict[str, object]:
     """The JSON report printed among pytest's lines (indented: from ``{`` to ``}``)."""
+    # Once in a full run at load 5 no line was "{" alone: shown whole if it happens again.
+    assert "{" in lines, "\n".join(lines)
     start = lines.index("{")
     end = lines.index("}", start)
     data: dict[str, object] = json.loads("\n".join(lines[start:end + 1]))
