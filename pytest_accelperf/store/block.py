@@ -11,11 +11,14 @@ nothing of the checks, so that they can read the block as these types.
 from __future__ import annotations
 
 import copy
+import functools
+import operator
 import types
 import typing
 from collections.abc import Callable, Hashable, Mapping
-from typing import Annotated, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, overload
 
+import typing_extensions
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -27,9 +30,11 @@ from pydantic import (
     StrictBool,
     StrictInt,
     Tag,
+    create_model,
     model_validator,
 )
 
+from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import Outcome
 
 #: Outcomes that a baseline records: the outcomes of a run
@@ -144,34 +149,64 @@ class Memory(_Strict):
     growth: Growth | None = None
 
 
-class Collective(_Strict):
-    """One kind of collective in one step: how many, and one device's bytes."""
+def _model_of(record: type, name: str, doc: str,
+              nested: Mapping[type, type[BaseModel]]) -> type[_Strict]:
+    """A section model of the fields of the TypedDict ``record`` (each its type and
+    constraints; required where ``record`` requires it, else default None), a TypedDict in
+    them replaced by its model of ``nested``: one declaration of a record read both as a
+    dict and as a section of the block."""
+    hints = typing_extensions.get_type_hints(record, include_extras=True)
+    # Under ``from __future__ import annotations`` the class cannot see ``Required`` in its
+    # (string) annotations: the resolved hints say which keys are required.
+    total = bool(getattr(record, "__total__", True))
+    fields: dict[str, Any] = {}
+    for key, hint in hints.items():
+        origin: object = typing_extensions.get_origin(hint)
+        required = origin is typing_extensions.Required or (
+            total and origin is not typing_extensions.NotRequired)
+        if origin in (typing_extensions.Required, typing_extensions.NotRequired):
+            (hint,) = typing_extensions.get_args(hint)
+        hint = _swap(hint, nested)
+        fields[key] = (hint, ...) if required else (hint, None)
+    model: type[_Strict] = create_model(name, __base__=_Strict, __module__=__name__,
+                                        __doc__=doc, **fields)
+    return model
 
-    count: Int
-    bytes: Int
+
+def _swap(hint: object, nested: Mapping[type, type[BaseModel]]) -> object:
+    """``hint`` with each type of ``nested`` in it (as a dict's value, a union's branch)
+    replaced by its model; ``hint`` itself where it has none."""
+    if isinstance(hint, type) and hint in nested:
+        return nested[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict:
+        key, value = args
+        swapped = _swap(value, nested)
+        return hint if swapped is value else dict[key, swapped]  # type: ignore[valid-type]
+    if origin in (typing.Union, types.UnionType):
+        branches = [_swap(a, nested) for a in args]
+        if all(b is a for a, b in zip(args, branches, strict=True)):
+            return hint
+        return functools.reduce(operator.or_, branches)
+    return hint
 
 
-class Program(_Strict):
-    """What the step's compiled program does (:mod:`pytest_accelperf.records.program`): the
-    ``program`` check's record. Every field but ``source`` is optional."""
-
-    source: Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]
-    flops: NonNegative | None = None
-    #: ``flops`` counted over the global batch on a second lowering (a bind_axes step).
-    global_flops: bool | None = None
-    hardware_flops: NonNegative | None = None
-    bytes_accessed: NonNegative | None = None
-    collectives: dict[str, Collective] | None = None
-    host_callbacks: Int | None = None
-    host_syncs: Int | None = None
-    host_sync_sites: dict[str, Int] | None = None
-    custom_calls: Int | None = None
-    graphs: Int | None = None
-    graph_breaks: Int | None = None
-    recompiles: Int | None = None
-    break_reasons: list[str] | None = None
-    recompile_causes: list[str] | None = None
-    ops: dict[str, Int] | None = None
+if TYPE_CHECKING:
+    Collective = _Strict
+    Program = _Strict
+else:
+    #: One kind of collective in one step (:class:`~pytest_accelperf.records.program.
+    #: CollectiveRecord`'s fields, unknown keys kept).
+    Collective = _model_of(
+        CollectiveRecord, "Collective",
+        "One kind of collective in one step: how many, and one device's bytes.", {})
+    #: What the step's compiled program does: the fields of
+    #: :class:`pytest_accelperf.records.program.ProgramRecord`, unknown keys kept.
+    Program = _model_of(
+        ProgramRecord, "Program",
+        "What the step's compiled program does (:mod:`pytest_accelperf.records.program`): the\n"
+        "    ``program`` check's record. Every field but ``source`` is optional.",
+        {CollectiveRecord: Collective})
 
 
 class Leaf(_Strict):

@@ -37,12 +37,11 @@ from pydantic import (
     ValidationError,
     create_model,
     model_validator,
-    with_config,
 )
-from typing_extensions import Required, TypedDict  # pydantic reads TypedDict of these
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.table import checks
+from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, Run
 from pytest_accelperf.store.block import (
     RECORDED_OUTCOMES,
@@ -285,45 +284,6 @@ class ReportFile(_Report):
 
 
 # -- the history -------------------------------------------------------------------------------
-#: A program record read as a plain dict, for :class:`HistoryNumbers`: strict and finite
-#: as the models are, unknown keys skipped unread.
-_RECORD = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-@with_config(_RECORD)
-class CollectiveRecord(TypedDict):
-    """:class:`Collective` as a dict."""
-
-    count: Int
-    bytes: Int
-
-
-@with_config(_RECORD)
-class ProgramRecord(TypedDict, total=False):
-    """:class:`Program` as a dict: the same fields, types and constraints (a test holds them
-    equal), validated the same, its unknown keys skipped instead of kept. Change-point
-    analysis reads a program record of every history line, and compares each with the
-    next: a dict is built and compared in C, a model in Python (a third of the time of
-    ``accelperf history changes`` over 100,000 lines was the models')."""
-
-    source: Required[Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]]
-    flops: NonNegative | None
-    global_flops: bool | None
-    hardware_flops: NonNegative | None
-    bytes_accessed: NonNegative | None
-    collectives: dict[str, CollectiveRecord] | None
-    host_callbacks: Int | None
-    host_syncs: Int | None
-    host_sync_sites: dict[str, Int] | None
-    custom_calls: Int | None
-    graphs: Int | None
-    graph_breaks: Int | None
-    recompiles: Int | None
-    break_reasons: list[str] | None
-    recompile_causes: list[str] | None
-    ops: dict[str, Int] | None
-
-
 class HistoryNumbers(BaseModel):
     """What change-point analysis (:mod:`pytest_accelperf.report.changes`) reads of a
     ``--accelperf-history`` line: the case, the session, its commit and fingerprint, the
