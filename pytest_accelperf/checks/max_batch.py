@@ -29,7 +29,7 @@ METRIC = "max_batch"
 UNIT = "samples"
 
 
-def _cap(n: Any) -> str:
+def _cap(n: float | None) -> str:
     return fmt_bytes(n) if n is not None else "the device's capacity"
 
 

@@ -249,7 +249,7 @@ class CompactNumerics(CompactSection):
     state: CompactSection | None = None
 
 
-def _numerics_kind(value: Any) -> str:
+def _numerics_kind(value: object) -> str:
     """Which form a block's ``numerics`` is: ``compact`` (it has a ``sketch`` list) or
     ``per_leaf`` (the form recorded before, still read: the migration of old blocks)."""
     if isinstance(value, Mapping) and isinstance(value.get("sketch"), list):
@@ -382,9 +382,25 @@ def read_block(data: Mapping[str, Any] | Block | None,
     return read(model, data)
 
 
-def json_of(value: Any) -> Any:
+@overload
+def json_of(value: BaseModel | Mapping[str, object]) -> Mapping[str, Any]: ...
+
+
+@overload
+def json_of(value: None) -> None: ...
+
+
+@overload
+def json_of(value: BaseModel | Mapping[str, object] | None) -> Mapping[str, Any] | None: ...
+
+
+@overload
+def json_of(value: object) -> object: ...
+
+
+def json_of(value: object) -> object:
     """``value`` (a section :func:`read` made, or a list or an object of them) as JSON
-    again: what it was read from."""
+    again: what it was read from (a section, an object: a JSON object, a fresh one)."""
     if isinstance(value, _Strict):
         return value.to_json()
     if isinstance(value, BaseModel):
@@ -396,7 +412,7 @@ def json_of(value: Any) -> Any:
     return value
 
 
-def _branches(annotation: Any) -> tuple[Any, Callable[[Any], Hashable] | None]:
+def _branches(annotation: object) -> tuple[object, Callable[[Any], Hashable] | None]:
     """``annotation`` without ``Annotated``, and the discriminator of its union if it has
     one."""
     pick: Callable[[Any], Hashable] | None = None
@@ -408,14 +424,14 @@ def _branches(annotation: Any) -> tuple[Any, Callable[[Any], Hashable] | None]:
     return annotation, pick
 
 
-def _tag(annotation: Any) -> str | None:
+def _tag(annotation: object) -> str | None:
     if typing.get_origin(annotation) is Annotated:
         return next((m.tag for m in typing.get_args(annotation)[1:] if isinstance(m, Tag)),
                     None)
     return None
 
 
-def _shape(annotation: Any) -> type | None:
+def _shape(annotation: object) -> type | None:
     """The JSON container ``annotation`` reads: ``dict`` (a model, an object), ``list`` (a
     list, a tuple), or None (a scalar)."""
     annotation, _ = _branches(annotation)
@@ -432,7 +448,7 @@ def _shape(annotation: Any) -> type | None:
     return None
 
 
-def _read(annotation: Any, value: Any) -> Any:
+def _read(annotation: object, value: object) -> object:
     """``value`` read as ``annotation`` (see :func:`read`)."""
     annotation, pick = _branches(annotation)
     origin = typing.get_origin(annotation)

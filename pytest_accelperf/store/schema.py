@@ -367,7 +367,7 @@ def block_model() -> type[Block]:
     return _block_model(added_sections())
 
 
-def validate_block(data: Any) -> Block:
+def validate_block(data: object) -> Block:
     """``data`` as a :class:`Block` (:func:`block_model`); :class:`pydantic.ValidationError`
     if it is not one."""
     return block_model().model_validate(data)
@@ -436,7 +436,7 @@ def _untagged(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     return tuple(out)
 
 
-def _short(value: Any, width: int = 60) -> str:
+def _short(value: object, width: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= width else text[:width - 4] + " ..."
 
