@@ -697,7 +697,7 @@ class NumericsCheck(BaseCheck):
         return one(check_numerics(given.block, given.baseline, given.tol,
                                   same_environment=given.comparable and not given.stack))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``numerics``: the run's per-leaf fingerprint (the store keeps its compact
         form, :func:`compact`); ``numerics_spread``: how far a replay moved each leaf, where
         the backend replayed the training; none for a compile-only run, which trained

@@ -164,7 +164,7 @@ class ProgramCheck(BaseCheck):
         return one(check_program(given.block, given.baseline, given.tol,
                                  comparable=given.program_comparable))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``program``, the record of what the step's compiled program does."""
         return {"program": run.program} if run.outcome == "ok" and run.program is not None \
             else {}

@@ -159,7 +159,7 @@ def _model_of(record: type, name: str, doc: str,
     # Under ``from __future__ import annotations`` the class cannot see ``Required`` in its
     # (string) annotations: the resolved hints say which keys are required.
     total = bool(getattr(record, "__total__", True))
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # pydantic's field definitions
     for key, hint in hints.items():
         origin: object = typing_extensions.get_origin(hint)
         required = origin is typing_extensions.Required or (

@@ -139,7 +139,7 @@ class _Report(BaseModel):
 #: The fields of a run whose JSON form differs from the run's own types: a non-finite
 #: loss or metric is written as a string (:meth:`pytest_accelperf.records.run.Run.to_json`), and a
 #: log may count memory in fractional bytes.
-_RUN_JSON_TYPES: dict[str, Any] = {
+_RUN_JSON_TYPES: dict[str, object] = {
     "losses": list[float | str | None],
     "metrics": dict[str, list[float | str | None]],
     "memory_per_device": dict[str, float],
