@@ -32,7 +32,7 @@ are compared only in the environment the baseline was recorded in.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
@@ -58,7 +58,7 @@ def _probe(block: Block) -> tuple[str, list[float]]:
 
 def check_compile_time(block: BlockLike, baseline: BlockLike | None,
                        tol: Tolerances, *, comparable: bool,
-                       compile_load: dict[str, Any] | None = None,
+                       compile_load: Mapping[str, float] | None = None,
                        max_foreign_load: float | None = None,
                        stack: Sequence[str] = ()) -> CheckResult | None:
     """``block``'s compile time against ``baseline``'s; None when this run compiled nothing
@@ -142,7 +142,7 @@ class CompileCheck(BaseCheck):
                                       max_foreign_load=given.max_foreign_load,
                                       stack=given.stack))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``compile_time``, where the run timed a compile."""
         if run.outcome != "ok" or not run.compile_time:
             return {}

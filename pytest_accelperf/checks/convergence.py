@@ -24,8 +24,9 @@ that names the step, with or without a baseline.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
@@ -178,6 +179,15 @@ def check_convergence(run: Run, block: BlockLike, baseline: BlockLike | None,
     return replace(result, detail=detail, data=data)
 
 
+class Curve(TypedDict):
+    """A curve as the baseline block stores it (the ``loss`` section, each of
+    ``metrics``): ``[step, mean]`` checkpoints, the final value, the step count."""
+
+    checkpoints: list[list[float]]
+    final: float | None
+    steps: int
+
+
 def loss_checkpoints(losses: list[float], steps: list[int] | None = None,
                      n: int = N_CHECKPOINTS) -> list[list[float]]:
     """``[[step, mean loss of the window ending at step], ...]`` at ``n`` even checkpoints.
@@ -215,16 +225,17 @@ class LossCheck(BaseCheck):
             return (nan_result(given.run, given.baseline),)
         return ()
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``loss``: the curve's checkpoints, the final loss and the step count (none for
         a compile-only run, which has no steps)."""
         if not stepped(run):
             return {}
-        return {"loss": {
+        loss: Curve = {
             "checkpoints": loss_checkpoints(run.losses, run.loss_steps),
             "final": round_sig(run.losses[-1]) if run.losses else None,
             "steps": len(run.losses),
-        }}
+        }
+        return {"loss": loss}
 
 
 CHECK = LossCheck()

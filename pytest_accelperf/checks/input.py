@@ -48,7 +48,7 @@ the baseline was recorded in; a baseline recorded before input times were kept g
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -269,7 +269,7 @@ class InputCheck(BaseCheck):
         return one(check_input(given.block, given.baseline, given.tol,
                                comparable=given.comparable))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``input``, where the run timed the making of its batches."""
         return {"input": input_block(run)} if run.outcome == "ok" and run.input_times else {}
 

@@ -16,7 +16,7 @@ A search that found no batch that fits has ``value`` None, which is below any nu
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
@@ -29,7 +29,7 @@ METRIC = "max_batch"
 UNIT = "samples"
 
 
-def _cap(n: Any) -> str:
+def _cap(n: float | None) -> str:
     return fmt_bytes(n) if n is not None else "the device's capacity"
 
 
@@ -87,7 +87,7 @@ class MaxBatchCheck(BaseCheck):
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:
         return one(check_max_batch(given.block, given.baseline))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``max_batch``: the search (:mod:`pytest_accelperf.gate.maxbatch`)."""
         return {"max_batch": run.max_batch} if run.max_batch is not None else {}
 

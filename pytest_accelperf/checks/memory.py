@@ -24,6 +24,7 @@ torch profiler's allocations on counted steps, the CUDA allocator), growth beyon
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -65,7 +66,7 @@ def _memory(block: Block | None) -> Memory:
     return mem if mem is not None else Memory.model_construct(per_device={})
 
 
-def leak_sentence(growth: dict[str, Any]) -> str:
+def leak_sentence(growth: Mapping[str, float | str]) -> str:
     """``"live memory grew 133.00 KiB per step over 16 measured steps (…)"``."""
     return (f"live memory grew {fmt_bytes(float(growth.get('bytes_per_step', 0)))} per step "
             f"over {growth.get('steps', '?')} measured steps "
@@ -194,7 +195,7 @@ class MemoryCheck(BaseCheck):
             return ()
         return one(check_memory(given.block, given.baseline, given.tol))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``memory``: peak bytes per device, their maximum, how they were counted, and
         live memory's growth per step where the backend read it."""
         if not run.memory_per_device:

@@ -18,11 +18,12 @@ changed), so a checkpoint or final value outside the band, on either side, is a
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
-from pytest_accelperf.checks.convergence import loss_checkpoints
+from pytest_accelperf.checks.convergence import Curve, loss_checkpoints
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput
 from pytest_accelperf.records.run import Run
@@ -100,11 +101,11 @@ def check_metric(name: str, now: Loss | None, base: Loss | None, baseline: Block
                    data={**data, "checkpoints": rows})
 
 
-def metric_curves(run: Run) -> dict[str, dict[str, Any]]:
+def metric_curves(run: Run) -> dict[str, Curve]:
     """``{name: {"checkpoints", "final", "steps"}}`` of the step's other metrics, as the
     loss's curve; a metric with a non-finite value is left out (a baseline is strict JSON,
     and a NaN learning rate would have made the loss NaN anyway)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Curve] = {}
     for name, values in sorted(run.metrics.items()):
         if not values or not all(math.isfinite(v) for v in values):
             continue
@@ -125,7 +126,7 @@ class MetricsCheck(BaseCheck):
     def check(self, given: CheckInput) -> list[CheckResult]:
         return check_metrics(given.block, given.baseline, given.tol) if given.stepped else []
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``metrics``: a curve per step metric, where the step returned any."""
         curves = metric_curves(run) if run.outcome == "ok" else {}
         return {"metrics": curves} if curves else {}

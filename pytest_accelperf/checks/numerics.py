@@ -37,9 +37,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, SupportsInt
 
 import numpy as np
 import numpy.typing as npt
@@ -68,12 +68,14 @@ class LeafDiff:
     size: int
 
 
-def _as_float(x: Any) -> npt.NDArray[np.float64]:
+def _as_float(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
     return np.array(x, dtype=np.float64, copy=True)
 
 
-def compare_leaf(path: str, now: Any, ref: Any, *, rtol: float, atol: float) -> LeafDiff:
-    """Compare two arrays of one leaf with ``np.isclose(now, ref)`` (``ref`` the reference)."""
+def compare_leaf(path: str, now: npt.ArrayLike, ref: npt.ArrayLike, *, rtol: float,
+                 atol: float) -> LeafDiff:
+    """Compare two arrays of one leaf (numpy arrays, or a framework's that numpy reads)
+    with ``np.isclose(now, ref)`` (``ref`` the reference)."""
     a, b = np.ravel(_as_float(now)), np.ravel(_as_float(ref))
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(a - b)
@@ -94,7 +96,7 @@ def _listed(items: list[str]) -> str:
     return text + (f"; and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
 
 
-def _shape_text(shape: Any) -> str:
+def _shape_text(shape: Iterable[SupportsInt]) -> str:
     return str(tuple(int(n) for n in shape))
 
 
@@ -143,7 +145,7 @@ class FingerprintLeaf:
         return all(math.isfinite(v) for v in self.values)
 
 
-def _number(value: Any, where: str) -> float:
+def _number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FingerprintError(f"{where} is {value!r}, not a number")
     return float(value)
@@ -160,7 +162,7 @@ def _compact_leaves(section: Mapping[str, Any], state: bool) -> list[Fingerprint
             for i, v in enumerate(sketch)]
 
 
-def fingerprint_leaves(numerics: Any) -> list[FingerprintLeaf]:
+def fingerprint_leaves(numerics: object) -> list[FingerprintLeaf]:
     """The leaves of a numerics fingerprint in any form the plugin writes: a run's (one
     entry per leaf path, with its RMS and samples) or the store's compact one
     (:func:`compact`, with its state section). The one reader of a fingerprint's numbers,
@@ -227,14 +229,14 @@ def structure(fp: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
     return whole, "".join(d[:TAG_HEX] for d in digests)
 
 
-def is_compact(numerics: Any) -> bool:
+def is_compact(numerics: object) -> bool:
     """Whether ``numerics`` is a compact fingerprint (``{"sketch", "structure", "tags"}``)
     rather than one entry per leaf."""
     return (isinstance(numerics, Mapping) and isinstance(numerics.get("sketch"), list)
             and isinstance(numerics.get("structure"), str))
 
 
-def compactable(numerics: Any) -> bool:
+def compactable(numerics: object) -> bool:
     """Whether ``numerics`` is a per-leaf fingerprint with a sketch for every leaf (what
     :func:`pytest_accelperf.backends.measure.common.fingerprint` makes), which :func:`compact` can
     store."""
@@ -242,11 +244,11 @@ def compactable(numerics: Any) -> bool:
             and all(isinstance(p, str) and _sketched(v) for p, v in numerics.items()))
 
 
-def _finite(x: Any) -> bool:
+def _finite(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _sketched(leaf: Any) -> bool:
+def _sketched(leaf: object) -> bool:
     """A leaf that :func:`compact` can store: finite ``rms`` >= 0 and ``sketch``, a list of
     integers for a shape, a string dtype (anything else is left to the schema to name)."""
     return (isinstance(leaf, Mapping) and _finite(leaf.get("rms")) and leaf["rms"] >= 0
@@ -480,8 +482,9 @@ def check_numerics(block: BlockLike, baseline: BlockLike | None,
     block, baseline = read_block(block), read_block(baseline)
     # The fingerprints as JSON, what the fingerprint's functions here (and the store's
     # compaction, pytest_accelperf.store.baselines) read.
-    now_fp: dict[str, Any] = json_of(block.numerics) or {}
-    base_fp: dict[str, Any] = json_of(baseline.numerics if baseline is not None else None) or {}
+    now_fp: Mapping[str, Any] = json_of(block.numerics) or {}
+    base_fp: Mapping[str, Any] = (
+        json_of(baseline.numerics if baseline is not None else None) or {})
     if not now_fp and not base_fp:
         return None
     if baseline is None:
@@ -694,7 +697,7 @@ class NumericsCheck(BaseCheck):
         return one(check_numerics(given.block, given.baseline, given.tol,
                                   same_environment=given.comparable and not given.stack))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``numerics``: the run's per-leaf fingerprint (the store keeps its compact
         form, :func:`compact`); ``numerics_spread``: how far a replay moved each leaf, where
         the backend replayed the training; none for a compile-only run, which trained

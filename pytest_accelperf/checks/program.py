@@ -22,6 +22,7 @@ all) cover that.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -49,12 +50,12 @@ UNIT = "flop"
 _REMEDY = "if the change is intended, re-record with --accelperf-update"
 
 
-def _flops(program: dict[str, Any] | None) -> float | None:
+def _flops(program: Mapping[str, object] | None) -> float | None:
     value = (program or {}).get("flops")
     return float(value) if isinstance(value, int | float) else None
 
 
-def summary(program: dict[str, Any]) -> str:
+def summary(program: Mapping[str, Any]) -> str:
     """``"xla program: 3 collectives, 0 host callbacks"``: what a passing check saw."""
     parts: list[str] = []
     coll = program.get("collectives")
@@ -75,7 +76,7 @@ def summary(program: dict[str, Any]) -> str:
     return f"{program.get('source', '?')} program" + (f": {', '.join(parts)}" if parts else "")
 
 
-def not_in_baseline(base: dict[str, Any], now: dict[str, Any]) -> list[str]:
+def not_in_baseline(base: Mapping[str, object], now: Mapping[str, object]) -> list[str]:
     """What this run's record gates that the baseline's does not have (``host syncs``,
     ``op histogram``): a baseline recorded before the backend read them. Those compare
     as nothing, not as a change."""
@@ -84,11 +85,10 @@ def not_in_baseline(base: dict[str, Any], now: dict[str, Any]) -> list[str]:
     return [label for key, label in labels.items() if key in now and key not in base]
 
 
-def _record(block: Block) -> dict[str, Any] | None:
+def _record(block: Block) -> Mapping[str, Any] | None:
     """``block``'s program record as the JSON that :mod:`pytest_accelperf.records.program` reads
     (the history's change points read it too); None where it has none."""
-    record: dict[str, Any] | None = json_of(block.program) or None
-    return record
+    return json_of(block.program) or None
 
 
 def check_program(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
@@ -164,7 +164,7 @@ class ProgramCheck(BaseCheck):
         return one(check_program(given.block, given.baseline, given.tol,
                                  comparable=given.program_comparable))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``program``, the record of what the step's compiled program does."""
         return {"program": run.program} if run.outcome == "ok" and run.program is not None \
             else {}

@@ -149,7 +149,7 @@ class Check(Protocol):
         """Its results for the run in ``given`` (none where it does not apply)."""
         ...
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """The sections of the baseline block it owns, for ``run`` (``{}``: none)."""
         ...
 
@@ -194,7 +194,7 @@ class BaseCheck:
     def check(self, given: CheckInput) -> Sequence[CheckResult]:
         return ()
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         return {}
 
     def not_cleared(self, result: CheckResult) -> str | None:

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -475,7 +475,7 @@ class ThroughputCheck(BaseCheck):
                                     differences=given.differences, stack=given.stack,
                                     max_foreign_load=given.max_foreign_load))
 
-    def record(self, run: Run) -> dict[str, Any]:
+    def record(self, run: Run) -> Mapping[str, object]:
         """``step_time`` (every sample, their median, this session's level), ``probe``
         (the drift probe's samples) and ``samples_per_second``, of a finished run."""
         if run.outcome != "ok":

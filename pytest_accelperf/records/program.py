@@ -69,13 +69,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import ConfigDict, Field, with_config
+from typing_extensions import Required, TypedDict  # pydantic reads TypedDict of these
 
 from pytest_accelperf.records.sites import compare_counts, new_reasons
 from pytest_accelperf.stats.units import fmt_bytes, fmt_signed_percent
 
 #: Program sources (``Run.program["source"]``).
-SOURCES = ("xla", "torch", "torch.compile", "deepspeed", "ddp")
+Source = Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]
+SOURCES: tuple[str, ...] = get_args(Source)
 #: Sources whose ``ops`` are torch's dispatched aten ops, named with their inputs' dtypes.
 TORCH_OPS = ("torch", "deepspeed", "ddp")
 #: Torch's matrix products: ``matmul dtypes`` counts them by their inputs' dtypes
@@ -88,6 +92,56 @@ MATMULS = frozenset({"mm", "bmm", "addmm", "addbmm", "baddbmm", "matmul", "linea
 DTYPE_BYTES: dict[str, int] = {
     "f64": 8, "f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4, "i16": 2, "i8": 1, "u8": 1,
     "b8": 1, "c64": 8, "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1}
+
+#: A count of the record (non-negative); an amount (non-negative, finite). The constraints
+#: are pydantic's: the store validates a block's ``program`` with them
+#: (:class:`pytest_accelperf.store.block.Program`), the history reader a line's
+#: (:class:`pytest_accelperf.store.schema.HistoryNumbers`).
+_Count = Annotated[int, Field(ge=0)]
+_Amount = Annotated[float, Field(ge=0)]
+#: As a dict, the record is read strict and finite; unknown keys are skipped unread.
+_AS_DICT = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+@with_config(_AS_DICT)
+class CollectiveRecord(TypedDict):
+    """One kind of collective in one step: how many, and one device's bytes."""
+
+    count: _Count
+    bytes: _Count
+
+
+@with_config(_AS_DICT)
+class ProgramRecord(TypedDict, total=False):
+    """The program record (the module docstring), declared once: the form of
+    ``Run.program``, of a baseline block's ``program``
+    (:class:`pytest_accelperf.store.block.Program` is made of these fields, a model that
+    keeps unknown keys) and of a history line's, read as this dict by
+    :class:`pytest_accelperf.store.schema.HistoryNumbers`, validated as ``Program``
+    validates, its unknown keys skipped instead of kept. Change-point analysis reads a
+    program record of every history line, and compares each with the next: a dict is
+    built and compared in C, a model in Python (a third of the time of ``accelperf
+    history changes`` over 100,000 lines was the models'). Every field but ``source`` is
+    optional."""
+
+    source: Required[Source]
+    flops: _Amount | None
+    #: ``flops`` counted over the global batch on a second lowering (a bind_axes step).
+    global_flops: bool | None
+    hardware_flops: _Amount | None
+    bytes_accessed: _Amount | None
+    collectives: dict[str, CollectiveRecord] | None
+    host_callbacks: _Count | None
+    host_syncs: _Count | None
+    host_sync_sites: dict[str, _Count] | None
+    custom_calls: _Count | None
+    graphs: _Count | None
+    graph_breaks: _Count | None
+    recompiles: _Count | None
+    break_reasons: list[str] | None
+    recompile_causes: list[str] | None
+    ops: dict[str, _Count] | None
+
 
 #: Amounts: compared within a relative tolerance. Name -> (label, unit).
 AMOUNTS: dict[str, tuple[str, str]] = {
@@ -116,7 +170,9 @@ def program_record(source: str, *, flops: float | None = None,
                    ops: Mapping[str, int] | None = None, host_syncs: int | None = None,
                    host_sync_sites: Mapping[str, int] | None = None,
                    global_flops: bool = False) -> dict[str, Any]:
-    """A ``Run.program`` record (see the module docstring); None fields are left out."""
+    """A ``Run.program`` record (see the module docstring), in the form of
+    :class:`ProgramRecord`; None fields are left out. Returned as the JSON dict that the
+    backends put in ``Run.program`` (and their annotations name)."""
     if source not in SOURCES:
         raise ValueError(f"program source {source!r} is not one of {', '.join(SOURCES)}")
     record: dict[str, Any] = {"source": source}

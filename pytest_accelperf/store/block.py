@@ -11,11 +11,14 @@ nothing of the checks, so that they can read the block as these types.
 from __future__ import annotations
 
 import copy
+import functools
+import operator
 import types
 import typing
 from collections.abc import Callable, Hashable, Mapping
-from typing import Annotated, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, overload
 
+import typing_extensions
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -27,9 +30,11 @@ from pydantic import (
     StrictBool,
     StrictInt,
     Tag,
+    create_model,
     model_validator,
 )
 
+from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import Outcome
 
 #: Outcomes that a baseline records: the outcomes of a run
@@ -144,34 +149,64 @@ class Memory(_Strict):
     growth: Growth | None = None
 
 
-class Collective(_Strict):
-    """One kind of collective in one step: how many, and one device's bytes."""
+def _model_of(record: type, name: str, doc: str,
+              nested: Mapping[type, type[BaseModel]]) -> type[_Strict]:
+    """A section model of the fields of the TypedDict ``record`` (each its type and
+    constraints; required where ``record`` requires it, else default None), a TypedDict in
+    them replaced by its model of ``nested``: one declaration of a record read both as a
+    dict and as a section of the block."""
+    hints = typing_extensions.get_type_hints(record, include_extras=True)
+    # Under ``from __future__ import annotations`` the class cannot see ``Required`` in its
+    # (string) annotations: the resolved hints say which keys are required.
+    total = bool(getattr(record, "__total__", True))
+    fields: dict[str, Any] = {}  # pydantic's field definitions
+    for key, hint in hints.items():
+        origin: object = typing_extensions.get_origin(hint)
+        required = origin is typing_extensions.Required or (
+            total and origin is not typing_extensions.NotRequired)
+        if origin in (typing_extensions.Required, typing_extensions.NotRequired):
+            (hint,) = typing_extensions.get_args(hint)
+        hint = _swap(hint, nested)
+        fields[key] = (hint, ...) if required else (hint, None)
+    model: type[_Strict] = create_model(name, __base__=_Strict, __module__=__name__,
+                                        __doc__=doc, **fields)
+    return model
 
-    count: Int
-    bytes: Int
+
+def _swap(hint: object, nested: Mapping[type, type[BaseModel]]) -> object:
+    """``hint`` with each type of ``nested`` in it (as a dict's value, a union's branch)
+    replaced by its model; ``hint`` itself where it has none."""
+    if isinstance(hint, type) and hint in nested:
+        return nested[hint]
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is dict:
+        key, value = args
+        swapped = _swap(value, nested)
+        return hint if swapped is value else dict[key, swapped]  # type: ignore[valid-type]
+    if origin in (typing.Union, types.UnionType):
+        branches = [_swap(a, nested) for a in args]
+        if all(b is a for a, b in zip(args, branches, strict=True)):
+            return hint
+        return functools.reduce(operator.or_, branches)
+    return hint
 
 
-class Program(_Strict):
-    """What the step's compiled program does (:mod:`pytest_accelperf.records.program`): the
-    ``program`` check's record. Every field but ``source`` is optional."""
-
-    source: Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]
-    flops: NonNegative | None = None
-    #: ``flops`` counted over the global batch on a second lowering (a bind_axes step).
-    global_flops: bool | None = None
-    hardware_flops: NonNegative | None = None
-    bytes_accessed: NonNegative | None = None
-    collectives: dict[str, Collective] | None = None
-    host_callbacks: Int | None = None
-    host_syncs: Int | None = None
-    host_sync_sites: dict[str, Int] | None = None
-    custom_calls: Int | None = None
-    graphs: Int | None = None
-    graph_breaks: Int | None = None
-    recompiles: Int | None = None
-    break_reasons: list[str] | None = None
-    recompile_causes: list[str] | None = None
-    ops: dict[str, Int] | None = None
+if TYPE_CHECKING:
+    Collective = _Strict
+    Program = _Strict
+else:
+    #: One kind of collective in one step (:class:`~pytest_accelperf.records.program.
+    #: CollectiveRecord`'s fields, unknown keys kept).
+    Collective = _model_of(
+        CollectiveRecord, "Collective",
+        "One kind of collective in one step: how many, and one device's bytes.", {})
+    #: What the step's compiled program does: the fields of
+    #: :class:`pytest_accelperf.records.program.ProgramRecord`, unknown keys kept.
+    Program = _model_of(
+        ProgramRecord, "Program",
+        "What the step's compiled program does (:mod:`pytest_accelperf.records.program`): the\n"
+        "    ``program`` check's record. Every field but ``source`` is optional.",
+        {CollectiveRecord: Collective})
 
 
 class Leaf(_Strict):
@@ -214,7 +249,7 @@ class CompactNumerics(CompactSection):
     state: CompactSection | None = None
 
 
-def _numerics_kind(value: Any) -> str:
+def _numerics_kind(value: object) -> str:
     """Which form a block's ``numerics`` is: ``compact`` (it has a ``sketch`` list) or
     ``per_leaf`` (the form recorded before, still read: the migration of old blocks)."""
     if isinstance(value, Mapping) and isinstance(value.get("sketch"), list):
@@ -347,9 +382,25 @@ def read_block(data: Mapping[str, Any] | Block | None,
     return read(model, data)
 
 
-def json_of(value: Any) -> Any:
+@overload
+def json_of(value: BaseModel | Mapping[str, object]) -> Mapping[str, Any]: ...
+
+
+@overload
+def json_of(value: None) -> None: ...
+
+
+@overload
+def json_of(value: BaseModel | Mapping[str, object] | None) -> Mapping[str, Any] | None: ...
+
+
+@overload
+def json_of(value: object) -> object: ...
+
+
+def json_of(value: object) -> object:
     """``value`` (a section :func:`read` made, or a list or an object of them) as JSON
-    again: what it was read from."""
+    again: what it was read from (a section, an object: a JSON object, a fresh one)."""
     if isinstance(value, _Strict):
         return value.to_json()
     if isinstance(value, BaseModel):
@@ -361,7 +412,7 @@ def json_of(value: Any) -> Any:
     return value
 
 
-def _branches(annotation: Any) -> tuple[Any, Callable[[Any], Hashable] | None]:
+def _branches(annotation: object) -> tuple[object, Callable[[Any], Hashable] | None]:
     """``annotation`` without ``Annotated``, and the discriminator of its union if it has
     one."""
     pick: Callable[[Any], Hashable] | None = None
@@ -373,14 +424,14 @@ def _branches(annotation: Any) -> tuple[Any, Callable[[Any], Hashable] | None]:
     return annotation, pick
 
 
-def _tag(annotation: Any) -> str | None:
+def _tag(annotation: object) -> str | None:
     if typing.get_origin(annotation) is Annotated:
         return next((m.tag for m in typing.get_args(annotation)[1:] if isinstance(m, Tag)),
                     None)
     return None
 
 
-def _shape(annotation: Any) -> type | None:
+def _shape(annotation: object) -> type | None:
     """The JSON container ``annotation`` reads: ``dict`` (a model, an object), ``list`` (a
     list, a tuple), or None (a scalar)."""
     annotation, _ = _branches(annotation)
@@ -397,7 +448,7 @@ def _shape(annotation: Any) -> type | None:
     return None
 
 
-def _read(annotation: Any, value: Any) -> Any:
+def _read(annotation: object, value: object) -> object:
     """``value`` read as ``annotation`` (see :func:`read`)."""
     annotation, pick = _branches(annotation)
     origin = typing.get_origin(annotation)

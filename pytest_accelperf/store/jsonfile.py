@@ -52,9 +52,10 @@ def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def loads(text: str) -> Any:
-    """``json.loads(text)``, except that an object with a repeated key is a
-    :class:`JsonFileError` at the repetition (as is a syntax error, at its position)."""
+def loads(text: str) -> object:
+    """``json.loads(text)`` (any JSON value: the caller checks its form), except that an
+    object with a repeated key is a :class:`JsonFileError` at the repetition (as is a
+    syntax error, at its position)."""
     try:
         return json.loads(text, object_pairs_hook=_pairs)
     except json.JSONDecodeError as exc:
@@ -217,16 +218,16 @@ def _first_duplicate(text: str) -> tuple[list[str | int], str, int]:
 WRAPPED: Mapping[str, int] = MappingProxyType({"sketch": 5})
 
 
-def _scalar(value: Any) -> bool:
+def _scalar(value: object) -> bool:
     return not isinstance(value, (list, dict))
 
 
-def _number(value: Any) -> bool:
+def _number(value: object) -> bool:
     """A number, or null (a session's ``probe_median`` without a probe)."""
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
-def _inline(value: Any) -> bool:
+def _inline(value: object) -> bool:
     """Whether a container is written on one line: an array of scalars or of arrays of
     scalars (samples, loss checkpoints), or an object of numbers or nulls (a histogram of
     ops, the bytes per device, a session's medians)."""
@@ -236,7 +237,7 @@ def _inline(value: Any) -> bool:
     return isinstance(value, dict) and bool(value) and all(map(_number, value.values()))
 
 
-def dumps(value: Any) -> str:
+def dumps(value: object) -> str:
     """``value`` as the store writes JSON: keys sorted, an indent of 2, and plain containers
     on one line (:func:`_inline`; the arrays named in :data:`WRAPPED` that many elements
     a line). What ``json.dumps(value, indent=2, sort_keys=True)`` writes, less the line per
@@ -247,7 +248,7 @@ def dumps(value: Any) -> str:
     return "".join(out)
 
 
-def _write(value: Any, indent: str, key: str | None, out: list[str]) -> None:
+def _write(value: object, indent: str, key: str | None, out: list[str]) -> None:
     per_line = WRAPPED.get(key or "", 0)
     if _scalar(value) or (not per_line and _inline(value)):
         out.append(json.dumps(value, separators=(", ", ": "), sort_keys=True))
@@ -268,6 +269,7 @@ def _write(value: Any, indent: str, key: str | None, out: list[str]) -> None:
             _write(item, inner, None, out)
         out.append("\n" + indent + "]")
         return
+    assert isinstance(value, dict)  # what is not a list or a dict is a scalar, written above
     out.append("{")
     for i, name in enumerate(sorted(value)):
         out.append(("," if i else "") + "\n" + inner + json.dumps(name) + ": ")

@@ -37,12 +37,11 @@ from pydantic import (
     ValidationError,
     create_model,
     model_validator,
-    with_config,
 )
-from typing_extensions import Required, TypedDict  # pydantic reads TypedDict of these
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.table import checks
+from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, Run
 from pytest_accelperf.store.block import (
     RECORDED_OUTCOMES,
@@ -140,7 +139,7 @@ class _Report(BaseModel):
 #: The fields of a run whose JSON form differs from the run's own types: a non-finite
 #: loss or metric is written as a string (:meth:`pytest_accelperf.records.run.Run.to_json`), and a
 #: log may count memory in fractional bytes.
-_RUN_JSON_TYPES: dict[str, Any] = {
+_RUN_JSON_TYPES: dict[str, object] = {
     "losses": list[float | str | None],
     "metrics": dict[str, list[float | str | None]],
     "memory_per_device": dict[str, float],
@@ -285,45 +284,6 @@ class ReportFile(_Report):
 
 
 # -- the history -------------------------------------------------------------------------------
-#: A program record read as a plain dict, for :class:`HistoryNumbers`: strict and finite
-#: as the models are, unknown keys skipped unread.
-_RECORD = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
-
-
-@with_config(_RECORD)
-class CollectiveRecord(TypedDict):
-    """:class:`Collective` as a dict."""
-
-    count: Int
-    bytes: Int
-
-
-@with_config(_RECORD)
-class ProgramRecord(TypedDict, total=False):
-    """:class:`Program` as a dict: the same fields, types and constraints (a test holds them
-    equal), validated the same, its unknown keys skipped instead of kept. Change-point
-    analysis reads a program record of every history line, and compares each with the
-    next: a dict is built and compared in C, a model in Python (a third of the time of
-    ``accelperf history changes`` over 100,000 lines was the models')."""
-
-    source: Required[Literal["xla", "torch", "torch.compile", "deepspeed", "ddp"]]
-    flops: NonNegative | None
-    global_flops: bool | None
-    hardware_flops: NonNegative | None
-    bytes_accessed: NonNegative | None
-    collectives: dict[str, CollectiveRecord] | None
-    host_callbacks: Int | None
-    host_syncs: Int | None
-    host_sync_sites: dict[str, Int] | None
-    custom_calls: Int | None
-    graphs: Int | None
-    graph_breaks: Int | None
-    recompiles: Int | None
-    break_reasons: list[str] | None
-    recompile_causes: list[str] | None
-    ops: dict[str, Int] | None
-
-
 class HistoryNumbers(BaseModel):
     """What change-point analysis (:mod:`pytest_accelperf.report.changes`) reads of a
     ``--accelperf-history`` line: the case, the session, its commit and fingerprint, the
@@ -407,7 +367,7 @@ def block_model() -> type[Block]:
     return _block_model(added_sections())
 
 
-def validate_block(data: Any) -> Block:
+def validate_block(data: object) -> Block:
     """``data`` as a :class:`Block` (:func:`block_model`); :class:`pydantic.ValidationError`
     if it is not one."""
     return block_model().model_validate(data)
@@ -476,7 +436,7 @@ def _untagged(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     return tuple(out)
 
 
-def _short(value: Any, width: int = 60) -> str:
+def _short(value: object, width: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= width else text[:width - 4] + " ..."
 
