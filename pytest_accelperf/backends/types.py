@@ -22,8 +22,8 @@ from typing import Any, TypeAlias
 #: spec tree, a tree of shardings, abstract values (``ShapeDtypeStruct``) or tracers.
 PyTree: TypeAlias = Any
 
-#: A leaf of a pytree: a jax or numpy array, a Python number, or any other object jax
-#: does not flatten (a string in a state dict).
+#: A leaf of a pytree or of a batch: a jax, numpy or torch array, a Python number, or any
+#: other object not taken apart as a container (a string in a state dict).
 Leaf: TypeAlias = Any
 
 #: One batch as the user's ``make_batch(step)`` or ``data`` gives it: whatever the user's
