@@ -155,14 +155,14 @@ class BackendSpec:
             return self.backend
         assert self.module is not None
         # What the spec names is taken for a backend as it is: a Protocol cannot be checked.
-        return cast(Backend, _import_ref(self.module, "BACKEND", f"backend {self.name!r}"))
+        return cast("Backend", _import_ref(self.module, "BACKEND", f"backend {self.name!r}"))
 
     def load_ranks(self) -> RankTrainer:
         """The trainer of ``world_size > 1`` cases (``ranks``); refuses a spec without."""
         if self.ranks is None:
             raise BackendSpecError(f"backend {self.name!r} declares no ranks: it cannot train "
                                    f"a case with world_size > 1")
-        return cast(RankTrainer, _import_ref(self.ranks, "RANKS",
+        return cast("RankTrainer", _import_ref(self.ranks, "RANKS",
                                              f"the ranks of backend {self.name!r}"))
 
     def spans_ranks(self, world_size: int) -> bool:
