@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from pytest_accelperf.errors import UserError
 
@@ -36,7 +36,7 @@ class BackendSpecError(UserError, ValueError):
     """A spec that cannot be registered or loaded as written (the message says the fix)."""
 
 
-def _import_ref(ref: str, default: str, what: str) -> Any:
+def _import_ref(ref: str, default: str, what: str) -> object:
     """The object ``ref`` names: ``module:attr``, or ``module``'s ``default`` attribute."""
     module_name, _, attr = ref.partition(":")
     attr = attr or default
@@ -154,17 +154,16 @@ class BackendSpec:
         if self.backend is not None:
             return self.backend
         assert self.module is not None
-        backend: Backend = _import_ref(self.module, "BACKEND", f"backend {self.name!r}")
-        return backend
+        # What the spec names is taken for a backend as it is: a Protocol cannot be checked.
+        return cast("Backend", _import_ref(self.module, "BACKEND", f"backend {self.name!r}"))
 
     def load_ranks(self) -> RankTrainer:
         """The trainer of ``world_size > 1`` cases (``ranks``); refuses a spec without."""
         if self.ranks is None:
             raise BackendSpecError(f"backend {self.name!r} declares no ranks: it cannot train "
                                    f"a case with world_size > 1")
-        trainer: RankTrainer = _import_ref(self.ranks, "RANKS",
-                                           f"the ranks of backend {self.name!r}")
-        return trainer
+        return cast("RankTrainer", _import_ref(self.ranks, "RANKS",
+                                             f"the ranks of backend {self.name!r}"))
 
     def spans_ranks(self, world_size: int) -> bool:
         """Whether a case of ``world_size`` trains in this backend's ranks."""

@@ -23,6 +23,8 @@ import importlib
 import importlib.util
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +33,7 @@ from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import StepFns, run_steps
 from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.types import Batch, Framework, PyTree, Untyped, UserValue
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.run import Run
@@ -39,12 +42,12 @@ INSTALL = ("Alpa needs Python <= 3.9 and jax 0.3.x: in a Python 3.9 environment,
            "alpa and its jaxlib build (https://alpa.ai/install.html)")
 
 
-def _flat(jax: Any, tree: Any) -> dict[str, np.ndarray]:
+def _flat(jax: Framework, tree: PyTree) -> dict[str, np.ndarray]:
     leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
     return {jax.tree_util.keystr(path): np.asarray(leaf) for path, leaf in leaves}
 
 
-def _method(alpa: Any, case: Case) -> Any:
+def _method(alpa: Framework, case: Case) -> Untyped:
     layers = case.params.get("layers", "manual")
     layer_option = (layers if layers == "manual"
                     else alpa.AutoLayerOption(layer_num=int(layers)))
@@ -53,9 +56,11 @@ def _method(alpa: Any, case: Case) -> Any:
                                   stage_option=case.params.get("stage_option", "auto"))
 
 
-def _steps(jax: Any, optax: Any, task: JaxTask, grad: Any) -> Any:
-    def step(params: Any, opt_state: Any, batch: Any) -> Any:
-        def loss_of(p: Any) -> Any:
+def _steps(jax: Framework, optax: Framework, task: JaxTask,
+           grad: Untyped) -> Callable[[PyTree, PyTree, Batch], tuple[PyTree, PyTree, UserValue]]:
+    def step(params: PyTree, opt_state: PyTree,
+             batch: Batch) -> tuple[PyTree, PyTree, UserValue]:
+        def loss_of(p: PyTree) -> UserValue:
             return task.loss_fn(p, batch)
 
         loss = loss_of(params)
@@ -64,6 +69,16 @@ def _steps(jax: Any, optax: Any, task: JaxTask, grad: Any) -> Any:
         return optax.apply_updates(params, updates), opt_state, loss
 
     return step
+
+
+@dataclass
+class _Live:
+    """The training as Alpa's steps go: the state, and the executable of the first step
+    (None until that step compiled it)."""
+
+    params: PyTree
+    opt_state: PyTree
+    executable: Untyped = None
 
 
 class AlpaBackend:
@@ -94,17 +109,17 @@ class AlpaBackend:
             opt_state = task.optimizer.init(params)
             run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=case.n_devices,
                       peak_flops_per_device=accel.peak_flops)
-            live: dict[str, Any] = {"params": params, "opt_state": opt_state}
+            live = _Live(params, opt_state)
 
-            def one_step(i: int, batch: Any) -> Any:
-                live["params"], live["opt_state"], loss = step(live["params"],
-                                                               live["opt_state"], batch)
-                live.setdefault("executable", step.get_last_executable())
+            def one_step(i: int, batch: Batch) -> UserValue:
+                live.params, live.opt_state, loss = step(live.params, live.opt_state, batch)
+                if live.executable is None:
+                    live.executable = step.get_last_executable()
                 return loss
 
             def sync() -> None:
-                if "executable" in live:  # none before the first call compiled it
-                    live["executable"].sync()
+                if live.executable is not None:  # none before the first call compiled it
+                    live.executable.sync()
 
             fns: StepFns[Any, Any] = StepFns(prepare=task.make_batch, run=one_step,
                                              read=lambda loss: (float(loss), {}), sync=sync)
@@ -124,8 +139,8 @@ class AlpaBackend:
                 run.outcome = "timeout"
                 run.message = (f"exceeded the {timeout:g} s timeout after "
                                f"{trained.steps_done} steps")
-            executable = live["executable"]
-            params = live["params"]
+            executable = live.executable
+            params = live.params
             if hasattr(executable, "get_total_allocation_size"):
                 run.memory_per_device = {"alpa:total": int(
                     executable.get_total_allocation_size())}
@@ -137,7 +152,8 @@ class AlpaBackend:
         reference = self._reference(jax, optax, case, task) if case.reference else None
         return TrainResult(run=run, params=flat, reference_params=reference)
 
-    def _reference(self, jax: Any, optax: Any, case: Case, task: JaxTask) -> dict[str, Any]:
+    def _reference(self, jax: Framework, optax: Framework, case: Case,
+                   task: JaxTask) -> dict[str, np.ndarray]:
         """The same steps jitted on one device with plain JAX (``jax.grad``)."""
         step = jax.jit(_steps(jax, optax, task, jax.grad))
         params = task.init_params(jax.random.PRNGKey(task.seed))

@@ -43,7 +43,7 @@ from pytest_accelperf.backends.jax.memory import (
     _runtime_peaks,
     planner,
 )
-from pytest_accelperf.backends.jax.step import JaxStep, as_step, check_batch
+from pytest_accelperf.backends.jax.step import JaxMetrics, JaxStep, as_step, check_batch
 from pytest_accelperf.backends.jax.step import host_batch as as_host
 from pytest_accelperf.backends.measure.common import Phases, fingerprint, settled, with_state
 from pytest_accelperf.backends.measure.data import expect
@@ -55,6 +55,7 @@ from pytest_accelperf.backends.measure.loop import (
 )
 from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
+from pytest_accelperf.backends.types import Batch, Leaf, PyTree
 from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
 from pytest_accelperf.collect.cases import Case
@@ -64,7 +65,6 @@ from pytest_accelperf.provision.targets import not_run
 from pytest_accelperf.records.run import MemoryGrowth, Replay, Run
 from pytest_accelperf.stats.units import round_sig
 
-PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
 _block_until_ready: Any = jax.block_until_ready
 _device_put: Any = jax.device_put
@@ -80,7 +80,7 @@ class JaxTrainResult(TrainResult):
 
     state: Any = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         data = dict(self.__dict__)
         data["state"] = None
         return data
@@ -98,7 +98,7 @@ def _flat(tree: PyTree) -> dict[str, np.ndarray]:
             for path, leaf in leaves}
 
 
-def _key_data(leaf: Any) -> Any:
+def _key_data(leaf: Leaf) -> Leaf:
     """A PRNG key array as its raw integers (numpy cannot hold a key), else the leaf."""
     dtype = getattr(leaf, "dtype", None)
     if dtype is not None and jnp.issubdtype(dtype, jax.dtypes.prng_key):
@@ -107,10 +107,10 @@ def _key_data(leaf: Any) -> Any:
 
 
 #: The probe made last on each device, by device: ``(n, reps, probe)`` (:func:`jax_probe`).
-_PROBES: dict[Any, tuple[int, int, Probe]] = {}
+_PROBES: dict[jax.Device, tuple[int, int, Probe]] = {}
 
 
-def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
+def jax_probe(device: jax.Device, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
     """The drift-cancelling reference workload (see :mod:`.probe`): ``reps`` float32
     ``n x n`` products, jitted, on ``device``, blocked until done.
 
@@ -126,7 +126,7 @@ def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
     a = jax.device_put(rng.standard_normal((n, n), np.float32), device)
     b = jax.device_put(rng.standard_normal((n, n), np.float32), device)
 
-    def work(x: Any, y: Any) -> Any:
+    def work(x: jax.Array, y: jax.Array) -> jax.Array:
         for _ in range(reps):
             x = jax.numpy.tanh(x @ y)
         return x
@@ -142,12 +142,14 @@ def jax_probe(device: Any, n: int = PROBE_N, reps: int = PROBE_REPS) -> Probe:
     return probe
 
 
-def _step_fns(program: _Program, state: PyTree) -> tuple[StepFns[PyTree, Any], list[Any]]:
+def _step_fns(program: _Program,
+              state: PyTree) -> tuple[StepFns[Batch, JaxMetrics], list[PyTree]]:
     """The compiled program as the measured-step loop runs it (:mod:`.loop`), from
     ``state``; the live state is ``holder[0]``."""
     holder = [state]
 
-    def run(i: int, batch: PyTree) -> Any:
+    def run(i: int, batch: Batch) -> JaxMetrics:
+        metrics: JaxMetrics
         holder[0], metrics = program.compiled(holder[0], batch)
         # Block on every step: besides honest timing, XLA:CPU collectives across virtual
         # devices can deadlock when many unblocked steps are queued.
@@ -156,7 +158,7 @@ def _step_fns(program: _Program, state: PyTree) -> tuple[StepFns[PyTree, Any], l
 
     key = program.step.loss
 
-    def read(metrics: Any) -> tuple[float, dict[str, float]]:
+    def read(metrics: JaxMetrics) -> tuple[float, dict[str, float]]:
         values = jax.device_get(metrics)
         return float(values[key]), {k: float(v) for k, v in values.items() if k != key}
 
@@ -291,7 +293,7 @@ def _execute(program: _Program, case: Case, probe: Probe | None = None,
     readings: dict[str, int] = {}
     last = case.warmup + case.steps - 1
 
-    def after_step(i: int, metrics: Any, measured: bool) -> None:
+    def after_step(i: int, metrics: JaxMetrics, measured: bool) -> None:
         if i == case.warmup - 1:
             readings["after_warmup"] = _live_bytes((current[0], metrics))
         if i == last:

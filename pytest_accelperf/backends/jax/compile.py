@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pytest_accelperf.backends.jax.sharding import _bound, _host_mesh, _inputs, _mesh_renaming
 from pytest_accelperf.backends.jax.step import (
@@ -34,6 +34,7 @@ from pytest_accelperf.backends.jax.step import (
     explain,
 )
 from pytest_accelperf.backends.measure.common import TaskError
+from pytest_accelperf.backends.types import PyTree
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.targets import compiling
@@ -42,7 +43,6 @@ from pytest_accelperf.stats.contention import Contention, Load
 if TYPE_CHECKING:
     from pytest_accelperf.backends.protocol import Task
 
-PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
 P: Any = PartitionSpec
 _eval_shape: Any = jax.eval_shape
@@ -140,7 +140,8 @@ def _target_compile(accel: Accelerator, log: list[str]) -> AbstractContextManage
     return compiling(log) if accel.compile_only else nullcontext()
 
 
-def _global_lowering(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> Any:
+def _global_lowering(step: JaxStep, mesh: Mesh,
+                     rename: Mapping[str, str]) -> jax.stages.Lowered | None:
     """``step`` lowered on the one-device ``mesh`` over the global batch (its bound axes of
     size 1): the program whose cost analysis is the model's FLOPs of a ``bind_axes`` step.
     None if it cannot be lowered (the run then reports the devices' FLOPs)."""
@@ -157,7 +158,7 @@ def _global_lowering(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> Any
         return None
 
 
-def _compile_on(step: JaxStep, mesh: Any, rename: Mapping[str, str]) -> _Program:
+def _compile_on(step: JaxStep, mesh: Mesh, rename: Mapping[str, str]) -> _Program:
     abstract = abstract_state(step)
     state_sh, batch_sh, abstract_in, abstract_batch, host_batch = _inputs(
         step, mesh, rename, abstract)

@@ -59,11 +59,16 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_accelperf.records.program import program_record
+
+if TYPE_CHECKING:
+    from jax.stages import Compiled, Lowered
+
+_T = TypeVar("_T")
 
 #: Collective opcodes (their ``-start``/``-done`` forms included) -> the record's kind.
 COLLECTIVES: dict[str, str] = {
@@ -93,7 +98,7 @@ _PRECISION = re.compile(r"operand_precision=\{([^}]*)\}")
 _CONFIG_PRECISION = re.compile(r'"operand_precision"\s*:\s*\[([^\]]*)\]')
 
 
-def program_of(lowered: Any, compiled: Any, n_devices: int, *,
+def program_of(lowered: Lowered | None, compiled: Compiled, n_devices: int, *,
                global_flops: bool = False) -> dict[str, Any]:
     """The program record (``source="xla"``) of a jitted step: ``lowered`` is its
     ``jax.stages.Lowered`` (None: no model FLOPs), ``compiled`` its ``Compiled`` for a
@@ -116,7 +121,7 @@ def program_of(lowered: Any, compiled: Any, n_devices: int, *,
         ops=hlo.ops if hlo else None, global_flops=global_flops)
 
 
-def model_flops(lowered: Any) -> float | None:
+def model_flops(lowered: Lowered) -> float | None:
     """FLOPs of one step as the model defines them: the cost analysis of the program
     *before* it is partitioned over the mesh, so compute that the mesh replicates (a
     parameter replicated over ``model``, the optimizer update on every data-parallel
@@ -375,27 +380,27 @@ def _precision(text: str) -> str:
 
 
 # -- helpers ----------------------------------------------------------------------------------
-def _cost(compiled: Any) -> dict[str, Any]:
+def _cost(compiled: Compiled) -> dict[str, object]:
     return _first(compiled.cost_analysis())
 
 
-def _first(cost: Any) -> dict[str, Any]:
+def _first(cost: object) -> dict[str, object]:
     """A cost analysis as one dict (older jax gives a list, one per program)."""
     if isinstance(cost, list | tuple):
         cost = cost[0] if cost else None
     return dict(cost) if isinstance(cost, Mapping) else {}
 
 
-def _text(compiled: Any) -> str:
+def _text(compiled: Compiled) -> str:
     text = compiled.as_text()
     return text if isinstance(text, str) else ""
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def _safe(fn: Any, *args: Any) -> Any:
+def _safe(fn: Callable[..., _T], *args: object) -> _T | None:
     """``fn(*args)``, or None if it raised: a record with a field missing beats a failed
     run."""
     try:

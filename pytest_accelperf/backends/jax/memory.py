@@ -18,20 +18,23 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from pytest_accelperf.backends.jax.compile import _compile
+from pytest_accelperf.backends.types import PyTree
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.run import OomRecord, Run
 
 if TYPE_CHECKING:
+    from jax.sharding import Mesh
+    from jax.stages import Compiled
+
     from pytest_accelperf.backends.protocol import Task
 
-PyTree = Any
 # jax leaves this untyped; mypy --strict refuses untyped calls, so it goes through Any.
 _live_arrays: Any = jax.live_arrays
 GIB = 2**30
 
 
-def _analysis_bytes(compiled: Any) -> dict[str, int]:
+def _analysis_bytes(compiled: Compiled) -> dict[str, int]:
     """Per-device bytes the compiler plans for one step.
 
     ``peak_memory_in_bytes`` omits temporaries on CPU, so the total is computed:
@@ -73,7 +76,7 @@ def _capacity(accel: Accelerator, case: Case) -> int | None:
     return int(min(known)) if known else None
 
 
-def _runtime_peaks(mesh: Any) -> list[int] | None:
+def _runtime_peaks(mesh: Mesh) -> list[int] | None:
     """The runtime's peak bytes in use on each device of ``mesh`` since the process
     started (GPU, TPU), or None where a device has no counter (XLA:CPU, another host's)."""
     here = jax.process_index()
@@ -84,7 +87,7 @@ def _runtime_peaks(mesh: Any) -> list[int] | None:
     return [int(s["peak_bytes_in_use"]) for s in stats]
 
 
-def _labels(mesh: Any) -> list[str]:
+def _labels(mesh: Mesh) -> list[str]:
     return [f"{d.platform}:{d.id}" for d in mesh.devices.flat]
 
 

@@ -27,16 +27,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import PartitionSpec
+from jax.sharding import Mesh, PartitionSpec
 
 from pytest_accelperf.backends.jax.backend import BACKEND as JAX_BACKEND
 from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.protocol import Fit, TrainResult
+from pytest_accelperf.backends.types import Batch, PyTree, UserValue
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 
-PyTree = Any
 P: Any = PartitionSpec
 # Untyped in jax: through Any so mypy --strict accepts the calls.
 lax: Any = jax.lax
@@ -66,18 +66,18 @@ class PipelineTask:
     input_key: str = "x"
     seed: int = 0
 
-    def init_params(self, key: Any) -> PyTree:
+    def init_params(self, key: jax.Array) -> PyTree:
         keys = jax.random.split(key, self.n_stages)
         return {"stages": jax.vmap(self.init_stage)(keys)}
 
-    def sequential_loss(self, params: PyTree, batch: PyTree) -> Any:
+    def sequential_loss(self, params: PyTree, batch: Batch) -> UserValue:
         """The model without a pipeline: every stage in turn on the whole batch."""
         x = batch[self.input_key]
         for s in range(self.n_stages):
             x = self.stage_fn(jax.tree.map(lambda a, s=s: a[s], params["stages"]), x)
         return self.loss_fn(x, batch)
 
-    def pipelined_loss(self, mesh: Any) -> Callable[[PyTree, PyTree], Any]:
+    def pipelined_loss(self, mesh: Mesh) -> Callable[[PyTree, Batch], UserValue]:
         """The GPipe loss over ``mesh`` (needs a ``stage`` axis of size ``n_stages``)."""
         names = tuple(mesh.axis_names)
         if STAGE not in names or mesh.shape[STAGE] != self.n_stages:
@@ -92,7 +92,7 @@ class PipelineTask:
         ticks = n_micro + n_stages - 1
         forward = [(i, i + 1) for i in range(n_stages - 1)]
 
-        def local(params: PyTree, batch: PyTree) -> Any:
+        def local(params: PyTree, batch: Batch) -> UserValue:
             mine = jax.tree.map(lambda a: a[0], params["stages"])  # this device's stage
             stage = lax.axis_index(STAGE)
             x = batch[key]
@@ -102,7 +102,8 @@ class PipelineTask:
             micro = x.reshape(n_micro, x.shape[0] // n_micro, *x.shape[1:])
             last = stage == n_stages - 1
 
-            def tick(carry: tuple[Any, Any], t: Any) -> tuple[tuple[Any, Any], None]:
+            def tick(carry: tuple[jax.Array, jax.Array],
+                     t: jax.Array) -> tuple[tuple[jax.Array, jax.Array], None]:
                 incoming, outputs = carry
                 fresh = micro[jnp.clip(t, 0, n_micro - 1)]
                 out = stage_fn(mine, jnp.where(stage == 0, fresh, incoming))
@@ -124,7 +125,7 @@ class PipelineTask:
         return jax.shard_map(local, mesh=mesh, in_specs=(P(STAGE), batch_spec),
                              out_specs=P())
 
-    def bind(self, mesh: Any | None) -> JaxTask:
+    def bind(self, mesh: Mesh | None) -> JaxTask:
         """The :class:`JaxTask` of this model: pipelined over ``mesh``, or sequential on
         one device when ``mesh`` is None."""
         loss = self.sequential_loss if mesh is None else self.pipelined_loss(mesh)

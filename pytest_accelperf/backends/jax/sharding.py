@@ -11,32 +11,34 @@ step renames mesh axes to its own axis names and runs under ``jax.shard_map`` ov
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from pytest_accelperf.backends.jax.step import JaxStep, full_specs
 from pytest_accelperf.backends.jax.step import host_batch as as_host
 from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.measure.data import source_label
+from pytest_accelperf.backends.types import Batch, PyTree, UserValue
 from pytest_accelperf.collect.cases import Case
 
-PyTree = Any
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
 P: Any = PartitionSpec
 _ShapeDtypeStruct: Any = jax.ShapeDtypeStruct
 
 
-def _restrict(spec: Any, axes: tuple[str, ...], rename: Mapping[str, str] | None = None) -> Any:
+def _restrict(spec: PartitionSpec | None, axes: tuple[str, ...],
+              rename: Mapping[str, str] | None = None) -> PartitionSpec:
     """``spec`` without the mesh axes this mesh lacks (``"model"`` on a one-device mesh),
     with the axes ``rename`` names renamed (a mesh axis bound to a model's axis name)."""
     if spec is None:
-        return P()
+        replicated: PartitionSpec = P()
+        return replicated
     rename = rename or {}
-    out: list[Any] = []
+    out: list[object] = []
     for entry in spec:
         if isinstance(entry, str):
             entry = rename.get(entry, entry)
@@ -46,10 +48,11 @@ def _restrict(spec: Any, axes: tuple[str, ...], rename: Mapping[str, str] | None
             out.append(kept if kept else None)
         else:
             out.append(entry)  # None or P.UNCONSTRAINED
-    return P(*out)
+    restricted: PartitionSpec = P(*out)
+    return restricted
 
 
-def _resolve(specs: Any, tree: PyTree, default: Any, what: str, step: JaxStep) -> Any:
+def _resolve(specs: PyTree, tree: PyTree, default: PyTree, what: str, step: JaxStep) -> PyTree:
     """A spec pytree from ``specs`` (a spec tree, or a function of ``tree``)."""
     if specs is None:
         return default
@@ -64,7 +67,7 @@ def _resolve(specs: Any, tree: PyTree, default: Any, what: str, step: JaxStep) -
     return specs
 
 
-def _shardings(mesh: Any, specs: Any, tree: PyTree, rename: Mapping[str, str], what: str,
+def _shardings(mesh: Mesh, specs: PyTree, tree: PyTree, rename: Mapping[str, str], what: str,
                step: JaxStep) -> PyTree:
     """A ``NamedSharding`` per leaf of ``tree``; ``specs`` may be one spec or a prefix tree."""
     try:
@@ -81,7 +84,7 @@ def _shardings(mesh: Any, specs: Any, tree: PyTree, rename: Mapping[str, str], w
                         is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def _check_divisible(tree: PyTree, shardings: PyTree, mesh: Any, what: str,
+def _check_divisible(tree: PyTree, shardings: PyTree, mesh: Mesh, what: str,
                      fix: str) -> None:
     """Every sharded dimension of ``tree`` divides evenly over its mesh axes."""
     sizes = dict(mesh.shape)
@@ -126,7 +129,8 @@ def _mesh_renaming(step: JaxStep, case: Case) -> dict[str, str]:
     return rename
 
 
-def _bound(step: JaxStep, mesh: Any, state_sh: PyTree, batch_sh: PyTree) -> Any:
+def _bound(step: JaxStep, mesh: Mesh, state_sh: PyTree,
+           batch_sh: PyTree) -> Callable[[PyTree, Batch], UserValue]:
     """The step as the program runs it: under ``jax.shard_map`` over the bound axes (the
     others automatic) when ``step.bind_axes`` names any, else the step itself.
 
@@ -140,25 +144,27 @@ def _bound(step: JaxStep, mesh: Any, state_sh: PyTree, batch_sh: PyTree) -> Any:
     if not manual:  # the bound axis is not in this (one-device) mesh: nothing to split
         manual = tuple(step.bind_axes)
 
-    def local(sharding: Any) -> Any:
+    def local(sharding: NamedSharding) -> PartitionSpec:
         return _restrict(sharding.spec, manual)
 
     state_specs = jax.tree.map(local, state_sh)
     batch_specs = jax.tree.map(local, batch_sh)
     shard_map: Any = jax.shard_map
-    return shard_map(step.step, mesh=mesh, in_specs=(state_specs, batch_specs),
-                     out_specs=(state_specs, P()), axis_names=set(manual), check_vma=False)
+    mapped: Callable[[PyTree, Batch], UserValue] = shard_map(
+        step.step, mesh=mesh, in_specs=(state_specs, batch_specs),
+        out_specs=(state_specs, P()), axis_names=set(manual), check_vma=False)
+    return mapped
 
 
-def _host_mesh(names: tuple[str, ...]) -> Any:
+def _host_mesh(names: tuple[str, ...]) -> Mesh:
     """A one-device mesh of this host's first CPU device (axes ``names``)."""
-    from jax.sharding import AxisType, Mesh
+    from jax.sharding import AxisType
 
     device = jax.devices("cpu")[0]
     return Mesh(np.asarray([device]), names[:1], axis_types=(AxisType.Auto,))
 
 
-def _inputs(step: JaxStep, mesh: Any, rename: Mapping[str, str],
+def _inputs(step: JaxStep, mesh: Mesh, rename: Mapping[str, str],
             abstract: PyTree) -> tuple[PyTree, PyTree, PyTree, PyTree, PyTree]:
     """The shardings of the state and the batch on ``mesh`` (checked to divide), the
     abstract inputs carrying them, and step 0's host batch."""

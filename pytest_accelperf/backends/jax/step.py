@@ -20,12 +20,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import jax
 import numpy as np
 import optax
 from jax.sharding import PartitionSpec
+from jax.typing import ArrayLike
 
 from pytest_accelperf.backends.measure.common import (
     TaskError,
@@ -35,11 +36,16 @@ from pytest_accelperf.backends.measure.common import (
     first_line,
 )
 from pytest_accelperf.backends.measure.data import batch_function, source_label
+from pytest_accelperf.backends.types import Batch, Framework, Leaf, PyTree, UserValue
 
 if TYPE_CHECKING:
+    from flax.nnx import GraphDef
+
     from pytest_accelperf.backends.protocol import Task
 
-PyTree = Any
+#: A step's metrics: scalars by name (jax arrays, tracers while it is traced, or Python
+#: numbers).
+JaxMetrics: TypeAlias = dict[str, ArrayLike]
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.
 P: Any = PartitionSpec
 _eval_shape: Any = jax.eval_shape
@@ -95,7 +101,7 @@ class JaxStep:
     step: Callable[[Any, Any], Any]
     # Optional as a field (``data=`` instead), always a function after __post_init__:
     # typed as that so the backends call it unchecked.
-    make_batch: Callable[[int], PyTree] = None  # type: ignore[assignment]
+    make_batch: Callable[[int], Batch] = None  # type: ignore[assignment]
     state_specs: Any = None
     batch_specs: Any = None
     params: Callable[[Any], PyTree] | None = None
@@ -129,7 +135,7 @@ class JaxStep:
         if not self.label:
             self.label = f"the step {describe(self.step)}"
 
-    def params_of(self, state: Any) -> PyTree:
+    def params_of(self, state: PyTree) -> PyTree:
         """The parameters of ``state`` (the documented accessor, see the class)."""
         if self.params is not None:
             try:
@@ -144,7 +150,7 @@ class JaxStep:
         found = getattr(state, "params", None)
         return state if found is None else found
 
-    def beside_of(self, state: Any, params: PyTree) -> PyTree:
+    def beside_of(self, state: PyTree, params: PyTree) -> PyTree:
         """The training state beside ``params`` (what :meth:`params_of` returned for
         ``state``) that the fingerprint and the reference compare too: ``beside(state)``,
         else by the rule of :func:`state_beside` when the parameters are the default
@@ -163,12 +169,12 @@ class JaxStep:
             return {}
         return state_beside(state, params)
 
-    def final_of(self, state: Any) -> Any:
+    def final_of(self, state: PyTree) -> UserValue:
         """What the test gets back for ``state`` (``CaseResult.state``)."""
         return state if self.final is None else self.final(state)
 
 
-def state_beside(state: PyTree, params: PyTree) -> dict[str, Any]:
+def state_beside(state: PyTree, params: PyTree) -> dict[str, Leaf]:
     """The leaves of ``state`` beside ``params`` that the numerics fingerprint covers, by
     their paths in ``state`` (``batch_stats/BatchNorm_0/mean``, ``step``,
     ``opt_state/0/count``, ``dynamic_scale/scale``): every leaf of the state but
@@ -190,7 +196,7 @@ def state_beside(state: PyTree, params: PyTree) -> dict[str, Any]:
     treedef: Any = jax.tree.structure(params)
     shapes = [(np.shape(x), _leaf_dtype(x)) for x in param_leaves]
 
-    def mirrors(node: Any) -> bool:
+    def mirrors(node: PyTree) -> bool:
         if node is params:
             return True
         try:
@@ -200,7 +206,7 @@ def state_beside(state: PyTree, params: PyTree) -> dict[str, Any]:
             return False
         return [(np.shape(x), _leaf_dtype(x)) for x in jax.tree.leaves(node)] == shapes
 
-    out: dict[str, Any] = {}
+    out: dict[str, Leaf] = {}
     for path, leaf in jax.tree_util.tree_flatten_with_path(state, is_leaf=mirrors)[0]:
         if id(leaf) in own or mirrors(leaf):
             continue
@@ -237,11 +243,11 @@ class JaxTask:
         init_params, optimizer, param_specs = self.init_params, self.optimizer, self.param_specs
         loss = scalar_loss(self.loss_fn, f"JaxTask.loss_fn {describe(self.loss_fn)}")
 
-        def init(key: Any) -> tuple[PyTree, PyTree]:
+        def init(key: jax.Array) -> tuple[PyTree, PyTree]:
             params = init_params(key)
             return params, optimizer.init(params)
 
-        def step(state: tuple[PyTree, PyTree], batch: PyTree) -> tuple[Any, dict[str, Any]]:
+        def step(state: tuple[PyTree, PyTree], batch: Batch) -> tuple[PyTree, JaxMetrics]:
             params, opt_state = state
             (value, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params, batch)
             updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -258,7 +264,7 @@ class JaxTask:
                 opt_specs = jax.tree.map(lambda _: P(), opt_state)
             return specs, opt_specs
 
-        def beside(state: tuple[PyTree, PyTree]) -> dict[str, Any]:
+        def beside(state: tuple[PyTree, PyTree]) -> dict[str, Leaf]:
             # The optimizer's state but its moments: optax's step count (a schedule's).
             return state_beside({"opt_state": state[1]}, state[0])
 
@@ -269,7 +275,7 @@ class JaxTask:
                        seed=self.seed, label=f"JaxTask.loss_fn {describe(self.loss_fn)}")
 
 
-def _is_pmap_wrapper(fn: Any) -> bool:
+def _is_pmap_wrapper(fn: object) -> bool:
     """Whether ``fn`` is what ``jax.pmap`` returns: a ``PmapFunction`` (jaxlib's, before
     jax 0.7), or the Python wrapper defined in ``jax/_src/pmap.py`` (jax 0.10.2: a plain
     function with ``__wrapped__`` and ``lower``)."""
@@ -280,7 +286,7 @@ def _is_pmap_wrapper(fn: Any) -> bool:
     return filename.endswith("jax/_src/pmap.py") and hasattr(fn, "__wrapped__")
 
 
-def _pmapped(fn: Any) -> tuple[Any, str] | None:
+def _pmapped(fn: object) -> tuple[object, str] | None:
     """``(the function pmap wraps, pmap's axis name)`` when ``fn`` is ``jax.pmap``-ed (also
     under ``jax.jit`` or another wrapper that sets ``__wrapped__``), else None. The axis
     name is read from the wrapper's closure where it is there, else ``'batch'`` (what Flax's
@@ -296,10 +302,10 @@ def _pmapped(fn: Any) -> tuple[Any, str] | None:
     return None
 
 
-def _pmap_axis(wrapper: Any) -> str:
+def _pmap_axis(wrapper: object) -> str:
     """pmap's ``axis_name`` from the closure of its wrapper (jax 0.10.2 keeps it in the
     closure of the ``infer_params`` the wrapper calls), else ``'batch'``."""
-    seen: list[Any] = [wrapper]
+    seen: list[object] = [wrapper]
     i = 0
     while i < min(len(seen), 8):  # the wrapper, then the functions in its closure
         fn = seen[i]
@@ -318,16 +324,16 @@ def _pmap_axis(wrapper: Any) -> str:
     return "batch"
 
 
-def scalar_loss(loss_fn: Callable[[PyTree, PyTree], Any],
-                label: str) -> Callable[[PyTree, PyTree], tuple[Any, dict[str, Any]]]:
+def scalar_loss(loss_fn: Callable[[PyTree, Batch], UserValue],
+                label: str) -> Callable[[PyTree, Batch], tuple[UserValue, JaxMetrics]]:
     """``loss_fn`` as ``(params, batch) -> (loss, scalar metrics)`` for
     ``value_and_grad(..., has_aux=True)``: a loss that is not a scalar is a
     :class:`TaskError` naming ``label`` (not JAX's ``Gradient only defined for
     scalar-output functions``)."""
 
-    def wrapped(params: PyTree, batch: PyTree) -> tuple[Any, dict[str, Any]]:
+    def wrapped(params: PyTree, batch: Batch) -> tuple[UserValue, JaxMetrics]:
         out = loss_fn(params, batch)
-        aux: Any = None
+        aux: UserValue = None
         if isinstance(out, tuple | list) and len(out) == 2:
             out, aux = out
         if _shape(out) != ():
@@ -343,12 +349,12 @@ def scalar_loss(loss_fn: Callable[[PyTree, PyTree], Any],
     return wrapped
 
 
-def nnx_step(train_step: Callable[..., Any], objects: Any,
-             make_batch: Callable[[int], PyTree] | None = None, *, data: Any = None,
+def nnx_step(train_step: Callable[..., UserValue], objects: object,
+             make_batch: Callable[[int], Batch] | None = None, *, data: object = None,
              params: Callable[[tuple[Any, ...]], PyTree] | None = None, loss: str = "loss",
-             state_specs: Any = None, batch_specs: Any = None,
+             state_specs: object = None, batch_specs: object = None,
              bind_axes: Mapping[str, str] | None = None, donate: bool = True,
-             tokens_per_sample: int | None = None, after: Sequence[Any] = ()) -> JaxStep:
+             tokens_per_sample: int | None = None, after: Sequence[object] = ()) -> JaxStep:
     """A Flax NNX training step as a :class:`JaxStep`, written as Flax's docs write it.
 
     ``train_step(*objects, batch, *after)`` updates ``objects`` in place: typically
@@ -393,45 +399,51 @@ def nnx_step(train_step: Callable[..., Any], objects: Any,
     # The graph (and where the metrics are) of the objects: known now for ready objects;
     # for a factory, from its first (abstract) call, which the backend makes with the
     # case's mesh in context (Flax creates annotated variables on it).
-    known: dict[str, Any] = {}
+    known = _NnxGraph()
 
-    def remember(objs: tuple[Any, ...]) -> Any:
+    def remember(objs: tuple[object, ...]) -> PyTree:
         graphdef, state = nnx.split(objs)
-        known.setdefault("graphdef", graphdef)
-        known.setdefault("metric_at", [i for i, o in enumerate(objs)
-                                       if isinstance(o, nnx.Metric)])
-        known.setdefault("names", _object_names(nnx, objs))
+        if not known.split:
+            known.graphdef = graphdef
+            known.metric_at = [i for i, o in enumerate(objs) if isinstance(o, nnx.Metric)]
+            known.names = _object_names(nnx, objs)
+            known.split = True
         return state
 
     if ready:
         before = tuple(objects) if isinstance(objects, tuple | list) else (objects,)
-        known["before"] = len(before)
+        known.before = len(before)
         init: Any = remember(before + trailing)
     else:
-        factory: Callable[[], Any] = objects
+        assert callable(objects)  # refused above unless ready or callable
+        factory: Callable[[], object] = objects
 
-        def init(_key: Any) -> Any:
+        def init(_key: object) -> PyTree:
             out = factory()
             made = tuple(out) if isinstance(out, tuple | list) else (out,)
-            known.setdefault("before", len(made))
+            if known.before is None:
+                known.before = len(made)
             return remember(made + trailing)
 
         init.__wrapped__ = factory  # errors name it
 
-    def merge(state: Any) -> Any:
-        return nnx.merge(known["graphdef"], state)
+    def merge(state: PyTree) -> tuple[Any, ...]:
+        assert known.graphdef is not None  # split when init made the state
+        live: tuple[Any, ...] = nnx.merge(known.graphdef, state)
+        return live
 
-    def step(state: Any, batch: PyTree) -> tuple[Any, dict[str, Any]]:
+    def step(state: PyTree, batch: Batch) -> tuple[PyTree, JaxMetrics]:
         live = merge(state)
-        for i in known["metric_at"]:
+        for i in known.metric_at:
             live[i].reset()
-        n = known["before"]
-        if not known.get("arity_checked"):  # here, so the error reads as a step's error
+        n = known.before
+        assert n is not None  # set before the first call of init
+        if not known.arity_checked:  # here, so the error reads as a step's error
             _check_arity(train_step, label, n, len(trailing))
-            known["arity_checked"] = True
+            known.arity_checked = True
         out = train_step(*live[:n], batch, *live[n:])
-        metrics: dict[str, Any] = {}
-        for i in known["metric_at"]:
+        metrics: JaxMetrics = {}
+        for i in known.metric_at:
             computed = live[i].compute()
             if isinstance(computed, Mapping):
                 metrics.update({str(k): v for k, v in computed.items()})
@@ -451,13 +463,13 @@ def nnx_step(train_step: Callable[..., Any], objects: Any,
 
     accessor = params or default_params
 
-    def params_of(state: Any) -> PyTree:
+    def params_of(state: PyTree) -> PyTree:
         return accessor(merge(state))
 
     params_of.__wrapped__ = accessor  # type: ignore[attr-defined]  # errors name it
 
-    def beside(state: Any) -> dict[str, Any]:
-        return nnx_beside(nnx, state, known["names"], known["metric_at"])
+    def beside(state: PyTree) -> dict[str, Leaf]:
+        return nnx_beside(nnx, state, known.names, known.metric_at)
 
     return JaxStep(
         init=init, step=step, make_batch=batches,
@@ -468,7 +480,21 @@ def nnx_step(train_step: Callable[..., Any], objects: Any,
         label=label)
 
 
-def _object_names(nnx: Any, objects: Sequence[Any]) -> list[str]:
+@dataclass
+class _NnxGraph:
+    """What :func:`nnx_step` learns of its objects: from their first ``nnx.split`` (the
+    graph, where the metrics are, the objects' names), and how many come before the batch
+    (known at once for ready objects, from the factory's first call otherwise)."""
+
+    graphdef: GraphDef[tuple[object, ...]] | None = None
+    metric_at: list[int] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    split: bool = False
+    before: int | None = None
+    arity_checked: bool = False
+
+
+def _object_names(nnx: Framework, objects: Sequence[object]) -> list[str]:
     """How the numerics name the objects of an :func:`nnx_step`: ``model`` (the first),
     ``optimizer`` (an ``nnx.Optimizer``), else the class's name in lower case (``rngs``),
     numbered where two share one (``rngs``, ``rngs_3``)."""
@@ -480,15 +506,15 @@ def _object_names(nnx: Any, objects: Sequence[Any]) -> list[str]:
     return names
 
 
-def nnx_beside(nnx: Any, state: Any, names: Sequence[str],
-               metric_at: Sequence[int]) -> dict[str, Any]:
+def nnx_beside(nnx: Framework, state: PyTree, names: Sequence[str],
+               metric_at: Sequence[int]) -> dict[str, Leaf]:
     """Every variable of an :func:`nnx_step`'s state (``nnx.split`` of its objects) that
     the numerics compare beside the model's parameters, by object name and path
     (``model/batch_norm/mean``): all but the model's ``nnx.Param`` (the parameters), the
     optimizer's ``OptVariable`` (its moments, one per parameter: NNX's word for what
     :func:`state_beside` leaves out) and the metrics' objects."""
     moment: Any = getattr(nnx, "OptVariable", ())
-    out: dict[str, Any] = {}
+    out: dict[str, Leaf] = {}
     for path, var in nnx.to_flat_state(state):
         i = path[0]
         if i in metric_at or (i == 0 and isinstance(var, nnx.Param)) \
@@ -502,7 +528,7 @@ def nnx_beside(nnx: Any, state: Any, names: Sequence[str],
     return out
 
 
-def _check_arity(train_step: Callable[..., Any], label: str, before: int, after: int) -> None:
+def _check_arity(train_step: Callable[..., UserValue], label: str, before: int, after: int) -> None:
     """Refuse, naming the fix, a ``train_step`` that cannot take ``before`` objects, the
     batch and ``after`` objects (Flax's MNIST example takes ``rngs`` after the batch)."""
     try:
@@ -525,7 +551,7 @@ def _check_arity(train_step: Callable[..., Any], label: str, before: int, after:
                         f"{', '.join(given)} ({exc}){hint}") from None
 
 
-def _is_graph_node(nnx: Any, obj: Any) -> bool:
+def _is_graph_node(nnx: Framework, obj: object) -> bool:
     is_node: Any = getattr(getattr(nnx, "graph", None), "is_graph_node", None)
     if is_node is not None:
         return bool(is_node(obj))
@@ -546,7 +572,7 @@ def as_step(task: Task) -> JaxStep:
                     f"nnx_step(...) (pytest_accelperf.jax); got {type(task).__name__}")
 
 
-def _shape(value: Any) -> tuple[int, ...] | None:
+def _shape(value: object) -> tuple[int, ...] | None:
     """The shape of an array or tracer, ``()`` for a Python number, None for anything
     else (a tuple of arrays is not a scalar)."""
     shape = getattr(value, "shape", None)
@@ -556,12 +582,12 @@ def _shape(value: Any) -> tuple[int, ...] | None:
 
 
 # -- specs ---------------------------------------------------------------------------------
-def is_spec(x: Any) -> bool:
+def is_spec(x: object) -> bool:
     """Whether ``x`` is a leaf of a spec tree: a ``PartitionSpec``, or None (replicated)."""
     return x is None or isinstance(x, PartitionSpec)
 
 
-def full_specs(specs: Any, tree: PyTree) -> PyTree:
+def full_specs(specs: PyTree, tree: PyTree) -> PyTree:
     """A spec for every leaf of ``tree`` from ``specs``: one spec, or a prefix tree of them
     (a spec stands for its whole subtree; None for replicated)."""
     if is_spec(specs):
@@ -571,7 +597,7 @@ def full_specs(specs: Any, tree: PyTree) -> PyTree:
 
 
 # -- diagnostics ----------------------------------------------------------------------------
-def _value_text(value: Any) -> str:
+def _value_text(value: object) -> str:
     shape = getattr(value, "shape", None)
     dtype = getattr(value, "dtype", None)
     if shape is not None and dtype is not None:
@@ -616,7 +642,7 @@ def explain(exc: BaseException, step: JaxStep, mesh_axes: tuple[str, ...]) -> Ta
                      f"that jax can trace, returning (state, metrics)")
 
 
-def check_outputs(step: JaxStep, state: PyTree, out: Any) -> None:
+def check_outputs(step: JaxStep, state: PyTree, out: UserValue) -> None:
     """Refuse what ``step`` returned for ``state`` (abstract values, from ``eval_shape``)
     unless it is ``(state of the same structure, shapes and dtypes, dict of scalars with
     the loss)``."""
@@ -646,7 +672,7 @@ def check_outputs(step: JaxStep, state: PyTree, out: Any) -> None:
             f"{step.label} returns {_value_text(metrics)} as its metrics: return a dict of "
             f"scalars holding the loss, e.g. `return state, {{'{step.loss}': loss}}`")
 
-    def not_scalar(key: str, value: Any) -> str | None:
+    def not_scalar(key: str, value: object) -> str | None:
         if _shape(value) == ():
             return None
         return (f"{step.label} returns metric {key!r} as {_value_text(value)}: metrics are "
@@ -660,17 +686,17 @@ def check_outputs(step: JaxStep, state: PyTree, out: Any) -> None:
 BatchSignature = tuple[Any, tuple[tuple[tuple[int, ...], Any], ...]]
 
 
-def _leaf_shape(leaf: Any) -> tuple[int, ...]:
+def _leaf_shape(leaf: Leaf) -> tuple[int, ...]:
     shape = getattr(leaf, "shape", None)
     return tuple(shape) if shape is not None else tuple(np.shape(leaf))
 
 
-def _leaf_dtype(leaf: Any) -> Any:
+def _leaf_dtype(leaf: Leaf) -> np.dtype[Any]:
     dtype = getattr(leaf, "dtype", None)  # an array's own: no copy, no device transfer
     return dtype if dtype is not None else np.asarray(leaf).dtype  # a Python number
 
 
-def _host_leaf(leaf: Any) -> Any:
+def _host_leaf(leaf: Leaf) -> Leaf:
     if isinstance(leaf, np.ndarray | np.generic | jax.Array | int | float | bool | str):
         return leaf
     if hasattr(leaf, "__array__"):  # a torch CPU tensor, a TensorFlow EagerTensor
@@ -678,7 +704,7 @@ def _host_leaf(leaf: Any) -> Any:
     return leaf
 
 
-def host_batch(batch: PyTree) -> PyTree:
+def host_batch(batch: Batch) -> Batch:
     """``batch`` with every leaf jax can take as it is (numpy arrays, jax arrays, Python
     numbers), and every other array-like leaf as a numpy array: a ``DataLoader``'s torch
     tensors (shared memory, no copy) or a ``tf.data`` iterator's tensors, which
@@ -687,7 +713,7 @@ def host_batch(batch: PyTree) -> PyTree:
     return jax.tree.map(_host_leaf, batch)
 
 
-def batch_signature(batch: PyTree) -> BatchSignature:
+def batch_signature(batch: Batch) -> BatchSignature:
     """The structure of ``batch`` and each leaf's ``(shape, dtype)``: what the compiled
     step's batch must keep. Read from the leaves' attributes, never their values (about
     2 microseconds for a batch of two arrays), so it is taken on every step."""
@@ -703,7 +729,7 @@ def _canonical(signature: BatchSignature) -> BatchSignature:
     return treedef, tuple((shape, canonicalize(dtype)) for shape, dtype in leaves)
 
 
-def check_batch(step: JaxStep, i: int, compiled: BatchSignature, batch: PyTree) -> None:
+def check_batch(step: JaxStep, i: int, compiled: BatchSignature, batch: Batch) -> None:
     """Refuse batch ``i`` of ``step`` unless it has the structure, shapes and dtypes of the
     batch the step was compiled for (``compiled``: step 0's), naming ``make_batch`` (or the
     data), the
@@ -740,7 +766,7 @@ def _sig_text(leaf: tuple[tuple[int, ...], Any]) -> str:
     return f"{dtype}{list(shape)}"
 
 
-def _text_of(treedef: Any, width: int = 120) -> str:
+def _text_of(treedef: object, width: int = 120) -> str:
     text = str(treedef)
     return text if len(text) <= width else text[:width - 4] + " ..."
 

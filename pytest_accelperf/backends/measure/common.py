@@ -9,6 +9,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
+from types import CodeType, FrameType, ModuleType, TracebackType
 from typing import Any
 
 import numpy as np
@@ -213,7 +214,7 @@ class TaskError(UserError, ValueError):
     message alone, not a framework's traceback."""
 
 
-def describe(fn: Any) -> str:
+def describe(fn: object) -> str:
     """How an error names a user's function: ``train_step (suites/flax/test_x.py:57)``.
 
     Sees through ``functools.partial``, bound methods and wrappers that set ``__wrapped__``
@@ -238,6 +239,9 @@ def describe(fn: Any) -> str:
         name = type(target).__name__
     elif "<locals>" in name:  # a function defined in a function: its own name reads better
         name = getattr(target, "__name__", name)
+    if not (callable(target) or isinstance(target, ModuleType | TracebackType | FrameType
+                                                   | CodeType)):
+        return str(name)  # what inspect refuses (with a TypeError): not code
     try:
         source = inspect.getsourcefile(target)
         line = inspect.getsourcelines(target)[1]

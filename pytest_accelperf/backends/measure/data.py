@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from typing import cast
 
 from pytest_accelperf.backends.measure.common import TaskError, describe
+from pytest_accelperf.backends.types import Batch
 
 
-def _shown(data: Any) -> str:
+def _shown(data: object) -> str:
     """How a message names ``data``: a function by name, file and line; anything else by
     its type (``a DataLoader``)."""
     if callable(data) and not hasattr(data, "__iter__"):
@@ -57,7 +58,7 @@ class Batches:
     (a rank process gets the step by pickle): a pass in progress is not sent, the next
     call starts a new one."""
 
-    def __init__(self, data: Any, owner: str) -> None:
+    def __init__(self, data: object, owner: str) -> None:
         self.data = data
         self.owner = owner
         self.label = f"{owner} {_shown(data)}"
@@ -65,11 +66,11 @@ class Batches:
         #: How many batches the case needs (:func:`expect`), for the message when the data
         #: end early; None until the backend says.
         self.needed: int | None = None
-        self._pass: Iterator[Any] | None = None
+        self._pass: Iterator[Batch] | None = None
         self._next = 0  # the index of the batch the current pass yields next
         self._first: str | None = None  # digest of batch 0 of the first pass
 
-    def __call__(self, i: int) -> Any:
+    def __call__(self, i: int) -> Batch:
         if self._pass is None or i < self._next:
             self._pass, self._next = self._start(), 0
         while True:
@@ -95,7 +96,7 @@ class Batches:
                 f"at least that many, e.g. a longer dataset or a function that returns "
                 f"itertools.cycle(...) of it")
 
-    def _same_first(self, batch: Any) -> None:
+    def _same_first(self, batch: Batch) -> None:
         """Refuse a pass whose first batch is not the first pass's first batch."""
         seen = digest(batch)
         if self._first is None:
@@ -109,13 +110,13 @@ class Batches:
                 f"function that builds it with a seeded generator "
                 f"(generator=torch.Generator().manual_seed(0)), or seed the shuffle per pass")
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_pass"], state["_next"] = None, 0  # a live iterator does not pickle
         return state
 
 
-def _starter(data: Any, label: str) -> Callable[[], Iterator[Any]]:
+def _starter(data: object, label: str) -> Callable[[], Iterator[Batch]]:
     """A function that starts a new pass over ``data``; a :class:`TaskError` for data that
     cannot be passed over again, or at all."""
     if isinstance(data, Iterator):  # has __next__: iter() of it is itself, half used up
@@ -126,7 +127,8 @@ def _starter(data: Any, label: str) -> Callable[[], Iterator[Any]]:
             f"function of no arguments that makes the iterator (the generator function, "
             f"not its call: data=batches, not data=batches())")
     if hasattr(data, "__iter__"):
-        return lambda: iter(data)
+        iterable = cast(Iterable[Batch], data)
+        return lambda: iter(iterable)
     if not callable(data):
         raise TaskError(f"{label} must be an iterable of batches (a DataLoader, a dataset) or "
                         f"a function of no arguments that returns an iterator of them; got "
@@ -140,7 +142,7 @@ def _starter(data: Any, label: str) -> Callable[[], Iterator[Any]]:
     except ValueError:
         pass  # a builtin without a signature: calling it will tell
 
-    def start() -> Iterator[Any]:
+    def start() -> Iterator[Batch]:
         made = data()  # what it raises is the user's own error
         try:
             return iter(made)
@@ -151,7 +153,7 @@ def _starter(data: Any, label: str) -> Callable[[], Iterator[Any]]:
     return start
 
 
-def batch_function(make_batch: Any, data: Any, owner: str) -> Callable[[int], Any]:
+def batch_function(make_batch: object, data: object, owner: str) -> Callable[[int], Batch]:
     """What a step API keeps as its ``make_batch``: the user's function, or
     :class:`Batches` of ``data``; exactly one of the two must be given (``owner`` is the
     class, ``JaxStep``: messages name its fields)."""
@@ -171,10 +173,10 @@ def batch_function(make_batch: Any, data: Any, owner: str) -> Callable[[int], An
                 else "")
         raise TaskError(f"{owner}.make_batch must be a function of the step number that "
                         f"returns its batch; got {type(make_batch).__name__}{hint}")
-    return make_batch  # type: ignore[no-any-return]
+    return make_batch
 
 
-def source_label(make_batch: Any) -> str:
+def source_label(make_batch: object) -> str:
     """How messages name what makes the batches: ``make_batch name (file:line)``, or the
     data (``JaxStep.data (a DataLoader)``)."""
     if isinstance(make_batch, Batches):
@@ -182,15 +184,18 @@ def source_label(make_batch: Any) -> str:
     return f"make_batch {describe(make_batch)}"
 
 
-def expect(make_batch: Any, n: int) -> None:
+def expect(make_batch: object, n: int) -> None:
     """Tell data given as an iterable that the case needs ``n`` batches (its message when
     they end early names it); one with a ``len()`` under ``n`` is refused now, before
     anything compiles or trains. Nothing for a ``make_batch`` function."""
     if not isinstance(make_batch, Batches):
         return
     make_batch.needed = n
+    data = make_batch.data
+    if not isinstance(data, Sized):  # no len(): a generator function
+        return
     try:
-        length = len(make_batch.data)
+        length = len(data)
     except Exception:  # no len(): an IterableDataset's loader, a generator function
         return
     if length < n:
@@ -200,7 +205,7 @@ def expect(make_batch: Any, n: int) -> None:
                         f"of it")
 
 
-def digest(batch: Any) -> str:
+def digest(batch: object) -> str:
     """A digest of ``batch``: its containers, and each leaf's bytes, shape and dtype (an
     array: numpy, torch on the CPU, jax, TensorFlow; through ``numpy.asarray``) or its
     ``repr`` (a number, a string). A leaf that is neither (a CUDA tensor, an object) counts
@@ -210,7 +215,7 @@ def digest(batch: Any) -> str:
     return h.hexdigest()
 
 
-def _feed(h: Any, value: Any, depth: int) -> None:
+def _feed(h: hashlib.blake2b, value: object, depth: int) -> None:
     import numpy as np
 
     if depth > 32:
@@ -242,4 +247,4 @@ def _feed(h: Any, value: Any, depth: int) -> None:
     if array.dtype.hasobject:
         h.update(repr(array.tolist()).encode())
     else:
-        h.update(array.reshape(-1).view(np.uint8))
+        h.update(array.reshape(-1).view(np.uint8).data)

@@ -44,12 +44,12 @@ class RankContext:
     def events(self) -> Path:
         return self.workdir / f"rank{self.rank}.jsonl"
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: str, **fields: object) -> None:
         """Append one event line (flushed at once: a kill may come any moment)."""
         with self.events.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"event": event, **fields}, default=str) + "\n")
 
-    def progress(self, **fields: Any) -> None:
+    def progress(self, **fields: object) -> None:
         """Report progress: ``phase`` ("init", "train", "done"), ``step`` (the last step
         finished), ``peak_bytes``, anything JSON-able. Later fields replace earlier ones."""
         self.emit("progress", **fields)

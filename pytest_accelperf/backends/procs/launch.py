@@ -57,7 +57,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from pytest_accelperf.backends.procs import rank_pool
 from pytest_accelperf.report import progress as live_progress
@@ -104,6 +104,17 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+class LaunchTimings(TypedDict, total=False):
+    """When a launch started and ended (``time.time()``) and the pool it ran in
+    (:attr:`LaunchResult.timings`)."""
+
+    start_wall: float
+    end_wall: float
+    pooled: bool
+    pool_case: int
+    pool_pids: list[int]
 
 
 @dataclass
@@ -175,7 +186,7 @@ class LaunchResult:
     #: clocks), whether it ran in a pool's warm ranks (``pooled``), the pool's count of
     #: cases so far (``pool_case``: 1 for the case that started it) and its warm ranks'
     #: pids (``pool_pids``).
-    timings: dict[str, Any] = field(default_factory=dict)
+    timings: LaunchTimings = field(default_factory=lambda: LaunchTimings())
 
     @property
     def failed(self) -> RankReport | None:
@@ -517,10 +528,10 @@ class RankGroup:
         # Codes as first seen: the survivors' SIGKILL is ours, not their failure.
         reports = [_collect(r, workdir, codes[r]) for r in range(world_size)]
         pooled = self._ranks if isinstance(self._ranks, _Pooled) else None
-        timings = {"start_wall": self._wall_start, "end_wall": time.time(),
-                   "pooled": pooled is not None,
-                   "pool_case": pooled.case if pooled is not None else 0,
-                   "pool_pids": pooled.pids if pooled is not None else []}
+        timings: LaunchTimings = {"start_wall": self._wall_start, "end_wall": time.time(),
+                                  "pooled": pooled is not None,
+                                  "pool_case": pooled.case if pooled is not None else 0,
+                                  "pool_pids": pooled.pids if pooled is not None else []}
         if timed_out:
             steps = ", ".join(f"rank {r.rank}: {r.where()}" for r in reports)
             return LaunchResult("timeout", f"exceeded the {timeout:g} s timeout ({steps}); "

@@ -107,6 +107,7 @@ from pytest_accelperf.backends.torch.step_record import (
 )
 from pytest_accelperf.backends.torch.stepper import TorchStepper
 from pytest_accelperf.backends.torch.task import to_device, torch_probe
+from pytest_accelperf.backends.types import Batch
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -146,12 +147,12 @@ def _execute(step: TorchStep, case: Case, device: torch.device, probe: Probe | N
     step that compiled again."""
     fns = _step_fns(step, device)
     if watch is not None:
-        def prepare(i: int) -> Any:
+        def prepare(i: int) -> Batch:
             batch = to_device(step.make_batch(i), device)
             watch.batch(i, batch)
             return batch
 
-        def put(i: int, host: Any) -> Any:
+        def put(i: int, host: Batch) -> Batch:
             batch = to_device(host, device)
             watch.batch(i, batch)
             return batch
@@ -175,7 +176,7 @@ class _CompileLoad:
         self._watch = Contention([measuring_root()]).start()
         self.load: Load | None = None
 
-    def after_step(self, i: int, handle: Any = None, measured: bool = False) -> None:
+    def after_step(self, i: int, handle: object = None, measured: bool = False) -> None:
         if i == 0:  # the loop runs step 0 once
             self.load = self._watch.reading()
 
@@ -185,7 +186,7 @@ def _hooks(*hooks: Callable[[int, Any, bool], None] | None
     """One ``after_step`` that calls each of ``hooks`` given."""
     given = [h for h in hooks if h is not None]
 
-    def after_step(i: int, handle: Any, measured: bool) -> None:
+    def after_step(i: int, handle: object, measured: bool) -> None:
         for hook in given:
             hook(i, handle, measured)
 

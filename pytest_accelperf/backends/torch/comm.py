@@ -44,9 +44,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import torch
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import GradBucket
 
 #: DeepSpeed ``TorchBackend`` method -> (kind, the argument whose tensors are the payload:
 #: its position, then its name).
@@ -69,13 +72,22 @@ DEEPSPEED_METHODS: dict[str, tuple[str, int, str]] = {
 }
 
 
-def payload_bytes(value: Any) -> int:
+def payload_bytes(value: object) -> int:
     """Bytes of a tensor, or the sum over a list or tuple of tensors (0 for anything else)."""
     if isinstance(value, torch.Tensor):
         return int(value.numel()) * int(value.element_size())
     if isinstance(value, list | tuple):
         return sum(payload_bytes(v) for v in value)
     return 0
+
+
+class CommSummary(TypedDict):
+    """What a rank reports of its collectives (:meth:`CommCounter.summary`)."""
+
+    collectives: dict[str, dict[str, int]] | None
+    steps: int
+    same_each_step: bool
+    each_step: NotRequired[list[dict[str, dict[str, int]]]]
 
 
 class CommCounter:
@@ -120,13 +132,13 @@ class CommCounter:
             out[kind] = {"count": round(count / k), "bytes": round(nbytes / k)}
         return out
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> CommSummary:
         """What the rank reports: the per-step collectives, how many steps were counted,
         and whether every counted step issued the same (then the division is exact; if
         not, ``each_step`` lists every step's)."""
         same = all(s == self.steps[0] for s in self.steps)
-        out: dict[str, Any] = {"collectives": self.per_step(), "steps": len(self.steps),
-                               "same_each_step": same}
+        out: CommSummary = {"collectives": self.per_step(), "steps": len(self.steps),
+                            "same_each_step": same}
         if not same:
             out["each_step"] = [{kind: {"count": c, "bytes": b}
                                  for kind, (c, b) in sorted(s.items())} for s in self.steps]
@@ -137,7 +149,7 @@ class CommCounter:
 def _counting(method: Callable[..., Any], kind: str, position: int, name: str,
               counter: CommCounter) -> Callable[..., Any]:
     @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(*args: object, **kwargs: object) -> object:
         if counter.active:
             payload = kwargs[name] if name in kwargs else (
                 args[position] if len(args) > position else None)
@@ -171,7 +183,8 @@ def count_deepspeed(counter: CommCounter) -> list[str]:
 
 
 # -- DDP ------------------------------------------------------------------------------------
-def counting_allreduce_hook(counter: CommCounter, bucket: Any) -> torch.futures.Future[Any]:
+def counting_allreduce_hook(counter: CommCounter,
+                            bucket: GradBucket) -> torch.futures.Future[Any]:
     """A DDP communication hook: torch's default all-reduce of the bucket
     (``default_hooks.allreduce_hook``: divide by the world size, all-reduce, on the default
     process group), counted in ``counter`` as one ``all_reduce`` of the bucket's bytes."""

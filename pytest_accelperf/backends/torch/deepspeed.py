@@ -77,6 +77,7 @@ from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
 from pytest_accelperf.backends.torch.in_rank import RankPlan
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import TorchRanks, micro_batch, resolve_clip
+from pytest_accelperf.backends.types import Framework
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -87,7 +88,7 @@ _CASE_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu",
               "gradient_accumulation_steps", "gradient_clipping")
 
 
-def import_deepspeed() -> Any:
+def import_deepspeed() -> Framework:
     """The ``deepspeed`` module (untyped; imported only in the ranks, never in pytest's
     process, where its import-time warnings would meet ``filterwarnings = error``)."""
     return importlib.import_module("deepspeed")

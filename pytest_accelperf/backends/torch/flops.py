@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from pytest_accelperf.backends.torch.ops import OpCounter
+from pytest_accelperf.backends.torch.ops import OpCounter, OpCounts
 from pytest_accelperf.backends.torch.step import TorchStep, metrics_of, run_step, undone
 from pytest_accelperf.backends.torch.task import TorchTask, flop_counter
+from pytest_accelperf.backends.types import Batch
 
 
-def count_flops(model: torch.nn.Module, task: TorchTask, batch: Any) -> float | None:
+def count_flops(model: torch.nn.Module, task: TorchTask, batch: Batch) -> float | None:
     """FLOPs of one forward + backward of ``batch`` (the optimizer's are not counted).
 
     Leaves ``model`` as it found it: gradients dropped, buffers (batch-norm statistics)
@@ -54,11 +54,11 @@ class StepCount:
     and ``ops``, what it dispatched (:meth:`.torch.ops.OpCounter.record`)."""
 
     flops: float | None
-    ops: dict[str, Any]
+    ops: OpCounts
 
 
-def count_step(step: TorchStep, batch: Any, device: torch.device,
-               stateful: Sequence[Any] | None = None) -> StepCount:
+def count_step(step: TorchStep, batch: Batch, device: torch.device,
+               stateful: Sequence[object] | None = None) -> StepCount:
     """FLOPs and dispatched ops of one call of the step (``count_step``, default
     ``step``) on ``batch`` (on ``device``), undone afterwards
     (:func:`~.torch.step.undone`, ``stateful`` as there): parameters, optimizer,
@@ -74,8 +74,8 @@ def count_step(step: TorchStep, batch: Any, device: torch.device,
     return StepCount(flops if flops > 0 else None, ops.record())
 
 
-def count_step_flops(step: TorchStep, batch: Any,
-                     stateful: Sequence[Any] | None = None) -> float | None:
+def count_step_flops(step: TorchStep, batch: Batch,
+                     stateful: Sequence[object] | None = None) -> float | None:
     """FLOPs of one counted call of the step on ``batch`` (:func:`count_step`; the device
     only decides which ops are host syncs, which this drops)."""
     return count_step(step, batch, torch.device("cpu"), stateful).flops

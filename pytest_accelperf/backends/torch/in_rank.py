@@ -44,10 +44,13 @@ from pytest_accelperf.backends.torch.task import (
     to_device,
     torch_probe,
 )
+from pytest_accelperf.backends.types import Batch, Leaf
 from pytest_accelperf.collect.cases import Case
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
+
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     from pytest_accelperf.backends.measure.probe import Probe
     from pytest_accelperf.backends.procs._rank import RankContext
@@ -144,7 +147,7 @@ class RankPlan:
 
 
 # -- a rank's batches ----------------------------------------------------------------------
-def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> Any:
+def slice_batch(batch: Batch, rank: int, world_size: int, global_batch: int) -> Batch:
     """Rank ``rank``'s rows of every tensor of the global batch (dicts, namedtuples, tuples
     and lists kept).
 
@@ -154,7 +157,7 @@ def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> An
     """
     size = global_batch // world_size
 
-    def rows(leaf: Any) -> Any:
+    def rows(leaf: Leaf) -> Leaf:
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 and leaf.shape[0] == global_batch:
             return leaf[rank * size:(rank + 1) * size]
         return leaf
@@ -162,7 +165,7 @@ def slice_batch(batch: Any, rank: int, world_size: int, global_batch: int) -> An
     return map_batch(batch, rows)
 
 
-def micro_batches(batch: Any, rank: int, case: Case) -> list[Any]:
+def micro_batches(batch: Batch, rank: int, case: Case) -> list[Batch]:
     """Rank ``rank``'s micro-batches of the global batch of one step, in order: its rows
     ``[rank * B/N, (rank+1) * B/N)``, cut into ``case.grad_accum`` consecutive parts.
     Numpy arrays are made tensors first (:func:`.torch.task.as_tensors`, as DataLoader
@@ -179,7 +182,7 @@ class _MemoryCounter:
     def __init__(self, device: torch.device, capacity: int | None, enforce: bool) -> None:
         self.device = device
         self.capacity = capacity if enforce else None
-        self.tracker: Any = None
+        self.tracker: MemTracker | None = None
         self.source = "cuda_allocator" if device.type == "cuda" else "mem_tracker"
         self._closed_peak: int | None = None
 
@@ -189,13 +192,13 @@ class _MemoryCounter:
             reset_cuda_peak(self.device)
             yield
             return
-        self.tracker = memory_tracker()
-        with self.tracker:
+        tracker = self.tracker = memory_tracker()
+        with tracker:
             yield
-        self._closed_peak = self._tracker_peak()
+        self._closed_peak = self._tracker_peak(tracker)
 
-    def _tracker_peak(self) -> int:
-        return device_total(self.tracker, "peak", self.device) or 0
+    def _tracker_peak(self, tracker: MemTracker) -> int:
+        return device_total(tracker, "peak", self.device) or 0
 
     def step_done(self) -> None:
         if self.tracker is not None and self._closed_peak is None:
@@ -206,7 +209,7 @@ class _MemoryCounter:
             return int(torch.cuda.max_memory_allocated(self.device))
         if self._closed_peak is not None:
             return self._closed_peak
-        return self._tracker_peak() if self.tracker is not None else None
+        return self._tracker_peak(self.tracker) if self.tracker is not None else None
 
     def check(self) -> None:
         """Raise :class:`CapacityExceeded` when the peak so far exceeds the capacity."""
@@ -286,7 +289,7 @@ def _step_counts(plan: RankPlan, *, blocks: bool) -> tuple[int, int]:
     return warmup, measured
 
 
-_Prepared = tuple[int, list[Any]]
+_Prepared = tuple[int, list[Batch]]
 _Done = tuple[list[Any], dict[str, Any]]
 
 
@@ -377,7 +380,7 @@ class _RankSteps:
             metrics[step.lr_metric] = self.lrs[i]
         return float(means[0]), metrics
 
-    def after_step(self, i: int, done: Any, measured: bool) -> None:
+    def after_step(self, i: int, done: object, measured: bool) -> None:
         self.counter.check()
         if i == MEMORY_STEPS - 1:
             self.window.close()  # the CPU count ends with the memory steps

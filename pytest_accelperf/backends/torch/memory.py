@@ -23,9 +23,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed._tools.mem_tracker import MemTracker
 
 from pytest_accelperf.backends.measure.common import TaskError
 from pytest_accelperf.backends.torch.step import TorchStep, float_metrics, run_step, undone
@@ -55,7 +58,7 @@ def _totals_only_class() -> type[Any]:
         """MemTracker whose per-op update keeps the device totals' peak, not each module's
         (the stock update's first loop): the same storage accounting, O(1) modules per op."""
 
-        def _update_peak_stats(self, peak_state: Any) -> None:
+        def _update_peak_stats(self, peak_state: object) -> None:
             for dev, snap in self._curr_mem_snap.items():
                 total = snap["Total"]
                 if self._peak_mem.get(dev, 0) < total:
@@ -65,7 +68,7 @@ def _totals_only_class() -> type[Any]:
     return TotalsTracker
 
 
-def memory_tracker(*, per_module: bool = False) -> Any:
+def memory_tracker(*, per_module: bool = False) -> MemTracker:
     """A MemTracker for the device totals (:func:`device_total`); ``per_module`` gives the
     stock one, which also keeps every module's peak."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -76,7 +79,7 @@ def memory_tracker(*, per_module: bool = False) -> Any:
     return tracker if all(hasattr(tracker, name) for name in _PEAK_STATE) else MemTracker()
 
 
-def device_total(tracker: Any, kind: str, device: torch.device) -> int | None:
+def device_total(tracker: MemTracker, kind: str, device: torch.device) -> int | None:
     """The tracker's total bytes on ``device``'s type, ``kind`` ``"current"`` or
     ``"peak"``; None when it saw no tensor there."""
     snapshot = tracker.get_tracker_snapshot(kind)
@@ -230,7 +233,7 @@ class _CudaGrowth:
         self.after_steps: int | None = None
         self.steps = 0
 
-    def after_step(self, i: int, handle: Any, measured: bool) -> None:
+    def after_step(self, i: int, handle: object, measured: bool) -> None:
         if i == self.warmup - 1:
             self.after_warmup = int(torch.cuda.memory_allocated(self.device))
         elif measured:

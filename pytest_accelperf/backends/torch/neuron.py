@@ -35,6 +35,7 @@ from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.backend import deadline_after, timeout_message
 from pytest_accelperf.backends.torch.flops import count_flops
 from pytest_accelperf.backends.torch.task import TorchTask, as_tensors, to_device
+from pytest_accelperf.backends.types import Batch
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -118,7 +119,7 @@ def _build(task: TorchTask, device: torch.device) -> torch.nn.Module:
 
 
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, task: TorchTask,
-          batch: Any) -> torch.Tensor:
+          batch: Batch) -> torch.Tensor:
     """One training step; returns the loss tensor (not synchronized)."""
     optimizer.zero_grad(set_to_none=True)
     loss = task.loss_fn(model, batch)
@@ -137,7 +138,7 @@ def _loop(model: torch.nn.Module, case: Case, task: TorchTask, dev: LazyDevice,
     compiles: dict[str, int | None] = {"before": None}
     recompiles: list[int] = []
 
-    def prepare(i: int) -> Any:
+    def prepare(i: int) -> Batch:
         batch = to_device(task.make_batch(i), dev.device)
         dev.mark_step()  # the host->device copy is its own graph, outside the timer
         dev.wait()

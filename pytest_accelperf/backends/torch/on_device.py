@@ -7,13 +7,12 @@ share them.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from pytest_accelperf.backends.measure.loop import StepFns
 from pytest_accelperf.backends.torch.step import TorchStep, float_metrics
 from pytest_accelperf.backends.torch.task import as_tensors, sync, to_device
+from pytest_accelperf.backends.types import Batch, UserValue
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 
@@ -31,12 +30,12 @@ def _device(accel: Accelerator) -> torch.device:
                      f"declare the case with accels=('cpu', 'gpu')")
 
 
-def _step_fns(step: TorchStep, device: torch.device) -> StepFns[Any, Any]:
+def _step_fns(step: TorchStep, device: torch.device) -> StepFns[Batch, UserValue]:
     """The user's step as the measured-step loop runs it (:mod:`.loop`): the batch moved
     outside the timer, the device synchronized, the metrics read after the timer (on the
     CPU the step is already done)."""
 
-    def read(raw: Any) -> tuple[float, dict[str, float]]:
+    def read(raw: UserValue) -> tuple[float, dict[str, float]]:
         values = float_metrics(step, raw)
         return values.pop(step.loss), values
 

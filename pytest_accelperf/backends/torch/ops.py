@@ -50,14 +50,21 @@ import contextvars
 import os
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from pytest_accelperf.backends.types import Untyped
 from pytest_accelperf.records.sites import code_site
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+
+    #: An aten op as ``__torch_dispatch__`` receives it.
+    Op = OpOverload[..., Any]
 
 #: Compact dtype names in op keys (``mm[bf16]``); another dtype is its torch name.
 DTYPE_TAGS: dict[torch.dtype, str] = {
@@ -112,12 +119,12 @@ def op_key(name: str, inputs: list[torch.Tensor]) -> str:
     return f"{name}[{','.join(tags)}]" if tags else name
 
 
-def _name(func: Any) -> str:
+def _name(func: Op) -> str:
     packet = func.overloadpacket.__name__
     return packet if func.namespace == "aten" else f"{func.namespace}.{packet}"
 
 
-def left_out(func: Any) -> bool:
+def left_out(func: Op) -> bool:
     """Whether an op is left out of the counts (see the module docstring): a view, a
     metadata query, a profiler marker."""
     if func.namespace in _NAMESPACES_LEFT_OUT:
@@ -130,7 +137,7 @@ def left_out(func: Any) -> bool:
                                  for r in returns)
 
 
-def _tensors(tree: Any) -> list[torch.Tensor]:
+def _tensors(tree: object) -> list[torch.Tensor]:
     return [x for x in tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
@@ -139,11 +146,12 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size() if t.layout == torch.strided else 0
 
 
-def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, name: str) -> Any:
+def _arg(args: tuple[Untyped, ...], kwargs: Mapping[str, Untyped], index: int,
+         name: str) -> Untyped:
     return args[index] if len(args) > index else kwargs.get(name)
 
 
-def sync_kind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+def sync_kind(func: Op, args: tuple[Untyped, ...], kwargs: Mapping[str, Untyped], out: object,
               device: torch.device) -> str | None:
     """What kind of host sync a call of ``func`` is, on a step whose tensors live on
     ``device`` (see the module docstring): the op's name, ``"copy to cpu"`` or ``"<op>
@@ -200,6 +208,17 @@ def _caller() -> tuple[str, bool]:
     return "?", counter
 
 
+class OpCounts(TypedDict):
+    """What :class:`OpCounter` counted (:meth:`OpCounter.record`), as ``program_record``
+    takes it: ops by name and dtypes, the bytes they read and wrote, the host syncs and
+    where the step made them."""
+
+    ops: dict[str, int]
+    bytes_accessed: float
+    host_syncs: int
+    host_sync_sites: dict[str, int]
+
+
 class OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped in torch
     """Counts what the ops dispatched inside it do (see the module docstring), for a step
     whose tensors live on ``device``. Enter it before ``FlopCounterMode``, so that it sees
@@ -212,8 +231,8 @@ class OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped 
         self.bytes = 0
         self.sync_sites: Counter[str] = Counter()
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(self, func: Op, types: object, args: tuple[Untyped, ...] = (),
+                           kwargs: Mapping[str, Untyped] | None = None) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if _UNCOUNTED.get() or left_out(func):
@@ -232,7 +251,7 @@ class OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped 
     def host_syncs(self) -> int:
         return sum(self.sync_sites.values())
 
-    def record(self, times: int = 1) -> dict[str, Any]:
+    def record(self, times: int = 1) -> OpCounts:
         """The counts as ``program_record`` keyword arguments, each multiplied by ``times``
         (a rank counts one micro-batch of ``grad_accum``)."""
         return {"ops": {k: v * times for k, v in self.ops.items()},

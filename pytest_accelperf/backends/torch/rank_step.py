@@ -37,6 +37,7 @@ from pytest_accelperf.backends.measure.common import (
 )
 from pytest_accelperf.backends.measure.data import batch_function
 from pytest_accelperf.backends.torch.task import TorchTask
+from pytest_accelperf.backends.types import Batch, UserValue
 
 if TYPE_CHECKING:
     from pytest_accelperf.backends.protocol import Task
@@ -163,11 +164,12 @@ class RankStep:
                                 f"model (model.parameters() or its groups)")
         return out
 
-    def compute(self, model: Any, batch: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def compute(self, model: torch.nn.Module,
+                batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``loss_fn(model, batch)`` as ``(scalar loss, other scalar metrics)``."""
         out = self.loss_fn(model, batch)
-        metrics: dict[str, Any] = {}
-        loss: Any = out
+        metrics: dict[object, UserValue] = {}
+        loss: UserValue = out
         if isinstance(out, Mapping):
             if self.loss not in out:
                 have = ", ".join(repr(k) for k in out) or "none"
@@ -266,7 +268,7 @@ def compiled_graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _value_text(value: Any) -> str:
+def _value_text(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
     if isinstance(value, tuple | list):

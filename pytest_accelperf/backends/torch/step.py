@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
@@ -40,8 +40,11 @@ import torch
 from pytest_accelperf.backends.measure.common import TaskError, check_metric_keys, describe
 from pytest_accelperf.backends.measure.data import batch_function
 from pytest_accelperf.backends.torch.ops import uncounted
+from pytest_accelperf.backends.types import Batch, UserValue
 
 if TYPE_CHECKING:
+    from torch.optim.optimizer import StateDict
+
     from pytest_accelperf.backends.protocol import Task
 
 Models = torch.nn.Module | Sequence[torch.nn.Module] | Mapping[str, torch.nn.Module]
@@ -131,7 +134,7 @@ class TorchStep:
         """The models by name: ``""`` for one, ``"0"``, ``"1"`` or its keys for several."""
         model = self.model
         if isinstance(model, torch.nn.Module):
-            found: dict[str, Any] = {"": model}
+            found: dict[str, object] = {"": model}
         elif isinstance(model, Mapping):
             found = {str(k): v for k, v in model.items()}
         elif isinstance(model, Sequence) and not isinstance(model, str):
@@ -147,7 +150,7 @@ class TorchStep:
             what = given(found[bad[0]]) if bad else f"an empty {type(model).__name__}"
             raise TaskError(f"{field} of {self.label} must be the nn.Module the step "
                             f"trains, or a list or dict of them; got {what}")
-        return found
+        return {k: v for k, v in found.items() if isinstance(v, torch.nn.Module)}
 
     def to(self, device: torch.device) -> None:
         """Move the models to ``device``, in place (parameters keep their identity)."""
@@ -175,7 +178,7 @@ class TorchStep:
                 out[str(name)] = host_array(value)
         return out
 
-    def final_of(self) -> Any:
+    def final_of(self) -> UserValue:
         """What the test gets back (``CaseResult.state``)."""
         return self.model if self.final is None else self.final()
 
@@ -184,7 +187,7 @@ class TorchStep:
         return self.params is None if self.fingerprint_state is None else self.fingerprint_state
 
 
-def scaler_readings(stateful: Sequence[Any]) -> dict[int, Any]:
+def scaler_readings(stateful: Sequence[object]) -> dict[int, StateDict]:
     """The state of every enabled ``GradScaler`` among ``stateful``, by its id: taken
     before the training, so that :func:`state_beside` knows which of those found alive in
     the process the step used (their state moved)."""
@@ -192,8 +195,8 @@ def scaler_readings(stateful: Sequence[Any]) -> dict[int, Any]:
             if isinstance(obj, torch.amp.GradScaler) and obj.is_enabled()}
 
 
-def state_beside(step: TorchStep, params: Mapping[str, Any], stateful: Sequence[Any],
-                 before: Mapping[int, Any]) -> dict[str, np.ndarray]:
+def state_beside(step: TorchStep, params: Mapping[str, object], stateful: Sequence[object],
+                 before: Mapping[int, StateDict]) -> dict[str, np.ndarray]:
     """The training state beside ``params`` (the flat host arrays :meth:`TorchStep.params_of`
     gave) that the numerics fingerprint covers when :meth:`TorchStep.covers_state`:
 
@@ -233,7 +236,7 @@ def state_beside(step: TorchStep, params: Mapping[str, Any], stateful: Sequence[
     return out
 
 
-def given(value: Any) -> str:
+def given(value: object) -> str:
     """What a user gave where a module belongs, with the likely fix: a class or a function
     that makes the model, named (the mistake of passing ``Net`` or ``make_model`` for
     ``Net()``), else the value's type and its start."""
@@ -277,12 +280,16 @@ def as_torch_step(task: Task, device: torch.device | None = None) -> TorchStep:
 
 
 # -- what a step returns --------------------------------------------------------------------
+#: One metric's value as a step returns it: a one-element tensor, or a number.
+Scalar: TypeAlias = torch.Tensor | int | float | np.floating[Any] | np.integer[Any]
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _value_text(value: Any) -> str:
+def _value_text(value: object) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)} ({value.dtype})"
     if isinstance(value, tuple | list):
@@ -290,14 +297,14 @@ def _value_text(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def _is_scalar(value: Any) -> bool:
+def _is_scalar(value: object) -> bool:
     if isinstance(value, torch.Tensor):
         return value.numel() == 1
     return isinstance(value, int | float | np.floating | np.integer) and not isinstance(
         value, bool)
 
 
-def metrics_of(step: TorchStep, out: Any) -> dict[str, Any]:
+def metrics_of(step: TorchStep, out: UserValue) -> dict[str, Scalar]:
     """What ``step`` returned as ``{name: scalar}`` with the loss under ``step.loss``;
     anything else is a :class:`TaskError` naming the step and the fix."""
     if isinstance(out, torch.Tensor):
@@ -307,7 +314,7 @@ def metrics_of(step: TorchStep, out: Any) -> dict[str, Any]:
             f"{step.label} returns {_value_text(out)}: return the loss tensor, or a dict of "
             f"scalar metrics holding it, e.g. `return {{'{step.loss}': loss, 'lr': "
             f"scheduler.get_last_lr()[0]}}`")
-    def not_scalar(key: str, value: Any) -> str | None:
+    def not_scalar(key: str, value: object) -> str | None:
         if _is_scalar(value):
             return None
         return (f"{step.label} returns metric {key!r} as {_value_text(value)}: metrics are "
@@ -318,12 +325,12 @@ def metrics_of(step: TorchStep, out: Any) -> dict[str, Any]:
     return dict(out)
 
 
-def to_float(value: Any) -> float:
+def to_float(value: Scalar) -> float:
     """A metric's value as a Python float (a tensor's ``.item()``: it waits for it)."""
     return float(value.detach().item()) if isinstance(value, torch.Tensor) else float(value)
 
 
-def float_metrics(step: TorchStep, out: Any) -> dict[str, float]:
+def float_metrics(step: TorchStep, out: UserValue) -> dict[str, float]:
     """The step's output as float metrics (waits for them)."""
     return {k: to_float(v) for k, v in metrics_of(step, out).items()}
 
@@ -380,8 +387,8 @@ def _rng_states() -> tuple[torch.Tensor, list[torch.Tensor] | None]:
 class _Saved:
     tensors: list[tuple[torch.Tensor, torch.Tensor]]
     grads: list[tuple[torch.Tensor, torch.Tensor | None]]
-    optimizers: dict[int, tuple[torch.optim.Optimizer, dict[str, Any]]]
-    others: list[tuple[Any, dict[str, Any]]]
+    optimizers: dict[int, tuple[torch.optim.Optimizer, StateDict]]
+    others: list[tuple[Any, StateDict]]
     rng: tuple[torch.Tensor, list[torch.Tensor] | None]
 
 
@@ -452,7 +459,8 @@ def undone(step: TorchStep, stateful: Sequence[Any] | None = None) -> Iterator[N
 
     saved = _snapshot(step, stateful)
 
-    def before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def before_step(optimizer: torch.optim.Optimizer, args: tuple[object, ...],
+                    kwargs: Mapping[str, object]) -> None:
         with uncounted():  # the plugin's snapshot (copies to the host): not the step's ops
             _save_optimizer(saved, optimizer)
             if step._initial is not None:
@@ -481,7 +489,7 @@ def rewind(step: TorchStep) -> None:
         _restore(step._initial)
 
 
-def run_step(step: TorchStep, batch: Any, counting: bool = False) -> Any:
+def run_step(step: TorchStep, batch: Batch, counting: bool = False) -> UserValue:
     """One call of the step (``count_step`` when ``counting``); its raw output."""
     fn = step.count_step if counting and step.count_step is not None else step.step
     return fn(batch)

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from pytest_accelperf.backends.torch.task import leaves_with_paths
+from pytest_accelperf.backends.types import Batch
 from pytest_accelperf.records.program import program_record
 from pytest_accelperf.records.sites import code_site
 
@@ -125,7 +126,7 @@ def _break_count() -> int:
     return len(graph_break_reasons)
 
 
-def break_reason(reason: Any) -> str:
+def break_reason(reason: object) -> str:
     """A dynamo ``GraphCompileReason`` as one line: the first line of its message and
     where in the user's code it broke, keyed by the code, not its line
     (:func:`~pytest_accelperf.records.sites.code_site`)."""
@@ -155,7 +156,7 @@ def _compilations() -> list[Any]:
 BatchSignature = tuple[tuple[str, tuple[int, ...] | None, Any], ...]
 
 
-def batch_signature(batch: Any) -> BatchSignature:
+def batch_signature(batch: Batch) -> BatchSignature:
     """The :data:`BatchSignature` of ``batch``: tuples of shapes, dtypes and small values,
     never the tensors' data (a few microseconds a step)."""
     out: list[tuple[str, tuple[int, ...] | None, Any]] = []
@@ -169,7 +170,7 @@ def batch_signature(batch: Any) -> BatchSignature:
     return tuple(out)
 
 
-def _leaf_text(shape: tuple[int, ...] | None, what: Any) -> str:
+def _leaf_text(shape: tuple[int, ...] | None, what: object) -> str:
     if shape is None:
         return repr(what) if isinstance(what, int | float | str) else str(what)
     return f"{str(what).removeprefix('torch.')}{list(shape)}"
@@ -212,12 +213,12 @@ class DynamoWatch:
         #: Why dynamo compiled again, one line per step that did (see :meth:`_cause`).
         self.recompile_causes: list[str] = []
 
-    def batch(self, i: int, batch: Any) -> None:
+    def batch(self, i: int, batch: Batch) -> None:
         """The batch of step ``i``, before the step runs: its signature is kept beside the
         previous step's, what a recompile at this step is explained with."""
         self._batches = (self._batches[1], batch_signature(batch))
 
-    def after_step(self, i: int, handle: Any = None, measured: bool = False) -> None:
+    def after_step(self, i: int, handle: object = None, measured: bool = False) -> None:
         """After step ``i`` (``run_steps``' ``after_step``): at the end of step 0, read
         what compiling it made; after a later step that compiled a frame, why."""
         if self._frames1 is None:

@@ -12,9 +12,9 @@ torch, and nothing of the backends that use it.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -23,6 +23,10 @@ from torch.utils.data import default_convert as _default_convert
 from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.torch.step import TorchStep, given
+from pytest_accelperf.backends.types import Batch, Leaf
+
+if TYPE_CHECKING:
+    from torch.utils.flop_counter import FlopCounterMode
 
 #: ``torch.utils.data.default_convert``, untyped in torch: through Any for mypy --strict.
 default_convert: Any = _default_convert
@@ -66,7 +70,7 @@ class TorchTask:
         runnable: Any = torch.compile(model) if self.compile else model
         loss_fn, grad_clip = self.loss_fn, self.grad_clip
 
-        def train(module: torch.nn.Module, batch: Any) -> dict[str, torch.Tensor]:
+        def train(module: torch.nn.Module, batch: Batch) -> dict[str, torch.Tensor]:
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(module, batch)
             loss.backward()  # type: ignore[no-untyped-call]  # untyped in torch
@@ -75,10 +79,10 @@ class TorchTask:
             optimizer.step()
             return {"loss": loss}
 
-        def step(batch: Any) -> dict[str, torch.Tensor]:
+        def step(batch: Batch) -> dict[str, torch.Tensor]:
             return train(runnable, batch)
 
-        def eager_step(batch: Any) -> dict[str, torch.Tensor]:
+        def eager_step(batch: Batch) -> dict[str, torch.Tensor]:
             return train(model, batch)
 
         def params() -> dict[str, torch.Tensor]:
@@ -94,24 +98,26 @@ class TorchTask:
                          fingerprint_state=True)
 
 
-def _cpu_flash_attention(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
-                         out_shape: Any = None, **kwargs: Any) -> int:
+def _cpu_flash_attention(query_shape: Sequence[int], key_shape: Sequence[int],
+                         value_shape: Sequence[int], *args: object, out_shape: object = None,
+                         **kwargs: object) -> int:
     from torch.utils import flop_counter as counting
 
     count: Any = counting.sdpa_flop_count  # untyped in torch
     return int(count(query_shape, key_shape, value_shape))
 
 
-def _cpu_flash_attention_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any,
-                                  value_shape: Any, *args: Any, out_shape: Any = None,
-                                  **kwargs: Any) -> int:
+def _cpu_flash_attention_backward(grad_out_shape: Sequence[int], query_shape: Sequence[int],
+                                  key_shape: Sequence[int], value_shape: Sequence[int],
+                                  *args: object, out_shape: object = None,
+                                  **kwargs: object) -> int:
     # The model's FLOPs: the backward of the two products is four (as when attention is
     # written with matmuls), not the five of torch's CUDA formula, which counts the
     # kernel's recomputation of the scores.
     return 2 * _cpu_flash_attention(query_shape, key_shape, value_shape)
 
 
-def flop_counter() -> Any:
+def flop_counter() -> FlopCounterMode:
     """A ``FlopCounterMode`` that also counts the CPU flash-attention kernels.
 
     torch's counter has formulas for the CUDA attention kernels only: on the CPU,
@@ -132,7 +138,7 @@ def flop_counter() -> Any:
             _cpu_flash_attention_backward})
 
 
-def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
+def map_batch(batch: Batch, leaf: Callable[[Leaf], Leaf]) -> Batch:
     """``batch`` with ``leaf`` applied to each of its leaves (a tensor, an array, a number,
     anything that is not a container), its containers kept: dicts and other mappings,
     namedtuples, tuples and lists, nested."""
@@ -160,7 +166,7 @@ def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
     return leaf(batch)
 
 
-def leaves_with_paths(batch: Any, prefix: str = "") -> list[tuple[str, Any]]:
+def leaves_with_paths(batch: Batch, prefix: str = "") -> list[tuple[str, Leaf]]:
     """``(path, leaf)`` of each leaf of ``batch`` in order, paths as JAX's ``keystr``
     writes them simply: ``x``, ``pair/0``, ``point/x`` (``""`` for a batch that is one
     leaf)."""
@@ -175,13 +181,13 @@ def leaves_with_paths(batch: Any, prefix: str = "") -> list[tuple[str, Any]]:
         items = enumerate(batch)
     else:
         return [(prefix, batch)]
-    out: list[tuple[str, Any]] = []
+    out: list[tuple[str, Leaf]] = []
     for key, value in items:
         out.extend(leaves_with_paths(value, f"{prefix}/{key}" if prefix else str(key)))
     return out
 
 
-def _as_tensor(leaf: Any) -> Any:
+def _as_tensor(leaf: Leaf) -> Leaf:
     """A numpy array or numpy scalar as a tensor, as DataLoader converts one
     (``default_convert``: ``torch.as_tensor``, sharing the array's memory); anything else
     unchanged (a tensor, a Python number, a string). A read-only array (a memory-mapped
@@ -193,18 +199,18 @@ def _as_tensor(leaf: Any) -> Any:
     return default_convert(leaf)
 
 
-def as_tensors(batch: Any) -> Any:
+def as_tensors(batch: Batch) -> Batch:
     """``batch`` with its numpy arrays and numpy scalars as tensors, as torch's DataLoader
     gives them (``torch.utils.data.default_convert``); its containers kept (dicts,
     namedtuples, tuples, lists: ``default_convert`` alone turns a tuple into a list)."""
     return map_batch(batch, _as_tensor)
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
+def to_device(batch: Batch, device: torch.device) -> Batch:
     """``batch`` with every tensor moved to ``device``, numpy arrays and numpy scalars made
     tensors first (:func:`as_tensors`); its containers kept."""
 
-    def move(leaf: Any) -> Any:
+    def move(leaf: Leaf) -> Leaf:
         leaf = _as_tensor(leaf)
         return leaf.to(device) if isinstance(leaf, torch.Tensor) else leaf
 
