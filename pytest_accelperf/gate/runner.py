@@ -514,7 +514,7 @@ class CaseRunner:
         os._exit(int(pytest.ExitCode.INTERRUPTED))
 
     def _evaluate(self, result: TrainResult,
-                  environment: dict[str, Any] | None = None) -> Evaluated:
+                  environment: dict[str, object] | None = None) -> Evaluated:
         """Every check of the run against the stored baseline; the environment a
         baseline from elsewhere differs in is named where the throughput check is made."""
         __tracebackhide__ = True
