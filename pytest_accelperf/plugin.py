@@ -14,8 +14,8 @@ import functools
 import json
 import os
 import sys
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -36,7 +36,13 @@ from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.gate.options import Settings, add_options
 from pytest_accelperf.gate.runner import CaseRunner
 from pytest_accelperf.gate.session import AccelperfSession
-from pytest_accelperf.gate.xdist_role import is_worker, worker_id, worker_input
+from pytest_accelperf.gate.xdist_role import (
+    WorkerData,
+    XdistNode,
+    is_worker,
+    worker_count,
+    worker_id,
+)
 from pytest_accelperf.provision.accel import (
     Accelerator,
     AcceleratorUnavailable,
@@ -61,6 +67,9 @@ from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.report.writing import stream_fd
 from pytest_accelperf.stats.contention import ROOT_ENV
 from pytest_accelperf.store.baselines import BaselineError, validate_platform
+
+if TYPE_CHECKING:
+    from _pytest.terminal import TerminalReporter
 
 SESSION_KEY = pytest.StashKey[AccelperfSession]()
 _WORKER_KEY = "accelperf"
@@ -103,9 +112,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # job's, when a measurement reads the machine's load (each xdist worker its own tree).
     os.environ[ROOT_ENV] = str(os.getpid())
     if is_worker(config):
-        workerinput = worker_input(config)
-        assign_worker_devices(settings.accel, worker_id(config),
-                              int(workerinput.get("workercount", 1)))
+        assign_worker_devices(settings.accel, worker_id(config), worker_count(config))
     if settings.html is not None and not is_worker(config):
         try:
             require_matplotlib()
@@ -170,7 +177,7 @@ def _register_checks(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
+def pytest_configure_node(node: XdistNode) -> None:
     """xdist controller: give each worker the address of the session's Ray cluster."""
     ray_session.configure_node(node.config, node)
 
@@ -340,7 +347,9 @@ def accelperf(request: pytest.FixtureRequest, accelperf_case: Case,
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A case whose test failed after training is not recorded as a baseline.
 
     Before the report is built, the case's metrics and verdicts become the item's
@@ -369,7 +378,9 @@ def _user_error_line(nodeid: str, exc: BaseException) -> str:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_make_collect_report(collector: pytest.Collector) -> Any:
+def pytest_make_collect_report(
+    collector: pytest.Collector,
+) -> Generator[None, pytest.CollectReport, pytest.CollectReport]:
     """A :class:`UserError` raised while collecting (a ``Case`` field, ``@cases`` in a test
     module) is a collection error of one line naming the user's file and line, not a
     traceback through this plugin."""
@@ -382,7 +393,7 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Any:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Any:
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     """Show the progress of a training case on the terminal line while it runs."""
     sink = (progress.terminal_progress(item.config)
             if "accelperf" in getattr(item, "fixturenames", ()) else None)
@@ -407,7 +418,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if terminal is not None:
             terminal.write_line(line)
     if is_worker(config):
-        workeroutput: Any = getattr(config, "workeroutput")
+        workeroutput: WorkerData = getattr(config, "workeroutput")
         workeroutput[_WORKER_KEY] = json.dumps({
             "records": [r.to_json() for r in state.report.records],
             "accel": state.report.accel,
@@ -498,7 +509,7 @@ def _abort(config: pytest.Config, message: str) -> None:
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node: Any, error: Any) -> None:
+def pytest_testnodedown(node: XdistNode, error: object) -> None:
     """xdist controller: merge a worker's runs and verdicts into the session report."""
     state = node.config.stash.get(SESSION_KEY, None)
     payload = getattr(node, "workeroutput", {}).get(_WORKER_KEY)
@@ -515,7 +526,7 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     report.environment = report.environment or data["environment"]
 
 
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int,
+def pytest_terminal_summary(terminalreporter: TerminalReporter, exitstatus: int,
                             config: pytest.Config) -> None:
     state = config.stash.get(SESSION_KEY, None)
     if state is None or is_worker(config):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Any
+from typing import Literal, overload
 
 import pytest_accelperf
 from pytest_accelperf.ab import CompareError
@@ -85,14 +85,29 @@ class Arm:
         revision = f", revision {self.revision}" if self.revision else ""
         return f"the {self.name} worker (pair {self.pair}, pid {self.proc.pid}{revision})"
 
-    def call(self, timeout: float, op: str, *args: Any) -> Any:
+    # What each of the worker's ops answers (the methods of :class:`.worker.Worker`).
+    @overload
+    def call(self, timeout: float, op: Literal["stack"], *args: object) -> dict[str, str]: ...
+    @overload
+    def call(self, timeout: float, op: Literal["run"], *args: object) -> list[float]: ...
+    @overload
+    def call(self, timeout: float, op: Literal["program"],
+             *args: object) -> Mapping[str, object] | None: ...
+    @overload
+    def call(self, timeout: float, op: Literal["pids"], *args: object) -> list[int]: ...
+    @overload
+    def call(self, timeout: float, op: Literal["prepare"], *args: object) -> tuple[str, str]: ...
+    @overload
+    def call(self, timeout: float, op: Literal["drop"], *args: object) -> None: ...
+
+    def call(self, timeout: float, op: str, *args: object) -> object:
         """Ask the worker to do ``op`` and wait (at most ``timeout`` seconds) for its
         answer."""
         __tracebackhide__ = True
         self.send(op, *args)
         return self.answer(timeout, op)
 
-    def send(self, op: str, *args: Any) -> None:
+    def send(self, op: str, *args: object) -> None:
         """Ask the worker to do ``op``, without waiting: :meth:`answer` collects the reply
         (so that several workers can work at once)."""
         __tracebackhide__ = True
@@ -103,7 +118,12 @@ class Arm:
             raise CompareError(f"{self.describe()} died (exit {self.proc.returncode}) before "
                                f"{op!r}. {self._tail()}") from None
 
-    def answer(self, timeout: float, op: str) -> Any:
+    @overload
+    def answer(self, timeout: float, op: Literal["prepare"]) -> tuple[str, str]: ...
+    @overload
+    def answer(self, timeout: float, op: str) -> object: ...
+
+    def answer(self, timeout: float, op: str) -> object:
         """The worker's reply to the ``op`` sent last, within ``timeout`` seconds. A
         worker that does not answer in time is killed (its connection would otherwise
         hold a late reply for the next request); a worker that is gone or killed is

@@ -46,7 +46,7 @@ import time
 from collections.abc import Mapping
 from multiprocessing.connection import Client, Connection, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import pytest_accelperf
 from pytest_accelperf.ab.tree import socket_dir
@@ -54,7 +54,10 @@ from pytest_accelperf.backends.procs.launch import LaunchResult, RankGroup, star
 from pytest_accelperf.backends.procs.ranks import BlockControl
 
 if TYPE_CHECKING:
+    from pytest_accelperf.backends.procs.ranks import RankJob
     from pytest_accelperf.backends.protocol import Task
+    from pytest_accelperf.collect.cases import Case
+    from pytest_accelperf.provision.accel import Accelerator
 
 #: Seconds a group may take to start, build its engine and warm up, by default (the worker
 #: passes 90 % of ``--accelperf-compare-prepare-timeout``: below the controller's deadline
@@ -89,6 +92,17 @@ def plugin_shim() -> Path:
     return _SHIM[0]
 
 
+class BlockTrainer(Protocol):
+    """What a backend's ``RankTrainer`` has beyond the protocol when its ranks train a case
+    in blocks of steps on demand (the torch backend's)."""
+
+    def block_job(self, case: Case, task: Task, accel: Accelerator,
+                  control: BlockControl) -> RankJob: ...
+
+    def block_program(self, job: RankJob,
+                      ready: list[dict[str, Any]]) -> Mapping[str, object] | None: ...
+
+
 class RankGroupStepper:
     """One case's ranks in one arm, trained in blocks of steps on demand (see the module
     doc). ``trainer`` is the backend's :class:`~pytest_accelperf.backends.procs.ranks.
@@ -96,7 +110,7 @@ class RankGroupStepper:
     this arm's test function built it. Raises :class:`RankGroupError` when the group
     fails to start (nothing is left running)."""
 
-    def __init__(self, trainer: Any, case: Any, task: Task, accel: Any,
+    def __init__(self, trainer: BlockTrainer, case: Case, task: Task, accel: Accelerator,
                  prepare_s: float = PREPARE_S) -> None:
         self._case = case
         self._dir = socket_dir("accelperf-ab-ranks-", "rank999.sock")
@@ -178,13 +192,14 @@ class RankGroupStepper:
                 self._check(deadline, doing)
         return [out[r] for r in range(len(self._conns))]
 
-    def _receive(self, conn: Connection, deadline: float, doing: str) -> Any:
+    def _receive(self, conn: Connection, deadline: float, doing: str) -> tuple[Any, ...]:
         """The next message of a rank, by ``deadline`` (past it the group is ended); a rank
         that is gone raises (see :meth:`_check`)."""
         try:
             while not conn.poll(POLL_S):
                 self._check(deadline, doing)
-            return conn.recv()
+            message: tuple[Any, ...] = conn.recv()
+            return message
         except (EOFError, OSError):  # the rank is gone: say how, once the launcher knows
             self._check(time.monotonic() + 10, doing, wait_for_exit=True)
             self._fail(f"a rank closed its connection while {doing}")

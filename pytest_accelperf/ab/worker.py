@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 if TYPE_CHECKING:
+    from pytest_accelperf.ab.ranks import BlockTrainer
     from pytest_accelperf.backends.protocol import Task
     from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.collect.cases import Case
@@ -71,10 +72,10 @@ class CaptureRunner:
         self.case = case
         self.accelerator = accelerator
 
-    def train(self, task: Task, **_: Any) -> Any:
+    def train(self, task: Task, **_: object) -> NoReturn:
         raise Captured(task)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> NoReturn:
         raise NotCapturable(
             f"A/B comparison builds a case's task by running the test function up to "
             f"accelperf.train(task); this test used accelperf.{name} before that, which "
@@ -206,7 +207,7 @@ class Worker:
             target = getattr(owner(), method)
         ranks = in_ranks(spec, case.world_size)
         trainer = spec.load_ranks() if ranks else None
-        if ranks and not callable(getattr(trainer, "block_job", None)):
+        if ranks and not _trains_blocks(trainer):
             return "unsupported", (f"the {spec.name} backend's ranks cannot train a case in "
                                    f"blocks of steps (its RankTrainer has no block_job)")
         if not ranks and not spec.ab_blocks:
@@ -225,7 +226,8 @@ class Worker:
                 "working tree with itself: " + ", ".join(foreign[:5]) + ". Import the "
                 "code under test through sys.path (e.g. a src/ directory pytest adds with "
                 "pythonpath=src), not an editable install's import hook")
-        if trainer is not None:  # ranks of its own, built and warmed up as in a run
+        # Ranks of its own, built and warmed up as in a run.
+        if trainer is not None and _trains_blocks(trainer):
             from pytest_accelperf.ab.ranks import RankGroupStepper
 
             _pickle_by_value(target)
@@ -253,7 +255,7 @@ class Worker:
         spec.loader.exec_module(module)
         return module
 
-    def _capture(self, function: Callable[..., object], case: Case) -> Any:
+    def _capture(self, function: Callable[..., object], case: Case) -> Task:
         params = inspect.signature(function).parameters
         missing = [n for n, p in params.items() if p.default is inspect.Parameter.empty
                    and n != "accelperf"]
@@ -299,7 +301,13 @@ class Worker:
             self.drop(key)
 
 
-def _pickle_by_value(function: Any) -> None:
+def _trains_blocks(trainer: object) -> TypeGuard[BlockTrainer]:
+    """Whether a backend's ``RankTrainer`` trains a case in blocks of steps (has
+    ``block_job``, :class:`~pytest_accelperf.ab.ranks.BlockTrainer`)."""
+    return callable(getattr(trainer, "block_job", None))
+
+
+def _pickle_by_value(function: object) -> None:
     """Have cloudpickle ship the functions of the test's module by value: the module was
     imported here under a name of its own, which the ranks cannot import."""
     import cloudpickle  # type: ignore[import-untyped]  # untyped

@@ -475,7 +475,7 @@ def narrowed(rng: CommitRange, settings: Settings, suspects: Sequence[Commit],
     first = rng.commits.index(suspects[0])
     good = rng.commits[first - 1] if first else rng.good
     budget = (settings.budget if settings.budget is not None
-              else float(BY_KEY["compare_budget"].default))
+              else float(BY_KEY["compare_budget"].default_number))
     argv = ["accelperf", "bisect", "--tolerance", f"{settings.tolerance:g}"]
     if basis == "timing":
         argv += ["--budget", f"{2 * budget:g}"]

@@ -18,6 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -40,7 +41,7 @@ class ClusterError(UserError):
     missing); the message says what was asked, what exists, and what to do."""
 
 
-def import_ray() -> Any:
+def import_ray() -> ModuleType:
     """The ``ray`` module, or a ClusterError naming the extra to install."""
     try:
         return importlib.import_module("ray")
@@ -212,7 +213,7 @@ class _NotInMainThread(logging.Filter):
         return "SIGTERM handler is not set" not in record.getMessage()
 
 
-def _init_within(ray: Any, address: str, seconds: float, option: str, shown: str) -> None:
+def _init_within(ray: ModuleType, address: str, seconds: float, option: str, shown: str) -> None:
     """``ray.init(address=address)``, given up after ``seconds``.
 
     Ray retries a GCS that does not answer its RPCs for many minutes (the probe only saw

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.backends.procs.launch import RankReport, show_latest_step
@@ -27,6 +28,7 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 
 if TYPE_CHECKING:
+    from pytest_accelperf.cluster.handles import ActorHandle, ObjectRef, PlacementGroup
     from pytest_accelperf.cluster.worker import HostInfo
     from pytest_accelperf.records.run import Run
 
@@ -109,8 +111,8 @@ def _gang(case: Case, accel: Accelerator, wait: float,
         pg_mod.remove_placement_group(pg)
 
 
-def _await_placement(ray: Any, pg: Any, case: Case, bundles: list[dict[str, float]],
-                     strategy: str, wait: float) -> None:
+def _await_placement(ray: ModuleType, pg: PlacementGroup, case: Case,
+                     bundles: list[dict[str, float]], strategy: str, wait: float) -> None:
     __tracebackhide__ = True
     start = time.monotonic()
     ready = pg.ready()
@@ -141,7 +143,7 @@ class _Follow:
     events are kept, so a worker that dies or is killed at the timeout leaves behind the
     steps it had posted."""
 
-    def __init__(self, ray: Any, n_actors: int, total_steps: int | None = None) -> None:
+    def __init__(self, ray: ModuleType, n_actors: int, total_steps: int | None = None) -> None:
         self._ray = ray
         self._total = total_steps
         self._errors: Any = importlib.import_module("ray.exceptions").RayError
@@ -151,10 +153,10 @@ class _Follow:
         self.events: list[list[dict[str, Any]]] = [[] for _ in range(n_actors)]
         self._pending: list[Any] = [None] * n_actors
 
-    def _ask(self, i: int) -> Any:
+    def _ask(self, i: int) -> ObjectRef:
         return self.board.read.remote(self.keys[i], len(self.events[i]))
 
-    def _take(self, i: int, ref: Any, timeout: float | None) -> list[dict[str, Any]]:
+    def _take(self, i: int, ref: ObjectRef, timeout: float | None) -> list[dict[str, Any]]:
         """Add what ``ref`` answered, and return it."""
         # An actor that died, or did not answer in time, keeps what was read of it.
         with suppress(self._errors):
@@ -202,7 +204,7 @@ class _Follow:
 _BOARDS: dict[str, Any] = {}
 
 
-def _board(ray: Any) -> Any:
+def _board(ray: ModuleType) -> ActorHandle:
     """This driver's :class:`~pytest_accelperf.cluster.worker.ProgressBoard`, started on
     first use (a small actor holding no resources) and reused while the connection lasts;
     it ends with the connection, as every actor a driver owns does."""
@@ -221,7 +223,7 @@ class _Failed:
     error: BaseException
 
 
-def _gather(ray: Any, refs: list[Any], deadline: float | None,
+def _gather(ray: ModuleType, refs: list[ObjectRef], deadline: float | None,
             follow: _Follow) -> tuple[list[Any], _Failed | None, bool]:
     """Results of ``refs`` in order, following the actors' progress while they run; stops
     at the first failure (an actor that died or a task that raised) or at ``deadline``,
@@ -352,7 +354,7 @@ def _check_platform(worker_platform: str, accel: Accelerator, platform: str | No
 
 
 def _train_ranks(spec: BackendSpec, case: Case, task: Task, accel: Accelerator,
-                 cloudpickle: Any, *, cpu_devices: int, platform: str | None,
+                 cloudpickle: ModuleType, *, cpu_devices: int, platform: str | None,
                  timeout: float | None, wait: float) -> TrainResult:
     """A case whose ranks are Ray actors, one per host: its backend's
     :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` says what each runs and makes the

@@ -6,12 +6,10 @@ session.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from pytest_accelperf.cluster.connection import Cluster, ClusterError, check_address, import_ray
-from pytest_accelperf.gate.xdist_role import worker_input
+from pytest_accelperf.gate.xdist_role import XdistNode, worker_input
 
 #: workerinput key (xdist) carrying the controller's cluster address.
 WORKERINPUT_KEY = "accelperf_cluster_address"
@@ -84,7 +82,7 @@ def session_finish(config: pytest.Config) -> None:
         del config.stash[FAILED_KEY]
 
 
-def configure_node(config: pytest.Config, node: Any) -> None:
+def configure_node(config: pytest.Config, node: XdistNode) -> None:
     """xdist controller: hand the workers the address of the cluster it started."""
     cluster = config.stash.get(CLUSTER_KEY, None)
     if cluster is not None:

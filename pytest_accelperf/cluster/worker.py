@@ -30,7 +30,10 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from pytest_accelperf.cluster.handles import ActorHandle, ObjectRef
 
 #: Environment variable carrying the thread count the controller chose for torch
 #: (``OMP_NUM_THREADS`` itself is overwritten by Ray in its workers).
@@ -127,7 +130,7 @@ class _Poster:
     block ends. Each post costs the training thread little (``new`` reads only what was
     appended); posts are fire-and-forget, and Ray runs them in the order sent."""
 
-    def __init__(self, board: Any, key: str, new: Callable[[], list[dict[str, Any]]]
+    def __init__(self, board: ActorHandle, key: str, new: Callable[[], list[dict[str, Any]]]
                  ) -> None:
         self._board, self._key, self._new = board, key, new
         self._stop = threading.Event()
@@ -153,7 +156,7 @@ class _Poster:
         while not self._stop.wait(POST_S):
             self._flush()
 
-    def _flush(self) -> Any:
+    def _flush(self) -> ObjectRef | None:
         new = self._new()
         return self._board.post.remote(self._key, new) if new else None
 
@@ -178,7 +181,8 @@ class CaseWorker:
             return port
 
     def train(self, payload: bytes, accel: str, cpu_devices: int, platform: str | None,
-              timeout: float | None, board: Any = None, key: str = "") -> tuple[str, Any]:
+              timeout: float | None, board: ActorHandle | None = None,
+              key: str = "") -> tuple[str, Any]:
         """Train a single-process case with its backend, on this worker's devices.
 
         ``payload`` holds the case, its task and its backend's spec (whose module this
@@ -198,7 +202,8 @@ class CaseWorker:
         return acc.platform, result
 
     def rank(self, payload: bytes, rank: int, world_size: int, master_addr: str,
-             master_port: int, board: Any = None, key: str = "") -> RankOutput:
+             master_port: int, board: ActorHandle | None = None,
+             key: str = "") -> RankOutput:
         """Rank ``rank`` of a case that spans hosts: ``fn(ctx, *args)`` of its backend's
         :class:`~pytest_accelperf.backends.procs.ranks.RankJob`, as a launched rank runs it, one
         rank per host (so its local rank is 0). Returns its result and the progress events
@@ -221,7 +226,7 @@ class CaseWorker:
         return {"result": result,
                 "events": ctx.events.read_text(encoding="utf-8").splitlines()}
 
-    def reference(self, payload: bytes) -> Any:
+    def reference(self, payload: bytes) -> object:
         """The single-process reference of a case that trained in ranks, on this host (its
         backend's trainer says what it is)."""
         spec, case, task, job = pickle.loads(payload)

@@ -13,7 +13,7 @@ import math
 import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -22,6 +22,7 @@ from pytest_accelperf.errors import ConfigError
 
 if TYPE_CHECKING:
     import pytest
+    from typing_extensions import Unpack
 
 MARKER = "accelperf"
 #: Where DeepSpeed's ZeRO may offload to the CPU: nothing, optimizer state, parameters, both.
@@ -207,13 +208,52 @@ class Case:
         }
 
 
+class CaseOptions(TypedDict, total=False):
+    """The fields of :class:`Case` beyond the grid's axes, as keywords."""
+
+    axis_names: tuple[str, ...]
+    steps: int
+    warmup: int
+    label: str
+    memory_capacity: int | None
+    reference: bool
+    reference_steps: int
+    accels: tuple[str, ...]
+    tolerances: Mapping[str, float]
+    params: Mapping[str, Any]
+    world_size: int
+    zero_stage: int | None
+    offload: str
+    grad_clip: float | None
+    grad_accum: int
+    zero_init: bool
+
+
+class CaseFields(CaseOptions, total=False):
+    """Every field of :class:`Case`, as keywords (:func:`with_overrides`)."""
+
+    backend: str
+    batch: int
+    mesh: tuple[int, ...] | None
+    model: str
+
+
+class GridKeywords(CaseOptions, total=False):
+    """The keywords of :func:`grid` (:func:`cases` passes them on)."""
+
+    backend: str
+    batch: Iterable[int]
+    mesh: Iterable[tuple[int, ...] | None]
+    model: Iterable[str] | str
+
+
 def grid(
     *,
     backend: str,
     batch: Iterable[int],
     mesh: Iterable[tuple[int, ...] | None] = (None,),
     model: Iterable[str] | str = "",
-    **common: Any,
+    **common: Unpack[CaseOptions],
 ) -> list[Case]:
     """The cartesian product backend x model x mesh x batch as a list of cases.
 
@@ -228,7 +268,8 @@ def grid(
     ]
 
 
-def cases(*explicit: Case | Sequence[Case], **grid_kwargs: Any) -> pytest.MarkDecorator:
+def cases(*explicit: Case | Sequence[Case],
+          **grid_kwargs: Unpack[GridKeywords]) -> pytest.MarkDecorator:
     """Declare the training cases of a test; each becomes one parametrized item.
 
     Either keyword arguments of :func:`grid`, explicit :class:`Case` objects (or lists of
@@ -260,7 +301,7 @@ def cases(*explicit: Case | Sequence[Case], **grid_kwargs: Any) -> pytest.MarkDe
     return mark
 
 
-def with_overrides(case: Case, **changes: Any) -> Case:
+def with_overrides(case: Case, **changes: Unpack[CaseFields]) -> Case:
     """A copy of ``case`` with fields replaced (cases are frozen)."""
     return replace(case, **changes)
 
@@ -272,7 +313,7 @@ def _field_types() -> dict[str, tuple[Any, TypeAdapter[Any]]]:
     return {f.name: (hints[f.name], TypeAdapter(hints[f.name])) for f in fields(Case)}
 
 
-def _type_name(hint: Any) -> str:
+def _type_name(hint: object) -> str:
     """``int``, ``tuple[int, ...] | None``: a type as the annotation reads."""
     text = hint.__name__ if isinstance(hint, type) else str(hint)
     return text.replace("typing.", "").replace("collections.abc.", "")

@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.hangs import CaseTimeout, case_alarm
@@ -107,7 +107,7 @@ def skipped(outcome: str, timeout: float | None) -> Explanation:
         f"again under the profiler (a step that blocked would block again)"))
 
 
-def explain(backend: Any, case: Case, task: Task, accel: Accelerator, root: Path, *,
+def explain(backend: object, case: Case, task: Task, accel: Accelerator, root: Path, *,
             max_bytes: int, steps: int = STEPS, timeout: float | None = None,
             on_stuck: Callable[[str], None] | None = None) -> Explanation:
     """Train ``case`` ``steps`` more steps (at most :data:`MAX_STEPS`) under its
@@ -133,7 +133,7 @@ def explain(backend: Any, case: Case, task: Task, accel: Accelerator, root: Path
             f"(--accelperf-timeout) and were interrupted in {exc.where}; nothing was kept"))
 
 
-def _explain(backend: Any, case: Case, task: Task, accel: Accelerator, root: Path, *,
+def _explain(backend: object, case: Case, task: Task, accel: Accelerator, root: Path, *,
              max_bytes: int, steps: int) -> Explanation:
     steps = max(1, min(steps, MAX_STEPS))
     make_stepper = getattr(backend, "stepper", None)

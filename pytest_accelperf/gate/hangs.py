@@ -41,7 +41,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import filelock
 
@@ -200,7 +199,7 @@ STUCK_DEVICE = ("a device computation of it, which cannot be cancelled, was stil
 
 
 def train_in_process(backend: Backend, case: Case, task: Task, accel: Accelerator, *,
-                     timeout: float | None, environment: dict[str, Any],
+                     timeout: float | None, environment: dict[str, object],
                      on_stuck: Callable[[Run], None]) -> TrainResult:
     """Train ``case`` by ``backend.train`` in this process; a case that blocks past its
     timeout is interrupted (:func:`case_alarm`) and returned as a ``timeout`` run with the
@@ -237,7 +236,7 @@ def train_in_process(backend: Backend, case: Case, task: Task, accel: Accelerato
 
 def interrupted_run(case: Case, steps: progress.StepRecord, where: str, elapsed: float,
                     accel: Accelerator, *, timeout: float | None,
-                    environment: dict[str, Any]) -> Run:
+                    environment: dict[str, object]) -> Run:
     """The ``timeout`` run of a case interrupted mid-step: the losses and step times
     it reported before (the backend never returned its own run)."""
     done = steps.first_training()
@@ -259,7 +258,7 @@ def interrupted_run(case: Case, steps: progress.StepRecord, where: str, elapsed:
 
 def stuck_run(case: Case, steps: progress.StepRecord, why: str, elapsed: float,
               accel: Accelerator, *, timeout: float | None,
-              environment: dict[str, Any]) -> Run:
+              environment: dict[str, object]) -> Run:
     """The run of a case that could not be stopped (``why``): what it reported before, and
     a message saying that the process was ended with what was recorded."""
     done = steps.first_training()

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias
 
 import pytest
 
@@ -31,13 +31,50 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+#: An option's value once read and checked: a choice, path or text as a string, a count, a
+#: number, a switch; None where no source gives it.
+OptionValue: TypeAlias = str | int | float | bool | None
+
+
+class OptionValues(dict[str, OptionValue]):
+    """Every option's value by key, with accessors for the type each kind converts to (a
+    wrong type is a bug of the table, raised as the conversion itself would raise it)."""
+
+    def text(self, key: str) -> str | None:
+        value = self[key]
+        return None if value is None else str(value)
+
+    def string(self, key: str) -> str:
+        value = self[key]
+        if value is None:
+            raise TypeError(f"option {key} has no value")
+        return str(value)
+
+    def number(self, key: str) -> float:
+        return _number(key, self[key])
+
+    def integer(self, key: str) -> int:
+        value = self[key]
+        if isinstance(value, int):
+            return value
+        raise TypeError(f"option {key}: {value!r} is not an integer")
+
+
+def _number(key: str, value: OptionValue) -> float:
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, str):
+        return float(value)
+    raise TypeError(f"option {key}: {value!r} is not a number")
+
+
 @dataclass(frozen=True)
 class Option:
     key: str  # [tool.accelperf] key; the ini key is "accelperf_" + key
     flag: str
     help: str
     kind: str  # "str" | "int" | "count" | "float" | "bool" | "choice" | "path"
-    default: Any
+    default: OptionValue
     choices: tuple[str, ...] = ()
     #: The largest value of an "int" or "count" option.
     maximum: int | None = None
@@ -52,6 +89,11 @@ class Option:
     @property
     def dest(self) -> str:
         return self.ini
+
+    @property
+    def default_number(self) -> float:
+        """The default of a number option ("int", "count" or "float")."""
+        return _number(self.key, self.default)
 
 
 _TOL = Tolerances()
@@ -271,7 +313,7 @@ def add_options(parser: pytest.Parser) -> None:
             parser.addini(opt.ini, opt.help, type="string", default=None)
 
 
-def _convert(opt: Option, raw: Any, source: str) -> Any:
+def _convert(opt: Option, raw: object, source: str) -> OptionValue:
     def bad(expect: str) -> pytest.UsageError:
         return pytest.UsageError(
             f"{source}: invalid value {raw!r} for {opt.flag}; expected {expect}"
@@ -321,7 +363,7 @@ def _convert(opt: Option, raw: Any, source: str) -> Any:
     return str(raw)
 
 
-def read_pyproject_table(rootdir: Path) -> dict[str, Any]:
+def read_pyproject_table(rootdir: Path) -> dict[str, object]:
     """``[tool.accelperf]`` of ``rootdir/pyproject.toml``; unknown keys are a UsageError."""
     path = rootdir / "pyproject.toml"
     if not path.is_file():
@@ -402,14 +444,14 @@ class Settings:
         return max(3, min(8, int(self.compare_budget // 4)))
 
     @classmethod
-    def resolve(cls, getoption: Callable[[str], Any], getini: Callable[[str], Any],
-                rootdir: Path, table: Mapping[str, Any] | None = None,
+    def resolve(cls, getoption: Callable[[str], object], getini: Callable[[str], object],
+                rootdir: Path, table: Mapping[str, object] | None = None,
                 invocation_dir: Path | None = None) -> Settings:
         """Resolve every option. Paths from ini/pyproject are relative to the rootdir; a
         ``--accelperf-json`` given on the command line is relative to ``invocation_dir``
         (where pytest was started), as pytest's own ``--junitxml`` is."""
         table = read_pyproject_table(rootdir) if table is None else table
-        values: dict[str, Any] = {}
+        values = OptionValues()
         for opt in OPTIONS:
             value = _convert(opt, getoption(opt.dest), f"command line {opt.flag}")
             if value is None:
@@ -429,45 +471,45 @@ class Settings:
                 f"baselines in a run without {ab}")
         if values["target"]:
             _check_target_combination(values)
-        tol = Tolerances(**{k: values[k] for k in TOLERANCE_FIELDS})
+        tol = Tolerances(**{k: values.number(k) for k in TOLERANCE_FIELDS})
         return cls(
-            target=values["target"],
-            accel=values["accel"],
-            cpu_devices=values["cpu_devices"],
+            target=values.text("target"),
+            accel=values.string("accel"),
+            cpu_devices=values.integer("cpu_devices"),
             update=bool(values["update"]) or bool(values["add_session"]),
             add_session=bool(values["add_session"]),
             loss_either_way=bool(values["loss_either_way"]),
-            baselines=(rootdir / values["baselines"]).resolve(),
+            baselines=(rootdir / values.string("baselines")).resolve(),
             json=_output_path("json", values["json"], getoption, rootdir, invocation_dir),
-            platform=values["platform"],
+            platform=values.text("platform"),
             tolerances=tol,
-            timeout=float(values["timeout"]) or None,
-            confirm=int(values["confirm"]),
+            timeout=float(values.number("timeout")) or None,
+            confirm=int(values.number("confirm")),
             markdown=_output_path("markdown", values["markdown"], getoption, rootdir,
                                   invocation_dir),
             html=_output_path("html", values["html"], getoption, rootdir, invocation_dir),
             history=_output_path("history", values["history"], getoption, rootdir,
                                  invocation_dir),
-            cluster=values["cluster"],
-            cluster_wait=float(values["cluster_wait"]),
-            compare=values["compare"],
+            cluster=values.text("cluster"),
+            cluster_wait=float(values.number("cluster_wait")),
+            compare=values.text("compare"),
             compare_python=_python_path(values["compare_python"], getoption, rootdir,
                                         invocation_dir),
-            compare_tolerance=float(values["compare_tolerance"]),
-            compare_rounds=int(values["compare_rounds"]),
-            compare_block=int(values["compare_block"]),
-            compare_budget=float(values["compare_budget"]),
-            compare_processes=int(values["compare_processes"]),
-            compare_prepare_timeout=_positive(values["compare_prepare_timeout"],
+            compare_tolerance=float(values.number("compare_tolerance")),
+            compare_rounds=int(values.number("compare_rounds")),
+            compare_block=int(values.number("compare_block")),
+            compare_budget=float(values.number("compare_budget")),
+            compare_processes=int(values.number("compare_processes")),
+            compare_prepare_timeout=_positive(values.number("compare_prepare_timeout"),
                                               "--accelperf-compare-prepare-timeout"),
-            max_foreign_load=float(values["max_foreign_load"]),
-            host_lock_timeout=float(values["host_lock_timeout"]) or None,
+            max_foreign_load=float(values.number("max_foreign_load")),
+            host_lock_timeout=float(values.number("host_lock_timeout")) or None,
             explain_dir=_explain_dir(values, getoption, rootdir, invocation_dir),
-            explain_max_bytes=int(float(values["explain_max_mb"]) * 1_000_000),
+            explain_max_bytes=int(float(values.number("explain_max_mb")) * 1_000_000),
         )
 
 
-def _positive(value: Any, flag: str) -> float:
+def _positive(value: float, flag: str) -> float:
     """``value`` as a number of seconds above 0, or a usage error naming ``flag``."""
     seconds = float(value)
     if not seconds > 0 or seconds == float("inf"):
@@ -476,7 +518,7 @@ def _positive(value: Any, flag: str) -> float:
     return seconds
 
 
-def _check_target_combination(values: Mapping[str, Any]) -> None:
+def _check_target_combination(values: Mapping[str, OptionValue]) -> None:
     """Refuse what a compile-only target cannot be combined with, naming the fix."""
     target = values["target"]
     if values["accel"] not in ("cpu", "auto"):
@@ -491,7 +533,7 @@ def _check_target_combination(values: Mapping[str, Any]) -> None:
                 f"--accelperf-target and {BY_KEY[key].flag} cannot be combined: {what}, and a "
                 f"compile-only target runs no step; drop one of them")
 
-def _python_path(value: Any, getoption: Callable[[str], Any], rootdir: Path,
+def _python_path(value: OptionValue, getoption: Callable[[str], object], rootdir: Path,
                  invocation_dir: Path | None) -> str | None:
     """``--accelperf-compare-python``'s interpreter as an absolute path: a path relative to
     where pytest was started (a flag) or to the rootdir; a bare name (``python3.12``)
@@ -516,7 +558,8 @@ def _python_path(value: Any, getoption: Callable[[str], Any], rootdir: Path,
     return str(path)
 
 
-def _explain_dir(values: Mapping[str, Any], getoption: Callable[[str], Any], rootdir: Path,
+def _explain_dir(values: Mapping[str, OptionValue], getoption: Callable[[str], object],
+                 rootdir: Path,
                  invocation_dir: Path | None) -> Path | None:
     """Where a regression's trace goes: ``--accelperf-explain-dir``, else
     ``accelperf-explain/`` beside the JSON report (a file), else
@@ -533,7 +576,8 @@ def _explain_dir(values: Mapping[str, Any], getoption: Callable[[str], Any], roo
     return rootdir / ".accelperf" / "explain"
 
 
-def _output_path(key: str, value: Any, getoption: Callable[[str], Any], rootdir: Path,
+def _output_path(key: str, value: OptionValue, getoption: Callable[[str], object],
+                 rootdir: Path,
                  invocation_dir: Path | None) -> Path | None:
     """A report path: relative to where pytest was started when given as a flag (like
     ``--junitxml``), else to the rootdir; ``-`` (stdout) as it is.

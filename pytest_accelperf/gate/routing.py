@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Literal
 
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
@@ -55,7 +55,7 @@ def route(spec: BackendSpec, case: Case, *, cluster: bool) -> Route:
 
 def train(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *, settings: Settings,
           on_cluster: bool, host: Callable[[], AbstractContextManager[object]],
-          environment: dict[str, Any], on_stuck: Callable[[Run], None]) -> TrainResult:
+          environment: dict[str, object], on_stuck: Callable[[Run], None]) -> TrainResult:
     """Train ``case`` where :func:`route` says. On the Ray cluster (``on_cluster``: the
     session has one) the cluster's resources, not the host lock, keep cases apart. Else it
     trains under ``host()`` (the host lock): ``in-process`` by

@@ -127,7 +127,7 @@ class CaseResult:
     checks: list[CheckResult]
     state: Any = None
 
-    def __getattribute__(self, name: str) -> Any:
+    def __getattribute__(self, name: str) -> object:
         if name == "state":
             skip_compile_only(object.__getattribute__(self, "run"), "the trained state")
         return object.__getattribute__(self, name)
@@ -166,7 +166,7 @@ class CompiledRun(Run):
     gave (outcome, memory, FLOPs, program, compile time) reads as in any run; reading
     what only executed steps give (:data:`STEP_FIELDS`) skips the test, naming it."""
 
-    def __getattribute__(self, name: str) -> Any:
+    def __getattribute__(self, name: str) -> object:
         if name in STEP_FIELDS:
             skip_compile_only(self, f"run.{name}")
         return super().__getattribute__(name)
@@ -514,7 +514,7 @@ class CaseRunner:
         os._exit(int(pytest.ExitCode.INTERRUPTED))
 
     def _evaluate(self, result: TrainResult,
-                  environment: dict[str, Any] | None = None) -> Evaluated:
+                  environment: dict[str, object] | None = None) -> Evaluated:
         """Every check of the run against the stored baseline; the environment a
         baseline from elsewhere differs in is named where the throughput check is made."""
         __tracebackhide__ = True

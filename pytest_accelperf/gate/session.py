@@ -43,7 +43,7 @@ class AccelperfSession:
     config: pytest.Config
     report: SessionReport = field(default_factory=SessionReport)
     accelerator: Accelerator | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, object] = field(default_factory=dict)
     scaling: ScalingCollector = field(default_factory=ScalingCollector)
     _stores: dict[tuple[Path, str], BaselineStore] = field(default_factory=dict)
     _comparison: Comparison | None = None

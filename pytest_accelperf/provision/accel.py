@@ -17,9 +17,14 @@ import subprocess
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, overload
 
 from pytest_accelperf.errors import ConfigError
+
+if TYPE_CHECKING:
+    from jax import Device
+    from jax.sharding import Mesh
 
 ACCELS = ("cpu", "gpu", "tpu", "neuron", "auto")
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -183,7 +188,7 @@ class Accelerator:
     compile_only: str | None = None
 
     def mesh(self, shape: Sequence[int] | None,
-             axis_names: Sequence[str] = ("data", "model")) -> Any:
+             axis_names: Sequence[str] = ("data", "model")) -> Mesh:
         """A ``jax.sharding.Mesh`` of ``shape`` over this session's devices.
 
         ``None`` gives a one-device mesh, so single-device and sharded cases share one
@@ -270,12 +275,12 @@ class JaxDevices(Sequence[Any]):
         return len(self._devices())
 
     @overload
-    def __getitem__(self, index: int) -> Any: ...
+    def __getitem__(self, index: int) -> Device: ...
 
     @overload
-    def __getitem__(self, index: slice) -> Sequence[Any]: ...
+    def __getitem__(self, index: slice) -> Sequence[Device]: ...
 
-    def __getitem__(self, index: int | slice) -> Any:
+    def __getitem__(self, index: int | slice) -> Device | Sequence[Device]:
         return self._devices()[index]
 
     def __repr__(self) -> str:
@@ -372,7 +377,7 @@ def _jax_platforms(jax_error: str) -> str:
     return found.group(1).strip() if found else ""
 
 
-def no_gpu_message(jax_error: str | None = None, cuda: Any = None,
+def no_gpu_message(jax_error: str | None = None, cuda: object = None,
                    environ: Mapping[str, str] | None = None) -> str:
     """One line for ``--accel=gpu`` where no GPU is visible, naming each place that was
     looked at and what it showed: jax's gpu platform (``jax_error``: what
@@ -417,7 +422,7 @@ def no_gpu_message(jax_error: str | None = None, cuda: Any = None,
             f"install jax[cuda12] or a CUDA build of torch, or pass --accel=cpu")
 
 
-def _torch_cuda() -> Any:
+def _torch_cuda() -> ModuleType | None:
     """``torch.cuda``, or None without torch."""
     try:
         import torch
@@ -426,7 +431,7 @@ def _torch_cuda() -> Any:
     return torch.cuda
 
 
-def _detect(jax: Any) -> str:
+def _detect(jax: ModuleType) -> str:
     for name in ("tpu", "gpu"):
         try:
             if jax.devices(name):

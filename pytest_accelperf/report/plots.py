@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -51,7 +52,7 @@ def _check_data(record: CaseRecord, metric: str) -> dict[str, Any]:
     return {}
 
 
-def _loss_panel(ax: Any, record: CaseRecord) -> bool:
+def _loss_panel(ax: Axes, record: CaseRecord) -> bool:
     run = record.run
     losses = run.get("losses") or []
     steps = run.get("loss_steps") or list(range(len(losses)))
@@ -82,7 +83,7 @@ def _loss_panel(ax: Any, record: CaseRecord) -> bool:
     return True
 
 
-def _step_panel(ax: Any, record: CaseRecord) -> bool:
+def _step_panel(ax: Axes, record: CaseRecord) -> bool:
     now = [t * 1e3 for t in _floats(record.run.get("step_times"))]
     base = [t * 1e3 for t in _floats(((record.baseline or {}).get("step_time") or {})
                                      .get("samples"))]
@@ -113,7 +114,7 @@ def _median(xs: list[float]) -> float:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
-def _memory_panel(ax: Any, record: CaseRecord) -> bool:
+def _memory_panel(ax: Axes, record: CaseRecord) -> bool:
     now: Mapping[str, float] = record.run.get("memory_per_device") or {}
     base: Mapping[str, float] = (((record.baseline or {}).get("memory") or {})
                                  .get("per_device") or {})
@@ -221,7 +222,7 @@ def throughput_figure(title: str, records: list[CaseRecord]) -> bytes | None:
     return _png(fig)
 
 
-def _mesh_bars(fig: Figure, ax: Any, title: str,
+def _mesh_bars(fig: Figure, ax: Axes, title: str,
                series: dict[str, list[tuple[int, float | None, float | None]]]) -> bytes:
     """One batch size: samples/s per mesh as bars, the baseline beside this run."""
     labels = sorted(series)
@@ -294,7 +295,7 @@ def trend_figure(title: str, entries: Sequence[Mapping[str, object]], nodeids: l
     return _png(fig)
 
 
-def _mark_changes(ax: Any, index: dict[str, int],
+def _mark_changes(ax: Axes, index: dict[str, int],
                   marks: Sequence[tuple[str, str, bool | None]]) -> None:
     """A vertical line before each marked session of the plot, its labels beside it."""
     at: dict[int, list[tuple[str, bool | None]]] = {}

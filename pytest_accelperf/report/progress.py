@@ -19,7 +19,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import pytest
 
@@ -154,7 +154,7 @@ class LineProgress:
             self._shown = 0
 
 
-def _enabled(config: pytest.Config, reporter: Any) -> bool:
+def _enabled(config: pytest.Config, reporter: object) -> bool:
     if is_worker(config) or reporter is None:
         return False
     if config.get_verbosity() < 0 or os.environ.get("CI") or os.environ.get("GITHUB_ACTIONS"):
