@@ -317,7 +317,6 @@ QUIET_MODULES = frozenset({
     "e2e/test_gate_benchmark.py", "e2e/test_noisy_baseline.py", "e2e/test_options.py",
     "e2e/test_program_benchmark.py", "e2e/test_remeasure.py", "e2e/test_xdist.py",
     "unit/ab/test_ranks.py", "unit/ab/test_deadlines.py", "unit/envs/test_bisect_releases.py",
-    "unit/backends/torch/test_program.py",
     "unit/checks/test_input.py", "unit/checks/test_input_wait.py", "unit/test_contention.py",
     "unit/test_cli.py", "unit/test_family.py", "unit/test_targets.py",
 })
