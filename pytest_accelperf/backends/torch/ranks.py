@@ -94,12 +94,13 @@ from pytest_accelperf.backends.torch.in_rank import (
     RankPlan,
     rank_main,
 )
+from pytest_accelperf.backends.torch.ops import OpCounts
 from pytest_accelperf.backends.torch.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.torch.task import TorchTask, to_device
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.program import program_record
+from pytest_accelperf.records.program import ProgramRecord, program_record
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.contention import Load
 
@@ -202,7 +203,7 @@ def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> di
 
 def ranks_program(engine: dict[str, Any], flops: list[float | None],
                   comms: list[dict[str, Any] | None],
-                  ops: dict[str, Any] | None = None) -> dict[str, Any] | None:
+                  ops: OpCounts | None = None) -> ProgramRecord | None:
     """The program record (:mod:`pytest_accelperf.records.program`) of a case's ranks: the FLOPs
     of a step summed over ranks, per kind of collective the largest count and bytes over
     ranks, and ``ops``, what rank 0 dispatched per step
@@ -213,7 +214,9 @@ def ranks_program(engine: dict[str, Any], flops: list[float | None],
     collectives = largest_over_ranks([c["collectives"] or {} for c in comms if c]) or {}
     source = "deepspeed" if engine.get("engine") == "deepspeed" else "ddp"
     total = float(sum(f for f in flops if f)) if flops and all(flops) else None
-    return program_record(source, flops=total, collectives=collectives, **(ops or {}))
+    if ops is None:
+        return program_record(source, flops=total, collectives=collectives)
+    return program_record(source, flops=total, collectives=collectives, **ops)
 
 
 def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
@@ -358,7 +361,7 @@ class TorchRanks:
         return RankJob(rank_main, (plan, control), device=plan.device,
                        total_steps=plan.total_steps, plan=plan, warm=self.warm_modules())
 
-    def block_program(self, job: RankJob, ready: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def block_program(self, job: RankJob, ready: list[dict[str, Any]]) -> ProgramRecord | None:
         """The program record of an A/B group, from what its ranks reported when ready
         (as :func:`build_run` makes a run's)."""
         return ranks_program(ready[0].get("engine") or {}, [r.get("flops") for r in ready],
