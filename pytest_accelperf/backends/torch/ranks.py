@@ -285,10 +285,11 @@ def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
         run.outcome, run.message = launched.outcome, launched.message
         if launched.outcome == "oom" and failed is not None and failed.error:
             err = failed.error
-            if "required" in err and "capacity" in err:
-                run.oom = {"required_bytes": err["required"], "capacity_bytes": err["capacity"],
-                           "exceeded_by_bytes": err["required"] - err["capacity"],
-                           "source": err.get("source", ""), "rank": failed.rank,
+            required, capacity = err.get("required"), err.get("capacity")
+            if isinstance(required, int) and isinstance(capacity, int):  # CapacityExceeded
+                run.oom = {"required_bytes": required, "capacity_bytes": capacity,
+                           "exceeded_by_bytes": required - capacity,
+                           "source": str(err.get("source", "")), "rank": failed.rank,
                            "step": failed.step}
         return run, params
     if res.get("params"):
