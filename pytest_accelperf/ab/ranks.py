@@ -43,6 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Client, Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -100,7 +101,7 @@ class BlockTrainer(Protocol):
                   control: BlockControl) -> RankJob: ...
 
     def block_program(self, job: RankJob,
-                      ready: list[dict[str, Any]]) -> ProgramRecord | None: ...
+                      messages: Sequence[object]) -> ProgramRecord | None: ...
 
 
 class RankGroupStepper:
