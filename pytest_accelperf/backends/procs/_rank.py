@@ -23,11 +23,11 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from typing_extensions import Unpack
 
-from pytest_accelperf.backends.procs.events import ProgressEvent, error_event
+from pytest_accelperf.backends.procs.events import PoolJob, ProgressEvent, error_event
 
 
 @dataclass
@@ -134,7 +134,7 @@ def warm_main(modules: str, rank: int) -> int:
         line = stdin.readline()
         if not line:
             return 0
-        job = json.loads(line)
+        job = cast(PoolJob, json.loads(line))  # as the pool sent it
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -156,7 +156,7 @@ def warm_main(modules: str, rank: int) -> int:
         status.write(json.dumps({"event": "exit", "pid": pid, "code": code}) + "\n")
 
 
-def _become_case(job: dict[str, Any]) -> None:
+def _become_case(job: PoolJob) -> None:
     """In a forked child: the case's own stdin (none), log, environment and import path."""
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

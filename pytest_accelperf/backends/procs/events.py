@@ -7,7 +7,8 @@ A rank appends JSON lines to its events file, ``{"event": "progress", ...}`` and
 raises, ``{"event": "error", ...}``; a reader takes the ``event`` key off and has a
 :class:`ProgressEvent` or an :class:`ErrorEvent`. A cluster's rank actor posts the same
 progress events to its progress board. They are read back as the JSON they were written,
-so a reader still checks what it uses (a line cut off by a kill is skipped).
+so a reader still checks what it uses (a line cut off by a kill is skipped). A pool's warm
+rank is sent a :class:`PoolJob` for each case it forks.
 
 Importing this module imports no framework.
 """
@@ -61,6 +62,16 @@ class ErrorEvent(TypedDict, total=False):
     source: int | str
     #: The end of the formatted traceback (last: the events file has it last).
     traceback: str
+
+
+class PoolJob(TypedDict):
+    """What a pool sends one of its warm ranks for a case, a JSON line on the warm rank's
+    stdin (:mod:`~pytest_accelperf.backends.procs.rank_pool`): the case's directory, and
+    the environment and import path its forked child takes."""
+
+    workdir: str
+    env: dict[str, str]
+    sys_path: list[str]
 
 
 def is_oom(exc: BaseException) -> bool:

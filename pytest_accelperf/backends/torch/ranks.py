@@ -77,7 +77,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 import torch
@@ -199,7 +199,26 @@ def _rank_summary(report: RankReport) -> RankSummary:
     }
 
 
-def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> dict[str, Any]:
+class LaunchBreakdown(TypedDict, total=False):
+    """:func:`launch_timings`, in ``Run.extra["timings"]``: seconds per phase of a launch."""
+
+    launch: float
+    pooled: bool
+    pool_case: int
+    start: float
+    join: float
+    build: float
+    train: float
+    finish: float
+    collect: float
+
+
+#: The phases of a launch, in order (:class:`LaunchBreakdown`).
+_Phase = Literal["start", "join", "build", "train", "finish", "collect"]
+_PHASES: tuple[_Phase, ...] = ("start", "join", "build", "train", "finish", "collect")
+
+
+def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> LaunchBreakdown:
     """Where a launch's wall time went, in seconds, from rank 0's clock marks: ``start``
     (interpreter start and imports, or a warm rank's fork, and unpickling the task),
     ``join`` (joining the process group), ``build`` (the engine: model, optimizer, ZeRO
@@ -209,14 +228,14 @@ def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> di
     ranks were a pool's (``pool_case``: the pool's count of cases so far, 1 for the case
     that started it)."""
     t = launched.timings
-    out: dict[str, Any] = {"launch": round(launched.elapsed, 3),
-                           "pooled": bool(t.get("pooled")), "pool_case": t.get("pool_case", 0)}
+    out: LaunchBreakdown = {"launch": round(launched.elapsed, 3),
+                            "pooled": bool(t.get("pooled")), "pool_case": t.get("pool_case", 0)}
     if marks and "start_wall" in t:
-        points = [("start", t["start_wall"]), ("join", marks.get("entered")),
-                  ("build", marks.get("joined")), ("train", marks.get("built")),
-                  ("finish", marks.get("trained")), ("collect", marks.get("done")),
-                  ("", t.get("end_wall"))]
-        for (name, at), (_, until) in itertools.pairwise(points):
+        # When each phase began; the last, when the launch ended.
+        points = [t["start_wall"], marks.get("entered"), marks.get("joined"),
+                  marks.get("built"), marks.get("trained"), marks.get("done"),
+                  t.get("end_wall")]
+        for name, (at, until) in zip(_PHASES, itertools.pairwise(points), strict=True):
             if at is not None and until is not None:
                 out[name] = round(float(until) - float(at), 3)
     return out
