@@ -28,6 +28,7 @@ from typing import Literal, overload
 import pytest_accelperf
 from pytest_accelperf.ab import CompareError
 from pytest_accelperf.ab.worker import ADDRESS_ENV, AUTHKEY_ENV, PAIR_ENV, SETUP_ENV, Setup
+from pytest_accelperf.records.program import ProgramRecord
 
 #: Seconds a worker may take to start and connect, and then to import a suite and build,
 #: compile and warm up a case's step (``--accelperf-compare-prepare-timeout``'s default).
@@ -92,7 +93,7 @@ class Arm:
     def call(self, timeout: float, op: Literal["run"], *args: object) -> list[float]: ...
     @overload
     def call(self, timeout: float, op: Literal["program"],
-             *args: object) -> Mapping[str, object] | None: ...
+             *args: object) -> ProgramRecord | None: ...
     @overload
     def call(self, timeout: float, op: Literal["pids"], *args: object) -> list[int]: ...
     @overload

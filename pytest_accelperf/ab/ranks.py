@@ -43,7 +43,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Sequence
 from multiprocessing.connection import Client, Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from pytest_accelperf.backends.protocol import Task
     from pytest_accelperf.collect.cases import Case
     from pytest_accelperf.provision.accel import Accelerator
+    from pytest_accelperf.records.program import ProgramRecord
 
 #: Seconds a group may take to start, build its engine and warm up, by default (the worker
 #: passes 90 % of ``--accelperf-compare-prepare-timeout``: below the controller's deadline
@@ -100,7 +101,7 @@ class BlockTrainer(Protocol):
                   control: BlockControl) -> RankJob: ...
 
     def block_program(self, job: RankJob,
-                      ready: list[dict[str, Any]]) -> Mapping[str, object] | None: ...
+                      messages: Sequence[object]) -> ProgramRecord | None: ...
 
 
 class RankGroupStepper:
@@ -119,7 +120,7 @@ class RankGroupStepper:
         #: The ranks' process ids (what the contention reading must not count as foreign).
         self.pids: list[int] = []
         #: The group's program record (:mod:`pytest_accelperf.records.program`), or None.
-        self.program: Mapping[str, object] | None = None
+        self.program: ProgramRecord | None = None
         try:
             control = BlockControl(str(self._dir), secrets.token_bytes(16))
             job = trainer.block_job(case, task, accel, control)

@@ -17,7 +17,7 @@ import shutil
 import site
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 from pathlib import Path
@@ -42,6 +42,7 @@ from pytest_accelperf.envs.cache import build_env, session_site
 from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
 from pytest_accelperf.envs.stack import check_python, stack_change
 from pytest_accelperf.git import GitError
+from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.stats.bootstrap import ab_ratio
 from pytest_accelperf.stats.contention import Contention, Load
 
@@ -59,7 +60,7 @@ class ABMeasurement:
     load: Load | None = None
     #: Each arm's program record (:mod:`pytest_accelperf.records.program`), where its stepper has
     #: one.
-    programs: dict[str, Mapping[str, object] | None] = field(default_factory=dict)
+    programs: dict[str, ProgramRecord | None] = field(default_factory=dict)
     #: Which process pair (0, 1, ...) timed each round: its base and head workers.
     pairs: list[int] = field(default_factory=list)
     #: Process pairs the rounds were spread over.

@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.collect.cases import Case
     from pytest_accelperf.provision.accel import Accelerator
+    from pytest_accelperf.records.program import ProgramRecord
 
 #: Environment of a worker: the controller's address and key, and its arm's setup (JSON).
 ADDRESS_ENV = "ACCELPERF_AB_ADDRESS"
@@ -280,10 +281,10 @@ class Worker:
         times: list[float] = self.steppers[key].run(n)
         return times
 
-    def program(self, key: str) -> Mapping[str, object] | None:
+    def program(self, key: str) -> ProgramRecord | None:
         """The case's program record (:mod:`pytest_accelperf.records.program`) at this arm's
         revision, when its stepper has one."""
-        record: Mapping[str, object] | None = getattr(self.steppers[key], "program", None)
+        record: ProgramRecord | None = getattr(self.steppers[key], "program", None)
         return record
 
     def pids(self, key: str) -> list[int]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from pytest_accelperf.backends.procs.events import ProgressEvent, error_event, progress_events
 from pytest_accelperf.backends.procs.launch import RankReport, show_latest_step
 from pytest_accelperf.backends.protocol import Task, TrainResult
 from pytest_accelperf.backends.registry import get_backend
@@ -150,17 +151,17 @@ class _Follow:
         self.board = _board(ray)
         tag = uuid.uuid4().hex[:12]
         self.keys = [f"{tag}/{i}" for i in range(n_actors)]
-        self.events: list[list[dict[str, Any]]] = [[] for _ in range(n_actors)]
+        self.events: list[list[ProgressEvent]] = [[] for _ in range(n_actors)]
         self._pending: list[Any] = [None] * n_actors
 
     def _ask(self, i: int) -> ObjectRef:
         return self.board.read.remote(self.keys[i], len(self.events[i]))
 
-    def _take(self, i: int, ref: ObjectRef, timeout: float | None) -> list[dict[str, Any]]:
+    def _take(self, i: int, ref: ObjectRef, timeout: float | None) -> list[ProgressEvent]:
         """Add what ``ref`` answered, and return it."""
         # An actor that died, or did not answer in time, keeps what was read of it.
         with suppress(self._errors):
-            new: list[dict[str, Any]] = self._ray.get(ref, timeout=timeout)
+            new: list[ProgressEvent] = self._ray.get(ref, timeout=timeout)
             self.events[i].extend(new)
             return new
         return []
@@ -360,7 +361,6 @@ def _train_ranks(spec: BackendSpec, case: Case, task: Task, accel: Accelerator,
     :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer` says what each runs and makes the
     run of what they returned or reported, as it does for ranks launched locally."""
     __tracebackhide__ = True
-    import json
 
     from pytest_accelperf.backends.procs.launch import LaunchResult, describe_failure
     from pytest_accelperf.cluster.worker import THREADS_ENV
@@ -386,8 +386,7 @@ def _train_ranks(spec: BackendSpec, case: Case, task: Task, accel: Accelerator,
         reports = [follow.report(r) for r in range(n)]
         for r, res in enumerate(results):
             report = reports[r] = RankReport(rank=r, returncode=0, result=res["result"])
-            report.add_progress([event for event in map(json.loads, res["events"])
-                                 if event.pop("event", None) == "progress"])
+            report.add_progress(progress_events(res["events"]))
         if timed_out:
             steps = ", ".join(f"rank {r.rank}: {r.where(job.total_steps)}" for r in reports)
             launched = LaunchResult("timeout", f"exceeded the {timeout:g} s timeout by "
@@ -400,7 +399,7 @@ def _train_ranks(spec: BackendSpec, case: Case, task: Task, accel: Accelerator,
         elif failed is not None:
             report = reports[failed.index]
             report.returncode = 17
-            report.error = _error_event(_cause(failed.error))
+            report.error = error_event(_cause(failed.error))  # as a launched rank's
             message = describe_failure(report, job.total_steps)
             launched = LaunchResult("oom" if report.is_oom else "error",
                                     f"{message} (on {gang.host(failed.index)})", reports,
@@ -418,19 +417,3 @@ def _train_ranks(spec: BackendSpec, case: Case, task: Task, accel: Accelerator,
                 cloudpickle.dumps((spec, case, task, job))))
     result.run.extra["cluster"] = {"ranks": gang.hosts, "master": f"{master}:{port}"}
     return result
-
-
-def _error_event(exc: BaseException) -> dict[str, Any]:
-    """What a launched rank would have reported for ``exc`` (see ``_rank.main``)."""
-    import traceback
-
-    from pytest_accelperf.backends.procs._rank import _is_oom
-
-    event: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc).strip()[:2000],
-                             "oom": _is_oom(exc),
-                             "traceback": "".join(traceback.format_exception(exc))[-4000:]}
-    for key in ("required", "capacity", "source"):
-        value = getattr(exc, key, None)
-        if isinstance(value, int | str):
-            event[key] = value
-    return event

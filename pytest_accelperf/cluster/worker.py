@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
+    from pytest_accelperf.backends.procs.events import ProgressEvent
     from pytest_accelperf.cluster.handles import ActorHandle, ObjectRef
 
 #: Environment variable carrying the thread count the controller chose for torch
@@ -86,7 +87,7 @@ class _StepLog:
     backend reports, as a launched rank's ``progress`` events read, until taken."""
 
     def __init__(self) -> None:
-        self._events: list[dict[str, Any]] = []
+        self._events: list[ProgressEvent] = []
         self._lock = threading.Lock()
 
     def update(self, done: int, total: int, loss: float, step_time: float) -> None:
@@ -94,7 +95,7 @@ class _StepLog:
             self._events.append({"phase": "train", "step": done - 1, "total": total,
                                  "loss": loss, "time": step_time})
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[ProgressEvent]:
         """The steps reported since the last call."""
         with self._lock:
             events, self._events = self._events, []
@@ -111,12 +112,12 @@ class ProgressBoard:
     outlives the case's actors, so a killed worker's steps are still there to read."""
 
     def __init__(self) -> None:
-        self._events: dict[str, list[dict[str, Any]]] = {}
+        self._events: dict[str, list[ProgressEvent]] = {}
 
-    def post(self, key: str, events: list[dict[str, Any]]) -> None:
+    def post(self, key: str, events: list[ProgressEvent]) -> None:
         self._events.setdefault(key, []).extend(events)
 
-    def read(self, key: str, since: int) -> list[dict[str, Any]]:
+    def read(self, key: str, since: int) -> list[ProgressEvent]:
         return self._events.get(key, [])[since:]
 
     def drop(self, keys: list[str]) -> None:
@@ -130,7 +131,7 @@ class _Poster:
     block ends. Each post costs the training thread little (``new`` reads only what was
     appended); posts are fire-and-forget, and Ray runs them in the order sent."""
 
-    def __init__(self, board: ActorHandle, key: str, new: Callable[[], list[dict[str, Any]]]
+    def __init__(self, board: ActorHandle, key: str, new: Callable[[], list[ProgressEvent]]
                  ) -> None:
         self._board, self._key, self._new = board, key, new
         self._stop = threading.Event()

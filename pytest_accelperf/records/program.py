@@ -69,7 +69,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, cast, get_args
 
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import Required, TypedDict  # pydantic reads TypedDict of these
@@ -169,29 +169,37 @@ def program_record(source: str, *, flops: float | None = None,
                    recompile_causes: list[str] | None = None,
                    ops: Mapping[str, int] | None = None, host_syncs: int | None = None,
                    host_sync_sites: Mapping[str, int] | None = None,
-                   global_flops: bool = False) -> dict[str, Any]:
+                   global_flops: bool = False) -> ProgramRecord:
     """A ``Run.program`` record (see the module docstring), in the form of
-    :class:`ProgramRecord`; None fields are left out. Returned as the JSON dict that the
-    backends put in ``Run.program`` (and their annotations name)."""
+    :class:`ProgramRecord`; None fields are left out (the keys in this order, as the JSON
+    written has them)."""
     if source not in SOURCES:
         raise ValueError(f"program source {source!r} is not one of {', '.join(SOURCES)}")
-    record: dict[str, Any] = {"source": source}
-    for name, value in (("flops", flops), ("hardware_flops", hardware_flops),
-                        ("bytes_accessed", bytes_accessed)):
-        if value is not None:
-            record[name] = float(value)
+    record: ProgramRecord = {"source": cast(Source, source)}
+    if flops is not None:
+        record["flops"] = float(flops)
+    if hardware_flops is not None:
+        record["hardware_flops"] = float(hardware_flops)
+    if bytes_accessed is not None:
+        record["bytes_accessed"] = float(bytes_accessed)
     if global_flops and flops is not None:
         record["global_flops"] = True
     if collectives is not None:
         record["collectives"] = {
             kind: {"count": int(c.get("count", 0)), "bytes": int(c.get("bytes", 0))}
             for kind, c in sorted(collectives.items())}
-    for name, count in (("host_callbacks", host_callbacks), ("host_syncs", host_syncs),
-                        ("custom_calls", custom_calls),
-                        ("graphs", graphs), ("graph_breaks", graph_breaks),
-                        ("recompiles", recompiles)):
-        if count is not None:
-            record[name] = int(count)
+    if host_callbacks is not None:
+        record["host_callbacks"] = int(host_callbacks)
+    if host_syncs is not None:
+        record["host_syncs"] = int(host_syncs)
+    if custom_calls is not None:
+        record["custom_calls"] = int(custom_calls)
+    if graphs is not None:
+        record["graphs"] = int(graphs)
+    if graph_breaks is not None:
+        record["graph_breaks"] = int(graph_breaks)
+    if recompiles is not None:
+        record["recompiles"] = int(recompiles)
     if break_reasons is not None:
         record["break_reasons"] = [str(r) for r in break_reasons]
     if recompile_causes is not None:

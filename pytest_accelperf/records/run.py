@@ -7,6 +7,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypedDict
 
+from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.stats.contention import Load
 
 Outcome = Literal["ok", "oom", "nan", "error", "timeout"]
@@ -166,7 +167,7 @@ class Run:
     probe_times: list[float] = field(default_factory=list)
     probe_kind: str = ""
     max_batch: MaxBatchRecord | None = None
-    program: dict[str, Any] | None = None
+    program: ProgramRecord | None = None
     memory_growth: MemoryGrowth | None = None
     input_times: list[float] = field(default_factory=list)
     input_wall_times: list[float] = field(default_factory=list)
@@ -210,7 +211,7 @@ class Run:
         """Hardware FLOPs utilization: what the devices executed (replicated work counted on
         every replica: ``program["hardware_flops"]``) per second over their peak."""
         med = self.median_step_time
-        hardware = (self.program or {}).get("hardware_flops")
+        hardware = self.program.get("hardware_flops") if self.program else None
         if not med or not isinstance(hardware, int | float) or not self.peak_flops_per_device:
             return None
         return float(hardware) / med / (self.peak_flops_per_device * self.n_devices)

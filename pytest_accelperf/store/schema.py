@@ -148,6 +148,8 @@ _RUN_JSON_TYPES: dict[str, object] = {
     "oom": dict[str, Any] | None,
     "max_batch": dict[str, Any] | None,
     "memory_growth": dict[str, Any] | None,
+    # Read as it was written: the store validates a baseline's program, not a report's.
+    "program": dict[str, Any] | None,
 }
 
 

@@ -62,6 +62,7 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.targets import not_run
+from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.records.run import MemoryGrowth, Replay, Run
 from pytest_accelperf.stats.units import round_sig
 
@@ -244,7 +245,7 @@ class JaxStepper:
         return times
 
     @property
-    def program(self) -> dict[str, Any]:
+    def program(self) -> ProgramRecord:
         """The step's program record, for A/B mode's diff of the two revisions."""
         program = self._program
         return program_of(program.lowered, program.compiled, int(program.mesh.devices.size),

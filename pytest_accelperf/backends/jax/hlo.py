@@ -61,9 +61,9 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from pytest_accelperf.records.program import program_record
+from pytest_accelperf.records.program import ProgramRecord, program_record
 
 if TYPE_CHECKING:
     from jax.stages import Compiled, Lowered
@@ -99,7 +99,7 @@ _CONFIG_PRECISION = re.compile(r'"operand_precision"\s*:\s*\[([^\]]*)\]')
 
 
 def program_of(lowered: Lowered | None, compiled: Compiled, n_devices: int, *,
-               global_flops: bool = False) -> dict[str, Any]:
+               global_flops: bool = False) -> ProgramRecord:
     """The program record (``source="xla"``) of a jitted step: ``lowered`` is its
     ``jax.stages.Lowered`` (None: no model FLOPs), ``compiled`` its ``Compiled`` for a
     mesh of ``n_devices``; ``global_flops``: ``lowered`` is the step lowered again on one

@@ -42,7 +42,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, Required, TypedDict, TypeVar
 
 from pytest_accelperf.backends.measure.blocked import BlockedClock
 from pytest_accelperf.backends.measure.common import injected_slowdown, stretch
@@ -217,11 +217,18 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
     return out
 
 
-def load_json(result: LoopResult) -> dict[str, Any]:
+class LoadJson(TypedDict, total=False):
+    """:func:`load_json`: the loop's input wait per step and the machine's load."""
+
+    batch_time: Required[float]
+    step_load: dict[str, float | int]
+
+
+def load_json(result: LoopResult) -> LoadJson:
     """The loop's ``batch_time``, and ``step_load`` when the loop read the machine's load,
     as JSON: what a rank process sends back for ``Run.batch_time`` and ``Run.step_load``
     (what the throughput check reads, :func:`pytest_accelperf.checks.throughput.foreign_load`)."""
-    out: dict[str, Any] = {"batch_time": result.batch_time}
+    out: LoadJson = {"batch_time": result.batch_time}
     if result.load is not None:
         out["step_load"] = result.load.to_json()
     return out

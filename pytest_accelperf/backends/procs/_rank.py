@@ -23,11 +23,11 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import cast
 
-#: Exception class names that mean "out of memory" (torch's CUDA one and the CPU capacity
-#: overrun), matched by name so this module imports no framework.
-OOM_TYPES = ("OutOfMemoryError", "CapacityExceeded")
+from typing_extensions import Unpack
+
+from pytest_accelperf.backends.procs.events import PoolJob, ProgressEvent, error_event
 
 
 @dataclass
@@ -49,7 +49,7 @@ class RankContext:
         with self.events.open("a", encoding="utf-8") as f:
             f.write(json.dumps({"event": event, **fields}, default=str) + "\n")
 
-    def progress(self, **fields: object) -> None:
+    def progress(self, **fields: Unpack[ProgressEvent]) -> None:
         """Report progress: ``phase`` ("init", "train", "done"), ``step`` (the last step
         finished), ``peak_bytes``, anything JSON-able. Later fields replace earlier ones."""
         self.emit("progress", **fields)
@@ -71,10 +71,6 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _is_oom(exc: BaseException) -> bool:
-    return any(cls.__name__ in OOM_TYPES for cls in type(exc).__mro__)
-
-
 def run_case(workdir: Path, rank: int) -> int:
     """Run the case in ``workdir`` in this process: load ``(fn, args)``, call it, write the
     result (or the error); returns the exit code (0, or 17 = ``launch.EXIT_RAISED``)."""
@@ -87,11 +83,7 @@ def run_case(workdir: Path, rank: int) -> int:
             fn, args = pickle.load(f)
         result = fn(ctx, *args)
     except BaseException as exc:
-        extra = {k: getattr(exc, k) for k in ("required", "capacity", "source")
-                 if isinstance(getattr(exc, k, None), int | str)}
-        ctx.emit("error", type=type(exc).__name__, message=str(exc).strip()[:2000],
-                 oom=_is_oom(exc), **extra,
-                 traceback="".join(traceback.format_exception(exc))[-4000:])
+        ctx.emit("error", **error_event(exc))
         sys.stdout.flush()
         sys.stderr.flush()
         return 17  # launch.EXIT_RAISED
@@ -142,7 +134,7 @@ def warm_main(modules: str, rank: int) -> int:
         line = stdin.readline()
         if not line:
             return 0
-        job = json.loads(line)
+        job = cast(PoolJob, json.loads(line))  # as the pool sent it
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -164,7 +156,7 @@ def warm_main(modules: str, rank: int) -> int:
         status.write(json.dumps({"event": "exit", "pid": pid, "code": code}) + "\n")
 
 
-def _become_case(job: dict[str, Any]) -> None:
+def _become_case(job: PoolJob) -> None:
     """In a forked child: the case's own stdin (none), log, environment and import path."""
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

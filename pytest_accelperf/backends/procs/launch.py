@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import json
 import os
 import pickle
 import signal
@@ -57,9 +56,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, TypedDict, cast
 
 from pytest_accelperf.backends.procs import rank_pool
+from pytest_accelperf.backends.procs.events import (
+    ErrorEvent,
+    ProgressEvent,
+    parse_events,
+    progress_events,
+)
 from pytest_accelperf.report import progress as live_progress
 
 #: Seconds between polls of the ranks.
@@ -123,12 +128,14 @@ class RankReport:
 
     rank: int
     returncode: int | None = None
-    progress: dict[str, Any] = field(default_factory=dict)
+    #: Its progress events merged, the later fields over the earlier ones.
+    progress: ProgressEvent = field(default_factory=lambda: ProgressEvent())
+    #: What the rank function returned (the backend's to read).
     result: Any = None
-    error: dict[str, Any] | None = None
+    error: ErrorEvent | None = None
     log_tail: str = ""
     #: Every progress event that named a step, in order (what a killed rank had done).
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[ProgressEvent] = field(default_factory=list)
 
     @property
     def step(self) -> int | None:
@@ -165,7 +172,7 @@ class RankReport:
         of = f" of {total_steps}" if total_steps is not None else ""
         return f"in step {self.step + 1} ({done}{of} had finished)"
 
-    def add_progress(self, events: list[dict[str, Any]]) -> None:
+    def add_progress(self, events: list[ProgressEvent]) -> None:
         """Take in ``progress`` events (as :meth:`ProgressTail.new` returns them)."""
         for event in events:
             self.progress.update(event)
@@ -213,16 +220,11 @@ def _child_env(rank: int, world_size: int, port: int, device: str) -> dict[str, 
     return env
 
 
-def _read_events(path: Path) -> list[dict[str, Any]]:
+def _read_events(path: Path) -> list[tuple[str, dict[str, object]]]:
+    """A rank's events file, as :func:`~.procs.events.parse_events` reads it."""
     if not path.exists():
         return []
-    events = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut off by a kill
-    return events
+    return list(parse_events(path.read_text(encoding="utf-8", errors="replace").splitlines()))
 
 
 class ProgressTail:
@@ -235,7 +237,7 @@ class ProgressTail:
         self._offset = 0
         self._partial = b""
 
-    def new(self) -> list[dict[str, Any]]:
+    def new(self) -> list[ProgressEvent]:
         """The events appended since the last call, in order."""
         try:
             with self._path.open("rb") as f:
@@ -245,18 +247,10 @@ class ProgressTail:
             return []  # not created yet
         self._offset += len(chunk)
         *lines, self._partial = (self._partial + chunk).split(b"\n")
-        events = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict) and event.pop("event", None) == "progress":
-                events.append(event)
-        return events
+        return progress_events(lines)
 
 
-def show_latest_step(events: list[dict[str, Any]], total_steps: int | None) -> None:
+def show_latest_step(events: list[ProgressEvent], total_steps: int | None) -> None:
     """Put the last training step among ``events`` (``progress`` events, as a rank reports
     them) on the terminal progress line; ``total_steps`` defaults to the event's own
     ``total``. Nothing happens while no line is shown."""
@@ -288,12 +282,11 @@ class _ProgressFollower:
 
 def _collect(rank: int, workdir: Path, returncode: int | None) -> RankReport:
     report = RankReport(rank=rank, returncode=returncode)
-    for event in _read_events(workdir / f"rank{rank}.jsonl"):
-        kind = event.pop("event", None)
+    for kind, event in _read_events(workdir / f"rank{rank}.jsonl"):
         if kind == "progress":
-            report.add_progress([event])
+            report.add_progress([cast(ProgressEvent, event)])
         elif kind == "error":
-            report.error = event
+            report.error = cast(ErrorEvent, event)
     result_file = workdir / f"rank{rank}.result.pkl"
     if returncode == 0 and result_file.exists():
         with result_file.open("rb") as f:

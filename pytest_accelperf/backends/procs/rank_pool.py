@@ -53,7 +53,8 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from pytest_accelperf.backends.procs.events import PoolJob
 
 #: Environment variable that turns pooling off when ``"0"`` (or ``"false"``, ``"no"``).
 POOL_ENV = "ACCELPERF_RANK_POOL"
@@ -93,7 +94,7 @@ class WarmRank:
     #: The current case's exit status, once reported (negative: killed by that signal).
     code: int | None = None
 
-    def send(self, job: dict[str, Any]) -> None:
+    def send(self, job: PoolJob) -> None:
         assert self.proc.stdin is not None
         self.child = self.code = None
         self.proc.stdin.write((json.dumps(job) + "\n").encode())

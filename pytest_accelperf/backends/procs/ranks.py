@@ -24,7 +24,7 @@ Framework-free: importing this module imports no ML framework.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
@@ -138,7 +138,7 @@ class BlockControl:
 
 
 def serve_blocks(conn: Connection, fns: StepFns[Any, Any], *, first: int, cycle: int,
-                 ready: dict[str, Any], done: Callable[[int], None] | None = None) -> int:
+                 ready: Mapping[str, object], done: Callable[[int], None] | None = None) -> int:
     """A rank of an A/B group after its warm-up: send ``("ready", ready)``, then for every
     ``("run", n)`` train steps ``first, first + 1, ...`` (batches modulo ``cycle``) with
     ``fns``, timed as in a run (:func:`~pytest_accelperf.backends.measure.loop.time_block`), and

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_jso
 from pytest_accelperf.backends.procs.launch import CapacityExceeded
 from pytest_accelperf.backends.procs.ranks import BlockControl, serve_blocks
 from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
-from pytest_accelperf.backends.torch.ops import OpCounter
+from pytest_accelperf.backends.torch.ops import OpCounter, OpCounts
 from pytest_accelperf.backends.torch.rank_step import RankStep
 from pytest_accelperf.backends.torch.task import (
     as_tensors,
@@ -54,11 +54,59 @@ if TYPE_CHECKING:
 
     from pytest_accelperf.backends.measure.probe import Probe
     from pytest_accelperf.backends.procs._rank import RankContext
-    from pytest_accelperf.backends.torch.comm import CommCounter
+    from pytest_accelperf.backends.torch.comm import CommCounter, CommSummary
 
 #: Warm-up steps the CPU memory count covers (the first creates the optimizer state, the
 #: second is the steady state with it); the multi-process warm-up is at least this long.
 MEMORY_STEPS = 2
+
+
+# -- what the ranks send back ------------------------------------------------------------
+class RankReady(TypedDict):
+    """What an A/B rank sends its arm worker once warmed up (``("ready", ...)``,
+    :func:`_serve_ab_blocks`): step 0's FLOPs and dispatched ops, its collectives, the
+    engine and the memory peak; the group's program record is made of it
+    (:meth:`~.torch.ranks.TorchRanks.block_program`)."""
+
+    flops: float | None
+    ops: OpCounts | None
+    comm: CommSummary
+    engine: dict[str, object]
+    peak_bytes: int | None
+
+
+class RankResult(TypedDict, total=False):
+    """What a rank returns from a run (:func:`rank_main`, pickled back to the launcher):
+    its own loss per step, step 0's FLOPs and dispatched ops (rank 0, eager), what the
+    loop measured, the memory peak, the engine, its collectives, the full parameters (rank
+    0) and the wall clocks of its phases. :func:`~.torch.ranks.build_run` reads it; a rank
+    that failed has none, so every key may be missing to a reader."""
+
+    rank: int
+    local_losses: list[float]
+    flops: float | None
+    ops: OpCounts | None
+    step_times: list[float]
+    probe_times: list[float]
+    losses: list[float]
+    metrics: dict[str, list[float]]
+    nan_step: int | None
+    batch_time: float
+    step_load: dict[str, float | int]
+    peak_bytes: int | None
+    memory_source: str
+    engine: dict[str, object]
+    comm: CommSummary
+    probe_kind: str
+    params: dict[str, np.ndarray] | None
+    marks: dict[str, float]
+
+
+class BlocksResult(TypedDict):
+    """What an A/B rank returns when its worker stops it: the blocks it trained."""
+
+    rank: int
+    blocks: int
 
 
 # -- what is shipped to the ranks ---------------------------------------------------------
@@ -219,7 +267,7 @@ class _MemoryCounter:
 
 
 def rank_main(ctx: RankContext, plan: RankPlan,
-              control: BlockControl | None = None) -> dict[str, Any]:
+              control: BlockControl | None = None) -> RankResult | BlocksResult:
     """One rank's training (the function :func:`~.procs.launch.launch` runs in every
     process), in the measured-step loop (:func:`.loop.run_steps`): every rank starts each
     step after a barrier and stops it after the device is synchronized; the all-reduce of
@@ -290,7 +338,7 @@ def _step_counts(plan: RankPlan, *, blocks: bool) -> tuple[int, int]:
 
 
 _Prepared = tuple[int, list[Batch]]
-_Done = tuple[list[Any], dict[str, Any]]
+_Done = tuple[list[torch.Tensor], dict[str, torch.Tensor]]  # the losses, the metrics' sums
 
 
 class _RankSteps:
@@ -303,7 +351,7 @@ class _RankSteps:
                  engine: RankEngine, counter: _MemoryCounter, window: ExitStack) -> None:
         self.ctx, self.plan, self.device = ctx, plan, device
         self.engine, self.counter, self.window = engine, counter, window
-        self.out: dict[str, Any] = {"rank": ctx.rank, "local_losses": [], "flops": None}
+        self.out: RankResult = {"rank": ctx.rank, "local_losses": [], "flops": None}
         self.names: list[str] | None = None
         self.lrs: list[float] = []
 
@@ -394,11 +442,11 @@ class _RankSteps:
 
 
 def _serve_ab_blocks(ctx: RankContext, conn: Connection, fns: StepFns[_Prepared, _Done],
-                     steps: _RankSteps, *, first: int) -> dict[str, Any]:
+                     steps: _RankSteps, *, first: int) -> BlocksResult:
     """An A/B rank after its warm-up: what it measured of step 0 goes to its arm worker,
     then it trains the blocks it is told to (:func:`~.procs.ranks.serve_blocks`)."""
     engine, counter = steps.engine, steps.counter
-    ready = {"flops": steps.out["flops"], "ops": steps.out.get("ops"),
+    ready: RankReady = {"flops": steps.out["flops"], "ops": steps.out.get("ops"),
              "comm": engine.comm.summary(), "engine": engine.describe(),
              "peak_bytes": counter.peak()}
     blocks = serve_blocks(conn, fns, first=first, cycle=steps.plan.total_steps, ready=ready,
@@ -407,15 +455,19 @@ def _serve_ab_blocks(ctx: RankContext, conn: Connection, fns: StepFns[_Prepared,
 
 
 def _rank_result(steps: _RankSteps, trained: LoopResult, probe: Probe | None,
-                 marks: dict[str, float]) -> dict[str, Any]:
+                 marks: dict[str, float]) -> RankResult:
     """The rank's result: what the loop measured, the memory peak, the engine and its
     communication, and the full parameters (gathered by every rank, kept by rank 0)."""
     import torch.distributed as dist
 
     out, engine, counter = steps.out, steps.engine, steps.counter
-    out.update(step_times=trained.step_times, probe_times=trained.probe_times,
-               losses=trained.losses, metrics=trained.metrics, nan_step=trained.nan_step,
-               **load_json(trained))
+    out["step_times"], out["probe_times"] = trained.step_times, trained.probe_times
+    out["losses"], out["metrics"] = trained.losses, trained.metrics
+    out["nan_step"] = trained.nan_step
+    load = load_json(trained)
+    out["batch_time"] = load["batch_time"]
+    if "step_load" in load:
+        out["step_load"] = load["step_load"]
     out["peak_bytes"] = counter.peak()
     out["memory_source"] = counter.source
     out["engine"] = engine.describe()

@@ -75,9 +75,9 @@ CPU memory count and the FLOP count happen there. The reference trains as many s
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypedDict, cast
 
 import numpy as np
 import torch
@@ -87,19 +87,22 @@ from pytest_accelperf.backends.measure.data import expect
 from pytest_accelperf.backends.procs.launch import LaunchResult, RankReport, launch
 from pytest_accelperf.backends.procs.ranks import BlockControl, RankJob
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
-from pytest_accelperf.backends.torch.comm import largest_over_ranks
+from pytest_accelperf.backends.torch.comm import CommSummary, largest_over_ranks
 from pytest_accelperf.backends.torch.in_rank import (
     MEMORY_STEPS,
     EngineFactory,
     RankPlan,
+    RankReady,
+    RankResult,
     rank_main,
 )
+from pytest_accelperf.backends.torch.ops import OpCounts
 from pytest_accelperf.backends.torch.rank_step import RankStep, as_rank_step
 from pytest_accelperf.backends.torch.task import TorchTask, to_device
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.program import program_record
+from pytest_accelperf.records.program import ProgramRecord, program_record
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.contention import Load
 
@@ -162,8 +165,27 @@ def make_plan(engine: EngineFactory, case: Case, task: TorchTask | RankStep,
                     fits=fits)
 
 
-def _rank_summary(report: RankReport) -> dict[str, Any]:
-    res = report.result or {}
+class RankSummary(TypedDict):
+    """One rank in ``Run.extra["ranks"]``: what it measured and counted, from its result
+    (:class:`~.torch.in_rank.RankResult`) or, for a rank that failed, its progress."""
+
+    rank: int
+    returncode: int | None
+    step_times: list[float]
+    probe_times: list[float]
+    local_losses: list[float]
+    peak_bytes: int | None
+    flops: float | None
+    comm: CommSummary | None
+
+
+def _result(report: RankReport) -> RankResult:
+    """What ``report``'s rank returned from a run (empty: it failed before returning)."""
+    return cast(RankResult, report.result or {})
+
+
+def _rank_summary(report: RankReport) -> RankSummary:
+    res = _result(report)
     steps = report.steps
     return {
         "rank": report.rank,
@@ -177,7 +199,26 @@ def _rank_summary(report: RankReport) -> dict[str, Any]:
     }
 
 
-def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> dict[str, Any]:
+class LaunchBreakdown(TypedDict, total=False):
+    """:func:`launch_timings`, in ``Run.extra["timings"]``: seconds per phase of a launch."""
+
+    launch: float
+    pooled: bool
+    pool_case: int
+    start: float
+    join: float
+    build: float
+    train: float
+    finish: float
+    collect: float
+
+
+#: The phases of a launch, in order (:class:`LaunchBreakdown`).
+_Phase = Literal["start", "join", "build", "train", "finish", "collect"]
+_PHASES: tuple[_Phase, ...] = ("start", "join", "build", "train", "finish", "collect")
+
+
+def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> LaunchBreakdown:
     """Where a launch's wall time went, in seconds, from rank 0's clock marks: ``start``
     (interpreter start and imports, or a warm rank's fork, and unpickling the task),
     ``join`` (joining the process group), ``build`` (the engine: model, optimizer, ZeRO
@@ -187,22 +228,22 @@ def launch_timings(launched: LaunchResult, marks: dict[str, float] | None) -> di
     ranks were a pool's (``pool_case``: the pool's count of cases so far, 1 for the case
     that started it)."""
     t = launched.timings
-    out: dict[str, Any] = {"launch": round(launched.elapsed, 3),
-                           "pooled": bool(t.get("pooled")), "pool_case": t.get("pool_case", 0)}
+    out: LaunchBreakdown = {"launch": round(launched.elapsed, 3),
+                            "pooled": bool(t.get("pooled")), "pool_case": t.get("pool_case", 0)}
     if marks and "start_wall" in t:
-        points = [("start", t["start_wall"]), ("join", marks.get("entered")),
-                  ("build", marks.get("joined")), ("train", marks.get("built")),
-                  ("finish", marks.get("trained")), ("collect", marks.get("done")),
-                  ("", t.get("end_wall"))]
-        for (name, at), (_, until) in itertools.pairwise(points):
+        # When each phase began; the last, when the launch ended.
+        points = [t["start_wall"], marks.get("entered"), marks.get("joined"),
+                  marks.get("built"), marks.get("trained"), marks.get("done"),
+                  t.get("end_wall")]
+        for name, (at, until) in zip(_PHASES, itertools.pairwise(points), strict=True):
             if at is not None and until is not None:
                 out[name] = round(float(until) - float(at), 3)
     return out
 
 
-def ranks_program(engine: dict[str, Any], flops: list[float | None],
-                  comms: list[dict[str, Any] | None],
-                  ops: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def ranks_program(engine: Mapping[str, object], flops: list[float | None],
+                  comms: list[CommSummary | None],
+                  ops: OpCounts | None = None) -> ProgramRecord | None:
     """The program record (:mod:`pytest_accelperf.records.program`) of a case's ranks: the FLOPs
     of a step summed over ranks, per kind of collective the largest count and bytes over
     ranks, and ``ops``, what rank 0 dispatched per step
@@ -213,11 +254,14 @@ def ranks_program(engine: dict[str, Any], flops: list[float | None],
     collectives = largest_over_ranks([c["collectives"] or {} for c in comms if c]) or {}
     source = "deepspeed" if engine.get("engine") == "deepspeed" else "ddp"
     total = float(sum(f for f in flops if f)) if flops and all(flops) else None
-    return program_record(source, flops=total, collectives=collectives, **(ops or {}))
+    if ops is None:
+        return program_record(source, flops=total, collectives=collectives)
+    return program_record(source, flops=total, collectives=collectives, **ops)
 
 
 def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
-              launched: LaunchResult, timeout: float | None) -> tuple[Run, dict[str, Any]]:
+              launched: LaunchResult, timeout: float | None
+              ) -> tuple[Run, dict[str, np.ndarray]]:
     """The run of a launch (complete, or what the ranks reported before it ended) and
     rank 0's final parameters (empty unless it finished). A rank that raised a
     :class:`TaskError` (the user's function is at fault) raises it here, as the in-process
@@ -233,7 +277,7 @@ def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
               n_devices=case.world_size, peak_flops_per_device=accel.peak_flops)
     ranks = [_rank_summary(r) for r in launched.ranks]
     zero = launched.ranks[0]
-    res = zero.result or {}
+    res = _result(zero)
     run.losses = res.get("losses", [s["loss"] for s in zero.steps])
     run.loss_steps = list(range(len(run.losses)))
     run.metrics = {str(k): [float(x) for x in v][:len(run.losses)]
@@ -245,7 +289,7 @@ def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
                              if r["peak_bytes"] is not None}
     run.memory_source = "cuda_allocator" if plan.device == "cuda" else "mem_tracker"
     flops = [r["flops"] for r in ranks]
-    run.flops_per_step = float(sum(flops)) if flops and all(flops) else None
+    run.flops_per_step = float(sum(f for f in flops if f)) if flops and all(flops) else None
     run.extra = {
         "world_size": case.world_size,
         "grad_accum": case.grad_accum,
@@ -264,7 +308,7 @@ def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
     }
     if isinstance(res.get("step_load"), dict):  # rank 0's loop, whose times are the run's
         run.step_load = Load.from_json(res["step_load"])
-    comms = [r["comm"] for r in ranks if r.get("comm")]
+    comms = [c for c in (r["comm"] for r in ranks) if c]
     run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks],
                                 res.get("ops"))
     if run.program is not None:
@@ -277,22 +321,25 @@ def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
                       "extra['ranks'][r]['comm']); bytes are a rank's payload (see "
                       "pytest_accelperf.backends.torch.comm)",
         }
-    params: dict[str, Any] = {}
+    params: dict[str, np.ndarray] = {}
     if launched.outcome != "ok":
         run.outcome, run.message = launched.outcome, launched.message
         if launched.outcome == "oom" and failed is not None and failed.error:
             err = failed.error
-            if "required" in err and "capacity" in err:
-                run.oom = {"required_bytes": err["required"], "capacity_bytes": err["capacity"],
-                           "exceeded_by_bytes": err["required"] - err["capacity"],
-                           "source": err.get("source", ""), "rank": failed.rank,
+            required, capacity = err.get("required"), err.get("capacity")
+            if isinstance(required, int) and isinstance(capacity, int):  # CapacityExceeded
+                run.oom = {"required_bytes": required, "capacity_bytes": capacity,
+                           "exceeded_by_bytes": required - capacity,
+                           "source": str(err.get("source", "")), "rank": failed.rank,
                            "step": failed.step}
         return run, params
-    if res.get("params"):
-        params = res["params"]
+    kept = res.get("params")
+    if kept:
+        params = kept
         run.params_fingerprint = fingerprint(params)
-    if res.get("nan_step") is not None:
-        run.outcome, run.nan_step = "nan", int(res["nan_step"])
+    nan_step = res.get("nan_step")
+    if nan_step is not None:
+        run.outcome, run.nan_step = "nan", int(nan_step)
         run.message = f"loss is {run.losses[-1]} at step {run.nan_step} (mean over ranks)"
     return run, params
 
@@ -358,9 +405,11 @@ class TorchRanks:
         return RankJob(rank_main, (plan, control), device=plan.device,
                        total_steps=plan.total_steps, plan=plan, warm=self.warm_modules())
 
-    def block_program(self, job: RankJob, ready: list[dict[str, Any]]) -> dict[str, Any] | None:
+    def block_program(self, job: RankJob, messages: Sequence[object]) -> ProgramRecord | None:
         """The program record of an A/B group, from what its ranks reported when ready
-        (as :func:`build_run` makes a run's)."""
+        (their :class:`~.torch.in_rank.RankReady` messages; as :func:`build_run` makes a
+        run's)."""
+        ready = cast(list[RankReady], list(messages))
         return ranks_program(ready[0].get("engine") or {}, [r.get("flops") for r in ready],
                              [r.get("comm") for r in ready], ready[0].get("ops"))
 
@@ -398,7 +447,8 @@ class TorchRanks:
             return Fit(False, None, case.memory_capacity, launched.message)
         if launched.outcome != "ok":
             raise RuntimeError(f"{case.id} at batch {case.batch}: {launched.message}")
-        peaks = [int(r.result["peak_bytes"]) for r in launched.ranks]
+        # A probe's ranks count their memory (the peak is an int).
+        peaks = [int(cast(int, _result(r)["peak_bytes"])) for r in launched.ranks]
         capacity = case.memory_capacity
         if capacity is None:
             capacity = int(torch.cuda.get_device_properties(0).total_memory)

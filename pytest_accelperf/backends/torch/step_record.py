@@ -42,14 +42,15 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from pytest_accelperf.backends.torch.ops import OpCounts
 from pytest_accelperf.backends.torch.task import leaves_with_paths
 from pytest_accelperf.backends.types import Batch
-from pytest_accelperf.records.program import program_record
+from pytest_accelperf.records.program import ProgramRecord, program_record
 from pytest_accelperf.records.sites import code_site
 
 #: What a compiled case's ``compile_time`` covers (``Run.extra["compile_time_covers"]``).
@@ -62,10 +63,12 @@ COMPILE_TIME_COVERS = (
 _PRIMED: set[str] = set()
 
 
-def eager_program(flops: float | None, ops: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def eager_program(flops: float | None, ops: OpCounts | None = None) -> ProgramRecord:
     """The record of an eager step: its FLOPs and ``ops``, what its counting step
     dispatched (:meth:`.torch.ops.OpCounter.record`)."""
-    return program_record("torch", flops=flops, **(ops or {}))
+    if ops is None:
+        return program_record("torch", flops=flops)
+    return program_record("torch", flops=flops, **ops)
 
 
 def _fresh_inductor_cache() -> contextlib.AbstractContextManager[Any]:
@@ -277,7 +280,7 @@ class DynamoWatch:
                        f"{' '.join(why) if why else 'first compile of this frame'}")
         return out
 
-    def record(self, flops: float | None) -> dict[str, Any]:
+    def record(self, flops: float | None) -> ProgramRecord:
         """The ``Run.program`` record of the compiled step."""
         return program_record("torch.compile", flops=flops, graphs=self.graphs,
                               graph_breaks=len(self.break_reasons),

@@ -6,8 +6,6 @@ returns.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from pytest_accelperf.backends.measure.data import expect
@@ -26,6 +24,7 @@ from pytest_accelperf.backends.torch.task import to_device
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.program import ProgramRecord
 
 
 class TorchStepper:
@@ -44,7 +43,7 @@ class TorchStepper:
         self._step_fn.to(device)
         expect(self._step_fn.make_batch, case.warmup + case.steps)
         rewind(self._step_fn)
-        self.program: dict[str, Any] | None = None
+        self.program: ProgramRecord | None = None
         if not self._step_fn.compile:
             counted = count_step(self._step_fn, to_device(self._step_fn.make_batch(0), device),
                                  device, step_stateful(self._step_fn))
