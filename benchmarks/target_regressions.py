@@ -105,7 +105,7 @@ def trial(accel: Any, case: Case, change: str, baseline: dict[str, Any] | None,
         "verdicts": {m: c.verdict.value for m, c in by.items()},
         "program": by["program"].detail if "program" in by else "",
         "memory": by["memory"].detail if "memory" in by else "",
-        "collectives": (run.program or {}).get("collectives"),
+        "collectives": run.program.get("collectives") if run.program else None,
     }, block
 
 
