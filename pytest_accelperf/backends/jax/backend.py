@@ -12,7 +12,7 @@ host. What the compiled step does (FLOPs, bytes, collectives, host callbacks) is
 it into ``Run.program`` (:mod:`.jax.program`); the compile time counts the init's compile
 with the step's; and the live arrays are counted after the warm-up and after the last
 measured step (``Run.memory_growth``), so a step that keeps device memory shows it. Where
-the case's time went is ``Run.extra["phases"]`` (wall seconds: :meth:`JaxBackend._train`);
+the case's time went is ``Run.phases`` (wall seconds: :meth:`JaxBackend._train`);
 the drift probe is made once per device and kept for the session's later cases
 (:func:`jax_probe`).
 """
@@ -361,7 +361,7 @@ class JaxBackend:
     def train(self, case: Case, task: Task, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         """Compile, predict memory, train and fingerprint the case (the module docstring);
-        where its time went is ``Run.extra["phases"]`` (:meth:`_train`)."""
+        where its time went is ``Run.phases`` (:meth:`_train`)."""
         phases = Phases()
         result = self._train(case, task, accel, timeout, phases)
         result.run.phases = phases.record()

@@ -178,7 +178,7 @@ def settled(idle: Callable[[], bool], within: float, poll: float = 0.01) -> bool
 
 class Phases:
     """Wall seconds of the named phases of one in-process training, for
-    ``Run.extra["phases"]``: where a case's time goes besides its compile and its measured
+    ``Run.phases``: where a case's time goes besides its compile and its measured
     steps (``benchmarks/cost.py`` reads them). Timing marks only (``time.perf_counter``
     around each phase), nothing that changes what is measured.
 

@@ -43,9 +43,9 @@ host syncs); a compiled step's FLOPs and what dynamo made of it (graphs and grap
 of the compile step, frames compiled after it). A compiled case compiles cold
 (:func:`.torch.program.cold_compile`: dynamo reset, inductor's caches empty), so its
 compile time does not depend on the cases that ran before it in the process;
-``Run.extra["compile_time_covers"]`` says what was timed.
+``Run.compile_time_covers`` says what was timed.
 
-Where the case's time went (``Run.extra["phases"]``, wall seconds, :class:`.common.Phases`):
+Where the case's time went (``Run.phases``, wall seconds, :class:`.common.Phases`):
 ``build`` (making the step: the user's model and optimizer; a process's first
 ``torch.optim`` optimizer imports ``torch._dynamo``, about a second), ``memory`` (the CPU
 count), ``flops``, ``probe`` (making the drift probe), ``train`` (warm-up and measured
@@ -167,7 +167,7 @@ def _execute(step: TorchStep, case: Case, device: torch.device, probe: Probe | N
 
 class _CompileLoad:
     """What other processes used of the machine while a compiled step's step 0 compiled
-    (``Run.extra["compile_load"]``, as JAX's compile records it): one compile is one
+    (``Run.compile_load``, as JAX's compile records it): one compile is one
     sample, and a job beside it stretches it (the compile check leaves such a change
     ``inconclusive``). Started right before the loop, read at the end of step 0
     (``run_steps``' ``after_step``); inductor's compile workers are the session's own."""

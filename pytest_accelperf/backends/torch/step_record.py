@@ -53,7 +53,7 @@ from pytest_accelperf.backends.types import Batch
 from pytest_accelperf.records.program import ProgramRecord, program_record
 from pytest_accelperf.records.sites import code_site
 
-#: What a compiled case's ``compile_time`` covers (``Run.extra["compile_time_covers"]``).
+#: What a compiled case's ``compile_time`` covers (``Run.compile_time_covers``).
 COMPILE_TIME_COVERS = (
     "dynamo trace + AOTAutograd + inductor compile of forward and backward + one execution "
     "of step 0, caches cold (dynamo reset, a fresh inductor cache directory); the process's "
