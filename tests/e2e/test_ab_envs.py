@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 from importlib import metadata
 from pathlib import Path
 
 import pytest
 from conftest import Suite
 
-from e2e.test_ab_mode import _git
+from e2e.test_ab_mode import _git, committed
 from pytest_accelperf.ab.rounds import environment_entries
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import build_env, session_site
@@ -78,13 +77,7 @@ FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=
 
 @pytest.fixture
 def repo(suite: Suite) -> Suite:
-    path = suite.pytester.path
-    (path / "model.py").write_text(textwrap.dedent(MODEL))
-    suite.write(SUITE)
-    _git(path, "init", "-q")
-    _git(path, "add", "-A")
-    _git(path, "commit", "-qm", "base")
-    return suite
+    return committed(suite, MODEL, SUITE)
 
 
 def _uv_or_skip() -> None:

@@ -89,16 +89,21 @@ def _git(path: Path, *args: str) -> None:
                    cwd=path, check=True, capture_output=True)
 
 
-@pytest.fixture
-def repo(suite: Suite) -> Suite:
-    """A git repository whose first commit has the suite and its model."""
+def committed(suite: Suite, model: str, source: str) -> Suite:
+    """``suite`` as a git repository whose first commit has ``source`` and its ``model``."""
     path = suite.pytester.path
-    (path / "model.py").write_text(textwrap.dedent(MODEL))
-    suite.write(SUITE)
+    (path / "model.py").write_text(textwrap.dedent(model))
+    suite.write(source)
     _git(path, "init", "-q")
     _git(path, "add", "-A")
     _git(path, "commit", "-qm", "base")
     return suite
+
+
+@pytest.fixture
+def repo(suite: Suite) -> Suite:
+    """A git repository whose first commit has the suite and its model."""
+    return committed(suite, MODEL, SUITE)
 
 
 def _throughput(suite: Suite) -> dict[str, object]:

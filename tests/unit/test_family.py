@@ -338,3 +338,21 @@ def test_a_session_reports_its_suite_verdict(recorded: Suite) -> None:
     assert 0.025 * m * (1 - 1e-9) <= float(shown_expected) < 0.025 * m * 1.1
     assert (1 - 0.975 ** m) * (1 - 1e-9) <= float(shown_p) / 100 <= 1 - 0.975 ** m + 0.01
     assert float(shown_q) == pytest.approx(held[0]["q_value"], rel=0.05, abs=1e-300)
+
+
+@pytest.mark.parametrize("typed, model", [
+    ("TestedJson", "ReportTested"), ("TallyJson", "ReportTally"),
+    ("StatisticalJson", "ReportStatistical"), ("SuiteJson", "ReportSuite"),
+])
+def test_what_the_verdict_writes_is_what_the_report_schema_reads(typed: str,
+                                                                 model: str) -> None:
+    """The suite verdict's JSON is declared where it is written (TypedDicts, for mypy) and
+    where a report is read back (the schema's models): the two name the same keys."""
+    import typing
+
+    from pytest_accelperf.stats import family
+    from pytest_accelperf.store import schema
+
+    written = set(typing.get_type_hints(getattr(family, typed)))
+    read = set(getattr(schema, model).model_fields)
+    assert written == read, (typed, written ^ read)
