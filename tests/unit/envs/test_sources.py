@@ -105,6 +105,16 @@ def test_releases_in_a_range_leave_out_yanked_empty_and_pre_releases(index: Path
     assert list_releases("jax", "0.9.0", "0.9.1rc1") == ["0.9.0", "0.9.1rc1"]
 
 
+@pytest.mark.parametrize("answer", ['{"releases": [1, 2]}', '{"releases": {"1.0": 3}}',
+                                    'not json'])
+def test_an_index_answer_of_another_shape_is_one_line(index: Path, answer: str) -> None:
+    """The index's answer is validated where it is read (a mirror or a proxy may answer
+    with anything): one line naming the package and the address, never a crash inside."""
+    (index / "jax" / "json").write_text(answer)
+    with pytest.raises(EnvError, match=r"^jax: cannot read the index's answer \(file://"):
+        list_releases("jax", "0.8.3", "0.10.2")
+
+
 def test_a_backwards_range_an_unknown_release_or_package_is_one_line(index: Path) -> None:
     with pytest.raises(EnvError, match=r"^jax 0.10.2..0.8.3: the range is backwards"):
         list_releases("jax", "0.10.2", "0.8.3")
