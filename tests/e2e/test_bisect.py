@@ -182,7 +182,7 @@ def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
 
 def test_a_wait_in_the_batch_function_is_bisected_on_input_wait(tmp_path: Path) -> None:
     """nanoGPT's blind spot: commit 3 of 4 makes make_batch sleep 6 ms a batch (a slow
-    disk). No CPU more (``input`` passes), the same step (A/B passes): ``input_wait``
+    disk). Little CPU more (``input`` may pass), the same step (A/B passes): ``input_wait``
     fails BAD against GOOD, and the search follows it to commit 3, each commit between
     judged by its interval against halfway to BAD's ratio."""
     repo = tmp_path / "repo"
@@ -199,8 +199,12 @@ def test_a_wait_in_the_batch_function_is_bisected_on_input_wait(tmp_path: Path) 
     result = json.loads(out.read_text())
     assert result["basis"] == "input" and result["first_bad"]["sha"] == shas[3], result
     searched = [s for s in result["steps"] if s["kind"] == "input"]
-    assert searched and all(s["evidence"].startswith("input_wait ") for s in searched), \
-        result["steps"]
+    # Every commit searched is judged on input_wait. Under CI's load the batch's CPU time
+    # (``input``) may regress too (the thread wakes from its sleep with cold caches), so
+    # the evidence may name input beside it: "input ...; input_wait ...".
+    assert searched and all(
+        any(part.startswith("input_wait ") for part in s["evidence"].split("; "))
+        for s in searched), result["steps"]
     assert result["comparisons"] <= math.ceil(math.log2(4)) + 2, result["comparisons"]
     assert f"first bad commit: {shas[3]}" in done.stdout
     _untouched(repo, tmp_path / "tmp", shas[-1])

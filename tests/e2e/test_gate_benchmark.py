@@ -229,10 +229,10 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     """The A/B mode of the benchmark: a git repository whose working tree makes one case's
-    step twice as slow as the base revision's, measured with --accelperf-compare."""
+    step three times as slow as the base revision's, measured with --accelperf-compare."""
     env = without_hypothesis({k: v for k, v in os.environ.items() if k != INJECT_ENV})
     proc = subprocess.run(
-        [sys.executable, str(GATE), "ab", "--runs", "1", "--slowdowns", "0,1", "--load",
+        [sys.executable, str(GATE), "ab", "--runs", "1", "--slowdowns", "0,2", "--load",
          "none", "--ab-budget", "3", "--ab-tolerance", "0.2", "--ab-max-foreign-load", "64",
          "--ab-processes", "3", "--out", str(tmp_path)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -241,13 +241,16 @@ def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     results = {r["slowdown"]: r for r in json.loads(path.read_text())["results"]}
     # 3 process pairs, not 2: with 2 the between-process interval has 1 degree of freedom
     # (Student's t of 12.7), and in CI under -n 2 a 2x slowdown came out 0.68-5.1, inconclusive.
-    assert results[1.0]["verdict"] == "regression", results
-    # A 100 % slowdown: the paired ratio is about 2. Under xdist the other worker shares the
-    # two cores and the injected work stretches with it (2.78 seen in CI), so the upper bound
-    # only catches a ratio counted twice.
-    assert 1.6 < results[1.0]["ratio"] < 4.0
+    # A 200 % slowdown, not 100 %: with 3 pairs in CI under -n 2 a 2x slowdown came out
+    # 1.19-3.49 against a tolerance of 1.2, inconclusive (stop 40's CI). The test is about
+    # the A/B wiring, not the resolving power, which benchmarks/gate.py ab measures.
+    assert results[2.0]["verdict"] == "regression", results
+    # A 200 % slowdown: the paired ratio is about 3. Under xdist the other worker shares the
+    # two cores and the injected work stretches with it (2.78 seen in CI for a 2x), so the
+    # upper bound only catches a ratio counted twice.
+    assert 2.2 < results[2.0]["ratio"] < 6.0
     assert results[0.0]["verdict"] != "regression", results
-    assert results[1.0]["processes"] == 3 and results[1.0]["within_sd"] is not None
+    assert results[2.0]["processes"] == 3 and results[2.0]["within_sd"] is not None
     assert "A/B alarms [95% CI]" in proc.stdout
 
 
