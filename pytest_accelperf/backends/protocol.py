@@ -9,10 +9,11 @@ ImportError.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeGuard
 
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.records.run import Run
 
 #: What a test hands to ``accelperf.train(task)``: whatever its case's backend trains.
@@ -85,3 +86,29 @@ class Backend(Protocol):
         capacity, or ``case.memory_capacity`` where the runtime has no counter (CPU). Used
         by the maximum-batch search; as cheap as the backend can make it (a compile and a
         memory analysis, or a step or two)."""
+
+
+class Stepper(Protocol):
+    """A case's step trained on demand in blocks of steps: what A/B mode alternates
+    between two revisions and an explanation traces. The in-process backends' steppers
+    are each a :class:`~pytest_accelperf.backends.measure.stepper.BlockStepper`."""
+
+    @property
+    def program(self) -> ProgramRecord | None:
+        """The step's program record, for A/B mode's diff; None where there is none."""
+
+    def run(self, n: int) -> list[float]:
+        """Train ``n`` more steps; their step times in seconds."""
+
+
+class SteppingBackend(Backend, Protocol):
+    """A backend whose spec declares ``ab_blocks``: it can give a case's step as a
+    :class:`Stepper`."""
+
+    def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
+        """The case's step, built, compiled where it compiles, ready to :meth:`~Stepper.run`."""
+
+
+def steps_in_blocks(backend: Backend) -> TypeGuard[SteppingBackend]:
+    """Whether ``backend`` has a :meth:`~SteppingBackend.stepper`."""
+    return callable(getattr(backend, "stepper", None))

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_accelperf.backends.protocol import steps_in_blocks
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.hangs import CaseTimeout, case_alarm
 from pytest_accelperf.provision.accel import Accelerator
@@ -38,7 +39,7 @@ from pytest_accelperf.records.run import Explained
 from pytest_accelperf.stats.units import fmt_bytes
 
 if TYPE_CHECKING:
-    from pytest_accelperf.backends.protocol import Task
+    from pytest_accelperf.backends.protocol import Backend, Task
 
 #: Key of an explanation under ``"extra"`` in a run's JSON (``Run.explain``).
 EXPLAIN_KEY = "explain"
@@ -107,7 +108,7 @@ def skipped(outcome: str, timeout: float | None) -> Explanation:
         f"again under the profiler (a step that blocked would block again)"))
 
 
-def explain(backend: object, case: Case, task: Task, accel: Accelerator, root: Path, *,
+def explain(backend: Backend, case: Case, task: Task, accel: Accelerator, root: Path, *,
             max_bytes: int, steps: int = STEPS, timeout: float | None = None,
             on_stuck: Callable[[str], None] | None = None) -> Explanation:
     """Train ``case`` ``steps`` more steps (at most :data:`MAX_STEPS`) under its
@@ -133,11 +134,10 @@ def explain(backend: object, case: Case, task: Task, accel: Accelerator, root: P
             f"(--accelperf-timeout) and were interrupted in {exc.where}; nothing was kept"))
 
 
-def _explain(backend: object, case: Case, task: Task, accel: Accelerator, root: Path, *,
+def _explain(backend: Backend, case: Case, task: Task, accel: Accelerator, root: Path, *,
              max_bytes: int, steps: int) -> Explanation:
     steps = max(1, min(steps, MAX_STEPS))
-    make_stepper = getattr(backend, "stepper", None)
-    if case.backend not in PROFILED or make_stepper is None:
+    if case.backend not in PROFILED or not steps_in_blocks(backend):
         return Explanation(None, 0, 0, f"no trace: the {case.backend!r} backend has no "
                                        f"profiler here (only {', '.join(PROFILED)})")
     out = trace_dir(root, case.id)
@@ -147,7 +147,7 @@ def _explain(backend: object, case: Case, task: Task, accel: Accelerator, root: 
             root.mkdir(parents=True)
             (root / ".gitignore").write_text("# traces of pytest-accelperf\n*\n")
         out.mkdir(parents=True)
-        stepper = make_stepper(case, task, accel)
+        stepper = backend.stepper(case, task, accel)
         try:
             stepper.run(1)  # compile and warm up outside the trace
             with (_jax_trace(out) if case.backend == "jax" else _torch_trace(out)):

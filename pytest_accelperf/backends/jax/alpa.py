@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +31,16 @@ import numpy as np
 from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import StepFns, run_steps
+from pytest_accelperf.backends.measure.recording import (
+    deadline_after,
+    new_run,
+    record_end,
+    record_loop,
+)
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.types import Batch, Framework, PyTree, Untyped, UserValue
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.run import Run
 
 INSTALL = ("Alpa needs Python <= 3.9 and jax 0.3.x: in a Python 3.9 environment, pip install "
            "alpa and its jaxlib build (https://alpa.ai/install.html)")
@@ -100,15 +104,14 @@ class AlpaBackend:
         alpa = importlib.import_module("alpa")
         jax = importlib.import_module("jax")
         optax = importlib.import_module("optax")
-        deadline = time.monotonic() + timeout if timeout else None
+        deadline = deadline_after(timeout)
         alpa.init(cluster="ray")
         try:
             step = alpa.parallelize(_steps(jax, optax, task, alpa.grad),
                                     method=_method(alpa, case))
             params = task.init_params(jax.random.PRNGKey(task.seed))
             opt_state = task.optimizer.init(params)
-            run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=case.n_devices,
-                      peak_flops_per_device=accel.peak_flops)
+            run = new_run(case, accel.peak_flops, n_devices=case.n_devices)
             live = _Live(params, opt_state)
 
             def one_step(i: int, batch: Batch) -> UserValue:
@@ -128,17 +131,8 @@ class AlpaBackend:
             trained = run_steps(fns, warmup=max(1, case.warmup), steps=case.steps,
                                 deadline=deadline)
             run.compile_time = trained.warmup_times[0]
-            run.losses = trained.losses
-            run.loss_steps = list(range(len(trained.losses)))
-            run.step_times = trained.step_times
-            run.step_load, run.batch_time = trained.load, trained.batch_time
-            if trained.nan_step is not None:
-                run.outcome, run.nan_step = "nan", trained.nan_step
-                run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
-            elif trained.timed_out:
-                run.outcome = "timeout"
-                run.message = (f"exceeded the {timeout:g} s timeout after "
-                               f"{trained.steps_done} steps")
+            record_loop(run, trained)
+            record_end(run, trained, timeout, case)  # a loss not finite, or the deadline
             executable = live.executable
             params = live.params
             if hasattr(executable, "get_total_allocation_size"):

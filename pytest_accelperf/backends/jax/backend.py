@@ -51,9 +51,15 @@ from pytest_accelperf.backends.measure.loop import (
     LoopResult,
     StepFns,
     run_steps,
-    time_block,
 )
 from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
+from pytest_accelperf.backends.measure.recording import (
+    deadline_after,
+    new_run,
+    record_end,
+    record_loop,
+)
+from pytest_accelperf.backends.measure.stepper import BlockStepper
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.types import Batch, Leaf, PyTree
 from pytest_accelperf.checks.base import Tolerances
@@ -225,24 +231,17 @@ def _put(program: _Program, i: int, host: PyTree) -> PyTree:
     return batch
 
 
-class JaxStepper:
+class JaxStepper(BlockStepper[Batch, JaxMetrics]):
     """The compiled train step of a case, run on demand in blocks of steps: what the A/B
     comparison (:mod:`pytest_accelperf.ab`) alternates between two revisions. Steps
-    are timed exactly as in a run (:func:`.loop.time_block`)."""
+    are timed exactly as in a run (:class:`.measure.stepper.BlockStepper`)."""
 
     def __init__(self, case: Case, task: Task, accel: Accelerator) -> None:
         step = as_step(task)
         expect(step.make_batch, case.warmup + case.steps)  # data given as an iterable
         self._program = _compile(case, step, accel, case.mesh)
-        self._cycle = max(1, case.warmup + case.steps)  # the batches a run would see
-        self._fns, self._state = _step_fns(self._program, _init_state(self._program)[0])
-        self._step = 0
-
-    def run(self, n: int) -> list[float]:
-        """Train ``n`` more steps; their step times in seconds."""
-        times, _ = time_block(self._fns, self._step, n, self._cycle)
-        self._step += n
-        return times
+        fns, self._state = _step_fns(self._program, _init_state(self._program)[0])
+        super().__init__(fns, case.warmup + case.steps)  # the batches a run would see
 
     @property
     def program(self) -> ProgramRecord:
@@ -378,11 +377,9 @@ class JaxBackend:
         with phases("build"):  # the user's task as a step (JaxTask.to_step)
             step = as_step(task)
         expect(step.make_batch, case.warmup + case.steps)  # data given as an iterable
-        deadline = time.monotonic() + timeout if timeout else None
-        run = Run(case_id=case.id, samples_per_step=case.batch,
-                  tokens_per_step=(case.batch * step.tokens_per_sample
-                                   if step.tokens_per_sample else None),
-                  n_devices=case.n_devices, peak_flops_per_device=accel.peak_flops)
+        deadline = deadline_after(timeout)
+        run = new_run(case, accel.peak_flops, n_devices=case.n_devices,
+                      tokens_per_sample=step.tokens_per_sample)
         if accel.compile_only:  # every result of this case says what it did not measure
             run.compile_only = accel.compile_only
             run.message = not_run(accel.compile_only)
@@ -446,14 +443,7 @@ class JaxBackend:
                                   "init": executed.init_compile_time}
         run.compile_time = program.compile_time + executed.init_compile_time
         run.memory_growth = executed.memory_growth
-        run.losses = trained.losses
-        run.loss_steps = list(range(len(trained.losses)))
-        run.metrics = trained.metrics
-        run.step_times = trained.step_times
-        run.probe_times, run.probe_kind = trained.probe_times, probe.kind
-        run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
-        run.input_blocked_times = trained.input_blocked_times
-        run.step_load, run.batch_time = trained.load, trained.batch_time
+        record_loop(run, trained, probe)
         # The gate's figure stays the compiler's plan on every platform. GPU/TPU runtimes
         # also count a peak, but since the process started, with no reset: on an H100 every
         # case after a larger one read that one's peak (189.77 MiB for an MLP of 2 MiB).
@@ -473,16 +463,7 @@ class JaxBackend:
         # The final state goes back to the test; a case spanning processes holds shards
         # of it in each, and no process can hand it over whole.
         state = step.final_of(final) if jax.process_count() == 1 else None
-        if trained.nan_step is not None:
-            run.outcome = "nan"
-            run.nan_step = trained.nan_step
-            run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
-            return JaxTrainResult(run=run, params=params, state=state)
-        if trained.timed_out:
-            run.outcome = "timeout"
-            run.message = (f"exceeded the {timeout:g} s timeout after {len(trained.losses)} of "
-                           f"{case.warmup + case.steps} steps (raise --accelperf-timeout, or "
-                           f"give the case fewer steps)")
+        if record_end(run, trained, timeout, case):  # a loss not finite, or the deadline
             return JaxTrainResult(run=run, params=params, state=state)
 
         with phases("reference"):

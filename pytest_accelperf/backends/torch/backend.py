@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -76,6 +75,12 @@ from pytest_accelperf.backends.measure.common import (
 from pytest_accelperf.backends.measure.data import expect, source_label
 from pytest_accelperf.backends.measure.loop import LoopResult, run_steps
 from pytest_accelperf.backends.measure.probe import Probe
+from pytest_accelperf.backends.measure.recording import (
+    deadline_after,
+    new_run,
+    record_end,
+    record_loop,
+)
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.flops import count_step
 from pytest_accelperf.backends.torch.memory import (
@@ -111,17 +116,11 @@ from pytest_accelperf.backends.types import Batch
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.contention import Contention, Load, measuring_root
 
 
 def _label(device: torch.device) -> str:
     return f"{device.type}:{device.index or 0}"
-
-
-def deadline_after(timeout: float | None) -> float | None:
-    """The ``time.monotonic()`` at which a run of ``timeout`` seconds must stop."""
-    return time.monotonic() + timeout if timeout else None
 
 
 #: The in-process torch backend's drift probe: 128 x 128 products. After each measured
@@ -299,10 +298,8 @@ class TorchBackend:
         # The schedulers and scalers the counting steps put back: found once, for both.
         stateful = step_stateful(step)
         scalers = scaler_readings(stateful)  # which scalers the training moves
-        run = Run(case_id=case.id, samples_per_step=case.batch,
-                  tokens_per_step=(case.batch * step.tokens_per_sample
-                                   if step.tokens_per_sample else None),
-                  n_devices=1, peak_flops_per_device=accel.peak_flops)
+        run = new_run(case, accel.peak_flops, n_devices=1,
+                      tokens_per_sample=step.tokens_per_sample)
         capacity = case.memory_capacity
         if device.type == "cpu":
             with phases("memory"):
@@ -364,25 +361,12 @@ class TorchBackend:
             run.program = eager_program(run.flops_per_step, counted.ops)
         if cuda_growth is not None:
             run.memory_growth = cuda_growth.record()
-        run.losses = trained.losses
-        run.loss_steps = list(range(len(trained.losses)))
-        run.metrics = trained.metrics
-        run.step_times = trained.step_times
-        run.probe_times, run.probe_kind = trained.probe_times, probe.kind
-        run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
-        run.input_blocked_times = trained.input_blocked_times
-        run.step_load, run.batch_time = trained.load, trained.batch_time
+        record_loop(run, trained, probe)
         with phases("fingerprint"):  # the parameters and the state beside them
             own = step.params_of()
             params, state_names = with_state(own, state_beside(step, own, stateful, scalers))
             run.params_fingerprint = fingerprint(params, state_names)
-        if trained.nan_step is not None and run.outcome == "ok":
-            run.outcome = "nan"
-            run.nan_step = trained.nan_step
-            run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
-        if trained.timed_out and run.outcome == "ok":
-            run.outcome = "timeout"
-            run.message = timeout_message(timeout, len(trained.losses), case)
+        record_end(run, trained, timeout, case)  # a loss not finite, or the deadline
         run.phases = phases.record()
         return TorchTrainResult(run=run, params=params, state=step.final_of())
 
@@ -397,10 +381,6 @@ def _one_process(case: Case) -> None:
             f"pytest_accelperf.torch.train_ddp(case, task, accel)")
 
 
-def timeout_message(timeout: float | None, done: int, case: Case) -> str:
-    """What a run that hit ``--accelperf-timeout`` reports."""
-    return (f"exceeded the {timeout:g} s timeout after {done} of {case.warmup + case.steps} "
-            f"steps (raise --accelperf-timeout, or give the case fewer steps)")
 
 
 BACKEND = TorchBackend()

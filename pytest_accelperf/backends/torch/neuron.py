@@ -31,8 +31,13 @@ import torch
 
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, run_steps
+from pytest_accelperf.backends.measure.recording import (
+    deadline_after,
+    new_run,
+    record_end,
+    record_loop,
+)
 from pytest_accelperf.backends.protocol import Fit, TrainResult
-from pytest_accelperf.backends.torch.backend import deadline_after, timeout_message
 from pytest_accelperf.backends.torch.flops import count_flops
 from pytest_accelperf.backends.torch.task import TorchTask, as_tensors, to_device
 from pytest_accelperf.backends.types import Batch
@@ -174,10 +179,7 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
         raise ConfigError(f"{case.id}: the neuron backend trains on one NeuronCore; drop the "
                          f"mesh, world_size and reference")
     deadline = deadline_after(timeout)
-    run = Run(case_id=case.id, samples_per_step=case.batch,
-              tokens_per_step=(case.batch * task.tokens_per_sample
-                               if task.tokens_per_sample else None),
-              n_devices=1, peak_flops_per_device=peak_flops)
+    run = new_run(case, peak_flops, n_devices=1, tokens_per_sample=task.tokens_per_sample)
     cpu_model = _build(task, torch.device("cpu"))
     # FLOPs are the model's, not the device's: counted once on the host, untimed.
     run.flops_per_step = count_flops(cpu_model, task, as_tensors(task.make_batch(0)))
@@ -185,10 +187,8 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
     torch.manual_seed(task.seed)
     trained, recompiles = _loop(model, case, task, dev, deadline)
     run.compile_time = math.fsum(trained.warmup_times) if trained.warmup_times else None
-    run.losses, run.loss_steps = trained.losses, list(range(len(trained.losses)))
-    run.step_times = trained.step_times
+    record_loop(run, trained)
     run.warmup_step_times = trained.warmup_times
-    run.step_load, run.batch_time = trained.load, trained.batch_time
     run.extra["device"] = dev.kind
     if recompiles:
         run.extra["recompiles"] = recompiles
@@ -198,12 +198,7 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
     params: dict[str, np.ndarray] = {
         name: p.detach().cpu().numpy() for name, p in model.named_parameters()}
     run.params_fingerprint = fingerprint(params)
-    if trained.nan_step is not None:
-        run.outcome, run.nan_step = "nan", trained.nan_step
-        run.message = f"loss is {trained.losses[-1]} at step {trained.nan_step}"
-    elif trained.timed_out:
-        run.outcome = "timeout"
-        run.message = timeout_message(timeout, len(trained.losses), case)
+    record_end(run, trained, timeout, case)  # a loss not finite, or the deadline
     return TrainResult(run=run, params=params)
 
 
