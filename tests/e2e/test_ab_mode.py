@@ -224,8 +224,10 @@ def test_contention_counts_other_processes_and_not_the_measured_ones(competitor:
     time.sleep(1.0)
     seen, without = everyone.reading(), measured.reading()
     assert seen is not None and without is not None
-    assert seen.foreign_cores >= 0.4  # the competitor, whatever else runs
-    assert seen.foreign_cores - without.foreign_cores >= 0.4  # its CPU time, subtracted
+    # The competitor spins on one core; beside CI's other jobs (two xdist workers, lint,
+    # installs: load 5 on 2 cores) it gets 0.4 of one or less, so the bound is loose.
+    assert seen.foreign_cores >= 0.15  # the competitor, whatever else runs
+    assert seen.foreign_cores - without.foreign_cores >= 0.15  # its CPU time, subtracted
     assert seen.cores == os.cpu_count()
 
 
