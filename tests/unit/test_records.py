@@ -1,0 +1,46 @@
+"""Round trips of the typed records (``pytest_accelperf.records``): each record written as
+JSON and read back is the same record, and the store's models accept what is written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from pytest_accelperf.backends.measure.common import fingerprint
+from pytest_accelperf.checks.numerics import compact
+from pytest_accelperf.records.fingerprint import CompactFingerprint, ParamsFingerprint
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.store.block import CompactNumerics, Leaf
+
+
+def _round_trip(value: object) -> object:
+    return json.loads(json.dumps(value))
+
+
+def _fingerprint() -> ParamsFingerprint:
+    return fingerprint({"w": np.arange(6.0).reshape(2, 3), "step": np.array(3)},
+                       state=("step",))
+
+
+def test_a_leaf_fingerprint_round_trips_and_is_a_stored_leaf() -> None:
+    fp = _fingerprint()
+    assert _round_trip(fp) == fp
+    assert fp["w"]["shape"] == [2, 3] and "state" not in fp["w"] and fp["step"]["state"]
+    for leaf in fp.values():
+        assert Leaf.model_validate(leaf).model_dump(exclude_unset=True) == leaf
+
+
+def test_a_compact_fingerprint_round_trips_and_is_what_the_store_validates() -> None:
+    stored: CompactFingerprint = compact(_fingerprint())
+    assert _round_trip(stored) == stored
+    assert set(stored) == {"sketch", "structure", "tags", "state"}
+    assert len(stored["sketch"]) == 1 and len(stored["state"]["sketch"]) == 1
+    model = CompactNumerics.model_validate(stored)
+    assert model.model_dump(exclude_unset=True) == stored
+
+
+def test_a_run_with_a_fingerprint_round_trips() -> None:
+    run = Run(case_id="c", params_fingerprint=_fingerprint())
+    again = Run.from_json(json.loads(json.dumps(run.to_json())))
+    assert again.params_fingerprint == run.params_fingerprint
