@@ -44,7 +44,7 @@ from typing import Any, SupportsInt, TypeGuard, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
 from pytest_accelperf.records.fingerprint import (
@@ -424,7 +424,7 @@ def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: 
     run's state leaves that a baseline recorded before the state was fingerprinted has
     not, named in the detail and left uncompared."""
     note = ""
-    data = dict(result.data)
+    data = result.data.copy()
     if new:
         data["new"] = list(new)
         note = (f"; new, not compared: {_listed(new)} (the state beside the parameters, which "
@@ -506,7 +506,7 @@ def check_numerics(block: BlockLike, baseline: BlockLike | None,
         return missing_in_baseline(METRIC, "parameter fingerprint", baseline, unit=UNIT)
 
     spread = _spread(block, baseline)
-    data: dict[str, Any] = {"rtol": rtol, "atol": atol,
+    data: CheckData = {"rtol": rtol, "atol": atol,
                             "leaves": _leaf_count(now_fp) if now_fp else 0}
     tols = f"rtol {fmt_num(rtol)}, atol {fmt_num(atol)}"
     loosened = {p: SPREAD_FACTOR * d for p, d in spread.items() if SPREAD_FACTOR * d > rtol}
@@ -607,7 +607,7 @@ def check_reference(params: Mapping[str, np.ndarray] | None,
     them (``compared``), else its final ``params``."""
     atol, rtol = tol.reference_atol, tol.reference_rtol
     within = f"atol={fmt_num(atol)}" + (f", rtol={fmt_num(rtol)}" if rtol else "")
-    data: dict[str, Any] = {"atol": atol, "rtol": rtol}
+    data: CheckData = {"atol": atol, "rtol": rtol}
     steps: int | None = None
     what = "parameters"  # what is compared, for the detail
     if isinstance(reference, ReferenceParams) and reference.compared is not None:

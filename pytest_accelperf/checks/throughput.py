@@ -69,7 +69,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.records.run import Run
@@ -358,7 +358,7 @@ def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
     base = _rate(base_batch if run.samples_per_step else 0, base_median)
     change = now / base - 1 if now is not None and base else None
     tolerance = tol.throughput_tolerance
-    data: dict[str, Any] = {
+    data: CheckData = {
         "tolerance": tolerance,
         "n": {"now": len(run.step_times), "baseline": len(base_samples)},
         "median_step_time": {"now": now_median, "baseline": base_median}}

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.verdict import ab_check, ab_program_check, new_in_head, not_compared
@@ -186,6 +186,7 @@ class Confirmation:
         dirty = sum(1 for c in earlier if c.verdict is Verdict.INCONCLUSIVE)
         dirty_note = (f"; {dirty} of them not judged, contaminated" if dirty else "")
         ratios = [c.data.get("ratio") for c in earlier]
+        key: Literal["unconfirmed", "remeasured", "confirmations"]
         if not _suspect(evaluated):
             note = (f"re-measured: a first measurement looked like a regression, "
                     f"{_ratio_text(earlier)}{dirty_note}; not confirmed")
@@ -198,9 +199,10 @@ class Confirmation:
             note = (f"confirmed by {len(seen) - 1} re-measurement(s): "
                     f"{_ratio_text([*earlier, again])}{dirty_note}")
             key, ratios = "confirmations", [*ratios, again.data.get("ratio")]
+        data = again.data.copy()
+        data[key] = ratios
         return evaluated.with_throughput(replace(
-            again, detail=f"{again.detail} ({note}{_notes(backoff)})",
-            data={**again.data, key: ratios}))
+            again, detail=f"{again.detail} ({note}{_notes(backoff)})", data=data))
 
 
 @dataclass(frozen=True)

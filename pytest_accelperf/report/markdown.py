@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckResult, Verdict, count_changes
 from pytest_accelperf.gate.explain import EXPLAIN_KEY
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.terminal import fmt_change, fmt_value, suite_text
@@ -104,7 +104,7 @@ def program_diff(record: CaseRecord) -> list[tuple[str, str, str, str]]:
     rows: list[tuple[str, str, str, str]] = []
     for check in record.checks:
         if check.metric == "program":
-            for c in check.data.get("changes") or []:
+            for c in count_changes(check.data):
                 rows.append((_kind(str(c["name"])), str(c["name"]), f"{c['baseline']:g}",
                              f"{c['now']:g}"))
             for c in check.data.get("op_changes") or []:

@@ -44,3 +44,17 @@ def test_a_run_with_a_fingerprint_round_trips() -> None:
     run = Run(case_id="c", params_fingerprint=_fingerprint())
     again = Run.from_json(json.loads(json.dumps(run.to_json())))
     assert again.params_fingerprint == run.params_fingerprint
+
+
+def test_check_data_round_trips_through_a_check_result() -> None:
+    from pytest_accelperf.checks.base import CheckData, CheckResult, CountChange, Verdict
+
+    data: CheckData = {
+        "tolerance": 0.1, "ratio": 1.2, "ci": [1.1, 1.3], "contaminated": None,
+        "n": {"now": 20, "baseline": 18}, "stack": ["jax 0.4 → 0.5"],
+        "changes": [CountChange(name="flops", baseline=1.0, now=2.0)],
+        "per_device": {"cpu:0": {"baseline": 1.0, "now": 2.0, "ratio": 2.0}},
+        "ab": {"ref": "main", "skipped": "no A/B step"}}
+    result = CheckResult("throughput", Verdict.REGRESSION, "slower", data=data)
+    again = CheckResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert again == result and again.data == data
