@@ -50,7 +50,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
@@ -237,13 +237,23 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
                    detail=f"{words}: {stats_text}{tail}{bound_text}")
 
 
-def input_block(run: Run) -> dict[str, Any]:
+class InputSection(TypedDict):
+    """The block's ``input`` (:class:`~pytest_accelperf.store.block.InputTime` reads it)."""
+
+    median: float
+    samples: list[float]
+    wall_median: NotRequired[float]
+    blocked_median: NotRequired[float]
+    blocked_samples: NotRequired[list[float]]
+
+
+def input_block(run: Run) -> InputSection:
     """The block's ``input``: CPU seconds making each measured step's batch (every sample,
     rounded as step times are, and their median), the median wall seconds of the same,
     and the seconds the thread was blocked making it, every sample and their median
     (:attr:`pytest_accelperf.records.run.Run.input_times`, ``input_blocked_times``; the
     ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`)."""
-    out: dict[str, Any] = {
+    out: InputSection = {
         "median": round_sig(statistics.median(run.input_times)),
         "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.input_times],
     }

@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from pytest_accelperf.checks.base import CheckData, CheckResult, Compared, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
@@ -64,6 +64,16 @@ def _memory(block: Block | None) -> Memory:
     """``block``'s memory record; an empty one where it has none."""
     mem = block.memory if block is not None else None
     return mem if mem is not None else Memory.model_construct(per_device={})
+
+
+class MemorySection(TypedDict):
+    """The block's ``memory`` as a run records it (:class:`~pytest_accelperf.store.block.
+    Memory` reads it)."""
+
+    per_device: dict[str, int]
+    peak: int | None
+    source: str
+    growth: NotRequired[MemoryGrowth]
 
 
 def leak_sentence(growth: MemoryGrowth) -> str:
@@ -201,8 +211,8 @@ class MemoryCheck(BaseCheck):
         live memory's growth per step where the backend read it."""
         if not run.memory_per_device:
             return {}
-        memory: dict[str, Any] = {"per_device": dict(sorted(run.memory_per_device.items())),
-                                  "peak": run.peak_memory, "source": run.memory_source}
+        memory: MemorySection = {"per_device": dict(sorted(run.memory_per_device.items())),
+                                 "peak": run.peak_memory, "source": run.memory_source}
         if run.memory_growth is not None:
             memory["growth"] = run.memory_growth
         return {"memory": memory}

@@ -58,3 +58,23 @@ def test_check_data_round_trips_through_a_check_result() -> None:
     result = CheckResult("throughput", Verdict.REGRESSION, "slower", data=data)
     again = CheckResult.from_json(json.loads(json.dumps(result.to_json())))
     assert again == result and again.data == data
+
+
+def test_the_recorded_sections_round_trip_and_validate_as_the_block() -> None:
+    from pytest_accelperf.checks.input import input_block
+    from pytest_accelperf.checks.memory import CHECK as MEMORY
+    from pytest_accelperf.checks.throughput import CHECK as THROUGHPUT
+    from pytest_accelperf.store.block import InputTime, Memory, Probe, StepTime
+
+    run = Run(case_id="c", step_times=[0.1, 0.2, 0.3], probe_times=[0.01, 0.02, 0.03],
+              probe_kind="matmul", samples_per_step=8, input_times=[0.01, 0.02, 0.03],
+              input_wall_times=[0.02, 0.03, 0.04], memory_per_device={"cpu:0": 1024},
+              memory_source="memory_stats",
+              memory_growth={"bytes_per_step": 0.0, "steps": 3, "after_warmup": 1.0,
+                             "after_steps": 1.0, "source": "tracemalloc"})
+    sections = {**THROUGHPUT.record(run), **MEMORY.record(run), "input": input_block(run)}
+    assert _round_trip(sections) == sections
+    for name, model in (("step_time", StepTime), ("probe", Probe), ("memory", Memory),
+                        ("input", InputTime)):
+        assert model.model_validate(sections[name]).model_dump(exclude_unset=True) \
+            == sections[name]
