@@ -11,10 +11,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import replace
-from typing import Any
 
 from pytest_accelperf.ab.rounds import ABMeasurement
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.stats.bootstrap import ProcessSpread, ab_ratio, ab_verdict
@@ -86,7 +85,7 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
                  else "; same program in both revisions")
     if stack:
         text += f"; {stack}"
-    data: dict[str, Any] = {
+    data: CheckData = {
         "mode": "ab", "ref": label, "tolerance": tolerance, "ratio": est.ratio,
         "ci": [est.low, est.high], "mdc": est.mdc, "confidence": est.confidence,
         "rounds": len(measured.base), "block": block, "seconds": measured.seconds,
@@ -153,7 +152,7 @@ def ab_program_check(label: str, measured: ABMeasurement, tolerance: float
                            Tolerances(program_tolerance=tolerance), comparable=True)
     if result is None:
         return None
-    data = {**result.data, "mode": "ab", "against": label}
+    data: CheckData = {**result.data, "mode": "ab", "against": label}
     if result.verdict is Verdict.REGRESSION:
         lines = "; ".join(describe_changes(base, head, tolerance))
         detail = (f"more work than {label}: {lines} (A/B: each revision's own program, "

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeGuard
 
 if TYPE_CHECKING:
     from pytest_accelperf.ab.ranks import BlockTrainer
@@ -170,10 +170,18 @@ def unsupported(spec: BackendSpec) -> str:
             f"BackendSpec does not declare ab_blocks)")
 
 
+class _Stepper(Protocol):
+    """What an arm steps a case with: a backend's stepper, or a group of ranks
+    (:class:`~pytest_accelperf.ab.ranks.RankGroupStepper`); either may have a ``program``
+    and ``pids``, a group ``close``."""
+
+    def run(self, n: int) -> list[float]: ...
+
+
 class Worker:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
-        self.steppers: dict[str, Any] = {}
+        self.steppers: dict[str, _Stepper] = {}
         self._accelerator: Accelerator | None = None
 
     def accelerator(self) -> Accelerator:
@@ -293,9 +301,9 @@ class Worker:
         return list(getattr(self.steppers.get(key), "pids", []))
 
     def drop(self, key: str) -> None:
-        stepper = self.steppers.pop(key, None)
-        if callable(getattr(stepper, "close", None)):
-            stepper.close()  # a rank group: stopped, and nothing left running
+        close = getattr(self.steppers.pop(key, None), "close", None)
+        if callable(close):
+            close()  # a rank group: stopped, and nothing left running
 
     def close(self) -> None:
         for key in list(self.steppers):

@@ -9,12 +9,15 @@ ImportError.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeAlias, TypeGuard
+from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeGuard
 
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.records.run import Run
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: What a test hands to ``accelperf.train(task)``: whatever its case's backend trains.
 #:
@@ -43,8 +46,8 @@ class TrainResult:
     steps, which the ``reference`` check compares instead of the final ``params``."""
 
     run: Run
-    params: dict[str, Any] = field(default_factory=dict)
-    reference_params: dict[str, Any] | None = None
+    params: dict[str, np.ndarray] = field(default_factory=dict)
+    reference_params: dict[str, np.ndarray] | None = None
 
 
 @dataclass

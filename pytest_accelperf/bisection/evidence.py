@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_accelperf.bisection.probe import Session
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckResult, Verdict, count_changes
 from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.terminal import fmt_change, fmt_value
@@ -105,8 +105,8 @@ def worse_fields(check: CheckResult) -> frozenset[str]:
         return frozenset()
     if check.metric == "memory":
         return frozenset({MEMORY_PLAN})
-    return frozenset(str(c["name"]) for c in check.data.get("changes") or []
-                     if float(c["now"]) > float(c["baseline"]))
+    return frozenset(c["name"] for c in count_changes(check.data)
+                     if float(c["now"] or 0.0) > float(c["baseline"] or 0.0))
 
 
 def _program_words(check: CheckResult, good: Mapping[str, Any] | None) -> str:
@@ -373,7 +373,8 @@ def judge_timing(session: Session, levels: Mapping[str, float] | Collection[str]
         check = ab_check(record)
         if why or check is None:
             stored = next((c for c in record.checks if c.metric == "throughput"), None)
-            skipped = (stored.data.get("ab") or {}).get("skipped") if stored else None
+            note = stored.data.get("ab") if stored else None
+            skipped = note["skipped"] if note else None
             return Judgement("skip", _name(nodeid, many)
                              + (why or f"not compared in A/B mode: {skipped or 'no check'}"))
         if isinstance(levels, Mapping):

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
+
+from pytest_accelperf.records.jsonvalue import JSONValue
+from pytest_accelperf.records.program import ProgramRecord
+from pytest_accelperf.records.run import MemoryGrowth, OomRecord
 
 #: What :func:`non_negative_number` accepts, in the words of its errors.
 NON_NEGATIVE = "a finite number >= 0"
@@ -131,6 +136,170 @@ class Tolerances:
         return Tolerances(**data)
 
 
+class Compared(TypedDict, total=False):
+    """A number of this run beside the baseline's (``n``, ``median_step_time``, ``final``
+    with its ``band``, a device's peak with their ``ratio``)."""
+
+    now: float | None
+    baseline: float | None
+    band: float
+    ratio: float
+
+
+class CountChange(TypedDict):
+    """One count of the program that changed (``changes``, ``op_changes``)."""
+
+    name: str
+    baseline: float | None
+    now: float | None
+
+
+class ScalingRow(TypedDict):
+    """One point of a scaling group (``points``)."""
+
+    x: float
+    throughput: float
+    label: str
+    efficiency: float
+    noise: float
+
+
+class ABSkipped(TypedDict):
+    """Why a throughput check was not compared in A/B mode (``ab``)."""
+
+    ref: str
+    skipped: str
+
+
+class ABBlocks(TypedDict):
+    """The step times of each round of an A/B comparison, per revision (``blocks``)."""
+
+    base: list[list[float]]
+    head: list[list[float]]
+
+
+class CheckData(TypedDict, total=False):
+    """:attr:`CheckResult.data`: the numbers behind a verdict, each check writing the
+    keys it has (all optional), shown in the reports as JSON and read by the judge, the
+    suite verdict (:mod:`pytest_accelperf.stats.family`) and bisection."""
+
+    # -- every check's tolerances
+    tolerance: float
+    rtol: float
+    atol: float
+    #: The framework versions that differ from the baseline's (``checks.apply``); in A/B
+    #: mode, per side, the versions that differ between the revisions' environments.
+    stack: list[str] | dict[str, dict[str, str]] | None
+    #: How the run was compared: ``"ab"`` (A/B mode), ``"compact"`` (numerics).
+    mode: str
+    format: str
+    # -- outcome: the outcomes (``now`` and ``baseline``) or max batch's searches
+    now: JSONValue
+    baseline: JSONValue
+    baseline_outcome: str
+    message: str
+    oom: OomRecord
+    baseline_oom: OomRecord
+    compile_only: str
+    not_run: list[str]
+    # -- convergence, metrics
+    nan_step: int | None
+    checkpoints: list[list[float]]
+    steps: int
+    baseline_steps: int
+    step: float | None
+    either_way: bool
+    final: Compared
+    scale: float
+    # -- interval checks (throughput, input, input_wait, compile_time, A/B)
+    ratio: float
+    ci: list[float]
+    ci_low: float
+    ci_high: float
+    mdc: float
+    confidence: float
+    measured_verdict: str
+    contaminated: str | bool | None
+    noisy_baseline: str | None
+    probe_only: bool
+    load: dict[str, float | int] | None
+    drift_corrected: bool
+    raw_ratio: float | None
+    sessions: int
+    session_sd: float | None
+    session_outliers: list[int]
+    n: Compared
+    median_step_time: Compared
+    #: A verdict confirmed by re-measuring (:mod:`pytest_accelperf.gate.judge`).
+    confirmations: list[float | None]
+    unconfirmed: list[float | None]
+    remeasured: list[float | None]
+    correction: str
+    # -- A/B mode (:mod:`pytest_accelperf.ab.verdict`)
+    ref: str
+    #: The base revision a program was compared with, in A/B mode.
+    against: str
+    rounds: int
+    block: int
+    seconds: float
+    first: list[str]
+    max_foreign_load: float | None
+    processes: int
+    pairs: list[int]
+    process_sd: float | None
+    within_sd: float | None
+    blocks: ABBlocks
+    program_diff: list[str] | None
+    base_env: str | None
+    ab: ABSkipped
+    # -- input, input_wait
+    min_share: float
+    share: float | None
+    baseline_share: float | None
+    input_bound_steps: int
+    wall_median: float
+    wait_median: float
+    min_change_s: float
+    # -- memory
+    per_device: Mapping[str, float] | Mapping[str, Compared]
+    source: str
+    baseline_source: str
+    devices: list[str]
+    baseline_devices: list[str]
+    device: str
+    growth: MemoryGrowth
+    leak: bool
+    # -- numerics, reference
+    leaves: int
+    spread: dict[str, float]
+    changes: list[str] | list[CountChange]
+    new: list[str]
+    max_abs: dict[str, float]
+    worst: str
+    failing: list[str]
+    mismatched: int
+    total: int
+    moved: float
+    # -- program
+    program: ProgramRecord
+    not_compared: str
+    op_changes: list[CountChange]
+    not_in_baseline: list[str]
+    # -- scaling
+    group: str
+    exponent: float
+    min_efficiency: float
+    axis: str
+    points: list[ScalingRow]
+    bend_at: float
+
+
+def count_changes(data: CheckData) -> list[CountChange]:
+    """The program's counts that changed (``changes`` as the program check writes it; the
+    numerics checks' ``changes`` are phrases)."""
+    return [c for c in data.get("changes") or [] if not isinstance(c, str)]
+
+
 @dataclass(frozen=True)
 class CheckResult:
     """One metric of a run against its baseline.
@@ -150,7 +319,7 @@ class CheckResult:
     now: float | None = None
     unit: str = ""
     change: float | None = None
-    data: dict[str, Any] = field(default_factory=dict)
+    data: CheckData = field(default_factory=lambda: CheckData())
 
     @property
     def failed(self) -> bool:

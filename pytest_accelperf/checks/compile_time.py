@@ -35,7 +35,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.checks.throughput import across_stacks, spread
@@ -93,7 +93,7 @@ def check_compile_time(block: BlockLike, baseline: BlockLike | None,
             unsteady <= tol.max_probe_spread:
         machine = statistics.median(now_probe) / statistics.median(base_probe)
         ratio, how = ratio / machine, f"corrected for a machine {machine:.2f}x the baseline's"
-    data: dict[str, Any] = {"tolerance": tolerance, "ratio": ratio, "correction": how}
+    data: CheckData = {"tolerance": tolerance, "ratio": ratio, "correction": how}
     # Symmetric in the ratio: twice as long, or half as long, at the default of 1.0.
     beyond = (ratio > 1 + tolerance or ratio < 1 / (1 + tolerance)) and \
         abs(now - base) >= MIN_CHANGE_S

@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, TypedDict
+from typing import TypedDict
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
 from pytest_accelperf.records.run import Run
@@ -109,7 +109,7 @@ def check_convergence(run: Run, block: BlockLike, baseline: BlockLike | None,
     change = now_final / base_final - 1 if now_final is not None and base_final else None
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_final, now=now_final,
                          unit=UNIT, change=change)
-    data: dict[str, Any] = {"rtol": tol.loss_rtol, "atol": tol.loss_atol}
+    data: CheckData = {"rtol": tol.loss_rtol, "atol": tol.loss_atol}
 
     now_steps = [s for s, _ in now_points]
     base_steps = [s for s, _ in base_points]

@@ -50,9 +50,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import NotRequired, TypedDict
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.records.run import Run
@@ -137,7 +137,7 @@ class Judged:
 
 
 def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
-                  step_now: float | None, step_base: float | None, data: dict[str, Any],
+                  step_now: float | None, step_base: float | None, data: CheckData,
                   tolerance: float, *, metric: str, comparable: bool, what: str, tail: str,
                   words: Callable[[str, str], str], why_share: str, why_min: str) -> Judged:
     """The rules the ``input`` and ``input_wait`` checks share, once both runs have
@@ -153,7 +153,7 @@ def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
                          change=now / base - 1 if base > 0 else None)
     said = words(share_text(base, step_base), share_text(now, step_now))
     if not comparable:
-        return Judged(replace(result, verdict=Verdict.INCOMPARABLE, data=dict(data),
+        return Judged(replace(result, verdict=Verdict.INCOMPARABLE, data=data.copy(),
                               detail=f"baseline recorded in another environment; {what} "
                                      f"not compared"), said)
     # The floor: a change that moves the training by less than MIN_SHARE of its step is
@@ -164,10 +164,10 @@ def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
         why = (f"under the {fmt_percent(MIN_SHARE)} of the {fmt_ms(step_ref)} step from "
                f"which it is judged{why_share}" if step_ref and floor > MIN_CHANGE_S else
                why_min)
-        return Judged(replace(result, data=dict(data), detail=(
+        return Judged(replace(result, data=data.copy(), detail=(
             f"{said}: a change of {fmt_ms(abs(now - base))}, {why}{tail}")), said)
     if min(len(now_samples), len(base_samples)) < MIN_SAMPLES:
-        return Judged(replace(result, verdict=Verdict.INCONCLUSIVE, data=dict(data), detail=(
+        return Judged(replace(result, verdict=Verdict.INCONCLUSIVE, data=data.copy(), detail=(
             f"{said}; fewer than {MIN_SAMPLES} measured steps on one side: "
             f"too few to judge{tail}")), said)
     est, verdict = sample_ratio(now_samples, base_samples, tolerance)
@@ -192,7 +192,7 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
     step_samples = _samples(block.step_time)
     step_now = median_step(block)
     bound = input_bound(now_samples, step_samples)
-    data: dict[str, Any] = {
+    data: CheckData = {
         "tolerance": tol.input_tolerance, "min_share": MIN_SHARE,
         "share": now / step_now if step_now else None,
         "input_bound_steps": bound, "steps": len(now_samples),
@@ -233,17 +233,27 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
     tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
             Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
                 verdict, "")
-    return replace(result, verdict=verdict, change=est.ratio - 1, data=dict(data),
+    return replace(result, verdict=verdict, change=est.ratio - 1, data=data.copy(),
                    detail=f"{words}: {stats_text}{tail}{bound_text}")
 
 
-def input_block(run: Run) -> dict[str, Any]:
+class InputSection(TypedDict):
+    """The block's ``input`` (:class:`~pytest_accelperf.store.block.InputTime` reads it)."""
+
+    median: float
+    samples: list[float]
+    wall_median: NotRequired[float]
+    blocked_median: NotRequired[float]
+    blocked_samples: NotRequired[list[float]]
+
+
+def input_block(run: Run) -> InputSection:
     """The block's ``input``: CPU seconds making each measured step's batch (every sample,
     rounded as step times are, and their median), the median wall seconds of the same,
     and the seconds the thread was blocked making it, every sample and their median
     (:attr:`pytest_accelperf.records.run.Run.input_times`, ``input_blocked_times``; the
     ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`)."""
-    out: dict[str, Any] = {
+    out: InputSection = {
         "median": round_sig(statistics.median(run.input_times)),
         "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.input_times],
     }

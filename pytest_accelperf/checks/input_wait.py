@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import replace
-from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.input import (
     MIN_CHANGE_S,
     MIN_SHARE,
@@ -66,7 +65,7 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
         return None
     now = statistics.median(now_samples)
     step_now = median_step(block)
-    data: dict[str, Any] = {"tolerance": tol.input_tolerance, "min_share": MIN_SHARE,
+    data: CheckData = {"tolerance": tol.input_tolerance, "min_share": MIN_SHARE,
                             "share": now / step_now if step_now else None,
                             "steps": len(now_samples)}
     if baseline is None:
@@ -104,7 +103,7 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
     tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
             Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
                 verdict, "")
-    return replace(result, verdict=verdict, change=est.ratio - 1, data=dict(data),
+    return replace(result, verdict=verdict, change=est.ratio - 1, data=data.copy(),
                    detail=text + tail)
 
 

@@ -26,12 +26,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Compared, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow, one
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import MemoryGrowth, Run
 from pytest_accelperf.stats.units import fmt_bytes, fmt_percent, fmt_signed_percent, fmt_tolerance
 from pytest_accelperf.store.block import Block, BlockLike, Growth, Memory, read_block
 
@@ -66,7 +66,17 @@ def _memory(block: Block | None) -> Memory:
     return mem if mem is not None else Memory.model_construct(per_device={})
 
 
-def leak_sentence(growth: Mapping[str, float | str]) -> str:
+class MemorySection(TypedDict):
+    """The block's ``memory`` as a run records it (:class:`~pytest_accelperf.store.block.
+    Memory` reads it)."""
+
+    per_device: dict[str, int]
+    peak: int | None
+    source: str
+    growth: NotRequired[MemoryGrowth]
+
+
+def leak_sentence(growth: MemoryGrowth) -> str:
     """``"live memory grew 133.00 KiB per step over 16 measured steps (…)"``."""
     return (f"live memory grew {fmt_bytes(float(growth.get('bytes_per_step', 0)))} per step "
             f"over {growth.get('steps', '?')} measured steps "
@@ -82,7 +92,7 @@ def _leak(result: CheckResult | None, block: Block, tol: Tolerances) -> CheckRes
     record = _memory(block).growth
     if not isinstance(record, Growth):
         return result
-    growth = record.to_json()
+    growth = cast(MemoryGrowth, record.to_json())  # the JSON of a run's MemoryGrowth
     per_step = float(record.bytes_per_step or 0.0)
     if result is not None:
         result = replace(result, data={**result.data, "growth": growth})
@@ -123,7 +133,7 @@ def _check_peak(block: Block, baseline: Block | None, tol: Tolerances) -> CheckR
     change = now_peak / base_peak - 1 if now_peak is not None and base_peak else None
     tolerance = tol.memory_tolerance
     now_src, base_src = now_mem.source, base_mem.source
-    data: dict[str, Any] = {"tolerance": tolerance, "source": now_src,
+    data: CheckData = {"tolerance": tolerance, "source": now_src,
                             "baseline_source": base_src}
     result = CheckResult(METRIC, Verdict.PASS, "", baseline=base_peak, now=now_peak, unit=UNIT,
                          change=change, data=data)
@@ -149,8 +159,9 @@ def _check_peak(block: Block, baseline: Block | None, tol: Tolerances) -> CheckR
 
     labels = sorted(now_dev, key=device_order)
     ratios = {d: _ratio(now_dev[d], base_dev[d]) for d in labels}
-    data["per_device"] = {d: {"baseline": base_dev[d], "now": now_dev[d],
-                              "ratio": ratios[d]} for d in labels}
+    per_device: dict[str, Compared] = {
+        d: {"baseline": base_dev[d], "now": now_dev[d], "ratio": ratios[d]} for d in labels}
+    data["per_device"] = per_device
     worst_up = max(labels, key=lambda d: ratios[d])  # first of the largest, in device order
 
     def numbers(d: str) -> str:
@@ -200,8 +211,8 @@ class MemoryCheck(BaseCheck):
         live memory's growth per step where the backend read it."""
         if not run.memory_per_device:
             return {}
-        memory: dict[str, Any] = {"per_device": dict(sorted(run.memory_per_device.items())),
-                                  "peak": run.peak_memory, "source": run.memory_source}
+        memory: MemorySection = {"per_device": dict(sorted(run.memory_per_device.items())),
+                                 "peak": run.peak_memory, "source": run.memory_source}
         if run.memory_growth is not None:
             memory["growth"] = run.memory_growth
         return {"memory": memory}

@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import Curve, loss_checkpoints
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput
@@ -70,7 +69,7 @@ def check_metric(name: str, now: Loss | None, base: Loss | None, baseline: Block
     now_points, base_points = _points(now), _points(base)
     scale = max([abs(v) for _, v in base_points] + [abs(base_final or 0.0)])
     atol = tol.loss_atol * scale
-    data: dict[str, Any] = {"rtol": tol.loss_rtol, "atol": atol, "scale": scale}
+    data: CheckData = {"rtol": tol.loss_rtol, "atol": atol, "scale": scale}
     result = CheckResult(name, Verdict.PASS, "", baseline=base_final, now=now_final,
                          change=change, data=data)
     band_text = f"rtol {fmt_tolerance(tol.loss_rtol)}, atol {fmt_num(atol, 3)}"

@@ -39,14 +39,19 @@ import hashlib
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, SupportsInt
+from typing import Any, SupportsInt, TypeGuard, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
+from pytest_accelperf.records.fingerprint import (
+    CompactFingerprint,
+    CompactSection,
+    LeafFingerprint,
+)
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.units import fmt_num, fmt_percent, round_sig
 from pytest_accelperf.store.block import Block, BlockLike, json_of, read_block
@@ -203,7 +208,7 @@ STRUCTURE_HEX = 12
 TAG_HEX = 2
 
 
-def sketch_value(leaf: Mapping[str, Any]) -> float:
+def sketch_value(leaf: LeafFingerprint) -> float:
     """The one number a compact fingerprint stores for a leaf: ``rms * exp(sketch / 4)``
     (``sketch`` from :func:`pytest_accelperf.backends.measure.common.fingerprint`), 6 significant
     digits. It lies within a factor of about 0.5 to 2 of the leaf's RMS (never near 0 unless
@@ -214,13 +219,13 @@ def sketch_value(leaf: Mapping[str, Any]) -> float:
     return round_sig(rms * math.exp(min(max(c / 4, -100.0), 100.0)), SKETCH_DIGITS)
 
 
-def _leaf_digest(path: str, leaf: Mapping[str, Any]) -> str:
+def _leaf_digest(path: str, leaf: LeafFingerprint) -> str:
     shape = ",".join(str(int(n)) for n in leaf.get("shape", ()))
     text = f"{path}\t({shape})\t{leaf.get('dtype', '')}"
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def structure(fp: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
+def structure(fp: Mapping[str, LeafFingerprint]) -> tuple[str, str]:
     """``(structure hash, tags)`` of a per-leaf fingerprint: a hash of every leaf's path,
     shape and dtype in path order, and a tag of 2 hex digits per leaf (of the same three),
     in that order."""
@@ -229,14 +234,14 @@ def structure(fp: Mapping[str, Mapping[str, Any]]) -> tuple[str, str]:
     return whole, "".join(d[:TAG_HEX] for d in digests)
 
 
-def is_compact(numerics: object) -> bool:
+def is_compact(numerics: object) -> TypeGuard[CompactFingerprint]:
     """Whether ``numerics`` is a compact fingerprint (``{"sketch", "structure", "tags"}``)
     rather than one entry per leaf."""
     return (isinstance(numerics, Mapping) and isinstance(numerics.get("sketch"), list)
             and isinstance(numerics.get("structure"), str))
 
 
-def compactable(numerics: object) -> bool:
+def compactable(numerics: object) -> TypeGuard[Mapping[str, LeafFingerprint]]:
     """Whether ``numerics`` is a per-leaf fingerprint with a sketch for every leaf (what
     :func:`pytest_accelperf.backends.measure.common.fingerprint` makes), which :func:`compact` can
     store."""
@@ -262,23 +267,27 @@ def _sketched(leaf: object) -> bool:
 STATE = "state"
 
 
-def split_state(fp: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+L = TypeVar("L")
+
+
+def split_state(fp: Mapping[str, L]) -> tuple[dict[str, L], dict[str, L]]:
     """A per-leaf fingerprint as ``(parameters, state)``: the leaves marked ``"state":
-    true`` (the training state beside the parameters) apart from the rest."""
-    params: dict[str, Any] = {}
-    state: dict[str, Any] = {}
+    true`` (the training state beside the parameters) apart from the rest. A leaf is a
+    :class:`LeafFingerprint`, or JSON not yet read as one (a baseline's)."""
+    params: dict[str, L] = {}
+    state: dict[str, L] = {}
     for path, leaf in fp.items():
         (state if isinstance(leaf, Mapping) and leaf.get(STATE) is True else params)[path] = leaf
     return params, state
 
 
-def _section(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def _section(fp: Mapping[str, LeafFingerprint]) -> CompactSection:
     whole, tags = structure(fp)
     return {"sketch": [sketch_value(fp[p]) for p in sorted(fp)], "structure": whole,
             "tags": tags}
 
 
-def compact(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def compact(fp: Mapping[str, LeafFingerprint]) -> CompactFingerprint:
     """The stored form of a per-leaf fingerprint: ``{"sketch": [one number per leaf, in
     path order], "structure": hash, "tags": 2 hex digits per leaf}`` of the parameters,
     and, when the fingerprint has leaves marked ``"state"``, the same three of those under
@@ -291,9 +300,11 @@ def compact(fp: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     was fingerprinted: a baseline recorded then is compared with it unchanged.
     """
     params, state = split_state(fp)
-    out = _section(params)
+    section = _section(params)
+    out: CompactFingerprint = {"sketch": section["sketch"], "structure": section["structure"],
+                               "tags": section["tags"]}
     if state:
-        out[STATE] = _section(state)
+        out["state"] = _section(state)
     return out
 
 
@@ -308,8 +319,8 @@ def _tags(text: str) -> list[str]:
     return [text[i:i + TAG_HEX] for i in range(0, len(text), TAG_HEX)]
 
 
-def _tag_changes(now: Mapping[str, Any], names: list[str] | None,
-                 leaves: Mapping[str, Mapping[str, Any]], base: Mapping[str, Any]) -> list[str]:
+def _tag_changes(now: CompactSection, names: list[str] | None,
+                 leaves: Mapping[str, LeafFingerprint], base: CompactSection) -> list[str]:
     """The structure differences of a compact ``now`` from a compact ``base``, named by
     ``names`` (the run's leaves in path order) where they are known."""
     def leaf(j: int) -> str:
@@ -345,14 +356,15 @@ def _tag_changes(now: Mapping[str, Any], names: list[str] | None,
     return out
 
 
-def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping[str, Any],
+def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: CompactFingerprint,
                    rtol: Callable[[str], float], atol: float, tols: str) -> CheckResult:
     """``now_fp`` (per leaf, or compact) against a compact baseline fingerprint, section by
     section: the parameters, then the state beside them; ``rtol`` per leaf path."""
     names: dict[str, list[str] | None] = {"params": None, STATE: None}
-    leaves: Mapping[str, Mapping[str, Any]] = {}
+    leaves: Mapping[str, LeafFingerprint] = {}
+    now: dict[str, CompactSection | None]
     if is_compact(now_fp):
-        now: dict[str, Any] = {"params": now_fp, STATE: now_fp.get(STATE)}
+        now = {"params": now_fp, STATE: now_fp.get("state")}
     elif compactable(now_fp):
         params, state = split_state(now_fp)
         now = {"params": _section(params), STATE: _section(state) if state else None}
@@ -362,7 +374,7 @@ def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping
             "the baseline's fingerprint is the compact one (a sketch per leaf), "
             "this run's has no sketch to compare with it; re-record with "
             "--accelperf-update"))
-    then: dict[str, Any] = {"params": base, STATE: base.get(STATE)}
+    then: dict[str, CompactSection | None] = {"params": base, STATE: base.get("state")}
     changed: dict[str, list[str]] = {}
     diffs: list[LeafDiff] = []
     new: list[str] = []
@@ -372,7 +384,8 @@ def _check_compact(result: CheckResult, now_fp: Mapping[str, Any], base: Mapping
         if section is None and recorded is None:
             continue
         if recorded is None:  # a baseline recorded before the state was fingerprinted
-            new = names[key] or [f"{len(section['sketch'])} state leaves"]
+            n_new = len(section["sketch"]) if section is not None else 0
+            new = names[key] or [f"{n_new} state leaves"]
             continue
         if section is None:
             n = len(recorded["sketch"])
@@ -411,7 +424,7 @@ def _verdict(result: CheckResult, diffs: list[LeafDiff], tols: str, *, n_state: 
     run's state leaves that a baseline recorded before the state was fingerprinted has
     not, named in the detail and left uncompared."""
     note = ""
-    data = dict(result.data)
+    data = result.data.copy()
     if new:
         data["new"] = list(new)
         note = (f"; new, not compared: {_listed(new)} (the state beside the parameters, which "
@@ -493,7 +506,7 @@ def check_numerics(block: BlockLike, baseline: BlockLike | None,
         return missing_in_baseline(METRIC, "parameter fingerprint", baseline, unit=UNIT)
 
     spread = _spread(block, baseline)
-    data: dict[str, Any] = {"rtol": rtol, "atol": atol,
+    data: CheckData = {"rtol": rtol, "atol": atol,
                             "leaves": _leaf_count(now_fp) if now_fp else 0}
     tols = f"rtol {fmt_num(rtol)}, atol {fmt_num(atol)}"
     loosened = {p: SPREAD_FACTOR * d for p, d in spread.items() if SPREAD_FACTOR * d > rtol}
@@ -557,7 +570,7 @@ def check_numerics(block: BlockLike, baseline: BlockLike | None,
     return _verdict(result, diffs, tols, n_state=0 if new else len(now_state), new=new)
 
 
-class ReferenceParams(dict[str, Any]):
+class ReferenceParams(dict[str, "np.ndarray"]):
     """The single-device reference's parameters and the state beside them (a flat ``{path:
     array}`` dict; ``state`` names the state's leaves), with what they are compared with:
     ``compared``, the run's own after the same ``steps`` steps from the same initial state
@@ -568,9 +581,11 @@ class ReferenceParams(dict[str, Any]):
     would match). ``least``: the steps the case asked for (``Case.reference_steps``), where
     ``steps`` may be more (the reference trains on until the parameters moved)."""
 
-    def __init__(self, params: Mapping[str, Any], *, compared: Mapping[str, Any] | None = None,
+    def __init__(self, params: Mapping[str, np.ndarray], *,
+                 compared: Mapping[str, np.ndarray] | None = None,
                  steps: int | None = None, mesh: str = "", state: Collection[str] = (),
-                 initial: Mapping[str, Any] | None = None, least: int | None = None) -> None:
+                 initial: Mapping[str, np.ndarray] | None = None,
+                 least: int | None = None) -> None:
         super().__init__(params)
         self.least = least
         self.compared = dict(compared) if compared is not None else None
@@ -584,14 +599,15 @@ def _steps_text(steps: int) -> str:
     return f"{steps} step" if steps == 1 else f"{steps} steps"
 
 
-def check_reference(params: Mapping[str, Any] | None, reference: Mapping[str, Any],
+def check_reference(params: Mapping[str, np.ndarray] | None,
+                    reference: Mapping[str, np.ndarray],
                     tol: Tolerances) -> CheckResult:
     """Parameters against a single-device reference run's, leaf by leaf: the run's after
     ``reference.steps`` steps when ``reference`` is a :class:`ReferenceParams` that carries
     them (``compared``), else its final ``params``."""
     atol, rtol = tol.reference_atol, tol.reference_rtol
     within = f"atol={fmt_num(atol)}" + (f", rtol={fmt_num(rtol)}" if rtol else "")
-    data: dict[str, Any] = {"atol": atol, "rtol": rtol}
+    data: CheckData = {"atol": atol, "rtol": rtol}
     steps: int | None = None
     what = "parameters"  # what is compared, for the detail
     if isinstance(reference, ReferenceParams) and reference.compared is not None:
@@ -651,7 +667,7 @@ def check_reference(params: Mapping[str, Any] | None, reference: Mapping[str, An
                                    f"{_growth(steps, reference)}"))
 
 
-def _unmoved(reference: Mapping[str, Any], *, rtol: float,
+def _unmoved(reference: Mapping[str, np.ndarray], *, rtol: float,
              atol: float) -> list[LeafDiff] | None:
     """How far each parameter of ``reference`` moved from where it started
     (``ReferenceParams.initial``), when none moved beyond the tolerance: then a program
@@ -668,7 +684,7 @@ def _unmoved(reference: Mapping[str, Any], *, rtol: float,
     return moves
 
 
-def _growth(steps: int | None, reference: Mapping[str, Any]) -> str:
+def _growth(steps: int | None, reference: Mapping[str, np.ndarray]) -> str:
     """What a comparison after more than one step adds to the detail: why that many (the
     case's ``reference_steps``, or the first step after which the parameters had moved,
     when that was later: ``ReferenceParams.least``)."""
@@ -704,10 +720,10 @@ class NumericsCheck(BaseCheck):
         nothing."""
         if not stepped(run):
             return {}
-        out: dict[str, Any] = {"numerics": run.params_fingerprint}
         if run.replay is not None and run.replay["leaves"]:
-            out["numerics_spread"] = dict(run.replay["leaves"])
-        return out
+            return {"numerics": run.params_fingerprint,
+                    "numerics_spread": dict(run.replay["leaves"])}
+        return {"numerics": run.params_fingerprint}
 
 
 class ReferenceCheck(BaseCheck):

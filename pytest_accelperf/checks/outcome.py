@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Verdict
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow
 from pytest_accelperf.provision.targets import NOT_RUN, not_run
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import OomRecord, Run
 from pytest_accelperf.stats.units import fmt_bytes
 from pytest_accelperf.store.block import Block, BlockLike, read_block
 
@@ -43,10 +43,10 @@ FAILED_OUTCOMES: tuple[str, ...] = ("nan", "error", "timeout")
 
 
 def new_result(metric: str, *, now: float | None = None, unit: str = "",
-               data: dict[str, Any] | None = None, detail: str = NO_BASELINE) -> CheckResult:
+               data: CheckData | None = None, detail: str = NO_BASELINE) -> CheckResult:
     """The ``new`` verdict of ``metric``: nothing stored to compare with, ``now`` shown."""
     return CheckResult(metric=metric, verdict=Verdict.NEW, detail=detail, now=now, unit=unit,
-                       data=dict(data or {}))
+                       data=data.copy() if data else CheckData())
 
 
 def missing_in_baseline(metric: str, what: str, baseline: Block, *,
@@ -112,10 +112,11 @@ def check_outcome(run: Run, block: BlockLike, baseline: BlockLike | None) -> Che
 
 
 def _check_outcome(run: Run, block: Block, baseline: Block | None) -> CheckResult:
-    now_oom = block.oom.to_json() if block.oom is not None else run.oom
-    data: dict[str, Any] = {"now": run.outcome, "message": run.message}
+    # The block's OOM section is the JSON of a run's OomRecord.
+    now_oom = cast(OomRecord, block.oom.to_json()) if block.oom is not None else run.oom
+    data: CheckData = {"now": run.outcome, "message": run.message}
     if now_oom:
-        data["oom"] = dict(now_oom)
+        data["oom"] = now_oom.copy()
     now_desc = _describe(run.outcome, now_oom, run.nan_step)
     unit = "bytes" if now_oom else ""
 
@@ -128,10 +129,10 @@ def _check_outcome(run: Run, block: Block, baseline: Block | None) -> CheckResul
         return new_result(METRIC, now=_required(now_oom), unit=unit, data=data)
 
     base_outcome = str(baseline.outcome or "ok")
-    base_oom = baseline.oom.to_json() if baseline.oom is not None else None
+    base_oom = cast(OomRecord, baseline.oom.to_json()) if baseline.oom is not None else None
     data["baseline"] = base_outcome
     if base_oom:
-        data["baseline_oom"] = dict(base_oom)
+        data["baseline_oom"] = base_oom.copy()
         unit = "bytes"
     base_desc = _describe(base_outcome, base_oom)
     base_required, now_required = _required(base_oom), _required(now_oom)

@@ -24,15 +24,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import (
+    CheckData,
+    CheckResult,
+    CountChange,
+    Tolerances,
+    Verdict,
+)
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.records.program import (
     AMOUNTS,
     COUNTS,
     TORCH_OPS,
+    ProgramRecord,
     changes,
     comparable_flops,
     describe_changes,
@@ -98,7 +105,8 @@ def check_program(block: BlockLike, baseline: BlockLike | None, tol: Tolerances,
     now = _record(block)
     if not now:
         return None
-    data: dict[str, Any] = {"source": now.get("source", ""), "program": now}
+    # The block's program section is the JSON of a run's ProgramRecord.
+    data: CheckData = {"source": now.get("source", ""), "program": cast(ProgramRecord, now)}
     if baseline is None:
         return new_result(METRIC, now=_flops(now), unit=UNIT, data=data)
     base = _record(baseline)
@@ -125,9 +133,9 @@ def check_program(block: BlockLike, baseline: BlockLike | None, tol: Tolerances,
         data["not_compared"] = unlike
     found = changes(compared, now, tolerance)
     lines = describe_changes(compared, now, tolerance) + ([unlike] if unlike else [])
-    data["changes"] = [{"name": c.name, "baseline": c.baseline, "now": c.now} for c in found]
+    data["changes"] = [CountChange(name=c.name, baseline=c.baseline, now=c.now) for c in found]
     # The op histogram's largest moves, for the reports' program-diff table.
-    data["op_changes"] = [{"name": op, "baseline": b, "now": n}
+    data["op_changes"] = [CountChange(name=op, baseline=b, now=n)
                           for op, b, n in ops_deltas(compared, now)[:OP_CHANGES]]
     unrecorded = not_in_baseline(base, now)
     if unrecorded:

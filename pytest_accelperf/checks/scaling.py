@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, ScalingRow, Verdict
 from pytest_accelperf.checks.protocol import BaseCheck
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.errors import ConfigError
@@ -90,7 +89,7 @@ def check_scaling(points: Sequence[ScalingPoint], expect: Scaling,
                          f"{sorted(x for x in xs if xs.count(x) > 1)[0]:g}")
     pts = sorted(points, key=lambda p: p.x)
     base = pts[0]
-    rows: list[dict[str, Any]] = []
+    rows: list[ScalingRow] = []
     for p in pts:
         expected = base.throughput * (p.x / base.x) ** expect.exponent
         rows.append({"x": p.x, "throughput": p.throughput, "label": p.label,
@@ -99,7 +98,7 @@ def check_scaling(points: Sequence[ScalingPoint], expect: Scaling,
     worst = min(r["efficiency"] for r in rows[1:])
     shape = ("linear" if expect.exponent == 1 else "flat" if expect.exponent == 0
              else f"~{expect.axis}^{fmt_num(expect.exponent)}")
-    data: dict[str, Any] = {"group": group, "exponent": expect.exponent,
+    data: CheckData = {"group": group, "exponent": expect.exponent,
                             "min_efficiency": expect.min_efficiency, "axis": expect.axis,
                             "points": rows}
     curve = ", ".join(f"{expect.axis} {_x(r['x'])}: {_rate(r['throughput'])}" for r in rows)

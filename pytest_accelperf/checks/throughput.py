@@ -67,9 +67,9 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.records.run import Run
@@ -358,7 +358,7 @@ def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
     base = _rate(base_batch if run.samples_per_step else 0, base_median)
     change = now / base - 1 if now is not None and base else None
     tolerance = tol.throughput_tolerance
-    data: dict[str, Any] = {
+    data: CheckData = {
         "tolerance": tolerance,
         "n": {"now": len(run.step_times), "baseline": len(base_samples)},
         "median_step_time": {"now": now_median, "baseline": base_median}}
@@ -443,6 +443,30 @@ def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
     return replace(result, verdict=final, detail=detail, change=change, data=data)
 
 
+class StepTimeSection(TypedDict):
+    """The block's ``step_time`` as a run records it (:class:`~pytest_accelperf.store.block.
+    StepTime` reads it)."""
+
+    median: float
+    samples: list[float]
+    sessions: NotRequired[list[dict[str, float | None]]]
+
+
+class ProbeSection(TypedDict):
+    """The block's ``probe``: the drift probe's kind and samples."""
+
+    kind: str
+    samples: list[float]
+
+
+class ThroughputSections(TypedDict, total=False):
+    """What the throughput check records of a finished run."""
+
+    step_time: StepTimeSection
+    probe: ProbeSection
+    samples_per_second: float
+
+
 def session_level(median: float, probes: Sequence[float]) -> dict[str, float | None]:
     """One ``step_time.sessions`` entry: the median step time and the probe's median (the
     throughput check divides the two when it corrects for drift), None without a probe."""
@@ -480,14 +504,16 @@ class ThroughputCheck(BaseCheck):
         (the drift probe's samples) and ``samples_per_second``, of a finished run."""
         if run.outcome != "ok":
             return {}
-        out: dict[str, Any] = {}
+        out: ThroughputSections = {}
         med = run.median_step_time
         if med is not None:  # no step times (an ingested log without them): no step_time
-            out["step_time"] = {"median": round_sig(med),
-                                "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.step_times]}
+            step_time: StepTimeSection = {
+                "median": round_sig(med),
+                "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.step_times]}
             entry = session_entry(run)
             if entry is not None:
-                out["step_time"]["sessions"] = [entry]
+                step_time["sessions"] = [entry]
+            out["step_time"] = step_time
         if run.probe_times and run.probe_kind:
             out["probe"] = {"kind": run.probe_kind,
                             "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.probe_times]}

@@ -202,7 +202,7 @@ class _Follow:
 
 
 #: The progress board of each Ray job (connection) of this process.
-_BOARDS: dict[str, Any] = {}
+_BOARDS: dict[str, ActorHandle] = {}
 
 
 def _board(ray: ModuleType) -> ActorHandle:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, TypedDict
 
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.verdict import ab_check, ab_program_check, new_in_head, not_compared
@@ -186,6 +186,7 @@ class Confirmation:
         dirty = sum(1 for c in earlier if c.verdict is Verdict.INCONCLUSIVE)
         dirty_note = (f"; {dirty} of them not judged, contaminated" if dirty else "")
         ratios = [c.data.get("ratio") for c in earlier]
+        key: Literal["unconfirmed", "remeasured", "confirmations"]
         if not _suspect(evaluated):
             note = (f"re-measured: a first measurement looked like a regression, "
                     f"{_ratio_text(earlier)}{dirty_note}; not confirmed")
@@ -198,9 +199,10 @@ class Confirmation:
             note = (f"confirmed by {len(seen) - 1} re-measurement(s): "
                     f"{_ratio_text([*earlier, again])}{dirty_note}")
             key, ratios = "confirmations", [*ratios, again.data.get("ratio")]
+        data = again.data.copy()
+        data[key] = ratios
         return evaluated.with_throughput(replace(
-            again, detail=f"{again.detail} ({note}{_notes(backoff)})",
-            data={**again.data, key: ratios}))
+            again, detail=f"{again.detail} ({note}{_notes(backoff)})", data=data))
 
 
 @dataclass(frozen=True)
@@ -301,7 +303,14 @@ class ABComparison:
 
 #: What a re-measurement's run contributes besides its step, probe and input times: what
 #: the step loop read while it measured them.
-_TIMING = ("warmup_step_times", "injected_slowdown", "step_load", "batch_time")
+class _Timing(TypedDict):
+    """The timing fields of a re-measured run besides its samples (taken from the first
+    measurement, the loads pooled, the batch times summed)."""
+
+    warmup_step_times: list[float] | None
+    injected_slowdown: float | None
+    step_load: Load | None
+    batch_time: float | None
 
 #: How many trainings a re-measurement of a recording too noisy to store pools
 #: (:class:`Recording`): twice the measured steps, over twice the
@@ -333,7 +342,9 @@ def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
     if first.run.outcome != "ok":
         first = again[0]
     runs = [a.run for a in again]
-    timing: dict[str, Any] = {key: getattr(runs[0], key) for key in _TIMING}
+    timing = _Timing(warmup_step_times=runs[0].warmup_step_times,
+                     injected_slowdown=runs[0].injected_slowdown,
+                     step_load=runs[0].step_load, batch_time=runs[0].batch_time)
     loads = [r.step_load for r in runs if r.step_load is not None]
     if len(runs) > 1 and loads:
         timing["step_load"] = Load.pooled(loads)

@@ -1,3 +1,4 @@
 """What training a case yields, as data: the run (``run``), the program record (``program``),
-and the sites in the user's code (``sites``).
+the numerics fingerprint (``fingerprint``), the sites in the user's code (``sites``), and
+the type of a JSON value (``jsonvalue``).
 """

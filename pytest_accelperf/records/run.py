@@ -7,6 +7,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypedDict
 
+from pytest_accelperf.records.fingerprint import ParamsFingerprint
 from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.stats.contention import Load
 
@@ -159,7 +160,7 @@ class Run:
     memory_source: str = ""
     flops_per_step: float | None = None
     peak_flops_per_device: float | None = None
-    params_fingerprint: dict[str, Any] = field(default_factory=dict)
+    params_fingerprint: ParamsFingerprint = field(default_factory=dict)
     oom: OomRecord | None = None
     nan_step: int | None = None
     environment: dict[str, Any] = field(default_factory=dict)

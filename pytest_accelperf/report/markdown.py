@@ -11,10 +11,11 @@ plugin and ``accelperf report`` decide where it goes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import cast
 
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckResult, Verdict, count_changes
 from pytest_accelperf.gate.explain import EXPLAIN_KEY
+from pytest_accelperf.records.run import Explained
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.terminal import fmt_change, fmt_value, suite_text
 from pytest_accelperf.stats.units import fmt_bytes
@@ -82,10 +83,11 @@ def _pass_row(record: CaseRecord) -> list[str]:
             ", ".join(c.metric for c in record.checks)]
 
 
-def explanation(record: CaseRecord) -> dict[str, Any] | None:
-    """The profiler trace attached to a regressed case (:mod:`pytest_accelperf.gate.explain`)."""
+def explanation(record: CaseRecord) -> Explained | None:
+    """The profiler trace attached to a regressed case (:mod:`pytest_accelperf.gate.explain`),
+    as the report's run holds it (the JSON of ``Run.explain``)."""
     found = (record.run.get("extra") or {}).get(EXPLAIN_KEY)
-    return found if isinstance(found, dict) else None
+    return cast(Explained, found) if isinstance(found, dict) else None
 
 
 def _kind(name: str) -> str:
@@ -104,7 +106,7 @@ def program_diff(record: CaseRecord) -> list[tuple[str, str, str, str]]:
     rows: list[tuple[str, str, str, str]] = []
     for check in record.checks:
         if check.metric == "program":
-            for c in check.data.get("changes") or []:
+            for c in count_changes(check.data):
                 rows.append((_kind(str(c["name"])), str(c["name"]), f"{c['baseline']:g}",
                              f"{c['now']:g}"))
             for c in check.data.get("op_changes") or []:

@@ -17,6 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from pytest_accelperf.checks.base import CheckData
 from pytest_accelperf.report.data import CaseRecord
 
 NOW_COLOR = "#1f6feb"
@@ -45,7 +46,7 @@ def _floats(values: Sequence[Any] | None) -> list[float]:
     return out
 
 
-def _check_data(record: CaseRecord, metric: str) -> dict[str, Any]:
+def _check_data(record: CaseRecord, metric: str) -> CheckData:
     for c in record.checks:
         if c.metric == metric:
             return c.data

@@ -267,6 +267,8 @@ def interval(check: CheckResult) -> Interval | None:
     if check_of(check.metric).kind != "interval":
         return None
     data = check.data
+    low: float | None
+    high: float | None
     if isinstance(data.get("ci"), list | tuple) and len(data["ci"]) == 2:
         low, high = data["ci"]
     else:

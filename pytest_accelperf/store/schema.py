@@ -143,14 +143,16 @@ _RUN_JSON_TYPES: dict[str, object] = {
     "losses": list[float | str | None],
     "metrics": dict[str, list[float | str | None]],
     "memory_per_device": dict[str, float],
-    # Records typed for the code that writes and reads them, read from reports as the JSON
-    # they always were (a report written before a key was declared still loads).
-    "oom": dict[str, Any] | None,
-    "max_batch": dict[str, Any] | None,
-    "memory_growth": dict[str, Any] | None,
-    # Read as it was written: the store validates a baseline's program, not a report's.
-    "program": dict[str, Any] | None,
 }
+#: Records typed for the code that writes and reads them, read from reports as the JSON
+#: objects they always were (a report written before a key was declared still loads): the
+#: fingerprint, the environment, the notes (``extra``), and, where the run has one, the
+#: OOM, the max batch, memory growth and the program (read as it was written: the store
+#: validates a baseline's program, not a report's).
+_RUN_JSON_OBJECTS = ("params_fingerprint", "environment", "extra")
+_RUN_JSON_OBJECTS_OR_NONE = ("oom", "max_batch", "memory_growth", "program")
+_RUN_JSON_TYPES.update({name: dict[str, Any] for name in _RUN_JSON_OBJECTS})
+_RUN_JSON_TYPES.update({name: dict[str, Any] | None for name in _RUN_JSON_OBJECTS_OR_NONE})
 
 
 def _report_run() -> type[_Report]:

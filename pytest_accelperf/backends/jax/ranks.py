@@ -32,6 +32,8 @@ from pytest_accelperf.records.run import Outcome, Run
 from pytest_accelperf.report import progress
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from pytest_accelperf.backends.procs._rank import RankContext
 
 _COUNT_FLAG = "--xla_force_host_platform_device_count"
@@ -139,7 +141,7 @@ class JaxProcesses:
         result.run.extra["processes"] = case.world_size
         return result
 
-    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, Any] | None:
+    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, np.ndarray] | None:
         return None  # check_case refuses reference=True: no device every process shares
 
     def platform(self, launched: LaunchResult) -> str | None:

@@ -10,11 +10,12 @@ import os
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from types import CodeType, FrameType, ModuleType, TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from pytest_accelperf.errors import UserError, shown, user_frame
+from pytest_accelperf.records.fingerprint import LeafFingerprint, ParamsFingerprint
 from pytest_accelperf.stats.units import round_sig
 
 #: Values per leaf sampled into the numerics fingerprint.
@@ -72,8 +73,11 @@ def _project(values: np.ndarray) -> float:
     return total
 
 
-def with_state(params: Mapping[str, Any],
-               state: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+V = TypeVar("V")
+
+
+def with_state(params: Mapping[str, V],
+               state: Mapping[str, V]) -> tuple[dict[str, V], list[str]]:
     """The flat ``params`` and the flat ``state`` beside them in one dict, and the names of
     the state's leaves in it: a state leaf keeps its path from the state's root
     (``batch_stats/BatchNorm_0/mean``, ``step``), or ``state/<path>`` should a parameter
@@ -93,8 +97,8 @@ def with_state(params: Mapping[str, Any],
     return merged, names
 
 
-def fingerprint(flat: dict[str, np.ndarray],
-                state: Collection[str] = ()) -> dict[str, Any]:
+def fingerprint(flat: Mapping[str, np.ndarray],
+                state: Collection[str] = ()) -> ParamsFingerprint:
     """Per leaf: shape, dtype, RMS, 16 fixed samples and ``sketch``, rounded to 7
     significant digits; the leaves named in ``state`` (the training state beside the
     parameters: running statistics, step counters, a loss scale) are marked
@@ -109,7 +113,7 @@ def fingerprint(flat: dict[str, np.ndarray],
     (:func:`pytest_accelperf.checks.numerics.compact`); the samples are what blocks
     recorded before the compact form are checked with.
     """
-    out: dict[str, Any] = {}
+    out: ParamsFingerprint = {}
     for key, arr in flat.items():
         values = np.asarray(arr, dtype=np.float64).ravel()
         n, k = values.size, min(N_SAMPLES, values.size)
@@ -117,12 +121,14 @@ def fingerprint(flat: dict[str, np.ndarray],
         idx = (np.arange(k) * n) // k if k else np.zeros(0, dtype=int)  # evenly strided
         norm = rms * math.sqrt(n)
         sketch = _project(values) / norm if n and norm > 0 else 0.0
-        out[key] = {"shape": list(arr.shape), "dtype": str(arr.dtype),
-                    "rms": round_sig(rms, FINGERPRINT_DIGITS),
-                    "sample": [round_sig(float(v), FINGERPRINT_DIGITS) for v in values[idx]],
-                    "sketch": round_sig(sketch, FINGERPRINT_DIGITS)}
+        leaf: LeafFingerprint = {
+            "shape": [int(n) for n in arr.shape], "dtype": str(arr.dtype),
+            "rms": round_sig(rms, FINGERPRINT_DIGITS),
+            "sample": [round_sig(float(v), FINGERPRINT_DIGITS) for v in values[idx]],
+            "sketch": round_sig(sketch, FINGERPRINT_DIGITS)}
         if key in state:
-            out[key]["state"] = True
+            leaf["state"] = True
+        out[key] = leaf
     return out
 
 

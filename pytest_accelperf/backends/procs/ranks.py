@@ -28,13 +28,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pytest_accelperf.backends.measure.loop import StepFns, time_block
 from pytest_accelperf.backends.procs.launch import LaunchResult, launch
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class RankTrainer(Protocol):
         """The run, from what the ranks returned or reported before the launch ended
         (``launched.outcome`` other than ``ok`` is that run's outcome)."""
 
-    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, Any] | None:
+    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, np.ndarray] | None:
         """For a ``reference=True`` case that trained ``ok``: the final parameters of the
         same training in one process, or None when there is none. Runs where rank 0 ran
         (here, or in rank 0's Ray worker)."""

@@ -208,7 +208,7 @@ class TorchTrainResult(TrainResult):
 
     state: Any = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:  # the instance's attributes
         data = dict(self.__dict__)
         data["state"] = None
         return data

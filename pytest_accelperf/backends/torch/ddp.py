@@ -18,7 +18,7 @@ import torch
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, register_ddp_hook
-from pytest_accelperf.backends.torch.in_rank import RankPlan
+from pytest_accelperf.backends.torch.in_rank import EngineDescription, RankPlan
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import TorchRanks
 from pytest_accelperf.collect.cases import Case
@@ -101,7 +101,7 @@ class DDPRankEngine:
             return None
         return self.step_spec.params_of(self.module)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> EngineDescription:
         return {"engine": "ddp", "optimizer": type(self.optimizer).__name__,
                 "grad_clip": self.clip, "optimizer_steps": self.steps,
                 "micro_steps": self.micro_steps,

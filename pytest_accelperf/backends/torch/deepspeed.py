@@ -74,7 +74,7 @@ import torch
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
-from pytest_accelperf.backends.torch.in_rank import RankPlan
+from pytest_accelperf.backends.torch.in_rank import EngineDescription, RankPlan
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import TorchRanks, micro_batch, resolve_clip
 from pytest_accelperf.backends.types import Framework
@@ -377,7 +377,7 @@ class DeepSpeedRankEngine:
                 return self.step_spec.params_of(module) if rank == 0 else None
         return self.step_spec.params_of(module) if rank == 0 else None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> EngineDescription:
         deepspeed = import_deepspeed()
 
         return {"engine": "deepspeed", "deepspeed": deepspeed.__version__,

@@ -21,7 +21,7 @@ A/B mode, train the blocks of steps its arm worker asks for.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
@@ -35,7 +35,7 @@ from pytest_accelperf.backends.procs.launch import CapacityExceeded
 from pytest_accelperf.backends.procs.ranks import BlockControl, serve_blocks
 from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
 from pytest_accelperf.backends.torch.ops import OpCounter, OpCounts
-from pytest_accelperf.backends.torch.rank_step import RankStep
+from pytest_accelperf.backends.torch.rank_step import GroupSummary, RankStep
 from pytest_accelperf.backends.torch.task import (
     as_tensors,
     flop_counter,
@@ -62,6 +62,27 @@ MEMORY_STEPS = 2
 
 
 # -- what the ranks send back ------------------------------------------------------------
+class EngineDescription(TypedDict, total=False):
+    """What the run's ``extra["engine"]`` says about a rank's engine
+    (:meth:`RankEngine.describe`): DDP's or DeepSpeed's, its optimizer and schedule, the
+    steps it took, its parameter groups, whether it compiled; DeepSpeed's version, its
+    configuration (DeepSpeed's own JSON) and what the plugin set in it."""
+
+    engine: str
+    deepspeed: str
+    optimizer: str
+    scheduler: str | None
+    config: Mapping[str, object]
+    plugin_set: dict[str, int]
+    optimizer_steps: int
+    micro_steps: int
+    zero_init: bool
+    compile: bool | str
+    grad_clip: float | None
+    param_groups: list[GroupSummary]
+    compiled_graphs: int
+
+
 class RankReady(TypedDict):
     """What an A/B rank sends its arm worker once warmed up (``("ready", ...)``,
     :func:`_serve_ab_blocks`): step 0's FLOPs and dispatched ops, its collectives, the
@@ -71,7 +92,7 @@ class RankReady(TypedDict):
     flops: float | None
     ops: OpCounts | None
     comm: CommSummary
-    engine: dict[str, object]
+    engine: EngineDescription
     peak_bytes: int | None
 
 
@@ -95,7 +116,7 @@ class RankResult(TypedDict, total=False):
     step_load: dict[str, float | int]
     peak_bytes: int | None
     memory_source: str
-    engine: dict[str, object]
+    engine: EngineDescription
     comm: CommSummary
     probe_kind: str
     params: dict[str, np.ndarray] | None
@@ -137,7 +158,7 @@ class RankEngine(Protocol):
     def full_params(self, rank: int) -> dict[str, np.ndarray] | None:
         """The full final parameters on rank 0 (None elsewhere); a collective."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> EngineDescription:
         """What the run's ``extra`` should say about the engine (its configuration)."""
 
     def counting(self) -> AbstractContextManager[object]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import torch
@@ -247,10 +247,19 @@ def as_rank_step(task: Task) -> RankStep:
                     f"or a TorchTask; got {type(task).__name__}")
 
 
-def group_summary(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+class GroupSummary(TypedDict):
+    """One parameter group of an optimizer, as the run's ``extra`` shows it."""
+
+    tensors: int
+    elements: int
+    weight_decay: float
+    lr: float
+
+
+def group_summary(optimizer: torch.optim.Optimizer) -> list[GroupSummary]:
     """Per parameter group: tensors, elements, weight decay, lr (what the run's ``extra``
     shows, so that an empty decay group is seen)."""
-    out = []
+    out: list[GroupSummary] = []
     for group in optimizer.param_groups:
         params = group["params"]
         out.append({"tensors": len(params),

@@ -77,7 +77,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypedDict, cast
+from typing import Literal, TypedDict, cast
 
 import numpy as np
 import torch
@@ -423,9 +423,8 @@ class TorchRanks:
         run, params = build_run(case, task, accel, job.plan, launched, timeout)
         return TrainResult(run=run, params=params)
 
-    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, Any]:
-        reference: dict[str, Any] = train_reference(case, job.plan.step, job.plan)
-        return reference
+    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, np.ndarray]:
+        return train_reference(case, job.plan.step, job.plan)
 
     def platform(self, launched: LaunchResult) -> str | None:
         return None  # the ranks take the devices they are given; they provision nothing

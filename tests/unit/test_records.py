@@ -1,0 +1,80 @@
+"""Round trips of the typed records (``pytest_accelperf.records``): each record written as
+JSON and read back is the same record, and the store's models accept what is written."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from pytest_accelperf.backends.measure.common import fingerprint
+from pytest_accelperf.checks.numerics import compact
+from pytest_accelperf.records.fingerprint import CompactFingerprint, ParamsFingerprint
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.store.block import CompactNumerics, Leaf
+
+
+def _round_trip(value: object) -> object:
+    return json.loads(json.dumps(value))
+
+
+def _fingerprint() -> ParamsFingerprint:
+    return fingerprint({"w": np.arange(6.0).reshape(2, 3), "step": np.array(3)},
+                       state=("step",))
+
+
+def test_a_leaf_fingerprint_round_trips_and_is_a_stored_leaf() -> None:
+    fp = _fingerprint()
+    assert _round_trip(fp) == fp
+    assert fp["w"]["shape"] == [2, 3] and "state" not in fp["w"] and fp["step"]["state"]
+    for leaf in fp.values():
+        assert Leaf.model_validate(leaf).model_dump(exclude_unset=True) == leaf
+
+
+def test_a_compact_fingerprint_round_trips_and_is_what_the_store_validates() -> None:
+    stored: CompactFingerprint = compact(_fingerprint())
+    assert _round_trip(stored) == stored
+    assert set(stored) == {"sketch", "structure", "tags", "state"}
+    assert len(stored["sketch"]) == 1 and len(stored["state"]["sketch"]) == 1
+    model = CompactNumerics.model_validate(stored)
+    assert model.model_dump(exclude_unset=True) == stored
+
+
+def test_a_run_with_a_fingerprint_round_trips() -> None:
+    run = Run(case_id="c", params_fingerprint=_fingerprint())
+    again = Run.from_json(json.loads(json.dumps(run.to_json())))
+    assert again.params_fingerprint == run.params_fingerprint
+
+
+def test_check_data_round_trips_through_a_check_result() -> None:
+    from pytest_accelperf.checks.base import CheckData, CheckResult, CountChange, Verdict
+
+    data: CheckData = {
+        "tolerance": 0.1, "ratio": 1.2, "ci": [1.1, 1.3], "contaminated": None,
+        "n": {"now": 20, "baseline": 18}, "stack": ["jax 0.4 → 0.5"],
+        "changes": [CountChange(name="flops", baseline=1.0, now=2.0)],
+        "per_device": {"cpu:0": {"baseline": 1.0, "now": 2.0, "ratio": 2.0}},
+        "ab": {"ref": "main", "skipped": "no A/B step"}}
+    result = CheckResult("throughput", Verdict.REGRESSION, "slower", data=data)
+    again = CheckResult.from_json(json.loads(json.dumps(result.to_json())))
+    assert again == result and again.data == data
+
+
+def test_the_recorded_sections_round_trip_and_validate_as_the_block() -> None:
+    from pytest_accelperf.checks.input import input_block
+    from pytest_accelperf.checks.memory import CHECK as MEMORY
+    from pytest_accelperf.checks.throughput import CHECK as THROUGHPUT
+    from pytest_accelperf.store.block import InputTime, Memory, Probe, StepTime
+
+    run = Run(case_id="c", step_times=[0.1, 0.2, 0.3], probe_times=[0.01, 0.02, 0.03],
+              probe_kind="matmul", samples_per_step=8, input_times=[0.01, 0.02, 0.03],
+              input_wall_times=[0.02, 0.03, 0.04], memory_per_device={"cpu:0": 1024},
+              memory_source="memory_stats",
+              memory_growth={"bytes_per_step": 0.0, "steps": 3, "after_warmup": 1.0,
+                             "after_steps": 1.0, "source": "tracemalloc"})
+    sections = {**THROUGHPUT.record(run), **MEMORY.record(run), "input": input_block(run)}
+    assert _round_trip(sections) == sections
+    for name, model in (("step_time", StepTime), ("probe", Probe), ("memory", Memory),
+                        ("input", InputTime)):
+        assert model.model_validate(sections[name]).model_dump(exclude_unset=True) \
+            == sections[name]
