@@ -444,10 +444,16 @@ def _write_results(config: pytest.Config, state: AccelperfSession, exitstatus: i
     if any(stream_fd(p) in (1, 2) for p in (settings.json, settings.markdown, settings.html)
            if p is not None):
         # A report on pytest's own stdout or stderr starts on a line of its own, not after
-        # the progress line's "[100%]" that pytest ends later.
+        # the progress line's "[100%]" that pytest ends later. ensure_newline() alone does
+        # not do it after a line of ours (say(): a wait for the host lock) was written
+        # mid-run: the reporter then believes its line was ended, and the progress of the
+        # tests after it was left open; the writer knows what is on its line.
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.ensure_newline()
+            writer = config.get_terminal_writer()
+            if writer.width_of_current_line:
+                writer.line()
     with _capture_suspended(config):
         lines = write_outputs(report, settings, config.rootpath)
         if report.errors and exitstatus == pytest.ExitCode.OK:

@@ -421,6 +421,32 @@ def test_json_to_dev_stdout_redirected_to_a_file_keeps_pytest_s_output(
     assert "accelperf: JSON report written to /dev/stdout" in lines
 
 
+def test_json_to_dev_stdout_after_a_line_of_ours_mid_run_starts_on_its_own_line(
+        project: pytest.Pytester) -> None:
+    """A line the plugin writes while a test runs (a wait for the host lock, beside another
+    session) left pytest's reporter believing its line was ended: the progress of the test
+    after it stayed open, and the report began after its "[100%]" (``.  [100%]{``): seen
+    in CI beside the other xdist worker. The line is written here as the wait writes it."""
+    project.makeconftest(CONFTEST + """
+
+import pytest as _pytest
+
+
+@_pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    from pytest_accelperf.gate.session import say
+
+    say(item.config, "accelperf: a line of ours, mid-run")
+    return (yield)
+""")
+    result = project.runpytest_subprocess(*ARGS, "--accelperf-json=/dev/stdout")
+    assert result.ret == 0, result.stderr.str()
+    lines = result.outlines
+    assert "accelperf: a line of ours, mid-run" in lines
+    report = _json_in(lines)
+    assert report["exit_status"] == 0
+
+
 def test_json_to_stdout_through_a_pipe(project: pytest.Pytester) -> None:
     """``pytest -p no:terminal --accelperf-json=- | jq``: stdout is the report alone."""
     done = subprocess.run(
