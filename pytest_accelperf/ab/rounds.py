@@ -33,16 +33,17 @@ from pytest_accelperf.ab.arms import (
     start_arm,
 )
 from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir, toplevel
-from pytest_accelperf.ab.worker import Setup, unsupported
+from pytest_accelperf.ab.worker import Record, Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import build_env, session_site
 from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
-from pytest_accelperf.envs.stack import check_python, stack_change
+from pytest_accelperf.envs.stack import check_python, stack_change, stack_changes
 from pytest_accelperf.git import GitError
 from pytest_accelperf.records.program import ProgramRecord
+from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import ab_ratio
 from pytest_accelperf.stats.contention import Contention, Load
 
@@ -65,6 +66,11 @@ class ABMeasurement:
     pairs: list[int] = field(default_factory=list)
     #: Process pairs the rounds were spread over.
     processes: int = 1
+    #: The base revision's record of the case: its run, trained once by the first base
+    #: worker as a normal run trains it (what the memory, numerics and loss checks read for
+    #: that revision); None where there is none, and ``base_run_note`` says why.
+    base_run: Run | None = None
+    base_run_note: str = ""
 
 
 def environment_entries(entries: Sequence[str]) -> list[str]:
@@ -157,6 +163,14 @@ class Comparison:
         if len(self.stacks) < 2:
             return ""
         return stack_change(self.stacks["base"], self.stacks["head"])
+
+    def stack_changes(self) -> list[str]:
+        """:meth:`stack_change`, one package a phrase (``["jax 0.8.3 → 0.10.2"]``), what
+        the checks of the base arm's record name (:func:`~pytest_accelperf.ab.verdict.
+        ab_record_checks`)."""
+        if len(self.stacks) < 2:
+            return []
+        return stack_changes(self.stacks["base"], self.stacks["head"])
 
     def revision(self, arm: str) -> str:
         """What ``arm`` runs, as messages name it."""
@@ -284,12 +298,19 @@ class Comparison:
         return [pair[arm] for pair in self._pairs for arm in ("base", "head") if arm in pair]
 
     def measure(self, case: Case, rel_file: str, qualname: str, *, rounds: int, block: int,
-                budget: float, tolerance: float, spec: BackendSpec | None = None
+                budget: float, tolerance: float, spec: BackendSpec | None = None,
+                record: bool = True, timeout: float | None = None
                 ) -> tuple[str, str, ABMeasurement]:
         """Prepare the case in both workers and alternate blocks of steps. Returns
         ``(status, why, measurement)``; status ``ready`` when measured. ``spec`` is the
         case's backend as the session registered it (default: the built-in of that name);
-        the workers, outside pytest, import it by its module."""
+        the workers, outside pytest, import it by its module.
+
+        With ``record``, the first base worker first trains the case once as a normal run
+        (within ``timeout`` seconds, the case's ``--accelperf-timeout``; its prepare's
+        deadline grows by as much), and the measurement carries that run
+        (``base_run``, or ``base_run_note``: why none), also where the case cannot be
+        timed in blocks."""
         __tracebackhide__ = True
         out = ABMeasurement()
         spec = spec if spec is not None else get_backend(case.backend)
@@ -297,8 +318,10 @@ class Comparison:
             try:
                 spec.check_importable("an A/B worker")
             except BackendSpecError as exc:
+                out.base_run_note = str(exc)
                 return "unsupported", str(exc), out
         elif not spec.importable:
+            out.base_run_note = unsupported(spec)
             return "unsupported", unsupported(spec), out
         if not self._pairs:
             self._start()
@@ -310,7 +333,12 @@ class Comparison:
         key = case.id
         prepared: list[Arm] = []
         try:
-            status, why = self._prepare(key, rel_file, qualname, case, spec, prepared)
+            asked = Record(train=record, timeout=timeout)
+            status, why = self._prepare(key, rel_file, qualname, case, spec, prepared, asked)
+            if record and status != "absent":
+                self._base_record(key, out)
+            elif status == "absent":
+                out.base_run_note = why
             if status != "ready":
                 return status, why, out
             first = self._pairs[0]
@@ -355,6 +383,15 @@ class Comparison:
                     with contextlib.suppress(CompareError):  # starts another
                         arm.call(60, "drop", key)
 
+    def _base_record(self, key: str, out: ABMeasurement) -> None:
+        """The first base worker's record of the case into ``out`` (``base_run``, or why
+        there is none in ``base_run_note``)."""
+        found, why = self._pairs[0]["base"].call(BLOCK_TIMEOUT_S, "record", key)
+        if found is None:
+            out.base_run_note = why
+            return
+        out.base_run = Run.from_json(found)
+
     def _lacking(self, spec: BackendSpec) -> str:
         """Why the base arm's environment cannot train a case of ``spec`` (it cannot import
         what the backend needs), in one line naming the interpreter and the fix; or
@@ -370,17 +407,20 @@ class Comparison:
         return self._checked[spec.name]
 
     def _prepare(self, key: str, rel_file: str, qualname: str, case: Case,
-                 spec: BackendSpec, prepared: list[Arm]) -> tuple[str, str]:
+                 spec: BackendSpec, prepared: list[Arm], record: Record) -> tuple[str, str]:
         """The case built, compiled and warmed up in every worker at once (a pair's
         compile is outside the timed rounds, and the workers compile side by side).
         Every worker that answered is added to ``prepared`` (to be told to drop the
         case); the first status that is not ``ready`` (a base worker's first: the base
-        revision may not have the case) is returned with why."""
+        revision may not have the case) is returned with why. The first base worker
+        prepares alone, and first trains the case once where ``record`` asks (its
+        deadline longer by ``record.timeout``)."""
         __tracebackhide__ = True
         workers = self._workers()
         first = workers[0]
-        status, why = first.call(self.prepare_timeout, "prepare", key, rel_file, qualname,
-                                 case, spec)
+        deadline = self.prepare_timeout + ((record.timeout or 0.0) if record.train else 0.0)
+        status, why = first.call(deadline, "prepare", key, rel_file, qualname, case, spec,
+                                 record)
         prepared.append(first)
         if status != "ready":
             return status, why

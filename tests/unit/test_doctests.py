@@ -10,7 +10,7 @@ import pytest
 MODULES = ["provision.accel", "collect.cases", "provision.fingerprint", "stats.bootstrap",
            "stats.units", "backends.measure.common",
            "cluster.address", "stats.family", "ab.arms", "provision.targets",
-           "bisection.search", "bisection.evidence", "ab.worker", "envs.uv", "envs.cache",
+           "bisection.search", "bisection.evidence", "ab.worker", "ab.verdict", "envs.uv", "envs.cache",
            "envs.stack", "envs.depfiles"]
 
 
