@@ -103,6 +103,8 @@ class Arm:
     @overload
     def call(self, timeout: float, op: Literal["record"],
              *args: object) -> tuple[dict[str, Any] | None, str]: ...
+    @overload
+    def call(self, timeout: float, op: Literal["locate"], *args: object) -> tuple[str, str]: ...
 
     def call(self, timeout: float, op: str, *args: object) -> object:
         """Ask the worker to do ``op`` and wait (at most ``timeout`` seconds) for its

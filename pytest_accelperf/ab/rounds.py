@@ -33,7 +33,7 @@ from pytest_accelperf.ab.arms import (
     start_arm,
 )
 from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir, toplevel
-from pytest_accelperf.ab.worker import Record, Setup, unsupported
+from pytest_accelperf.ab.worker import Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
 from pytest_accelperf.collect.cases import Case
@@ -307,10 +307,9 @@ class Comparison:
         the workers, outside pytest, import it by its module.
 
         With ``record``, the first base worker first trains the case once as a normal run
-        (within ``timeout`` seconds, the case's ``--accelperf-timeout``; its prepare's
-        deadline grows by as much), and the measurement carries that run
-        (``base_run``, or ``base_run_note``: why none), also where the case cannot be
-        timed in blocks."""
+        (within ``timeout`` seconds, the case's ``--accelperf-timeout``:
+        :meth:`_base_record`), and the measurement carries that run (``base_run``, or
+        ``base_run_note``: why none), also where the case cannot be timed in blocks."""
         __tracebackhide__ = True
         out = ABMeasurement()
         spec = spec if spec is not None else get_backend(case.backend)
@@ -333,12 +332,12 @@ class Comparison:
         key = case.id
         prepared: list[Arm] = []
         try:
-            asked = Record(train=record, timeout=timeout)
-            status, why = self._prepare(key, rel_file, qualname, case, spec, prepared, asked)
-            if record and status != "absent":
-                self._base_record(key, out)
-            elif status == "absent":
-                out.base_run_note = why
+            if record:
+                status, why = self._base_record(key, rel_file, qualname, case, spec, timeout,
+                                                prepared, out)
+                if status != "ready":
+                    return status, why, out
+            status, why = self._prepare(key, rel_file, qualname, case, spec, prepared)
             if status != "ready":
                 return status, why, out
             first = self._pairs[0]
@@ -383,14 +382,30 @@ class Comparison:
                     with contextlib.suppress(CompareError):  # starts another
                         arm.call(60, "drop", key)
 
-    def _base_record(self, key: str, out: ABMeasurement) -> None:
-        """The first base worker's record of the case into ``out`` (``base_run``, or why
-        there is none in ``base_run_note``)."""
-        found, why = self._pairs[0]["base"].call(BLOCK_TIMEOUT_S, "record", key)
-        if found is None:
+    def _base_record(self, key: str, rel_file: str, qualname: str, case: Case,
+                     spec: BackendSpec, timeout: float | None, prepared: list[Arm],
+                     out: ABMeasurement) -> tuple[str, str]:
+        """The base revision's record of the case, into ``out`` (``base_run``, or why there
+        is none in ``base_run_note``): the first base worker finds the test (``locate``,
+        within the prepare deadline: a suite that hangs on import is caught as in a
+        prepare), then trains the case once as a normal run (``record``), within the
+        case's ``timeout`` plus the prepare deadline, before any stepper of it exists.
+        ``("absent", why)`` where the base revision has no such test, else ``("ready",
+        "")``; the worker joins ``prepared`` (to be told to drop the case)."""
+        __tracebackhide__ = True
+        first = self._workers()[0]
+        status, why = first.call(self.prepare_timeout, "locate", key, rel_file, qualname)
+        prepared.append(first)
+        if status != "ready":
             out.base_run_note = why
-            return
-        out.base_run = Run.from_json(found)
+            return status, why
+        found, note = first.call((timeout or 0.0) + self.prepare_timeout, "record", key,
+                                 case, spec, timeout)
+        if found is None:
+            out.base_run_note = note
+        else:
+            out.base_run = Run.from_json(found)
+        return "ready", ""
 
     def _lacking(self, spec: BackendSpec) -> str:
         """Why the base arm's environment cannot train a case of ``spec`` (it cannot import
@@ -407,21 +422,19 @@ class Comparison:
         return self._checked[spec.name]
 
     def _prepare(self, key: str, rel_file: str, qualname: str, case: Case,
-                 spec: BackendSpec, prepared: list[Arm], record: Record) -> tuple[str, str]:
+                 spec: BackendSpec, prepared: list[Arm]) -> tuple[str, str]:
         """The case built, compiled and warmed up in every worker at once (a pair's
         compile is outside the timed rounds, and the workers compile side by side).
         Every worker that answered is added to ``prepared`` (to be told to drop the
         case); the first status that is not ``ready`` (a base worker's first: the base
-        revision may not have the case) is returned with why. The first base worker
-        prepares alone, and first trains the case once where ``record`` asks (its
-        deadline longer by ``record.timeout``)."""
+        revision may not have the case) is returned with why."""
         __tracebackhide__ = True
         workers = self._workers()
         first = workers[0]
-        deadline = self.prepare_timeout + ((record.timeout or 0.0) if record.train else 0.0)
-        status, why = first.call(deadline, "prepare", key, rel_file, qualname, case, spec,
-                                 record)
-        prepared.append(first)
+        status, why = first.call(self.prepare_timeout, "prepare", key, rel_file, qualname,
+                                 case, spec)
+        if first not in prepared:
+            prepared.append(first)
         if status != "ready":
             return status, why
         rest = workers[1:]

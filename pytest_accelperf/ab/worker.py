@@ -16,11 +16,12 @@ is then trained here, by its backend's stepper; a case trained in ranks (DDP, De
 by a group of ranks this worker starts for it (:mod:`pytest_accelperf.ab.ranks`).
 
 The first base worker also gives the base revision's *record* of a case
-(:meth:`Worker.prepare` with ``record``, then :meth:`Worker.record`): the case trained once
-as a normal run trains it, by the same code (:func:`pytest_accelperf.gate.routing.train_here`:
-the backend's ``train``, or its ranks for a case trained in ranks), bounded by the case's
-``--accelperf-timeout``, before its stepper is built. Its :class:`~pytest_accelperf.records.
-run.Run` (as JSON) carries what the memory, numerics and loss checks read for that revision.
+(:meth:`Worker.locate`, then :meth:`Worker.record`, then :meth:`Worker.prepare`): the case
+trained once as a normal run trains it, by the same code
+(:func:`pytest_accelperf.gate.routing.train_here`: the backend's ``train``, or its ranks for
+a case trained in ranks), bounded by the case's ``--accelperf-timeout``, before its stepper
+is built. Its :class:`~pytest_accelperf.records.run.Run` (as JSON) carries what the memory,
+numerics and loss checks read for that revision.
 
 This module imports no ML framework at import time (the device environment is in place
 first: the controller's ``XLA_FLAGS`` and ``JAX_PLATFORMS`` are inherited).
@@ -177,23 +178,12 @@ def unsupported(spec: BackendSpec) -> str:
             f"BackendSpec does not declare ab_blocks)")
 
 
-@dataclass(frozen=True)
-class Record:
-    """What :meth:`Worker.prepare` asks for besides the stepper: the case trained once as a
-    normal run (``train``), bounded by ``timeout`` seconds (the case's
-    ``--accelperf-timeout``; None: no bound but the controller's deadline)."""
-
-    train: bool = False
-    timeout: float | None = None
-
-
 class Worker:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self.steppers: dict[str, Any] = {}
-        #: Per case, the base revision's record (:meth:`record`): a run's JSON, or why
-        #: there is none.
-        self.records: dict[str, dict[str, Any] | str] = {}
+        #: Per case, its test function as :meth:`locate` found it.
+        self.targets: dict[str, Callable[..., object]] = {}
         self._accelerator: Accelerator | None = None
 
     def accelerator(self) -> Accelerator:
@@ -204,18 +194,11 @@ class Worker:
             self._accelerator = provision(s.accel, s.cpu_devices, s.platform)
         return self._accelerator
 
-    def prepare(self, key: str, rel_file: str, qualname: str, case: Case,
-                spec: BackendSpec, record: Record | None = None) -> tuple[str, str]:
-        """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
-        why)`` when this revision has no such test, or ``("unsupported", why)`` when the
-        backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) neither
-        declares ``ab_blocks`` nor has ranks that train in blocks (``block_job``), or the
-        test function cannot be run up to ``accelperf.train(task)`` here.
-
-        With ``record.train``, the case is first trained once as a normal run
-        (:meth:`_train_record`; :meth:`record` gives it), before the stepper exists, so
-        that nothing of the stepper counts in its memory; a backend that cannot train in
-        blocks still gives it."""
+    def locate(self, key: str, rel_file: str, qualname: str) -> tuple[str, str]:
+        """Import the test's module from this arm's tree and find its function:
+        ``("ready", "")``, or ``("absent", why)`` when this revision has no such test. What
+        :meth:`prepare` and :meth:`record` do first (kept for them: a second call is a
+        lookup)."""
         path = Path(self.setup.tree) / rel_file
         if not path.is_file():
             return "absent", f"{rel_file} does not exist"
@@ -231,10 +214,22 @@ class Worker:
             for part in owner_name.split("."):
                 owner = getattr(owner, part)
             target = getattr(owner(), method)
+        self.targets[key] = target
+        return "ready", ""
+
+    def prepare(self, key: str, rel_file: str, qualname: str, case: Case,
+                spec: BackendSpec) -> tuple[str, str]:
+        """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
+        why)`` when this revision has no such test, or ``("unsupported", why)`` when the
+        backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) neither
+        declares ``ab_blocks`` nor has ranks that train in blocks (``block_job``), or the
+        test function cannot be run up to ``accelperf.train(task)`` here."""
+        status, why = self.locate(key, rel_file, qualname)
+        if status != "ready":
+            return status, why
+        target = self.targets[key]
         ranks = in_ranks(spec, case.world_size)
         trainer = spec.load_ranks() if ranks else None
-        if record is not None and record.train:
-            self.records[key] = self._train_record(target, case, spec, record.timeout)
         if ranks and not _trains_blocks(trainer):
             return "unsupported", (f"the {spec.name} backend's ranks cannot train a case in "
                                    f"blocks of steps (its RankTrainer has no block_job)")
@@ -262,6 +257,21 @@ class Worker:
         self.steppers[key] = stepper
         return "ready", ""
 
+    def record(self, key: str, case: Case, spec: BackendSpec,
+               timeout: float | None) -> tuple[dict[str, Any] | None, str]:
+        """The base revision's record of the case: the case trained once as a normal run
+        trains it (:meth:`_train_record`), its test found first by :meth:`locate`, before
+        any stepper of it exists (nothing of a stepper counts in its memory); a backend
+        that cannot train in blocks gives it too. Its run's JSON and ``""``; or None and
+        why there is none."""
+        target = self.targets.get(key)
+        if target is None:
+            return None, "its test was not located in the base revision"
+        found = self._train_record(target, case, spec, timeout)
+        if isinstance(found, str):
+            return None, found
+        return found, ""
+
     def _train_record(self, target: Callable[..., object], case: Case, spec: BackendSpec,
                       timeout: float | None) -> dict[str, Any] | str:
         """The case trained once as the pytest process trains it in a normal run: a task
@@ -288,16 +298,6 @@ class Worker:
             return f"its training raised {type(exc).__name__}: {exc}"
         run_json: dict[str, Any] = result.run.to_json()
         return run_json
-
-    def record(self, key: str) -> tuple[dict[str, Any] | None, str]:
-        """The base revision's record of the case (its run's JSON, what :meth:`prepare`
-        trained with ``record``) and ``""``; or None and why there is none."""
-        found = self.records.get(key)
-        if found is None:
-            return None, "its worker was not asked to train it"
-        if isinstance(found, str):
-            return None, found
-        return found, ""
 
     def _refuse_foreign(self) -> None:
         """Stop where this base worker imported code under test from the working tree
@@ -363,7 +363,7 @@ class Worker:
         return list(getattr(self.steppers.get(key), "pids", []))
 
     def drop(self, key: str) -> None:
-        self.records.pop(key, None)
+        self.targets.pop(key, None)
         stepper = self.steppers.pop(key, None)
         if callable(getattr(stepper, "close", None)):
             stepper.close()  # a rank group: stopped, and nothing left running
