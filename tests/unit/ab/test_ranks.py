@@ -157,6 +157,18 @@ def test_ddp_and_zero2_against_the_base_in_their_own_rank_groups(suite: Suite) -
         else:  # the working tree spins 10 ms in every forward
             assert check["verdict"] == "regression", (case_id, check["detail"])
             assert data["ratio"] > 1.5, (case_id, check["detail"])
+    # Memory, numerics and loss against the base arm's own run of the case, trained there
+    # in ranks of its own as a run's are (issue 37): the same training in both revisions.
+    # (Memory is not asserted to pass: ZeRO-2's peak on rank 0 moved by 64 KiB once with the
+    # working tree's spin, as a stored baseline would see it too.)
+    for case_id in ids:
+        if "dies" in case_id:
+            continue
+        for metric in ("memory", "numerics", "loss"):
+            check = checks[case_id][metric]
+            assert check["data"].get("mode") == "ab", (case_id, check["detail"])
+            if metric != "memory":
+                assert check["verdict"] == "pass", (case_id, check["detail"])
     source = {i: checks[i]["throughput"]["data"]["blocks"] for i in ids if "dies" not in i}
     assert all(len(b["base"][0]) == 5 for b in source.values())  # blocks of 5 steps
 
