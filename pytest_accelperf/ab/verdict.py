@@ -259,7 +259,9 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
 
     Empty where the base arm has no record (``measured.base_run`` None) or its run did not
     finish (the stored-baseline checks stand: :func:`record_not_compared`); a metric the
-    base's run has nothing of (``new``) is left out too."""
+    base's run has nothing of (``new``) is left out too. A verdict that is the head's
+    alone (a leak: live memory growing per step) keeps its own words and is no A/B verdict
+    (no ``data["mode"]``): what clears it is its own check's."""
     base = measured.base_run
     if base is None or base.outcome != "ok":
         return {}
@@ -274,8 +276,11 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
                 continue
             result = named_stack(result, stack)
             headline = _headline(result, label)
-            detail = in_ab_words(result.detail, label)
-            out[metric] = replace(result, detail=f"{headline}: {detail}" if headline else detail,
+            if not headline:  # the head's alone (a leak): judged, and cleared, as always
+                out[metric] = replace(result, data={**result.data, "against": label})
+                continue
+            out[metric] = replace(result, detail=f"{headline}: "
+                                                 f"{in_ab_words(result.detail, label)}",
                                   data={**result.data, "mode": "ab", "against": label})
     return out
 

@@ -139,6 +139,8 @@ def test_a_leak_is_the_heads_alone_and_keeps_its_words() -> None:
     memory = found["memory"]
     assert memory.verdict is Verdict.REGRESSION and memory.data["leak"] is True
     assert memory.detail.startswith("live memory grew "), memory.detail
+    assert "mode" not in memory.data  # not A/B's: its own check says what clears it
+    assert "--accelperf-leak-bytes-per-step" in str(not_cleared_by_a_baseline(memory))
 
 
 def test_in_ab_words_drops_the_remedies_of_a_stored_baseline() -> None:
