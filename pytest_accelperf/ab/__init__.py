@@ -17,9 +17,11 @@ How a session goes:
    (an arm run from the repository itself would import from a different place, and could
    see files the other cannot). Both run the working tree's plugin; what differs is the
    suites and everything they import from the repository.
-3. For each case (after its normal run in the pytest process, which still serves the
-   convergence, memory and numerics checks against the stored baseline), each worker builds
-   the case's step from its revision (by running the test function up to
+3. For each case (after its normal run in the pytest process), the first base worker
+   trains the case once as a normal run trains it, from its revision (the base arm's
+   *record*: :class:`~.rounds.ABMeasurement` ``.base_run``; the backend's ``train``, or its
+   ranks for a case trained in ranks, within ``--accelperf-timeout``). Then each worker
+   builds the case's step from its revision (by running the test function up to
    ``accelperf.train(task)``), compiles and warms it up; a case trained in ranks (DDP,
    DeepSpeed) gets a group of ``world_size`` ranks of its own in each worker, started from
    that revision's files, which build the engine and warm up as a run's ranks do and then
@@ -37,6 +39,17 @@ How a session goes:
    other processes used more than ``--accelperf-max-foreign-load`` cores during the
    rounds (:mod:`.contention`): then the measurement is contaminated, pairing does not
    cancel it, and the verdict is ``inconclusive`` with that reason.
+5. The deterministic checks compare with the base revision's own, not the stored
+   baseline (:mod:`.verdict`): the program with the program the base worker compiled; the
+   memory, numerics and loss of the pytest process's run with the base arm's record, by
+   the stored-baseline path's own checks. Each is an A/B verdict (``data["mode"] ==
+   "ab"``, ``data["against"]`` the base's label, a detail that says ``more memory than
+   origin/main (…)``, ``same numerics as …``): a regression fails the case with or without a
+   stored baseline, and no baseline clears it. Where the two arms run under different
+   stacks, the numerics are compared at the cross-environment tolerance and every such
+   verdict names the difference. A check the base arm has no record for (a case the base
+   lacks, a backend that cannot be rebuilt there, a base run that did not finish) keeps its
+   stored-baseline verdict, with a note of why.
 
 The base arm may run in another Python environment: ``--accelperf-compare-python=PATH``
 (alone, both arms have the working tree's files), or, where the base revision's dependency
@@ -48,14 +61,16 @@ plugin still from this session's folder, and the verdict names the two stacks
 
 A case that the base revision does not have is ``new``; one whose backend cannot train in
 blocks (ingested logs; JAX over processes, whose ranks have no ``block_job``) keeps the
-stored-baseline throughput check, and the detail says so.
+stored-baseline throughput check, and the detail says so (its memory, numerics and loss
+are still compared with the base arm's record where the base worker could train it).
 
 The modules, one job each: :mod:`.tree` (the base revision's files and where a test lives
 in them), :mod:`.worker` (one arm's process, ``python -m pytest_accelperf.ab.worker``),
 :mod:`.arms` (the controller's side of it: start an arm, ask it, stop it), :mod:`.rounds`
-(the session's comparison: the alternating rounds of one case), :mod:`.ranks` (an arm's
-rank group for a case trained in ranks) and :mod:`.verdict` (the throughput check those
-rounds give). The package itself imports nothing, so an arm's
+(the session's comparison: the base arm's record and the alternating rounds of one case),
+:mod:`.ranks` (an arm's rank group for a case trained in ranks) and :mod:`.verdict` (the
+checks they give: throughput, and the program, memory, numerics and loss against the base
+revision's own). The package itself imports nothing, so an arm's
 process starts with no more than the plugin's own modules.
 """
 

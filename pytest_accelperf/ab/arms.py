@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import pytest_accelperf
 from pytest_accelperf.ab import CompareError
@@ -100,6 +100,11 @@ class Arm:
     def call(self, timeout: float, op: Literal["prepare"], *args: object) -> tuple[str, str]: ...
     @overload
     def call(self, timeout: float, op: Literal["drop"], *args: object) -> None: ...
+    @overload
+    def call(self, timeout: float, op: Literal["record"],
+             *args: object) -> tuple[dict[str, Any] | None, str]: ...
+    @overload
+    def call(self, timeout: float, op: Literal["locate"], *args: object) -> tuple[str, str]: ...
 
     def call(self, timeout: float, op: str, *args: object) -> object:
         """Ask the worker to do ``op`` and wait (at most ``timeout`` seconds) for its

@@ -40,9 +40,10 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import build_env, session_site
 from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
-from pytest_accelperf.envs.stack import check_python, stack_change
+from pytest_accelperf.envs.stack import check_python, stack_change, stack_changes
 from pytest_accelperf.git import GitError
 from pytest_accelperf.records.program import ProgramRecord
+from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import ab_ratio
 from pytest_accelperf.stats.contention import Contention, Load
 
@@ -65,6 +66,11 @@ class ABMeasurement:
     pairs: list[int] = field(default_factory=list)
     #: Process pairs the rounds were spread over.
     processes: int = 1
+    #: The base revision's record of the case: its run, trained once by the first base
+    #: worker as a normal run trains it (what the memory, numerics and loss checks read for
+    #: that revision); None where there is none, and ``base_run_note`` says why.
+    base_run: Run | None = None
+    base_run_note: str = ""
 
 
 def environment_entries(entries: Sequence[str]) -> list[str]:
@@ -157,6 +163,14 @@ class Comparison:
         if len(self.stacks) < 2:
             return ""
         return stack_change(self.stacks["base"], self.stacks["head"])
+
+    def stack_changes(self) -> list[str]:
+        """:meth:`stack_change`, one package a phrase (``["jax 0.8.3 → 0.10.2"]``), what
+        the checks of the base arm's record name (:func:`~pytest_accelperf.ab.verdict.
+        ab_record_checks`)."""
+        if len(self.stacks) < 2:
+            return []
+        return stack_changes(self.stacks["base"], self.stacks["head"])
 
     def revision(self, arm: str) -> str:
         """What ``arm`` runs, as messages name it."""
@@ -284,12 +298,18 @@ class Comparison:
         return [pair[arm] for pair in self._pairs for arm in ("base", "head") if arm in pair]
 
     def measure(self, case: Case, rel_file: str, qualname: str, *, rounds: int, block: int,
-                budget: float, tolerance: float, spec: BackendSpec | None = None
+                budget: float, tolerance: float, spec: BackendSpec | None = None,
+                record: bool = True, timeout: float | None = None
                 ) -> tuple[str, str, ABMeasurement]:
         """Prepare the case in both workers and alternate blocks of steps. Returns
         ``(status, why, measurement)``; status ``ready`` when measured. ``spec`` is the
         case's backend as the session registered it (default: the built-in of that name);
-        the workers, outside pytest, import it by its module."""
+        the workers, outside pytest, import it by its module.
+
+        With ``record``, the first base worker first trains the case once as a normal run
+        (within ``timeout`` seconds, the case's ``--accelperf-timeout``:
+        :meth:`_base_record`), and the measurement carries that run (``base_run``, or
+        ``base_run_note``: why none), also where the case cannot be timed in blocks."""
         __tracebackhide__ = True
         out = ABMeasurement()
         spec = spec if spec is not None else get_backend(case.backend)
@@ -297,8 +317,10 @@ class Comparison:
             try:
                 spec.check_importable("an A/B worker")
             except BackendSpecError as exc:
+                out.base_run_note = str(exc)
                 return "unsupported", str(exc), out
         elif not spec.importable:
+            out.base_run_note = unsupported(spec)
             return "unsupported", unsupported(spec), out
         if not self._pairs:
             self._start()
@@ -310,6 +332,11 @@ class Comparison:
         key = case.id
         prepared: list[Arm] = []
         try:
+            if record:
+                status, why = self._base_record(key, rel_file, qualname, case, spec, timeout,
+                                                prepared, out)
+                if status != "ready":
+                    return status, why, out
             status, why = self._prepare(key, rel_file, qualname, case, spec, prepared)
             if status != "ready":
                 return status, why, out
@@ -355,6 +382,31 @@ class Comparison:
                     with contextlib.suppress(CompareError):  # starts another
                         arm.call(60, "drop", key)
 
+    def _base_record(self, key: str, rel_file: str, qualname: str, case: Case,
+                     spec: BackendSpec, timeout: float | None, prepared: list[Arm],
+                     out: ABMeasurement) -> tuple[str, str]:
+        """The base revision's record of the case, into ``out`` (``base_run``, or why there
+        is none in ``base_run_note``): the first base worker finds the test (``locate``,
+        within the prepare deadline: a suite that hangs on import is caught as in a
+        prepare), then trains the case once as a normal run (``record``), within the
+        case's ``timeout`` plus the prepare deadline, before any stepper of it exists.
+        ``("absent", why)`` where the base revision has no such test, else ``("ready",
+        "")``; the worker joins ``prepared`` (to be told to drop the case)."""
+        __tracebackhide__ = True
+        first = self._workers()[0]
+        status, why = first.call(self.prepare_timeout, "locate", key, rel_file, qualname)
+        prepared.append(first)
+        if status != "ready":
+            out.base_run_note = why
+            return status, why
+        found, note = first.call((timeout or 0.0) + self.prepare_timeout, "record", key,
+                                 case, spec, timeout)
+        if found is None:
+            out.base_run_note = note
+        else:
+            out.base_run = Run.from_json(found)
+        return "ready", ""
+
     def _lacking(self, spec: BackendSpec) -> str:
         """Why the base arm's environment cannot train a case of ``spec`` (it cannot import
         what the backend needs), in one line naming the interpreter and the fix; or
@@ -381,7 +433,8 @@ class Comparison:
         first = workers[0]
         status, why = first.call(self.prepare_timeout, "prepare", key, rel_file, qualname,
                                  case, spec)
-        prepared.append(first)
+        if first not in prepared:
+            prepared.append(first)
         if status != "ready":
             return status, why
         rest = workers[1:]

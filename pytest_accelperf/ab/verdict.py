@@ -1,9 +1,17 @@
-"""The throughput verdict of A/B mode (see :mod:`pytest_accelperf.ab`): the paired ratio
-of an :class:`~pytest_accelperf.ab.rounds.ABMeasurement` under the tolerance, with the two
-arms' programs diffed (:func:`ab_check`); ``new`` for a case the base revision lacks
-(:func:`new_in_head`); the stored-baseline check, with a note, for one that could not be
-compared (:func:`not_compared`). Each returns a new :class:`CheckResult`, never changing
-the one it was given.
+"""The verdicts of A/B mode (see :mod:`pytest_accelperf.ab`).
+
+Throughput: the paired ratio of an :class:`~pytest_accelperf.ab.rounds.ABMeasurement`
+under the tolerance, with the two arms' programs diffed (:func:`ab_check`); ``new`` for a
+case the base revision lacks (:func:`new_in_head`); the stored-baseline check, with a note,
+for one that could not be compared (:func:`not_compared`).
+
+The deterministic checks against the base arm's own record, not the stored baseline: the
+program, as each arm's worker compiled it (:func:`ab_program_check`); memory, numerics and
+loss, the head's normal run (the pytest process's) against the run the base arm trained
+once as a normal run trains it (:func:`ab_record_checks`), by the very checks of the
+stored-baseline path (:mod:`pytest_accelperf.checks.memory`, ``.numerics``,
+``.convergence``) with the base's run as their baseline. Each returns a new
+:class:`CheckResult`, never changing the one it was given.
 """
 
 from __future__ import annotations
@@ -13,12 +21,19 @@ import statistics
 from dataclasses import replace
 
 from pytest_accelperf.ab.rounds import ABMeasurement
+from pytest_accelperf.checks.apply import named_stack
 from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.program import check_program
+from pytest_accelperf.checks.protocol import CheckInput
+from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.records.program import describe_changes
+from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import ProcessSpread, ab_ratio, ab_verdict
 from pytest_accelperf.stats.contention import contaminated
 from pytest_accelperf.stats.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
+from pytest_accelperf.store.block import Block, read_block
+from pytest_accelperf.store.schema import block_model
+from pytest_accelperf.store.summary import summarize
 
 METRIC = "throughput"
 
@@ -166,3 +181,120 @@ def ab_program_check(label: str, measured: ABMeasurement, tolerance: float
     else:
         detail = f"{result.detail} (A/B: against {label}'s program)"
     return replace(result, detail=detail, data=data)
+
+
+#: The checks A/B mode judges against the base arm's record (:func:`ab_record_checks`).
+RECORD_METRICS = ("memory", "numerics", "loss")
+
+#: What a stored-baseline detail says that is not so of the base arm (its remedies), then
+#: how it names the baseline, in A/B words (``{label}``: the base revision), in this order.
+_REMEDIES = ("; run with --accelperf-update to record the new baseline",
+             "; run with --accelperf-update to record it",
+             "; if intended, re-record with --accelperf-update",
+             "; re-record with --accelperf-update")
+_NAMES = (("the baseline fingerprint", "{label}'s fingerprint"),
+          ("the baseline's", "{label}'s"),
+          ("the baseline", "{label}"),
+          (", baseline ", ", {label} "))
+
+
+def in_ab_words(detail: str, label: str) -> str:
+    """A stored-baseline check's ``detail`` as said of the base revision ``label``: its
+    baseline named as ``label``, its remedies (re-recording with ``--accelperf-update``,
+    which does not change an A/B verdict) left out.
+
+    >>> in_ab_words("peak memory on cpu:0 is 2.00 MiB, baseline 1.00 MiB (+100.0%, "
+    ...             "tolerance 10%)", "HEAD (0123456789)")
+    'peak memory on cpu:0 is 2.00 MiB, HEAD (0123456789) 1.00 MiB (+100.0%, tolerance 10%)'
+    >>> in_ab_words("loss at step 9 is 0.9, above the baseline's 0.5 ± 0.026 (rtol 5%, "
+    ...             "atol 0.001)", "main")
+    "loss at step 9 is 0.9, above main's 0.5 ± 0.026 (rtol 5%, atol 0.001)"
+    """
+    for remedy in _REMEDIES:
+        detail = detail.replace(remedy, "")
+    for old, new in _NAMES:
+        detail = detail.replace(old, new.format(label=label))
+    return detail
+
+
+def _headline(result: CheckResult, label: str) -> str:
+    """What an A/B verdict of the base arm's record says first: ``more memory than
+    {label}``, ``same numerics as {label}``; ``""`` for a verdict that is the head's
+    alone (a leak, a loss that is not finite)."""
+    verdict, metric, data = result.verdict, result.metric, result.data
+    if data.get("leak") or "nan_step" in data:
+        return ""
+    words = {("memory", Verdict.REGRESSION): "more memory than",
+             ("memory", Verdict.IMPROVEMENT): "less memory than",
+             ("memory", Verdict.PASS): "as much memory as",
+             ("numerics", Verdict.REGRESSION): "other numerics than",
+             ("numerics", Verdict.PASS): "same numerics as",
+             ("loss", Verdict.REGRESSION): ("other training than" if data.get("either_way")
+                                            else "higher loss than"),
+             ("loss", Verdict.IMPROVEMENT): "lower loss than",
+             ("loss", Verdict.PASS): "same loss curve as"}
+    return f"{words.get((metric, verdict), 'against')} {label}"
+
+
+def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block,
+                     tol: Tolerances, *, loss_either_way: bool = False,
+                     stack: tuple[str, ...] = ()) -> dict[str, CheckResult]:
+    """The memory, numerics and loss checks of A/B mode (:data:`RECORD_METRICS`): ``run``
+    (the head's normal run; ``block``, its ``summarize(run)``) against the base arm's record
+    of the case (``measured.base_run``), by each check of the table
+    (:meth:`~pytest_accelperf.checks.protocol.Check.check`, as
+    :func:`~pytest_accelperf.checks.run_checks` calls it) with the base's run as the
+    baseline. Per metric the A/B verdict (``data["mode"] == "ab"``, ``data["against"]``:
+    ``label``; its detail says ``than``/``as`` ``label``): a regression fails the case
+    whether or not a baseline is stored, and no baseline clears it.
+
+    ``stack``: how the head's stack differs from the base arm's, one package a phrase
+    (``--accelperf-compare-python``, or an environment built for the base revision). Then
+    the numerics are compared at the cross-environment tolerance
+    (``numerics_cross_rtol``/``atol``: other kernels round differently), as against a
+    baseline recorded under another stack, and every verdict that compared names the
+    difference (``stack: jax 0.8.3 → 0.10.2``): an upgrade that changes the arithmetic
+    beyond that tolerance is a regression, named with the upgrade, never hidden.
+
+    Empty where the base arm has no record (``measured.base_run`` None) or its run did not
+    finish (the stored-baseline checks stand: :func:`record_not_compared`); a metric the
+    base's run has nothing of (``new``) is left out too. A verdict that is the head's
+    alone (a leak: live memory growing per step) keeps its own words and is no A/B verdict
+    (no ``data["mode"]``): what clears it is its own check's."""
+    base = measured.base_run
+    if base is None or base.outcome != "ok":
+        return {}
+    model = block_model()
+    given = CheckInput(run=run, block=read_block(block, model),
+                       baseline=read_block(summarize(base), model), tol=tol, stack=stack,
+                       loss_either_way=loss_either_way)
+    out: dict[str, CheckResult] = {}
+    for metric in RECORD_METRICS:
+        for result in check_of(metric).check(given):
+            if result.verdict is Verdict.NEW:
+                continue
+            result = named_stack(result, stack)
+            headline = _headline(result, label)
+            if not headline:  # the head's alone (a leak): judged, and cleared, as always
+                out[metric] = replace(result, data={**result.data, "against": label})
+                continue
+            out[metric] = replace(result, detail=f"{headline}: "
+                                                 f"{in_ab_words(result.detail, label)}",
+                                  data={**result.data, "mode": "ab", "against": label})
+    return out
+
+
+def record_not_compared(label: str, measured: ABMeasurement, stored: CheckResult
+                        ) -> CheckResult:
+    """A memory, numerics or loss check that the base arm's record could not judge: the
+    stored-baseline check, with a note of why (as :func:`not_compared` for throughput)."""
+    base = measured.base_run
+    if base is None:
+        why = measured.base_run_note or "the base arm has no record of the case"
+    elif base.outcome != "ok":
+        message = f": {base.message}" if base.message else ""
+        why = f"its run of the case ended {base.outcome}{message}"
+    else:
+        why = f"its run of the case has no {stored.metric} record"
+    return replace(stored, detail=f"{stored.detail} [not compared with {label}: {why}]".strip(),
+                   data={**stored.data, "ab": {"ref": label, "skipped": why}})

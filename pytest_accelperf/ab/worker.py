@@ -15,6 +15,14 @@ fixture whose ``train(task)`` captures the task and stops the function there: th
 is then trained here, by its backend's stepper; a case trained in ranks (DDP, DeepSpeed)
 by a group of ranks this worker starts for it (:mod:`pytest_accelperf.ab.ranks`).
 
+The first base worker also gives the base revision's *record* of a case
+(:meth:`Worker.locate`, then :meth:`Worker.record`, then :meth:`Worker.prepare`): the case
+trained once as a normal run trains it, by the same code
+(:func:`pytest_accelperf.gate.routing.train_here`: the backend's ``train``, or its ranks for
+a case trained in ranks), bounded by the case's ``--accelperf-timeout``, before its stepper
+is built. Its :class:`~pytest_accelperf.records.run.Run` (as JSON) carries what the memory,
+numerics and loss checks read for that revision.
+
 This module imports no ML framework at import time (the device environment is in place
 first: the controller's ``XLA_FLAGS`` and ``JAX_PLATFORMS`` are inherited).
 """
@@ -182,6 +190,8 @@ class Worker:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         self.steppers: dict[str, _Stepper] = {}
+        #: Per case, its test function as :meth:`locate` found it.
+        self.targets: dict[str, Callable[..., object]] = {}
         self._accelerator: Accelerator | None = None
 
     def accelerator(self) -> Accelerator:
@@ -192,13 +202,11 @@ class Worker:
             self._accelerator = provision(s.accel, s.cpu_devices, s.platform)
         return self._accelerator
 
-    def prepare(self, key: str, rel_file: str, qualname: str, case: Case,
-                spec: BackendSpec) -> tuple[str, str]:
-        """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
-        why)`` when this revision has no such test, or ``("unsupported", why)`` when the
-        backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) neither
-        declares ``ab_blocks`` nor has ranks that train in blocks (``block_job``), or the
-        test function cannot be run up to ``accelperf.train(task)`` here."""
+    def locate(self, key: str, rel_file: str, qualname: str) -> tuple[str, str]:
+        """Import the test's module from this arm's tree and find its function:
+        ``("ready", "")``, or ``("absent", why)`` when this revision has no such test. What
+        :meth:`prepare` and :meth:`record` do first (kept for them: a second call is a
+        lookup)."""
         path = Path(self.setup.tree) / rel_file
         if not path.is_file():
             return "absent", f"{rel_file} does not exist"
@@ -214,6 +222,20 @@ class Worker:
             for part in owner_name.split("."):
                 owner = getattr(owner, part)
             target = getattr(owner(), method)
+        self.targets[key] = target
+        return "ready", ""
+
+    def prepare(self, key: str, rel_file: str, qualname: str, case: Case,
+                spec: BackendSpec) -> tuple[str, str]:
+        """Build the case's stepper and warm it up. ``("ready", "")``, or ``("absent",
+        why)`` when this revision has no such test, or ``("unsupported", why)`` when the
+        backend (``spec``, a :class:`~pytest_accelperf.backends.spec.BackendSpec`) neither
+        declares ``ab_blocks`` nor has ranks that train in blocks (``block_job``), or the
+        test function cannot be run up to ``accelperf.train(task)`` here."""
+        status, why = self.locate(key, rel_file, qualname)
+        if status != "ready":
+            return status, why
+        target = self.targets[key]
         ranks = in_ranks(spec, case.world_size)
         trainer = spec.load_ranks() if ranks else None
         if ranks and not _trains_blocks(trainer):
@@ -227,14 +249,7 @@ class Worker:
             task = self._capture(target, case)
         except NotCapturable as exc:
             return "unsupported", str(exc)
-        foreign = _foreign_modules(self.setup)
-        if foreign:
-            raise RuntimeError(
-                "the base revision's worker imported these modules from the working tree, "
-                "not from the base revision's files, so the comparison would be of the "
-                "working tree with itself: " + ", ".join(foreign[:5]) + ". Import the "
-                "code under test through sys.path (e.g. a src/ directory pytest adds with "
-                "pythonpath=src), not an editable install's import hook")
+        self._refuse_foreign()
         # Ranks of its own, built and warmed up as in a run.
         if trainer is not None and _trains_blocks(trainer):
             from pytest_accelperf.ab.ranks import RankGroupStepper
@@ -249,6 +264,61 @@ class Worker:
         stepper.run(max(case.warmup, 2))  # warm caches, allocators, the first compile
         self.steppers[key] = stepper
         return "ready", ""
+
+    def record(self, key: str, case: Case, spec: BackendSpec,
+               timeout: float | None) -> tuple[dict[str, Any] | None, str]:
+        """The base revision's record of the case: the case trained once as a normal run
+        trains it (:meth:`_train_record`), its test found first by :meth:`locate`, before
+        any stepper of it exists (nothing of a stepper counts in its memory); a backend
+        that cannot train in blocks gives it too. Its run's JSON and ``""``; or None and
+        why there is none."""
+        target = self.targets.get(key)
+        if target is None:
+            return None, "its test was not located in the base revision"
+        found = self._train_record(target, case, spec, timeout)
+        if isinstance(found, str):
+            return None, found
+        return found, ""
+
+    def _train_record(self, target: Callable[..., object], case: Case, spec: BackendSpec,
+                      timeout: float | None) -> dict[str, Any] | str:
+        """The case trained once as the pytest process trains it in a normal run: a task
+        captured afresh, trained by :func:`~pytest_accelperf.gate.routing.train_here`
+        (the backend's ``train``, or its ranks), within ``timeout`` seconds. Its run's
+        JSON; or, where the test function cannot be run up to ``accelperf.train(task)``
+        here, why not (the run's own failures, an error or a timeout, are its outcome)."""
+        from pytest_accelperf.gate.routing import train_here
+
+        try:
+            task = self._capture(target, case)
+        except NotCapturable as exc:
+            return str(exc)
+        self._refuse_foreign()
+        if spec.spans_ranks(case.world_size):
+            _pickle_by_value(target)
+        try:
+            result = train_here(spec, case, task, self.accelerator(), timeout=timeout)
+        except Exception as exc:
+            from pytest_accelperf.provision.device_errors import classify
+
+            if classify(exc) is not None:  # the device's: serve() handles it
+                raise
+            return f"its training raised {type(exc).__name__}: {exc}"
+        run_json: dict[str, Any] = result.run.to_json()
+        return run_json
+
+    def _refuse_foreign(self) -> None:
+        """Stop where this base worker imported code under test from the working tree
+        (:func:`_foreign_modules`): its comparison would be of the working tree with
+        itself."""
+        foreign = _foreign_modules(self.setup)
+        if foreign:
+            raise RuntimeError(
+                "the base revision's worker imported these modules from the working tree, "
+                "not from the base revision's files, so the comparison would be of the "
+                "working tree with itself: " + ", ".join(foreign[:5]) + ". Import the "
+                "code under test through sys.path (e.g. a src/ directory pytest adds with "
+                "pythonpath=src), not an editable install's import hook")
 
     def _import(self, path: Path) -> ModuleType:
         name = f"_accelperf_ab_{self.setup.arm}_{abs(hash(str(path)))}_{path.stem}"
@@ -301,6 +371,7 @@ class Worker:
         return list(getattr(self.steppers.get(key), "pids", []))
 
     def drop(self, key: str) -> None:
+        self.targets.pop(key, None)
         close = getattr(self.steppers.pop(key, None), "close", None)
         if callable(close):
             close()  # a rank group: stopped, and nothing left running

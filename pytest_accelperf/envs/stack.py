@@ -49,10 +49,20 @@ def stack_change(base: Mapping[str, str], head: Mapping[str, str]) -> str:
     >>> stack_change({"python": "3.11.7"}, {"python": "3.12.1", "flax": "0.12.8"})
     'stack: python 3.11.7 → 3.12.1, flax (none) → 0.12.8'
     """
-    order = [*dict.fromkeys([*base, *head])]
-    changes = [f"{name} {base.get(name, '(none)')} \u2192 {head.get(name, '(none)')}"
-               for name in order if base.get(name) != head.get(name)]
+    changes = stack_changes(base, head)
     return f"stack: {', '.join(changes)}" if changes else ""
+
+
+def stack_changes(base: Mapping[str, str], head: Mapping[str, str]) -> list[str]:
+    """How the head's stack differs from the base's, one package a phrase (what
+    :func:`stack_change` joins, and what a check's ``data["stack"]`` holds).
+
+    >>> stack_changes({"jax": "0.8.3", "numpy": "2.4.6"}, {"jax": "0.10.2", "numpy": "2.4.6"})
+    ['jax 0.8.3 → 0.10.2']
+    """
+    order = [*dict.fromkeys([*base, *head])]
+    return [f"{name} {base.get(name, '(none)')} \u2192 {head.get(name, '(none)')}"
+            for name in order if base.get(name) != head.get(name)]
 
 
 _PROBE = """

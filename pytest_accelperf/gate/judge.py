@@ -31,9 +31,17 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, TypedDict
 
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
-from pytest_accelperf.ab.verdict import ab_check, ab_program_check, new_in_head, not_compared
+from pytest_accelperf.ab.verdict import (
+    RECORD_METRICS,
+    ab_check,
+    ab_program_check,
+    ab_record_checks,
+    new_in_head,
+    not_compared,
+    record_not_compared,
+)
 from pytest_accelperf.backends.protocol import TrainResult
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.contention import Load, wait_for_quiet
@@ -260,7 +268,8 @@ def _steps_text(first: Evaluated, again: Sequence[Evaluated]) -> str:
 
 @dataclass(frozen=True)
 class ABComparison:
-    """A/B mode: the throughput check becomes the paired comparison with the base revision.
+    """A/B mode: the throughput check becomes the paired comparison with the base revision,
+    and the deterministic checks compare with the base arm's own record.
 
     ``comparison()`` is the session's A/B setup (made on first use); ``rounds(comparison)``
     measures this case's alternating rounds (under the host lock) and returns ``(status,
@@ -268,6 +277,14 @@ class ABComparison:
     the caller. A case the base revision lacks is ``new``; one that cannot be compared
     keeps its stored-baseline check, with a note; a run that did not finish is not
     compared.
+
+    The program check compares the two arms' programs (:func:`~pytest_accelperf.ab.
+    verdict.ab_program_check`); the memory, numerics and loss checks compare this run
+    with the run the base arm trained once as a normal run (``measurement.base_run``,
+    :func:`~pytest_accelperf.ab.verdict.ab_record_checks`) under ``tolerances`` (the
+    case's) and ``loss_either_way``. Each of these, where the base arm has no record of it,
+    keeps its stored-baseline check with a note of why
+    (:func:`~pytest_accelperf.ab.verdict.record_not_compared`).
     """
 
     comparison: Callable[[], Comparison]
@@ -275,7 +292,12 @@ class ABComparison:
     tolerance: float
     block: int
     max_foreign_load: float
-    program_tolerance: float
+    tolerances: Tolerances
+    loss_either_way: bool = False
+
+    @property
+    def program_tolerance(self) -> float:
+        return self.tolerances.program_tolerance
 
     def __call__(self, evaluated: Evaluated) -> Evaluated:
         __tracebackhide__ = True
@@ -298,7 +320,26 @@ class ABComparison:
         judged = evaluated.with_throughput(check, first=True)
         program = (ab_program_check(comparison.label, measured, self.program_tolerance)
                    if status == "ready" else None)
-        return judged.with_check(program) if program is not None else judged
+        if program is not None:
+            judged = judged.with_check(program)
+        return self._against_base_record(judged, comparison, measured)
+
+    def _against_base_record(self, judged: Evaluated, comparison: Comparison,
+                             measured: ABMeasurement) -> Evaluated:
+        """``judged`` with its memory, numerics and loss checks against the base arm's
+        record; each the base arm could not judge keeps its stored-baseline check, with a
+        note."""
+        label = comparison.label
+        ab = ab_record_checks(label, measured, judged.run, judged.block, self.tolerances,
+                              loss_either_way=self.loss_either_way,
+                              stack=tuple(comparison.stack_changes()))
+        for metric in RECORD_METRICS:
+            stored = next((c for c in judged.checks if c.metric == metric), None)
+            if metric in ab:
+                judged = judged.with_check(ab[metric])
+            elif stored is not None:
+                judged = judged.with_check(record_not_compared(label, measured, stored))
+        return judged
 
 
 #: What a re-measurement's run contributes besides its step, probe and input times: what

@@ -229,9 +229,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("compare", "--accelperf-compare", "A/B mode for a pull request: measure each "
            "case's step time on this git revision (e.g. origin/main) and on the working tree "
            "in alternation, pairs of long-lived worker processes (one of each revision) "
-           "taking turns, and gate throughput on their paired ratio; loss, memory and "
-           "numerics are still checked against the stored baselines. Default: off.", "str",
-           None),
+           "taking turns, and gate throughput on their paired ratio; the program, memory, "
+           "numerics and loss are checked against the base revision's own (its program, "
+           "and one run of the case trained there). Default: off.", "str", None),
     Option("compare_python", "--accelperf-compare-python", "A/B mode across environments: "
            "the base arm runs under this Python interpreter (e.g. .venv-old/bin/python; it "
            "needs the plugin's dependencies and the cases' framework). Alone, it compares "

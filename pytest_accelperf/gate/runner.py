@@ -323,8 +323,8 @@ class CaseRunner:
             return ABComparison(
                 comparison=self._session.comparison, rounds=self._ab_rounds,
                 tolerance=settings.compare_tolerance, block=settings.compare_block,
-                max_foreign_load=settings.max_foreign_load,
-                program_tolerance=self._tolerances().program_tolerance)
+                max_foreign_load=settings.max_foreign_load, tolerances=self._tolerances(),
+                loss_either_way=settings.loss_either_way)
         if settings.update:
             return Recording(lambda: remeasure(RECORDING_WINDOWS), settings.confirm,
                              settings.max_foreign_load, self._noise)
@@ -359,7 +359,8 @@ class CaseRunner:
                                       rounds=settings.compare_rounds,
                                       block=settings.compare_block,
                                       budget=settings.compare_budget,
-                                      tolerance=settings.compare_tolerance)
+                                      tolerance=settings.compare_tolerance,
+                                      timeout=settings.timeout)
 
     def _tolerances(self) -> Tolerances:
         return self.settings.tolerances.merged(dict(self.case.tolerances))

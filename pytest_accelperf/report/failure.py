@@ -69,9 +69,9 @@ def failure_message(nodeid: str, platform: str, failed: Sequence[CheckResult], *
                      f"spec, a missing gradient reduction), not a change of baseline:")
         lines += [f"  {c.metric}: {c.detail}" for c in reference]
     if ab:
-        lines.append(f"{nodeid}: slower than the base revision (A/B):")
+        lines.append(f"{nodeid}: {len(ab)} regression(s) against the base revision (A/B):")
         lines += [f"  {c.metric}: {c.detail}" for c in ab]
-        lines.append("A/B verdicts are not stored: if this slowdown is intended, the "
+        lines.append("A/B verdicts are not stored: if this change is intended, the "
                      "base revision is what changes it.")
     if other:
         lines.append(f"{nodeid}: {len(other)} failure(s) that no baseline clears:")

@@ -71,7 +71,7 @@ def not_cleared_by_a_baseline(check: CheckResult) -> str | None:
         return None
     if check.data.get("mode") == "ab":
         return ("A/B verdicts are not stored: the base revision is what changes them, if the "
-                "slowdown is intended")
+                "change is intended")
     return check_of(check.metric).not_cleared(check)
 
 

@@ -127,6 +127,14 @@ def test_the_working_tree_under_another_python_gets_a_verdict_naming_both_stacks
     seen = set(prefixes.read_text().split())
     assert str(env.path) in seen, seen  # the base worker ran in the other environment
     assert sys.prefix in seen  # the session's run and the head worker in this one
+    # the numerics against the base arm's own run (issue 37): across two stacks at the
+    # cross-environment tolerance, judged, and naming the stacks
+    case = repo.report()["cases"][0]
+    numerics = next(c for c in case["checks"] if c["metric"] == "numerics")
+    assert numerics["verdict"] == "pass" and numerics["data"]["mode"] == "ab", numerics
+    assert numerics["data"]["stack"] == [f"optax 0.0.1 → {metadata.version('optax')}"]
+    assert "the cross-environment tolerance" in numerics["detail"], numerics["detail"]
+    assert numerics["detail"].endswith(f"; stack: optax 0.0.1 → {metadata.version('optax')}")
 
 
 def test_a_python_that_lacks_the_plugins_dependencies_stops_the_session_in_one_line(

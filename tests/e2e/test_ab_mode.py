@@ -133,8 +133,16 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> 
     first = data["first"]
     assert len(first) == len(data["blocks"]["base"])
     assert all(sorted(first[i:i + 2]) == ["base", "head"] for i in range(0, len(first) - 1, 2))
-    # the stored-baseline checks still ran (no baseline here: new, and not a failure)
-    assert verdicts(repo.report())["test_step[jax-nomesh-b512]"]["loss"] == "new"
+    # memory is judged against the base arm's own run of the case (issue 37), not a
+    # stored baseline (none here: before, `new`): eight times the hidden layer's
+    # activations and weights is more memory than HEAD's
+    memory = _check(repo, "memory")
+    assert memory["verdict"] == "regression", memory
+    assert memory["data"]["mode"] == "ab" and memory["change"] > 1, memory
+    assert str(memory["detail"]).startswith("more memory than HEAD ("), memory
+    assert verdicts(repo.report())["test_step[jax-nomesh-b512]"]["numerics"] == "regression"
+    result.stdout.fnmatch_lines(["*memory: more memory than HEAD (*): peak memory on * is *, "
+                                 "HEAD (*) * (+*%, tolerance 10%)*"])
     # the slowdown comes with its cause: the two revisions' programs, diffed (issue 14)
     diff = data["program_diff"]
     assert diff and diff[0].startswith("FLOPs +"), diff
@@ -175,6 +183,47 @@ def test_more_work_than_the_base_fails_on_the_program_where_timing_cannot_tell(
     result.stdout.fnmatch_lines(["*program: more work than HEAD (*): FLOPs +*"])
 
 
+#: One pair of processes and few rounds (at least 3, what the interval needs): what these
+#: tests check is the base arm's record, not the timing.
+ONE_PAIR = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=4",
+            "--accelperf-compare-processes=1", "--accelperf-compare-budget=1",
+            "--accelperf-json=report.json", "--accelperf-explain=off", UNBOUNDED)
+
+
+@pytest.mark.slow
+def test_a_changed_training_fails_on_numerics_and_loss_against_the_base(repo: Suite) -> None:
+    """Issue 37: in A/B mode the numerics and loss checks compare the working tree's run
+    with the base arm's own run of the case (trained once there as a normal run trains
+    it), not with a stored baseline: with none stored, a learning rate five times larger
+    fails the case on both (before: `new`, and the session passed): its loss ends 31 %
+    below the base's, outside the band either way (``--accelperf-loss-either-way``, what a
+    CI gate uses). The program and the memory are the same as the base's, and say so."""
+    model = repo.pytester.path / "model.py"
+    model.write_text(model.read_text().replace("optax.sgd(0.01)", "optax.sgd(0.05)"))
+    result = repo.run(*ONE_PAIR, "--accelperf-compare=HEAD", "--accelperf-loss-either-way",
+                      "--accelperf-compare-tolerance=10", subprocess=True)
+    result.assert_outcomes(failed=1)
+    label = "HEAD ("
+    for metric in ("numerics", "loss"):
+        check = _check(repo, metric)
+        assert check["verdict"] == "regression", check
+        assert check["data"]["mode"] == "ab", check
+        assert str(check["data"]["against"]).startswith(label)
+        assert "baseline" not in str(check["detail"]), check["detail"]
+    numerics, loss = _check(repo, "numerics"), _check(repo, "loss")
+    assert str(numerics["detail"]).startswith("other numerics than HEAD ("), numerics
+    assert "differs from HEAD (" in str(numerics["detail"])
+    assert str(loss["detail"]).startswith("other training than HEAD ("), loss
+    assert "below HEAD (" in str(loss["detail"]) and "the training changed" in loss["detail"]
+    memory = _check(repo, "memory")
+    assert memory["verdict"] == "pass" and memory["data"]["mode"] == "ab", memory
+    assert str(memory["detail"]).startswith("as much memory as HEAD ("), memory
+    assert _check(repo, "program")["verdict"] == "pass"
+    result.stdout.fnmatch_lines(["*numerics: other numerics than HEAD (*): * differs from "
+                                 "HEAD (*)'s fingerprint: max |Δ| = *",
+                                 "*A/B verdicts are not stored*"])
+
+
 @pytest.mark.slow
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     """A/A at the default contamination bound: beside other tests (``-n 2``) the rounds
@@ -196,6 +245,14 @@ def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     program = _check(repo, "program")  # the base arm's own program, not a stored baseline
     assert program["verdict"] == "pass" and program["data"]["mode"] == "ab"
     assert str(program["detail"]).startswith("same program as HEAD (")
+    # and the base arm's own run of the case, for memory, numerics and loss (issue 37)
+    for metric, words in (("memory", "as much memory as HEAD ("),
+                          ("numerics", "same numerics as HEAD ("),
+                          ("loss", "same loss curve as HEAD (")):
+        check = _check(repo, metric)
+        assert check["verdict"] == "pass", check
+        assert check["data"]["mode"] == "ab", check
+        assert str(check["detail"]).startswith(words), check["detail"]
 
 
 @pytest.mark.slow
@@ -260,6 +317,10 @@ def test_a_test_the_base_lacks_is_new_and_a_bad_ref_is_a_usage_error(repo: Suite
     check = _throughput(repo)
     assert check["verdict"] == "new"
     assert "test_more.py does not exist" in str(check["detail"])
+    # no run of the base arm to compare with: the stored-baseline checks stand, and say why
+    memory = _check(repo, "memory")
+    assert memory["verdict"] == "new" and "mode" not in memory["data"], memory
+    assert str(memory["detail"]).endswith(": test_more.py does not exist]"), memory
 
     bad = repo.run("--accelperf-compare=no-such-branch", subprocess=True)
     assert bad.ret == pytest.ExitCode.USAGE_ERROR

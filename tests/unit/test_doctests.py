@@ -10,8 +10,8 @@ import pytest
 MODULES = ["provision.accel", "collect.cases", "provision.fingerprint", "stats.bootstrap",
            "stats.units", "backends.measure.common",
            "cluster.address", "stats.family", "ab.arms", "provision.targets",
-           "bisection.search", "bisection.evidence", "ab.worker", "envs.uv", "envs.cache",
-           "envs.stack", "envs.depfiles"]
+           "bisection.search", "bisection.evidence", "ab.worker", "ab.verdict", "envs.uv",
+           "envs.cache", "envs.stack", "envs.depfiles"]
 
 
 @pytest.mark.parametrize("name", MODULES)

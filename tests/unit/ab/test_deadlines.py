@@ -134,8 +134,11 @@ def test_a_worker_that_never_answers_prepare_fails_the_case_within_the_deadline(
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "A/B comparison with HEAD (" in out
+    # the first base worker first finds the test ('locate', then trains the base
+    # revision's record of the case): an import that hangs is caught there, within the
+    # prepare deadline all the same
     result.stdout.fnmatch_lines([
-        "*the base worker (pair 0, pid *, revision HEAD (*)) did not answer 'prepare' within "
+        "*the base worker (pair 0, pid *, revision HEAD (*)) did not answer 'locate' within "
         "5 s; it was stopped. Its output (*base-0.log) ends:*",
         "*loading the dataset from a mount that does not answer*"])
     assert "Traceback" not in out

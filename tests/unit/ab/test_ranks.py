@@ -65,7 +65,12 @@ CASES = '''
 from rankmodel import make_task
 from pytest_accelperf import Case, cases
 
-COMMON = dict(batch=8, steps=4, warmup=2, world_size=2, accels=("cpu",))
+# memory_tolerance 0.5: ZeRO-2's peak on rank 0 of this tiny model is 259 KiB or, in some
+# runs of the same code, 64 KiB more (+24.7 %; DeepSpeed's peaks are not repeatable,
+# docs/backends.md), which A/B mode's memory check against the base arm's run would call a
+# regression at the default 10 %.
+COMMON = dict(batch=8, steps=4, warmup=2, world_size=2, accels=("cpu",),
+              tolerances={"memory_tolerance": 0.5})
 SPIN = 0.0
 
 
@@ -157,6 +162,17 @@ def test_ddp_and_zero2_against_the_base_in_their_own_rank_groups(suite: Suite) -
         else:  # the working tree spins 10 ms in every forward
             assert check["verdict"] == "regression", (case_id, check["detail"])
             assert data["ratio"] > 1.5, (case_id, check["detail"])
+    # Memory, numerics and loss against the base arm's own run of the case, trained there
+    # in ranks of its own as a run's are (issue 37): the same training in both revisions.
+    # (Memory's verdict is not asserted: ZeRO-2's peak moves between runs, see COMMON.)
+    for case_id in ids:
+        if "dies" in case_id:
+            continue
+        for metric in ("memory", "numerics", "loss"):
+            check = checks[case_id][metric]
+            assert check["data"].get("mode") == "ab", (case_id, check["detail"])
+            if metric != "memory":
+                assert check["verdict"] == "pass", (case_id, check["detail"])
     source = {i: checks[i]["throughput"]["data"]["blocks"] for i in ids if "dies" not in i}
     assert all(len(b["base"][0]) == 5 for b in source.values())  # blocks of 5 steps
 

@@ -1,0 +1,153 @@
+"""A/B mode's memory, numerics and loss checks against the base arm's record (issue 37):
+the head's run against the run the base arm trained once, by the stored-baseline path's
+own checks, worded as A/B verdicts; where the base arm has no record, the stored check
+stands with a note. Real runs' records: fingerprints from the backends' own function."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pytest_accelperf.ab.rounds import ABMeasurement
+from pytest_accelperf.ab.verdict import ab_record_checks, in_ab_words, record_not_compared
+from pytest_accelperf.backends.measure.common import fingerprint
+from pytest_accelperf.checks import run_checks
+from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.records.run import Run
+from pytest_accelperf.report.failure import failure_message
+from pytest_accelperf.store.recordable import not_cleared_by_a_baseline
+from pytest_accelperf.store.summary import summarize
+
+LABEL = "origin/main (0123456789)"
+TOL = Tolerances()
+
+
+def _params(scale: float = 1.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"w1": (rng.normal(size=(16, 8)) * scale).astype(np.float32),
+            "w2": rng.normal(size=(8, 2)).astype(np.float32)}
+
+
+def _run(*, memory: int = 1 << 20, scale: float = 1.0, losses: tuple[float, ...] = (),
+         outcome: str = "ok") -> Run:
+    curve = list(losses) or [1.0 / (1 + i) for i in range(20)]
+    return Run(case_id="c", outcome=outcome, step_times=[0.01] * 5, losses=curve,
+               loss_steps=list(range(len(curve))), memory_per_device={"cpu:0": memory},
+               memory_source="memory_analysis", params_fingerprint=fingerprint(_params(scale)))
+
+
+def _checks(head: Run, base: Run, stack: tuple[str, ...] = ()) -> dict[str, CheckResult]:
+    return ab_record_checks(LABEL, ABMeasurement(base_run=base), head, summarize(head), TOL,
+                            stack=stack)
+
+
+def test_the_same_run_passes_every_check_against_the_base() -> None:
+    found = ab_record_checks(LABEL, ABMeasurement(base_run=_run()), _run(), summarize(_run()),
+                             TOL)
+    assert sorted(found) == ["loss", "memory", "numerics"]
+    words = {"memory": "as much memory as", "numerics": "same numerics as",
+             "loss": "same loss curve as"}
+    for metric, check in found.items():
+        assert check.verdict is Verdict.PASS, check
+        assert check.data["mode"] == "ab" and check.data["against"] == LABEL
+        assert check.detail.startswith(f"{words[metric]} {LABEL}: "), check.detail
+        assert "baseline" not in check.detail and "--accelperf-update" not in check.detail
+    assert "fingerprints of 2 parameter leaves match origin/main (0123456789) " \
+           "(max |Δ| = 0" in found["numerics"].detail
+
+
+def test_twice_the_memory_and_a_slower_loss_are_regressions_against_the_base() -> None:
+    head = _run(memory=2 << 20, losses=tuple(2.0 / (1 + i) for i in range(20)))
+    found = ab_record_checks(LABEL, ABMeasurement(base_run=_run()), head, summarize(head), TOL)
+    memory, loss = found["memory"], found["loss"]
+    assert memory.verdict is Verdict.REGRESSION and memory.data["mode"] == "ab"
+    assert memory.detail == (f"more memory than {LABEL}: peak memory on cpu:0 is 2.00 MiB, "
+                             f"{LABEL} 1.00 MiB (+100.0%, tolerance 10%)")
+    assert loss.verdict is Verdict.REGRESSION
+    assert loss.detail.startswith(f"higher loss than {LABEL}: loss at step 1 is ")
+    assert f"above {LABEL}'s " in loss.detail
+    # and the same checks say the same against a stored baseline of the base's run: one
+    # implementation each, only the words and the mode differ
+    stored = {c.metric: c for c in run_checks(head, summarize(head), summarize(_run()), TOL)}
+    for metric in ("memory", "loss", "numerics"):
+        assert stored[metric].verdict is found[metric].verdict
+        ours = {k: v for k, v in found[metric].data.items() if k not in ("mode", "against")}
+        assert ours == stored[metric].data, metric
+    # a regression against the base is A/B's: not cleared by a baseline, and said so
+    assert not_cleared_by_a_baseline(memory) is not None
+    message = failure_message("t.py::c", "cpu-x1", [memory, loss], has_baseline=False,
+                              unstorable=None, accept="accelperf baselines accept ...")
+    assert "t.py::c: 2 regression(s) against the base revision (A/B):" in message
+    assert "if this change is intended, the base revision is what changes it" in message
+
+
+def test_numerics_across_stacks_are_judged_at_the_cross_environment_tolerance_and_named() -> None:
+    """Two stacks round differently: a change in the last bits (relative 5e-4, past the
+    same-stack rtol 1e-4) passes at the cross-environment tolerance, naming the stacks;
+    a change of the arithmetic fails, naming them too."""
+    stack = ("jax 0.8.3 \u2192 0.10.2", "jaxlib 0.8.3 \u2192 0.10.2")
+    rounding = _run(scale=1.0005)
+    same_stack = _checks(rounding, _run())["numerics"]
+    assert same_stack.verdict is Verdict.REGRESSION  # one stack: no rounding to excuse
+    upgraded = _checks(rounding, _run(), stack=stack)["numerics"]
+    assert upgraded.verdict is Verdict.PASS, upgraded.detail
+    assert upgraded.data["stack"] == list(stack)
+    assert "the cross-environment tolerance" in upgraded.detail
+    assert upgraded.detail.endswith("; stack: jax 0.8.3 \u2192 0.10.2, jaxlib 0.8.3 \u2192 "
+                                    "0.10.2"), upgraded.detail
+    changed = _checks(_run(scale=1.2), _run(), stack=stack)["numerics"]
+    assert changed.verdict is Verdict.REGRESSION
+    assert changed.detail.startswith(f"other numerics than {LABEL}: w1 differs from {LABEL}'s "
+                                     f"fingerprint: max |Δ| = ")
+    assert "stack: jax 0.8.3 \u2192 0.10.2" in changed.detail
+    assert changed.data["rtol"] == TOL.numerics_cross_rtol
+
+
+@pytest.mark.parametrize(("base", "note", "why"), [
+    (None, "test_x.py does not exist", "test_x.py does not exist"),
+    (None, "", "the base arm has no record of the case"),
+    (replace(Run(case_id="c"), outcome="timeout", message="stopped after 30 s"), "",
+     "its run of the case ended timeout: stopped after 30 s"),
+])
+def test_without_a_record_of_the_base_the_stored_check_stands_with_a_note(
+        base: Run | None, note: str, why: str) -> None:
+    head = _run()
+    measured = ABMeasurement(base_run=base, base_run_note=note)
+    assert ab_record_checks(LABEL, measured, head, summarize(head), TOL) == {}
+    stored = {c.metric: c for c in run_checks(head, summarize(head), None, TOL)}["memory"]
+    kept = record_not_compared(LABEL, measured, stored)
+    assert kept.verdict is stored.verdict is Verdict.NEW
+    assert kept.detail.endswith(f" [not compared with {LABEL}: {why}]"), kept.detail
+    assert kept.data["ab"] == {"ref": LABEL, "skipped": why}
+    assert "mode" not in kept.data
+
+
+def test_a_base_without_a_metric_leaves_it_to_the_stored_check() -> None:
+    head = _run()
+    base = replace(_run(), memory_per_device={}, memory_source="")
+    found = ab_record_checks(LABEL, ABMeasurement(base_run=base), head, summarize(head), TOL)
+    assert "memory" not in found and "numerics" in found
+
+
+def test_a_leak_is_the_heads_alone_and_keeps_its_words() -> None:
+    head = replace(_run(), memory_growth={"bytes_per_step": 1e6, "steps": 10,
+                                          "after_warmup": 1e6, "after_steps": 1.1e7,
+                                          "source": "live_arrays"})
+    found = ab_record_checks(LABEL, ABMeasurement(base_run=_run()), head, summarize(head), TOL)
+    memory = found["memory"]
+    assert memory.verdict is Verdict.REGRESSION and memory.data["leak"] is True
+    assert memory.detail.startswith("live memory grew "), memory.detail
+    assert "mode" not in memory.data  # not A/B's: its own check says what clears it
+    assert "--accelperf-leak-bytes-per-step" in str(not_cleared_by_a_baseline(memory))
+
+
+def test_in_ab_words_drops_the_remedies_of_a_stored_baseline() -> None:
+    assert in_ab_words("final loss is 0.2, below the baseline's 0.3 ± 0.016 (rtol 5%, atol "
+                       "0.001); run with --accelperf-update to record the new baseline",
+                       "main") == \
+        "final loss is 0.2, below main's 0.3 ± 0.016 (rtol 5%, atol 0.001)"
+    assert in_ab_words("devices differ from the baseline's (only now: cpu:1); re-record with "
+                       "--accelperf-update", "main") == \
+        "devices differ from main's (only now: cpu:1)"
