@@ -23,6 +23,7 @@ from pytest_accelperf.checks.base import NON_NEGATIVE, Tolerances, non_negative_
 from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD
 from pytest_accelperf.provision.accel import ACCELS
 from pytest_accelperf.provision.targets import check_target
+from pytest_accelperf.stats.bootstrap import MIN_SAMPLES
 from pytest_accelperf.store.baselines import BaselineError, validate_platform
 
 if sys.version_info >= (3, 11):
@@ -78,6 +79,8 @@ class Option:
     choices: tuple[str, ...] = ()
     #: The largest value of an "int" or "count" option.
     maximum: int | None = None
+    #: The smallest value of an "int" option, where it is more than 1.
+    minimum: int | None = None
     #: Checks a "str" option's value: returns it, or raises ValueError (or BaselineError)
     #: with a message that names the fix.
     check: Callable[[str], str] | None = None
@@ -250,7 +253,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("compare_tolerance", "--accelperf-compare-tolerance", "relative change of the "
            "paired step-time ratio that counts in A/B mode. Default: 0.01.", "float", 0.01),
     Option("compare_rounds", "--accelperf-compare-rounds", "fewest alternating rounds per "
-           "case in A/B mode. Default: 10.", "int", 10),
+           f"case in A/B mode, at least {MIN_SAMPLES} (a paired interval needs them). "
+           "Default: 10.", "int", 10, minimum=MIN_SAMPLES),
     Option("compare_block", "--accelperf-compare-block", "steps of each revision per round "
            "in A/B mode. Default: 5.", "int", 5),
     Option("compare_budget", "--accelperf-compare-budget", "seconds of A/B measurement per "
@@ -327,8 +331,9 @@ def _convert(opt: Option, raw: object, source: str) -> OptionValue:
             raise bad(f"one of: {', '.join(opt.choices)}")
         return value
     if opt.kind in ("int", "count"):
-        least = 1 if opt.kind == "int" else 0
-        expect = "a positive integer" if least else "a non-negative integer"
+        least = opt.minimum or (1 if opt.kind == "int" else 0)
+        expect = ("a positive integer" if least == 1 else "a non-negative integer"
+                  if least == 0 else f"an integer of at least {least}")
         if opt.maximum is not None:
             expect = f"an integer from {least} to {opt.maximum}"
         # Only an integer or its digits: a TOML `true` is not 1, and 8.9 is not 8.

@@ -48,6 +48,8 @@ def test_bad_numbers_are_usage_errors(pytester: pytest.Pytester, flag: str) -> N
     ("--accelperf-cpu-devices=100000", "an integer from 1 to 4096"),
     ("--accelperf-compare-processes=17", "an integer from 0 to 16"),
     ("--accelperf-compare-processes=-1", "an integer from 0 to 16"),
+    # 2 rounds of one process pair ended in a ValueError traceback from the interval.
+    ("--accelperf-compare-rounds=2", "an integer of at least 3"),
 ])
 def test_non_finite_and_out_of_range_numbers_are_refused(pytester: pytest.Pytester, flag: str,
                                                          expected: str) -> None:
