@@ -40,11 +40,11 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 if TYPE_CHECKING:
     from pytest_accelperf.ab.ranks import BlockTrainer
-    from pytest_accelperf.backends.protocol import Task
+    from pytest_accelperf.backends.protocol import Stepper, Task
     from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.collect.cases import Case
     from pytest_accelperf.provision.accel import Accelerator
@@ -178,18 +178,13 @@ def unsupported(spec: BackendSpec) -> str:
             f"BackendSpec does not declare ab_blocks)")
 
 
-class _Stepper(Protocol):
-    """What an arm steps a case with: a backend's stepper, or a group of ranks
-    (:class:`~pytest_accelperf.ab.ranks.RankGroupStepper`); either may have a ``program``
-    and ``pids``, a group ``close``."""
-
-    def run(self, n: int) -> list[float]: ...
-
-
 class Worker:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
-        self.steppers: dict[str, _Stepper] = {}
+        #: Per case, what this arm steps it with: its backend's stepper, or a group of ranks
+        #: (:class:`~pytest_accelperf.ab.ranks.RankGroupStepper`, which also has ``pids``
+        #: and ``close``).
+        self.steppers: dict[str, Stepper] = {}
         #: Per case, its test function as :meth:`locate` found it.
         self.targets: dict[str, Callable[..., object]] = {}
         self._accelerator: Accelerator | None = None
@@ -362,6 +357,7 @@ class Worker:
     def program(self, key: str) -> ProgramRecord | None:
         """The case's program record (:mod:`pytest_accelperf.records.program`) at this arm's
         revision, when its stepper has one."""
+        # A conftest's backend may give a stepper with no program at all: none to diff.
         record: ProgramRecord | None = getattr(self.steppers[key], "program", None)
         return record
 

@@ -98,7 +98,8 @@ class Stepper(Protocol):
 
     @property
     def program(self) -> ProgramRecord | None:
-        """The step's program record, for A/B mode's diff; None where there is none."""
+        """The step's program record, for A/B mode's diff; None where there is none (a
+        conftest's backend may leave it out: A/B mode then diffs no program)."""
 
     def run(self, n: int) -> list[float]:
         """Train ``n`` more steps; their step times in seconds."""
