@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.stats.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.store.recordable import clearable, refused
 
@@ -98,7 +99,7 @@ class SessionReport:
     accel: str = ""
     platform: str = ""
     update: bool = False
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=lambda: Environment.from_json({}))
     records: list[CaseRecord] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -169,7 +170,7 @@ class SessionReport:
             "accel": self.accel,
             "platform": self.platform,
             "update": self.update,
-            "environment": self.environment,
+            "environment": self.environment.to_json(),
             "summary": self.counts(),
             "exit_status": exit_status,
             "baselines_written": self.written,
@@ -188,7 +189,7 @@ class SessionReport:
             accel=str(data.get("accel", "")),
             platform=str(data.get("platform", "")),
             update=bool(data.get("update", False)),
-            environment=dict(data.get("environment") or {}),
+            environment=Environment.from_json(data.get("environment") or {}),
             records=[CaseRecord.from_json(c) for c in data.get("cases", [])],
             written=list(data.get("baselines_written") or []),
             errors=list(data.get("errors") or []),

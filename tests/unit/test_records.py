@@ -9,6 +9,7 @@ import numpy as np
 
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.checks.numerics import compact
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.fingerprint import CompactFingerprint, ParamsFingerprint
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.store.block import CompactNumerics, Leaf
@@ -78,3 +79,50 @@ def test_the_recorded_sections_round_trip_and_validate_as_the_block() -> None:
                         ("input", InputTime)):
         assert model.model_validate(sections[name]).model_dump(exclude_unset=True) \
             == sections[name]
+
+
+# -- the environment --------------------------------------------------------------------------
+def _environment() -> Environment:
+    """An environment as this host's fingerprint makes it (the machine and the stack)."""
+    from pytest_accelperf.provision.accel import Accelerator
+    from pytest_accelperf.provision.fingerprint import environment
+
+    return environment(Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu",
+                                   device_count=1), ("numpy", "not-installed-anywhere"))
+
+
+def test_an_environment_round_trips_through_a_run_and_is_a_stored_environment() -> None:
+    env = _environment()
+    data = env.to_json()
+    assert list(data) == ["platform", "accel", "device_kind", "device_count", "host_cpu",
+                          "cpu_isa", "python", "packages", "libraries"]  # as it always was
+    assert set(data["packages"]) == {"numpy"} and env.added == {}
+    assert Environment.from_json(_round_trip(data)) == env
+    run = Run(case_id="c", environment=env)
+    again = Run.from_json(json.loads(json.dumps(run.to_json())))
+    assert again.environment == env and again.to_json()["environment"] == data
+    assert Environment.model_validate(data).to_json() == data  # what the store validates
+
+
+def test_a_hook_s_keys_are_added_beside_the_machine_and_the_stack() -> None:
+    env = _environment().with_added({"packages": {"libfoo": "1.2"}, "driver": "550.54",
+                                     "device_kind": "cpu (hooked)"})
+    data = env.to_json()
+    assert data["packages"] == {"numpy": np.__version__, "libfoo": "1.2"}
+    assert env.added == {"driver": "550.54"} and env.device_kind == "cpu (hooked)"
+    assert list(data)[-1] == "driver"  # after the others, as the hook added it
+    assert Environment.from_json(_round_trip(data)) == env
+
+
+def test_an_old_or_odd_environment_is_written_back_as_it_was_read() -> None:
+    # Before libraries were fingerprinted; a log's null device count; a key of a hook's
+    # first; a value the store would refuse (a report keeps what it was given).
+    for data in ({"platform": "cpu", "python": "3.11.7", "packages": {"jax": "0.4.30"}},
+                 {"source": "ingested", "platform": "neuron-trn1", "device_count": None},
+                 {"platform": "x", "device_count": "8"}, {}):
+        env = Environment.from_json(data)
+        assert env.to_json() == data and list(env.to_json()) == list(data)
+        assert Run.from_json(Run(case_id="c", environment=env).to_json()).environment == env
+    assert Environment.from_json({"cpu_isa": None}).cpu_isa is None
+    assert "cpu_isa" in Environment.from_json({"cpu_isa": None}).to_json()
+    assert Environment.from_json({}) != Environment.from_json({"cpu_isa": None})
