@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.stats.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.store.recordable import clearable, refused
@@ -30,7 +31,7 @@ class CaseRecord:
     run: dict[str, Any]
     checks: list[CheckResult] = field(default_factory=list)
     block: dict[str, Any] | None = None
-    case: dict[str, Any] = field(default_factory=dict)
+    case: CaseJSON = field(default_factory=lambda: CaseJSON())
     error: str | None = None
     worker: str = "main"
     #: The stored baseline the run was checked against, as :func:`baseline_view` trims it
