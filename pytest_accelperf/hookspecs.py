@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from pytest_accelperf.checks.base import CheckResult, Tolerances
     from pytest_accelperf.checks.protocol import Check
     from pytest_accelperf.provision.accel import Accelerator
+    from pytest_accelperf.records.jsonvalue import JSONValue
     from pytest_accelperf.records.run import Run
     from pytest_accelperf.store.block import Block
 
@@ -50,7 +51,7 @@ def pytest_accelperf_platform(config: pytest.Config, accelerator: Accelerator) -
 
 
 def pytest_accelperf_environment(config: pytest.Config,
-                                 accelerator: Accelerator) -> dict[str, Any] | None:
+                                 accelerator: Accelerator) -> dict[str, JSONValue] | None:
     """Return extra entries for the environment fingerprint stored with baselines.
 
     Entries under ``packages`` take part in the throughput comparability check::

@@ -58,6 +58,7 @@ from pytest_accelperf.provision.targets import (
     parse_target,
     provision_target,
 )
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.html import ReportDependencyError, require_matplotlib
@@ -290,11 +291,7 @@ def accelerator(pytestconfig: pytest.Config) -> Accelerator:
         env = environment(acc, packages)
         for extra in pytestconfig.hook.pytest_accelperf_environment(config=pytestconfig,
                                                                     accelerator=acc):
-            for key, value in (extra or {}).items():
-                if key == "packages" and isinstance(value, dict):
-                    env["packages"] = {**env["packages"], **value}
-                else:
-                    env[key] = value
+            env = env.with_added(extra or {})
         session.accelerator = acc
         session.environment = env
         session.report.accel = acc.name
@@ -423,7 +420,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "records": [r.to_json() for r in state.report.records],
             "accel": state.report.accel,
             "platform": state.report.platform,
-            "environment": state.report.environment,
+            "environment": state.report.environment.to_json(),
         })
         return
     session.exitstatus = _write_results(config, state, session.exitstatus)
@@ -529,7 +526,8 @@ def pytest_testnodedown(node: XdistNode, error: object) -> None:
     report = state.report
     report.accel = report.accel or data["accel"]
     report.platform = report.platform or data["platform"]
-    report.environment = report.environment or data["environment"]
+    if not report.environment.to_json():
+        report.environment = Environment.from_json(data["environment"])
 
 
 def pytest_terminal_summary(terminalreporter: TerminalReporter, exitstatus: int,

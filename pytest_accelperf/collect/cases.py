@@ -19,6 +19,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from pytest_accelperf.checks.base import Tolerances, non_negative_number
 from pytest_accelperf.errors import ConfigError
+from pytest_accelperf.records.jsonvalue import JSONValue
 
 if TYPE_CHECKING:
     import pytest
@@ -184,7 +185,7 @@ class Case:
             parts.append(self.label)
         return "-".join(parts)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> CaseJSON:
         return {
             "backend": self.backend,
             "model": self.model,
@@ -206,6 +207,33 @@ class Case:
             "grad_accum": self.grad_accum,
             "zero_init": self.zero_init,
         }
+
+
+class CaseJSON(TypedDict, total=False):
+    """A case as JSON (:meth:`Case.to_json`): what a report (``cases[].case``) and a history
+    line (``case``) keep of it. Total where :meth:`Case.to_json` writes it; a report or a line
+    written before a field was added lacks it."""
+
+    backend: str
+    model: str
+    batch: int
+    mesh: list[int] | None
+    axis_names: list[str]
+    steps: int
+    warmup: int
+    label: str
+    memory_capacity: int | None
+    reference: bool
+    reference_steps: int
+    tolerances: dict[str, float]
+    #: The user's parameters of the model: JSON (a case crosses to workers as JSON).
+    params: dict[str, JSONValue]
+    world_size: int
+    zero_stage: int | None
+    offload: str
+    grad_clip: float | None
+    grad_accum: int
+    zero_init: bool
 
 
 class CaseOptions(TypedDict, total=False):

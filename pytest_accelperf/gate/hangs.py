@@ -47,6 +47,7 @@ import filelock
 from pytest_accelperf.backends.protocol import Backend, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.report import progress
 
@@ -199,7 +200,7 @@ STUCK_DEVICE = ("a device computation of it, which cannot be cancelled, was stil
 
 
 def train_in_process(backend: Backend, case: Case, task: Task, accel: Accelerator, *,
-                     timeout: float | None, environment: dict[str, object],
+                     timeout: float | None, environment: Environment,
                      on_stuck: Callable[[Run], None]) -> TrainResult:
     """Train ``case`` by ``backend.train`` in this process; a case that blocks past its
     timeout is interrupted (:func:`case_alarm`) and returned as a ``timeout`` run with the
@@ -236,7 +237,7 @@ def train_in_process(backend: Backend, case: Case, task: Task, accel: Accelerato
 
 def interrupted_run(case: Case, steps: progress.StepRecord, where: str, elapsed: float,
                     accel: Accelerator, *, timeout: float | None,
-                    environment: dict[str, object]) -> Run:
+                    environment: Environment) -> Run:
     """The ``timeout`` run of a case interrupted mid-step: the losses and step times
     it reported before (the backend never returned its own run)."""
     done = steps.first_training()
@@ -258,7 +259,7 @@ def interrupted_run(case: Case, steps: progress.StepRecord, where: str, elapsed:
 
 def stuck_run(case: Case, steps: progress.StepRecord, why: str, elapsed: float,
               accel: Accelerator, *, timeout: float | None,
-              environment: dict[str, object]) -> Run:
+              environment: Environment) -> Run:
     """The run of a case that could not be stopped (``why``): what it reported before, and
     a message saying that the process was ended with what was recorded."""
     done = steps.first_training()

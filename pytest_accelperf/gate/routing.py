@@ -35,6 +35,7 @@ from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.gate.hangs import train_in_process
 from pytest_accelperf.gate.options import Settings
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 
 Route = Literal["ray", "ranks", "in-process", "launched"]
@@ -55,7 +56,7 @@ def route(spec: BackendSpec, case: Case, *, cluster: bool) -> Route:
 
 def train(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *, settings: Settings,
           on_cluster: bool, host: Callable[[], AbstractContextManager[object]],
-          environment: dict[str, object], on_stuck: Callable[[Run], None]) -> TrainResult:
+          environment: Environment, on_stuck: Callable[[Run], None]) -> TrainResult:
     """Train ``case`` where :func:`route` says. On the Ray cluster (``on_cluster``: the
     session has one) the cluster's resources, not the host lock, keep cases apart. Else it
     trains under ``host()`` (the host lock): ``in-process`` by

@@ -79,6 +79,7 @@ from pytest_accelperf.provision.device_errors import (
 )
 from pytest_accelperf.provision.fingerprint import PROGRAM_KEYS, differences, stack_changes
 from pytest_accelperf.provision.targets import NOT_RUN, not_run
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.report.data import CaseRecord, baseline_view
 from pytest_accelperf.report.failure import (
@@ -421,7 +422,7 @@ class CaseRunner:
             self._fail(Run(case_id=self.case.id, outcome="error", message=str(exc)), str(exc),
                        message=f"{self._item.nodeid}: cannot ingest the log: {exc}")
         run = replace(run, case_id=self.case.id)
-        environment = {"source": "ingested", **run.environment}
+        environment = Environment.from_json({"source": "ingested", **run.environment.to_json()})
         return self._finish(self._judged(StoredBaseline(), self._evaluate(
             TrainResult(run=run), environment=environment)))
 
@@ -515,24 +516,25 @@ class CaseRunner:
         os._exit(int(pytest.ExitCode.INTERRUPTED))
 
     def _evaluate(self, result: TrainResult,
-                  environment: dict[str, object] | None = None) -> Evaluated:
+                  environment: Environment | None = None) -> Evaluated:
         """Every check of the run against the stored baseline; the environment a
         baseline from elsewhere differs in is named where the throughput check is made."""
         __tracebackhide__ = True
         session = self._session
-        run = replace(result.run, environment=dict(
-            session.environment if environment is None else environment))
+        run = replace(result.run,
+                      environment=session.environment if environment is None else environment)
         block = summarize(run)
         baseline = self._stored_baseline(run)
         known = session.backends().packages()
         base_env = baseline.environment.to_json() if baseline else {}
-        diffs = tuple(differences(run.environment, base_env, self.spec,
+        env = run.environment.to_json()
+        diffs = tuple(differences(env, base_env, self.spec,
                                   known=known) if baseline else [])
-        program_diffs = tuple(differences(run.environment, base_env, self.spec,
+        program_diffs = tuple(differences(env, base_env, self.spec,
                                           known=known, keys=PROGRAM_KEYS) if baseline else [])
         # The stack (an upgrade) is a change under test, judged and named, when the machine
         # is the same; on another machine nothing timed is compared anyway.
-        stack = tuple(stack_changes(run.environment, base_env, self.spec, known=known)
+        stack = tuple(stack_changes(env, base_env, self.spec, known=known)
                       if baseline and not diffs else [])
         tol = self._tolerances()
         checks = run_checks(run, block, baseline, tol, differences=diffs,

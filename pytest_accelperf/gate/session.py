@@ -29,6 +29,7 @@ from pytest_accelperf.gate.options import Settings
 from pytest_accelperf.gate.xdist_role import is_worker
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.device_errors import DeviceError
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.store.baselines import BaselineError, BaselineStore
 
@@ -43,7 +44,7 @@ class AccelperfSession:
     config: pytest.Config
     report: SessionReport = field(default_factory=SessionReport)
     accelerator: Accelerator | None = None
-    environment: dict[str, object] = field(default_factory=dict)
+    environment: Environment = field(default_factory=lambda: Environment.from_json({}))
     scaling: ScalingCollector = field(default_factory=ScalingCollector)
     _stores: dict[tuple[Path, str], BaselineStore] = field(default_factory=dict)
     _comparison: Comparison | None = None

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.ingest.base import NUMBER, IngestError, clip, finite, parse_int
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.units import UnitError, to_base_unit
 
@@ -138,9 +139,10 @@ def _finish(log: _Log, source: str, last_line: int) -> Run:
                n_devices=log.devices or 1,
                step_times=[log.batch / r for r in log.rates], compile_time=compile_time,
                losses=list(log.losses), loss_steps=list(log.steps), extra=extra,
-               environment={"platform": f"cerebras-{log.device.lower() or 'csx'}",
-                            "device_kind": log.device or "CSX",
-                            "device_count": log.devices, "packages": {}})
+               environment=Environment.from_json({
+                   "platform": f"cerebras-{log.device.lower() or 'csx'}",
+                   "device_kind": log.device or "CSX", "device_count": log.devices,
+                   "packages": {}}))
 
 
 def parse_cerebras_log(text: str, source: str = "<text>") -> list[Run]:

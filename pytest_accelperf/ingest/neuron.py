@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_accelperf.ingest.base import IngestError, clip, parse_int, parse_quantity, slug
 from pytest_accelperf.ingest.hf import HEADER as HF_HEADER
 from pytest_accelperf.ingest.hf import parse_blocks, run_from_block
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 
 # The title is stripped in code: "(\S.*?)\s*$" backtracked quadratically on a long line.
@@ -224,14 +224,15 @@ def parse_profile(lines: list[str], first_line: int, source: str) -> Profile | N
     return profile
 
 
-def _environment(profile: Profile | None) -> dict[str, Any]:
+def _environment(profile: Profile | None) -> Environment:
     if profile is None:
-        return {"platform": "hf-trainer", "packages": {}}
+        return Environment.from_json({"platform": "hf-trainer", "packages": {}})
     instance = profile.text.get("instance_type", "unknown")
     packages = {f"neuron-{k.removesuffix('_version')}": v for k, v in profile.text.items()
                 if k.endswith("_version")}
-    return {"platform": f"neuron-{instance}", "device_kind": instance,
-            "device_count": len(profile.memory) or None, "packages": packages}
+    return Environment.from_json({"platform": f"neuron-{instance}", "device_kind": instance,
+                                  "device_count": len(profile.memory) or None,
+                                  "packages": packages})
 
 
 def _run(section: _Section, source: str) -> Run | None:

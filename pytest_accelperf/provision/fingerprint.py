@@ -23,11 +23,11 @@ import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 from pytest_accelperf.backends.registry import BACKENDS, UnknownBackend
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.provision.accel import Accelerator, cpu_isa, host_cpu
+from pytest_accelperf.records.environment import Environment
 
 #: Packages whose versions go into the fingerprint when installed: those the built-in
 #: backends declare (:mod:`pytest_accelperf.backends.builtin`). A session adds those of every
@@ -116,7 +116,7 @@ def libraries(distributions: Mapping[str, str] = LIBRARY_DISTRIBUTIONS,
     return out
 
 
-def environment(accel: Accelerator, packages_of: Iterable[str] = PACKAGES) -> dict[str, Any]:
+def environment(accel: Accelerator, packages_of: Iterable[str] = PACKAGES) -> Environment:
     """This machine's fingerprint: platform, device, host CPU, Python, and the versions of
     ``packages_of`` that are installed (the session passes every registered backend's)."""
     packages: dict[str, str] = {}
@@ -125,7 +125,7 @@ def environment(accel: Accelerator, packages_of: Iterable[str] = PACKAGES) -> di
             packages[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             continue
-    return {
+    return Environment.model_validate({
         "platform": accel.platform,
         "accel": accel.name,
         "device_kind": accel.device_kind,
@@ -135,7 +135,7 @@ def environment(accel: Accelerator, packages_of: Iterable[str] = PACKAGES) -> di
         "python": _platform.python_version(),
         "packages": packages,
         "libraries": libraries(),
-    }
+    })
 
 
 def machine(env: Mapping[str, object]) -> dict[str, object]:

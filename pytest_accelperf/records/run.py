@@ -7,6 +7,7 @@ import statistics
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, TypedDict
 
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.fingerprint import ParamsFingerprint
 from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.stats.contention import Load
@@ -163,7 +164,7 @@ class Run:
     params_fingerprint: ParamsFingerprint = field(default_factory=dict)
     oom: OomRecord | None = None
     nan_step: int | None = None
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=lambda: Environment.from_json({}))
     extra: dict[str, Any] = field(default_factory=dict)
     probe_times: list[float] = field(default_factory=list)
     probe_kind: str = ""
@@ -238,6 +239,7 @@ class Run:
             if load is not None:
                 extra[name] = load.to_json()
         data["extra"] = {**extra, **data["extra"]}
+        data["environment"] = self.environment.to_json()
         data["losses"] = [_json_float(x) for x in self.losses]
         data["metrics"] = {k: [_json_float(x) for x in v] for k, v in self.metrics.items()}
         data["derived"] = {
@@ -263,6 +265,7 @@ class Run:
             if isinstance(data.get(name), dict):
                 data[name] = Load.from_json(data[name])
         data["extra"] = extra
+        data["environment"] = Environment.from_json(data.get("environment") or {})
         return cls(**data)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.collect.cases import CaseJSON
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.stats.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.store.recordable import clearable, refused
 
@@ -29,7 +31,7 @@ class CaseRecord:
     run: dict[str, Any]
     checks: list[CheckResult] = field(default_factory=list)
     block: dict[str, Any] | None = None
-    case: dict[str, Any] = field(default_factory=dict)
+    case: CaseJSON = field(default_factory=lambda: CaseJSON())
     error: str | None = None
     worker: str = "main"
     #: The stored baseline the run was checked against, as :func:`baseline_view` trims it
@@ -98,7 +100,7 @@ class SessionReport:
     accel: str = ""
     platform: str = ""
     update: bool = False
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=lambda: Environment.from_json({}))
     records: list[CaseRecord] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -169,7 +171,7 @@ class SessionReport:
             "accel": self.accel,
             "platform": self.platform,
             "update": self.update,
-            "environment": self.environment,
+            "environment": self.environment.to_json(),
             "summary": self.counts(),
             "exit_status": exit_status,
             "baselines_written": self.written,
@@ -188,7 +190,7 @@ class SessionReport:
             accel=str(data.get("accel", "")),
             platform=str(data.get("platform", "")),
             update=bool(data.get("update", False)),
-            environment=dict(data.get("environment") or {}),
+            environment=Environment.from_json(data.get("environment") or {}),
             records=[CaseRecord.from_json(c) for c in data.get("cases", [])],
             written=list(data.get("baselines_written") or []),
             errors=list(data.get("errors") or []),

@@ -31,15 +31,18 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict, cast
 
 from filelock import FileLock
 from pydantic import ValidationError
 
+from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.git import git_or_none
 from pytest_accelperf.provision.fingerprint import case_stack, machine
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import AMOUNTS, COUNTS
+from pytest_accelperf.records.run import Outcome
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.writing import OutputError, append_output, describe
 from pytest_accelperf.store.jsonfile import field_path
@@ -49,6 +52,43 @@ HISTORY_SCHEMA_VERSION = 1
 
 #: Environment variables CI systems set to the commit under test, tried when git cannot say.
 _COMMIT_VARS = ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT")
+
+
+class HistoryEntry(TypedDict, total=False):
+    """One line of the history (:func:`entry`), as :class:`~pytest_accelperf.store.schema.
+    HistoryLine` validates it: only ``nodeid`` and ``session`` are in every line; a line
+    written before a key was added lacks it, and a newer version's own keys are kept."""
+
+    schema_version: int
+    session: Required[str]
+    time: str
+    commit: str | None
+    dirty: bool | None
+    update: bool | None
+    platform: str | None
+    nodeid: Required[str]
+    case_id: str | None
+    case: CaseJSON | None
+    outcome: Outcome | None
+    verdict: str | None
+    #: ``{metric: verdict}`` of the case's checks.
+    checks: dict[str, str] | None
+    samples_per_second: float | None
+    median_step_time: float | None
+    peak_memory: float | None
+    mfu: float | None
+    compile_time: float | None
+    final_loss: float | None
+    #: Hashes (:func:`fingerprint_hash`) of the environment, its machine and the case's
+    #: stack.
+    fingerprint: str | None
+    machine: str | None
+    stack: str | None
+    #: The run's environment as JSON (:class:`~pytest_accelperf.records.environment.
+    #: Environment`): flat, with the keys hooks add.
+    environment: dict[str, JSONValue] | None
+    #: The gated fields of the program record (:func:`program_fields`).
+    program: dict[str, object] | None
 
 
 class HistoryError(UserError):
@@ -92,12 +132,12 @@ def program_fields(program: object) -> dict[str, object] | None:
 
 
 def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
-          dirty: bool | None, update: bool) -> dict[str, Any]:
+          dirty: bool | None, update: bool) -> HistoryEntry:
     """The history line of one case."""
     run = record.run
     derived = run.get("derived") or {}
     losses = [x for x in run.get("losses") or [] if isinstance(x, (int, float))]
-    environment = dict(run.get("environment") or {})
+    environment: dict[str, JSONValue] = dict(run.get("environment") or {})
     backend = (record.case or {}).get("backend")
     backend = backend if isinstance(backend, str) else None
     return {
@@ -223,10 +263,10 @@ def _not_utf8(path: Path, n: int, raw: bytes, exc: UnicodeDecodeError) -> Histor
                         f"column {exc.start + 1} is not UTF-8); delete or fix that line")
 
 
-def read_history(directory: Path, platform: str | None = None) -> list[dict[str, Any]]:
+def read_history(directory: Path, platform: str | None = None) -> list[HistoryEntry]:
     """Every entry under ``directory`` (of one platform, if given), oldest first, each line
     validated as a :class:`~pytest_accelperf.store.schema.HistoryLine`."""
-    out: list[dict[str, Any]] = []
+    out: list[HistoryEntry] = []
     for path, n, raw in _lines(directory, platform):
         try:
             item = json.loads(raw.decode("utf-8"))
@@ -239,6 +279,6 @@ def read_history(directory: Path, platform: str | None = None) -> list[dict[str,
             HistoryLine.model_validate(item)
         except ValidationError as exc:
             raise invalid_line(path, n, raw, exc) from None
-        out.append(item)
+        out.append(cast(HistoryEntry, item))  # a HistoryLine: validated just now
     out.sort(key=lambda e: (str(e.get("time", "")), str(e.get("session", ""))))
     return out

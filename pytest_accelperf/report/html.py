@@ -262,7 +262,7 @@ def html_report(report: SessionReport, *,
     moment = (generated or _dt.datetime.now(_dt.timezone.utc)).replace(microsecond=0)
     records = sorted(report.records, key=_sort_key)
     counts = report.counts()
-    env = report.environment or {}
+    env = report.environment.to_json()
     packages = ", ".join(f"{k} {v}" for k, v in sorted((env.get("packages") or {}).items()))
     body = [
         f"<h1>{escape(title)}</h1>",

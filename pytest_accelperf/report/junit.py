@@ -72,7 +72,7 @@ def suite_properties(report: SessionReport) -> list[tuple[str, str]]:
     """``(name, value)`` pairs for the session: where it ran (accelerator, platform, host
     CPU, the environment fingerprint's hash and package versions), how many cases, how
     many of them regressed, and the count of each check verdict."""
-    env = report.environment
+    env = report.environment.to_json()
     props: list[tuple[str, str]] = [(f"{PREFIX}.accel", report.accel),
                                     (f"{PREFIX}.platform", report.platform)]
     if env:

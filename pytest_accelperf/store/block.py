@@ -10,7 +10,6 @@ nothing of the checks, so that they can read the block as these types.
 
 from __future__ import annotations
 
-import copy
 import functools
 import operator
 import types
@@ -21,11 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, overload
 import typing_extensions
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Discriminator,
     Field,
-    JsonValue,
-    PrivateAttr,
     Strict,
     StrictBool,
     StrictInt,
@@ -34,8 +30,10 @@ from pydantic import (
     model_validator,
 )
 
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import Outcome
+from pytest_accelperf.records.section import JsonSection as _Strict
 
 #: Outcomes that a baseline records: the outcomes of a run
 #: (:data:`pytest_accelperf.records.run.OUTCOMES`)
@@ -51,41 +49,7 @@ NonNegative = Annotated[float, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0)]
 
 
-class _Strict(BaseModel):
-    """Strict JSON types, finite numbers, unknown keys kept as JSON values."""
-
-    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
-                              validate_default=False)
-    __pydantic_extra__: dict[str, JsonValue]
-    #: The JSON object this was read from (:func:`read`); None where it was validated.
-    _json: Mapping[str, Any] | None = PrivateAttr(default=None)
-
-    def to_json(self) -> dict[str, Any]:
-        """This section as JSON (a copy): the object it was read from, as it was
-        (:func:`read`), or what validation kept of it."""
-        if self._json is not None:
-            return copy.deepcopy(dict(self._json))
-        return self.model_dump(mode="json", exclude_unset=True)
-
-
 # -- the baseline block ------------------------------------------------------------------------
-class Environment(_Strict):
-    """The environment fingerprint (:mod:`pytest_accelperf.provision.fingerprint`); the keys that
-    decide whether throughput is comparable are typed, hooks may add others."""
-
-    platform: str | None = None
-    accel: str | None = None
-    device_kind: str | None = None
-    device_count: Int | None = None
-    host_cpu: str | None = None
-    cpu_isa: str | None = None
-    python: str | None = None
-    packages: dict[str, JsonValue] | None = None
-    #: The accelerator's libraries (libtpu, CUDA runtime, cuDNN, NCCL, the driver, ...):
-    #: absent from baselines recorded before they were fingerprinted.
-    libraries: dict[str, JsonValue] | None = None
-
-
 class StepSession(_Strict):
     """One session's step-time level (``--accelperf-add-session``)."""
 
@@ -274,7 +238,7 @@ class MaxBatch(_Strict):
     capacity_bytes: NonNegative | None = None
     multiple_of: PositiveInt = 1
     limit: PositiveInt | None = None
-    probes: list[MaxBatchProbe] = []
+    probes: list[MaxBatchProbe] = []  # noqa: RUF012 (pydantic copies a default)
 
 
 class Oom(_Strict):

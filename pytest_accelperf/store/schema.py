@@ -41,8 +41,10 @@ from pydantic import (
 
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.table import checks
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, Run
+from pytest_accelperf.records.section import JsonSection as _Strict
 from pytest_accelperf.store.block import (
     RECORDED_OUTCOMES,
     Block,
@@ -50,7 +52,6 @@ from pytest_accelperf.store.block import (
     Collective,
     CompactNumerics,
     CompactSection,
-    Environment,
     Growth,
     InputTime,
     Int,
@@ -71,7 +72,6 @@ from pytest_accelperf.store.block import (
     RunOutcome,
     StepSession,
     StepTime,
-    _Strict,
 )
 
 __all__ = [
@@ -169,6 +169,8 @@ def _report_run() -> type[_Report]:
             default: Any = f.default
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
+            if isinstance(default, _Strict):  # the environment: its JSON, {}
+                default = default.to_json()
         else:
             default = ...
         fields[f.name] = (_RUN_JSON_TYPES.get(f.name, hints[f.name]), default)

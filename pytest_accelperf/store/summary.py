@@ -79,7 +79,7 @@ def summarize(run: Run) -> Block:
     block: dict[str, Any] = {
         "outcome": run.outcome,
         "message": run.message,
-        "environment": run.environment,
+        "environment": run.environment.to_json(),
         "samples_per_step": run.samples_per_step,
         "tokens_per_step": run.tokens_per_step,
         "n_devices": run.n_devices,

@@ -63,7 +63,7 @@ def test_trainium_profile(accelperf: CaseRunner) -> None:
     result = accelperf.ingest(REPORT, parser="neuron", section=section)
     run = result.run
     assert run.samples_per_step == accelperf.case.batch
-    assert run.environment["device_kind"] == "trn1.2xlarge"
+    assert run.environment.device_kind == "trn1.2xlarge"
     assert 0 < run.extra["mfu"] < 1
     assert run.extra["profile"]["hbm_read_bytes"] > 0
 

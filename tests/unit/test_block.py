@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.store.block import (
     Block,
@@ -26,7 +27,7 @@ RUN = Run(case_id="c", samples_per_step=4, step_times=[0.010, 0.012, 0.011],
           params_fingerprint={"w": {"shape": [2], "dtype": "float32", "rms": 1.0,
                                     "sample": [1.0, 2.0], "sketch": 0.3}},
           max_batch={"value": 8, "probes": [[8, True, 1.0], [16, False, None]]},
-          environment={"host_cpu": "Test CPU"})
+          environment=Environment.from_json({"host_cpu": "Test CPU"}))
 
 
 def test_a_run_s_block_reads_typed_and_gives_back_its_json() -> None:

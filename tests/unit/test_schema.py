@@ -381,7 +381,7 @@ def test_a_mutated_block_gives_a_verdict_or_a_clear_error(block: Any) -> None:
     baseline = loaded.cases[KEY]
     assert check_block(NODEID, baseline) == baseline  # what reads back also writes
     for now in (NOW, OOM):
-        diffs = differences(now.environment, baseline["environment"], "jax")
+        diffs = differences(now.environment.to_json(), baseline["environment"], "jax")
         checks = run_checks(now, summarize(now), baseline, Tolerances(), comparable=not diffs)
         assert checks and all(c.verdict.value for c in checks)
         try:

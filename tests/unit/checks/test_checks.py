@@ -22,6 +22,7 @@ from pytest_accelperf.checks.numerics import (
 )
 from pytest_accelperf.checks.outcome import check_outcome
 from pytest_accelperf.checks.throughput import check_throughput, spread
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.units import fmt_bytes
 from pytest_accelperf.store.summary import summarize
@@ -57,7 +58,7 @@ def make_run(**overrides: Any) -> Run:
         "memory_per_device": {"cpu:0": 100 * MiB, "cpu:1": 120 * MiB},
         "memory_source": "memory_analysis",
         "params_fingerprint": fingerprint(),
-        "environment": {"host_cpu": "Test CPU"},
+        "environment": Environment.from_json({"host_cpu": "Test CPU"}),
     }
     fields.update(overrides)
     return Run(**fields)

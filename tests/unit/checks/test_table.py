@@ -17,6 +17,7 @@ from conftest import Suite, verdicts
 from pytest_accelperf.checks import BaseCheck, CheckInput, CheckResult, Verdict, run_checks
 from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.table import BUILTIN, DEFAULT, check_of, checks, registered
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.store.schema import Block, block_model, validate_block
 from pytest_accelperf.store.summary import summarize
@@ -35,7 +36,7 @@ FULL = Run(
     input_wall_times=[0.0012] * 30, program={"source": "xla", "flops": 1e6},
     max_batch={"value": 64, "probes": []}, replay={"steps": 30, "spread": 1e-6, "leaf": "params/w",
                                                        "leaves": {"params/w": 1e-6}},
-    environment={"host_cpu": "Test CPU"})
+    environment=Environment.from_json({"host_cpu": "Test CPU"}))
 
 
 def test_every_tolerance_is_read_by_a_check_and_every_name_is_a_tolerance() -> None:

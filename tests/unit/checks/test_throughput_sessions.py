@@ -12,6 +12,7 @@ import pytest
 
 from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import RatioEstimate, widen_by_sessions
 from pytest_accelperf.store.summary import MAX_SESSIONS, summarize, with_added_session
@@ -27,7 +28,8 @@ def steady(median: float, seed: int, n: int = 40) -> list[float]:
 
 def run_at(median: float, seed: int = 0) -> Run:
     return Run(case_id="jax-nomesh-b64", samples_per_step=64, n_devices=1,
-               step_times=steady(median, seed), environment={"host_cpu": "Test CPU"})
+               step_times=steady(median, seed),
+               environment=Environment.from_json({"host_cpu": "Test CPU"}))
 
 
 def baseline_with_sessions(levels: list[float]) -> dict[str, Any]:

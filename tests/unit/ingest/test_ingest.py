@@ -60,8 +60,8 @@ def test_neuron_batch16_matches_the_file() -> None:
     assert run.memory_per_device == {"nd0:nc0": round(6.056 * GIB)}
     assert run.extra["memory_by_usage"]["nd0:nc0"]["Tensor"] == round(34.35 * MIB)
     assert run.extra["memory_by_usage"]["nd0:nc0"]["dma rings Syncill"] == round(127.049 * MIB)
-    assert run.environment["device_kind"] == "trn1.2xlarge"
-    assert run.environment["packages"]["neuron-compiler"] == "2.21.18209.0+043b1bf7"
+    assert run.environment.device_kind == "trn1.2xlarge"
+    assert (run.environment.packages or {})["neuron-compiler"] == "2.21.18209.0+043b1bf7"
     assert run.extra["logical_neuroncores"] == 2
 
 

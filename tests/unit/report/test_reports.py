@@ -24,6 +24,7 @@ from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.options import Settings
+from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.report.history import (
@@ -56,7 +57,8 @@ def make_run(case: Case, *, step_time: float, noise: float = 0.02, n: int = 30,
                compile_time=0.4, losses=losses, loss_steps=list(range(total)),
                memory_per_device={"cpu:0": memory, "cpu:1": memory + (1 << 18)},
                memory_source="memory_analysis", probe_times=probe, probe_kind="test-probe",
-               environment={"platform": PLATFORM, "packages": {"jax": "0.10.2"}})
+               environment=Environment.from_json({"platform": PLATFORM,
+                                                    "packages": {"jax": "0.10.2"}}))
 
 
 def make_record(case: Case, now: Run, base: Run | None, test: str = "test_sweep"
@@ -96,7 +98,8 @@ def synthetic_report() -> SessionReport:
                               platform=PLATFORM, run=err_run.to_json(), checks=[],
                               case=c_err.to_json(), error=err_run.message))
     return SessionReport(accel="cpu", platform=PLATFORM,
-                         environment={"device_kind": "cpu", "packages": {"jax": "0.10.2"}},
+                         environment=Environment.from_json(
+                             {"device_kind": "cpu", "packages": {"jax": "0.10.2"}}),
                          records=records)
 
 
@@ -205,7 +208,7 @@ def test_suite_properties_count_the_session() -> None:
     assert {k: int(props[f"accelperf.checks.{k}"]) for k in counts} == counts
     assert props["accelperf.checks.regression"] != "0"
     assert props["accelperf.package.jax"] == "0.10.2"
-    assert props["accelperf.fingerprint"] == fingerprint_hash(report.environment)
+    assert props["accelperf.fingerprint"] == fingerprint_hash(report.environment.to_json())
     assert props["accelperf.update"] == "false"
     assert "accelperf.errors" not in props  # a case's error is the case's, not the session's
 

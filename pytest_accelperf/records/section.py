@@ -1,0 +1,32 @@
+"""The base of a record the store validates with pydantic and keeps as the JSON it read.
+
+:class:`JsonSection`: strict JSON types, finite numbers, unknown keys kept as JSON values,
+and the JSON object a section was read from (:func:`pytest_accelperf.store.block.read`)
+written back as it was. The baseline block's sections (:mod:`pytest_accelperf.store.block`)
+and the environment (:mod:`.environment`) are such records.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, JsonValue, PrivateAttr
+
+
+class JsonSection(BaseModel):
+    """Strict JSON types, finite numbers, unknown keys kept as JSON values."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
+                              validate_default=False)
+    __pydantic_extra__: dict[str, JsonValue]
+    #: The JSON object this was read from (:func:`read`); None where it was validated.
+    _json: Mapping[str, Any] | None = PrivateAttr(default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        """This section as JSON (a copy): the object it was read from, as it was
+        (:func:`read`), or what validation kept of it."""
+        if self._json is not None:
+            return copy.deepcopy(dict(self._json))
+        return self.model_dump(mode="json", exclude_unset=True)
