@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, Listener
 from pathlib import Path
-from typing import Any, Literal, overload
+from typing import Literal, overload
 
 import pytest_accelperf
 from pytest_accelperf.ab import CompareError
 from pytest_accelperf.ab.worker import ADDRESS_ENV, AUTHKEY_ENV, PAIR_ENV, SETUP_ENV, Setup
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import ProgramRecord
 
 #: Seconds a worker may take to start and connect, and then to import a suite and build,
@@ -102,7 +103,7 @@ class Arm:
     def call(self, timeout: float, op: Literal["drop"], *args: object) -> None: ...
     @overload
     def call(self, timeout: float, op: Literal["record"],
-             *args: object) -> tuple[dict[str, Any] | None, str]: ...
+             *args: object) -> tuple[dict[str, JSONValue] | None, str]: ...
     @overload
     def call(self, timeout: float, op: Literal["locate"], *args: object) -> tuple[str, str]: ...
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.collect.cases import Case
     from pytest_accelperf.provision.accel import Accelerator
+    from pytest_accelperf.records.jsonvalue import JSONValue
     from pytest_accelperf.records.program import ProgramRecord
 
 #: Environment of a worker: the controller's address and key, and its arm's setup (JSON).
@@ -261,7 +262,7 @@ class Worker:
         return "ready", ""
 
     def record(self, key: str, case: Case, spec: BackendSpec,
-               timeout: float | None) -> tuple[dict[str, Any] | None, str]:
+               timeout: float | None) -> tuple[dict[str, JSONValue] | None, str]:
         """The base revision's record of the case: the case trained once as a normal run
         trains it (:meth:`_train_record`), its test found first by :meth:`locate`, before
         any stepper of it exists (nothing of a stepper counts in its memory); a backend
@@ -276,7 +277,7 @@ class Worker:
         return found, ""
 
     def _train_record(self, target: Callable[..., object], case: Case, spec: BackendSpec,
-                      timeout: float | None) -> dict[str, Any] | str:
+                      timeout: float | None) -> dict[str, JSONValue] | str:
         """The case trained once as the pytest process trains it in a normal run: a task
         captured afresh, trained by :func:`~pytest_accelperf.gate.routing.train_here`
         (the backend's ``train``, or its ranks), within ``timeout`` seconds. Its run's
@@ -299,7 +300,7 @@ class Worker:
             if classify(exc) is not None:  # the device's: serve() handles it
                 raise
             return f"its training raised {type(exc).__name__}: {exc}"
-        run_json: dict[str, Any] = result.run.to_json()
+        run_json: dict[str, JSONValue] = result.run.to_json()  # sent over the connection
         return run_json
 
     def _refuse_foreign(self) -> None:
