@@ -57,10 +57,11 @@ def test_a_conftest_backend_trains_is_checked_and_shows_in_the_table(suite: Suit
     assert {"numpy", "scipy"} <= set(block["environment"]["packages"])
     assert block["loss"]["checkpoints"] and block["memory"]
 
-    result = suite.run("--accelperf-json=report.json")
-    result.assert_outcomes(passed=2)
     # Step times on the shared cores are not what this test is about (a numpy step moved
-    # 17x between two sessions here): throughput is checked, its verdict may be inconclusive.
+    # 17x between two sessions here; in CI a re-measured 4x failed a 300 % tolerance):
+    # throughput is checked and shown, under a tolerance no load reaches.
+    result = suite.run("--accelperf-json=report.json", "--accelperf-throughput-tolerance=1000")
+    result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([
         "*= accelperf =*",
         "*case*metric*baseline*now*change*verdict*",
