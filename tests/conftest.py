@@ -409,7 +409,30 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    # The modules go out in the order the workers collected them, which
+    # pytest_collection_modifyitems makes longest first (LONG_MODULES), not xdist's default
+    # of the most tests first: that sent the modules of one to three long tests last
+    # (the device benchmark's 170 s, the rank groups' 126 s), each alone at the end.
+    config.option.loadscopereorder = False
     return LoadFileScheduling(config, log)
+
+
+#: Seconds the longest modules took, summed over their tests, in a full run under -n 2
+#: (2026-11-28, load 2-4; rounded). Under xdist, each worker collects them first, longest
+#: first, and the other modules after them, the most tests first (xdist's own order): the
+#: long ones then start while the other worker runs short tests, and the run ends on short
+#: tests, not on one worker's long module with the other idle. An estimate for ordering
+#: only: a module missing here, or renamed, just goes with the rest.
+LONG_MODULES: dict[str, float] = {
+    "e2e/test_bisect.py": 300, "e2e/test_device_benchmark.py": 170,
+    "unit/test_schema.py": 140, "e2e/test_cluster.py": 130, "unit/ab/test_ranks.py": 126,
+    "e2e/test_ab_mode.py": 120, "unit/backends/torch/test_deepspeed.py": 100,
+    "e2e/test_program_benchmark.py": 100, "e2e/test_gate_benchmark.py": 60,
+    "unit/test_cli.py": 60, "e2e/test_options.py": 50, "unit/test_fuzz_inputs.py": 45,
+    "e2e/test_noisy_baseline.py": 40, "unit/backends/procs/test_rank_pool.py": 40,
+    "e2e/test_max_batch.py": 32, "unit/backends/torch/test_program.py": 30,
+    "e2e/test_xdist.py": 24,
+}
 
 
 E2E = Path(__file__).parent / "e2e"
@@ -417,7 +440,21 @@ E2E = Path(__file__).parent / "e2e"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ (whole sessions, the CLI, benchmarks end to end) is marked
-    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more."""
+    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more. Under xdist,
+    the modules are put in the order they go out to the workers: longest first
+    (:data:`LONG_MODULES`)."""
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order the modules go out in (above)
+        here = Path(__file__).parent
+        counts: dict[Path, int] = {}
+        for item in items:
+            counts[item.path] = counts.get(item.path, 0) + 1
+
+        def longest_first(item: pytest.Item) -> tuple[float, int]:
+            name = item.path.relative_to(here).as_posix() if item.path.is_relative_to(
+                here) else ""
+            return -LONG_MODULES.get(name, 0.0), -counts[item.path]
+
+        items.sort(key=longest_first)  # stable: a module's tests keep their order
