@@ -417,20 +417,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return LoadFileScheduling(config, log)
 
 
-#: Seconds the longest modules took, summed over their tests, in a full run under -n 2
-#: (2026-11-28, load 2-4; rounded). Under xdist, each worker collects them first, longest
-#: first, and the other modules after them, the most tests first (xdist's own order): the
-#: long ones then start while the other worker runs short tests, and the run ends on short
-#: tests, not on one worker's long module with the other idle. An estimate for ordering
-#: only: a module missing here, or renamed, just goes with the rest.
+#: Seconds the longest modules took, summed over their tests, in a serial run of tests/
+#: (2026-11-28, load 1.0-1.6 from that run alone; rounded). Under xdist, each worker
+#: collects them first, longest first, and the other modules after them, the most tests
+#: first (xdist's own order): the long ones then start while the other worker runs short
+#: tests, and the run ends on short tests, not on one worker's long module with the other
+#: waiting. An estimate for ordering only: a module missing here, or renamed, just goes
+#: with the rest.
 LONG_MODULES: dict[str, float] = {
-    "e2e/test_bisect.py": 300, "e2e/test_device_benchmark.py": 170,
-    "unit/test_schema.py": 140, "e2e/test_cluster.py": 130, "unit/ab/test_ranks.py": 126,
-    "e2e/test_ab_mode.py": 120, "unit/backends/torch/test_deepspeed.py": 100,
-    "e2e/test_program_benchmark.py": 100, "e2e/test_gate_benchmark.py": 60,
-    "unit/test_cli.py": 60, "e2e/test_options.py": 50, "unit/test_fuzz_inputs.py": 45,
-    "unit/backends/procs/test_rank_pool.py": 40, "e2e/test_max_batch.py": 32,
-    "unit/backends/torch/test_program.py": 30,
+    "e2e/test_cluster.py": 127, "e2e/test_bisect.py": 113, "e2e/test_ab_mode.py": 103,
+    "unit/ab/test_ranks.py": 102, "e2e/test_device_benchmark.py": 83,
+    "unit/backends/torch/test_deepspeed.py": 71, "e2e/test_gate_benchmark.py": 66,
+    "e2e/test_hangs.py": 49, "e2e/test_explain.py": 48, "e2e/test_program_benchmark.py": 39,
+    "unit/backends/torch/test_program.py": 32, "e2e/test_gate.py": 29,
+    "unit/backends/procs/test_rank_pool.py": 27, "unit/test_fuzz_inputs.py": 23,
+    "unit/backends/jax/test_reference_layout.py": 22, "unit/test_accel.py": 22,
+    "unit/backends/jax/test_step.py": 19, "unit/backends/jax/test_backend.py": 19,
+    "unit/backends/torch/test_ranks.py": 18, "e2e/test_ab_envs.py": 17,
+    "unit/backends/procs/test_launch.py": 16, "e2e/test_max_batch.py": 15,
 }
 #: Modules whose assertions depend on the machine's load more than most, put last under
 #: xdist (beside the short unit tests), as xdist's own order had them: in a run that put
