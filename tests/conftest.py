@@ -409,39 +409,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    # The modules go out in the order the workers collected them, which
-    # pytest_collection_modifyitems makes longest first (LONG_MODULES), not xdist's default
-    # of the most tests first: that sent the modules of one to three long tests last
-    # (the device benchmark's 170 s, the rank groups' 126 s), each alone at the end.
-    config.option.loadscopereorder = False
     return LoadFileScheduling(config, log)
-
-
-#: Seconds the longest modules took, summed over their tests, in a serial run of tests/
-#: (2026-11-28, load 1.0-1.6 from that run alone; rounded). Under xdist, each worker
-#: collects them first, longest first, and the other modules after them, the most tests
-#: first (xdist's own order): the long ones then start while the other worker runs short
-#: tests, and the run ends on short tests, not on one worker's long module with the other
-#: waiting. An estimate for ordering only: a module missing here, or renamed, just goes
-#: with the rest.
-LONG_MODULES: dict[str, float] = {
-    "e2e/test_cluster.py": 127, "e2e/test_bisect.py": 113, "e2e/test_ab_mode.py": 103,
-    "unit/ab/test_ranks.py": 102, "e2e/test_device_benchmark.py": 83,
-    "unit/backends/torch/test_deepspeed.py": 71, "e2e/test_gate_benchmark.py": 66,
-    "e2e/test_hangs.py": 49, "e2e/test_explain.py": 48, "e2e/test_program_benchmark.py": 39,
-    "unit/backends/torch/test_program.py": 32, "e2e/test_gate.py": 29,
-    "unit/backends/procs/test_rank_pool.py": 27, "unit/test_fuzz_inputs.py": 23,
-    "unit/backends/jax/test_reference_layout.py": 22, "unit/test_accel.py": 22,
-    "unit/backends/jax/test_step.py": 19, "unit/backends/jax/test_backend.py": 19,
-    "unit/backends/torch/test_ranks.py": 18, "e2e/test_ab_envs.py": 17,
-    "unit/backends/procs/test_launch.py": 16, "e2e/test_max_batch.py": 15,
-}
-#: Modules whose assertions depend on the machine's load more than most, put last under
-#: xdist (beside the short unit tests), as xdist's own order had them: in a run that put
-#: them among the long modules (2026-11-28, load 2.6-8.7 with other sessions' tests),
-#: test_noisy_baseline's injected noise (1 s sleeps) fell under its bound beside quiet steps
-#: that took 130 ms, and test_xdist's two sessions disagreed on one verdict.
-LOAD_SENSITIVE_LAST = ("e2e/test_noisy_baseline.py", "e2e/test_xdist.py")
 
 
 E2E = Path(__file__).parent / "e2e"
@@ -449,22 +417,7 @@ E2E = Path(__file__).parent / "e2e"
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ (whole sessions, the CLI, benchmarks end to end) is marked
-    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more. Under xdist,
-    the modules are put in the order they go out to the workers: longest first
-    (:data:`LONG_MODULES`), the load-sensitive last (:data:`LOAD_SENSITIVE_LAST`)."""
+    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more."""
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # the order the modules go out in (above)
-        here = Path(__file__).parent
-        counts: dict[Path, int] = {}
-        for item in items:
-            counts[item.path] = counts.get(item.path, 0) + 1
-
-        def longest_first(item: pytest.Item) -> tuple[bool, float, int]:
-            name = item.path.relative_to(here).as_posix() if item.path.is_relative_to(
-                here) else ""
-            return (name in LOAD_SENSITIVE_LAST, -LONG_MODULES.get(name, 0.0),
-                    -counts[item.path])
-
-        items.sort(key=longest_first)  # stable: a module's tests keep their order
