@@ -362,9 +362,10 @@ def recorded_once(suite: Suite, recording: Path, *, passed: int) -> Suite:
     ``--accelperf-update``: by the first test that asks for them with this ``recording``
     (a directory of a module- or session-scoped fixture, in this process), and for every
     other a copy of them as they were then, each test's to read and edit. A recording
-    trains each case once, holding the host lock (and
-    :data:`pytest_accelperf.gate.judge.RECORDING_WINDOWS` times more where it was too noisy
-    to store); tests that only read or edit the baseline need not make their own."""
+    trains each case once, holding the host lock (where it was too noisy to store, again
+    over :data:`pytest_accelperf.gate.judge.RECORDING_WINDOWS` trainings, up to
+    ``--accelperf-confirm`` times); tests that only read or edit the baseline need not
+    make their own."""
     baselines = suite.pytester.path / "baselines"
     if recording.exists():
         shutil.copytree(recording, baselines)
