@@ -14,7 +14,6 @@ import os
 import random
 import secrets
 import shutil
-import site
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +31,16 @@ from pytest_accelperf.ab.arms import (
     plugin_root,
     start_arm,
 )
-from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot, socket_dir, toplevel
+from pytest_accelperf.ab.tree import (
+    environment_dirs,
+    extract,
+    in_dirs,
+    moved_path,
+    resolve,
+    snapshot,
+    socket_dir,
+    toplevel,
+)
 from pytest_accelperf.ab.worker import Setup, unsupported
 from pytest_accelperf.backends.registry import get_backend
 from pytest_accelperf.backends.spec import BackendSpec, BackendSpecError
@@ -73,19 +81,14 @@ class ABMeasurement:
     base_run_note: str = ""
 
 
-def environment_entries(entries: Sequence[str]) -> list[str]:
+def environment_entries(entries: Sequence[str], repo: Path) -> list[str]:
     """The entries of ``sys.path`` that are this interpreter's environment (its standard
-    library, its site-packages and what lies under its prefixes), which a worker in
-    another environment replaces with its own."""
-    prefixes = {Path(p).resolve() for p in (sys.prefix, sys.base_prefix, sys.exec_prefix,
-                                            sys.base_exec_prefix)}
-    sites = {Path(p).resolve() for p in site.getsitepackages()}
-    out = []
-    for entry in entries:
-        path = Path(entry or os.getcwd()).resolve()
-        if path in sites or any(path.is_relative_to(p) for p in prefixes):
-            out.append(entry or os.getcwd())
-    return out
+    library, its site-packages and what lies under its prefixes:
+    :func:`~pytest_accelperf.ab.tree.environment_dirs`), which a worker in another
+    environment replaces with its own."""
+    dirs = environment_dirs(repo)
+    return [entry or os.getcwd() for entry in entries
+            if in_dirs(Path(entry or os.getcwd()).resolve(), dirs)]
 
 
 def round_orders(rng: random.Random) -> tuple[bool, bool]:
@@ -239,7 +242,7 @@ class Comparison:
         self._authkey = secrets.token_bytes(16)
         listener = Listener(str(self._dir / "socket"), family="AF_UNIX",
                             authkey=self._authkey)
-        env_path = environment_entries(sys.path)
+        env_path = environment_entries(sys.path, self.root)
         try:
             for j in range(self.processes):
                 pair: dict[str, Arm] = {}

@@ -1,14 +1,19 @@
 """The two arms' files for A/B mode (see :mod:`pytest_accelperf.ab`): the commit a ref
 names, its files extracted with ``git archive`` (nothing in the repository is checked out
 or changed); the working tree's files as git sees them, copied beside them, so that both
-arms run from trees of the same layout (:func:`snapshot`); ``sys.path`` moved into them;
-and where a test lives relative to the repository root.
+arms run from trees of the same layout (:func:`snapshot`); ``sys.path`` moved into them
+(the repository's entries, never the environment's: a ``.venv`` inside the repository is
+the interpreter's, :func:`environment_dirs`); and where a test lives relative to the
+repository root.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import site
+import sys
+import sysconfig
 import tarfile
 import tempfile
 from pathlib import Path
@@ -120,17 +125,48 @@ def snapshot(root: Path, into: Path, name: str = "head") -> Path:
     return tree
 
 
+def environment_dirs(repo: Path) -> list[Path]:
+    """The directories of this interpreter's environment, which are never code under test:
+    its standard library and site-packages wherever they are (a virtual environment inside
+    the repository, uv's and poetry's ``.venv``, is the interpreter's, not the revision's),
+    and its prefixes, but for a prefix that holds the repository itself (a system Python's
+    ``/usr`` and a repository in ``/usr/src/app``)."""
+    root = repo.resolve()
+    dirs: set[Path] = set()
+    bases = {"base": sys.base_prefix, "platbase": sys.base_exec_prefix}
+    for scheme_vars in (None, bases):
+        paths = sysconfig.get_paths(vars=scheme_vars)
+        dirs.update(Path(paths[key]).resolve()
+                    for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths)
+    dirs.update(Path(p).resolve() for p in site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.add(Path(site.getusersitepackages()).resolve())
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        path = Path(prefix).resolve()
+        if not root.is_relative_to(path):
+            dirs.add(path)
+    return sorted(dirs)
+
+
+def in_dirs(path: Path, dirs: list[Path]) -> bool:
+    """Whether ``path`` (resolved) is one of ``dirs`` or inside one."""
+    return any(path.is_relative_to(d) for d in dirs)
+
+
 def moved_path(entries: list[str], head_root: Path, tree: Path) -> list[str]:
-    """``sys.path`` with every entry inside ``head_root`` moved to ``tree``.
+    """``sys.path`` with every entry inside ``head_root`` moved to ``tree``, but for this
+    interpreter's environment (:func:`environment_dirs`: a ``.venv`` inside the repository
+    stays where it is, as it is not in the tree).
 
     >>> moved_path(["/r/suites/jax", "/usr/lib/python3", ""], Path("/r"), Path("/t"))[:2]
     ['/t/suites/jax', '/usr/lib/python3']
     """
+    keep = environment_dirs(head_root)
     out = []
     for entry in entries:
         path = Path(entry or os.getcwd()).resolve()
         out.append(str(tree / path.relative_to(head_root))
-                   if path.is_relative_to(head_root) else entry)
+                   if path.is_relative_to(head_root) and not in_dirs(path, keep) else entry)
     return out
 
 

@@ -150,17 +150,24 @@ def _foreign_modules(setup: Setup) -> list[str]:
     """Modules this base worker imported from the working tree instead of its own files
     (an editable install's import hook, a hard-coded path): the comparison would be of
     the working tree against itself."""
+    from pytest_accelperf.ab.tree import environment_dirs, in_dirs
+
     if setup.arm != "base":
         return []
     head = Path(setup.head_root).resolve()
     plugin = Path(__file__).resolve().parents[1]  # the pytest_accelperf package
+    # The environments, this worker's own and the controller's (the session's site-packages
+    # under an environment built over it), are not the working tree's code even where they
+    # lie inside the repository (a .venv at its root).
+    environment = environment_dirs(head) + [Path(e).resolve() for e in setup.env_path]
     out = []
     for name, module in list(sys.modules.items()):
         file = getattr(module, "__file__", None)
         if not file:
             continue
         path = Path(file).resolve()
-        if path.is_relative_to(head) and not path.is_relative_to(plugin):
+        if (path.is_relative_to(head) and not path.is_relative_to(plugin)
+                and not in_dirs(path, environment)):
             out.append(f"{name} ({path})")
     return out
 

@@ -168,7 +168,7 @@ def test_another_python_and_update_cannot_be_combined(repo: Suite) -> None:
 
 
 def test_the_environment_entries_of_the_path_are_this_interpreters() -> None:
-    entries = environment_entries([*sys.path, "/somewhere/else"])
+    entries = environment_entries([*sys.path, "/somewhere/else"], Path.cwd())
     assert all(s in entries for s in session_site())
     assert "/somewhere/else" not in entries
 
@@ -242,3 +242,32 @@ def test_another_python_and_what_runs_no_ab_step_here_cannot_be_combined(
     result = repo.run("--accel=cpu", other, f"--accelperf-compare-python={sys.executable}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {said}"])
+
+
+@pytest.mark.slow
+def test_a_virtual_environment_inside_the_repository_is_the_environment_not_the_tree(
+        suite: Suite) -> None:
+    """A ``.venv`` at the repository's root (uv's and poetry's default) is the interpreter's
+    environment, not code under test: the base arm imports from it where it is (before,
+    its site-packages were moved into the base tree, where a git-ignored folder is not,
+    and the worker could not import jax), and its modules are not taken for the working
+    tree's (which refused every comparison under ``--accelperf-compare-python``). Found
+    trying Flax's seq2seq example with its ``.venv`` in the repository."""
+    _uv_or_skip()
+    path = suite.pytester.path
+    (path / ".gitignore").write_text(".venv/\n")
+    model = MODEL.replace("    dim = 128\n", "    from inrepo_dep import DIM as dim\n")
+    committed(suite, model, SUITE.replace(
+        '    with open(os.environ["PREFIXES"], "a") as out:\n'
+        '        out.write(sys.prefix + "\\n")\n', ""))
+    env = build_env([], over=session_site(), root=path / ".venv")
+    site_dir = next(env.path.rglob("site-packages"))
+    (site_dir / "inrepo_dep.py").write_text("DIM = 128\n")  # only in the in-repo venv
+    for other in ([], [f"--accelperf-compare-python={env.python}"]):
+        done = subprocess.run([str(env.python), "-m", "pytest", "-p", "no:cacheprovider",
+                               *FAST, "--accelperf-compare=HEAD", *other], cwd=path,
+                              capture_output=True, text=True, timeout=600, check=False)
+        assert done.returncode == 0, (other, done.stdout[-3000:], done.stderr[-2000:])
+        check = _throughput(suite)
+        assert check["data"]["mode"] == "ab", check["detail"]  # type: ignore[index]
+        assert str(check["detail"]).startswith("A/B "), check["detail"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from conftest import Suite, verdicts
 
 from pytest_accelperf.ab import CompareError, rounds, tree
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison, round_orders
-from pytest_accelperf.ab.tree import extract, moved_path, resolve, snapshot
+from pytest_accelperf.ab.tree import environment_dirs, extract, moved_path, resolve, snapshot
 from pytest_accelperf.ab.verdict import ab_check
 from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.collect.cases import Case
@@ -345,6 +346,22 @@ def test_paired_ratio_and_its_verdict() -> None:
 def test_moved_path_keeps_outside_entries() -> None:
     assert moved_path(["/repo/suites/jax", "/usr/lib", "/repo"], Path("/repo"),
                       Path("/tmp/base")) == ["/tmp/base/suites/jax", "/usr/lib", "/tmp/base"]
+
+
+def test_the_environment_is_never_moved_into_a_tree() -> None:
+    """The interpreter's site-packages stay where they are even inside the repository (a
+    ``.venv`` at its root), and a prefix that holds the repository (a system Python's
+    ``/usr``, a repository in ``/usr/src/app``) does not make the repository's own entries
+    the environment's."""
+    site_dir = next(p for p in sys.path if p.endswith("site-packages"))
+    prefix = Path(sys.prefix)
+    assert moved_path([site_dir, str(prefix / "suites")], prefix, Path("/t")) == [
+        site_dir, "/t/suites"]
+    repo = prefix / "src" / "app"
+    assert prefix.resolve() not in environment_dirs(repo)
+    assert Path(site_dir).resolve() in environment_dirs(repo)
+    assert moved_path([str(repo / "suites"), site_dir], repo, Path("/t")) == [
+        "/t/suites", site_dir]
 
 
 def test_both_arms_run_from_trees_of_the_same_layout(tmp_path: Path) -> None:
