@@ -20,6 +20,12 @@ JSON, every field optional (a backend says what it can see):
     not compared with these (:func:`comparable_flops`).
 ``hardware_flops``
     what all the devices execute per step (replicated work counted on every replica).
+``loops``
+    XLA: the ``while`` loops (a ``lax.scan``, a static ``fori_loop``) whose bodies the
+    amounts count once per iteration, where XLA's own cost analysis counts a body once
+    (:func:`pytest_accelperf.backends.jax.hlo.loop_corrected`). A baseline without it
+    where a record has it counted each body once: its amounts are not compared with
+    these (:func:`comparable_flops`). Not gated itself.
 ``bytes_accessed``
     bytes the devices read and write per step: XLA, the compiler's cost analysis (all
     devices); torch, the tensor inputs and outputs of the ops an eager step dispatches
@@ -130,6 +136,7 @@ class ProgramRecord(TypedDict, total=False):
     global_flops: bool | None
     hardware_flops: _Amount | None
     bytes_accessed: _Amount | None
+    loops: _Count | None
     collectives: dict[str, CollectiveRecord] | None
     host_callbacks: _Count | None
     host_syncs: _Count | None
@@ -169,7 +176,7 @@ def program_record(source: str, *, flops: float | None = None,
                    recompile_causes: list[str] | None = None,
                    ops: Mapping[str, int] | None = None, host_syncs: int | None = None,
                    host_sync_sites: Mapping[str, int] | None = None,
-                   global_flops: bool = False) -> ProgramRecord:
+                   global_flops: bool = False, loops: int | None = None) -> ProgramRecord:
     """A ``Run.program`` record (see the module docstring), in the form of
     :class:`ProgramRecord`; None fields are left out (the keys in this order, as the JSON
     written has them)."""
@@ -184,6 +191,8 @@ def program_record(source: str, *, flops: float | None = None,
         record["bytes_accessed"] = float(bytes_accessed)
     if global_flops and flops is not None:
         record["global_flops"] = True
+    if loops:
+        record["loops"] = int(loops)
     if collectives is not None:
         record["collectives"] = {
             kind: {"count": int(c.get("count", 0)), "bytes": int(c.get("bytes", 0))}
@@ -218,7 +227,15 @@ def comparable_flops(baseline: Mapping[str, Any],
     without its ``flops`` when ``now``'s were counted over the global batch
     (``global_flops``) and the baseline's were not, one shard's (a ``bind_axes`` step
     recorded before: 21.5 MFLOP stored for ``test_pmap_style``'s 4x2 case, a quarter of
-    its step)."""
+    its step); without its amounts when ``now`` counted loop bodies per iteration
+    (``loops``) and the baseline did not (recorded before, or by a jaxlib that cannot
+    cost a body alone: a pipeline's 7 ticks stored as one)."""
+    if now.get("loops") and not baseline.get("loops") and any(k in baseline for k in AMOUNTS):
+        kept = {k: v for k, v in baseline.items() if k not in AMOUNTS}
+        return kept, ("FLOPs and bytes not compared: the baseline counted each loop's body "
+                      "once, where these count it once per iteration (recorded before the "
+                      "plugin counted loops, or by a jaxlib that cannot cost a loop's body; "
+                      "--accelperf-update records it)")
     if now.get("global_flops") and not baseline.get("global_flops") and "flops" in baseline:
         kept = {k: v for k, v in baseline.items() if k != "flops"}
         return kept, ("FLOPs not compared: the baseline's count is one shard's, recorded "

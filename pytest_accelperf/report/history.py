@@ -121,7 +121,7 @@ def _number(value: object) -> float | None:
 #: The fields of a program record a history line keeps: those the ``program`` check gates
 #: (:mod:`pytest_accelperf.records.program`), not the op histogram or the reasons and sites shown
 #: beside a change (kilobytes a line).
-PROGRAM_FIELDS = ("source", "global_flops", *AMOUNTS, "collectives", *COUNTS)
+PROGRAM_FIELDS = ("source", "global_flops", "loops", *AMOUNTS, "collectives", *COUNTS)
 
 
 def program_fields(program: object) -> dict[str, object] | None:

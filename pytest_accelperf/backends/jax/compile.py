@@ -158,6 +158,19 @@ def _global_lowering(step: JaxStep, mesh: Mesh,
         return None
 
 
+def global_lowering(task: Task, case: Case) -> jax.stages.Lowered | None:
+    """``task``'s step lowered on one device over the global batch (the case's axes of
+    size 1): the program whose cost analysis is the model's FLOPs. None where it cannot
+    be lowered."""
+    step = as_step(task)
+    try:
+        rename = _mesh_renaming(step, case)
+    except TaskError:
+        return None
+    names = tuple(rename.get(a, a) for a in case.axis_names)
+    return _global_lowering(step, _host_mesh(names), rename)
+
+
 def _compile_on(step: JaxStep, mesh: Mesh, rename: Mapping[str, str]) -> _Program:
     abstract = abstract_state(step)
     state_sh, batch_sh, abstract_in, abstract_batch, host_batch = _inputs(

@@ -9,6 +9,18 @@
 ``hardware_flops``, ``bytes_accessed``
     one device's compiled cost analysis (``flops``, ``bytes accessed``) times the device
     count: what all devices execute and move, replicated work on every replica.
+``loops``
+    the ``while`` loops whose bodies the three amounts count once per iteration
+    (:func:`loop_corrected`). XLA's cost analysis counts a loop's body once, however many
+    times it runs: a ``lax.scan`` of ten matmuls costs one matmul there (checked in jax
+    0.10.2, lowered and compiled alike), so a scanned RNN, a model scanned over its layers
+    or a pipeline's ticks were undercounted by their trip counts, and a change of the trip
+    count (more layers, more microbatches) changed no amount. Each loop with a trip count
+    XLA knows (``known_trip_count``), or that reads as a ``lax.scan``'s (a counter from a
+    constant, below a constant), adds ``trip count - 1`` times its body's own cost (XLA's
+    cost analysis of the body alone) times the executions of the computation it is in.
+    Where jaxlib offers no way to cost a body alone, the amounts stay XLA's and ``loops``
+    is left out.
 ``collectives``, ``host_callbacks``, ``custom_calls``, ``ops``
     read from the optimized, partitioned HLO text (``compiled.as_text()``) by
     :func:`read_hlo`, the one place that parses it.
@@ -56,12 +68,13 @@ rather than recording a wrong value.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pytest_accelperf.records.program import ProgramRecord, program_record
 
@@ -84,8 +97,8 @@ COLLECTIVES: dict[str, str] = {
 BOOKKEEPING = frozenset({"parameter", "constant", "tuple", "get-tuple-element", "bitcast"})
 _HOST_CALLBACK = re.compile(r"python\w*callback|host_callback", re.IGNORECASE)
 
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*\(.*\{\s*$")
-_INSTRUCTION = re.compile(r"^\s+(?:ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s*(?:\(.*)?\{\s*$")
+_INSTRUCTION = re.compile(r"^\s+(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
 _OPCODE = re.compile(r"\s*([a-z][a-z0-9\-_]*)\(")
 _ARRAY = re.compile(r"([a-z][a-z0-9]*)\[([^\]]*)\]")
 _BITS = re.compile(r"[a-z]+?(\d+)")
@@ -111,6 +124,16 @@ def program_of(lowered: Lowered | None, compiled: Compiled, n_devices: int, *,
     per_device_bytes = _number(cost.get("bytes accessed"))
     text = _safe(_text, compiled)
     hlo = _safe(read_hlo, text) if text else None
+    # Each loop's body per iteration (XLA counts it once): the compiled program's for the
+    # hardware amounts, the lowered one's for the model's FLOPs (XLA may unroll a loop).
+    loops = None
+    extra = _safe(loop_corrected, text, lambda: _compiled_client(compiled)) if text else None
+    model_extra = _safe(lowered_loops, lowered) if flops and lowered else NO_LOOPS
+    if extra is not None and model_extra is not None and (extra.loops or model_extra.loops):
+        loops = max(extra.loops, model_extra.loops)
+        per_device_flops = (per_device_flops or 0.0) + extra.flops or None
+        per_device_bytes = (per_device_bytes or 0.0) + extra.bytes or None
+        flops = flops + model_extra.flops if flops else flops
     return program_record(
         "xla", flops=flops,
         hardware_flops=per_device_flops * n_devices if per_device_flops else None,
@@ -118,7 +141,7 @@ def program_of(lowered: Lowered | None, compiled: Compiled, n_devices: int, *,
         collectives=hlo.collectives if hlo else None,
         host_callbacks=hlo.host_callbacks if hlo else None,
         custom_calls=hlo.custom_calls if hlo else None,
-        ops=hlo.ops if hlo else None, global_flops=global_flops)
+        ops=hlo.ops if hlo else None, global_flops=global_flops, loops=loops)
 
 
 def model_flops(lowered: Lowered) -> float | None:
@@ -135,6 +158,215 @@ def model_flops(lowered: Lowered) -> float | None:
     return flops if flops and flops > 0 else None
 
 
+# -- loops ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LoopExtra:
+    """What :func:`loop_corrected` adds to XLA's cost analysis of a module: the loops it
+    counted per iteration, and the FLOPs and bytes of their iterations beyond the first."""
+
+    loops: int
+    flops: float
+    bytes: float
+
+
+NO_LOOPS = LoopExtra(0, 0.0, 0.0)
+
+
+def loop_corrected(text: str, client: Callable[[], object]) -> LoopExtra | None:
+    """What the ``while`` loops of the HLO module ``text`` add to XLA's cost analysis of
+    it, which counts each body once: for each loop of a known trip count ``n`` (see the
+    module docstring), ``(n - 1)`` times its body's own cost (XLA's cost analysis of the
+    body as the entry, with the backend ``client()``) times the executions of the
+    computation that holds it. :data:`NO_LOOPS` for a module without such loops; None
+    where a body cannot be costed (no such API in this jaxlib): then nothing is added."""
+    computations, entry = _parse(text)
+    if entry is None:
+        return NO_LOOPS
+    runs = _executions(entry, computations)
+    loops: list[tuple[str, int, int]] = []  # (body, trip count, executions of its holder)
+    for name, comp in computations.items():
+        for ins in comp.instructions:
+            if ins.opcode != "while" or name not in runs:
+                continue
+            trips = _trip_count(ins.attrs)
+            if trips is None:
+                trips = _scan_trip_count(ins, comp, computations)
+            body = dict(_called(ins.attrs)).get("body")
+            if trips is not None and body is not None:
+                loops.append((body, trips, runs[name]))
+    if not loops:
+        return NO_LOOPS
+    cost_of = _module_cost()
+    if cost_of is None:
+        return None
+    backend = client()
+    flops = bytes_ = 0.0
+    for body, trips, times in loops:
+        if trips <= 1:
+            continue
+        cost = _first(cost_of(backend, _as_entry(text, body)))
+        flops += (trips - 1) * times * (_number(cost.get("flops")) or 0.0)
+        bytes_ += (trips - 1) * times * (_number(cost.get("bytes accessed")) or 0.0)
+    return LoopExtra(len(loops), flops, bytes_)
+
+
+def lowered_loops(lowered: Lowered) -> LoopExtra | None:
+    """:func:`loop_corrected` of a lowered (unoptimized) program: what its loops add to
+    :func:`model_flops`."""
+    return loop_corrected(_lowered_text(lowered), lambda: _lowered_backend(lowered))
+
+
+def counted_model_flops(lowered: Lowered) -> float | None:
+    """:func:`model_flops` with each loop's body counted per iteration; None where either
+    cannot be read (a count that undercounts its loops is no count)."""
+    flops = model_flops(lowered)
+    extra = _safe(lowered_loops, lowered) if flops else None
+    return None if flops is None or extra is None else flops + extra.flops
+
+
+def _executions(entry: str, computations: Mapping[str, _Computation]) -> dict[str, int]:
+    """How many times each computation reachable from ``entry`` runs in one execution of
+    it: a ``while`` body (and condition) its trip count times (once where unknown); a
+    computation called from several places, the most of them."""
+    runs: dict[str, int] = {}
+
+    def visit(name: str, times: int, path: frozenset[str]) -> None:
+        comp = computations.get(name)
+        if comp is None or name in path or runs.get(name, 0) >= times:
+            return
+        runs[name] = times
+        for ins in comp.instructions:
+            trips = 1
+            if ins.opcode == "while":
+                known = _trip_count(ins.attrs)
+                if known is None:
+                    known = _scan_trip_count(ins, comp, computations)
+                trips = known or 1
+            for key, callee in _called(ins.attrs):
+                visit(callee, times * (trips if key in ("body", "condition") else 1),
+                      path | {name})
+
+    visit(entry, 1, frozenset())
+    return runs
+
+
+def _scan_trip_count(ins: _Instruction, comp: _Computation,
+                     computations: Mapping[str, _Computation]) -> int | None:
+    """The trip count of a ``while`` as ``lax.scan`` and a static ``fori_loop`` lower it,
+    before XLA annotates it: the condition's root is ``compare(element i of its
+    parameter, constant N), direction=LT`` and element i of the loop's initial tuple is
+    ``constant S``: N - S. None for any other loop."""
+    called = dict(_called(ins.attrs))
+    cond = computations.get(called.get("condition", ""))
+    if cond is None or not cond.instructions:
+        return None
+    by_name = {i.name: i for i in cond.instructions}
+    root = next((i for i in cond.instructions if i.root), None)
+    if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
+        return None
+    operands = _operands(root.attrs)
+    if len(operands) != 2:
+        return None
+    counter, bound = (by_name.get(o) for o in operands)
+    if counter is None or bound is None or counter.opcode != "get-tuple-element":
+        return None
+    index = re.search(r"\bindex=(\d+)", counter.attrs)
+    limit = _constant(bound)
+    init_name = (_operands(ins.attrs) or [""])[0]
+    init = next((i for i in comp.instructions if i.name == init_name), None)
+    if index is None or limit is None or init is None or init.opcode != "tuple":
+        return None
+    elements = _operands(init.attrs)
+    i = int(index.group(1))
+    start_ins = next((x for x in comp.instructions
+                      if i < len(elements) and x.name == elements[i]), None)
+    start = _constant(start_ins) if start_ins is not None else None
+    if start is None or limit - start < 0:
+        return None
+    return limit - start
+
+
+def _operands(attrs: str) -> list[str]:
+    """The operand names of an instruction (``attrs`` begins after its opcode's
+    parenthesis): ``a, b), direction=LT`` gives ``[a, b]``."""
+    depth, end = 1, len(attrs)
+    for k, char in enumerate(attrs):
+        depth += (char == "(") - (char == ")")
+        if depth == 0:
+            end = k
+            break
+    names = []
+    for part in attrs[:end].split(","):
+        words = part.strip().split()
+        if words:  # "f32[2]{0} %x" in some dumps, "x" in others
+            names.append(words[-1].lstrip("%"))
+    return names
+
+
+def _constant(ins: _Instruction) -> int | None:
+    """The value of an integer scalar ``constant(N)``; None for anything else."""
+    if ins.opcode != "constant" or not re.fullmatch(r"[su]\d+\[\](\{\})?", ins.shape):
+        return None
+    found = re.match(r"\s*(-?\d+)\s*\)", ins.attrs)
+    return int(found.group(1)) if found else None
+
+
+def _as_entry(text: str, body: str) -> str:
+    """The module ``text`` with computation ``body`` as its entry: the header without
+    its attributes (the entry's layout and aliasing are the old entry's), ``ENTRY`` moved
+    onto ``body``'s header."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("HloModule "):
+            line = line.split(",", 1)[0]
+        else:
+            header = _HEADER.match(line)
+            if header:
+                line = line.removeprefix("ENTRY ")
+                if header.group(2) == body:
+                    line = "ENTRY " + line
+        out.append(line)
+    return "\n".join(out)
+
+
+def _module_cost() -> Callable[[object, str], object] | None:
+    """``cost(backend, text)``: XLA's cost analysis of an HLO module given as text, with
+    ``backend``'s cost model (what ``Lowered.cost_analysis`` calls); None where this
+    jaxlib has no such functions (private ones: their home moved in jaxlib 0.6)."""
+    homes: list[object] = []
+    for module in ("jaxlib._hlo", "jax._src.lib"):
+        try:
+            homes.append(importlib.import_module(module))
+        except ImportError:
+            continue
+    lib = homes[-1] if homes else None
+    homes += [getattr(lib, "_jax", None),  # jaxlib 0.6 and after
+              getattr(getattr(lib, "xla_client", None), "_xla", None)]  # before
+    found: dict[str, Any] = {}
+    for name in ("hlo_module_from_text", "hlo_module_cost_analysis"):
+        found[name] = next((getattr(h, name) for h in homes
+                            if h is not None and callable(getattr(h, name, None))), None)
+    parse, cost = found.get("hlo_module_from_text"), found.get("hlo_module_cost_analysis")
+    if parse is None or cost is None:
+        return None
+    return lambda backend, text: cost(backend, parse(text))
+
+
+def _compiled_client(compiled: Compiled) -> object:
+    executable = compiled.runtime_executable()
+    return None if executable is None else executable.client
+
+
+def _lowered_backend(lowered: Lowered | None) -> object:
+    """The backend ``Lowered.cost_analysis`` itself uses."""
+    return lowered._lowering.compile_args["backend"]  # type: ignore[union-attr]
+
+
+def _lowered_text(lowered: Lowered | None) -> str:
+    text = lowered.as_text(dialect="hlo") if lowered is not None else ""
+    return text if isinstance(text, str) else ""
+
+
 # -- the HLO text -----------------------------------------------------------------------------
 @dataclass
 class HloCounts:
@@ -146,6 +378,8 @@ class HloCounts:
     ops: dict[str, int] = field(default_factory=dict)
     #: ``while`` loops without a known trip count (their bodies were counted once).
     unknown_trip_counts: int = 0
+    #: ``while`` loops in all.
+    loops: int = 0
 
 
 @dataclass
@@ -153,6 +387,8 @@ class _Instruction:
     opcode: str
     shape: str
     attrs: str
+    name: str = ""
+    root: bool = False
 
 
 @dataclass
@@ -166,13 +402,14 @@ def read_hlo(text: str) -> HloCounts:
     see the module docstring for what is counted and how."""
     computations, entry = _parse(text)
     ops: Counter[str] = Counter()
-    unknown = 0
+    unknown = loops = 0
     for comp in computations.values():
         for ins in comp.instructions:
             if ins.opcode not in BOOKKEEPING:
                 ops[_op_name(ins)] += 1
-            if ins.opcode == "while" and _trip_count(ins.attrs) is None:
-                unknown += 1
+            if ins.opcode == "while":
+                loops += 1
+                unknown += _trip_count(ins.attrs) is None
     totals: dict[str, Counter[str]] = {}
     if entry is None:  # no ENTRY marked: each computation once
         total: Counter[str] = Counter()
@@ -187,7 +424,7 @@ def read_hlo(text: str) -> HloCounts:
             collectives.setdefault(kind, {"count": 0, "bytes": 0})[what] = int(value)
     return HloCounts(collectives=collectives, host_callbacks=int(total["host_callbacks"]),
                      custom_calls=int(total["custom_calls"]), ops=dict(ops),
-                     unknown_trip_counts=unknown)
+                     unknown_trip_counts=unknown, loops=loops)
 
 
 def _parse(text: str) -> tuple[dict[str, _Computation], str | None]:
@@ -217,7 +454,7 @@ def _instruction(line: str) -> _Instruction | None:
     match = _INSTRUCTION.match(line)
     if not match:
         return None
-    rest = match.group(2)
+    rest = match.group(3)
     if rest.startswith("("):  # a tuple shape: up to its closing parenthesis
         end = _closing(rest)
         if end < 0:
@@ -228,7 +465,8 @@ def _instruction(line: str) -> _Instruction | None:
     opcode = _OPCODE.match(rest)
     if not opcode:
         return None
-    return _Instruction(opcode.group(1), shape, _strip_metadata(rest[opcode.end():]))
+    return _Instruction(opcode.group(1), shape, _strip_metadata(rest[opcode.end():]),
+                        name=match.group(2), root=bool(match.group(1)))
 
 
 def _closing(text: str) -> int:

@@ -137,6 +137,31 @@ def test_flops_of_a_bind_axes_step_recorded_as_one_shards_are_not_compared() -> 
     assert result.detail.startswith("FLOPs +8.8%"), result.detail
 
 
+def test_amounts_of_a_baseline_that_counted_loop_bodies_once_are_not_compared() -> None:
+    """A baseline recorded before loop bodies were counted per iteration (no ``loops``):
+    a scanned step's FLOPs would read +900 %, a pipeline's ticks +600 %, on unchanged
+    code. Its amounts are left out, and said so; its counts are compared as ever."""
+    once = xla(flops=21e6)
+    counted = xla(flops=210e6, loops=1)
+    assert counted["loops"] == 1 and "loops" not in once
+    validate_block(block(counted))
+    result = check_program(block(counted), block(once), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.PASS, result.detail
+    assert result.detail.endswith(
+        "FLOPs and bytes not compared: the baseline counted each loop's body once, where "
+        "these count it once per iteration (recorded before the plugin counted loops, or "
+        "by a jaxlib that cannot cost a loop's body; --accelperf-update records it)")
+    more = copy.deepcopy(counted)
+    more["host_callbacks"] = 1
+    result = check_program(block(more), block(once), TOL, comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    # Both counted per iteration: compared.
+    result = check_program(block(xla(flops=420e6, loops=1)), block(counted), TOL,
+                           comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION
+    assert result.detail.startswith("FLOPs +100.0%"), result.detail
+
+
 def test_describe_changes_is_empty_for_identical_programs() -> None:
     assert describe_changes(xla(), copy.deepcopy(xla()), 0.01) == []
 

@@ -54,3 +54,28 @@ def test_a_batch_not_divisible_into_microbatches_is_refused(accel) -> None:  # t
     loss = task.pipelined_loss(accel.mesh((4,), ("stage",)))
     with pytest.raises(ValueError, match="not divisible into 4 microbatches"):
         loss(task.init_params(jax.random.key(0)), task.make_batch(0))
+
+
+def test_the_program_counts_the_models_flops_and_every_tick(accel) -> None:  # type: ignore[no-untyped-def]
+    """The record of a pipelined step (4 stages of dim -> 2 dim -> dim, 4 microbatches,
+    7 ticks), against the analytic count 2·m·n·k per matmul, forward and backward: the
+    model's FLOPs are the sequential model's (the pipelined program is one stage's share
+    of the schedule: it read 2.5 MFLOP, 12.2 once its ticks were counted, for the model's
+    25.2), and the hardware FLOPs every device's every tick, bubbles included (counted
+    once before, one tick of seven)."""
+    from pytest_accelperf.backends.jax.pipeline import BACKEND
+
+    dim, batch = 64, 64
+    case = Case(backend="jax-pipeline", batch=batch, mesh=(4,), axis_names=("stage",),
+                steps=2, warmup=1)
+    run = BACKEND.train(case, make_task(case), accel, timeout=300).run
+    assert run.outcome == "ok", run.message
+    program = run.program
+    assert program is not None and program["global_flops"] is True
+    stage = 2 * (2 * dim * 2 * dim)  # two matmuls a row, forward
+    model = 3 * 4 * stage * batch  # forward and backward (two matmuls each), 4 stages
+    assert program["flops"] == pytest.approx(model, rel=0.03)
+    ticks, rows = 4 + 4 - 1, batch // 4
+    assert program["hardware_flops"] == pytest.approx(4 * ticks * 3 * stage * rows, rel=0.06)
+    assert program["loops"] == 2  # the forward and the backward scan over the ticks
+    assert program["collectives"]["collective-permute"]["count"] == 2 * ticks
