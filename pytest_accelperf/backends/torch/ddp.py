@@ -54,6 +54,7 @@ class DDPRankEngine:
         self.comm = CommCounter()
         register_ddp_hook(ddp, self.comm)  # counts each bucket's all-reduce in counted steps
         self.model: Any = ddp
+        assert built.optimizer is not None  # built() allows None only for a DeepSpeed config
         self.optimizer = built.optimizer
         self.scheduler = built.scheduler
         self.clip = plan.grad_clip

@@ -104,12 +104,22 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _same(given: object, implied: object) -> bool:
+    """Whether a config's value of a case key is the one the case implies (a config
+    written for the same batch and clipping, as DeepSpeed's tutorials write theirs)."""
+    if isinstance(given, bool) or not isinstance(given, int | float):
+        return False
+    return float(given) == float(implied)  # type: ignore[arg-type]
+
+
 def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The DeepSpeed config of ``case`` (see the module doc): what the case implies, then
     ``case.params["ds_config"]``, then ``extra`` (the ``RankStep``'s ``ds_config``) merged
     over it; a key set by either wins, except the batch, accumulation and clipping keys,
-    which come from the case."""
+    which come from the case (a config may repeat them with the case's values: DeepSpeed's
+    CIFAR-10 tutorial's sets ``train_batch_size`` 16 and ``gradient_clipping`` 1.0; any
+    other value is a :class:`ConfigError` naming both)."""
     stage = case.zero_stage or 0
     if stage == 0 and case.offload != "none":
         raise ConfigError(f"{case.id}: offload={case.offload!r} needs ZeRO stage 1 or more "
@@ -140,11 +150,12 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
                         ("RankStep.ds_config", extra or {})):
         if not isinstance(over, Mapping):
             raise ConfigError(f"{case.id}: {where} must be a dict, not {type(over).__name__}")
-        clash = sorted(set(over) & set(_CASE_KEYS))
+        clash = [f"{key} {over[key]!r} where the case gives {config[key]!r}"
+                 for key in _CASE_KEYS if key in over and not _same(over[key], config[key])]
         if clash:
-            raise ConfigError(f"{case.id}: {where} sets {clash}, which come from the case "
-                             f"(batch, world_size, grad_accum, grad_clip): set those on the "
-                             f"Case")
+            raise ConfigError(f"{case.id}: {where} sets {'; '.join(clash)}: these come from "
+                             f"the case (batch, world_size, grad_accum, grad_clip): set "
+                             f"them on the Case, or leave them out of the config")
         config = _merge(config, over)
     return config
 
@@ -315,29 +326,42 @@ class DeepSpeedRankEngine:
         self.config = ds_config(case, plan.grad_clip, device.type, step.ds_config)
         self.zero_init = case.zero_init
         torch.manual_seed(step.seed)
+        from_config = "optimizer" in self.config  # DeepSpeed builds it, as its tutorials do
         if case.zero_init:
             with deepspeed.zero.Init(config_dict_or_path=self.config):
-                built = step.built(rank)
+                built = step.built(rank, config_optimizer=from_config)
             module = built.model
         else:
-            built = step.built(rank)
+            built = step.built(rank, config_optimizer=from_config)
             module = built.model.to(device)
         n_params = sum(int(getattr(p, "ds_numel", p.numel())) for p in module.parameters())
         self.sized = size_buckets(self.config, n_params, zero_defaults(), case.world_size)
-        self.groups = group_summary(built.optimizer)
         optimizer = built.optimizer
         scheduler = built.scheduler
-        if case.offload in ("optimizer", "all"):
-            optimizer, is_ds_adam = _offload_optimizer(built.optimizer)
-            if not is_ds_adam:
-                self.config["zero_force_ds_cpu_optimizer"] = False
-            elif scheduler is not None and getattr(scheduler, "optimizer", None) is not None:
-                scheduler.optimizer = optimizer  # same groups, now DeepSpeedCPUAdam's
-        self.optimizer_name = type(optimizer).__name__
-        self.scheduler_name = type(scheduler).__name__ if scheduler is not None else None
-        engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer,
-                                               lr_scheduler=scheduler, config=self.config,
-                                               dist_init_required=False)
+        if optimizer is None:  # the config's: DeepSpeed offloads its own Adam itself
+            engine, _, _, _ = deepspeed.initialize(
+                model=module, model_parameters=[p for p in module.parameters()
+                                                if p.requires_grad],
+                config=self.config, dist_init_required=False)
+            made = getattr(engine, "basic_optimizer", None) or engine.optimizer
+            self.groups = group_summary(made)
+            self.optimizer_name = f"{type(made).__name__} (from the config)"
+            schedule = getattr(engine, "lr_scheduler", None)
+            self.scheduler_name = (f"{type(schedule).__name__} (from the config)"
+                                   if schedule is not None else None)
+        else:
+            self.groups = group_summary(optimizer)
+            if case.offload in ("optimizer", "all"):
+                optimizer, is_ds_adam = _offload_optimizer(optimizer)
+                if not is_ds_adam:
+                    self.config["zero_force_ds_cpu_optimizer"] = False
+                elif scheduler is not None and getattr(scheduler, "optimizer", None) is not None:
+                    scheduler.optimizer = optimizer  # same groups, now DeepSpeedCPUAdam's
+            self.optimizer_name = type(optimizer).__name__
+            self.scheduler_name = type(scheduler).__name__ if scheduler is not None else None
+            engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer,
+                                                   lr_scheduler=scheduler, config=self.config,
+                                                   dist_init_required=False)
         self.engine = engine
         self.compiled = ""
         self.model: Any = engine

@@ -50,14 +50,16 @@ class Built:
 
     ``model`` is a ``torch.nn.Module`` on the CPU (the plugin moves it to the rank's
     device; ``Module.to`` keeps the parameters the optimizer holds). ``optimizer`` is a
-    ``torch.optim.Optimizer`` over the model's parameters, in any groups. ``scheduler``
+    ``torch.optim.Optimizer`` over the model's parameters, in any groups; or, for
+    DeepSpeed, None where its config has an ``optimizer`` section: DeepSpeed builds it
+    (and the schedule of a ``scheduler`` section), as its tutorials have it. ``scheduler``
     (optional) is anything with ``step()``, typically a
     ``torch.optim.lr_scheduler.LRScheduler`` of that optimizer: the engine steps it once
     per optimizer step, after the optimizer.
     """
 
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | None
     scheduler: Any = None
 
 
@@ -134,10 +136,21 @@ class RankStep:
             object.__setattr__(self, "label", f"RankStep.build {describe(self.build)}")
 
     # -- the user's functions, checked --------------------------------------------------
-    def built(self, rank: int) -> Built:
+    def built(self, rank: int, *, config_optimizer: bool = False) -> Built:
         """What ``build(rank)`` returns, as :class:`Built` (a :class:`TaskError` naming
-        ``build`` and the fix for anything else)."""
+        ``build`` and the fix for anything else). ``config_optimizer``: DeepSpeed's config
+        has an ``optimizer`` section, so ``build`` may return the model alone, or None as
+        its optimizer (DeepSpeed builds it)."""
         out = self.build(rank)  # what it raises stays itself (an out-of-memory is an outcome)
+        if isinstance(out, torch.nn.Module):
+            if not config_optimizer:
+                raise TaskError(f"{self.label} returns {_value_text(out)}, the model alone: "
+                                f"return (model, optimizer) or (model, optimizer, scheduler), "
+                                f"e.g. `return model, model.configure_optimizers(...), "
+                                f"scheduler`; or, for DeepSpeed, give its config an "
+                                f"'optimizer' section (RankStep(ds_config=...)), and "
+                                f"DeepSpeed builds it")
+            out = Built(out, None)
         if isinstance(out, tuple | list) and len(out) in (2, 3):
             out = Built(*out)
         if not isinstance(out, Built):
@@ -148,10 +161,18 @@ class RankStep:
         if not isinstance(out.model, torch.nn.Module):
             raise TaskError(f"{self.label} returns {_value_text(out.model)} as the model: "
                             f"return the torch.nn.Module first, then its optimizer")
+        if out.optimizer is None and config_optimizer:
+            if out.scheduler is not None:
+                raise TaskError(f"{self.label} returns a scheduler but no optimizer: give "
+                                f"DeepSpeed's config a 'scheduler' section beside its "
+                                f"'optimizer', or build both")
+            return out
         if not isinstance(out.optimizer, torch.optim.Optimizer):
             raise TaskError(f"{self.label} returns {_value_text(out.optimizer)} as the "
                             f"optimizer: return a torch.optim.Optimizer built over the "
-                            f"model's parameters (e.g. torch.optim.AdamW(groups, lr=...))")
+                            f"model's parameters (e.g. torch.optim.AdamW(groups, lr=...)); "
+                            f"or, for DeepSpeed, give its config an 'optimizer' section "
+                            f"(RankStep(ds_config=...)) and return the model alone")
         if out.scheduler is not None and not callable(getattr(out.scheduler, "step", None)):
             raise TaskError(f"{self.label} returns {_value_text(out.scheduler)} as the "
                             f"scheduler: return an LR scheduler of the optimizer (e.g. "

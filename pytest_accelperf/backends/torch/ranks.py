@@ -354,9 +354,14 @@ def train_reference(case: Case, task: TorchTask | RankStep,
     step = as_rank_step(task)
     device = torch.device("cuda", 0) if plan.device == "cuda" else torch.device("cpu")
     torch.manual_seed(step.seed)
-    built = step.built(0)
+    built = step.built(0, config_optimizer=True)
     model = built.model.to(device)
     optimizer = built.optimizer
+    if optimizer is None:
+        raise TaskError(f"{case.id}: the reference trains the model with plain torch, which "
+                        f"needs its optimizer, and {step.label} leaves it to DeepSpeed's "
+                        f"config: build it in build() to compare with a reference, or set "
+                        f"reference=False")
     torch.manual_seed(step.seed)
     for i in range(plan.total_steps):
         batch = to_device(step.make_batch(i), device)

@@ -156,8 +156,17 @@ def test_config_and_batch_errors_name_the_fix() -> None:
         BACKEND.train(ds_case(0, batch=7), make_task(ds_case(0)), CPU)
     with pytest.raises(ValueError, match="needs ZeRO stage 1 or more"):
         ds_config(ds_case(0, offload="optimizer"), None)
-    with pytest.raises(ValueError, match="come from the case"):
+    with pytest.raises(ValueError, match=r"sets gradient_clipping 1\.0 where the case gives "
+                                         r"0\.0: these come from the case"):
         ds_config(ds_case(1, params={"ds_config": {"gradient_clipping": 1.0}}), None)
+    # A config written for the case's own batch and clipping (DeepSpeed's CIFAR-10
+    # tutorial's: train_batch_size 16, gradient_clipping 1.0) is taken as it is.
+    same = {"train_batch_size": BATCH, "gradient_clipping": 1, "optimizer": {"type": "Adam"}}
+    config = ds_config(ds_case(1, grad_clip=1.0), 1.0, extra=same)
+    assert config["train_batch_size"] == BATCH and config["optimizer"] == {"type": "Adam"}
+    with pytest.raises(ValueError, match=f"train_batch_size {2 * BATCH} where the case gives "
+                                         f"{BATCH}"):
+        ds_config(ds_case(1, grad_clip=1.0), 1.0, extra={**same, "train_batch_size": 2 * BATCH})
     config = ds_config(ds_case(2, grad_clip=0.25), 0.25)
     assert config["gradient_clipping"] == 0.25 and config["train_batch_size"] == BATCH
     assert config["train_micro_batch_size_per_gpu"] == BATCH // 2

@@ -23,11 +23,13 @@ from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
     BACKEND,
     SIZED_KEYS,
+    DeepSpeedRankEngine,
     ds_config,
     size_buckets,
     zero_defaults,
 )
-from pytest_accelperf.backends.torch.in_rank import micro_batches  # noqa: E402
+from pytest_accelperf.backends.torch.in_rank import RankPlan, micro_batches  # noqa: E402
+from pytest_accelperf.backends.torch.ranks import train_reference  # noqa: E402
 from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
@@ -111,6 +113,19 @@ def case(backend: str = "deepspeed", **kw: Any) -> Case:
     return Case(backend=backend, **{**base, **kw})
 
 
+#: An optimizer and schedule that DeepSpeed builds from its config, as its tutorials
+#: write it (DeepSpeedExamples' CIFAR-10: "optimizer" and "scheduler" sections, the model
+#: handed over alone): AdamW and a linear warm-up over WARM steps.
+FROM_CONFIG = {"optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.1}},
+               "scheduler": {"type": "WarmupLR", "params": {
+                   "warmup_min_lr": 0.0, "warmup_max_lr": LR, "warmup_num_steps": WARM,
+                   "warmup_type": "linear"}}}
+
+
+def model_only(rank: int) -> Net:
+    return Net()
+
+
 #: DeepSpeed's defaults, set explicitly: the run as it was before the plugin sized them.
 def unsized() -> dict[str, Any]:
     defaults = zero_defaults()
@@ -131,6 +146,8 @@ def runs() -> dict[str, TrainResult]:
     c = case(zero_stage=2)
     out["sized"] = BACKEND.train(c, rank_step(), CPU, timeout=600)
     out["unsized"] = BACKEND.train(c, rank_step(ds_config=unsized()), CPU, timeout=600)
+    out["from_config"] = BACKEND.train(case(zero_stage=2), rank_step(
+        build=model_only, ds_config=FROM_CONFIG), CPU, timeout=600)
     c = case(backend="torch", grad_accum=2, reference=True, label="ddp")
     out["ddp_compile"] = train_ddp(c, rank_step(compile=True), CPU, timeout=600)
     return out
@@ -232,6 +249,39 @@ def test_the_users_deepspeed_key_wins(runs: dict[str, TrainResult]) -> None:
         ds_config(c, None, extra={"gradient_accumulation_steps": 4})
 
 
+def test_deepspeed_builds_the_optimizer_and_schedule_of_its_config(
+        runs: dict[str, TrainResult]) -> None:
+    """``build`` returns the model alone and the config has ``optimizer`` and
+    ``scheduler`` sections, as DeepSpeed's tutorials write it: DeepSpeed builds both, the
+    run says so, and the learning rate each step used is the config's warm-up."""
+    run = _ok(runs["from_config"])
+    engine = run.extra["engine"]
+    assert engine["optimizer"].endswith("(from the config)"), engine["optimizer"]
+    assert engine["scheduler"] == "WarmupLR (from the config)"
+    assert [g["weight_decay"] for g in engine["param_groups"]] == [0.1]
+    # DeepSpeed's WarmupLR: its iteration count starts at -1 (the first two steps at the
+    # minimum), then linear over WARM steps
+    expected = [LR * max(0, i - 1) / WARM for i in range(WARMUP + STEPS)]
+    assert run.metrics["lr"] == pytest.approx(expected, abs=1e-9)
+    assert all(math.isfinite(x) for x in run.losses) and run.losses[-1] < run.losses[0]
+
+
+def test_an_optimizer_left_to_a_config_is_refused_where_nothing_builds_it() -> None:
+    """Where no DeepSpeed config builds it (DDP, the single-process reference), a model
+    without its optimizer is one line naming both fixes."""
+    step = rank_step(build=model_only)
+    with pytest.raises(TaskError, match=r"returns a Net, the model alone: .* give its config an "
+                                        r"'optimizer' section"):
+        step.built(0)
+    with pytest.raises(TaskError, match=r"returns None as the optimizer: .* give its config an "
+                                        r"'optimizer' section"):
+        rank_step(build=lambda rank: (Net(), None)).built(0)
+    assert step.built(0, config_optimizer=True).optimizer is None
+    with pytest.raises(TaskError, match="the reference trains the model with plain torch"):
+        c = case(zero_stage=2, reference=True)
+        train_reference(c, step, RankPlan(DeepSpeedRankEngine, c, step, "cpu", None))
+
+
 def test_bucket_sizes_fit_the_model(runs: dict[str, TrainResult]) -> None:
     sized, unsized_run = _ok(runs["sized"]), _ok(runs["unsized"])
     small, big = max(sized.memory_per_device.values()), max(
@@ -276,8 +326,8 @@ def only_a_model(rank: int) -> Any:
 def test_a_factory_that_returns_the_wrong_thing_names_itself_and_the_fix() -> None:
     step = RankStep(build=only_a_model, loss_fn=loss_fn, make_batch=make_batch)
     with pytest.raises(TaskError, match=r"RankStep.build only_a_model \(tests/unit/"
-                                        r"backends/torch/test_ranks.py:\d+\) returns a Net: return "
-                                        r"\(model, optimizer\)"):
+                                        r"backends/torch/test_ranks.py:\d+\) returns a Net, "
+                                        r"the model alone: return \(model, optimizer\)"):
         step.built(0)
     # Through the launch, as the session sees it: the rank's TaskError, not a traceback.
     with pytest.raises(TaskError, match=r"\(rank \d\): RankStep.build only_a_model .*"
