@@ -204,7 +204,7 @@ def loop_corrected(text: str, client: Callable[[], object]) -> LoopExtra | None:
     for body, trips, times in loops:
         if trips <= 1:
             continue
-        cost = _first(cost_of(backend, _as_entry(text, body)))
+        cost = _first(cost_of(backend, _as_entry(text, body, computations)))
         flops += (trips - 1) * times * (_number(cost.get("flops")) or 0.0)
         bytes_ += (trips - 1) * times * (_number(cost.get("bytes accessed")) or 0.0)
     return LoopExtra(len(loops), flops, bytes_)
@@ -311,21 +311,35 @@ def _constant(ins: _Instruction) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _as_entry(text: str, body: str) -> str:
-    """The module ``text`` with computation ``body`` as its entry: the header without
-    its attributes (the entry's layout and aliasing are the old entry's), ``ENTRY`` moved
-    onto ``body``'s header."""
+def _as_entry(text: str, body: str, computations: Mapping[str, _Computation]) -> str:
+    """The module ``text`` cut to computation ``body`` as its entry and what it calls (a
+    large model's module is parsed once a loop: only the loop's part of it), the header
+    without its attributes (the entry's layout and aliasing are the old entry's)."""
+    keep: set[str] = set()
+    todo = [body]
+    while todo:
+        name = todo.pop()
+        if name in keep or name not in computations:
+            continue
+        keep.add(name)
+        todo.extend(c for ins in computations[name].instructions for _, c in _called(ins.attrs))
     out = []
+    inside: bool | None = None  # in a computation's block: whether it is kept
     for line in text.splitlines():
-        if line.startswith("HloModule "):
-            line = line.split(",", 1)[0]
-        else:
-            header = _HEADER.match(line)
-            if header:
+        if inside is not None:
+            if inside:
+                out.append(line)
+            if line.strip() == "}" and not line.startswith((" ", "\t")):
+                inside = None
+            continue
+        header = _HEADER.match(line)
+        if header:
+            inside = header.group(2) in keep
+            if inside:
                 line = line.removeprefix("ENTRY ")
-                if header.group(2) == body:
-                    line = "ENTRY " + line
-        out.append(line)
+                out.append("ENTRY " + line if header.group(2) == body else line)
+            continue
+        out.append(line.split(",", 1)[0] if line.startswith("HloModule ") else line)
     return "\n".join(out)
 
 
