@@ -192,7 +192,7 @@ def ab_program_check(label: str, measured: ABMeasurement, tolerance: float
 
 
 #: The checks A/B mode judges against the base arm's record (:func:`ab_record_checks`).
-RECORD_METRICS = ("memory", "numerics", "loss")
+RECORD_METRICS = ("outcome", "memory", "numerics", "loss")
 
 #: What a stored-baseline detail says that is not so of the base arm (its remedies), then
 #: how it names the baseline, in A/B words (``{label}``: the base revision), in this order.
@@ -232,7 +232,8 @@ def _headline(result: CheckResult, label: str) -> str:
     verdict, metric, data = result.verdict, result.metric, result.data
     if data.get("leak") or "nan_step" in data:
         return ""
-    words = {("memory", Verdict.REGRESSION): "more memory than",
+    words = {("outcome", Verdict.PASS): "same outcome as",
+             ("memory", Verdict.REGRESSION): "more memory than",
              ("memory", Verdict.IMPROVEMENT): "less memory than",
              ("memory", Verdict.PASS): "as much memory as",
              ("numerics", Verdict.REGRESSION): "other numerics than",
@@ -247,8 +248,9 @@ def _headline(result: CheckResult, label: str) -> str:
 def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block,
                      tol: Tolerances, *, loss_either_way: bool = False,
                      stack: tuple[str, ...] = ()) -> dict[str, CheckResult]:
-    """The memory, numerics and loss checks of A/B mode (:data:`RECORD_METRICS`): ``run``
-    (the head's normal run; ``block``, its ``summarize(run)``) against the base arm's record
+    """The outcome, memory, numerics and loss checks of A/B mode
+    (:data:`RECORD_METRICS`): ``run`` (the head's normal run; ``block``, its
+    ``summarize(run)``) against the base arm's record
     of the case (``measured.base_run``), by each check of the table
     (:meth:`~pytest_accelperf.checks.protocol.Check.check`, as
     :func:`~pytest_accelperf.checks.run_checks` calls it) with the base's run as the

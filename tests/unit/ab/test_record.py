@@ -46,9 +46,9 @@ def _checks(head: Run, base: Run, stack: tuple[str, ...] = ()) -> dict[str, Chec
 def test_the_same_run_passes_every_check_against_the_base() -> None:
     found = ab_record_checks(LABEL, ABMeasurement(base_run=_run()), _run(), summarize(_run()),
                              TOL)
-    assert sorted(found) == ["loss", "memory", "numerics"]
+    assert sorted(found) == ["loss", "memory", "numerics", "outcome"]
     words = {"memory": "as much memory as", "numerics": "same numerics as",
-             "loss": "same loss curve as"}
+             "loss": "same loss curve as", "outcome": "same outcome as"}
     for metric, check in found.items():
         assert check.verdict is Verdict.PASS, check
         assert check.data["mode"] == "ab" and check.data["against"] == LABEL
