@@ -41,7 +41,8 @@ How a session goes:
    cancel it, and the verdict is ``inconclusive`` with that reason.
 5. The deterministic checks compare with the base revision's own, not the stored
    baseline (:mod:`.verdict`): the program with the program the base worker compiled; the
-   memory, numerics and loss of the pytest process's run with the base arm's record, by
+   outcome, memory, numerics, loss and step metrics (``lr``, ``accuracy``) of the pytest
+   process's run with the base arm's record, by
    the stored-baseline path's own checks. Each is an A/B verdict (``data["mode"] ==
    "ab"``, ``data["against"]`` the base's label, a detail that says ``more memory than
    origin/main (…)``, ``same numerics as …``): a regression fails the case with or without a
@@ -61,15 +62,15 @@ plugin still from this session's folder, and the verdict names the two stacks
 
 A case that the base revision does not have is ``new``; one whose backend cannot train in
 blocks (ingested logs; JAX over processes, whose ranks have no ``block_job``) keeps the
-stored-baseline throughput check, and the detail says so (its memory, numerics and loss
-are still compared with the base arm's record where the base worker could train it).
+stored-baseline throughput check, and the detail says so (its record's checks are still
+compared with the base arm's record where the base worker could train it).
 
 The modules, one job each: :mod:`.tree` (the base revision's files and where a test lives
 in them), :mod:`.worker` (one arm's process, ``python -m pytest_accelperf.ab.worker``),
 :mod:`.arms` (the controller's side of it: start an arm, ask it, stop it), :mod:`.rounds`
 (the session's comparison: the base arm's record and the alternating rounds of one case),
 :mod:`.ranks` (an arm's rank group for a case trained in ranks) and :mod:`.verdict` (the
-checks they give: throughput, and the program, memory, numerics and loss against the base
+checks they give: throughput, and the program and the run's record against the base
 revision's own). The package itself imports nothing, so an arm's
 process starts with no more than the plugin's own modules.
 """

@@ -25,7 +25,7 @@ from pytest_accelperf.checks.apply import named_stack
 from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.checks.protocol import CheckInput
-from pytest_accelperf.checks.table import check_of
+from pytest_accelperf.checks.table import DEFAULT, check_of
 from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import ProcessSpread, ab_ratio, ab_verdict
@@ -192,7 +192,7 @@ def ab_program_check(label: str, measured: ABMeasurement, tolerance: float
 
 
 #: The checks A/B mode judges against the base arm's record (:func:`ab_record_checks`).
-RECORD_METRICS = ("outcome", "memory", "numerics", "loss")
+RECORD_METRICS = ("outcome", "memory", "numerics", "loss", "metrics")
 
 #: What a stored-baseline detail says that is not so of the base arm (its remedies), then
 #: how it names the baseline, in A/B words (``{label}``: the base revision), in this order.
@@ -242,6 +242,9 @@ def _headline(result: CheckResult, label: str) -> str:
                                             else "higher loss than"),
              ("loss", Verdict.IMPROVEMENT): "lower loss than",
              ("loss", Verdict.PASS): "same loss curve as"}
+    if (metric, verdict) not in words and check_of(metric) is DEFAULT:  # a step metric
+        return f"{'same' if verdict is Verdict.PASS else 'other'} {metric} curve " \
+               f"{'as' if verdict is Verdict.PASS else 'than'} {label}"
     return f"{words.get((metric, verdict), 'against')} {label}"
 
 
@@ -280,17 +283,17 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
                        loss_either_way=loss_either_way)
     out: dict[str, CheckResult] = {}
     for metric in RECORD_METRICS:
-        for result in check_of(metric).check(given):
+        for result in check_of(metric).check(given):  # the step metrics: one per metric
             if result.verdict is Verdict.NEW:
                 continue
             result = named_stack(result, stack)
             headline = _headline(result, label)
             if not headline:  # the head's alone (a leak): judged, and cleared, as always
-                out[metric] = replace(result, data={**result.data, "against": label})
+                out[result.metric] = replace(result, data={**result.data, "against": label})
                 continue
-            out[metric] = replace(result, detail=f"{headline}: "
-                                                 f"{in_ab_words(result.detail, label)}",
-                                  data={**result.data, "mode": "ab", "against": label})
+            out[result.metric] = replace(
+                result, detail=f"{headline}: {in_ab_words(result.detail, label)}",
+                data={**result.data, "mode": "ab", "against": label})
     return out
 
 

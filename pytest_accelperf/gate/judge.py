@@ -326,18 +326,19 @@ class ABComparison:
 
     def _against_base_record(self, judged: Evaluated, comparison: Comparison,
                              measured: ABMeasurement) -> Evaluated:
-        """``judged`` with its memory, numerics and loss checks against the base arm's
-        record; each the base arm could not judge keeps its stored-baseline check, with a
-        note."""
+        """``judged`` with its outcome, memory, numerics, loss and step-metric checks
+        against the base arm's record; each the base arm could not judge keeps its
+        stored-baseline check, with a note."""
         label = comparison.label
         ab = ab_record_checks(label, measured, judged.run, judged.block, self.tolerances,
                               loss_either_way=self.loss_either_way,
                               stack=tuple(comparison.stack_changes()))
-        for metric in RECORD_METRICS:
-            stored = next((c for c in judged.checks if c.metric == metric), None)
-            if metric in ab:
-                judged = judged.with_check(ab[metric])
-            elif stored is not None:
+        for result in ab.values():
+            judged = judged.with_check(result)
+        steps = set(judged.run.metrics or {})  # the step metrics, a check each
+        for stored in list(judged.checks):  # what the base's record could not judge
+            if ((stored.metric in RECORD_METRICS or stored.metric in steps)
+                    and stored.metric not in ab):
                 judged = judged.with_check(record_not_compared(label, measured, stored))
         return judged
 

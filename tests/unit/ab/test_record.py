@@ -31,11 +31,12 @@ def _params(scale: float = 1.0) -> dict[str, np.ndarray]:
 
 
 def _run(*, memory: int = 1 << 20, scale: float = 1.0, losses: tuple[float, ...] = (),
-         outcome: str = "ok") -> Run:
+         outcome: str = "ok", metrics: dict[str, list[float]] | None = None) -> Run:
     curve = list(losses) or [1.0 / (1 + i) for i in range(20)]
     return Run(case_id="c", outcome=outcome, step_times=[0.01] * 5, losses=curve,
                loss_steps=list(range(len(curve))), memory_per_device={"cpu:0": memory},
-               memory_source="memory_analysis", params_fingerprint=fingerprint(_params(scale)))
+               memory_source="memory_analysis", params_fingerprint=fingerprint(_params(scale)),
+               metrics=metrics or {})
 
 
 def _checks(head: Run, base: Run, stack: tuple[str, ...] = ()) -> dict[str, CheckResult]:
@@ -151,3 +152,21 @@ def test_in_ab_words_drops_the_remedies_of_a_stored_baseline() -> None:
     assert in_ab_words("devices differ from the baseline's (only now: cpu:1); re-record with "
                        "--accelperf-update", "main") == \
         "devices differ from main's (only now: cpu:1)"
+
+
+def test_a_step_metric_is_judged_against_the_base_arms_curve() -> None:
+    """The learning rate and the accuracy a step returns are judged against the base arm's
+    run as the loss is (they were ``new`` in A/B mode): a schedule that warms up twice as
+    fast is another ``lr`` curve than the base's, a regression of the working tree; a
+    metric the base's step did not return is not judged."""
+    lr = [1e-3 * min(1.0, (i + 1) / 10) for i in range(20)]
+    faster = [1e-3 * min(1.0, (i + 1) / 5) for i in range(20)]
+    base = _run(metrics={"lr": lr})
+    same = _checks(_run(metrics={"lr": lr, "accuracy": [0.5] * 20}), base)
+    assert same["lr"].verdict is Verdict.PASS, same["lr"].detail
+    assert same["lr"].detail.startswith(f"same lr curve as {LABEL}: ")
+    assert same["lr"].data["mode"] == "ab" and "accuracy" not in same
+    other = _checks(_run(metrics={"lr": faster}), base)["lr"]
+    assert other.verdict is Verdict.REGRESSION, other.detail
+    assert other.detail.startswith(f"other lr curve than {LABEL}: lr at step ")
+    assert "--accelperf-update" not in other.detail and "baseline" not in other.detail
