@@ -254,8 +254,8 @@ def _scan_trip_count(ins: _Instruction, comp: _Computation,
                      computations: Mapping[str, _Computation]) -> int | None:
     """The trip count of a ``while`` as ``lax.scan`` and a static ``fori_loop`` lower it,
     before XLA annotates it: the condition's root is ``compare(element i of its
-    parameter, constant N), direction=LT`` and element i of the loop's initial tuple is
-    ``constant S``: N - S. None for any other loop."""
+    parameter, constant N), direction=LT``, element i of the loop's initial tuple is
+    ``constant S`` and the body adds 1 to it: N - S. None for any other loop."""
     called = dict(_called(ins.attrs))
     cond = computations.get(called.get("condition", ""))
     if cond is None or not cond.instructions:
@@ -281,9 +281,30 @@ def _scan_trip_count(ins: _Instruction, comp: _Computation,
     start_ins = next((x for x in comp.instructions
                       if i < len(elements) and x.name == elements[i]), None)
     start = _constant(start_ins) if start_ins is not None else None
-    if start is None or limit - start < 0:
+    if start is None or limit - start < 0 or not _steps_by_one(
+            computations.get(called.get("body", "")), int(index.group(1))):
         return None
     return limit - start
+
+
+def _steps_by_one(body: _Computation | None, i: int) -> bool:
+    """Whether ``body`` returns element ``i`` of its parameter plus the constant 1 (a
+    scan's counter; a loop that steps by 2 runs half as many times)."""
+    if body is None:
+        return False
+    by_name = {x.name: x for x in body.instructions}
+    root = next((x for x in body.instructions if x.root), None)
+    if root is None or root.opcode != "tuple":
+        return False
+    elements = _operands(root.attrs)
+    step = by_name.get(elements[i]) if i < len(elements) else None
+    if step is None or step.opcode != "add":
+        return False
+    parts = [by_name.get(o) for o in _operands(step.attrs)]
+    counter = [x for x in parts if x is not None and x.opcode == "get-tuple-element"
+               and re.search(rf"\bindex={i}\b", x.attrs)]
+    one = [x for x in parts if x is not None and _constant(x) == 1]
+    return len(parts) == 2 and len(counter) == 1 and len(one) == 1
 
 
 def _operands(attrs: str) -> list[str]:

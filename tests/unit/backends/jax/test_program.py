@@ -382,6 +382,19 @@ def test_a_loop_of_unknown_trip_count_counts_once() -> None:
     assert record["flops"] == pytest.approx(2 * 32 * 64 * 64, rel=0.05)
 
 
+def test_a_counter_that_steps_by_two_is_not_read_as_a_scan() -> None:
+    """``while_loop`` from 0 while below 10, stepping by 2: 5 iterations, which XLA knows
+    in the compiled program (the hardware FLOPs); the lowered program's pattern is not a
+    scan's, so the model's FLOPs are not counted 10 times (they stay XLA's, once)."""
+    def f(x: Any, w: Any) -> Any:
+        return jax.lax.while_loop(lambda c: c[0] < 10,
+                                  lambda c: (c[0] + 2, jnp.tanh(c[1] @ w)), (0, x))[1]
+    record = _record(f)
+    matmul = 2 * 32 * 64 * 64
+    assert record["hardware_flops"] == pytest.approx(5 * matmul, rel=0.01)
+    assert record["flops"] == pytest.approx(matmul, rel=0.01)
+
+
 def test_async_collectives_count_once_at_their_done() -> None:
     """XLA:CPU prints no async collectives; GPU's form (written here by hand): a
     ``-start`` whose shape is (operand, result), its ``-done`` the result."""
