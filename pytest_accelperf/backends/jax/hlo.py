@@ -74,7 +74,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pytest_accelperf.records.program import ProgramRecord, program_record
 
@@ -368,20 +368,21 @@ def _module_cost() -> Callable[[object, str], object] | None:
     """``cost(backend, text)``: XLA's cost analysis of an HLO module given as text, with
     ``backend``'s cost model (what ``Lowered.cost_analysis`` calls); None where this
     jaxlib has no such functions (private ones: their home moved in jaxlib 0.6)."""
-    homes: list[object] = []
-    for module in ("jaxlib._hlo", "jax._src.lib"):
+    def imported(module: str) -> object:
         try:
-            homes.append(importlib.import_module(module))
+            return importlib.import_module(module)
         except ImportError:
-            continue
-    lib = homes[-1] if homes else None
-    homes += [getattr(lib, "_jax", None),  # jaxlib 0.6 and after
-              getattr(getattr(lib, "xla_client", None), "_xla", None)]  # before
-    found: dict[str, Any] = {}
-    for name in ("hlo_module_from_text", "hlo_module_cost_analysis"):
-        found[name] = next((getattr(h, name) for h in homes
-                            if h is not None and callable(getattr(h, name, None))), None)
-    parse, cost = found.get("hlo_module_from_text"), found.get("hlo_module_cost_analysis")
+            return None
+
+    lib = imported("jax._src.lib")
+    homes = [imported("jaxlib._hlo"), getattr(lib, "_jax", None),  # jaxlib 0.6 and after
+             getattr(getattr(lib, "xla_client", None), "_xla", None)]  # before
+
+    def found(name: str) -> Callable[..., object] | None:
+        return next((getattr(h, name) for h in homes
+                     if h is not None and callable(getattr(h, name, None))), None)
+
+    parse, cost = found("hlo_module_from_text"), found("hlo_module_cost_analysis")
     if parse is None or cost is None:
         return None
     return lambda backend, text: cost(backend, parse(text))

@@ -30,6 +30,8 @@ import optax
 from jax.sharding import Mesh, PartitionSpec
 
 from pytest_accelperf.backends.jax.backend import BACKEND as JAX_BACKEND
+from pytest_accelperf.backends.jax.compile import global_lowering
+from pytest_accelperf.backends.jax.hlo import counted_model_flops
 from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.types import Batch, PyTree, UserValue
@@ -142,9 +144,6 @@ def model_flops_of(task: PipelineTask, case: Case) -> float | None:
     of the schedule, bubble ticks included: 12.2 MFLOP for the 25.2 the 4-stage MLP of
     ``suites/pipeline`` does at batch 64 (2.5 before loops were counted). None where it
     cannot be lowered."""
-    from pytest_accelperf.backends.jax.compile import global_lowering
-    from pytest_accelperf.backends.jax.hlo import counted_model_flops
-
     lowered = global_lowering(task.bind(None), case)
     return None if lowered is None else counted_model_flops(lowered)
 

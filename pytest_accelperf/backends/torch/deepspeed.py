@@ -104,12 +104,12 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _same(given: object, implied: object) -> bool:
+def _same(given: object, implied: float) -> bool:
     """Whether a config's value of a case key is the one the case implies (a config
     written for the same batch and clipping, as DeepSpeed's tutorials write theirs)."""
     if isinstance(given, bool) or not isinstance(given, int | float):
         return False
-    return float(given) == float(implied)  # type: ignore[arg-type]
+    return float(given) == float(implied)
 
 
 def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
