@@ -415,10 +415,11 @@ class _Bisection:
                    "run on a quieter machine")
             unjudged = unjudged_host(bad)
             if unjudged:
-                why += (f"; BAD's session against GOOD's recording measured a regression of "
-                        f"{'; '.join(unjudged)}, not judged beside another job (what the "
-                        f"batch waits for slows down with the machine): run on a quieter "
-                        f"machine, or pass a higher --accelperf-max-foreign-load after --")
+                why += (f"; BAD's session against GOOD's recording measured a slowdown of "
+                        f"{'; '.join(unjudged)}, not judged a regression (what the batch "
+                        f"waits for slows down with the machine): run on a quieter machine, "
+                        f"or, beside another job, pass a higher --accelperf-max-foreign-load "
+                        f"after --")
             return self._result(
                 Status.BAD_NOT_BAD,
                 f"BAD is not worse than GOOD: its program is no worse, and {why} "

@@ -246,17 +246,27 @@ def host_targets(bad: Session) -> dict[tuple[str, str], float]:
 
 def unjudged_host(bad: Session) -> list[str]:
     """The :data:`HOST_METRICS` checks of BAD's session against GOOD's recording that
-    measured a ``regression`` but were not judged, because other jobs used the machine
-    (``input_wait``'s guard), in words: ``input_wait 0.06 ms → 8.08 ms (other processes
-    used ...)``."""
+    measured a slowdown but did not judge it a ``regression``, in words: measured beside
+    another job (``input_wait``'s guard), ``input_wait 0.06 ms → 8.08 ms (other processes
+    used ...)``; or too noisy to resolve (``inconclusive`` with its ratio above 1),
+    ``input_wait 2.10 ms → 8.08 ms (3.85x, 95% CI 0.91-9.70: too noisy to judge)``."""
     many = len(bad.cases) > 1
     out: list[str] = []
     for nodeid, record in sorted(bad.cases.items()):
         for check in record.checks:
-            loaded = check.data.get("contaminated")
-            if (check.metric in HOST_METRICS and loaded
-                    and check.data.get("measured_verdict") == Verdict.REGRESSION.value):
+            if check.metric not in HOST_METRICS:
+                continue
+            data = check.data
+            loaded, ratio = data.get("contaminated"), data.get("ratio")
+            low, high = data.get("ci_low"), data.get("ci_high")
+            if loaded and data.get("measured_verdict") == Verdict.REGRESSION.value:
                 out.append(f"{_name(nodeid, many)}{_levels(check)} ({loaded})")
+            elif (check.verdict is Verdict.INCONCLUSIVE and not loaded
+                  and isinstance(ratio, int | float) and ratio > 1
+                  and isinstance(low, int | float) and isinstance(high, int | float)):
+                out.append(f"{_name(nodeid, many)}{_levels(check)} ({fmt_ratio(ratio)}x, "
+                           f"95% CI {fmt_ratio(low)}\u2013{fmt_ratio(high)}: too noisy "
+                           f"to judge)")
     return out
 
 
