@@ -41,7 +41,8 @@ How a session goes:
    cancel it, and the verdict is ``inconclusive`` with that reason.
 5. The deterministic checks compare with the base revision's own, not the stored
    baseline (:mod:`.verdict`): the program with the program the base worker compiled; the
-   outcome, memory, numerics, loss and step metrics (``lr``, ``accuracy``) of the pytest
+   outcome, memory, numerics, loss, step metrics (``lr``, ``accuracy``) and the making of
+   the batch (``input``, ``input_wait``: in no A/B step time) of the pytest
    process's run with the base arm's record, by
    the stored-baseline path's own checks. Each is an A/B verdict (``data["mode"] ==
    "ab"``, ``data["against"]`` the base's label, a detail that says ``more memory than

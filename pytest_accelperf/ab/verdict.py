@@ -191,8 +191,10 @@ def ab_program_check(label: str, measured: ABMeasurement, tolerance: float
     return replace(result, detail=detail, data=data)
 
 
-#: The checks A/B mode judges against the base arm's record (:func:`ab_record_checks`).
-RECORD_METRICS = ("outcome", "memory", "numerics", "loss", "metrics")
+#: The checks A/B mode judges against the base arm's record (:func:`ab_record_checks`):
+#: besides the step's outcome, memory, numerics and losses, the making of its batches
+#: (``input``: CPU time; ``input_wait``: time blocked), which no A/B step time includes.
+RECORD_METRICS = ("outcome", "memory", "numerics", "loss", "metrics", "input", "input_wait")
 
 #: What a stored-baseline detail says that is not so of the base arm (its remedies), then
 #: how it names the baseline, in A/B words (``{label}``: the base revision), in this order.
@@ -241,7 +243,13 @@ def _headline(result: CheckResult, label: str) -> str:
              ("loss", Verdict.REGRESSION): ("other training than" if data.get("either_way")
                                             else "higher loss than"),
              ("loss", Verdict.IMPROVEMENT): "lower loss than",
-             ("loss", Verdict.PASS): "same loss curve as"}
+             ("loss", Verdict.PASS): "same loss curve as",
+             ("input", Verdict.REGRESSION): "more CPU a batch than",
+             ("input", Verdict.IMPROVEMENT): "less CPU a batch than",
+             ("input", Verdict.PASS): "as much CPU a batch as",
+             ("input_wait", Verdict.REGRESSION): "longer waits a batch than",
+             ("input_wait", Verdict.IMPROVEMENT): "shorter waits a batch than",
+             ("input_wait", Verdict.PASS): "as long waits a batch as"}
     if (metric, verdict) not in words and check_of(metric) is DEFAULT:  # a step metric
         return f"{'same' if verdict is Verdict.PASS else 'other'} {metric} curve " \
                f"{'as' if verdict is Verdict.PASS else 'than'} {label}"
@@ -250,8 +258,9 @@ def _headline(result: CheckResult, label: str) -> str:
 
 def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block,
                      tol: Tolerances, *, loss_either_way: bool = False,
-                     stack: tuple[str, ...] = ()) -> dict[str, CheckResult]:
-    """The outcome, memory, numerics and loss checks of A/B mode
+                     stack: tuple[str, ...] = (), max_foreign_load: float | None = None
+                     ) -> dict[str, CheckResult]:
+    """The outcome, memory, numerics, loss and batch (input) checks of A/B mode
     (:data:`RECORD_METRICS`): ``run`` (the head's normal run; ``block``, its
     ``summarize(run)``) against the base arm's record
     of the case (``measured.base_run``), by each check of the table
@@ -269,6 +278,11 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
     difference (``stack: jax 0.8.3 → 0.10.2``): an upgrade that changes the arithmetic
     beyond that tolerance is a regression, named with the upgrade, never hidden.
 
+    The batch checks compare the two runs' per-step samples by the input checks' own rules
+    (their floor, their interval, ``input_tolerance``); ``max_foreign_load``
+    (``--accelperf-max-foreign-load``) leaves a blocked time measured beside another job
+    unjudged, as against a stored baseline.
+
     Empty where the base arm has no record (``measured.base_run`` None) or its run did not
     finish (the stored-baseline checks stand: :func:`record_not_compared`); a metric the
     base's run has nothing of (``new``) is left out too. A verdict that is the head's
@@ -280,7 +294,7 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
     model = block_model()
     given = CheckInput(run=run, block=read_block(block, model),
                        baseline=read_block(summarize(base), model), tol=tol, stack=stack,
-                       loss_either_way=loss_either_way)
+                       loss_either_way=loss_either_way, max_foreign_load=max_foreign_load)
     out: dict[str, CheckResult] = {}
     for metric in RECORD_METRICS:
         for result in check_of(metric).check(given):  # the step metrics: one per metric

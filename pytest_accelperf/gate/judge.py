@@ -279,7 +279,7 @@ class ABComparison:
     compared.
 
     The program check compares the two arms' programs (:func:`~pytest_accelperf.ab.
-    verdict.ab_program_check`); the memory, numerics and loss checks compare this run
+    verdict.ab_program_check`); the memory, numerics, loss and input checks compare this run
     with the run the base arm trained once as a normal run (``measurement.base_run``,
     :func:`~pytest_accelperf.ab.verdict.ab_record_checks`) under ``tolerances`` (the
     case's) and ``loss_either_way``. Each of these, where the base arm has no record of it,
@@ -326,13 +326,14 @@ class ABComparison:
 
     def _against_base_record(self, judged: Evaluated, comparison: Comparison,
                              measured: ABMeasurement) -> Evaluated:
-        """``judged`` with its outcome, memory, numerics, loss and step-metric checks
-        against the base arm's record; each the base arm could not judge keeps its
+        """``judged`` with its outcome, memory, numerics, loss, step-metric and batch
+        (input) checks against the base arm's record; each the base arm could not judge keeps its
         stored-baseline check, with a note."""
         label = comparison.label
         ab = ab_record_checks(label, measured, judged.run, judged.block, self.tolerances,
                               loss_either_way=self.loss_either_way,
-                              stack=tuple(comparison.stack_changes()))
+                              stack=tuple(comparison.stack_changes()),
+                              max_foreign_load=self.max_foreign_load)
         for result in ab.values():
             judged = judged.with_check(result)
         steps = set(judged.run.metrics or {})  # the step metrics, a check each

@@ -225,6 +225,30 @@ def test_a_changed_training_fails_on_numerics_and_loss_against_the_base(repo: Su
                                  "*A/B verdicts are not stored*"])
 
 
+def test_a_batch_function_that_waits_fails_against_the_base(repo: Suite) -> None:
+    """nanoGPT's blind spot in A/B mode: the working tree's ``make_batch`` sleeps 20 ms a
+    batch (a slow read). No A/B step time includes it (the batch is made beside the step)
+    and no baseline is stored, so the session passed (``input_wait: new``). Now the head's
+    run is judged against the base arm's own run of the case: more blocked time a batch,
+    a regression, and the session fails."""
+    model = repo.pytester.path / "model.py"
+    line = "        return {\"x\": x, \"y\": x @ true_w}"
+    model.write_text(model.read_text().replace(
+        line, "        import time\n        time.sleep(0.02)\n" + line))
+    result = repo.run(*ONE_PAIR, "--accelperf-compare=HEAD",
+                      "--accelperf-compare-tolerance=10", "--accelperf-input-tolerance=0.5",
+                      subprocess=True)
+    result.assert_outcomes(failed=1)
+    waits = _check(repo, "input_wait")
+    assert waits["verdict"] == "regression", waits
+    assert waits["data"]["mode"] == "ab" and str(waits["data"]["against"]).startswith("HEAD (")
+    assert str(waits["detail"]).startswith("longer waits a batch than HEAD ("), waits
+    assert "baseline" not in str(waits["detail"])
+    assert 0.015 < waits["now"] < 0.05 and waits["baseline"] < 0.005, waits
+    assert _check(repo, "input")["data"]["mode"] == "ab"  # judged against the base too
+    result.stdout.fnmatch_lines(["*input_wait: longer waits a batch than HEAD (*"])
+
+
 @pytest.mark.slow
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     """A/A at the default contamination bound: beside other tests (``-n 2``) the rounds

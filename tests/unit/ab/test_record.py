@@ -17,6 +17,7 @@ from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.report.failure import failure_message
+from pytest_accelperf.stats.contention import Load
 from pytest_accelperf.store.recordable import not_cleared_by_a_baseline
 from pytest_accelperf.store.summary import summarize
 
@@ -170,3 +171,58 @@ def test_a_step_metric_is_judged_against_the_base_arms_curve() -> None:
     assert other.verdict is Verdict.REGRESSION, other.detail
     assert other.detail.startswith(f"other lr curve than {LABEL}: lr at step ")
     assert "--accelperf-update" not in other.detail and "baseline" not in other.detail
+
+
+def _batched(run: Run, cpu_ms: float = 0.3, blocked_ms: float = 0.0,
+             load: Load | None = None) -> Run:
+    """``run`` with 20 measured steps of 20 ms whose batches took ``cpu_ms`` of CPU and
+    were blocked ``blocked_ms`` (a sleep, a slow read), a little noise on each."""
+    jitter = [1 + 0.02 * ((i * 7) % 5 - 2) for i in range(20)]
+    return replace(run, step_times=[0.02] * 20,
+                   input_times=[cpu_ms * 1e-3 * j for j in jitter],
+                   input_wall_times=[(cpu_ms + blocked_ms) * 1e-3 * j for j in jitter],
+                   input_blocked_times=[blocked_ms * 1e-3 * j for j in jitter],
+                   step_load=load)
+
+
+def test_the_making_of_the_batch_is_judged_against_the_base_arms_run() -> None:
+    """No A/B step time includes the making of the batch (a thread beside the step): a
+    working tree whose batch function sleeps 8 ms, or burns 10 ms of CPU, passed A/B mode
+    whenever no baseline was stored (``new``). Now each is judged against the base arm's
+    own run by the input checks' rules, and fails the case, whatever a baseline says."""
+    base = _batched(_run())
+    same = _checks(_batched(_run()), base)
+    assert same["input"].verdict is same["input_wait"].verdict is Verdict.PASS
+    assert same["input"].detail.startswith(f"as much CPU a batch as {LABEL}: "), same["input"]
+    assert same["input_wait"].detail.startswith(f"as long waits a batch as {LABEL}: ")
+    assert same["input"].data["mode"] == "ab" and same["input"].data["against"] == LABEL
+
+    waits = _checks(_batched(_run(), blocked_ms=8.0), base)["input_wait"]
+    assert waits.verdict is Verdict.REGRESSION, waits.detail
+    assert waits.detail.startswith(f"longer waits a batch than {LABEL}: blocked 8 ms "
+                                   f"per step making the batch"), waits.detail
+    assert "baseline" not in waits.detail and "--accelperf-update" not in waits.detail
+    assert not_cleared_by_a_baseline(waits) is not None
+
+    burns = _checks(_batched(_run(), cpu_ms=10.0), base)["input"]
+    assert burns.verdict is Verdict.REGRESSION, burns.detail
+    assert burns.detail.startswith(f"more CPU a batch than {LABEL}: "), burns.detail
+    faster = _checks(base, _batched(_run(), cpu_ms=10.0))["input"]
+    assert faster.verdict is Verdict.IMPROVEMENT, faster.detail
+    assert faster.detail.startswith(f"less CPU a batch than {LABEL}: ")
+
+
+def test_a_wait_measured_beside_another_job_is_not_judged_against_the_base() -> None:
+    """The blocked time grows with what the batch waits for, which another job slows: past
+    ``--accelperf-max-foreign-load`` the head's run is not judged against the base arm's,
+    as it is not against a stored baseline."""
+    busy = Load(foreign_cores=1.5, steal_cores=0.0, cores=2, seconds=1.0, foreign_ticks=150)
+    head = _batched(_run(), blocked_ms=8.0, load=busy)
+    found = ab_record_checks(LABEL, ABMeasurement(base_run=_batched(_run())), head,
+                             summarize(head), TOL, max_foreign_load=0.25)
+    waits = found["input_wait"]
+    assert waits.verdict is Verdict.INCONCLUSIVE, waits.detail
+    assert "measured beside another job" in waits.detail and waits.data["contaminated"]
+    unbounded = ab_record_checks(LABEL, ABMeasurement(base_run=_batched(_run())), head,
+                                 summarize(head), TOL)
+    assert unbounded["input_wait"].verdict is Verdict.REGRESSION
