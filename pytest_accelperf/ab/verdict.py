@@ -26,6 +26,7 @@ from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Ver
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.checks.protocol import CheckInput
 from pytest_accelperf.checks.table import DEFAULT, check_of
+from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import ProcessSpread, ab_ratio, ab_verdict
@@ -279,9 +280,12 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
     beyond that tolerance is a regression, named with the upgrade, never hidden.
 
     The batch checks compare the two runs' per-step samples by the input checks' own rules
-    (their floor, their interval, ``input_tolerance``); ``max_foreign_load``
-    (``--accelperf-max-foreign-load``) leaves a blocked time measured beside another job
-    unjudged, as against a stored baseline.
+    (their floor, their interval, ``input_tolerance``). Unlike A/B's rounds, the two runs
+    are not interleaved, and a batch's CPU time moves with the machine's load too (caches
+    and cores shared: unchanged code's 3.4 ms against 5.4 ms, A/A beside CI's tests): a
+    change measured while either run had other processes using more than
+    ``max_foreign_load`` cores (``--accelperf-max-foreign-load``) is ``inconclusive``,
+    as the throughput verdict is.
 
     Empty where the base arm has no record (``measured.base_run`` None) or its run did not
     finish (the stored-baseline checks stand: :func:`record_not_compared`); a metric the
@@ -296,6 +300,9 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
                        baseline=read_block(summarize(base), model), tol=tol, stack=stack,
                        loss_either_way=loss_either_way, max_foreign_load=max_foreign_load)
     out: dict[str, CheckResult] = {}
+    loaded = "; ".join(f"{arm}: {why}" for arm, why in (
+        ("this run", foreign_load(run, max_foreign_load)),
+        (f"{label}'s run", foreign_load(base, max_foreign_load))) if why)
     for metric in RECORD_METRICS:
         for result in check_of(metric).check(given):  # the step metrics: one per metric
             if result.verdict is Verdict.NEW:
@@ -305,10 +312,30 @@ def ab_record_checks(label: str, measured: ABMeasurement, run: Run, block: Block
             if not headline:  # the head's alone (a leak): judged, and cleared, as always
                 out[result.metric] = replace(result, data={**result.data, "against": label})
                 continue
-            out[result.metric] = replace(
+            result = replace(
                 result, detail=f"{headline}: {in_ab_words(result.detail, label)}",
                 data={**result.data, "mode": "ab", "against": label})
+            out[result.metric] = (_unloaded(result, loaded) if metric in BATCH_METRICS
+                                  else result)
     return out
+
+
+#: The checks of the making of the batch among :data:`RECORD_METRICS`: two runs not
+#: interleaved, so judged only where neither was measured beside another job.
+BATCH_METRICS = ("input", "input_wait")
+
+
+def _unloaded(result: CheckResult, loaded: str) -> CheckResult:
+    """A batch check's ``result``, or, where a run was measured beside another job
+    (``loaded``, why), its regression or improvement ``inconclusive``, saying why and what
+    was measured (a ``pass`` holds; ``input_wait`` has already said so of this run)."""
+    if not loaded or result.verdict not in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+        return result
+    return replace(result, verdict=Verdict.INCONCLUSIVE,
+                   data={**result.data, "contaminated": loaded,
+                         "measured_verdict": result.verdict.value},
+                   detail=(f"not judged, measured beside another job ({loaded}): the two "
+                           f"runs are not interleaved; measured: {result.detail}"))
 
 
 def record_not_compared(label: str, measured: ABMeasurement, stored: CheckResult

@@ -217,8 +217,9 @@ def unsearched_regressions(session: Session) -> list[tuple[str, str]]:
                 if check.baseline is None or check.now is None:
                     # No figure to show (the parameter fingerprint): the check's own words.
                     words = f"{check.metric} ({check.detail})"
-                else:
-                    words = f"{_levels(check)} ({fmt_change(check)})"
+                else:  # no change where the baseline was nothing (0 ms blocked)
+                    words = _levels(check) + (f" ({fmt_change(check)})"
+                                              if check.change is not None else "")
                 out.append((check.metric, _name(nodeid, many) + words))
     return out
 

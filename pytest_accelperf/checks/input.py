@@ -93,6 +93,25 @@ def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def ratio_words(est: RatioEstimate, base: float, tolerance: float, *,
+                enclosed: bool = False) -> tuple[str, float | None]:
+    """How a judged change is said, and the change the table shows: ``2.50x the
+    baseline's, 95% CI 2.31-2.70, tolerance 50%`` (``enclosed``: ``2.50x the baseline's
+    (95% CI 2.31-2.70, tolerance 50%)``) and ``ratio - 1``; but where the baseline's
+    median is at :data:`FLOOR_S` or under it (a batch served from memory, a thread never
+    blocked), the ratio is one to the floor, not to anything measured (``200900.00x``,
+    ``+20089900.0%`` for a 20 ms sleep): then ``from nothing (the baseline's median is
+    under the floor of 0.0001 ms; tolerance 50%)`` and no change."""
+    tolerated = f"tolerance {fmt_tolerance(tolerance)}"
+    if base <= FLOOR_S:
+        return (f"from nothing (the baseline's median is under the floor of "
+                f"{fmt_ms(FLOOR_S)}; {tolerated})"), None
+    interval = (f"{est.confidence * 100:.0f}% CI {fmt_ratio(est.low)}\u2013"
+                f"{fmt_ratio(est.high)}, {tolerated}")
+    ratio = f"{fmt_ratio(est.ratio)}x the baseline's"
+    return (f"{ratio} ({interval})" if enclosed else f"{ratio}, {interval}"), est.ratio - 1
+
+
 def _samples(part: InputTime | StepTime | None) -> list[float]:
     return [float(t) for t in (part.samples if part else None) or []]
 
@@ -227,13 +246,11 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
     tolerance = tol.input_tolerance
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
                  "confidence": est.confidence})
-    stats_text = (f"{fmt_ratio(est.ratio)}x the baseline's, {est.confidence * 100:.0f}% CI "
-                  f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
-                  f"{fmt_tolerance(tolerance)}")
+    stats_text, change = ratio_words(est, base, tolerance)
     tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
             Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
                 verdict, "")
-    return replace(result, verdict=verdict, change=est.ratio - 1, data=data.copy(),
+    return replace(result, verdict=verdict, change=change, data=data.copy(),
                    detail=f"{words}: {stats_text}{tail}{bound_text}")
 
 

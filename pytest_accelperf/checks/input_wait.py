@@ -37,11 +37,11 @@ from pytest_accelperf.checks.input import (
     fmt_ms,
     judge_medians,
     median_step,
+    ratio_words,
 )
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
-from pytest_accelperf.stats.units import fmt_ratio, fmt_tolerance
 from pytest_accelperf.store.block import BlockLike, InputTime, read_block
 
 METRIC = "input_wait"
@@ -90,12 +90,11 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
                  "confidence": est.confidence, "measured_verdict": verdict.value})
     change = now - base
+    stats_text, relative = ratio_words(est, base, tol.input_tolerance, enclosed=True)
     text = (f"{words}: {'+' if change > 0 else '-'}{fmt_ms(abs(change))} a step, "
-            f"{fmt_ratio(est.ratio)}x the baseline's ({est.confidence * 100:.0f}% CI "
-            f"{fmt_ratio(est.low)}\u2013{fmt_ratio(est.high)}, tolerance "
-            f"{fmt_tolerance(tol.input_tolerance)}); {BLOCKED}")
+            f"{stats_text}; {BLOCKED}")
     if loaded and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
-        return replace(result, verdict=Verdict.INCONCLUSIVE, change=est.ratio - 1,
+        return replace(result, verdict=Verdict.INCONCLUSIVE, change=relative,
                        data={**data, "contaminated": loaded},
                        detail=(f"not judged, measured beside another job: {loaded}; what "
                                f"the batch waits for (another thread or process) slows down "
@@ -103,7 +102,7 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
     tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
             Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
                 verdict, "")
-    return replace(result, verdict=verdict, change=est.ratio - 1, data=data.copy(),
+    return replace(result, verdict=verdict, change=relative, data=data.copy(),
                    detail=text + tail)
 
 

@@ -27,6 +27,7 @@ quiet one. The sleeps were most of these tests' time (26 s of a noisy recording 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -96,6 +97,25 @@ PATTERN = "test_lin?torch-nomesh-b128?"  # CASE for fnmatch_lines, where [...] i
 #: beside an A/B session holding 1.5 of the 2 cores, and re-measuring cannot make that
 #: quiet).
 BOUND = "--accelperf-max-step-spread=10.0"
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The in-process sessions' torch steps on one thread, restored after each test. On
+    two loaded cores (CI's other xdist worker, its lint and TPU jobs) two OpenMP threads
+    that spin at their barriers make a quiet millisecond step vary by more than the bound:
+    a re-recording meant to be quiet was stored marked noisy again in CI (2026-11-28)."""
+    try:
+        import torch
+    except ImportError:  # the torch tests skip
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def noisy_suite(suite: Suite) -> Suite:
     pytest.importorskip("torch")
     suite.pytester.makepyfile(noisytask=NOISY_TASK)

@@ -226,3 +226,27 @@ def test_a_wait_measured_beside_another_job_is_not_judged_against_the_base() -> 
     unbounded = ab_record_checks(LABEL, ABMeasurement(base_run=_batched(_run())), head,
                                  summarize(head), TOL)
     assert unbounded["input_wait"].verdict is Verdict.REGRESSION
+
+
+def test_a_batch_cpu_time_measured_beside_another_job_is_not_judged_against_the_base() -> None:
+    """The two runs are not interleaved, and a batch's CPU time moves with the machine's
+    load (unchanged code measured 5.41 ms in the base arm's run and 3.38 ms in the head's,
+    A/A beside CI's tests): a change measured while either run had company is
+    ``inconclusive``, saying which and what was measured; a pass holds."""
+    busy = Load(foreign_cores=1.5, steal_cores=0.0, cores=2, seconds=1.0, foreign_ticks=150)
+    quiet = _batched(_run())
+    for head, base, which in ((_batched(_run(), cpu_ms=10.0, load=busy), quiet, "this run"),
+                              (_batched(_run(), cpu_ms=10.0), _batched(_run(), load=busy),
+                               f"{LABEL}'s run")):
+        found = ab_record_checks(LABEL, ABMeasurement(base_run=base), head, summarize(head),
+                                 TOL, max_foreign_load=0.25)
+        cpu = found["input"]
+        assert cpu.verdict is Verdict.INCONCLUSIVE, cpu.detail
+        assert cpu.data["measured_verdict"] == "regression"
+        assert str(cpu.data["contaminated"]).startswith(f"{which}: other processes used 1.50")
+        assert cpu.detail.startswith("not judged, measured beside another job ("), cpu.detail
+        assert f"measured: more CPU a batch than {LABEL}: " in cpu.detail
+        assert not cpu.failed
+    same = ab_record_checks(LABEL, ABMeasurement(base_run=quiet), _batched(_run(), load=busy),
+                            summarize(quiet), TOL, max_foreign_load=0.25)
+    assert same["input"].verdict is Verdict.PASS, same["input"].detail

@@ -148,6 +148,23 @@ def test_a_new_wait_of_a_meaningful_share_fails_and_unchanged_passes() -> None:
     assert same.verdict is Verdict.PASS, same.detail
 
 
+def test_a_wait_from_nothing_is_said_without_a_ratio_to_the_floor() -> None:
+    """A baseline never blocked (median 0 s) has no level to be a multiple of: the
+    samples' ratio is one to the 1e-7 s floor they are read at (a 20 ms sleep read
+    ``200900.00x the baseline's`` and ``+20089900.0%`` in the table). The verdict stands,
+    said ``from nothing``, with no change; a baseline that waited 0.1 ms keeps its ratio."""
+    now = block([0.02 * (1 + 0.01 * (i % 3)) for i in range(20)], STEPS)
+    never = verdict(now, block([0.0] * 20, STEPS))
+    assert never.verdict is Verdict.REGRESSION and never.change is None, never
+    assert "+20.2 ms a step, from nothing (the baseline's median is under the floor of " \
+           "0.0001 ms; tolerance 50%); blocked: " in never.detail, never.detail
+    assert "x the baseline's" not in never.detail
+    assert never.data["ratio"] > 1e5  # the interval the verdict is read from is kept
+    waited = verdict(now, block([0.0001] * 20, STEPS))
+    assert waited.change is not None and 150 < waited.change < 250, waited
+    assert "x the baseline's (95% CI " in waited.detail, waited.detail
+
+
 def test_a_change_under_the_floor_is_not_judged() -> None:
     """0.3 ms more: under the 0.5 ms floor (and the 5 % of a 20 ms step, 1 ms)."""
     result = verdict(block([0.0003] * 20, STEPS), block(NONE, STEPS))
