@@ -245,6 +245,11 @@ def host_targets(bad: Session) -> dict[tuple[str, str], float]:
     return out
 
 
+def _interval(ratio: float, low: float, high: float) -> str:
+    """A host check's ratio to GOOD with its interval: ``3.85x, 95% CI 0.91-9.70``."""
+    return f"{fmt_ratio(ratio)}x, 95% CI {fmt_ratio(low)}\u2013{fmt_ratio(high)}"
+
+
 def unjudged_host(bad: Session) -> list[str]:
     """The :data:`HOST_METRICS` checks of BAD's session against GOOD's recording that
     measured a slowdown but did not judge it a ``regression``, in words: measured beside
@@ -265,9 +270,8 @@ def unjudged_host(bad: Session) -> list[str]:
             elif (check.verdict is Verdict.INCONCLUSIVE and not loaded
                   and isinstance(ratio, int | float) and ratio > 1
                   and isinstance(low, int | float) and isinstance(high, int | float)):
-                out.append(f"{_name(nodeid, many)}{_levels(check)} ({fmt_ratio(ratio)}x, "
-                           f"95% CI {fmt_ratio(low)}\u2013{fmt_ratio(high)}: too noisy "
-                           f"to judge)")
+                out.append(f"{_name(nodeid, many)}{_levels(check)} "
+                           f"({_interval(ratio, low, high)}: too noisy to judge)")
     return out
 
 
@@ -300,8 +304,8 @@ def judge_host(session: Session, levels: Mapping[tuple[str, str], float]) -> Jud
             where = "above" if low > mid else "below" if high < mid else "straddles"
             calls.append("bad" if where == "above" else "good" if where == "below"
                          else "skip")
-            words.append(f"{_name(nodeid, many)}{shown} ({fmt_ratio(float(data['ratio']))}x, "
-                         f"95% CI {fmt_ratio(low)}\u2013{fmt_ratio(high)}): {where} "
+            words.append(f"{_name(nodeid, many)}{shown} "
+                         f"({_interval(float(data['ratio']), low, high)}): {where} "
                          f"{fmt_ratio(mid)}, halfway to BAD's {fmt_ratio(level)}")
         elif check.verdict is Verdict.PASS:  # under the floor from which it is judged
             calls.append("good")

@@ -327,8 +327,8 @@ class ABComparison:
     def _against_base_record(self, judged: Evaluated, comparison: Comparison,
                              measured: ABMeasurement) -> Evaluated:
         """``judged`` with its outcome, memory, numerics, loss, step-metric and batch
-        (input) checks against the base arm's record; each the base arm could not judge keeps its
-        stored-baseline check, with a note."""
+        (input) checks against the base arm's record; each the base arm could not judge
+        keeps its stored-baseline check, with a note."""
         label = comparison.label
         ab = ab_record_checks(label, measured, judged.run, judged.block, self.tolerances,
                               loss_either_way=self.loss_either_way,
