@@ -29,7 +29,7 @@ from pytest_accelperf.checks.table import DEFAULT, check_of
 from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.records.run import Run
-from pytest_accelperf.stats.bootstrap import ProcessSpread, ab_ratio, ab_verdict
+from pytest_accelperf.stats.bootstrap import MAX_PAIRS, ProcessSpread, ab_ratio, ab_verdict, pairs_t
 from pytest_accelperf.stats.contention import contaminated
 from pytest_accelperf.stats.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 from pytest_accelperf.store.block import Block, read_block
@@ -97,8 +97,7 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
     elif verdict is Verdict.INCONCLUSIVE:
         text = (f"against {label}: noise too large to resolve ±{fmt_tolerance(tolerance)}: "
                 f"smallest detectable change here is ±{fmt_percent(est.mdc)} (step time "
-                f"{fmt_signed_percent(est.ratio - 1)}, {ci}); raise "
-                f"--accelperf-compare-budget or use a quieter machine")
+                f"{fmt_signed_percent(est.ratio - 1)}, {ci}); {_narrower(spread)}")
     else:
         text = (f"within tolerance of {label}: step time "
                 f"{fmt_signed_percent(est.ratio - 1)} ({ci})")
@@ -123,6 +122,23 @@ def ab_check(label: str, measured: ABMeasurement, samples_per_step: int,
     return CheckResult(METRIC, verdict, f"A/B {text}", baseline=rate(base_step),
                        now=rate(head_step), unit=unit,
                        change=(1 / est.ratio if samples_per_step else est.ratio) - 1, data=data)
+
+
+def _narrower(spread: ProcessSpread | None) -> str:
+    """What would narrow an interval too wide to judge: more process pairs where they
+    are what widens it (two pairs, Student's t of 12.71; or a spread between processes
+    that counts for more than the rounds', which a longer budget does not narrow), else
+    more rounds (a longer budget)."""
+    if spread is not None and spread.processes < MAX_PAIRS and (
+            spread.processes < 3 or spread.process_dominates):
+        k = spread.processes
+        why = (f"over {k} process pairs the interval is Student's t {pairs_t(k):.2f} "
+               f"standard errors wide each way, over {k + 1} {pairs_t(k + 1):.2f}")
+        if spread.process_dominates:
+            why += ("; the processes' spread counts for more in it than the rounds', "
+                    "and a longer budget narrows only the rounds' part")
+        return f"raise --accelperf-compare-processes ({why}) or use a quieter machine"
+    return "raise --accelperf-compare-budget or use a quieter machine"
 
 
 def _levels(spread: ProcessSpread | None) -> str:

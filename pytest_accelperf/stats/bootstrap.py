@@ -483,11 +483,26 @@ def process_ratio(now_blocks: Sequence[Sequence[float]],
     pair_var = max(var_means, rounds_var)
     if pair_var == 0.0:
         return RatioEstimate(ratio, ratio, ratio, 0.0, n, n, confidence), spread
-    t = float(_scipy_stats().t.ppf((1 + confidence) / 2, k - 1))
-    half = t * math.sqrt(pair_var / k)
+    half = pairs_t(k, confidence) * math.sqrt(pair_var / k)
     low, high = math.exp(center - half), math.exp(center + half)
     return (RatioEstimate(ratio, low, high, (high - low) / (2 * ratio), n, n, confidence),
             spread)
+
+
+#: The most process pairs A/B mode starts (``--accelperf-compare-processes``).
+MAX_PAIRS = 16
+
+
+def pairs_t(pairs: int, confidence: float = 0.95) -> float:
+    """The factor of Student's t that widens an interval over ``pairs`` process pairs
+    (``pairs - 1`` degrees of freedom): 12.71 for 2 pairs, 4.30 for 3, 2.78 for 5, at 95 %.
+
+    >>> [round(pairs_t(k), 2) for k in (2, 3, 5)]
+    [12.71, 4.3, 2.78]
+    """
+    if pairs < 2:
+        raise ValueError(f"{pairs} process pair(s); at least 2 are needed")
+    return float(_scipy_stats().t.ppf((1 + confidence) / 2, pairs - 1))
 
 
 def ab_ratio(now_blocks: Sequence[Sequence[float]], base_blocks: Sequence[Sequence[float]],

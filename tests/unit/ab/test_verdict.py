@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from pytest_accelperf.ab.rounds import ABMeasurement
@@ -25,3 +27,39 @@ def test_the_row_s_figures_are_the_paired_estimate_not_the_noisy_medians() -> No
     assert check.change < 0  # slower: fewer samples a second
     # The medians of every step stay in the record, as they were measured.
     assert check.data["median_step_time"] == {"now": 0.017, "baseline": 0.030}
+
+
+def _pairs(ratios: list[float], per_pair: int, jitter: float) -> ABMeasurement:
+    """Rounds of 5 steps timed by one process pair per entry of ``ratios`` (the head's
+    step time over the base's in that pair), each step within ``jitter`` of its pair's."""
+    rng = random.Random(0)
+    base: list[list[float]] = []
+    head: list[list[float]] = []
+    pairs: list[int] = []
+    for j, ratio in enumerate(ratios):
+        for _ in range(per_pair):
+            base.append([0.01 * (1 + rng.uniform(0, jitter)) for _ in range(5)])
+            head.append([0.01 * ratio * (1 + rng.uniform(0, jitter)) for _ in range(5)])
+            pairs.append(j)
+    return ABMeasurement(base=base, head=head, seconds=4.0,
+                         first=["base", "head"] * (len(pairs) // 2), pairs=pairs,
+                         processes=len(ratios))
+
+
+def test_an_interval_over_two_pairs_names_more_pairs_as_its_remedy() -> None:
+    """CI measured 4x the work as 4.12x in one process pair and 5.73x in the other: over
+    two pairs Student's t is 12.71 and the interval (0.59-39.8) could not judge it. The
+    advice was a longer budget, which adds rounds to each pair and leaves t as it is."""
+    two = ab_check("HEAD", _pairs([4.12, 5.73], per_pair=4, jitter=0.02), 32, 0.05, 5)
+    assert two.verdict is Verdict.INCONCLUSIVE
+    assert "raise --accelperf-compare-processes (over 2 process pairs the interval is " \
+           "Student's t 12.71 standard errors wide each way, over 3 4.30; the processes' " \
+           "spread counts for more in it than the rounds'" in two.detail
+    assert "--accelperf-compare-budget" not in two.detail
+    # three pairs that disagree as much judge it
+    three = ab_check("HEAD", _pairs([4.12, 5.73, 4.9], per_pair=4, jitter=0.02), 32, 0.05, 5)
+    assert three.verdict is Verdict.REGRESSION, three.detail
+    # where the rounds are what is noisy, across enough pairs, the budget is the remedy
+    noisy = ab_check("HEAD", _pairs([1.04] * 5, per_pair=4, jitter=0.3), 32, 0.01, 5)
+    assert noisy.verdict is Verdict.INCONCLUSIVE
+    assert noisy.detail.endswith("raise --accelperf-compare-budget or use a quieter machine")
