@@ -258,9 +258,12 @@ class Suite:
     def __init__(self, pytester: pytest.Pytester) -> None:
         self.pytester = pytester
         pytester.makepyfile(tinytask=TINYTASK)
-        # Step times on a shared 2-core machine move 20-50% between sessions, and up to 2x
-        # when the other xdist worker starts a DeepSpeed case: tests that are not about
-        # throughput must not depend on it (tests about it pass their own flag). The other
+        # Step times on a shared 2-core machine move 20-50% between sessions, up to 2x
+        # when the other xdist worker starts a DeepSpeed case, and 20x in CI beside its
+        # TPU compiles (a 0.14 ms JAX step read 2.9 ms, confirmed on re-measurement, and
+        # failed a schema test at the 300% this tolerance was): tests that are not about
+        # throughput must not depend on it, so its tolerance is 1000x, and tests about
+        # it pass their own flag (--accelperf-throughput-tolerance). The other
         # worker also makes the drift probe unsteady (which makes a compile-time verdict
         # inconclusive; throughput only stops correcting drift) and the step times more
         # dispersed than the baseline's (contamination, whose floor is the same bound):
@@ -273,7 +276,7 @@ class Suite:
         # leaves them unjudged past --accelperf-max-foreign-load: tests of the verdicts
         # take any load, and the load has its own tests (unit/test_contention.py,
         # e2e/test_foreign_load.py).
-        pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 3.0\n"
+        pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 1000.0\n"
                                    "max_probe_spread = 1000.0\nmax_step_spread = 1000.0\n"
                                    "compile_tolerance = 1000.0\nmax_foreign_load = 64.0\n"
                                    "input_tolerance = 1000.0\n")
