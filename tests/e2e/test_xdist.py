@@ -27,8 +27,7 @@ def test_sweep(accelperf):
 @pytest.mark.slow
 def test_xdist_update_writes_once_on_the_controller(suite: Suite) -> None:
     suite.write(XDIST_SUITE)
-    result = suite.run("-n", "2", "--accelperf-update", "--accelperf-json=report.json",
-                       "--accelperf-throughput-tolerance=10")
+    result = suite.run("-n", "2", "--accelperf-update", "--accelperf-json=report.json")
     result.assert_outcomes(passed=6)
     data = suite.load()
     assert len(data["cases"]) == 6
@@ -54,11 +53,10 @@ def test_same_verdicts_with_and_without_xdist(suite: Suite) -> None:
     import json
     suite.baseline_path().write_text(json.dumps(data, indent=2, sort_keys=True))
 
-    base = suite.run("--accelperf-json=plain.json", "--accelperf-throughput-tolerance=10")
+    base = suite.run("--accelperf-json=plain.json")
     base.assert_outcomes(passed=5, failed=1)
     for mode in (["-n", "2"], ["-p", "no:xdist"], ["-n", "0"]):
-        other = suite.run(*mode, "--accelperf-json=other.json",
-                          "--accelperf-throughput-tolerance=10")
+        other = suite.run(*mode, "--accelperf-json=other.json")
         other.assert_outcomes(passed=5, failed=1)
         assert other.ret == base.ret == 1, mode
         assert (_verdicts_without_throughput(suite.report("other.json"))
