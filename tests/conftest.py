@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -393,6 +394,23 @@ def recorded(suite: Suite, sweep_recording: Path) -> Suite:
     time (126 s with them, 83 s with one)."""
     suite.write()
     return recorded_once(suite, sweep_recording, passed=2)
+
+
+def rounds_of_pairs(offsets: list[tuple[float, float]], per_pair: int, jitter: float,
+                    seed: int = 0) -> tuple[list[list[float]], list[list[float]], list[int]]:
+    """Rounds of A/B blocks timed by process pairs whose processes run at their own speed
+    (``offsets``: each pair's base and head factors, equal for an unchanged program),
+    ``jitter`` the rounds' own noise: base blocks, head blocks, and the pair of each round."""
+    rng = random.Random(seed)
+    base: list[list[float]] = []
+    head: list[list[float]] = []
+    pairs: list[int] = []
+    for j, (b, h) in enumerate(offsets):
+        for _ in range(per_pair):
+            base.append([b * (1 + rng.gauss(0, jitter)) for _ in range(5)])
+            head.append([h * (1 + rng.gauss(0, jitter)) for _ in range(5)])
+            pairs.append(j)
+    return base, head, pairs
 
 
 def verdicts(report: dict[str, Any]) -> dict[str, dict[str, str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Suite, verdicts
+from conftest import Suite, rounds_of_pairs, verdicts
 
 from pytest_accelperf.ab import CompareError, rounds, tree
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison, round_orders
@@ -514,30 +514,13 @@ def test_a_comparison_that_cannot_be_set_up_is_not_tried_again(
 # -- issue 24, part 1: the process is a level of the interval ----------------------------
 
 
-def _rounds_of_pairs(offsets: list[tuple[float, float]], per_pair: int, jitter: float,
-                     seed: int = 0) -> tuple[list[list[float]], list[list[float]], list[int]]:
-    """Rounds of an unchanged program timed by process pairs whose processes run at their
-    own speed (``offsets``: each pair's base and head factors), ``jitter`` the rounds'
-    own noise: base blocks, head blocks, and the pair of each round."""
-    rng = random.Random(seed)
-    base: list[list[float]] = []
-    head: list[list[float]] = []
-    pairs: list[int] = []
-    for j, (b, h) in enumerate(offsets):
-        for _ in range(per_pair):
-            base.append([b * (1 + rng.gauss(0, jitter)) for _ in range(5)])
-            head.append([h * (1 + rng.gauss(0, jitter)) for _ in range(5)])
-            pairs.append(j)
-    return base, head, pairs
-
-
 def test_a_process_level_offset_is_not_called_a_change() -> None:
     """Two processes of the same program differ in speed by around 1 % (memory layout,
     allocator, thread placement). The rounds of one pair share that offset: the interval
     over rounds alone (the old statistic) calls it a change; the two-level interval over
     process pairs does not, and reports the between-process spread beside the rounds'."""
     offsets = [(1.0, 1.013), (1.0, 0.992), (1.006, 1.0)]
-    base, head, pairs = _rounds_of_pairs(offsets, per_pair=20, jitter=0.002)
+    base, head, pairs = rounds_of_pairs(offsets, per_pair=20, jitter=0.002)
     first = [i for i, p in enumerate(pairs) if p == 0]
     old = paired_ratio([head[i] for i in first], [base[i] for i in first])
     assert throughput_verdict(old, 0.01) is Verdict.REGRESSION  # 1.3 %, a tight interval
@@ -557,7 +540,7 @@ def test_a_process_level_offset_is_not_called_a_change() -> None:
 
 
 def test_the_detail_names_both_levels_of_the_interval() -> None:
-    base, head, pairs = _rounds_of_pairs([(1.0, 1.0), (1.0, 1.0)], per_pair=4, jitter=0.01)
+    base, head, pairs = rounds_of_pairs([(1.0, 1.0), (1.0, 1.0)], per_pair=4, jitter=0.01)
     measured = ABMeasurement(base=base, head=head, seconds=3.0, first=["base", "head"] * 4,
                              pairs=pairs, processes=2)
     check = ab_check("HEAD", measured, 32, 0.5, 5)

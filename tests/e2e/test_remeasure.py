@@ -61,7 +61,7 @@ def faster(block: dict[str, Any]) -> None:
     block["step_time"]["samples"] = [t / 1000 for t in block["step_time"]["samples"]]
 
 
-#: The baseline claims 1000x the throughput; the suite's tolerance (1000x) is for tests
+#: The baseline claims 1000x the throughput; the suite's tolerance (1000) is for tests
 #: that are not about throughput.
 TOLERANCE = "--accelperf-throughput-tolerance=3"
 

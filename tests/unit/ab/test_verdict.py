@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from conftest import rounds_of_pairs
 
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
@@ -30,17 +29,9 @@ def test_the_row_s_figures_are_the_paired_estimate_not_the_noisy_medians() -> No
 
 
 def _pairs(ratios: list[float], per_pair: int, jitter: float) -> ABMeasurement:
-    """Rounds of 5 steps timed by one process pair per entry of ``ratios`` (the head's
-    step time over the base's in that pair), each step within ``jitter`` of its pair's."""
-    rng = random.Random(0)
-    base: list[list[float]] = []
-    head: list[list[float]] = []
-    pairs: list[int] = []
-    for j, ratio in enumerate(ratios):
-        for _ in range(per_pair):
-            base.append([0.01 * (1 + rng.uniform(0, jitter)) for _ in range(5)])
-            head.append([0.01 * ratio * (1 + rng.uniform(0, jitter)) for _ in range(5)])
-            pairs.append(j)
+    """An A/B measurement over one process pair per entry of ``ratios`` (the head's step
+    time over the base's in that pair)."""
+    base, head, pairs = rounds_of_pairs([(1.0, r) for r in ratios], per_pair, jitter)
     return ABMeasurement(base=base, head=head, seconds=4.0,
                          first=["base", "head"] * (len(pairs) // 2), pairs=pairs,
                          processes=len(ratios))
