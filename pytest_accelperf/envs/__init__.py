@@ -11,7 +11,8 @@ One job per module:
 - :mod:`.depfiles`: a revision's dependency files (pyproject.toml, requirements*.txt,
   uv.lock, poetry.lock, ...) and the requirements in which they differ from the working
   tree's.
-- :mod:`.releases`: a package's released versions in a range, from the index.
+- :mod:`.indexes`: the package indexes the user configured (uv's, else pip's).
+- :mod:`.releases`: a package's released versions in a range that install here, from them.
 - :mod:`.stack`: a Python environment's framework packages and their versions (the
   *stack*), a check of a given interpreter, and the words for two stacks that differ.
 

@@ -196,7 +196,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
 
 @pytest.mark.parametrize(("argv", "said"), [
     (("jax", "0.8.4", "0.10.2"), "accelperf: error: jax 0.8.4 was never released (or was "
-                                 "yanked); nearest: 0.8.3, 0.9.0, 0.9.0.1\n"),
+                                 "yanked, or has no file for Python "),
     (("jax", "0.10.2", "0.8.3"), "accelperf: error: jax 0.10.2..0.8.3: the range is backwards "
                                  "(the older release first: 0.8.3 0.10.2)\n"),
     (("jax", "0.9.1", "0.9.1"), "accelperf: error: jax 0.9.1 and 0.9.1 are the same release: "
@@ -208,6 +208,9 @@ def test_a_wrong_release_or_range_is_one_line(index: Path, capsys: pytest.Captur
                                               argv: tuple[str, ...], said: str) -> None:
     status, err = _cli(capsys, *argv)
     assert status == 1 and err.startswith(said) and err.count("\n") == 1, err
+    if "never released" in said:  # the index asked is named, then the nearest releases
+        assert err.endswith("/{name}/json ($ACCELPERF_INDEX_JSON); nearest: 0.8.3, 0.9.0, "
+                            "0.9.0.1\n"), err
 
 
 def test_a_directory_outside_git_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
