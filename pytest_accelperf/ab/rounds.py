@@ -217,6 +217,10 @@ class Comparison:
             raise CompareError(f"reading {self.ref}'s dependency files: {exc}") from None
         if not change.files:
             return None
+        for part in change.unreadable:  # one rule for every file: go on, saying so
+            self._say(f"accelperf: A/B: {self.label}'s {part} cannot be read: nothing of it "
+                      f"is installed, the base arm goes on without it in this session's "
+                      f"environment")
         differ = f"{self.ref}'s dependency files differ ({', '.join(change.files)})"
         notes = f" ({'; '.join(change.notes)})" if change.notes else ""
         if not change.requirements:

@@ -31,6 +31,7 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_accelperf.git import git
 
@@ -80,12 +81,29 @@ def files_here(root: Path) -> dict[str, bytes]:
 
 
 @dataclass(frozen=True)
+class Unreadable:
+    """A part of a dependency file that cannot be read: its line (None: the whole file),
+    the text there and why."""
+
+    line: int | None
+    text: str
+    why: str
+
+    def describe(self, rel: str) -> str:
+        """``requirements.txt line 1 ('jax=>>0.8': Expected end or semicolon ...)``."""
+        where = f"{rel} line {self.line}" if self.line else rel
+        text = f"{self.text!r}: " if self.text else ""
+        return f"{where} ({text}{self.why})"
+
+
+@dataclass(frozen=True)
 class Requirements:
     """A file's requirements: those that always apply, and those that apply only where
-    their package is installed (extras, groups, locks)."""
+    their package is installed (extras, groups, locks); and what of it cannot be read."""
 
     always: frozenset[str] = frozenset()
     if_installed: frozenset[str] = frozenset()
+    unreadable: tuple[Unreadable, ...] = ()
 
 
 @dataclass
@@ -96,8 +114,12 @@ class DependencyChange:
     files: list[str] = field(default_factory=list)
     #: The base's requirements the session's environment does not have, to install.
     requirements: list[str] = field(default_factory=list)
-    #: What differs but is not installed (a file that is not read, a bad line).
+    #: What differs but is not installed (a file that is not read).
     notes: list[str] = field(default_factory=list)
+    #: The parts of the base's files that cannot be read (a line that is not a
+    #: requirement, a file that is not TOML), each ``file line N ('text': why)``: nothing
+    #: of them is installed.
+    unreadable: list[str] = field(default_factory=list)
 
 
 def _req(text: str) -> str | None:
@@ -107,16 +129,50 @@ def _req(text: str) -> str | None:
         return None
 
 
-def _lines(text: str) -> frozenset[str]:
-    out = set()
-    for raw in text.splitlines():
-        line = raw.split(" #", 1)[0].strip()
-        if not line or line.startswith(("#", "-")):
-            continue  # -r, -c, -e, --index-url: options, not requirements
+def _why(text: str) -> str:
+    """Why ``text`` is not a requirement, in packaging's words (one line)."""
+    try:
+        Requirement(text.strip())
+    except InvalidRequirement as exc:
+        return " ".join(str(exc).splitlines()[0].split())
+    return ""
+
+
+#: A pip option after a requirement on its line (``--hash=...``, ``--config-settings``).
+_OPTION = re.compile(r"\s--?[A-Za-z]")
+
+
+def _lines(text: str) -> Requirements:
+    """A requirements file's requirements, its lines as pip joins them (a trailing
+    backslash continues one); options (``-r``, ``-e``, ``--index-url``, a requirement's
+    ``--hash``), comments, and a bare path or URL are not requirements by name. Every other
+    line that is not a requirement is :class:`Unreadable`."""
+    out, bad = set(), []
+    joined: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for number, raw in enumerate(text.splitlines(), start=1):
+        first, part = pending if pending is not None else (number, "")
+        line = part + raw
+        if line.endswith("\\"):
+            pending = (first, line[:-1] + " ")
+            continue
+        pending = None
+        joined.append((first, line))
+    if pending is not None:
+        joined.append(pending)
+    for number, raw in joined:
+        line = re.split(r"(?:^|\s)#", raw, maxsplit=1)[0].strip()
+        line = _OPTION.split(line, maxsplit=1)[0].strip()
+        if not line or line.startswith("-"):
+            continue
+        if line.startswith((".", "/", "~")) or re.match(r"^[a-z+]+://", line):
+            continue  # a path or a URL: installed as it is, no name to compare
         req = _req(line)
         if req:
             out.add(req)
-    return frozenset(out)
+        else:
+            bad.append(Unreadable(number, line, _why(line)))
+    return Requirements(always=frozenset(out), unreadable=tuple(bad))
 
 
 def _locked(packages: object, skip: Callable[[Mapping[str, Any]], bool]) -> frozenset[str]:
@@ -128,34 +184,91 @@ def _locked(packages: object, skip: Callable[[Mapping[str, Any]], bool]) -> froz
     return frozenset(out)
 
 
+class Project(BaseModel):
+    """``[project]`` of a ``pyproject.toml``: only its dependencies are read."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    dependencies: list[str] = Field(default_factory=list)
+    optional_dependencies: dict[str, list[str]] = Field(
+        default_factory=dict, alias="optional-dependencies")
+
+
+class PyProject(BaseModel):
+    """The parts of a ``pyproject.toml`` that name requirements (PEP 621, PEP 735)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    project: Project = Field(default_factory=Project)
+    #: A group's entry is a requirement or an ``{include-group = ...}`` table.
+    dependency_groups: dict[str, list[str | dict[str, str]]] = Field(
+        default_factory=dict, alias="dependency-groups")
+
+
+def _line_of(text: str, needle: str) -> int | None:
+    """The first line of ``text`` that holds ``needle``."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if needle in line:
+            return number
+    return None
+
+
+def _error_line(message: str) -> int | None:
+    """The line a TOML or JSON parser's message names (``... (at line 3, column 5)``)."""
+    found = re.search(r"line (\d+)", message)
+    return int(found.group(1)) if found else None
+
+
+def _pyproject(text: str, toml: Mapping[str, Any]) -> Requirements:
+    try:
+        data = PyProject.model_validate(toml)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        key = str(error["loc"][-1]) if error["loc"] else "project"
+        return Requirements(unreadable=(Unreadable(
+            _line_of(text, key), ".".join(str(p) for p in error["loc"]), error["msg"]),))
+    bad: list[Unreadable] = []
+
+    def read(texts: list[str]) -> set[str]:
+        out = set()
+        for item in texts:
+            req = _req(item)
+            if req:
+                out.add(req)
+            else:
+                bad.append(Unreadable(_line_of(text, item), item, _why(item)))
+        return out
+
+    always = read(data.project.dependencies)
+    optional = [r for reqs in data.project.optional_dependencies.values() for r in reqs]
+    groups = [r for reqs in data.dependency_groups.values() for r in reqs if isinstance(r, str)]
+    return Requirements(frozenset(always), frozenset(read([*optional, *groups])), tuple(bad))
+
+
 def read_requirements(rel: str, content: bytes) -> Requirements:
-    """The requirements of one dependency file (empty for one that is not read or does
-    not parse)."""
+    """The requirements of one dependency file (empty for one that is not read), with
+    what of it cannot be read (:class:`Unreadable`: a line that is not a requirement, a
+    file that does not parse)."""
     name = PurePosixPath(rel).name
     text = content.decode(errors="replace")
     try:
         if name.endswith(".txt"):
-            return Requirements(always=_lines(text))
+            return _lines(text)
         if name == "Pipfile.lock":
             data = json.loads(text)
             pins = {f"{canonicalize_name(k)}{v['version']}"
-                    for k, v in (data.get("default") or {}).items()
+                    for k, v in ((data.get("default") or {}) if isinstance(data, dict)
+                                 else {}).items()
                     if isinstance(v, dict) and str(v.get("version", "")).startswith("==")}
             return Requirements(if_installed=frozenset(pins))
         if not name.endswith((".toml", ".lock")):
             return Requirements()
         toml = tomllib.loads(text)
-    except (ValueError, tomllib.TOMLDecodeError):
-        return Requirements()
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        why = " ".join(str(exc).split())
+        return Requirements(unreadable=(Unreadable(_error_line(why), "", why),))
     if name == "pyproject.toml":
-        project = toml.get("project") or {}
-        always = {r for r in map(_req, project.get("dependencies") or []) if r}
-        optional = [r for reqs in (project.get("optional-dependencies") or {}).values()
-                    for r in reqs]
-        groups = [r for reqs in (toml.get("dependency-groups") or {}).values()
-                  for r in reqs if isinstance(r, str)]
-        return Requirements(frozenset(always),
-                            frozenset(r for r in map(_req, [*optional, *groups]) if r))
+        return _pyproject(text, toml)
     if name in ("uv.lock", "poetry.lock"):
         def editable(pkg: Mapping[str, Any]) -> bool:
             source = pkg.get("source")
@@ -212,6 +325,7 @@ def dependency_change(base: Mapping[str, bytes], head: Mapping[str, bytes],
         if rel not in base:
             continue  # a file only the head has: the session's environment is the head's
         reqs = read_requirements(rel, base[rel])
+        out.unreadable += [u.describe(rel) for u in reqs.unreadable]
         for req, only_installed in [*((r, False) for r in sorted(reqs.always - head_reqs)),
                                     *((r, True) for r in sorted(reqs.if_installed
                                                                 - head_reqs))]:
