@@ -24,7 +24,9 @@ _TORCH_FIRST = "(install torch first: pip install torch==2.13.0 for CPU)"
 
 SPECS: tuple[BackendSpec, ...] = (
     BackendSpec(
-        "jax", "pytest_accelperf.backends.jax.backend", requires=("jax", "flax", "optax"),
+        # flax only for nnx_step and Linen's annotations, which say so themselves: a plain
+        # JAX, Equinox or Haiku user has none
+        "jax", "pytest_accelperf.backends.jax.backend", requires=("jax", "optax"),
         install="pip install 'pytest-accelperf[jax]'", packages=_JAX,
         ranks="pytest_accelperf.backends.jax.ranks", ab_blocks=True, compile_only=True,
     ),
@@ -60,7 +62,7 @@ SPECS: tuple[BackendSpec, ...] = (
         packages=_JAX,
     ),
     BackendSpec(
-        "jax-pipeline", "pytest_accelperf.backends.jax.pipeline", requires=("jax", "flax", "optax"),
+        "jax-pipeline", "pytest_accelperf.backends.jax.pipeline", requires=("jax", "optax"),
         install="pip install 'pytest-accelperf[jax]'", packages=_JAX,
     ),
     # Measurements taken outside the plugin (accelperf.ingest): nothing to import. An

@@ -320,7 +320,7 @@ class JaxBackend:
     name = "jax"
 
     def unavailable_reason(self) -> str | None:
-        missing = [p for p in ("jax", "flax", "optax") if importlib.util.find_spec(p) is None]
+        missing = [p for p in ("jax", "optax") if importlib.util.find_spec(p) is None]
         if missing:
             return (f"the jax backend needs {', '.join(missing)}: "
                     f"pip install 'pytest-accelperf[jax]'")

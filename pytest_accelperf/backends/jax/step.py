@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 
     from pytest_accelperf.backends.protocol import Task
 
+#: What installs flax, which only :func:`nnx_step` (and Linen's sharding annotations) use.
+FLAX_INSTALL = "pip install flax (or pip install 'pytest-accelperf[jax]')"
+
 #: A step's metrics: scalars by name (jax arrays, tracers while it is traced, or Python
 #: numbers).
 JaxMetrics: TypeAlias = dict[str, ArrayLike]
@@ -385,7 +388,11 @@ def nnx_step(train_step: Callable[..., UserValue], objects: object,
     ``DataLoader``) or a function of no arguments that returns an iterator, as
     :class:`JaxStep` takes them.
     """
-    from flax import nnx
+    try:
+        from flax import nnx
+    except ImportError:
+        raise TaskError(f"nnx_step needs flax, which is not installed: {FLAX_INSTALL}"
+                        ) from None
 
     batches = batch_function(make_batch, data, "nnx_step")
 
