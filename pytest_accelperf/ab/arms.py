@@ -295,10 +295,14 @@ def start_arm(setup: Setup, listener: Listener, authkey: bytes, log: Path,
         for name in ("VIRTUAL_ENV", "PYTHONHOME", "CONDA_PREFIX"):
             env.pop(name, None)
     command = list(WORKER_COMMAND) if python is None else [python, *WORKER_COMMAND[1:]]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, cwd=setup.tree, env=env,
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
     revision_text = f", revision {revision}" if revision else ""
+    with log.open("wb") as out:
+        try:
+            proc = subprocess.Popen(command, cwd=setup.tree, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        except OSError as exc:  # its interpreter is gone: one line, not a traceback
+            raise CompareError(f"the {setup.arm} worker (pair {setup.pair}{revision_text}) "
+                               f"could not start {command[0]}: {exc.strerror}") from None
     who = f"the {setup.arm} worker (pair {setup.pair}, pid {proc.pid}{revision_text})"
     conn = _accept(listener, proc, who, log, setup.prepare_timeout)
     return Arm(setup.arm, proc, conn, log, revision=revision, pair=setup.pair)

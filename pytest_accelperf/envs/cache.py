@@ -17,6 +17,11 @@ A build is atomic: it happens in ``<root>/.tmp-<key>-XXXX`` and is renamed to
 (``<root>/<key>.lock``), so two sessions never build one key twice and a build that fails
 or is killed halfway leaves no entry (its temporary folder is removed, or by the next build
 of that key). The user's own environment is never written to.
+
+An entry is checked before it is used (:func:`broken`): its interpreter runs, is the
+Python it was built with, and has its requirements. A broken entry is built again, and
+:meth:`Env.describe` says so. The key holds the base interpreter's path and version
+(:func:`interpreter_identity`): an upgraded Python gets an entry of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
@@ -72,6 +77,9 @@ class Env:
     built: bool
     #: Seconds this call took: the build, or finding it.
     seconds: float
+    #: Why the entry the cache held was built again ("": it was not): its interpreter
+    #: no longer ran, or it lacked what its entry says.
+    rebuilt: str = ""
 
     @property
     def python(self) -> Path:
@@ -89,6 +97,8 @@ class Env:
         below = f" over {', '.join(self.over)}" if self.over else ""
         how = (f"built cold in {self.seconds:.1f} s" if self.built
                else f"warm from the cache ({self.seconds:.1f} s)")
+        if self.rebuilt:
+            how = f"rebuilt in {self.seconds:.1f} s: the cached one was broken ({self.rebuilt})"
         return f"environment {self.key} ({what}{below}), {how}"
 
 
@@ -142,7 +152,8 @@ def _installed_digest(over: Sequence[str]) -> str:
 
 def env_key(requirements: Sequence[str], python: str, over: Sequence[str]) -> str:
     """The cache key of an environment: a hash of its requirements (in any order), its
-    interpreter and what it is layered over (the folders and what is installed in them).
+    interpreter (its :func:`interpreter_identity`: path and version) and what it is
+    layered over (the folders and what is installed in them).
 
     >>> env_key(["b", "a"], "/py", []) == env_key(["a", "b"], "/py", [])
     True
@@ -158,6 +169,77 @@ def _interpreter(python: str | None) -> str:
     if python is not None:
         return python
     return str(Path(getattr(sys, "_base_executable", sys.executable)).resolve())
+
+
+#: What an interpreter prints to say which it is (its ``sys.version``, the build's date
+#: included: an upgraded Python of the same X.Y is another interpreter).
+_VERSION = "import sys; print(sys.version.replace(chr(10), ' '))"
+
+
+def interpreter_version(python: str) -> str:
+    """``python``'s ``sys.version`` (this session's without running it, for its base);
+    an :class:`EnvError` where it does not run."""
+    if python == _interpreter(None):
+        return sys.version.replace("\n", " ")
+    try:
+        return subprocess.run([python, "-c", _VERSION], capture_output=True, text=True,
+                              check=True, timeout=120, stdin=subprocess.DEVNULL
+                              ).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise EnvError(f"the interpreter {python} does not run: {exc}") from None
+
+
+def interpreter_identity(python: str, version: str | None = None) -> str:
+    """The identity an environment's key holds of its base interpreter: its path and
+    version (``/usr/bin/python3.11 3.11.7 (main, Dec  4 2023, ...)``), so that an upgraded
+    Python gets a new entry."""
+    return f"{python} {interpreter_version(python) if version is None else version}"
+
+
+def _site_folders(env: Path) -> list[str]:
+    """An environment's own site-packages folders (found on disk, not by running it)."""
+    return [str(p) for p in [*env.glob("lib/python*/site-packages"), env / "Lib/site-packages"]
+            if p.is_dir()]
+
+
+def broken(env: Env) -> str:
+    """Why a cached environment cannot be used (``""``: it can): its interpreter does not
+    run or is another version than it was built with (uv's environments link to the
+    interpreter they were made from, which pyenv, the distribution or a runner image may
+    have upgraded or removed), or a requirement of its entry is not installed in it (or
+    below it) at a version that meets it."""
+    try:
+        meta = json.loads((env.path / META).read_text())
+    except (OSError, ValueError) as exc:
+        return f"its {META} cannot be read: {exc}"
+    try:
+        now = subprocess.run([str(env.python), "-c", _VERSION], capture_output=True,
+                             text=True, timeout=120, check=False, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        return f"its interpreter {env.python} does not run: {exc.strerror}"
+    except subprocess.SubprocessError as exc:
+        return f"its interpreter {env.python} does not run: {exc}"
+    if now.returncode:
+        tail = " ".join(now.stderr.strip().splitlines()[-1:]) or f"exit {now.returncode}"
+        return f"its interpreter {env.python} does not run: {tail}"
+    built_with = meta.get("python_version") if isinstance(meta, dict) else None
+    if built_with and now.stdout.strip() != built_with:
+        return (f"its interpreter is Python {now.stdout.split()[0]}, built with "
+                f"{str(built_with).split()[0]}")
+    have: dict[str, str] = {}  # what it imports: its own, then what it is layered over
+    for dist in metadata.distributions(path=[*_site_folders(env.path), *env.over]):
+        if dist.metadata["Name"]:
+            have.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
+    for text in env.requirements:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate():
+            continue
+        version = have.get(canonicalize_name(req.name))
+        if version is None:
+            return f"it lacks {text}"
+        if not req.specifier.contains(version, prereleases=True):
+            return f"it has {req.name} {version}, not {text}"
+    return ""
 
 
 def build_env(requirements: Sequence[str], *, over: Sequence[str] | None = None,
@@ -177,7 +259,8 @@ def build_env(requirements: Sequence[str], *, over: Sequence[str] | None = None,
         reqs = tuple(dict.fromkeys((*plugin_requirements(), *reqs)))
     below = tuple(over or ())
     interpreter = _interpreter(python)
-    key = env_key(reqs, interpreter, below)
+    version = interpreter_version(interpreter)
+    key = env_key(reqs, interpreter_identity(interpreter, version), below)
     root = (root or cache_root()).expanduser()
     final = root / key
     t0 = time.monotonic()
@@ -187,17 +270,30 @@ def build_env(requirements: Sequence[str], *, over: Sequence[str] | None = None,
     except OSError as exc:
         raise EnvError(f"{what}: cannot create the cache folder {root}: {exc.strerror} "
                        f"(set {CACHE_ENV} to a writable folder)") from None
-    if (final / META).is_file():
-        return Env(final, key, reqs, below, False, time.monotonic() - t0)
+    found = Env(final, key, reqs, below, False, 0.0)
+    if (final / META).is_file() and not broken(found):
+        return replace(found, seconds=time.monotonic() - t0)
+    why = ""
     try:
         with FileLock(str(root / f"{key}.lock"), timeout=LOCK_TIMEOUT_S):
             if (final / META).is_file():  # another session built it while we waited
-                return Env(final, key, reqs, below, False, time.monotonic() - t0)
-            _build(root, key, reqs, below, interpreter, offline=offline, what=what)
+                why = broken(found)
+                if not why:
+                    return replace(found, seconds=time.monotonic() - t0)
+                _discard(root, key)
+            _build(root, key, reqs, below, interpreter, version, offline=offline, what=what)
     except Timeout:
         raise EnvError(f"{what}: another process held {root / (key + '.lock')} for "
                        f"{LOCK_TIMEOUT_S:g} s (a build that hangs?)") from None
-    return Env(final, key, reqs, below, True, time.monotonic() - t0)
+    return Env(final, key, reqs, below, True, time.monotonic() - t0, rebuilt=why)
+
+
+def _discard(root: Path, key: str) -> None:
+    """Take the broken entry ``root/key`` out of the cache (under its lock): renamed
+    first, so that no session finds half of it, then removed."""
+    gone = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-broken-", dir=root)) / "env"
+    os.rename(root / key, gone)
+    shutil.rmtree(gone.parent, ignore_errors=True)
 
 
 def env_from_pins(pins: Sequence[str], *, over: Sequence[str] | None = None,
@@ -216,7 +312,7 @@ def env_from_pins(pins: Sequence[str], *, over: Sequence[str] | None = None,
 
 
 def _build(root: Path, key: str, reqs: Sequence[str], over: Sequence[str],
-           interpreter: str, *, offline: bool, what: str) -> None:
+           interpreter: str, version: str, *, offline: bool, what: str) -> None:
     """Build into a temporary folder and rename it to ``root/key`` (under the lock)."""
     for stale in root.glob(f".tmp-{key}-*"):  # left by a build that was killed
         shutil.rmtree(stale, ignore_errors=True)
@@ -231,7 +327,8 @@ def _build(root: Path, key: str, reqs: Sequence[str], over: Sequence[str],
             _layer(python, over)
         how = _install(python, reqs, over, tmp, offline=offline, what=what) if reqs else ""
         meta = {"key": key, "requirements": list(reqs), "over": list(over), "install": how,
-                "python": interpreter, "seconds": round(time.monotonic() - t0, 3),
+                "python": interpreter, "python_version": version,
+                "seconds": round(time.monotonic() - t0, 3),
                 "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (venv / META).write_text(json.dumps(meta, indent=1) + "\n")
         os.rename(venv, root / key)

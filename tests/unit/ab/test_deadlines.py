@@ -151,3 +151,20 @@ def test_the_prepare_deadline_must_be_positive(suite: Suite) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--accelperf-compare-prepare-timeout=0: expected a number "
                                  "of seconds above 0*"])
+
+
+def test_a_worker_whose_interpreter_is_gone_is_one_line(tmp_path: Path) -> None:
+    """A/B's start once raised FileNotFoundError from Popen (a cached environment's
+    bin/python removed); the cache checks its entries now, and the start says it in one
+    line where an interpreter is gone all the same."""
+    folder = socket_dir("accelperf-test-", "socket")
+    listener = Listener(str(folder / "socket"), family="AF_UNIX", authkey=b"k" * 16)
+    try:
+        with pytest.raises(CompareError) as info:
+            start_arm(_setup(tmp_path, 5.0), listener, b"k" * 16, tmp_path / "base-1.log",
+                      "HEAD (0123456789)", python=str(tmp_path / "gone" / "bin" / "python"))
+    finally:
+        listener.close()
+    assert str(info.value) == (f"the base worker (pair 1, revision HEAD (0123456789)) could "
+                               f"not start {tmp_path}/gone/bin/python: No such file or "
+                               f"directory")

@@ -5,6 +5,7 @@ in the tests that build a real tiny environment."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -27,11 +28,33 @@ from pytest_accelperf.envs.cache import (
 )
 from pytest_accelperf.envs.uv import UV_ENV, find_uv, said
 
+#: Where a fake environment's packages are (as uv venv makes it on Linux).
+SITE = "lib/python3.11/site-packages"
+
+
+def _installed(site: Path, requirement: str) -> None:
+    """A distribution's metadata in ``site``, at the version a requirement pins (else the
+    session's)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    req = Requirement(requirement)
+    pins = [s.version for s in req.specifier if s.operator == "=="]
+    try:
+        version = pins[0] if pins else metadata.version(req.name)
+    except metadata.PackageNotFoundError:
+        version = "1.0"
+    info = site / f"{req.name}-{version}.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {req.name}\n"
+                                   f"Version: {version}\n")
+
 
 class FakeUv:
     """``run_uv`` as the cache calls it: ``venv`` makes a folder with a ``bin/python``
-    link to this interpreter; ``pip install`` writes the requirements into it, or fails
-    (``fail``) after writing half of them."""
+    link to this interpreter; ``pip install`` writes the requirements' metadata into its
+    site-packages, or fails (``fail``) after writing half of them."""
 
     def __init__(self, fail: str = "", delay: float = 0.0) -> None:
         self.calls: list[list[str]] = []
@@ -44,13 +67,17 @@ class FakeUv:
             venv = Path(args[-1])
             (venv / "bin").mkdir(parents=True)
             (venv / "bin" / "python").symlink_to(sys.executable)
-            (venv / "site").mkdir()
+            (venv / SITE).mkdir(parents=True)
             return ""
         time.sleep(self.delay)
         python = Path(args[args.index("--python") + 1])
-        (python.parent.parent / "site" / "half-installed").write_text("x")
+        (python.parent.parent / SITE / "half-installed").write_text("x")
         if self.fail:
             raise EnvError(f"{what}: uv said: {self.fail}")
+        rest = args[args.index(str(python)) + 1:]
+        for before, requirement in zip(["", *rest], rest, strict=False):
+            if not requirement.startswith("-") and before != "--constraint":
+                _installed(python.parent.parent / SITE, requirement)
         return ""
 
 
@@ -95,6 +122,45 @@ def test_a_build_is_renamed_into_place_once_finished_and_found_warm_after(
     assert "built cold in" in env.describe()
 
 
+@pytest.mark.parametrize(("damage", "why"), [
+    (lambda env: (env.path / "bin" / "python").unlink(),
+     r"its interpreter \S+/bin/python does not run: No such file or directory"),
+    (lambda env: shutil.rmtree(env.path / SITE / "jax-0.8.3.dist-info"), r"it lacks jax==0.8.3"),
+    (lambda env: (env.path / META).write_text(json.dumps(
+        {**json.loads((env.path / META).read_text()), "python_version": "3.10.0 (main)"})),
+     r"its interpreter is Python 3\.\d+\.\d+\S*, built with 3\.10\.0"),
+])
+def test_a_broken_entry_is_rebuilt_and_says_so_in_one_line(
+        tmp_path: Path, fake: FakeUv, damage: Any, why: str) -> None:
+    """The issue's input: the base's environment built into the cache, then its
+    bin/python removed (as an upgrade of the Python a uv venv links to does): the next
+    session crashed at the worker's start (FileNotFoundError). The entry is checked before
+    use, and rebuilt."""
+    env = build_env(["jax==0.8.3"], over=(), root=tmp_path)
+    assert build_env(["jax==0.8.3"], over=(), root=tmp_path).rebuilt == ""
+    damage(env)
+    again = build_env(["jax==0.8.3"], over=(), root=tmp_path)
+    assert again.built and again.key == env.key and again.python.exists()
+    assert [c[0] for c in fake.calls] == ["venv", "pip", "venv", "pip"]
+    line = again.describe()
+    assert "\n" not in line
+    assert re.fullmatch(rf"environment {env.key} \(jax==0\.8\.3\), rebuilt in \d+\.\d s: the "
+                        rf"cached one was broken \({why}\)", line), line
+    assert not list(tmp_path.glob(".tmp-*")), "the broken entry is gone"
+    assert build_env(["jax==0.8.3"], over=(), root=tmp_path).built is False
+
+
+def test_the_key_holds_the_base_interpreters_version(tmp_path: Path, fake: FakeUv,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upgraded Python at the same path gets an entry of its own."""
+    with pytest.raises(EnvError, match=r"^the interpreter /nonexistent/python does not run"):
+        cache.interpreter_version("/nonexistent/python")
+    assert cache.interpreter_identity("/py", "3.11.7") == "/py 3.11.7"
+    first = build_env(["jax==0.8.3"], over=(), root=tmp_path)
+    monkeypatch.setattr(cache, "interpreter_version", lambda python: "3.11.99 (upgraded)")
+    assert build_env(["jax==0.8.3"], over=(), root=tmp_path).key != first.key
+
+
 def test_a_standalone_environment_gets_the_plugins_dependencies(tmp_path: Path,
                                                                  fake: FakeUv) -> None:
     env = build_env(["jax==0.8.3"], root=tmp_path)
@@ -117,7 +183,7 @@ def test_a_build_that_fails_halfway_leaves_no_entry(tmp_path: Path,
 
 def test_a_build_that_was_killed_is_cleared_by_the_next_build_of_its_key(
         tmp_path: Path, fake: FakeUv) -> None:
-    key = env_key(["jax==0.8.3"], cache._interpreter(None), ())
+    key = env_key(["jax==0.8.3"], cache.interpreter_identity(cache._interpreter(None)), ())
     stale = tmp_path / f".tmp-{key}-abcdefgh"
     (stale / "env").mkdir(parents=True)
     env = build_env(["jax==0.8.3"], over=(), root=tmp_path)
