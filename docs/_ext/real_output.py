@@ -62,8 +62,8 @@ def _pytest_help_group() -> str:
     return "$ pytest --help   # the accelperf group\n" + "\n".join(lines[start:end]) + "\n"
 
 
-CLI_COMMANDS = ("", "baselines show", "baselines diff", "baselines accept", "baselines prune",
-                "report", "history changes", "bisect", "schema")
+CLI_COMMANDS = ("", "baselines show", "baselines check", "baselines diff", "baselines accept",
+                "baselines prune", "report", "history changes", "bisect", "schema")
 
 
 def _accelperf_help() -> str:

@@ -3,6 +3,7 @@
 ::
 
     accelperf baselines show [PATTERN ...]          what is stored, one row per case
+    accelperf baselines check                       every block validated whole
     accelperf baselines diff OLD NEW                two stores, or a JSON report against a store
     accelperf baselines accept REPORT --case PAT    store cases of a CI report without re-running
     accelperf baselines prune [PYTEST ARGS ...]     drop cases that are no longer collected
@@ -68,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the baseline store (default: [tool.accelperf] baselines of "
                             "./pyproject.toml, else baselines/)")
 
-    base = sub.add_parser("baselines", help="show, diff, accept or prune stored baselines")
+    base = sub.add_parser("baselines", help="show, check, diff, accept or prune stored "
+                                            "baselines")
     bsub = base.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     show = bsub.add_parser("show", help="list stored cases with their headline numbers")
@@ -78,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only cases matching (node id, test[case] or case id; * and ? "
                            "are wildcards)")
     show.set_defaults(func="baselines:cmd_show")
+
+    check = bsub.add_parser("check", help="validate every block of the store whole, as the "
+                                          "gate and the writers do (show and diff validate "
+                                          "only the fields they show)")
+    store_arg(check)
+    check.add_argument("--platform", help="only this platform (e.g. cpu-x8)")
+    check.set_defaults(func="baselines:cmd_check")
 
     diff = bsub.add_parser("diff", help="compare two stores, or a JSON report with a store")
     diff.add_argument("old", type=Path, metavar="OLD", help="a store directory or JSON report")

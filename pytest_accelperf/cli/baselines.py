@@ -13,23 +13,10 @@ import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
-
-import pytest
-from tabulate import tabulate
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pytest_accelperf.cli.common import CliError, read_file
-from pytest_accelperf.collect.nodeids import OUTPUT_ENV
-from pytest_accelperf.gate.options import BY_KEY, read_pyproject_table
-from pytest_accelperf.records.run import Run
-from pytest_accelperf.report.data import CaseRecord
-from pytest_accelperf.report.loading import (
-    ReportFileError,
-    case_line,
-    check_stored_block,
-    load_report,
-)
-from pytest_accelperf.report.terminal import fmt_value
+from pytest_accelperf.stats.units import fmt_value
 from pytest_accelperf.store.baselines import (
     BaselineError,
     BaselineStore,
@@ -38,14 +25,23 @@ from pytest_accelperf.store.baselines import (
     module_key,
     read,
 )
+from pytest_accelperf.store.fields import Fields
 from pytest_accelperf.store.jsonfile import gc_paused
-from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline, unrecordable
-from pytest_accelperf.store.summary import summarize
 
+if TYPE_CHECKING:
+    from pytest_accelperf.report.data import CaseRecord
+
+# `show` and `diff` over a store import the store's reader and the fields they read
+# (HEADLINE), nothing else: pytest, the options table, the reports, the runs and the
+# checks are imported by the commands and the helpers that use them.
 
 # -- the store, its blocks and their headline numbers ------------------------------------------
 def default_store() -> Path:
     """``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines``."""
+    import pytest
+
+    from pytest_accelperf.gate.options import BY_KEY, read_pyproject_table
+
     try:
         table = read_pyproject_table(Path.cwd())
     except pytest.UsageError as exc:
@@ -71,35 +67,46 @@ def _platforms(root: Path, only: str | None) -> list[str]:
     return [only]
 
 
-def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool = False
+#: What ``show`` and ``diff`` read of a block (:func:`_headline`): only these fields are
+#: validated (whole blocks: ``accelperf baselines check``, the gate and every writer).
+HEADLINE = Fields(("outcome", "samples_per_second", "step_time.median", "input.median",
+                   "loss.final", "memory.peak", "compile_time", "max_batch.value",
+                   "recorded_at"))
+
+
+def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool = False,
+                fields: Fields | None = None
                 ) -> list[tuple[str, str, Mapping[str, Mapping[str, object]]]]:
     """``[(platform, module key, {case key: block})]`` of every baseline file under
     ``root``; a CliError that lists every file that does not parse and every invalid block
     (each naming its file, line, case and field), or, with ``invalid_blocks``, those blocks
-    as they are."""
+    as they are. With ``fields``, only those fields of each block are read and validated
+    (:class:`~pytest_accelperf.store.fields.Fields`)."""
     errors: list[str] = []
     with gc_paused():  # a tree of JSON has no cycles to collect (see gc_paused)
-        out = list(iter_store(root, platform, errors, invalid_blocks=invalid_blocks))
+        out = list(iter_store(root, platform, errors, invalid_blocks=invalid_blocks,
+                              fields=fields))
     if errors:
         raise CliError("\n".join(errors))
     return out
 
 
 def iter_store(root: Path, platform: str | None, errors: list[str], *,
-               invalid_blocks: bool = False
+               invalid_blocks: bool = False, fields: Fields | None = None
                ) -> Iterator[tuple[str, str, Mapping[str, Mapping[str, object]]]]:
     """:func:`store_files` one file at a time, so that a caller that keeps only a summary
     of each holds one file in memory; the errors are appended to ``errors`` (raise them
     when the walk is done). The blocks are those the schema accepts (the store's read,
-    :func:`pytest_accelperf.store.baselines.read`); with ``invalid_blocks`` the invalid ones too,
-    as they are, and no error for them."""
+    :func:`pytest_accelperf.store.baselines.read`: whole, or with ``fields`` only those
+    fields); with ``invalid_blocks`` the invalid ones too, as they are, and no error for
+    them."""
     for name in _platforms(root, platform):
         base = root / name
         for path in sorted(base.rglob("*.json")):
             if not path.is_file():
                 continue
             try:
-                bf = read(path, name)
+                bf = read(path, name, fields)
             except BaselineError as exc:
                 errors.append(str(exc))
                 continue
@@ -113,12 +120,12 @@ def iter_store(root: Path, platform: str | None, errors: list[str], *,
             yield name, module, blocks
 
 
-def store_blocks(root: Path, platform: str | None = None
+def store_blocks(root: Path, platform: str | None = None, fields: Fields | None = None
                  ) -> dict[tuple[str, str], Mapping[str, object]]:
     """``{(platform, nodeid): block}`` of every baseline file under ``root`` (a CliError
-    naming every file or block that is invalid)."""
+    naming every file or block that is invalid); with ``fields``, only those fields."""
     return {(name, f"{module}.py::{key}"): block
-            for name, module, blocks in store_files(root, platform)
+            for name, module, blocks in store_files(root, platform, fields=fields)
             for key, block in blocks.items()}
 
 
@@ -139,6 +146,9 @@ def matches(pattern: re.Pattern[str], nodeid: str) -> bool:
 def _block_of(record: CaseRecord) -> dict[str, Any]:
     """What --accelperf-update would have stored for this record: its ``block`` when the
     session was an update, else ``summarize`` of the run the report carries in full."""
+    from pytest_accelperf.records.run import Run
+    from pytest_accelperf.store.summary import summarize
+
     if record.block is not None:
         return record.block
     try:
@@ -149,6 +159,8 @@ def _block_of(record: CaseRecord) -> dict[str, Any]:
 
 
 def _load(path: Path) -> list[CaseRecord]:
+    from pytest_accelperf.report.loading import ReportFileError, load_report
+
     try:
         return load_report(path)[0].records
     except ReportFileError as exc:
@@ -199,18 +211,21 @@ def columns(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
     spaces apart, a column at least two wider than its header, a rule of dashes under the
     headers, no trailing spaces). Linear in the cells: tabulate infers each cell's type and
     strips colour codes, half the time of ``show`` over a 10,000-case store."""
-    cells = [[str(cell).strip() for cell in row] for row in rows]
-    widths = [len(h) + 2 for h in headers]
-    for row in cells:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
-
-    def line(row: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, cells)])
+    cells = [list(map(str.strip, map(str, row))) for row in rows]
+    by_column = zip(*cells, strict=True) if cells else [() for _ in headers]
+    widths = [max([len(h) + 2, *map(len, column)])
+              for h, column in zip(headers, by_column, strict=True)]
+    # One format per line (C-level), not a join of padded cells per row.
+    layout = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(layout.format(*row).rstrip()
+                     for row in [headers, ["-" * w for w in widths], *cells])
 
 
 # -- baselines show ----------------------------------------------------------------------------
+#: The headline numbers ``show`` has a column for (:func:`_headline`), in their order.
+_SHOWN = ("outcome", "throughput", "step time", "final loss", "peak memory")
+
+
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     root = _store_root(args.baselines)
     patterns = [compile_pattern(p) for p in args.patterns]
@@ -219,14 +234,15 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     # One file at a time: only the rows are kept, not every block of the store; a tree of
     # JSON has no cycles, so the collector is paused for the walk (see gc_paused).
     with gc_paused():
-        for platform, module, blocks in iter_store(root, args.platform, errors):
+        for platform, module, blocks in iter_store(root, args.platform, errors,
+                                                   fields=HEADLINE):
             for key, block in blocks.items():
                 nodeid = f"{module}.py::{key}"
                 if patterns and not any(matches(p, nodeid) for p in patterns):
                     continue
-                head = {label: _fmt(value, unit) for label, value, unit in _headline(block)}
-                rows.append((platform, nodeid, head["outcome"], head["throughput"],
-                             head["step time"], head["final loss"], head["peak memory"],
+                head = {label: (value, unit) for label, value, unit in _headline(block)}
+                rows.append((platform, nodeid,
+                             *(_fmt(*head[label]) for label in _SHOWN),
                              str(block.get("recorded_at", "-"))))
     if errors:
         raise CliError("\n".join(errors))
@@ -240,12 +256,32 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+# -- baselines check ---------------------------------------------------------------------------
+def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    """Every block of the store validated whole (the store's read, as the gate reads a
+    baseline): exit 1 with every file that does not parse and every invalid block, each
+    naming its file, line, case and field."""
+    root = _store_root(args.baselines)
+    files = cases = 0
+    errors: list[str] = []
+    with gc_paused():
+        for _, _, blocks in iter_store(root, args.platform, errors):
+            files += 1
+            cases += len(blocks)
+    if errors:
+        raise CliError("\n".join(errors))
+    out.write(f"{cases} case(s) in {files} file(s) valid in {root}\n")
+    return 0
+
+
 # -- baselines diff ----------------------------------------------------------------------------
 def _side(path: Path, platform: str | None
           ) -> tuple[dict[tuple[str, str], Mapping[str, object]], bool]:
     """The blocks of a store directory or of a JSON report; True when it is a report."""
+    from pytest_accelperf.report.loading import ReportFileError, check_stored_block
+
     if path.is_dir():
-        return store_blocks(path, platform), False
+        return store_blocks(path, platform, HEADLINE), False
     if not path.exists():
         raise CliError(f"{path}: neither a baseline store directory nor a JSON report")
     blocks: dict[tuple[str, str], Mapping[str, object]] = {}
@@ -297,6 +333,8 @@ def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
     rows, same = diff_rows(old, new, show_removed=not (old_is_report or new_is_report))
     if old_is_report and not new_is_report:
         rows = [r for r in rows if r[1] != "(added)"]
+    from tabulate import tabulate
+
     if rows:
         out.write(tabulate(rows, headers=("case", "metric", str(args.old), str(args.new),
                                           "change"), disable_numparse=True) + "\n")
@@ -334,6 +372,9 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
     then what :func:`unrecordable` reads."""
     # Where it would be written, first: an absolute or climbing node id or platform is
     # refused here, naming the field, before any other part of the case is read.
+    from pytest_accelperf.records.run import Run
+    from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline, unrecordable
+
     BaselineStore(root, record.platform).path_for(record.nodeid)
     try:
         run = Run.from_json(record.run)
@@ -361,6 +402,9 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
 
 
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
+    from pytest_accelperf.report.loading import case_line
+    from pytest_accelperf.store.recordable import not_cleared_by_a_baseline
+
     records = _load(args.report)
     if not args.case and not args.all:
         raise CliError("choose the cases to accept: --case PATTERN (repeatable; * and ? are "
@@ -418,6 +462,8 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
 def collected_nodeids(pytest_args: Sequence[str]) -> tuple[set[str], Path]:
     """The node ids ``pytest --collect-only`` collects here (deselected ones included) and
     pytest's rootdir, which they are relative to (:mod:`pytest_accelperf.collect.nodeids`)."""
+    from pytest_accelperf.collect.nodeids import OUTPUT_ENV
+
     with tempfile.TemporaryDirectory(prefix="accelperf-prune-") as tmp:
         listing = Path(tmp) / "nodeids.json"
         cmd = [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",

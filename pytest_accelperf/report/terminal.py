@@ -16,25 +16,9 @@ from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.stats.bootstrap import MIN_SESSIONS
 from pytest_accelperf.stats.family import SuiteVerdict, Tally
-from pytest_accelperf.stats.units import fmt_bytes, fmt_flops
+from pytest_accelperf.stats.units import fmt_value as fmt_value
 
 HEADERS = ("case", "metric", "baseline", "now", "change", "verdict")
-
-
-def fmt_value(value: float | None, unit: str) -> str:
-    if value is None:
-        return "-"
-    if unit == "bytes":
-        return fmt_bytes(int(value))
-    if unit == "samples/s":
-        return f"{value:,.1f}/s"
-    if unit == "s":  # a compile time: 18.02 ms, 2.34 s
-        return f"{value * 1e3:.2f} ms" if abs(value) < 1 else f"{value:.2f} s"
-    if unit == "flop":
-        return fmt_flops(value)
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.4g}"
 
 
 def fmt_change(check: CheckResult) -> str:

@@ -66,6 +66,24 @@ def fmt_flops(n: float) -> str:
     return f"{n:.0f} FLOP"
 
 
+def fmt_value(value: float | None, unit: str) -> str:
+    """``value`` in ``unit`` as the reports and ``accelperf baselines`` show it (``-`` for
+    none): bytes as MiB/GiB, samples/s, a step's seconds as ms, FLOPs, else 4 digits."""
+    if value is None:
+        return "-"
+    if unit == "bytes":
+        return fmt_bytes(int(value))
+    if unit == "samples/s":
+        return f"{value:,.1f}/s"
+    if unit == "s":  # a compile time: 18.02 ms, 2.34 s
+        return f"{value * 1e3:.2f} ms" if abs(value) < 1 else f"{value:.2f} s"
+    if unit == "flop":
+        return fmt_flops(value)
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
 def fmt_percent(x: float, digits: int = 1) -> str:
     """A fraction as a percentage, no sign added: ``0.1 -> '10.0%'``.
 

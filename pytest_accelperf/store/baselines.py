@@ -42,23 +42,21 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from filelock import FileLock, Timeout
 from pydantic import ValidationError
 
-from pytest_accelperf.checks.numerics import compact, compactable
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.store import jsonfile
-from pytest_accelperf.store.block import Block, read_block
 from pytest_accelperf.store.jsonfile import atomic_write
-from pytest_accelperf.store.schema import (
-    BaselineHeader,
-    block_model,
-    error_lines,
-    invalid_blocks,
-    validate_block,
-)
+
+if TYPE_CHECKING:
+    from pytest_accelperf.store.block import Block
+    from pytest_accelperf.store.fields import Fields
+
+# The schema (pydantic models of every block section, of reports; the checks' table for
+# the sections they add), the numerics check and filelock are imported where they are
+# used: `accelperf baselines show` reads blocks through Fields and needs none of them.
 
 __all__ = [
     "LOCK_NAME",
@@ -180,8 +178,15 @@ class BaselineFile:
     invalid: dict[str, InvalidBlock] = field(default_factory=dict)
     #: Top-level keys this version does not know (a newer one wrote them): kept.
     extra: dict[str, Any] = field(default_factory=dict)
+    #: The :class:`~pytest_accelperf.store.fields.Fields` its blocks were read for (each
+    #: block only those fields, validated), or None: whole blocks, validated whole. A file
+    #: read for some fields is never written back (:meth:`to_text`).
+    fields: Fields | None = None
 
     def to_text(self) -> str:
+        if self.fields is not None:
+            raise ValueError(f"{self.path}: read for the fields {self.fields.paths}, not "
+                             f"whole: it cannot be written back")
         cases: dict[str, Any] = {k: v.raw for k, v in self.invalid.items()}
         cases.update(self.cases)
         data = {**self.extra, "schema_version": SCHEMA_VERSION, "platform": self.platform,
@@ -197,6 +202,8 @@ def _field_errors(exc: ValidationError, text: str, path: list[str | int],
                   start: int | None = None) -> tuple[int, str]:
     """``(position of the first error's field, "field: what is wrong; ...")``; ``path``
     leads to the validated value (from ``start``, its position, when given)."""
+    from pytest_accelperf.store.schema import error_lines
+
     lines = error_lines(exc)
     first = lines[0][0] if lines else ()
     pos = jsonfile.position(text, [*path, *first], start=start)
@@ -208,8 +215,10 @@ def _shown(lines: list[tuple[tuple[str | int, ...], str]]) -> str:
                      for loc, msg in lines)
 
 
-def parse(path: Path, text: str) -> BaselineFile:
-    """Parse and validate the text of a baseline file.
+def parse(path: Path, text: str, fields: Fields | None = None) -> BaselineFile:
+    """Parse and validate the text of a baseline file: whole blocks, or with ``fields``,
+    only those fields of each block (:class:`~pytest_accelperf.store.fields.Fields`;
+    the file itself, its JSON, its header and its keys, is checked as for whole blocks).
 
     A file that does not parse raises :class:`BaselineError`; blocks that do not validate
     are kept in :attr:`BaselineFile.invalid` with their error (raised when the case is read).
@@ -219,10 +228,12 @@ def parse(path: Path, text: str) -> BaselineFile:
     an error, by one more pass over the text.
     """
     with jsonfile.gc_paused():
-        return _parse(path, text)
+        return _parse(path, text, fields)
 
 
-def _parse(path: Path, text: str) -> BaselineFile:
+def _parse(path: Path, text: str, fields: Fields | None = None) -> BaselineFile:
+    from pytest_accelperf.store.schema import BaselineHeader, invalid_blocks
+
     try:
         data = jsonfile.loads(text)
     except jsonfile.JsonFileError as exc:
@@ -251,7 +262,7 @@ def _parse(path: Path, text: str) -> BaselineFile:
         raise BaselineError(f"{path}:{line}: not a baseline file: {shown}. {_UNTOUCHED}: "
                             f"restore it (git checkout -- {path}) or fix it") from None
     raw_cases: dict[str, Any] = data["cases"]
-    bad = invalid_blocks(raw_cases)
+    bad = invalid_blocks(raw_cases) if fields is None else fields.invalid(raw_cases)
     cases: dict[str, dict[str, Any]] = (
         {k: v for k, v in raw_cases.items() if k not in bad} if bad else raw_cases)
     invalid: dict[str, InvalidBlock] = {}
@@ -268,12 +279,17 @@ def _parse(path: Path, text: str) -> BaselineFile:
                 f"invalid block and keeps the file's other cases)"))
     extra = {k: v for k, v in data.items() if k not in ("schema_version", "platform", "cases")}
     return BaselineFile(path=path, platform=header.platform, cases=cases, invalid=invalid,
-                        extra=extra)
+                        extra=extra, fields=fields)
 
 
-def read(path: Path, platform: str = "") -> BaselineFile:
+def read(path: Path, platform: str = "", fields: Fields | None = None) -> BaselineFile:
     """The baseline file at ``path`` (an empty one if there is none). A file that cannot be
-    read or does not parse is a :class:`BaselineError` naming it."""
+    read or does not parse is a :class:`BaselineError` naming it.
+
+    With ``fields``, each block holds only those fields, validated
+    (:class:`~pytest_accelperf.store.fields.Fields`): the file is read by one pydantic call
+    over its bytes when it is clean (:meth:`~pytest_accelperf.store.fields.Fields.read`),
+    else as :func:`parse` reads it, which names what is wrong."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -284,6 +300,10 @@ def read(path: Path, platform: str = "") -> BaselineFile:
     except OSError as exc:
         raise BaselineError(f"{path}: cannot read the baseline file: {exc.strerror or exc}; "
                             f"{_UNTOUCHED}") from None
+    if fields is not None:
+        found = fields.read(data)
+        if found is not None:
+            return BaselineFile(path=path, platform=platform, cases=found, fields=fields)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -292,7 +312,7 @@ def read(path: Path, platform: str = "") -> BaselineFile:
             f"{path}:{line}: corrupt baseline file: not UTF-8 (byte 0x{data[exc.start]:02x} "
             f"at offset {exc.start}). {_UNTOUCHED}: restore it (git checkout -- {path}), or "
             f"delete it and re-record with --accelperf-update") from None
-    return parse(path, text)
+    return parse(path, text, fields)
 
 
 def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
@@ -304,6 +324,9 @@ def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
     A run's per-leaf parameter fingerprint (with a sketch per leaf) is stored in its
     compact form (:func:`pytest_accelperf.checks.numerics.compact`: one number per leaf, a
     structure hash and tags); a block recorded before keeps the form it has."""
+    from pytest_accelperf.checks.numerics import compact, compactable
+    from pytest_accelperf.store.schema import error_lines, validate_block
+
     if isinstance(block, Mapping) and compactable(block.get("numerics")):
         block = {**block, "numerics": compact(block["numerics"])}
     try:
@@ -371,12 +394,19 @@ class BaselineStore:
         if key in loaded.invalid:
             raise InvalidBlockError(loaded.invalid[key].message)
         found = loaded.cases.get(key)
-        return None if found is None else read_block(found, block_model())
+        if found is None:
+            return None
+        from pytest_accelperf.store.block import read_block
+        from pytest_accelperf.store.schema import block_model
+
+        return read_block(found, block_model())
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """The store's write lock (``<store>/.lock``), with the ``.gitignore`` that keeps it
         out of ``git status``."""
+        from filelock import FileLock, Timeout
+
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             ignore = self.root / ".gitignore"
