@@ -16,7 +16,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Listener
 from pathlib import Path
@@ -48,8 +48,10 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import build_env, session_site
 from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
-from pytest_accelperf.envs.stack import check_python, stack_change, stack_changes
+from pytest_accelperf.envs.stack import STACK_PACKAGES, check_python
 from pytest_accelperf.git import GitError
+from pytest_accelperf.provision.fingerprint import LIBRARY_DISTRIBUTIONS, stack_words
+from pytest_accelperf.provision.fingerprint import stack_changes as fingerprint_stack_changes
 from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import ab_ratio
@@ -98,6 +100,17 @@ def round_orders(rng: random.Random) -> tuple[bool, bool]:
     return base_first, not base_first
 
 
+def _as_environment(stack: Mapping[str, str], packages: Collection[str]) -> dict[str, object]:
+    """A worker's stack (``{"python": ..., "jax": ..., "nvidia-cudnn-cu12": ...}``) in
+    the fingerprint's shape: Python, ``packages`` among its packages, and its accelerator
+    libraries under the names the fingerprint gives them."""
+    return {"python": stack.get("python"),
+            "packages": {k: v for k, v in stack.items()
+                         if k in packages and k not in LIBRARY_DISTRIBUTIONS},
+            "libraries": {LIBRARY_DISTRIBUTIONS[k]: v for k, v in stack.items()
+                          if k in LIBRARY_DISTRIBUTIONS}}
+
+
 class Comparison:
     """The session's A/B setup: the base tree and the two workers (started lazily).
 
@@ -110,9 +123,13 @@ class Comparison:
     def __init__(self, ref: str | None, rootdir: Path, accel: str, cpu_devices: int,
                  platform: str | None, processes: int = 1, python: str | None = None,
                  notify: Callable[[str], None] | None = None,
-                 prepare_timeout: float = PREPARE_TIMEOUT_S) -> None:
+                 prepare_timeout: float = PREPARE_TIMEOUT_S,
+                 hook_packages: Sequence[str] = ()) -> None:
         self.ref = ref
         self.python = python
+        #: The packages the ``pytest_accelperf_environment`` hook adds: in every case's
+        #: stack, as in stored mode.
+        self.hook_packages = tuple(hook_packages)
         if ref is not None:
             self.root, self.sha = resolve(rootdir, ref)
         else:
@@ -160,21 +177,24 @@ class Comparison:
         under = f" under {self.python}" if self.python and not self._is_session_python() else ""
         return f"{self.ref} ({self.sha[:10]}){under}"
 
-    def stack_change(self) -> str:
-        """How the head's stack differs from the base's (``stack: jax 0.8.3 → 0.10.2``),
-        or ``""``."""
-        if len(self.stacks) < 2:
-            return ""
-        return stack_change(self.stacks["base"], self.stacks["head"])
+    def stack_change(self, backend: BackendSpec | None = None) -> str:
+        """How the head's stack differs from the base's as a case of ``backend`` sees it
+        (``stack: jax 0.8.3 → 0.10.2``), or ``""``."""
+        return stack_words(self.stack_changes(backend))
 
-    def stack_changes(self) -> list[str]:
+    def stack_changes(self, backend: BackendSpec | None = None) -> list[str]:
         """:meth:`stack_change`, one package a phrase (``["jax 0.8.3 → 0.10.2"]``), what
         the checks of the base arm's record name (:func:`~pytest_accelperf.ab.verdict.
-        ab_record_checks`)."""
+        ab_record_checks`). As in stored mode (:func:`~pytest_accelperf.provision.
+        fingerprint.stack_changes`), only what the case's ``backend`` declares counts of
+        the framework packages (None: all), with Python, the accelerator's libraries, the
+        packages an environment built for the base installed, and the hook's packages."""
         if len(self.stacks) < 2:
             return []
-        return stack_changes(self.stacks["base"], self.stacks["head"])
-
+        kept = {*(backend.packages if backend is not None and backend.packages is not None
+                  else STACK_PACKAGES), *self._installed, *self.hook_packages}
+        base, head = (_as_environment(self.stacks[arm], kept) for arm in ("base", "head"))
+        return fingerprint_stack_changes(head, base, known=())
     def revision(self, arm: str) -> str:
         """What ``arm`` runs, as messages name it."""
         return self.label if arm == "base" else "the working tree"
@@ -267,7 +287,8 @@ class Comparison:
         finally:
             listener.close()
         first = self._pairs[0]
-        self.stacks = {arm: first[arm].call(BLOCK_TIMEOUT_S, "stack", self._installed)
+        self.stacks = {arm: first[arm].call(BLOCK_TIMEOUT_S, "stack",
+                                            [*self._installed, *self.hook_packages])
                        for arm in first}
 
     def _revive(self) -> None:

@@ -1,7 +1,9 @@
 """The *stack* of a Python environment: Python and the framework packages, each with its
-version (:func:`stack_versions`, run by an A/B worker in its own environment); the words
-for two stacks that differ (:func:`stack_change`); and the check of an interpreter given
-with ``--accelperf-compare-python`` (:func:`check_python`).
+version (:func:`stack_versions`, run by an A/B worker in its own environment), and the
+check of an interpreter given with ``--accelperf-compare-python`` (:func:`check_python`).
+Two stacks are told apart in the fingerprint's words
+(:func:`pytest_accelperf.provision.fingerprint.stack_changes`, as
+:meth:`pytest_accelperf.ab.rounds.Comparison.stack_changes` calls it).
 
 This module imports nothing of the plugin's but :mod:`pytest_accelperf.envs` and no
 framework: an A/B worker calls it before it imports one.
@@ -38,31 +40,6 @@ def stack_versions(packages: Iterable[str] = STACK_PACKAGES) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue
     return out
-
-
-def stack_change(base: Mapping[str, str], head: Mapping[str, str]) -> str:
-    """How the head's stack differs from the base's, or ``""`` when they are the same.
-
-    >>> stack_change({"jax": "0.8.3", "jaxlib": "0.8.3", "numpy": "2.4.6"},
-    ...              {"jax": "0.10.2", "jaxlib": "0.10.2", "numpy": "2.4.6"})
-    'stack: jax 0.8.3 → 0.10.2, jaxlib 0.8.3 → 0.10.2'
-    >>> stack_change({"python": "3.11.7"}, {"python": "3.12.1", "flax": "0.12.8"})
-    'stack: python 3.11.7 → 3.12.1, flax (none) → 0.12.8'
-    """
-    changes = stack_changes(base, head)
-    return f"stack: {', '.join(changes)}" if changes else ""
-
-
-def stack_changes(base: Mapping[str, str], head: Mapping[str, str]) -> list[str]:
-    """How the head's stack differs from the base's, one package a phrase (what
-    :func:`stack_change` joins, and what a check's ``data["stack"]`` holds).
-
-    >>> stack_changes({"jax": "0.8.3", "numpy": "2.4.6"}, {"jax": "0.10.2", "numpy": "2.4.6"})
-    ['jax 0.8.3 → 0.10.2']
-    """
-    order = [*dict.fromkeys([*base, *head])]
-    return [f"{name} {base.get(name, '(none)')} \u2192 {head.get(name, '(none)')}"
-            for name in order if base.get(name) != head.get(name)]
 
 
 _PROBE = """

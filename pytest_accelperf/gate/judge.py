@@ -41,6 +41,7 @@ from pytest_accelperf.ab.verdict import (
     record_not_compared,
 )
 from pytest_accelperf.backends.protocol import TrainResult
+from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.records.run import Run
@@ -294,6 +295,8 @@ class ABComparison:
     max_foreign_load: float
     tolerances: Tolerances
     loss_either_way: bool = False
+    #: The case's backend: only the framework packages it declares count in the stack.
+    spec: BackendSpec | None = None
 
     @property
     def program_tolerance(self) -> float:
@@ -311,7 +314,8 @@ class ABComparison:
             check = ab_check(comparison.label, measured, evaluated.run.samples_per_step,
                              self.tolerance, self.block, max_foreign_load=self.max_foreign_load,
                              program_tolerance=self.program_tolerance,
-                             stack=comparison.stack_change(), stacks=comparison.stacks,
+                             stack=comparison.stack_change(self.spec),
+                             stacks=comparison.stacks,
                              environment=comparison.base_env)
         elif status == "absent":
             check = new_in_head(comparison.label, why, stored)
@@ -332,7 +336,7 @@ class ABComparison:
         label = comparison.label
         ab = ab_record_checks(label, measured, judged.run, judged.block, self.tolerances,
                               loss_either_way=self.loss_either_way,
-                              stack=tuple(comparison.stack_changes()),
+                              stack=tuple(comparison.stack_changes(self.spec)),
                               max_foreign_load=self.max_foreign_load)
         for result in ab.values():
             judged = judged.with_check(result)

@@ -325,7 +325,7 @@ class CaseRunner:
                 comparison=self._session.comparison, rounds=self._ab_rounds,
                 tolerance=settings.compare_tolerance, block=settings.compare_block,
                 max_foreign_load=settings.max_foreign_load, tolerances=self._tolerances(),
-                loss_either_way=settings.loss_either_way)
+                loss_either_way=settings.loss_either_way, spec=self.spec)
         if settings.update:
             return Recording(lambda: remeasure(RECORDING_WINDOWS), settings.confirm,
                              settings.max_foreign_load, self._noise)

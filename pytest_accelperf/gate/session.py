@@ -66,8 +66,17 @@ class AccelperfSession:
                                           processes=s.compare_pairs,
                                           python=s.compare_python,
                                           notify=functools.partial(say, self.config),
-                                          prepare_timeout=s.compare_prepare_timeout)
+                                          prepare_timeout=s.compare_prepare_timeout,
+                                          hook_packages=self._hook_packages())
         return self._comparison
+
+    def _hook_packages(self) -> list[str]:
+        """The packages the ``pytest_accelperf_environment`` hook added to the session's
+        environment: those no backend declares."""
+        packages = self.environment.to_json().get("packages")
+        known = self.backends().packages()
+        return sorted(k for k in (packages if isinstance(packages, dict) else {})
+                      if k not in known)
 
     def backends(self) -> BackendRegistry:
         """The backends of this session: what every ``pytest_accelperf_backends``

@@ -138,20 +138,36 @@ class SessionReport:
         0.10.2", ...), 12)]``, the commonest first; empty when every baseline was recorded
         on this stack."""
         counter: Counter[tuple[str, ...]] = Counter()
-        for record in self.records:
-            found = next((c.data["stack"] for c in record.checks
-                          if isinstance(c.data.get("stack"), list)), None)
-            if found:
-                counter[tuple(str(x) for x in found)] += 1
+        for (changes, _), n in self._stacks_against().items():
+            counter[changes] += n
         return counter.most_common()
 
+    def _stacks_against(self) -> Counter[tuple[tuple[str, ...], str]]:
+        """Per stack change and what it was judged against (A/B mode's base arm, ``""``:
+        the stored baselines), how many cases."""
+        counter: Counter[tuple[tuple[str, ...], str]] = Counter()
+        for record in self.records:
+            found = next((c for c in record.checks if isinstance(c.data.get("stack"), list)),
+                         None)
+            if found is not None and found.data["stack"]:
+                against = found.data.get("against") if found.data.get("mode") == "ab" else ""
+                counter[tuple(str(x) for x in found.data["stack"]),
+                        str(against or "")] += 1
+        return counter
+
     def stack_lines(self) -> list[str]:
-        """One line per stack change (:meth:`stacks`): ``stack: jax 0.8.3 → 0.10.2,
-        jaxlib 0.8.3 → 0.10.2 (against the baselines of 3 cases; judged, not
-        incomparable)``."""
-        return [f"stack: {', '.join(changes)} (against the baselines of {n} "
-                f"case{'s' if n != 1 else ''}; judged, not incomparable)"
-                for changes, n in self.stacks()]
+        """One line per stack change (:meth:`stacks`) and what it was judged against:
+        ``stack: jax 0.8.3 → 0.10.2, jaxlib 0.8.3 → 0.10.2 (against the baselines of 3
+        cases; judged, not incomparable)``; in A/B mode ``(against the base arm, HEAD
+        (0123456789), in 1 case; ...)``."""
+        out = []
+        for (changes, against), n in self._stacks_against().most_common():
+            cases = f"{n} case{'s' if n != 1 else ''}"
+            whom = (f"the base arm, {against}, in {cases}" if against
+                    else f"the baselines of {cases}")
+            out.append(f"stack: {', '.join(changes)} (against {whom}; judged, not "
+                       f"incomparable)")
+        return out
 
     def suite(self) -> SuiteVerdict:
         """The session as one verdict (:mod:`pytest_accelperf.stats.family`), over
