@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -245,6 +245,18 @@ def _pyproject(text: str, toml: Mapping[str, Any]) -> Requirements:
     return Requirements(frozenset(always), frozenset(read([*optional, *groups])), tuple(bad))
 
 
+def _pins(pins: Iterable[str], text: str) -> Requirements:
+    """A lock's pins, each a requirement only where its name and version make one."""
+    good, bad = set(), []
+    for pin in sorted(pins):
+        req = _req(pin)
+        if req:
+            good.add(req)
+        else:
+            bad.append(Unreadable(_line_of(text, pin.split("==")[0]), pin, _why(pin)))
+    return Requirements(if_installed=frozenset(good), unreadable=tuple(bad))
+
+
 def read_requirements(rel: str, content: bytes) -> Requirements:
     """The requirements of one dependency file (empty for one that is not read), with
     what of it cannot be read (:class:`Unreadable`: a line that is not a requirement, a
@@ -260,7 +272,7 @@ def read_requirements(rel: str, content: bytes) -> Requirements:
                     for k, v in ((data.get("default") or {}) if isinstance(data, dict)
                                  else {}).items()
                     if isinstance(v, dict) and str(v.get("version", "")).startswith("==")}
-            return Requirements(if_installed=frozenset(pins))
+            return _pins(pins, text)
         if not name.endswith((".toml", ".lock")):
             return Requirements()
         toml = tomllib.loads(text)
@@ -273,9 +285,9 @@ def read_requirements(rel: str, content: bytes) -> Requirements:
         def editable(pkg: Mapping[str, Any]) -> bool:
             source = pkg.get("source")
             return isinstance(source, Mapping) and bool({"editable", "virtual"} & set(source))
-        return Requirements(if_installed=_locked(toml.get("package"), editable))
+        return _pins(_locked(toml.get("package"), editable), text)
     if name.startswith("pylock"):
-        return Requirements(if_installed=_locked(toml.get("packages"), lambda p: False))
+        return _pins(_locked(toml.get("packages"), lambda p: False), text)
     return Requirements()
 
 

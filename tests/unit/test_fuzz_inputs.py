@@ -270,3 +270,59 @@ def test_every_field_of_a_reported_case_mutated_is_accepted_or_one_line_each(
                         assert all(k.startswith("store/") for k in changed), (what, changed)
                     shutil.rmtree(store)
     assert calls > 300
+
+
+INDEX_CONFIGS = {
+    "pip.conf": b"[global]\nindex-url = https://mirror.example/simple/\n"
+                b"extra-index-url = file:///opt/pypi/simple\n  file:///opt/more/simple\n"
+                b"find-links = /opt/wheels\n[install]\nno-index = false\n",
+    "uv.toml": b'index-url = "https://mirror.example/simple"\n'
+               b'extra-index-url = ["file:///opt/pypi/simple"]\nfind-links = ["/opt/wheels"]\n'
+               b'[[index]]\nname = "corp"\nurl = "https://corp.example/simple"\n'
+               b'explicit = true\n',
+    "pyproject.toml": b'[project]\nname = "x"\n[[tool.uv.index]]\nname = "m"\n'
+                      b'url = "https://mirror.example/simple"\ndefault = true\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(INDEX_CONFIGS))
+def test_index_configuration_reads_damaged_files_as_one_error(
+        name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip's and uv's configuration, as ``accelperf bisect --package`` reads it: indexes or
+    one line naming the file (an EnvError), never another exception."""
+    from pytest_accelperf.envs.indexes import configured_indexes
+
+    for var in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_NO_INDEX",
+                "UV_DEFAULT_INDEX", "UV_INDEX_URL", "UV_INDEX", "UV_EXTRA_INDEX_URL",
+                "UV_FIND_LINKS", "UV_NO_INDEX", "UV_NO_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / name
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(path) if name == "pip.conf" else "/dev/null")
+    monkeypatch.setenv("UV_CONFIG_FILE", str(path) if name == "uv.toml" else
+                       str(tmp_path / "none.toml"))
+    fuzz_reader(path, INDEX_CONFIGS[name], lambda: configured_indexes(cwd=tmp_path))
+
+
+DEPENDENCY_FILES = {
+    "requirements.txt": b"jax==0.8.3 \\\n    --hash=sha256:00\nnumpy>=1.26  # floor\n-r more.txt\n",
+    "pyproject.toml": b'[project]\nname = "x"\ndependencies = ["jax==0.8.3"]\n'
+                      b'[project.optional-dependencies]\ngpu = ["jax[cuda]"]\n'
+                      b'[dependency-groups]\ndev = ["pytest", {include-group = "gpu"}]\n',
+    "uv.lock": b'version = 1\n[[package]]\nname = "jax"\nversion = "0.8.3"\n',
+    "Pipfile.lock": b'{"default": {"jax": {"version": "==0.8.3"}}}\n',
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEPENDENCY_FILES))
+def test_a_base_dependency_file_damaged_is_read_or_named(name: str) -> None:
+    """A base revision's dependency file, damaged: its requirements, each part that cannot
+    be read named with its line (envs.depfiles), never an exception."""
+    from pytest_accelperf.envs.depfiles import dependency_change
+
+    @BUDGET
+    @given(damaged(DEPENDENCY_FILES[name]))
+    def read(data: bytes) -> None:
+        change = dependency_change({name: data}, {name: b"jax\n"}, lambda n: None)
+        assert all(part.startswith(name) and "\n" not in part for part in change.unreadable)
+
+    read()
