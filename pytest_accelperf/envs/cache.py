@@ -226,15 +226,13 @@ def broken(env: Env) -> str:
     if built_with and now.stdout.strip() != built_with:
         return (f"its interpreter is Python {now.stdout.split()[0]}, built with "
                 f"{str(built_with).split()[0]}")
-    have: dict[str, str] = {}  # what it imports: its own, then what it is layered over
-    for dist in metadata.distributions(path=[*_site_folders(env.path), *env.over]):
-        if dist.metadata["Name"]:
-            have.setdefault(canonicalize_name(dist.metadata["Name"]), dist.version)
+    folders = [*_site_folders(env.path), *env.over]  # what it imports, its own first
     for text in env.requirements:
         req = Requirement(text)
         if req.marker is not None and not req.marker.evaluate():
             continue
-        version = have.get(canonicalize_name(req.name))
+        found = next(iter(metadata.distributions(name=req.name, path=folders)), None)
+        version = found.version if found is not None else None
         if version is None:
             return f"it lacks {text}"
         if not req.specifier.contains(version, prereleases=True):
