@@ -11,7 +11,8 @@ generates, in a temporary directory, a store of ``--modules`` module files of ``
 cases each (default 100 x 100 = 10,000 cases) for platform ``cpu-x8``. Every block is a
 real block (by default the one with the most parameter leaves of
 ``benchmarks/store_templates/``, blocks as committed before the compact format, or the
-first block of ``--template``), with its step times,
+largest block of ``--template``, e.g. ``baselines/cpu-x8/suites/jax/test_mesh_sweep.json``),
+with its step times,
 loss and parameter values varied per case so that no two blocks are equal. With
 ``--format compact`` (the default) the block is first put in the form this version records
 (:func:`as_recorded`: the compact fingerprint, 4-digit samples); ``--format legacy`` keeps
@@ -25,8 +26,11 @@ It then times, ``--repeat`` times each (the table shows the median and the faste
   every case (``store.get``): every file read, parsed and validated by the schema, in this
   process;
 * ``accelperf baselines show``: the command, in a subprocess, over the whole store, with its
-  peak resident memory; and ``accelperf --help``, the same interpreter start and imports
-  without the store, to tell the store's share from the imports';
+  peak resident memory, each run right after a plain ``json.load`` of every file of the
+  store in this process (``json.load``), so that the two see the same machine: the table
+  gives each one's ratio to ``json.load`` (the median of the runs' ratios); then
+  ``accelperf baselines check`` (every block validated whole), and ``accelperf --help``, the
+  same interpreter start without the store, to tell the store's share from the imports';
 * ``one module of N cases``: :func:`pytest_accelperf.store.baselines.read` of one module file of
   each ``--single`` size, to show how a file's parse time grows with its cases.
 
@@ -90,19 +94,20 @@ TEMPLATES = ROOT / "benchmarks" / "store_templates"
 
 
 def template_block(path: Path | None) -> tuple[dict[str, Any], str]:
-    """``(block, "file::case")``: the first block of ``path``, or the committed block with
-    the most parameter leaves (then the largest) when ``path`` is None."""
+    """``(block, "file::case")``: the largest block of ``path`` (bytes in its file), or the
+    committed block with the most parameter leaves (then the largest) when ``path`` is
+    None."""
     files = [path] if path is not None else sorted(TEMPLATES.rglob("*.json"))
     best: tuple[int, int, dict[str, Any], str] | None = None
     for file in files:
         cases = json.loads(file.read_text(encoding="utf-8"))["cases"]
         for key, block in cases.items():
             rank = (len(block.get("numerics") or {}), len(json.dumps(block)))
+            if path is not None:  # the largest block of the file
+                rank = (0, _in_file(block, compact_layout=True))
             if best is None or rank > best[:2]:
                 shown = file.relative_to(ROOT) if file.is_relative_to(ROOT) else file
                 best = (*rank, block, f"{shown}::{key}")
-            if path is not None:
-                break
     if best is None:
         raise SystemExit(f"no baseline block in {files}")
     return best[2], best[3]
@@ -185,6 +190,14 @@ def load_and_check(root: Path, nodeids: Sequence[str]) -> None:
     for nodeid in nodeids:
         if store.get(nodeid) is None:
             raise SystemExit(f"{nodeid}: not found in the generated store")
+
+
+def plain_json_load(root: Path) -> None:
+    """Every file of the store parsed by ``json.load``, as it is (no check of any kind):
+    what the reads are compared with."""
+    for path in sorted((root / PLATFORM).rglob("*.json")):
+        with path.open("rb") as f:
+            json.load(f)
 
 
 def accelperf_command() -> list[str]:
@@ -492,7 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sizes of the one-module files parsed alone (default 1000,4000; "
                         "empty to skip)")
     p.add_argument("--template", type=Path, default=None,
-                   help="a baseline file whose first block is the template (default: the "
+                   help="a baseline file whose largest block is the template (default: the "
                         "committed block with the most parameter leaves)")
     p.add_argument("--format", choices=("compact", "legacy"), default="compact",
                    help="the form of the generated blocks: compact (default), as this "
@@ -513,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "compact fingerprint, instead of timing the store")
     p.add_argument("--no-show", action="store_true",
                    help="do not time the accelperf command")
+    p.add_argument("--no-check", action="store_true",
+                   help="do not time accelperf baselines check (a version without it)")
     p.add_argument("--keep", action="store_true", help="keep the generated store")
     p.add_argument("--out", default=str(HERE / "results"),
                    help="directory for the JSON results (default benchmarks/results)")
@@ -555,10 +570,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "format": ns.format, "leaves": leaves, "modules": ns.modules,
         "cases": ns.cases, "repeat": ns.repeat, "times": {}}
     rows: list[list[str]] = []
+    plain: list[float] = []
 
-    def row(name: str, times: list[float], extra: str = "") -> None:
+    def row(name: str, times: list[float], extra: str = "",
+            ratios: list[float] | None = None) -> None:
         result["times"][name] = times
-        rows.append([name, f"{statistics.median(times):.3f}", f"{min(times):.3f}", extra])
+        ratio = f"{statistics.median(ratios):.2f}" if ratios else ""
+        if ratios:
+            result.setdefault("ratio_to_json_load", {})[name] = ratios
+        rows.append([name, f"{statistics.median(times):.3f}", f"{min(times):.3f}", ratio,
+                     extra])
 
     try:
         root = scratch / "baselines"
@@ -570,17 +591,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         n = len(nodeids)
         row(f"load + check, {ns.modules} x {ns.cases} cases", timed(
             lambda: load_and_check(root, nodeids), ns.repeat),
-            f"{store_bytes / 2**20:.0f} MiB of JSON")
+            f"{store_bytes / 2**20:.0f} MiB of JSON ({store_bytes / 1e6:.1f} MB)")
         if not ns.no_show:
             cmd = accelperf_command()
-            show = [[*cmd, "baselines", "show", "--baselines", str(root)]
-                    for _ in range(ns.repeat)]
-            runs = [run_command_rss(argv_) for argv_ in show]
+            show = [*cmd, "baselines", "show", "--baselines", str(root)]
+            runs = []
+            for _ in range(ns.repeat):  # each show right after a json.load of the same files
+                plain.extend(timed(lambda: plain_json_load(root), 1))
+                runs.append(run_command_rss(show))
             if not runs[0][2].startswith(f"{n} case(s)"):
                 raise SystemExit(f"accelperf baselines show: unexpected output {runs[0][2]!r}")
             result["show_rss_mb"] = [r[1] for r in runs]
+            row("json.load of every file (no check)", plain, "", [1.0] * len(plain))
             row("accelperf baselines show", [r[0] for r in runs],
-                f"peak RSS {max(r[1] for r in runs):.0f} MB")
+                f"peak RSS {max(r[1] for r in runs):.0f} MB",
+                [r[0] / p for r, p in zip(runs, plain, strict=True)])
+            checks = []
+            for _ in range(0 if ns.no_check else ns.repeat):
+                before = timed(lambda: plain_json_load(root), 1)[0]
+                checks.append((run_command_rss([*cmd, "baselines", "check", "--baselines",
+                                                str(root)]), before))
+            if checks:
+                row("accelperf baselines check (whole blocks)", [c[0] for c, _ in checks],
+                    f"peak RSS {max(c[1] for c, _ in checks):.0f} MB",
+                    [c[0] / p for c, p in checks])
             helps = [run_command_rss([*cmd, "--help"]) for _ in range(ns.repeat)]
             result["help_rss_mb"] = [r[1] for r in helps]
             row("accelperf --help (start + imports)", [r[0] for r in helps],
@@ -598,8 +632,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(scratch, ignore_errors=True)
     load_after = os.getloadavg()
     result["loadavg_before"], result["loadavg_after"] = list(load_before), list(load_after)
-    table = tabulate(rows, headers=["measurement", "median s", "fastest s", ""],
-                     tablefmt="github")
+    table = tabulate(rows, headers=["measurement", "median s", "fastest s", "x json.load", ""],
+                     tablefmt="github", disable_numparse=True)
     print(f"{result['command']}\n\ntemplate block: {source}, {ns.format} ({leaves} parameter "
           f"leaves, {block_bytes:,} bytes in its file); load average {load_before[0]:.2f} before, "
           f"{load_after[0]:.2f} after\n\n{table}")
