@@ -258,6 +258,8 @@ class CheckData(TypedDict, total=False):
     baseline_share: float | None
     input_bound_steps: int
     wall_median: float
+    #: This run's input yardstick over the baseline's: what the input check corrected by.
+    yardstick_ratio: float
     wait_median: float
     min_change_s: float
     # -- memory

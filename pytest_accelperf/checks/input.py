@@ -37,6 +37,35 @@ throughput check's bootstrap interval and verdict rule
 ``regression`` when the interval lies beyond it, ``inconclusive`` when the noise is too
 large to resolve it.
 
+**Evidence before a verdict.** A thread's CPU time is not the code's alone (issue 48: an
+unchanged Flax ImageNet case's batch measured 1.54 ms, then 5.56 ms of CPU a batch in one
+session, 3.61x, and 1.5 ms again in the next). So a change past the floor is weighed before
+it is believed, as the throughput check's is:
+
+- **this thread's speed**: each run times a fixed piece of host work in the same thread
+  right after each batch (:mod:`pytest_accelperf.stats.yardstick`), and the ratio of the
+  inputs is divided by the ratio of the yardsticks (``data["yardstick_ratio"]``), as step
+  times are corrected by the drift probe: a machine that slowed the thread's computing as a
+  whole cancels;
+- **the kernel's work for the batch's memory**: page faults count in the CPU time, and
+  how many a batch takes is the allocator's state, which the process's history sets
+  (:mod:`pytest_accelperf.backends.measure.faults`: one numpy batch function took 10.3 ms of
+  CPU with its memory reused and 18.6 ms with it mapped afresh, 2,006 faults a batch). A
+  change measured while the two runs' faults a batch differ (by :data:`MIN_FAULT_CHANGE`
+  and :data:`FAULT_SHARE`) is ``inconclusive``, the detail naming both counts;
+- **company**: a change measured while other processes used more than
+  ``--accelperf-max-foreign-load`` cores (steal included), or while the thread waited for a
+  CPU for :data:`QUEUED_SHARE` of its batch's CPU time, where no yardstick can correct it
+  (a baseline recorded before the yardstick), is ``inconclusive``;
+- **the wall time**: a thread's CPU time is part of its wall time, so a CPU change that
+  the wall time does not show at least half of is ``inconclusive``.
+
+Each of these keeps what was measured in ``data["measured_verdict"]`` and why it was set
+aside in ``data["contaminated"]``; and a regression, or a slowdown set aside so, is
+measured again before it fails anything (:class:`pytest_accelperf.gate.judge.Confirmation`):
+it stands only when a second training says so too. What is not weighed: the step time and
+the program, which a batch function's change does not move.
+
 A step whose batch took longer to make than the step itself is *input-bound*: the
 accelerator waits on the host. The check counts such steps in this run (per step, input
 CPU time against step time) and says so in its detail and in ``data["input_bound_steps"]``
@@ -55,6 +84,7 @@ from typing import NotRequired, TypedDict
 from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import (
     MIN_SAMPLES,
@@ -69,6 +99,7 @@ from pytest_accelperf.stats.units import (
     fmt_tolerance,
     round_sig,
 )
+from pytest_accelperf.stats.yardstick import KIND as YARDSTICK_KIND
 from pytest_accelperf.store.block import Block, BlockLike, InputTime, StepTime, read_block
 
 METRIC = "input"
@@ -87,6 +118,16 @@ MIN_CHANGE_S = 5e-4
 #: served from memory can take less CPU time than the clock resolves (0 s), and a ratio
 #: needs positive numbers.
 FLOOR_S = 1e-7
+#: Two runs' page faults a batch (their medians) differ, as evidence that the allocator
+#: served the batch's memory differently, where they differ by at least this many ...
+MIN_FAULT_CHANGE = 64
+#: ... and by at least this share of the larger (64 faults: 256 KiB of fresh 4 KiB pages).
+FAULT_SHARE = 0.25
+#: The share of a CPU change the wall time must show too (module docstring).
+WALL_SHARE = 0.5
+#: The thread waited for a CPU, making its batches, for at least this share of their CPU
+#: time (medians; this thread's ``schedstat``): it had company, whatever ``/proc/stat`` said.
+QUEUED_SHARE = 0.25
 
 
 def fmt_ms(seconds: float) -> str:
@@ -193,6 +234,58 @@ def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
     return Judged(result, said, est, verdict)
 
 
+def yardstick_ratio(now: InputTime | None, base: InputTime | None) -> float | None:
+    """This run's yardstick median over the baseline's (:mod:`pytest_accelperf.stats.yardstick`),
+    where both ran the same kind of yardstick; None otherwise."""
+    if now is None or base is None:
+        return None
+    a, b = now.yardstick_median, base.yardstick_median
+    if (a is None or b is None or a <= 0 or b <= 0 or now.yardstick_kind != YARDSTICK_KIND
+            or base.yardstick_kind != YARDSTICK_KIND):
+        return None
+    return float(a) / float(b)
+
+
+def fault_doubt(now: InputTime | None, base: InputTime | None) -> str:
+    """Why the two runs' batches took their memory from the kernel differently (their page
+    faults a batch differ: :data:`MIN_FAULT_CHANGE`, :data:`FAULT_SHARE`), or ``""``. A
+    baseline that counted none, against a run that faulted that often, cannot say."""
+    f_now = now.fault_median if now is not None else None
+    f_base = base.fault_median if base is not None else None
+    if f_now is None:
+        return ""
+    if f_base is None:
+        if f_now < MIN_FAULT_CHANGE:
+            return ""
+        return (f"this run's batch took {f_now:,.0f} page faults and the baseline counted none "
+                f"(recorded before page faults were; re-record it with --accelperf-update to "
+                f"judge this): the kernel's work for the batch's memory counts in its CPU "
+                f"time")
+    if abs(f_now - f_base) < max(MIN_FAULT_CHANGE, FAULT_SHARE * max(f_now, f_base)):
+        return ""
+    return (f"the batch's memory came from the kernel differently: {f_base:,.0f} page faults "
+            f"a batch in the baseline, {f_now:,.0f} now (the allocator's state, which the "
+            f"process's history sets, not the batch function; the kernel's work for them "
+            f"counts in the CPU time)")
+
+
+def wall_doubt(now: InputTime | None, base: InputTime | None, cpu_now: float,
+               cpu_base: float) -> str:
+    """Why the wall time does not corroborate a CPU change (it shows less than
+    :data:`WALL_SHARE` of it, in the same direction), or ``""`` (also where either run has
+    no wall time)."""
+    w_now = now.wall_median if now is not None else None
+    w_base = base.wall_median if base is not None else None
+    if w_now is None or w_base is None:
+        return ""
+    change, wall_change = cpu_now - cpu_base, float(w_now) - float(w_base)
+    if wall_change * (1 if change > 0 else -1) >= WALL_SHARE * abs(change):
+        return ""
+    return (f"its wall time did not move with it ({fmt_ms(float(w_base))} \u2192 "
+            f"{fmt_ms(float(w_now))} a batch, against {'+' if change > 0 else '-'}"
+            f"{fmt_ms(abs(change))} of CPU): a thread's CPU time is part of its wall time")
+
+
 def input_bound(inputs: list[float], steps: list[float]) -> int:
     """How many steps took longer to make the batch of (input CPU time) than to run
     (device step time); the two lists are per measured step, in order."""
@@ -200,9 +293,11 @@ def input_bound(inputs: list[float], steps: list[float]) -> int:
 
 
 def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
-                comparable: bool = True) -> CheckResult | None:
+                comparable: bool = True, loaded: str = "") -> CheckResult | None:
     """``block``'s input CPU time against ``baseline``'s (see the module docstring); None
-    when this run timed no input (a backend that does not, an ingested log)."""
+    when this run timed no input (a backend that does not, an ingested log). ``loaded``:
+    why this run was measured beside another job
+    (:func:`~pytest_accelperf.checks.throughput.foreign_load`), or ``""``."""
     block, baseline = read_block(block), read_block(baseline)
     now_samples = _samples(block.input)
     if not now_samples:
@@ -244,14 +339,37 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
         return judged.result
     result, words, est, verdict = judged.result, judged.words, judged.est, judged.verdict
     tolerance = tol.input_tolerance
+    scale = yardstick_ratio(block.input, baseline.input)
+    corrected = ""
+    if scale is not None:
+        # Relative to the yardstick, as step times are to the drift probe (module docstring).
+        est, verdict = sample_ratio([t / scale for t in now_samples], base_samples, tolerance)
+        data["yardstick_ratio"] = scale
+        corrected = (f" (corrected for this thread's speed: its yardstick took "
+                     f"{fmt_ratio(scale)}x the baseline's CPU time)")
     data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
-                 "confidence": est.confidence})
+                 "confidence": est.confidence, "measured_verdict": verdict.value})
     stats_text, change = ratio_words(est, base, tolerance)
+    measured = f"{words}: {stats_text}{corrected}"
+    queued = block.input.queued_median if block.input is not None else None
+    if not loaded and queued is not None and now > 0 and queued >= QUEUED_SHARE * now:
+        loaded = (f"this thread waited {fmt_ms(float(queued))} a batch for a CPU while it made "
+                  f"it ({fmt_percent(float(queued) / now)} of its CPU time)")
+    if verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+        doubt = (fault_doubt(block.input, baseline.input)
+                 or (f"measured beside another job: {loaded}, and the baseline has no "
+                     f"yardstick of this thread's speed to correct by (re-record it with "
+                     f"--accelperf-update)" if loaded and scale is None else "")
+                 or wall_doubt(block.input, baseline.input, now, base))
+        if doubt:
+            return replace(result, verdict=Verdict.INCONCLUSIVE, change=change,
+                           data={**data, "contaminated": doubt},
+                           detail=f"not judged: {doubt}; measured: {measured}{bound_text}")
     tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
             Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
                 verdict, "")
     return replace(result, verdict=verdict, change=change, data=data.copy(),
-                   detail=f"{words}: {stats_text}{tail}{bound_text}")
+                   detail=f"{measured}{tail}{bound_text}")
 
 
 class InputSection(TypedDict):
@@ -262,6 +380,10 @@ class InputSection(TypedDict):
     wall_median: NotRequired[float]
     blocked_median: NotRequired[float]
     blocked_samples: NotRequired[list[float]]
+    queued_median: NotRequired[float]
+    fault_median: NotRequired[float]
+    yardstick_median: NotRequired[float]
+    yardstick_kind: NotRequired[str]
 
 
 def input_block(run: Run) -> InputSection:
@@ -269,7 +391,9 @@ def input_block(run: Run) -> InputSection:
     rounded as step times are, and their median), the median wall seconds of the same,
     and the seconds the thread was blocked making it, every sample and their median
     (:attr:`pytest_accelperf.records.run.Run.input_times`, ``input_blocked_times``; the
-    ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`)."""
+    ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`); and the medians of
+    the evidence the check weighs: the seconds the thread waited for a CPU, its page
+    faults, and the yardstick's CPU seconds with its kind."""
     out: InputSection = {
         "median": round_sig(statistics.median(run.input_times)),
         "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.input_times],
@@ -279,6 +403,13 @@ def input_block(run: Run) -> InputSection:
     if run.input_blocked_times:
         out["blocked_median"] = round_sig(statistics.median(run.input_blocked_times))
         out["blocked_samples"] = [round_sig(t, SAMPLE_DIGITS) for t in run.input_blocked_times]
+    if run.input_queued_times:
+        out["queued_median"] = round_sig(statistics.median(run.input_queued_times))
+    if run.input_faults:
+        out["fault_median"] = float(statistics.median(run.input_faults))
+    if run.input_yardstick_times:
+        out["yardstick_median"] = round_sig(statistics.median(run.input_yardstick_times))
+        out["yardstick_kind"] = YARDSTICK_KIND
     return out
 
 
@@ -294,7 +425,8 @@ class InputCheck(BaseCheck):
         if not given.stepped:
             return ()
         return one(check_input(given.block, given.baseline, given.tol,
-                               comparable=given.comparable))
+                               comparable=given.comparable,
+                               loaded=foreign_load(given.run, given.max_foreign_load)))
 
     def record(self, run: Run) -> Mapping[str, object]:
         """``input``, where the run timed the making of its batches."""

@@ -1,4 +1,4 @@
-"""Judging a case's throughput: the step between evaluating a run and recording it.
+"""Judging a case's timing: the step between evaluating a run and recording it.
 
 A case flows one way (:mod:`pytest_accelperf.gate.runner`): measured, evaluated (every check
 against the stored baseline, giving an :class:`Evaluated`), judged, recorded once, gated.
@@ -10,8 +10,9 @@ takes the evaluated result and returns a new one, never changing what it was giv
     the stored-baseline verdict stands (``--accelperf-update``, ``--accelperf-confirm=0``,
     a run checked or ingested rather than trained);
 :class:`Confirmation`
-    an apparent throughput regression is re-measured (``--accelperf-confirm`` times) and
-    stands only if confirmed;
+    an apparent regression of throughput or of the making of the batch (``input``,
+    ``input_wait``) is re-measured (``--accelperf-confirm`` times) and stands only if
+    confirmed;
 :class:`Recording`
     ``--accelperf-update`` and ``--accelperf-add-session``: a recording too noisy to be a
     baseline is re-measured (the same loop, :func:`remeasure_until`, each re-measurement
@@ -105,12 +106,6 @@ class StoredBaseline:
         return evaluated
 
 
-def _ratio_text(seen: Sequence[CheckResult]) -> str:
-    ratios = [c.data.get("ratio") for c in seen]
-    shown = ", ".join(f"{r:.2f}" for r in ratios if isinstance(r, float))
-    return f"step-time ratio(s) {shown}" if shown else "no ratio"
-
-
 def _back_off(max_foreign_load: float) -> str:
     """Wait for a machine where other processes use at most ``max_foreign_load`` cores
     (:func:`~pytest_accelperf.stats.contention.wait_for_quiet`); what was waited, in words, or
@@ -140,22 +135,43 @@ def remeasure_until(first: Evaluated, remeasure: Callable[[], Evaluated], times:
     return seen, backoff
 
 
-def _regressed(evaluated: Evaluated) -> bool:
-    check = evaluated.throughput
-    return check is not None and check.verdict is Verdict.REGRESSION
+#: The timing checks whose regression is measured again before it fails anything: the
+#: step, and the making of its batch (its CPU time, and the time it waited).
+CONFIRMED = ("throughput", "input", "input_wait")
+#: How each names its ratios in the note of a re-measurement.
+_RATIO_NAMES = {"throughput": "step-time ratio(s)", "input": "input CPU ratio(s)",
+                "input_wait": "input wait ratio(s)"}
 
 
-def _contaminated_slowdown(evaluated: Evaluated) -> bool:
-    """Not judged because the measurement was contaminated, and what was measured looked
-    like a regression: worth measuring again on a quieter machine."""
-    check = evaluated.throughput
-    return (check is not None and check.verdict is Verdict.INCONCLUSIVE
-            and bool(check.data.get("contaminated"))
+def _check(evaluated: Evaluated, metric: str) -> CheckResult | None:
+    return next((c for c in evaluated.checks if c.metric == metric), None)
+
+
+def _suspect_check(check: CheckResult | None) -> bool:
+    """A regression, or a slowdown left ``inconclusive`` because its measurement was
+    contaminated (another job's load, dispersed step times, a batch's memory served
+    differently): worth measuring again."""
+    if check is None:
+        return False
+    if check.verdict is Verdict.REGRESSION:
+        return True
+    return (check.verdict is Verdict.INCONCLUSIVE and bool(check.data.get("contaminated"))
             and check.data.get("measured_verdict") == Verdict.REGRESSION.value)
 
 
+def _suspects(evaluated: Evaluated) -> tuple[str, ...]:
+    """The metrics of :data:`CONFIRMED` whose check is suspect in ``evaluated``."""
+    return tuple(m for m in CONFIRMED if _suspect_check(_check(evaluated, m)))
+
+
 def _suspect(evaluated: Evaluated) -> bool:
-    return _regressed(evaluated) or _contaminated_slowdown(evaluated)
+    return bool(_suspects(evaluated))
+
+
+def _ratios_of(metric: str, seen: Sequence[CheckResult]) -> str:
+    ratios = [c.data.get("ratio") for c in seen]
+    shown = ", ".join(f"{r:.2f}" for r in ratios if isinstance(r, float))
+    return f"{_RATIO_NAMES.get(metric, 'ratio(s)')} {shown}" if shown else "no ratio"
 
 
 def _notes(backoff: Sequence[str]) -> str:
@@ -164,17 +180,19 @@ def _notes(backoff: Sequence[str]) -> str:
 
 @dataclass(frozen=True)
 class Confirmation:
-    """Re-measure an apparent throughput regression; it stands only if confirmed.
+    """Re-measure an apparent timing regression; it stands only if confirmed.
 
     One slow measurement on a shared machine is weak evidence: another job may have taken
-    the cores for exactly those seconds. So a ``regression`` of throughput, or a slowdown
-    left ``inconclusive`` because the measurement was contaminated (another job's load,
-    step times far more dispersed than the baseline's), trains the case again
+    the cores for exactly those seconds, or the allocator served a batch's memory afresh.
+    So a ``regression`` of throughput or of the making of the batch (``input``,
+    ``input_wait``: :data:`CONFIRMED`), or a slowdown left ``inconclusive`` because its
+    measurement was contaminated (another job's load, step times far more dispersed than
+    the baseline's, a batch's page faults unlike the baseline's), trains the case again
     (``remeasure``, up to ``times`` times, each after waiting for a machine where other
-    processes use at most ``max_foreign_load`` cores); the first re-measurement that says
-    neither decides, and its verdict is reported with a note of what the earlier
-    measurements said. One that stays contaminated stays ``inconclusive``: never a verdict
-    the evidence does not carry.
+    processes use at most ``max_foreign_load`` cores); the first re-measurement in which
+    none is suspect decides, and each check that was suspect is reported with a note of
+    what the earlier measurements said. One that stays contaminated stays
+    ``inconclusive``: never a verdict the evidence does not carry.
     """
 
     remeasure: Callable[[], Evaluated]
@@ -183,35 +201,44 @@ class Confirmation:
 
     def __call__(self, first: Evaluated) -> Evaluated:
         __tracebackhide__ = True
-        if not _suspect(first):
+        suspects = _suspects(first)
+        if not suspects:
             return first
         seen, backoff = remeasure_until(first, self.remeasure, self.times,
                                         self.max_foreign_load, lambda ev: not _suspect(ev))
         evaluated = seen[-1]
-        again = evaluated.throughput
-        if again is None:
-            return evaluated
-        earlier = [c for c in (ev.throughput for ev in seen[:-1]) if c is not None]
+        for metric in CONFIRMED:
+            earlier = [c for c in (_check(ev, metric) for ev in seen[:-1]) if c is not None]
+            again = _check(evaluated, metric)
+            if again is None or not any(_suspect_check(c) for c in earlier):
+                continue
+            evaluated = evaluated.with_check(self._noted(metric, earlier, again, backoff))
+        return evaluated
+
+    @staticmethod
+    def _noted(metric: str, earlier: list[CheckResult], again: CheckResult,
+               backoff: Sequence[str]) -> CheckResult:
+        """``again``, the last measurement's ``metric`` check, with a note of what the
+        earlier measurements said of it."""
         dirty = sum(1 for c in earlier if c.verdict is Verdict.INCONCLUSIVE)
         dirty_note = (f"; {dirty} of them not judged, contaminated" if dirty else "")
         ratios = [c.data.get("ratio") for c in earlier]
         key: Literal["unconfirmed", "remeasured", "confirmations"]
-        if not _suspect(evaluated):
+        if not _suspect_check(again):
             note = (f"re-measured: a first measurement looked like a regression, "
-                    f"{_ratio_text(earlier)}{dirty_note}; not confirmed")
+                    f"{_ratios_of(metric, earlier)}{dirty_note}; not confirmed")
             key = "unconfirmed"
         elif again.verdict is Verdict.INCONCLUSIVE:  # still contaminated: not judged
-            note = (f"re-measured {len(seen) - 1} time(s), contaminated each time: "
-                    f"{_ratio_text([*earlier, again])}")
+            note = (f"re-measured {len(earlier)} time(s), contaminated each time: "
+                    f"{_ratios_of(metric, [*earlier, again])}")
             key = "remeasured"
         else:
-            note = (f"confirmed by {len(seen) - 1} re-measurement(s): "
-                    f"{_ratio_text([*earlier, again])}{dirty_note}")
+            note = (f"confirmed by {len(earlier)} re-measurement(s): "
+                    f"{_ratios_of(metric, [*earlier, again])}{dirty_note}")
             key, ratios = "confirmations", [*ratios, again.data.get("ratio")]
         data = again.data.copy()
         data[key] = ratios
-        return evaluated.with_throughput(replace(
-            again, detail=f"{again.detail} ({note}{_notes(backoff)})", data=data))
+        return replace(again, detail=f"{again.detail} ({note}{_notes(backoff)})", data=data)
 
 
 @dataclass(frozen=True)
@@ -404,5 +431,8 @@ def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
                   input_times=[t for r in runs for t in r.input_times],
                   input_wall_times=[t for r in runs for t in r.input_wall_times],
                   input_blocked_times=[t for r in runs for t in r.input_blocked_times],
+                  input_queued_times=[t for r in runs for t in r.input_queued_times],
+                  input_faults=[n for r in runs for n in r.input_faults],
+                  input_yardstick_times=[t for r in runs for t in r.input_yardstick_times],
                   **timing)
     return replace(first, run=run)

@@ -156,11 +156,12 @@ OPTIONS: tuple[Option, ...] = (
            "killed, in-process ones stop at the next step boundary, or are interrupted a few "
            "seconds past the timeout where a step blocks (in the pytest process's main "
            "thread). 0 disables. Default: 900.", "float", 900.0),
-    Option("confirm", "--accelperf-confirm", "re-measure a case whose throughput looks like a "
-           "regression this many times; the regression stands only if every re-measurement "
-           "confirms it; under --accelperf-update or --accelperf-add-session, re-measure a "
-           "recording too noisy to be a baseline (--accelperf-max-step-spread) this many "
-           "times before storing it marked noisy. 0 disables. Default: 1.", "count", 1),
+    Option("confirm", "--accelperf-confirm", "re-measure a case whose throughput or input (the "
+           "making of its batch) looks like a regression this many times; the regression "
+           "stands only if every re-measurement confirms it; under --accelperf-update or "
+           "--accelperf-add-session, re-measure a recording too noisy to be a baseline "
+           "(--accelperf-max-step-spread) this many times before storing it marked noisy. "
+           "0 disables. Default: 1.", "count", 1),
     Option("throughput_tolerance", "--accelperf-throughput-tolerance",
            "relative change of the median step time that counts as a regression or "
            f"improvement. Default: {_TOL.throughput_tolerance}.", "float",

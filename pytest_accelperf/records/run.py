@@ -125,11 +125,17 @@ class Run:
     a CPU nor waiting for one (:mod:`pytest_accelperf.backends.measure.blocked`; empty where
     the kernel does not count its run-queue delay). The ``input`` check judges the first
     (:mod:`pytest_accelperf.checks.input`), the ``input_wait`` check the third
-    (:mod:`pytest_accelperf.checks.input_wait`).
+    (:mod:`pytest_accelperf.checks.input_wait`). ``input_queued_times`` and
+    ``input_faults`` are what the input check weighs before it believes a change: the
+    seconds the same thread waited for a CPU, and its page faults
+    (:mod:`pytest_accelperf.backends.measure.faults`), in the same;
+    ``input_yardstick_times`` the CPU seconds of a fixed piece of host work the same thread
+    did right after (:mod:`pytest_accelperf.stats.yardstick`), which the input
+    check corrects by.
     Empty where a backend does not time them apart (DDP and DeepSpeed ranks, whose batch
     preparation waits for the other ranks; Alpa, Neuron, ingested logs).
 
-    The fields after ``input_blocked_times`` are read by other modules than the one that
+    The fields after ``input_yardstick_times`` are read by other modules than the one that
     writes them; their JSON is under ``"extra"`` (:data:`IN_EXTRA`), as it always was:
     ``compile_only`` (the compile-only target a run stood for, ``--accelperf-target``: no
     step executed), ``step_load`` and ``compile_load`` (what other processes used while the
@@ -174,6 +180,9 @@ class Run:
     input_times: list[float] = field(default_factory=list)
     input_wall_times: list[float] = field(default_factory=list)
     input_blocked_times: list[float] = field(default_factory=list)
+    input_queued_times: list[float] = field(default_factory=list)
+    input_faults: list[int] = field(default_factory=list)
+    input_yardstick_times: list[float] = field(default_factory=list)
     # -- under "extra" in the JSON ------------------------------------------------------------
     compile_only: str | None = field(default=None, metadata=_EXTRA)
     step_load: Load | None = field(default=None, metadata=_EXTRA)

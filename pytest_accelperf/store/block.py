@@ -253,13 +253,19 @@ class InputTime(_Strict):
     check): every sample, their median, and the median wall seconds of the same; and
     the seconds that thread was blocked making it, neither on a CPU nor waiting for one
     (the ``input_wait`` check): every sample and their median, where the kernel counted
-    them."""
+    them; and the medians of what the input check weighs before it believes a change:
+    the seconds the thread waited for a CPU, and its page faults, per batch, and the
+    CPU seconds of the input yardstick (of ``yardstick_kind``) the thread ran after each."""
 
     median: NonNegative
     samples: Annotated[list[NonNegative], Field(min_length=1)]
     wall_median: NonNegative | None = None
     blocked_median: NonNegative | None = None
     blocked_samples: Annotated[list[NonNegative], Field(min_length=1)] | None = None
+    queued_median: NonNegative | None = None
+    fault_median: NonNegative | None = None
+    yardstick_median: NonNegative | None = None
+    yardstick_kind: str | None = None
 
 
 class Block(_Strict):

@@ -283,7 +283,6 @@ def _execute(program: _Program, case: Case, probe: Probe | None = None,
         return current[0]
 
     def host(i: int) -> PyTree:
-        current[0] = None  # the last step's batch is not kept while this one is made
         return _host(program, i)
 
     def put(i: int, made: PyTree) -> PyTree:
@@ -298,6 +297,11 @@ def _execute(program: _Program, case: Case, probe: Probe | None = None,
             readings["after_warmup"] = _live_bytes((current[0], metrics))
         if i == last:
             readings["after_steps"] = _live_bytes((current[0], metrics))
+        # Dropped here, not in ``host``: nothing of the last step is released inside the
+        # input's window (the loop's own reference goes when the next batch is put). Freeing
+        # a batch sharded over 8 virtual devices is XLA's work, not the batch function's:
+        # 0.1-0.6 ms of CPU under load, measured.
+        current[0] = None
 
     if case.warmup == 0:
         readings["after_warmup"] = _live_bytes(None)

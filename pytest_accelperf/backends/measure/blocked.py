@@ -74,9 +74,17 @@ class BlockedClock:
     def since(self, mark: tuple[float, float, int]) -> float:
         """Seconds this thread was blocked since ``mark`` (never below 0: the three clocks
         are read one after the other)."""
+        return self.split(mark)[0]
+
+    def split(self, mark: tuple[float, float, int]) -> tuple[float, float]:
+        """Seconds this thread was blocked since ``mark`` (as :meth:`since`), and seconds
+        it waited for a CPU (its run-queue delay: what another process, or another thread
+        of this one, cost it; the ``input`` check's evidence of company,
+        :mod:`pytest_accelperf.checks.input`)."""
         delay = self._read()[1]
         wall, cpu = time.perf_counter() - mark[0], time.thread_time() - mark[1]
-        return max(0.0, wall - cpu - (delay - mark[2]) * 1e-9)
+        queued = max(0.0, (delay - mark[2]) * 1e-9)
+        return max(0.0, wall - cpu - queued), queued
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -6,12 +6,21 @@ A backend says how to do one step; the loop owns what makes a measurement one:
   (``prepare``); where a backend splits that into making the batch on the host (``host``:
   the user's ``make_batch`` or data iterator and the conversion of what it returns) and
   moving it to the device (``put``), making it is measured on its own, per measured step:
-  the CPU time of this thread (``time.thread_time()``, which another process cannot
-  inflate: ``input_times``, what the ``input`` check judges,
-  :mod:`pytest_accelperf.checks.input`), the wall time (``input_wall_times``) and, where
+  the CPU time of this thread (``time.thread_time()``: another process delays the thread
+  without adding to it, though it can slow what the thread computes: ``input_times``,
+  what the ``input`` check judges, :mod:`pytest_accelperf.checks.input`), the wall time
+  (``input_wall_times``) and, where
   the kernel counts this thread's run-queue delay, the time it was blocked: neither on a
   CPU nor waiting for one (a sleep, a read, a queue: ``input_blocked_times``, what the
-  ``input_wait`` check judges, :mod:`.blocked`). The
+  ``input_wait`` check judges, :mod:`.blocked`); beside them, the evidence the ``input``
+  check weighs before it believes a change of that CPU time: the time the thread waited
+  for a CPU (``input_queued_times``) and its page faults (``input_faults``, :mod:`.faults`:
+  memory the allocator got fresh from the kernel, whose zeroing counts in the CPU time and
+  which the process's history decides); and, right after, outside every timer, the CPU
+  time of a fixed piece of host work in the same thread (``input_yardstick_times``,
+  :mod:`pytest_accelperf.stats.yardstick`): how fast the thread computed then, what the
+  check corrects the input's CPU time by, as the throughput check corrects the step by
+  the drift probe. The
   transfer is left out: waiting for it (JAX's copy to 8 virtual devices) spins this
   thread, and under load its CPU time grew 2.6x on unchanged code;
 - the device is synchronized before the timer starts and inside it at the end
@@ -46,9 +55,11 @@ from typing import Any, Generic, Protocol, Required, TypedDict, TypeVar
 
 from pytest_accelperf.backends.measure.blocked import BlockedClock
 from pytest_accelperf.backends.measure.common import injected_slowdown, stretch
+from pytest_accelperf.backends.measure.faults import thread_faults
 from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.report import progress
 from pytest_accelperf.stats.contention import Contention, Load, measuring_root
+from pytest_accelperf.stats.yardstick import yardstick
 
 B = TypeVar("B")
 H = TypeVar("H")
@@ -137,10 +148,44 @@ class LoopResult:
     #: a CPU nor waiting for one (:mod:`.blocked`); empty where the kernel does not count
     #: its run-queue delay.
     input_blocked_times: list[float] = field(default_factory=list)
+    #: Per measured step: seconds the same thread waited for a CPU in the same ``host``
+    #: (its run-queue delay); empty where the kernel does not count it.
+    input_queued_times: list[float] = field(default_factory=list)
+    #: Per measured step: the same thread's page faults in the same ``host``
+    #: (:mod:`.faults`); empty where the platform does not count them per thread.
+    input_faults: list[int] = field(default_factory=list)
+    #: Per measured step: CPU seconds of the input yardstick
+    #: (:mod:`pytest_accelperf.stats.yardstick`), timed in
+    #: the same thread right after ``host``.
+    input_yardstick_times: list[float] = field(default_factory=list)
 
     @property
     def steps_done(self) -> int:
         return len(self.losses)
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    """One step's making of its batch: CPU and wall seconds, the blocked and run-queue
+    seconds (None: not counted), the page faults (None: not counted), the yardstick's CPU
+    seconds right after (None: a warm-up step's, not taken)."""
+
+    cpu: float
+    wall: float
+    split: tuple[float, float] | None
+    faults: int | None
+    yardstick: float | None
+
+    def into(self, out: LoopResult) -> None:
+        out.input_times.append(self.cpu)
+        out.input_wall_times.append(self.wall)
+        if self.split is not None:
+            out.input_blocked_times.append(self.split[0])
+            out.input_queued_times.append(self.split[1])
+        if self.faults is not None:
+            out.input_faults.append(self.faults)
+        if self.yardstick is not None:
+            out.input_yardstick_times.append(self.yardstick)
 
 
 def timed(fns: StepFns[B, H], i: int, batch: B, slower: float) -> tuple[H, float]:
@@ -172,12 +217,17 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
             if i == warmup:
                 watch = Contention([measuring_root()]).start()
             mark = clock.mark() if clock is not None else None
+            f0 = thread_faults() if fns.host is not None else None
             t0, c0 = time.perf_counter(), time.thread_time()
-            inputs: tuple[float, float, float | None] | None = None
+            inputs: _Inputs | None = None
             if fns.host is not None and fns.put is not None:  # outside the timer
                 made = fns.host(i)
-                blocked = None if clock is None or mark is None else clock.since(mark)
-                inputs = (time.thread_time() - c0, time.perf_counter() - t0, blocked)
+                cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
+                split = None if clock is None or mark is None else clock.split(mark)
+                f1 = thread_faults() if f0 is not None else None
+                faults = None if f1 is None or f0 is None else f1 - f0
+                inputs = _Inputs(cpu, wall, split, faults,
+                                 yardstick() if i >= warmup else None)
                 batch = fns.put(i, made)
             else:
                 batch = fns.prepare(i)
@@ -192,10 +242,7 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
             if measured:
                 out.step_times.append(seconds)
                 if inputs is not None:
-                    out.input_times.append(inputs[0])
-                    out.input_wall_times.append(inputs[1])
-                    if inputs[2] is not None:
-                        out.input_blocked_times.append(inputs[2])
+                    inputs.into(out)
                 if probe is not None and (i - warmup + 1) % every == 0:
                     out.probe_times.append(probe.time())
             else:

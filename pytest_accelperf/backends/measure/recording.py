@@ -42,8 +42,8 @@ def new_run(case: Case, peak_flops: float | None, *, n_devices: int,
 def record_loop(run: Run, trained: LoopResult, probe: Probe | None = None) -> None:
     """The loop's measurements into ``run``: the loss of every step and its step number,
     the other metrics, the measured step times, the drift probe's times and kind, the
-    batch's input times (CPU, wall, blocked), and what the machine's other processes
-    used meanwhile."""
+    batch's input times (CPU, wall, blocked, queued), page faults and yardstick times, and
+    what the machine's other processes used meanwhile."""
     run.losses = trained.losses
     run.loss_steps = list(range(len(trained.losses)))
     run.metrics = trained.metrics
@@ -52,6 +52,8 @@ def record_loop(run: Run, trained: LoopResult, probe: Probe | None = None) -> No
         run.probe_times, run.probe_kind = trained.probe_times, probe.kind
     run.input_times, run.input_wall_times = trained.input_times, trained.input_wall_times
     run.input_blocked_times = trained.input_blocked_times
+    run.input_queued_times, run.input_faults = trained.input_queued_times, trained.input_faults
+    run.input_yardstick_times = trained.input_yardstick_times
     run.step_load, run.batch_time = trained.load, trained.batch_time
 
 

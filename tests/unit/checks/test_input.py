@@ -10,6 +10,7 @@ clock, so its cost does not depend on what else the machine runs.
 from __future__ import annotations
 
 import json
+import mmap
 import re
 import statistics
 import time
@@ -38,6 +39,7 @@ from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.records.run import Run  # noqa: E402
 from pytest_accelperf.report.terminal import metric_label  # noqa: E402
+from pytest_accelperf.stats.yardstick import KIND as YARDSTICK_KIND  # noqa: E402
 from pytest_accelperf.store.schema import validate_block  # noqa: E402
 from pytest_accelperf.store.summary import summarize  # noqa: E402
 
@@ -316,3 +318,159 @@ def test_tenths_of_a_millisecond_of_input_are_never_judged() -> None:
     now = check_input(block(jitter(0.000073), steps), base, TOL)
     assert now is not None and now.verdict is Verdict.PASS, now
     assert "under the 0.5 ms from which an input change is judged" in now.detail
+
+
+# -- evidence before a verdict (issue 48) -----------------------------------------------------
+def evidence(inputs: list[float], steps: list[float], *, wall: float | None = None,
+             faults: float | None = None, yardstick: float | None = None,
+             queued: float | None = None) -> dict[str, Any]:
+    """A block with the evidence the check weighs beside the input's CPU time."""
+    out = block(inputs, steps, wall)
+    extra = {"fault_median": faults, "yardstick_median": yardstick, "queued_median": queued,
+             "yardstick_kind": YARDSTICK_KIND if yardstick is not None else None}
+    out["input"].update({k: v for k, v in extra.items() if v is not None})
+    return out
+
+
+#: The issue's case: 1.54 ms of CPU a batch of an 80 ms step, then 5.56 ms (3.61x).
+STEPS_80 = jitter(0.080)
+
+
+def test_inflated_cpu_time_that_the_wall_time_does_not_show_is_not_judged() -> None:
+    """A CPU time 3.6x the baseline's with no other evidence (the wall time as it was):
+    a thread's CPU time is part of its wall time, so the change is not believed."""
+    base = evidence(jitter(0.00154), STEPS_80, wall=0.0060)
+    now = check_input(evidence(jitter(0.00556), STEPS_80, wall=0.0061), base, TOL)
+    assert now is not None and now.verdict is Verdict.INCONCLUSIVE, now
+    assert now.detail.startswith("not judged: its wall time did not move with it (6 ms → "
+                                 "6.1 ms a batch, against +4.0"), now.detail
+    assert now.data["measured_verdict"] == "regression" and now.data["contaminated"]
+    # the wall time that moved with it: judged
+    moved = check_input(evidence(jitter(0.00556), STEPS_80, wall=0.0100), base, TOL)
+    assert moved is not None and moved.verdict is Verdict.REGRESSION, moved
+
+
+def test_cpu_time_that_moved_with_the_page_faults_is_not_judged() -> None:
+    """The same batch function, its memory served afresh by the kernel (2,006 page faults a
+    batch) against reused (30): the CPU time the faults cost is the allocator's state."""
+    base = evidence(jitter(0.00154), STEPS_80, faults=30)
+    now = check_input(evidence(jitter(0.00556), STEPS_80, faults=2006), base, TOL)
+    assert now is not None and now.verdict is Verdict.INCONCLUSIVE, now
+    assert ("the batch's memory came from the kernel differently: 30 page faults a batch in "
+            "the baseline, 2,006 now") in now.detail, now.detail
+    assert "; measured: input 5.6" in now.detail and "3.67x the baseline" in now.detail
+    # as many faults as the baseline's (within 25 %): judged
+    same = check_input(evidence(jitter(0.00556), STEPS_80, faults=2100),
+                       evidence(jitter(0.00154), STEPS_80, faults=2006), TOL)
+    assert same is not None and same.verdict is Verdict.REGRESSION, same
+    # a baseline recorded before faults were counted, against a run that faulted
+    old = check_input(evidence(jitter(0.00556), STEPS_80, faults=2006),
+                      evidence(jitter(0.00154), STEPS_80), TOL)
+    assert old is not None and old.verdict is Verdict.INCONCLUSIVE, old
+    assert "the baseline counted none" in old.detail and "--accelperf-update" in old.detail
+
+
+def test_the_ratio_is_corrected_by_the_threads_yardstick() -> None:
+    """A thread that computed 3.6x slower as a whole (its yardstick too) passes; a batch
+    function 3.9x slower at the same yardstick fails, and says it was corrected."""
+    base = evidence(jitter(0.00154), STEPS_80, yardstick=0.0003)
+    slowed = check_input(evidence(jitter(0.00556), STEPS_80, yardstick=0.00108), base, TOL)
+    assert slowed is not None and slowed.verdict is Verdict.PASS, slowed
+    assert slowed.data["yardstick_ratio"] == pytest.approx(3.6)
+    planted = check_input(evidence(jitter(0.00604), STEPS_80, yardstick=0.00031), base, TOL)
+    assert planted is not None and planted.verdict is Verdict.REGRESSION, planted
+    assert "(corrected for this thread's speed: its yardstick took 1.03x the baseline's CPU " \
+           "time)" in planted.detail, planted.detail
+    # a yardstick of another kind does not compare
+    other = evidence(jitter(0.00154), STEPS_80, yardstick=0.0003)
+    other["input"]["yardstick_kind"] = "another"
+    assert check_input(evidence(jitter(0.00556), STEPS_80, yardstick=0.00108), other,
+                       TOL).verdict is Verdict.REGRESSION  # type: ignore[union-attr]
+
+
+def test_company_without_a_yardstick_to_correct_by_is_not_judged() -> None:
+    base = evidence(jitter(0.00154), STEPS_80)
+    loaded = "other processes used 0.90 of 2 cores on average while the steps were measured"
+    now = check_input(evidence(jitter(0.00556), STEPS_80), base, TOL, loaded=loaded)
+    assert now is not None and now.verdict is Verdict.INCONCLUSIVE, now
+    assert now.detail.startswith(f"not judged: measured beside another job: {loaded}, and "
+                                 f"the baseline has no yardstick"), now.detail
+    queued = check_input(evidence(jitter(0.00556), STEPS_80, queued=0.002), base, TOL)
+    assert queued is not None and queued.verdict is Verdict.INCONCLUSIVE, queued
+    assert "this thread waited 2 ms a batch for a CPU while it made it (3" in queued.detail
+    # with a yardstick on both sides, company is corrected for, and a slower batch judged
+    base_y = evidence(jitter(0.00154), STEPS_80, yardstick=0.0003)
+    judged = check_input(evidence(jitter(0.00556), STEPS_80, yardstick=0.0003), base_y, TOL,
+                         loaded=loaded)
+    assert judged is not None and judged.verdict is Verdict.REGRESSION, judged
+
+
+def test_the_block_stores_the_evidence_and_validates() -> None:
+    run = Run(case_id="c", step_times=[0.01, 0.011, 0.012], input_times=[0.002, 0.001, 0.003],
+              input_queued_times=[0.0, 0.001, 0.0], input_faults=[10, 12, 2000],
+              input_yardstick_times=[0.0003, 0.0004, 0.0003])
+    stored = summarize(run).to_json()["input"]
+    assert (stored["queued_median"], stored["fault_median"], stored["yardstick_median"],
+            stored["yardstick_kind"]) == (0.0, 12.0, 0.0003, YARDSTICK_KIND)
+    validate_block({"outcome": "ok", "environment": {}, "input": stored})
+    back = Run.from_json(json.loads(json.dumps(run.to_json())))
+    assert (back.input_faults, back.input_yardstick_times) == (run.input_faults,
+                                                               run.input_yardstick_times)
+
+
+def test_the_loop_counts_the_faults_and_times_the_yardstick() -> None:
+    """A batch function that maps 4 MiB afresh each batch faults about 1,024 times; the
+    yardstick runs once per measured step, outside the input's window."""
+    from pytest_accelperf.backends.measure.loop import StepFns, run_steps
+
+    def fresh(i: int) -> int:
+        with mmap.mmap(-1, 4 << 20) as buffer:  # mapped afresh, as a large malloc can be
+            for page in range(0, len(buffer), mmap.PAGESIZE):
+                buffer[page] = 1  # first touch: a fault
+            return len(buffer) + i
+
+    out = run_steps(StepFns(prepare=lambda i: i, run=lambda i, b: b, read=lambda h: (1.0, {}),
+                            host=fresh, put=lambda i, b: b),
+                    warmup=1, steps=4, report=lambda *a: None)
+    if out.input_faults:  # Linux counts them per thread
+        assert statistics.median(out.input_faults) >= 512, out.input_faults
+    assert len(out.input_yardstick_times) == 4 and min(out.input_yardstick_times) > 0
+
+
+def test_an_input_regression_is_measured_again_before_it_fails() -> None:
+    """One measurement is never enough: a regression that a second training does not show
+    passes (the detail says so), one that it shows too stands, and one set aside for its
+    page faults is measured again as well."""
+    from pytest_accelperf.gate.judge import Confirmation, Evaluated
+    from pytest_accelperf.store.block import read_block
+
+    base = evidence(jitter(0.00154), STEPS_80, wall=0.002, faults=30)
+
+    def evaluated(cpu: float, faults: float = 30) -> Evaluated:
+        now = evidence(jitter(cpu), STEPS_80, wall=cpu + 0.0005, faults=faults)
+        check = check_input(now, base, TOL)
+        assert check is not None
+        return Evaluated(run=Run(case_id="c"), block=read_block(now), baseline=read_block(base),
+                         checks=(check,))
+
+    def confirm(first: Evaluated, *again: Evaluated) -> CheckResult:
+        left, calls = list(again), []
+
+        def remeasure() -> Evaluated:
+            calls.append(1)
+            return left.pop(0)
+
+        out = Confirmation(remeasure, times=len(again), max_foreign_load=64.0)(first)
+        assert len(calls) == len(again) - len(left)
+        return next(c for c in out.checks if c.metric == "input")
+
+    cleared = confirm(evaluated(0.00556), evaluated(0.00154))
+    assert cleared.verdict is Verdict.PASS, cleared
+    assert cleared.detail.endswith("(re-measured: a first measurement looked like a regression, "
+                                   "input CPU ratio(s) 3.67; not confirmed)"), cleared.detail
+    stands = confirm(evaluated(0.00656), evaluated(0.00656))
+    assert stands.verdict is Verdict.REGRESSION and stands.data["confirmations"], stands
+    assert "(confirmed by 1 re-measurement(s): input CPU ratio(s) 4.30, 4.30)" in stands.detail
+    faulted = confirm(evaluated(0.00556, faults=2006), evaluated(0.00154))
+    assert faulted.verdict is Verdict.PASS and "1 of them not judged, contaminated" in \
+        faulted.detail, faulted.detail
