@@ -133,7 +133,10 @@ class Fields:
         })
         object.__setattr__(self, "block", block)
         object.__setattr__(self, "_cases", TypeAdapter(dict[str, block]))  # type: ignore[valid-type]
-        object.__setattr__(self, "_file", TypeAdapter(with_config(_CONFIG)(header)))
+        # Only the header's own keys at the top: a key this version does not know (kept by
+        # the exact read, which also finds it written twice) sends the file there.
+        object.__setattr__(self, "_file", TypeAdapter(
+            with_config(ConfigDict(strict=True, allow_inf_nan=False, extra="forbid"))(header)))
 
     def invalid(self, cases: Mapping[str, Any]) -> dict[str, ValidationError]:
         """``{case key: its error}`` of the blocks of ``cases`` whose named fields do not
@@ -161,8 +164,10 @@ class Fields:
         """``{case key: {field: value}}`` of a baseline file's bytes, when the file parses,
         its header is a baseline file's, no case key or header key is written twice and
         every block's named fields validate; else None (read it the exact way: it names
-        what is wrong). A key repeated inside a block is not looked for: only the exact
-        read, which builds every value, finds it."""
+        what is wrong). A top-level key other than ``schema_version``, ``platform`` and
+        ``cases`` sends the file to the exact read too. A key repeated inside a block, or a
+        ``platform`` written twice at the top, is not looked for (neither is read here):
+        only the exact read, which builds every value, finds it."""
         if data.count(b'"cases"') != 1 or data.count(b'"schema_version"') != 1:
             return None  # a header key may be written twice: the exact read tells
         if b"NaN" in data or b"Infinity" in data:
