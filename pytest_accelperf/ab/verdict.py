@@ -345,11 +345,15 @@ def _unloaded(result: CheckResult, loaded: str) -> CheckResult:
     """A batch check's ``result``, or, where a run was measured beside another job
     (``loaded``, why), its regression or improvement ``inconclusive``, saying why and what
     was measured (a ``pass`` holds; ``input_wait`` has already said so of this run)."""
-    if not loaded or result.verdict not in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+    measured = result.verdict.value
+    if result.verdict is Verdict.INCONCLUSIVE and result.data.get("contaminated"):
+        # set aside already, by the check's own evidence (the input check's): A/B's reason
+        # goes first, the check's stays in the detail
+        measured = str(result.data.get("measured_verdict") or "")
+    if not loaded or measured not in (Verdict.REGRESSION.value, Verdict.IMPROVEMENT.value):
         return result
     return replace(result, verdict=Verdict.INCONCLUSIVE,
-                   data={**result.data, "contaminated": loaded,
-                         "measured_verdict": result.verdict.value},
+                   data={**result.data, "contaminated": loaded, "measured_verdict": measured},
                    detail=(f"not judged, measured beside another job ({loaded}): the two "
                            f"runs are not interleaved; measured: {result.detail}"))
 

@@ -176,13 +176,14 @@ def test_a_step_metric_is_judged_against_the_base_arms_curve() -> None:
 def _batched(run: Run, cpu_ms: float = 0.3, blocked_ms: float = 0.0,
              load: Load | None = None) -> Run:
     """``run`` with 20 measured steps of 20 ms whose batches took ``cpu_ms`` of CPU and
-    were blocked ``blocked_ms`` (a sleep, a slow read), a little noise on each."""
+    were blocked ``blocked_ms`` (a sleep, a slow read), a little noise on each; the thread's
+    yardstick 0.3 ms each time (its speed unchanged)."""
     jitter = [1 + 0.02 * ((i * 7) % 5 - 2) for i in range(20)]
     return replace(run, step_times=[0.02] * 20,
                    input_times=[cpu_ms * 1e-3 * j for j in jitter],
                    input_wall_times=[(cpu_ms + blocked_ms) * 1e-3 * j for j in jitter],
                    input_blocked_times=[blocked_ms * 1e-3 * j for j in jitter],
-                   step_load=load)
+                   input_yardstick_times=[3e-4] * 20, step_load=load)
 
 
 def test_the_making_of_the_batch_is_judged_against_the_base_arms_run() -> None:
