@@ -167,11 +167,17 @@ def share_text(input_s: float, step: float | None) -> str:
     return f"{fmt_percent(input_s / step)} of the step" if step else "step time unknown"
 
 
-def change_floor(step_base: float | None, step_now: float | None) -> tuple[float, float | None]:
+def change_floor(step_base: float | None, step_now: float | None, *,
+                 corrected: bool = False) -> tuple[float, float | None]:
     """The smallest change of a median input time that is judged, and the step it is a
     share of: :data:`MIN_SHARE` of the longer of the two median steps (a session whose
     steps the machine slowed, 4x measured, slowed sub-millisecond CPU times too), at least
-    :data:`MIN_CHANGE_S` (the module docstring)."""
+    :data:`MIN_CHANGE_S` (the module docstring). ``corrected``: the input is corrected for
+    the thread's speed (:mod:`pytest_accelperf.stats.yardstick`), so the slowed session is
+    accounted for and the baseline's step is the one the change is a share of (beside a
+    competing job, nanoGPT's 21 ms step took 65 ms and put a planted 3 ms under the floor)."""
+    if corrected and step_base:
+        step_now = None
     step_ref = max((t for t in (step_base, step_now) if t), default=None)
     return max(MIN_SHARE * step_ref if step_ref else 0.0, MIN_CHANGE_S), step_ref
 
@@ -199,14 +205,16 @@ class Judged:
 def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
                   step_now: float | None, step_base: float | None, data: CheckData,
                   tolerance: float, *, metric: str, comparable: bool, what: str, tail: str,
-                  words: Callable[[str, str], str], why_share: str, why_min: str) -> Judged:
+                  words: Callable[[str, str], str], why_share: str, why_min: str,
+                  corrected: bool = False) -> Judged:
     """The rules the ``input`` and ``input_wait`` checks share, once both runs have
     samples: not compared across environments, not judged under the floor
     (:func:`change_floor`) or with too few samples, else the ratio of the samples
     (:func:`sample_ratio`), for the check ``metric``. ``data`` gets the baseline's share
     and the floor; ``words`` names the medians from the baseline's and this run's shares
     of the step; ``what`` names the quantity, ``why_share``/``why_min`` end the detail
-    under either floor, and ``tail`` ends the details of this helper's results."""
+    under either floor, and ``tail`` ends the details of this helper's results;
+    ``corrected``: the caller corrects the ratio for the thread's speed (:func:`change_floor`)."""
     now, base = statistics.median(now_samples), statistics.median(base_samples)
     data["baseline_share"] = base / step_base if step_base else None
     result = CheckResult(metric, Verdict.PASS, "", baseline=base, now=now, unit=UNIT,
@@ -218,7 +226,7 @@ def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
                                      f"not compared"), said)
     # The floor: a change that moves the training by less than MIN_SHARE of its step is
     # not judged, however sure (module docstring).
-    floor, step_ref = change_floor(step_base, step_now)
+    floor, step_ref = change_floor(step_base, step_now, corrected=corrected)
     data["min_change_s"] = floor
     if abs(now - base) < floor:
         why = (f"under the {fmt_percent(MIN_SHARE)} of the {fmt_ms(step_ref)} step from "
@@ -327,6 +335,7 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
         return replace(result, data={**result.data, **data},
                        detail=result.detail + bound_text)
     base = statistics.median(base_samples)
+    scale = yardstick_ratio(block.input, baseline.input)
     judged = judge_medians(
         now_samples, base_samples, step_now, median_step(baseline), data, tol.input_tolerance,
         metric=METRIC, comparable=comparable, what="input time", tail=bound_text,
@@ -334,12 +343,12 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
                                              f"baseline {fmt_ms(base)} ({base_share})"),
         why_share=": too small a share of the step to judge",
         why_min=(f"under the {fmt_ms(MIN_CHANGE_S)} from which an input change is judged (a "
-                 f"thread's CPU time moves by tenths of a millisecond between processes)"))
+                 f"thread's CPU time moves by tenths of a millisecond between processes)"),
+        corrected=scale is not None)
     if judged.est is None or judged.verdict is None:
         return judged.result
     result, words, est, verdict = judged.result, judged.words, judged.est, judged.verdict
     tolerance = tol.input_tolerance
-    scale = yardstick_ratio(block.input, baseline.input)
     corrected = ""
     if scale is not None:
         # Relative to the yardstick, as step times are to the drift probe (module docstring).

@@ -474,3 +474,18 @@ def test_an_input_regression_is_measured_again_before_it_fails() -> None:
     faulted = confirm(evaluated(0.00556, faults=2006), evaluated(0.00154))
     assert faulted.verdict is Verdict.PASS and "1 of them not judged, contaminated" in \
         faulted.detail, faulted.detail
+
+
+def test_a_step_the_machine_slowed_does_not_raise_the_floor_once_corrected() -> None:
+    """Beside a competing job nanoGPT's 21 ms step took 65 ms: the longer step put a planted
+    3 ms under the 5 % floor. With both runs' yardsticks the session's slowing is accounted
+    for, and the floor is the baseline's step's; without them it stays the longer step's."""
+    base = evidence(jitter(0.00123), jitter(0.0214), yardstick=0.0003)
+    now = evidence(jitter(0.00434), jitter(0.0646), yardstick=0.0003)
+    caught = check_input(now, base, TOL)
+    assert caught is not None and caught.verdict is Verdict.REGRESSION, caught
+    assert caught.data["min_change_s"] == pytest.approx(0.05 * 0.0214, rel=0.05)
+    bare = check_input(evidence(jitter(0.00434), jitter(0.0646)),
+                       evidence(jitter(0.00123), jitter(0.0214)), TOL)
+    assert bare is not None and bare.verdict is Verdict.PASS, bare
+    assert "under the 5.0% of the 64.6 ms step" in bare.detail
