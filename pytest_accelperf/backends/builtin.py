@@ -42,6 +42,13 @@ SPECS: tuple[BackendSpec, ...] = (
         packages=("torch", "deepspeed", "numpy"), in_process=False,
         ranks="pytest_accelperf.backends.torch.deepspeed",
     ),
+    # A LightningModule trained by lightning.Trainer.fit, measured from a callback.
+    BackendSpec(
+        "lightning", "pytest_accelperf.backends.lightning.backend",
+        requires=("torch", "lightning"),
+        install=f"pip install 'pytest-accelperf[lightning]' {_TORCH_FIRST}",
+        packages=("torch", "lightning", "numpy"), ray=False,
+    ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
     # (the PyPI name is a placeholder).
     BackendSpec(

@@ -94,6 +94,8 @@ _UNCOUNTED: contextvars.ContextVar[bool] = contextvars.ContextVar("accelperf_unc
                                                                    default=False)
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OPTIMIZER_FILE = os.path.join(_TORCH_DIR, "optim", "optimizer.py")
+#: The plugin's own package: a frame there called a trainer, not the user's code.
+_PLUGIN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep
 
 
 @contextlib.contextmanager
@@ -189,14 +191,18 @@ def sync_kind(func: Op, args: tuple[Untyped, ...], kwargs: Mapping[str, Untyped]
     return None
 
 
-def _caller() -> tuple[str, bool]:
+def _caller(libraries: tuple[str, ...] = ()) -> tuple[str, bool]:
     """Where the op being dispatched was called from: the site
     (:func:`~pytest_accelperf.records.sites.code_site`: file, function and source text) of the
-    innermost Python frame outside torch and this module (``"?"`` when there is none: a
-    backward op on autograd's thread); and whether torch.optim's ``_get_value`` (the
+    innermost Python frame outside torch, this module and ``libraries`` (directories: a
+    trainer's own package, whose frames lie between the user's code and torch), or, where
+    the frame outside them is the plugin's own (the trainer's loop called the op, not the
+    user's code), the innermost frame in ``libraries``; ``"?"`` when there is none (a
+    backward op on autograd's thread). And whether torch.optim's ``_get_value`` (the
     optimizer's step counter) is between."""
     frame = sys._getframe(2)
     counter = False
+    library: str | None = None
     while frame is not None:
         path = frame.f_code.co_filename
         if path == __file__ or path.startswith(_TORCH_DIR):
@@ -204,8 +210,15 @@ def _caller() -> tuple[str, bool]:
                                   and frame.f_code.co_name == "_get_value")
             frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
             continue
-        return code_site(path, frame.f_lineno, frame.f_code.co_name), counter
-    return "?", counter
+        site = code_site(path, frame.f_lineno, frame.f_code.co_name)
+        if libraries and path.startswith(libraries):
+            library = library or site
+            frame = frame.f_back  # type: ignore[assignment]  # None ends the loop
+            continue
+        if library is not None and path.startswith(_PLUGIN_DIR):
+            return library, counter
+        return site, counter
+    return library or "?", counter
 
 
 class OpCounts(TypedDict):
@@ -221,12 +234,15 @@ class OpCounts(TypedDict):
 
 class OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped in torch
     """Counts what the ops dispatched inside it do (see the module docstring), for a step
-    whose tensors live on ``device``. Enter it before ``FlopCounterMode``, so that it sees
-    the ops that counter decomposes into."""
+    whose tensors live on ``device`` (``libraries``: see :func:`_caller`). Enter it before
+    ``FlopCounterMode``, so that it sees the ops that counter decomposes into."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, libraries: tuple[str, ...] = ()) -> None:
         super().__init__()  # type: ignore[no-untyped-call]  # untyped in torch
         self.device = device
+        #: Directories of a trainer's package: a host sync's site is the user's frame
+        #: that called into it (``self.log`` in ``training_step``), not the trainer's.
+        self.libraries = libraries
         self.ops: Counter[str] = Counter()
         self.bytes = 0
         self.sync_sites: Counter[str] = Counter()
@@ -242,7 +258,7 @@ class OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped 
         self.bytes += sum(_nbytes(t) for t in inputs) + sum(_nbytes(t) for t in _tensors(out))
         kind = sync_kind(func, args, kwargs, out, self.device)
         if kind is not None:
-            site, optimizer_counter = _caller()
+            site, optimizer_counter = _caller(self.libraries)
             if not optimizer_counter:
                 self.sync_sites[f"{kind} at {site}"] += 1
         return out

@@ -1,0 +1,402 @@
+"""The ``lightning`` backend: a LightningModule trained by ``lightning.Trainer.fit``, as
+written, measured from inside Lightning's own loop (:mod:`.lightning.callback`).
+
+What it trains is a :class:`~.lightning.task.LightningTask`: the user's module, data and
+``Trainer`` keyword arguments. Two trainings run, each a ``Trainer.fit`` of its own:
+
+1. **counting** (untimed, then undone: the module's ``state_dict`` and the RNG put back,
+   and the optimizer and scheduler made again by ``configure_optimizers``), as the torch
+   backend's counting steps: on the CPU the live tensor bytes over the first optimizer
+   steps (the memory check's peak and its growth per step, counted by the torch backend's
+   ``MemTracker``), and over one optimizer step its FLOPs and what it dispatched: the ops
+   by dtype, the bytes they move and the host syncs, the trainer's own included, each
+   named at the user's line that made it (:class:`~.torch.ops.OpCounter`, Lightning's
+   frames seen through): the program check's record;
+2. **measured**: ``warmup + steps`` optimizer steps (``max_steps``), each stamped by a
+   :class:`~pytest_accelperf.backends.measure.stamps.StepClock` (the device synchronized,
+   the fetch of the data timed apart as ``input``, the drift probe after each), the loss
+   ``training_step`` returned and the learning rate each step used.
+
+Then the numerics fingerprint of what the trainer holds: the module's ``state_dict``,
+and beside it the optimizer's step count, the scheduler's, the precision plugin's loss
+scale and the trainer's global step. What the gate owns in both trainings it sets
+(:data:`~.lightning.task.OWNED`, ``max_steps``, the accelerator and one device) and says
+where the user's setting differed; nothing is left on disk (the trainer's root is a
+temporary directory, no logger, no checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import math
+import tempfile
+import warnings
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+
+from pytest_accelperf.backends.lightning.callback import (
+    COUNTED_STEP,
+    Counting,
+    GateProfiler,
+    Measured,
+    Watch,
+)
+from pytest_accelperf.backends.lightning.task import OWNED, LightningTask
+from pytest_accelperf.backends.measure.common import (
+    Phases,
+    TaskError,
+    describe,
+    fingerprint,
+    with_state,
+)
+from pytest_accelperf.backends.measure.recording import (
+    deadline_after,
+    new_run,
+    record_end,
+    record_loop,
+)
+from pytest_accelperf.backends.measure.stamps import StepClock
+from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
+from pytest_accelperf.backends.torch.memory import (
+    GROWTH_STEPS,
+    MEMORY_STEPS,
+    _oom_message,
+    _oom_record,
+    cpu_memory_growth,
+    reset_cuda_peak,
+)
+from pytest_accelperf.backends.torch.on_device import _device
+from pytest_accelperf.backends.torch.step import host_array
+from pytest_accelperf.backends.torch.step_record import eager_program
+from pytest_accelperf.backends.torch.task import sync, torch_probe
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.errors import ConfigError
+from pytest_accelperf.provision.accel import Accelerator
+
+#: The drift probe's size, as the in-process torch backend's (its docstring says why).
+PROBE_N = 128
+INSTALL = "pip install 'pytest-accelperf[lightning]'"
+
+
+def as_lightning_task(task: Task) -> LightningTask:
+    if isinstance(task, LightningTask):
+        return task
+    raise TaskError(f"the lightning backend trains a LightningTask "
+                    f"(pytest_accelperf.lightning); got {type(task).__name__}")
+
+
+@dataclass
+class Built:
+    """The task made for one case: its module, data, label, and the trainer's settings
+    with what the gate owns set, and one line for each user setting it replaced."""
+
+    module: pl.LightningModule
+    data: object
+    label: str
+    kwargs: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+    def fit(self, max_steps: int, watch: Watch, root: str) -> pl.Trainer:
+        """One ``Trainer.fit`` of ``max_steps`` optimizer steps, ``watch`` inside it."""
+        kwargs = dict(self.kwargs, max_steps=max_steps, default_root_dir=root,
+                      profiler=GateProfiler(watch),
+                      callbacks=[*self.kwargs.get("callbacks", ()), watch])
+        trainer = pl.Trainer(**kwargs)
+        data = self.data
+        try:
+            if isinstance(data, pl.LightningDataModule):
+                trainer.fit(self.module, datamodule=data)
+            else:
+                trainer.fit(self.module, train_dataloaders=data)
+        finally:
+            watch.close()
+        return trainer
+
+
+def _label(task: LightningTask, module: object) -> str:
+    return f"LightningTask.module {describe(type(module))}"
+
+
+def _module(task: LightningTask, case: Case) -> pl.LightningModule:
+    module = task.built(task.module, case, (pl.LightningModule,))
+    if not isinstance(module, pl.LightningModule):
+        raise TaskError(f"LightningTask.module must be a LightningModule or a function of "
+                        f"the case that returns one; got {type(module).__name__}")
+    return module
+
+
+def build(task: LightningTask, case: Case, device: torch.device) -> Built:
+    """Make ``task``'s module and data for ``case`` (seeded), and the trainer's settings."""
+    pl.seed_everything(task.seed_for(case), workers=True, verbose=False)
+    module = _module(task, case)
+    label = _label(task, module)
+    if not module.automatic_optimization:
+        raise TaskError(
+            f"{label} sets automatic_optimization = False: its training_step steps the "
+            f"optimizer itself, where the gate cannot see which call is an optimizer step "
+            f"to stamp; the lightning backend measures automatic optimization only (use it, "
+            f"or write the step as a TorchStep)")
+    data = task.built(task.data, case, (pl.LightningDataModule, torch.utils.data.DataLoader))
+    if data is None:
+        raise TaskError("LightningTask.data is None: give a LightningDataModule, a DataLoader "
+                        "or a function of the case that returns one")
+    kwargs, notes = trainer_settings(task.trainer, case, device)
+    return Built(module, data, label, kwargs, notes)
+
+
+def trainer_settings(given: Mapping[str, Any], case: Case,
+                     device: torch.device) -> tuple[dict[str, Any], list[str]]:
+    """The ``Trainer`` keyword arguments of a measured run: ``given`` with what the gate
+    owns set, and a line for each of ``given``'s that differed."""
+    if not isinstance(given, Mapping):
+        raise TaskError(f"LightningTask.trainer holds lightning.Trainer keyword arguments "
+                        f"(a dict); got {type(given).__name__}")
+    kwargs = dict(given)
+    notes: list[str] = []
+    owned: dict[str, tuple[object, str]] = {
+        **OWNED,
+        "max_steps": (case.warmup + case.steps, "the case's warm-up + steps"),
+        "accelerator": ("gpu" if device.type == "cuda" else "cpu", "the session's --accel"),
+        "devices": (1, "a case of world_size 1 trains on one device"),
+    }
+    for name, (value, why) in owned.items():
+        if name in kwargs and kwargs[name] != value and not (
+                name == "profiler" and kwargs[name] is None):
+            notes.append(f"LightningTask.trainer[{name!r}]={kwargs[name]!r}: the gate uses "
+                         f"{value!r} ({why})")
+        kwargs[name] = value
+    kwargs.pop("max_steps")  # set per training
+    kwargs.pop("profiler")  # the gate's, per training
+    callbacks = list(kwargs.get("callbacks") or [])
+    kept = [c for c in callbacks if not isinstance(c, Checkpoint)]
+    if len(kept) != len(callbacks):
+        notes.append("LightningTask.trainer['callbacks'] holds a checkpoint callback: "
+                     "left out (no checkpoint is left in the project)")
+    kwargs["callbacks"] = kept
+    return kwargs, notes
+
+
+#: Lightning 2.6's own use of torch's pytree, which torch 2.13 deprecates: Lightning's to
+#: fix, not the user's (an error where a suite turns warnings into errors).
+_LIGHTNING_OWN = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """The gate's own trainers are quiet: Lightning's advice about the run (a loader with
+    few workers), its deprecation of its own use of torch, and its info lines about the
+    trainer the gate made (devices, the tip to install a logger, ``max_steps`` reached)
+    are not the case's result."""
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+
+    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PossibleUserWarning)
+        warnings.filterwarnings("ignore", _LIGHTNING_OWN, FutureWarning)
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
+
+
+def _restore(module: torch.nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
+    module.load_state_dict(saved)
+    module.zero_grad(set_to_none=True)
+
+
+def state_beside(trainer: pl.Trainer) -> dict[str, np.ndarray]:
+    """The training state the trainer holds beside the module's ``state_dict``: the
+    optimizer's step count (the largest ``step`` in its per-parameter state), each
+    scheduler's ``last_epoch``, the precision plugin's loss scale, the global step."""
+    out: dict[str, np.ndarray] = {}
+    for i, optimizer in enumerate(trainer.optimizers):
+        counts = [float(state["step"]) for state in optimizer.state.values()
+                  if isinstance(state, Mapping) and "step" in state]
+        if counts:
+            name = "optimizer" if len(trainer.optimizers) == 1 else f"optimizer{i}"
+            out[f"{name}/step"] = np.asarray(max(counts), dtype=np.float32)
+    configs = trainer.lr_scheduler_configs
+    for i, config in enumerate(configs):
+        epoch = getattr(config.scheduler, "last_epoch", None)
+        if isinstance(epoch, int):
+            name = "scheduler" if len(configs) == 1 else f"scheduler{i}"
+            out[f"{name}/last_epoch"] = np.asarray(epoch, dtype=np.float32)
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled():
+        out["scaler/scale"] = np.asarray(scaler.get_scale(), dtype=np.float32)
+    out["trainer/global_step"] = np.asarray(trainer.global_step, dtype=np.float32)
+    return out
+
+
+@dataclass
+class LightningTrainResult(TrainResult):
+    """A :class:`TrainResult` with the trained module (``CaseResult.state``) and the
+    lines saying what the gate set in the user's place; the module stays in the process
+    that trained it: pickling drops it."""
+
+    state: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    def __getstate__(self) -> dict[str, object]:
+        data = dict(self.__dict__)
+        data["state"] = None
+        return data
+
+
+def _say(notes: list[str]) -> None:
+    if not notes:
+        return
+    from pytest_accelperf.gate.session import AccelperfWarning
+
+    for note in notes:
+        warnings.warn(AccelperfWarning(note), stacklevel=4)
+
+
+class LightningBackend:
+    """Trains a :class:`LightningTask` with ``lightning.Trainer.fit`` in this process, on
+    the CPU or one CUDA device."""
+
+    name = "lightning"
+
+    def unavailable_reason(self) -> str | None:
+        missing = [p for p in ("torch", "lightning") if importlib.util.find_spec(p) is None]
+        if missing:
+            return f"backend 'lightning' needs {', '.join(missing)}: {INSTALL}"
+        return None
+
+    def fits(self, case: Case, task: Task, accel: Accelerator, *,
+             timeout: float | None = None) -> Fit:
+        """CPU: the counted peak of the counting training against ``memory_capacity``."""
+        device = _device(accel)
+        if device.type != "cpu" or not case.memory_capacity:
+            raise ConfigError(f"{case.id}: the lightning backend searches a maximum batch on "
+                              f"the CPU against the case's memory_capacity only")
+        built = build(as_lightning_task(task), case, device)
+        counting = Counting(case, device, built.label)
+        with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, _quiet():
+            built.fit(MEMORY_STEPS, counting, root)
+        return Fit(counting.peak <= case.memory_capacity, counting.peak,
+                   int(case.memory_capacity), "mem_tracker peak")
+
+    def train(self, case: Case, task: Task, accel: Accelerator, *,
+              timeout: float | None = None) -> TrainResult:
+        lightning_task = as_lightning_task(task)
+        _one_device(case)
+        deadline = deadline_after(timeout)
+        phases = Phases()
+        device = _device(accel)
+        label = f"{device.type}:{device.index or 0}"
+        with phases("build"):
+            built = build(lightning_task, case, device)
+        _say(built.notes)
+        run = new_run(case, accel.peak_flops, n_devices=1)
+        saved = _snapshot(built.module)
+        seed = lightning_task.seed_for(case)
+        with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, _quiet():
+            # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
+            counting = Counting(case, device, built.label)
+            steps = MEMORY_STEPS + GROWTH_STEPS if device.type == "cpu" else COUNTED_STEP + 1
+            counting.steps = steps
+            with phases("memory"):
+                built.fit(steps, counting, root)
+            if isinstance(lightning_task.module, pl.LightningModule):
+                _restore(built.module, saved)  # the state_dict; its Python attributes stay
+            else:  # made again, as the first time: nothing of the counting is left in it
+                pl.seed_everything(seed, workers=True, verbose=False)
+                built.module = _module(lightning_task, case)
+            memory = counting.memory()
+            if memory is not None:
+                run.memory_per_device, run.memory_source = {label: memory.peak}, memory.source
+                run.memory_growth = cpu_memory_growth(memory)
+                capacity = case.memory_capacity
+                if capacity and memory.peak > capacity:
+                    run.oom = _oom_record(memory.peak, int(capacity), memory.source)
+                    run.outcome, run.message = "oom", _oom_message(run.oom)
+                    run.phases = phases.record()
+                    return LightningTrainResult(run=run, notes=built.notes)
+            run.flops_per_step = counting.flops
+            run.program = eager_program(counting.flops, counting.ops)
+            # 2. measured
+            with phases("probe"):
+                probe = torch_probe(device, n=PROBE_N)
+            clock = StepClock(warmup=case.warmup, steps=case.steps,
+                              sync=lambda: sync(device), probe=probe, deadline=deadline)
+            measured = Measured(case, device, built.label, clock)
+            if device.type == "cuda":
+                reset_cuda_peak(device)
+            pl.seed_everything(seed, workers=True, verbose=False)
+            try:
+                with phases("train"):
+                    trainer = built.fit(case.warmup + case.steps, measured, root)
+            except torch.OutOfMemoryError as exc:
+                run.outcome = "oom"
+                run.message = f"out of memory: {str(exc).splitlines()[0]}"
+                run.phases = phases.record()
+                return LightningTrainResult(run=run, notes=built.notes)
+            trained = clock.finish()
+            extra = _epochs_note(trainer, case, built)
+        if extra:
+            _say([extra])
+            built.notes.append(extra)
+        if device.type == "cuda":
+            run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
+            run.memory_source = "cuda_allocator"
+        record_loop(run, trained, probe)
+        with phases("fingerprint"):
+            own = {k: host_array(v) for k, v in built.module.state_dict().items()
+                   if isinstance(v, torch.Tensor)}
+            params, state_names = with_state(own, state_beside(trainer))
+            run.params_fingerprint = fingerprint(params, state_names)
+        if built.notes:
+            run.extra["notes"] = list(built.notes)
+        record_end(run, trained, timeout, case)
+        if run.outcome == "ok" and trained.steps_done < case.warmup + case.steps:
+            run.outcome = "error"
+            run.message = (f"{built.label}: Lightning stopped after {trained.steps_done} of "
+                           f"{case.warmup + case.steps} optimizer steps (a callback or "
+                           f"the module set trainer.should_stop, or the data ended)")
+        run.phases = phases.record()
+        return LightningTrainResult(run=run, params=params, state=built.module,
+                                    notes=built.notes)
+
+
+def _epochs_note(trainer: pl.Trainer, case: Case, built: Built) -> str | None:
+    """A line where the data held fewer batches than the run trained: Lightning began a
+    new epoch (the loader iterated again) after each pass."""
+    per_epoch = trainer.num_training_batches
+    needed = (case.warmup + case.steps) * int(trainer.accumulate_grad_batches)
+    if not isinstance(per_epoch, int | float) or math.isinf(per_epoch) or per_epoch >= needed:
+        return None
+    return (f"LightningTask.data holds {int(per_epoch)} batch(es) an epoch, the case "
+            f"{needed} (warm-up + steps x accumulate_grad_batches): Lightning began a new "
+            f"epoch after each {int(per_epoch)} (the loader iterated again, its end-of-epoch "
+            f"work inside the step that followed)")
+
+
+def _one_device(case: Case) -> None:
+    if case.world_size > 1 or case.n_devices != 1:
+        raise ConfigError(f"{case.id}: the lightning backend trains on one device for now "
+                          f"(world_size={case.world_size}, mesh={case.mesh}); Lightning's "
+                          f"own DDP under the gate is not built yet")
+    if case.reference:
+        raise ConfigError(f"{case.id}: the lightning backend has no single-device reference "
+                          f"run: drop reference=True")
+
+
+BACKEND = LightningBackend()
