@@ -134,7 +134,12 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true",
                         help="judge against the suite's last recording (benchmarks/results/"
                              "input-suite-baselines), not a new one")
+    parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
+                        help="summarize the sessions of these results files, run nothing")
     args = parser.parse_args()
+    if args.combine:
+        combine(args.combine)
+        return
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
     kept = results / "input-suite-baselines"
@@ -150,22 +155,33 @@ def main() -> None:
                 sys.exit(f"recording failed:\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
             shutil.rmtree(kept, ignore_errors=True)
             shutil.copytree(tree / "baselines", kept)
-        sessions = []
+        sessions: list[dict[str, Any]] = []
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        partial = results / f"input-{stamp}.json"
         for i in range(args.sessions):
             competing = i % 2 == 1
             session = _session(tree, Path(scratch) / f"report-{i}.json", args.plant_ms,
                                competing)
             sessions.append(session)
+            partial.write_text(json.dumps(  # after every session: a stopped run keeps them
+                {"plant_ms": args.plant_ms, "sessions": sessions}, indent=1))
             same = {k: v.get("input", {}).get("verdict") for k, v in session["cases"].items()}
             print(f"session {i + 1}/{args.sessions} competing={competing} "
                   f"load {session['load_before']}-{session['load_after']} "
                   f"{session['wall_s']} s: {same}", flush=True)
     table, totals = _summary(sessions, args.plant_ms)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (results / f"input-{stamp}.json").write_text(json.dumps(
+    partial.write_text(json.dumps(
         {"plant_ms": args.plant_ms, "totals": totals, "sessions": sessions}, indent=1))
-    (results / f"input-{stamp}.md").write_text(table + "\n")
+    partial.with_suffix(".md").write_text(table + "\n")
     print(table)
+
+
+def combine(paths: list[Path]) -> None:
+    """The summary of several runs' sessions (``--combine``): runs side by side on one
+    machine, or a run stopped before its last session."""
+    sessions = [s for p in paths for s in json.loads(p.read_text())["sessions"]]
+    plant = json.loads(paths[0].read_text())["plant_ms"]
+    print(_summary(sessions, plant)[0])
 
 
 if __name__ == "__main__":
