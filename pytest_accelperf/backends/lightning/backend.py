@@ -31,6 +31,8 @@ import contextlib
 import importlib.util
 import logging
 import math
+import os
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -83,6 +85,8 @@ from pytest_accelperf.provision.accel import Accelerator
 
 #: The drift probe's size, as the in-process torch backend's (its docstring says why).
 PROBE_N = 128
+#: The plugin's own files: a note points at the first frame outside them.
+_PLUGIN = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep
 INSTALL = "pip install 'pytest-accelperf[lightning]'"
 
 
@@ -260,12 +264,17 @@ class LightningTrainResult(TrainResult):
 
 
 def _say(notes: list[str]) -> None:
+    """Each of ``notes`` as an ``AccelperfWarning`` pointing at the user's line that
+    trained the case (the first frame outside the plugin: ``accelperf.train(task)``)."""
     if not notes:
         return
     from pytest_accelperf.gate.session import AccelperfWarning
 
+    level, frame = 2, sys._getframe(1)  # stacklevel 2: the caller of _say
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PLUGIN):
+        level, frame = level + 1, frame.f_back
     for note in notes:
-        warnings.warn(AccelperfWarning(note), stacklevel=4)
+        warnings.warn(AccelperfWarning(note), stacklevel=level)
 
 
 class LightningBackend:
