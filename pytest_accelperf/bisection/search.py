@@ -60,6 +60,3 @@ class Search:
         return [i for i in range(self.good + 1, self.bad + 1)
                 if i == self.bad or i in self.skipped]
 
-    def steps_left(self) -> int:
-        """Tests still needed at most, if none is skipped: ``ceil(log2(bad - good))``."""
-        return max(0, (self.bad - self.good - 1).bit_length())

@@ -430,12 +430,6 @@ class Settings:
     explain_max_bytes: int = 20_000_000
 
     @property
-    def case_accel(self) -> str:
-        """The accelerator the cases are for: ``tpu`` under a compile-only target (its
-        compile runs on this host's CPU), else ``accel``."""
-        return "tpu" if self.target else self.accel
-
-    @property
     def ab(self) -> bool:
         """Whether this is an A/B session: against a revision, another environment, or
         both."""

@@ -23,7 +23,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from pytest_accelperf.backends.procs.launch import LaunchResult
-from pytest_accelperf.backends.procs.ranks import RankJob, train_in_ranks
+from pytest_accelperf.backends.procs.ranks import RankJob
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
@@ -162,7 +162,3 @@ class JaxProcesses:
 RANKS = JaxProcesses()
 
 
-def train_processes(case: Case, task: Task, accel: Accelerator, *,
-                    timeout: float | None = None) -> TrainResult:
-    """Train ``case`` in ``case.world_size`` processes launched on this machine."""
-    return train_in_ranks(RANKS, case, task, accel, timeout=timeout)

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from pytest_accelperf.backends.procs.ranks import train_in_ranks
-from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
+from pytest_accelperf.backends.protocol import Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, register_ddp_hook
 from pytest_accelperf.backends.torch.in_rank import EngineDescription, RankPlan
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
@@ -128,7 +128,3 @@ def train_ddp(case: Case, task: Task, accel: Accelerator,
     return train_in_ranks(RANKS, case, task, accel, timeout=timeout)
 
 
-def fits_ddp(case: Case, task: Task, accel: Accelerator,
-             timeout: float | None = None) -> Fit:
-    """:meth:`Backend.fits` for DDP cases (see :meth:`TorchRanks.fits`)."""
-    return RANKS.fits(case, task, accel, timeout=timeout)
