@@ -67,6 +67,7 @@ from pytest_accelperf.backends.measure.recording import (
 )
 from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
+from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.memory import (
     GROWTH_STEPS,
     MEMORY_STEPS,
@@ -76,15 +77,13 @@ from pytest_accelperf.backends.torch.memory import (
     reset_cuda_peak,
 )
 from pytest_accelperf.backends.torch.on_device import _device
-from pytest_accelperf.backends.torch.step import host_array
+from pytest_accelperf.backends.torch.step import host_array, optimizer_steps
 from pytest_accelperf.backends.torch.step_record import eager_program
 from pytest_accelperf.backends.torch.task import sync, torch_probe
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 
-#: The drift probe's size, as the in-process torch backend's (its docstring says why).
-PROBE_N = 128
 #: The plugin's own files: a note points at the first frame outside them.
 _PLUGIN = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep
 INSTALL = "pip install 'pytest-accelperf[lightning]'"
@@ -125,10 +124,6 @@ class Built:
         return trainer
 
 
-def _label(task: LightningTask, module: object) -> str:
-    return f"LightningTask.module {describe(type(module))}"
-
-
 def _module(task: LightningTask, case: Case) -> pl.LightningModule:
     module = task.built(task.module, case, (pl.LightningModule,))
     if not isinstance(module, pl.LightningModule):
@@ -141,7 +136,7 @@ def build(task: LightningTask, case: Case, device: torch.device) -> Built:
     """Make ``task``'s module and data for ``case`` (seeded), and the trainer's settings."""
     pl.seed_everything(task.seed_for(case), workers=True, verbose=False)
     module = _module(task, case)
-    label = _label(task, module)
+    label = f"LightningTask.module {describe(type(module))}"
     if not module.automatic_optimization:
         raise TaskError(
             f"{label} sets automatic_optimization = False: its training_step steps the "
@@ -228,13 +223,7 @@ def state_beside(trainer: pl.Trainer) -> dict[str, np.ndarray]:
     """The training state the trainer holds beside the module's ``state_dict``: the
     optimizer's step count (the largest ``step`` in its per-parameter state), each
     scheduler's ``last_epoch``, the precision plugin's loss scale, the global step."""
-    out: dict[str, np.ndarray] = {}
-    for i, optimizer in enumerate(trainer.optimizers):
-        counts = [float(state["step"]) for state in optimizer.state.values()
-                  if isinstance(state, Mapping) and "step" in state]
-        if counts:
-            name = "optimizer" if len(trainer.optimizers) == 1 else f"optimizer{i}"
-            out[f"{name}/step"] = np.asarray(max(counts), dtype=np.float32)
+    out = optimizer_steps(trainer.optimizers)
     configs = trainer.lr_scheduler_configs
     for i, config in enumerate(configs):
         epoch = getattr(config.scheduler, "last_epoch", None)

@@ -221,18 +221,27 @@ def state_beside(step: TorchStep, params: Mapping[str, object], stateful: Sequen
                 continue
             out[key] = host_array(value)
     optimizers = [opt for opt, _ in step._initial.optimizers.values()] if step._initial else []
-    for i, optimizer in enumerate(optimizers):
-        counts = [float(state["step"]) for state in optimizer.state.values()
-                  if isinstance(state, Mapping) and "step" in state]
-        if counts:
-            name = "optimizer" if len(optimizers) == 1 else f"optimizer{i}"
-            out[f"{name}/step"] = np.asarray(max(counts), dtype=np.float32)
+    out.update(optimizer_steps(optimizers))
     named = step.stateful is not None
     scalers = [obj for obj in stateful if isinstance(obj, torch.amp.GradScaler)
                and obj.is_enabled() and (named or obj.state_dict() != before.get(id(obj)))]
     for i, scaler in enumerate(scalers):
         name = "scaler" if len(scalers) == 1 else f"scaler{i}"
         out[f"{name}/scale"] = np.asarray(scaler.get_scale(), dtype=np.float32)
+    return out
+
+
+def optimizer_steps(optimizers: Sequence[torch.optim.Optimizer]) -> dict[str, np.ndarray]:
+    """Each optimizer's step count, the largest ``step`` in its per-parameter state
+    (Adam's, AdamW's; SGD keeps none): ``optimizer/step``, or ``optimizer0/step``, ...
+    for several (the numerics fingerprint's state beside the parameters)."""
+    out: dict[str, np.ndarray] = {}
+    for i, optimizer in enumerate(optimizers):
+        counts = [float(state["step"]) for state in optimizer.state.values()
+                  if isinstance(state, Mapping) and "step" in state]
+        if counts:
+            name = "optimizer" if len(optimizers) == 1 else f"optimizer{i}"
+            out[f"{name}/step"] = np.asarray(max(counts), dtype=np.float32)
     return out
 
 

@@ -77,6 +77,21 @@ def loader(case: Case, batches: int = 32, per_device: int | None = None) -> Data
                       batch_size=size)
 
 
+class Images(L.LightningDataModule):
+    """A LightningDataModule of synthetic data, as Lightning's docs write one."""
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+
+    def setup(self, stage: str) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.train = TensorDataset(torch.randn(5 * self.batch_size, 64, generator=gen))
+
+    def train_dataloader(self) -> DataLoader[Any]:
+        return DataLoader(self.train, batch_size=self.batch_size)
+
+
 def case(**kw: Any) -> Case:
     return Case(backend="lightning", batch=BATCH, steps=STEPS, warmup=WARMUP, **kw)
 
@@ -230,6 +245,26 @@ def test_a_short_dataset_runs_more_epochs_and_says_so(workdir: Path) -> None:
         "LightningTask.data holds 3 batch(es) an epoch, the case 7 (warm-up + steps x "
         "accumulate_grad_batches): Lightning began a new epoch after each 3 (the loader "
         "iterated again, its end-of-epoch work inside the step that followed)")
+
+
+def test_a_datamodule_trains_as_a_loader_does(plain: LightningTrainResult,
+                                               workdir: Path) -> None:
+    with pytest.warns(AccelperfWarning, match="holds 5 batch"):
+        result = train(LightningTask(module=lambda c: LitAutoEncoder(),
+                                     data=lambda c: Images(c.batch)))
+    run = result.run
+    assert run.outcome == "ok" and len(run.step_times) == STEPS
+    assert run.program == plain.run.program  # the same step on other data
+    with pytest.raises(TaskError, match="the global batch is 8 "):
+        train(LightningTask(module=lambda c: LitAutoEncoder(), data=Images(8)))
+
+
+def test_fits_against_the_declared_capacity(plain: LightningTrainResult,
+                                            workdir: Path) -> None:
+    peak = plain.run.memory_per_device["cpu:0"]
+    for capacity, fits in ((2 * peak, True), (peak // 2, False)):
+        fit = BACKEND.fits(case(memory_capacity=capacity), task(), CPU)
+        assert (fit.fits, fit.required_bytes, fit.capacity_bytes) == (fits, peak, capacity)
 
 
 def test_a_global_batch_unlike_the_case_is_one_line(workdir: Path) -> None:
