@@ -166,6 +166,8 @@ def trainer_settings(given: Mapping[str, Any], case: Case,
         "accelerator": ("gpu" if device.type == "cuda" else "cpu", "the session's --accel"),
         "devices": (1, "a case of world_size 1 trains on one device"),
     }
+    if case.grad_accum > 1:  # the case's accumulation drives the trainer's
+        owned["accumulate_grad_batches"] = (case.grad_accum, "the case's grad_accum")
     for name, (value, why) in owned.items():
         if name in kwargs and kwargs[name] != value and not (
                 name == "profiler" and kwargs[name] is None):

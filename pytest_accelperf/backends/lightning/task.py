@@ -40,8 +40,9 @@ class LightningTask:
     of them. ``trainer`` holds ``lightning.Trainer`` keyword arguments, as a user passes
     them (``precision``, ``accumulate_grad_batches``, ``gradient_clip_val``, ...): the
     gate sets those it owns (:data:`OWNED`, and ``max_steps``), and says where yours
-    differed. The global batch, the loader's batch times ``accumulate_grad_batches``
-    times the devices, must be the case's ``batch``.
+    differed. A case's ``grad_accum`` above 1 is the trainer's
+    ``accumulate_grad_batches``. The global batch, the loader's batch times
+    ``accumulate_grad_batches`` times the devices, must be the case's ``batch``.
 
     ``seed`` seeds everything (``lightning.seed_everything``) before the module is made
     and before each training; a case's ``params["seed"]`` takes its place.

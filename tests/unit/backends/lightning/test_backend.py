@@ -220,6 +220,21 @@ def test_accumulation_stamps_optimizer_steps(workdir: Path) -> None:
     assert run.params_fingerprint["trainer/global_step"]["sample"] == [WARMUP + STEPS]
 
 
+def test_the_cases_grad_accum_drives_the_trainers_accumulation(workdir: Path) -> None:
+    def half(c: Case) -> DataLoader[Any]:
+        return loader(c, per_device=c.batch // c.grad_accum)
+
+    with pytest.warns(AccelperfWarning) as said:
+        result = train(LightningTask(module=lambda c: LitAutoEncoder(), data=half,
+                                     trainer={"accumulate_grad_batches": 4}),
+                       case(grad_accum=2))
+    assert [str(w.message) for w in said] == [
+        "LightningTask.trainer['accumulate_grad_batches']=4: the gate uses 2 (the case's "
+        "grad_accum)"]
+    assert result.run.case_id == "lightning-nomesh-ga2-b16"
+    assert len(result.state.returned) == 2 * (WARMUP + STEPS)
+
+
 def test_what_the_gate_owns_is_set_and_said(workdir: Path) -> None:
     with pytest.warns(AccelperfWarning) as said:
         result = train(task(max_steps=100, logger=True, enable_progress_bar=True))
