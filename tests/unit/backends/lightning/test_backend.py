@@ -300,6 +300,12 @@ def test_manual_optimization_is_refused_saying_why(workdir: Path) -> None:
         train(LightningTask(module=Manual(), data=loader))
 
 
+def test_a_timeout_ends_the_trainers_loop_at_a_step_boundary(workdir: Path) -> None:
+    run = BACKEND.train(case(), task(), CPU, timeout=1e-9).run
+    assert run.outcome == "timeout" and len(run.losses) == 1
+    assert run.message.startswith("exceeded the 1e-09 s timeout after 1 of 7 steps")
+
+
 def test_nothing_is_left_in_the_working_directory(plain: LightningTrainResult,
                                                   workdir: Path) -> None:
     assert list(workdir.iterdir()) == []
