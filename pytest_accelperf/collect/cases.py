@@ -288,6 +288,15 @@ def grid(
     >>> [c.id for c in grid(backend="jax", mesh=[None, (4, 2)], batch=[128])]
     ['jax-nomesh-b128', 'jax-mesh4x2-b128']
     """
+    if isinstance(batch, int | str) or not isinstance(batch, Iterable):
+        raise ConfigError(f"batch={batch!r}: the grid takes a list of batch sizes, one case "
+                          f"each: batch=[{batch!r}]")
+    if isinstance(mesh, tuple) and mesh and all(isinstance(n, int) for n in mesh):
+        raise ConfigError(f"mesh={mesh!r} is one mesh: the grid takes a list of meshes, one "
+                          f"case each: mesh=[{mesh!r}]")
+    if not isinstance(mesh, Iterable):
+        raise ConfigError(f"mesh={mesh!r}: the grid takes a list of meshes (a shape such as "
+                          f"(4, 2), or None for no mesh): mesh=[{mesh!r}]")
     models = [model] if isinstance(model, str) else list(model)
     return [
         Case(backend=backend, model=m, mesh=tuple(me) if me is not None else None, batch=b,

@@ -47,6 +47,27 @@ def test_a_bad_case_field_is_a_collection_error_of_one_line_naming_the_users_lin
     no_plugin_frames(out)
 
 
+@pytest.mark.parametrize(("keywords", "line"), [
+    ("batch=64", "batch=64: the grid takes a list of batch sizes, one case each: batch=[64]"),
+    ("batch=[64], mesh=(4, 2)", "mesh=(4, 2) is one mesh: the grid takes a list of meshes, one "
+                                "case each: mesh=[(4, 2)]")])
+def test_a_grid_axis_given_one_value_is_one_line(suite: Suite, keywords: str, line: str) -> None:
+    """``@cases(backend="jax", batch=64)``: a raw ``TypeError: 'int' object is not iterable``
+    from the plugin's frames before."""
+    suite.write(f'''
+        from pytest_accelperf import cases
+
+        @cases(backend="jax", {keywords})
+        def test_grid(accelperf):
+            pass
+    ''', name="test_grid_axis")
+    result = suite.run()
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    assert f"test_grid_axis.py: {line}\n" in result.stdout.str(), result.stdout.str()
+    result.stdout.fnmatch_lines(["*(at test_grid_axis.py:3 (in <module>))*"])
+    no_plugin_frames(result.stdout.str())
+
+
 def test_a_mesh_larger_than_the_devices_fails_the_case_in_one_line(suite: Suite) -> None:
     suite.write('''
         from tinytask import make_task
