@@ -7,7 +7,8 @@ drift probe (:mod:`.probe`) measures the machine's speed for the *step*, in wall
 the framework's device. This is its counterpart for the *input*: a fixed piece of host work
 of the kind batch functions do (numpy arithmetic on an array that fits a core's cache, and a
 Python loop), timed by the same clock as the batch (this thread's CPU time), in the same
-thread, right after each measured step's batch was made and outside every timer.
+thread, right after a measured step's batch was made (at most 10 a run, evenly spread:
+:func:`pytest_accelperf.backends.measure.loop.yardstick_every`) and outside every timer.
 
 The ``input`` check compares input CPU times relative to it
 (:mod:`pytest_accelperf.checks.input`): the ratio of the two runs' input medians divided by
@@ -15,7 +16,7 @@ the ratio of their yardsticks' medians. So a machine that slowed this thread's c
 whole cancels, and a batch function that got slower does not. What it cannot see is work the
 kernel does for the batch's memory (page faults:
 :mod:`pytest_accelperf.backends.measure.faults`), which the check weighs apart. About
-0.3 ms of CPU time a measured step.
+0.3 ms of CPU time each.
 """
 
 from __future__ import annotations

@@ -82,6 +82,22 @@ def probe_every(steps: int) -> int:
     return max(1, math.ceil(steps / MAX_PROBES))
 
 
+#: The most input yardsticks (:mod:`pytest_accelperf.stats.yardstick`) one run takes: the
+#: input check reads their median, and each costs about 0.3 ms of wall time outside the
+#: timers (+9 % of a 3.8 ms Lightning step when taken every step).
+MAX_YARDSTICKS = 10
+
+
+def yardstick_every(steps: int) -> int:
+    """Time the yardstick after every k-th measured step's batch, for ``k`` this: at most
+    :data:`MAX_YARDSTICKS` a run, evenly spread.
+
+    >>> yardstick_every(4), yardstick_every(10), yardstick_every(20), yardstick_every(1000)
+    (1, 1, 2, 100)
+    """
+    return max(1, math.ceil(steps / MAX_YARDSTICKS))
+
+
 class StepReporter(Protocol):
     """Where progress goes after each step (outside the timer)."""
 
@@ -154,8 +170,8 @@ class LoopResult:
     #: Per measured step: the same thread's page faults in the same ``host``
     #: (:mod:`.faults`); empty where the platform does not count them per thread.
     input_faults: list[int] = field(default_factory=list)
-    #: Per measured step: CPU seconds of the input yardstick
-    #: (:mod:`pytest_accelperf.stats.yardstick`), timed in
+    #: After every k-th measured step's ``host`` (:func:`yardstick_every`): CPU seconds of
+    #: the input yardstick (:mod:`pytest_accelperf.stats.yardstick`), timed in
     #: the same thread right after ``host``.
     input_yardstick_times: list[float] = field(default_factory=list)
 
@@ -209,7 +225,7 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
     out = LoopResult()
     slower = injected_slowdown()  # 0 unless a gate benchmark injects a slowdown
     total = warmup + steps
-    every = probe_every(steps)
+    every, stride = probe_every(steps), yardstick_every(steps)
     watch: Contention | None = None
     clock = BlockedClock.open() if fns.host is not None else None
     try:
@@ -227,7 +243,8 @@ def run_steps(fns: StepFns[B, H], *, warmup: int, steps: int, probe: Probe | Non
                 f1 = thread_faults() if f0 is not None else None
                 faults = None if f1 is None or f0 is None else f1 - f0
                 inputs = _Inputs(cpu, wall, split, faults,
-                                 yardstick() if i >= warmup else None)
+                                 yardstick() if i >= warmup and (i - warmup) % stride == 0
+                                 else None)
                 batch = fns.put(i, made)
             else:
                 batch = fns.prepare(i)

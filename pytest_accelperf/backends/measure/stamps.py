@@ -41,6 +41,7 @@ from pytest_accelperf.backends.measure.loop import (
     _Inputs,
     in_process,
     probe_every,
+    yardstick_every,
 )
 from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.stats.contention import Contention, measuring_root
@@ -72,7 +73,7 @@ class StepClock:
                  report: StepReporter = in_process) -> None:
         self.warmup, self.steps, self.total = warmup, steps, warmup + steps
         self._sync, self._probe, self._deadline, self._report = sync, probe, deadline, report
-        self._every = probe_every(steps)
+        self._every, self._stride = probe_every(steps), yardstick_every(steps)
         self._slower = injected_slowdown()
         self.out = LoopResult()
         self._mark: float | None = None  # where the running step's clock last started
@@ -117,9 +118,11 @@ class StepClock:
                  else self._clock.split(fetch.mark))
         f1 = thread_faults()
         faults = None if f1 is None or fetch.faults is None else f1 - fetch.faults
-        # The yardstick once a measured step, after its first fetch (outside its clock).
+        # The yardstick after the first fetch of every k-th measured step (outside its
+        # clock), as run_steps takes it.
         measured = self.done >= self.warmup
-        stick = yardstick() if measured and not self._inputs else None
+        stick = (yardstick() if measured and not self._inputs
+                 and (self.done - self.warmup) % self._stride == 0 else None)
         self._inputs.append(_Inputs(cpu, wall, split, faults, stick))
         self.out.batch_time += wall
         self._mark = time.perf_counter()
