@@ -79,7 +79,13 @@ def probe_every(steps: int) -> int:
     >>> probe_every(40), probe_every(100), probe_every(101), probe_every(1000)
     (1, 1, 2, 10)
     """
-    return max(1, math.ceil(steps / MAX_PROBES))
+    return _every(steps, MAX_PROBES)
+
+
+def _every(steps: int, most: int) -> int:
+    """The smallest ``k`` such that taking something after every k-th of ``steps`` steps
+    takes it at most ``most`` times."""
+    return max(1, math.ceil(steps / most))
 
 
 #: The most input yardsticks (:mod:`pytest_accelperf.stats.yardstick`) one run takes: the
@@ -95,7 +101,7 @@ def yardstick_every(steps: int) -> int:
     >>> yardstick_every(4), yardstick_every(10), yardstick_every(20), yardstick_every(1000)
     (1, 1, 2, 100)
     """
-    return max(1, math.ceil(steps / MAX_YARDSTICKS))
+    return _every(steps, MAX_YARDSTICKS)
 
 
 class StepReporter(Protocol):
