@@ -10,7 +10,7 @@ differences named where the throughput check is made), *judges* throughput by on
 strategies of :mod:`pytest_accelperf.gate.judge` (the stored baseline, a confirmed
 re-measurement, or A/B), each of which returns a new result and changes none, *records* the
 result once in the session's report with what it stores
-(:func:`pytest_accelperf.store.policy.to_store`), and *gates*: fails the test with a
+(:func:`pytest_accelperf.gate.policy.to_store`), and *gates*: fails the test with a
 message that names the fix (:mod:`pytest_accelperf.report.failure`).
 
 A case that ends early (its training raised, the host lock timed out, the stored baseline
@@ -59,6 +59,7 @@ from pytest_accelperf.gate.judge import (
 )
 from pytest_accelperf.gate.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.gate.options import Settings
+from pytest_accelperf.gate.policy import to_store
 from pytest_accelperf.gate.routing import fits as fits_where_it_trains
 from pytest_accelperf.gate.routing import route
 from pytest_accelperf.gate.routing import train as train_routed
@@ -91,7 +92,6 @@ from pytest_accelperf.report.failure import (
 )
 from pytest_accelperf.store.baselines import BaselineError
 from pytest_accelperf.store.block import Block
-from pytest_accelperf.store.policy import to_store
 from pytest_accelperf.store.summary import summarize
 
 
