@@ -61,7 +61,7 @@ from pytest_accelperf.provision.targets import (
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
-from pytest_accelperf.report.html import ReportDependencyError, require_matplotlib
+from pytest_accelperf.report.html import ReportDependencyError, require_vega
 from pytest_accelperf.report.junit import add_suite_properties, junit_properties
 from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_json, write_outputs
 from pytest_accelperf.report.terminal import table_lines
@@ -116,7 +116,7 @@ def pytest_configure(config: pytest.Config) -> None:
         assign_worker_devices(settings.accel, worker_id(config), worker_count(config))
     if settings.html is not None and not is_worker(config):
         try:
-            require_matplotlib()
+            require_vega()
         except ReportDependencyError as exc:
             raise pytest.UsageError(f"--accelperf-html: {exc}") from None
     config.stash[SESSION_KEY] = AccelperfSession(settings=settings, config=config,

@@ -9,6 +9,7 @@
     accelperf baselines prune [PYTEST ARGS ...]     drop cases that are no longer collected
     accelperf report REPORT --markdown/--html PATH  render a saved JSON report
     accelperf history changes DIR [--since REF]     change points over the run history
+    accelperf history publish HISTORY... --out DIR  the run history as a static site
     accelperf bisect GOOD BAD -- NODEIDS [ARGS]     the first commit that made the cases worse
     accelperf bisect --package NAME LOW HIGH -- ... the first release of NAME that did
     accelperf schema baseline|report|history        the JSON Schema of a block, report or line
@@ -157,6 +158,28 @@ def build_parser() -> argparse.ArgumentParser:
     changes.add_argument("--json", action="store_true",
                          help="print the change points as JSON")
     changes.set_defaults(func="history:cmd_history_changes")
+    publish = hsub.add_parser(
+        "publish", help="the history as a static site: an index of cases and a page of "
+                        "plots for each",
+        description="Publish the --accelperf-history of runs as one static folder that "
+                    "works opened from disk and served (a CI artifact, GitHub Pages): an "
+                    "index of every case (a sparkline of its step time, its latest verdict "
+                    "and machine) and a page for each case: step time over the sessions "
+                    "with each session's 95%% interval as a band, compile time, memory per "
+                    "device, FLOPs, bytes and host syncs, the final loss; change points "
+                    "(with the accelperf bisect command of their range), stack changes and "
+                    "machine changes marked; filters for machine and branch. The plots are "
+                    "Vega-Lite, its JavaScript written once into the folder (vega.js), never "
+                    "loaded from the network. A line that is not JSON or of another schema "
+                    "version is skipped and counted. DIR is refused when it exists, is not "
+                    "empty, and is not a site this command made (.accelperf-site.json).")
+    publish.add_argument("history", nargs="+", type=Path, metavar="HISTORY",
+                         help="an --accelperf-history directory, or one of its .jsonl files")
+    publish.add_argument("--out", type=Path, required=True, metavar="DIR",
+                         help="the site's folder (new, empty, or a site published before)")
+    publish.add_argument("--title", default="accelperf history",
+                         help="the index's title (default: accelperf history)")
+    publish.set_defaults(func="history:cmd_history_publish")
 
     bis = sub.add_parser(
         "bisect", help="the first commit between GOOD and BAD that made the cases worse",

@@ -1,5 +1,6 @@
 """``accelperf history changes DIR``: the change points of the run history, as a table or
-JSON (the analysis is :mod:`pytest_accelperf.report.changes`)."""
+JSON (the analysis is :mod:`pytest_accelperf.report.changes`); ``accelperf history publish``:
+the history as a static site (:mod:`pytest_accelperf.report.site`)."""
 
 from __future__ import annotations
 
@@ -68,4 +69,20 @@ def cmd_history_changes(args: argparse.Namespace, out: TextIO) -> int:
     out.write(f"{len(changes) - unchanged} change point(s){measured}{since} in "
               f"{found.cases} case(s) over {len(found.sessions)} session(s) of "
               f"{args.directory}\n")
+    return 0
+
+
+def cmd_history_publish(args: argparse.Namespace, out: TextIO) -> int:
+    from pytest_accelperf.report.site import SiteError, publish
+    from pytest_accelperf.report.vegajs import ReportDependencyError
+
+    try:
+        done = publish(args.history, args.out, title=args.title)
+    except (HistoryError, ChangesError, SiteError, ReportDependencyError) as exc:
+        raise CliError(str(exc)) from None
+    for skipped in done.skipped:
+        out.write(f"accelperf: {skipped.line()}\n")
+    out.write(f"published {done.cases} case(s) over {done.sessions} session(s) on "
+              f"{done.machines} machine(s) to {done.out / 'index.html'} ({done.files} files, "
+              f"{done.size / 2**20:.1f} MiB)\n")
     return 0

@@ -45,6 +45,7 @@ from pytest_accelperf.records.program import AMOUNTS, COUNTS
 from pytest_accelperf.records.run import Outcome
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.writing import OutputError, append_output, describe
+from pytest_accelperf.stats.median import median_interval
 from pytest_accelperf.store.jsonfile import field_path
 from pytest_accelperf.store.schema import HistoryLine, error_lines
 
@@ -52,6 +53,9 @@ HISTORY_SCHEMA_VERSION = 1
 
 #: Environment variables CI systems set to the commit under test, tried when git cannot say.
 _COMMIT_VARS = ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT")
+#: Likewise for the branch (a pull request's head branch first: a CI checkout is detached).
+_BRANCH_VARS = ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME", "BUILDKITE_BRANCH",
+                "GIT_BRANCH")
 
 
 class HistoryEntry(TypedDict, total=False):
@@ -89,6 +93,14 @@ class HistoryEntry(TypedDict, total=False):
     environment: dict[str, JSONValue] | None
     #: The gated fields of the program record (:func:`program_fields`).
     program: dict[str, object] | None
+    #: The git branch the session ran on (:func:`git_branch`); absent from lines written
+    #: before it was kept.
+    branch: str | None
+    #: The 95 % interval of the median step time (:func:`pytest_accelperf.stats.median.
+    #: median_interval`), ``[low, high]`` seconds; absent likewise.
+    step_time_interval: list[float] | None
+    #: Peak memory of each device or rank, bytes; absent likewise.
+    memory_per_device: dict[str, float] | None
 
 
 class HistoryError(UserError):
@@ -106,6 +118,18 @@ def git_state(cwd: Path) -> tuple[str | None, bool | None]:
         if os.environ.get(var):
             return os.environ[var], None
     return None, None
+
+
+def git_branch(cwd: Path) -> str | None:
+    """The branch checked out at ``cwd``; where git says none (a detached checkout, as CI
+    makes) or there is no repository, the CI's branch variable, else None."""
+    head = git_or_none(cwd, "rev-parse", "--abbrev-ref", "HEAD")
+    if head and head.strip() and head.strip() != "HEAD":
+        return head.strip()
+    for var in _BRANCH_VARS:
+        if os.environ.get(var):
+            return os.environ[var]
+    return None
 
 
 def fingerprint_hash(environment: Mapping[str, object]) -> str:
@@ -131,8 +155,21 @@ def program_fields(program: object) -> dict[str, object] | None:
     return {k: program[k] for k in PROGRAM_FIELDS if program.get(k) is not None}
 
 
+def _interval(step_times: object) -> list[float] | None:
+    if not isinstance(step_times, list):
+        return None
+    found = median_interval([float(t) for t in step_times if isinstance(t, (int, float))])
+    return list(found) if found is not None else None
+
+
+def _per_device(memory: object) -> dict[str, float] | None:
+    if not isinstance(memory, dict):
+        return None
+    return {str(k): float(v) for k, v in memory.items() if isinstance(v, (int, float))} or None
+
+
 def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
-          dirty: bool | None, update: bool) -> HistoryEntry:
+          dirty: bool | None, update: bool, branch: str | None = None) -> HistoryEntry:
     """The history line of one case."""
     run = record.run
     derived = run.get("derived") or {}
@@ -165,6 +202,9 @@ def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
         "stack": fingerprint_hash(case_stack(environment, backend)),
         "environment": environment,
         "program": program_fields(run.get("program")),
+        "branch": branch,
+        "step_time_interval": _interval(run.get("step_times")),
+        "memory_per_device": _per_device(run.get("memory_per_device")),
     }
 
 
@@ -179,11 +219,12 @@ def append_history(directory: Path, report: SessionReport, *, cwd: Path,
     moment = (now or _dt.datetime.now(_dt.timezone.utc)).replace(microsecond=0)
     time = moment.isoformat()
     commit, dirty = git_state(cwd)
+    branch = git_branch(cwd)
     session = f"{moment.strftime('%Y%m%dT%H%M%SZ')}-{uuid.uuid4().hex[:8]}"
     by_platform: dict[str, list[str]] = {}
     for record in report.sorted_records():
         line = entry(record, session=session, time=time, commit=commit, dirty=dirty,
-                     update=report.update)
+                     update=report.update, branch=branch)
         by_platform.setdefault(record.platform or "unknown", []).append(
             json.dumps(line, sort_keys=True, allow_nan=False, default=str))
     try:

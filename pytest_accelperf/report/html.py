@@ -1,30 +1,44 @@
-"""One self-contained HTML file: the session's verdicts with plots embedded as base64 PNG.
+"""One self-contained HTML file: the session's verdicts, with interactive plots.
 
-No scripts, no fonts, no links to fetch: the file opens from a CI artifact, an e-mail or a
-disk with no network. Sections: the verdict counts; one row per case; throughput across
-batch sizes and meshes per test; the trend over the stored history with its change points;
-then each case (regressions first) with its checks and its loss, step-time and memory plots.
+Nothing to fetch: the file opens from a CI artifact, an e-mail or a disk with no network.
+The plots are Vega-Lite specifications (:mod:`pytest_accelperf.report.charts`, the module
+the published history's plots come from too), drawn in the browser by the library's
+JavaScript (:mod:`pytest_accelperf.report.vegajs`), which the file carries once, gzipped
+(0.3 MB of its 0.9 MB; the browser's DecompressionStream unpacks it). Sections: the verdict
+counts; one row per case; samples/s per test across batch sizes and meshes, each bar with
+the interval of its median step time; the trend over the stored history with its change
+points; then each case (regressions first) with its checks, its loss within the baseline's
+band, its step times and its memory per device and rank. Hovering a point or a bar shows
+its numbers.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as _dt
-import importlib.util
+import gzip
+import json
+import math
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
+from typing import Any
 
 from pytest_accelperf.checks.base import Verdict
-from pytest_accelperf.errors import UserError
 from pytest_accelperf.provision.fingerprint import stack_words
+from pytest_accelperf.report import charts
 from pytest_accelperf.report.changes import STACK, ChangePoint, find_changes, worse
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.markdown import case_name, explanation, program_diff
+from pytest_accelperf.report.pagejs import PAGE_JS
 from pytest_accelperf.report.points import points_of
+from pytest_accelperf.report.site import machine_name
 from pytest_accelperf.report.terminal import fmt_change, fmt_value
-
-INSTALL = "pip install 'pytest-accelperf[report]'"
+from pytest_accelperf.report.vegajs import INSTALL as INSTALL
+from pytest_accelperf.report.vegajs import ReportDependencyError as ReportDependencyError
+from pytest_accelperf.report.vegajs import require_vega as require_vega
+from pytest_accelperf.report.vegajs import vega_js
+from pytest_accelperf.stats.median import median_interval
 
 _ORDER = (Verdict.REGRESSION, Verdict.IMPROVEMENT, Verdict.INCONCLUSIVE, Verdict.NEW,
           Verdict.INCOMPARABLE, Verdict.PASS)
@@ -49,25 +63,31 @@ td.detail { max-width: 560px; color: #59636e; font-size: 12px; }
 .v-inconclusive, .v-new, .v-incomparable { background: #fff8c5; color: #7d4e00; }
 .v-pass { background: #eaeef2; color: #24292f; }
 .v-error { background: #ffebe9; color: #a40e26; }
-img { max-width: 100%; display: block; margin: 6px 0; border: 1px solid #eaeef2; }
+.chart { width: 100%; margin: 6px 0 14px; }
+.row3 { display: grid; grid-template-columns: repeat(3, minmax(0, 1fr)); gap: 14px; }
 .error { color: #a40e26; }
 code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; }
 """
 
 
-class ReportDependencyError(UserError, RuntimeError):
-    """matplotlib is missing; the message says what to install."""
+class _Specs:
+    """The report's plots: each one's specification, and the element it is drawn into."""
+
+    def __init__(self) -> None:
+        self.specs: list[dict[str, Any]] = []
+
+    def div(self, spec: dict[str, Any] | None, cls: str = "chart") -> str:
+        if spec is None:
+            return ""
+        self.specs.append(spec)
+        return f'<div class="{cls}" data-spec="{len(self.specs) - 1}"></div>'
 
 
-def require_matplotlib() -> None:
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ReportDependencyError(f"the HTML report draws its plots with matplotlib, which "
-                                    f"is not installed: {INSTALL}")
-
-
-def _img(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{data}">'
+def _round(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return float(f"{v:.5g}") if math.isfinite(v) else None
 
 
 def _badge(verdict: str) -> str:
@@ -133,9 +153,68 @@ def _explained(record: CaseRecord) -> list[str]:
     return out
 
 
-def _case_section(record: CaseRecord) -> list[str]:
-    from pytest_accelperf.report.plots import case_figure
+def _floats(values: object) -> list[float]:
+    """Finite floats of a list (NaN/inf are stored as strings in reports; they drop)."""
+    out: list[float] = []
+    for v in values if isinstance(values, list) else []:
+        f = _round(v)
+        if f is not None:
+            out.append(f)
+    return out
 
+
+def _check_data(record: CaseRecord, metric: str) -> Mapping[str, Any]:
+    for c in record.checks:
+        if c.metric == metric:
+            return c.data
+    return {}
+
+
+def loss_rows(record: CaseRecord) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """This run's loss at each step, and the baseline's checkpoints with their band."""
+    losses = record.run.get("losses") or []
+    steps = record.run.get("loss_steps") or list(range(len(losses)))
+    per_step: list[dict[str, object]] = [
+        {"step": s, "loss": v} for s, raw in zip(steps, losses, strict=False)
+        if (v := _round(raw)) is not None]
+    band: list[dict[str, object]] = []
+    for row in _check_data(record, "loss").get("checkpoints") or []:
+        if len(row) >= 4 and all(_round(x) is not None for x in (row[0], row[1], row[3])):
+            base, width = float(row[1]), float(row[3])
+            band.append({"step": row[0], "baseline": _round(base), "band": _round(width),
+                         "low": _round(base - width), "high": _round(base + width),
+                         "now": _round(row[2])})
+    return per_step, band
+
+
+def _step_rows(record: CaseRecord) -> list[dict[str, object]]:
+    base = ((record.baseline or {}).get("step_time") or {}).get("samples")
+    rows: list[dict[str, object]] = []
+    for which, values in (("baseline", base), ("this run", record.run.get("step_times"))):
+        rows += [{"which": which, "ms": _round(t * 1e3)} for t in _floats(values)]
+    return rows
+
+
+def _device_order(label: str) -> tuple[str, int]:
+    head = label.rstrip("0123456789")
+    tail = label[len(head):]
+    return head, int(tail) if tail else -1
+
+
+def _memory_rows(record: CaseRecord) -> list[dict[str, object]]:
+    now: Mapping[str, object] = record.run.get("memory_per_device") or {}
+    base: Mapping[str, object] = (((record.baseline or {}).get("memory") or {})
+                                  .get("per_device") or {})
+    rows: list[dict[str, object]] = []
+    for device in sorted(set(now) | set(base), key=_device_order):
+        for which, source in (("baseline", base), ("this run", now)):
+            value = _round(source.get(device))
+            if value is not None:
+                rows.append({"device": device, "which": which, "mib": _round(value / 2**20)})
+    return rows
+
+
+def _case_section(record: CaseRecord, specs: _Specs) -> list[str]:
     out = [f'<h3 id="{_anchor(record)}">{escape(case_name(record))} '
            f"{_badge(_record_verdict(record))}</h3>",
            f'<p class="sub"><code>{escape(record.nodeid)}</code> · platform '
@@ -155,53 +234,139 @@ def _case_section(record: CaseRecord) -> list[str]:
                 f'<td class="detail">{escape(c.detail)}</td></tr>')
         out.append("</table>")
     out += _explained(record)
-    png = case_figure(record)
-    if png:
-        out.append(_img(png, f"loss, step time and memory of {case_name(record)}"))
+    source = record.run.get("memory_source")
+    plots = [specs.div(charts.loss_chart(*loss_rows(record)), "chart"),
+             specs.div(charts.step_chart(_step_rows(record)), "chart"),
+             specs.div(charts.memory_chart(
+                 _memory_rows(record),
+                 "peak memory per device and rank" + (f" ({source})" if source else "")),
+                 "chart")]
+    if any(plots):
+        out.append('<div class="row3">' + "".join(p or "<div></div>" for p in plots)
+                   + "</div>")
     return out
 
 
-def _throughput_section(records: list[CaseRecord]) -> list[str]:
-    from pytest_accelperf.report.plots import throughput_figure
+def _mesh_label(case: Mapping[str, object]) -> str:
+    mesh = case.get("mesh")
+    return ("mesh" + "x".join(str(n) for n in mesh) if mesh and isinstance(mesh, list | tuple)
+            else "no mesh")
 
+
+def _sps_interval(sps: float | None, step: object, samples: object
+                  ) -> tuple[float | None, float | None]:
+    """The samples/s interval of a median step time's interval: ``sps`` scaled by the
+    median over each end."""
+    median = _round(step)
+    found = median_interval(_floats(samples))
+    if sps is None or not median or found is None or found[0] <= 0:
+        return None, None
+    return _round(sps * median / found[1]), _round(sps * median / found[0])
+
+
+def throughput_rows(records: Sequence[CaseRecord]) -> list[dict[str, object]]:
+    """One test's samples/s of each case, the baseline's and this run's, each with the
+    interval of its median step time."""
+    rows: list[dict[str, object]] = []
+    ordered = sorted(records, key=lambda r: (_mesh_label(r.case), str(r.case.get("batch"))))
+    for r in ordered:
+        label = f"{_mesh_label(r.case)} · b{r.case.get('batch', '?')}"
+        base_block = r.baseline or {}
+        step_block = base_block.get("step_time") or {}
+        derived = r.run.get("derived") or {}
+        for which, sps, step, samples in (
+                ("baseline", _round(base_block.get("samples_per_second")),
+                 step_block.get("median"), step_block.get("samples")),
+                ("this run", _round(derived.get("samples_per_second")),
+                 derived.get("median_step_time"), r.run.get("step_times"))):
+            if not sps:
+                continue
+            if which == "baseline" and not step:
+                samples_f = _floats(samples)
+                step = sorted(samples_f)[len(samples_f) // 2] if samples_f else None
+            lo, hi = _sps_interval(sps, step, samples)
+            rows.append({"case": label, "which": which, "sps": sps, "lo": lo, "hi": hi,
+                         "interval": "none" if lo is None else f"{lo:,.1f} to {hi:,.1f}/s"})
+    return rows
+
+
+def _throughput_section(records: list[CaseRecord], specs: _Specs) -> list[str]:
     groups: dict[str, list[CaseRecord]] = {}
     for r in records:
         groups.setdefault(r.nodeid.split("[", 1)[0], []).append(r)
     out: list[str] = []
     for test, members in sorted(groups.items()):
-        png = throughput_figure(test.split("::", 1)[-1], members)
-        if png:
-            out.append(_img(png, f"throughput of {test} across batch sizes and meshes"))
+        out.append(specs.div(charts.throughput_chart(f"{test.split('::', 1)[-1]}: samples/s",
+                                                     throughput_rows(members))))
+    out = [o for o in out if o]
     if not out:
         return []
     return ["<h2>Throughput across batch sizes and meshes</h2>",
-            '<p class="sub">This run against the stored baseline (grey bars; dashed lines '
-            "with hollow markers).</p>", *out]
+            '<p class="sub">This run against the stored baseline (grey); each bar\'s line is '
+            "the 95% interval of its median step time.</p>", *out]
 
 
-def _history_section(records: list[CaseRecord], history: Sequence[Mapping[str, object]]
-                     ) -> list[str]:
-    from pytest_accelperf.report.plots import trend_figure
+def _history_rows(entries: Sequence[Mapping[str, object]], orders: Mapping[str, int]
+                  ) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for e in entries:
+        interval = e.get("step_time_interval")
+        lo = hi = None
+        if isinstance(interval, list) and len(interval) == 2:
+            lo, hi = _round(float(interval[0]) * 1e3), _round(float(interval[1]) * 1e3)
+        step = _round(e.get("median_step_time"))
+        commit = e.get("commit")
+        name = str(e.get("nodeid", "")).split("::", 1)[-1]
+        rows.append({"i": orders[str(e.get("session"))],
+                     "case": name[name.find("[") + 1:-1] if name.endswith("]") else name,
+                     "commit": (str(commit)[:9] + ("*" if e.get("dirty") else "")) if commit
+                     else "?", "time": str(e.get("time", ""))[:16].replace("T", " "),
+                     "branch": str(e.get("branch") or "?"), "machine": machine_name(e),
+                     "verdict": str(e.get("verdict") or "-"),
+                     "step": None if step is None else _round(step * 1e3), "lo": lo, "hi": hi})
+    return rows
 
+
+_KIND = {True: "worse", False: "better", None: "change"}
+
+
+def _history_section(records: list[CaseRecord], history: Sequence[Mapping[str, object]],
+                     specs: _Specs) -> list[str]:
     if not history:
         return []
     out = ["<h2>History</h2>",
            f'<p class="sub">{len(history)} entries over '
-           f"{len({e.get('session') for e in history})} session(s).</p>"]
+           f"{len({e.get('session') for e in history})} session(s); the step time of each "
+           "session with its 95% interval as a band, the change points as dashed lines "
+           "(<code>accelperf history publish</code> draws every case's history).</p>"]
+    orders: dict[str, int] = {}
+    for e in history:
+        orders.setdefault(str(e.get("session")), len(orders))
     ours = {r.nodeid for r in records}
     changes = find_changes(points_of(e for e in history if e.get("nodeid") in ours))
     groups: dict[str, list[str]] = {}
     for r in records:
         groups.setdefault(r.nodeid.split("[", 1)[0], []).append(r.nodeid)
     for test, nodeids in sorted(groups.items()):
-        platform_entries = [e for e in history if e.get("nodeid") in set(nodeids)]
+        members = set(nodeids)
+        entries = [e for e in history if e.get("nodeid") in members]
+        if len({e.get("session") for e in entries}) < 2:
+            continue
         several = len(nodeids) > 1
-        marks = [(c.first_after.session, _mark_label(c, several), worse(c))
-                 for c in changes if c.nodeid in set(nodeids)]
-        png = trend_figure(f"{test.split('::', 1)[-1]}: samples/s over sessions",
-                           platform_entries, sorted(nodeids), marks=marks)
-        if png:
-            out.append(_img(png, f"throughput trend of {test}"))
+        marks = [{"x": c.first_after.order - 0.5, "label": _mark_label(c, several),
+                  "kind": "stack" if c.metric == STACK else "machine" if c.metric ==
+                  "environment" else _KIND[worse(c)],
+                  "metric": c.metric, "commits": c.commits, "how": c.sure, "bisect": "",
+                  "machine": "?", "branch": "?", "dy": 2 + 11 * (k % 4)}
+                 for k, c in enumerate(c for c in changes if c.nodeid in members)]
+        spec = charts.history_chart(f"{test.split('::', 1)[-1]}: median step time over "
+                                    f"sessions", "step", "ms per step",
+                                    metrics=("throughput", "step time"),
+                                    interval=("lo", "hi"), color="case")
+        for m in marks:  # no filters in the report: every mark shown
+            m["machine"] = m["branch"] = charts.ALL
+        spec["datasets"] = {"sessions": _history_rows(entries, orders), "marks": marks}
+        out.append(specs.div(spec))
     out += _changes_table(changes)
     return out
 
@@ -258,7 +423,8 @@ def html_report(report: SessionReport, *,
     """The whole report as one HTML document. ``history`` (entries of
     :func:`~pytest_accelperf.report.history.read_history`) adds the trend section with
     its change points (:mod:`pytest_accelperf.report.changes`)."""
-    require_matplotlib()
+    require_vega()
+    specs = _Specs()
     moment = (generated or _dt.datetime.now(_dt.timezone.utc)).replace(microsecond=0)
     records = sorted(report.records, key=_sort_key)
     counts = report.counts()
@@ -281,11 +447,24 @@ def html_report(report: SessionReport, *,
              f"until re-recorded with <code>--accelperf-update</code> on a quiet machine</p>"
              for r in report.recorded_noisy]
     body += ["<h2>Cases</h2>", *_summary_table(records)]
-    body += _throughput_section(records)
-    body += _history_section(records, history or [])
+    body += _throughput_section(records, specs)
+    body += _history_section(records, history or [], specs)
     body.append("<h2>Each case</h2>")
     for r in records:
-        body += _case_section(r)
+        body += _case_section(r, specs)
+    body += _scripts(specs.specs)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
             + "\n".join(body) + "\n</body></html>\n")
+
+
+def _scripts(specs: list[dict[str, Any]]) -> list[str]:
+    """The plots' specifications, the plotting library (gzipped, base64) and the page's
+    script; nothing where there is no plot."""
+    if not specs:
+        return []
+    text = json.dumps(specs, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    packed = base64.b64encode(gzip.compress(vega_js().encode(), 9, mtime=0)).decode()
+    return [f'<script type="application/json" id="accelperf-specs">{text}</script>',
+            f'<script type="text/plain" id="accelperf-vega-gz">{packed}</script>',
+            f"<script>{PAGE_JS}</script>"]

@@ -415,7 +415,7 @@ def test_the_reports_name_a_case_recorded_noisy() -> None:
     md = markdown(report)
     assert "### ⚠️ Recorded noisy" in md and f"| `test_a[x]` | {why} |" in md
     assert "test_b[y]" not in md.split("### ⚠️ Recorded noisy")[1].split("###")[0]
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("vl_convert")
     from pytest_accelperf.report.html import html_report
 
     html = html_report(report)

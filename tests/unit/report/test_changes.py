@@ -300,20 +300,25 @@ def test_the_html_report_lists_and_marks_the_change_points(tmp_path: Path) -> No
     assert "No change point in the history of these cases" in without
 
 
-def test_a_change_point_is_a_vertical_line_with_its_label() -> None:
-    from matplotlib.figure import Figure
-
-    from pytest_accelperf.report.plots import BAD_COLOR, GOOD_COLOR, _mark_changes
-
-    ax = Figure().subplots()
-    _mark_changes(ax, {"s0": 0, "s1": 1, "s2": 2, "s3": 3},
-                  [("s2", "throughput -25%", True), ("s2", "FLOPs +100%", True),
-                   ("s3", "peak memory -10%", False), ("s0", "not drawn", True),
-                   ("elsewhere", "not drawn", None)])
-    lines = [(line.get_xdata()[0], line.get_color()) for line in ax.lines]
-    assert lines == [(1.5, BAD_COLOR), (2.5, GOOD_COLOR)]
-    assert [t.get_text() for t in ax.texts] == ["throughput -25%\nFLOPs +100%",
-                                                "peak memory -10%"]
+def test_a_change_point_is_a_labelled_rule_on_the_trend(tmp_path: Path) -> None:
+    report = synthetic_report()
+    record = report.records[0]  # jax-mesh2x1-b64
+    report.records = [record]
+    hist = tmp_path / "hist"
+    for i, sps in enumerate(noisy(30, seed=21, step_at=20, step=-0.25)):
+        record.run["derived"]["samples_per_second"] = sps
+        record.run["program"] = {"source": "xla", "flops": 1e9 if i < 9 else 2e9}
+        append_history(hist, report, cwd=tmp_path,
+                       now=dt.datetime(2026, 11, 1, 12, i, tzinfo=dt.timezone.utc))
+    text = html_report(report, history=read_history(hist))
+    found = re.search(r'<script type="application/json" id="accelperf-specs">(.*?)</script>',
+                      text)
+    assert found is not None
+    trend = next(s for s in json.loads(found.group(1)) if "datasets" in s)
+    marks = {(m["label"], m["kind"], m["x"]) for m in trend["datasets"]["marks"]}
+    # a rule before the first session after each change: red where worse
+    assert marks == {("FLOPs +100%", "worse", 8.5), ("throughput -26%", "worse", 19.5)}
+    assert len(trend["datasets"]["sessions"]) == 30
 
 
 def test_the_schema_of_a_history_line(capsys: pytest.CaptureFixture[str]) -> None:
