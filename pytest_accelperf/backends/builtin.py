@@ -49,6 +49,13 @@ SPECS: tuple[BackendSpec, ...] = (
         install=f"pip install 'pytest-accelperf[lightning]' {_TORCH_FIRST}",
         packages=("torch", "lightning", "numpy"), ray=False,
     ),
+    # A model trained by transformers' Trainer.train, measured from a TrainerCallback.
+    BackendSpec(
+        "hf", "pytest_accelperf.backends.hf.backend",
+        requires=("torch", "transformers", "accelerate"),
+        install=f"pip install 'pytest-accelperf[hf]' {_TORCH_FIRST}",
+        packages=("torch", "transformers", "accelerate", "tokenizers", "numpy"), ray=False,
+    ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
     # (the PyPI name is a placeholder).
     BackendSpec(
