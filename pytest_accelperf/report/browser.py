@@ -32,7 +32,6 @@ INSTALL = "apt-get install chromium"
 #: What the page reports of its plots (run in the page once it is drawn).
 _SURVEY = r"""
 (() => {
-  const marks = "path, line, rect, text";
   const charts = [...document.querySelectorAll("[data-spec]")].map((el) => {
     const data = [...el.querySelectorAll("g.mark-symbol path, g.mark-line path, "
       + "g.mark-area path, g.mark-rect path, g.mark-rule line")]
@@ -43,12 +42,14 @@ _SURVEY = r"""
   });
   const sparks = [...document.querySelectorAll("svg.spark")].map(
     (s) => s.querySelectorAll("path").length);
+  const rows = [...document.querySelectorAll("tr[data-machine]")].filter(
+    (tr) => tr.style.display !== "none").length;
   const nav = performance.getEntriesByType("navigation")[0];
-  return {charts, sparks, load_ms: nav ? nav.loadEventEnd : null,
+  return {charts, sparks, rows, load_ms: nav ? nav.loadEventEnd : null,
           drawn_ms: window.accelperf && window.accelperf.drawnAt || null,
           errors: (window.accelperf && window.accelperf.errors) || [],
           state: document.documentElement.dataset.accelperf || null,
-          height: document.documentElement.scrollHeight, marks};
+          height: document.documentElement.scrollHeight};
 })()
 """
 
@@ -59,12 +60,17 @@ _TARGET = r"""
   const el = document.querySelector(`[data-spec="${n}"]`);
   if (!el) return null;
   const hits = [...el.querySelectorAll("g.mark-symbol path, g.mark-rect path")]
-    .filter((m) => { const r = m.getBoundingClientRect(); return r.width > 0 && r.height > 0; });
-  if (!hits.length) return null;
-  const m = hits[Math.floor(hits.length / 2)];
-  m.scrollIntoView({block: "center", inline: "center"});
-  const r = m.getBoundingClientRect();
-  return {x: r.left + r.width / 2, y: r.top + r.height / 2};
+    .filter((m) => !m.closest(".role-axis, .role-legend, .role-title"));
+  const order = hits.map((m, k) => k).sort(
+    (a, b) => Math.abs(a - hits.length / 2) - Math.abs(b - hits.length / 2));
+  for (const k of order) {  // the one nearest the middle that is on top at its centre
+    const m = hits[k];
+    m.scrollIntoView({block: "center", inline: "center"});
+    const r = m.getBoundingClientRect();
+    const x = r.left + r.width / 2, y = r.top + r.height / 2;
+    if (r.width > 0 && r.height > 0 && document.elementFromPoint(x, y) === m) return {x, y};
+  }
+  return null;
 })
 """
 
@@ -93,6 +99,8 @@ class Page:
     errors: list[str] = field(default_factory=list)
     charts: list[dict[str, Any]] = field(default_factory=list)
     sparks: list[int] = field(default_factory=list)
+    #: Rows of the index's table shown (not hidden by a filter).
+    rows: int = 0
     hovers: dict[int, str] = field(default_factory=dict)
     load_ms: float | None = None
     drawn_ms: float | None = None
@@ -211,10 +219,12 @@ def _page_socket(port: int) -> str:
 
 def load_page(binary: str, path: Path, profile: Path, *, screenshot: Path | None = None,
               hover: int | None = None, width: int = 1280, height: int = 900,
-              timeout: float = 120.0) -> Page:
+              timeout: float = 120.0, before: str | None = None) -> Page:
     """Open ``path`` (a file) in headless ``binary``, wait until its plots are drawn, and
     return what it showed (see the module). ``hover``: how many plots to hover over (all
-    with points or bars by default; 0 none); ``screenshot``: a PNG of the whole page."""
+    with points or bars by default; 0 none); ``screenshot``: a PNG of the whole page;
+    ``before``: a script run (and awaited) once the plots are drawn, before they are
+    counted (a filter chosen, say)."""
     url = path.resolve().as_uri()
     page = Page(url)
     with _browser(binary, profile, width, height) as port:
@@ -232,8 +242,11 @@ def load_page(binary: str, path: Path, profile: Path, *, screenshot: Path | None
                 " { window.accelperf = window.accelperf || {};"
                 " window.accelperf.drawnAt = performance.now(); ok(); }"
                 " else setTimeout(poll, 20); })(); })", await_promise=True)
+            if before is not None:
+                session.evaluate(before, await_promise=True)
             survey = session.evaluate(_SURVEY)
             page.charts, page.sparks = survey["charts"], survey["sparks"]
+            page.rows = survey["rows"]
             page.load_ms, page.drawn_ms = survey["load_ms"], survey["drawn_ms"]
             page.state = survey["state"]
             page.errors += [f"accelperf: {e}" for e in survey["errors"]]

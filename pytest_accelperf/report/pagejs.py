@@ -108,6 +108,8 @@ PAGE_JS = r"""
     });
   }
 
+  A.applyFilters = applyFilters;
+
   async function main() {
     ["f-machine", "f-branch"].forEach(function (id) {
       var el = document.getElementById(id);

@@ -11,7 +11,7 @@ MODULES = ["provision.accel", "collect.cases", "provision.fingerprint", "stats.b
            "stats.units", "backends.measure.common",
            "cluster.address", "stats.family", "ab.arms", "provision.targets",
            "bisection.search", "bisection.evidence", "ab.worker", "ab.verdict", "envs.uv",
-           "envs.cache", "envs.releases", "envs.depfiles"]
+           "envs.cache", "envs.releases", "envs.depfiles", "stats.median"]
 
 
 @pytest.mark.parametrize("name", MODULES)
