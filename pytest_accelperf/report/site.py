@@ -20,8 +20,10 @@ without it, and is not empty, is refused, and no file of the user's is overwritt
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
+import operator
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +31,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+import pydantic_core
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
@@ -47,9 +50,9 @@ from pytest_accelperf.report.history import (
     read_bytes,
 )
 from pytest_accelperf.report.pagejs import PAGE_JS
-from pytest_accelperf.report.points import points_of
+from pytest_accelperf.report.points import Point, line_stack, point
 from pytest_accelperf.store.jsonfile import atomic_write
-from pytest_accelperf.store.schema import HistoryLine
+from pytest_accelperf.store.schema import HistoryNumbers
 
 MARKER = ".accelperf-site.json"
 GENERATOR = "accelperf history publish"
@@ -98,9 +101,11 @@ class Skipped:
 
 @dataclass
 class History:
-    """The lines read, oldest first, and what was skipped."""
+    """The lines read, oldest first, their points (what change points are found in), and
+    what was skipped."""
 
     entries: list[dict[str, Any]]
+    points: list[Point]
     skipped: list[Skipped]
 
 
@@ -120,18 +125,22 @@ def _files(paths: Sequence[Path]) -> list[Path]:
 def read_lines(paths: Sequence[Path]) -> History:
     """Every history line of ``paths`` (``--accelperf-history`` directories or their
     ``.jsonl`` files), oldest first; a line that is not JSON, not a history entry, or of
-    another schema version is skipped and counted."""
-    entries: list[dict[str, Any]] = []
+    another schema version is skipped and counted. Each line is validated as
+    :class:`~pytest_accelperf.store.schema.HistoryNumbers` (what the site draws and the
+    change points are found in: 50,000 lines in about 2 s; the whole-line schema would
+    take 4 s more, for fields a plot does not read)."""
+    pairs: list[tuple[dict[str, Any], Point]] = []
     skipped: list[Skipped] = []
-    validate = HistoryLine.model_validate
+    validate = HistoryNumbers.model_validate
+    stacks: dict[str, dict[str, object]] = {}
     for path in _files(paths):
         bad = Skipped(path)
         for n, raw in enumerate(read_bytes(path).splitlines(), start=1):
             if not raw.strip():
                 continue
             try:
-                item = json.loads(raw)
-            except ValueError:  # JSONDecodeError, UnicodeDecodeError
+                item = pydantic_core.from_json(raw)
+            except ValueError:  # not JSON, or not UTF-8
                 bad.lines.append(n)
                 bad.reasons.add("not JSON")
                 continue
@@ -142,16 +151,21 @@ def read_lines(paths: Sequence[Path]) -> History:
                                 f"schema version {version}, not {HISTORY_SCHEMA_VERSION}")
                 continue
             try:
-                validate(item)
+                e = validate(item)
             except ValidationError:
                 bad.lines.append(n)
                 bad.reasons.add("not a history entry")
                 continue
-            entries.append(item)
+            versions = None
+            if e.stack is not None:  # read from the environment once per stack
+                versions = stacks.get(e.stack)
+                if versions is None:
+                    versions = stacks[e.stack] = line_stack(item)
+            pairs.append((item, point(e, versions)))
         if bad.lines:
             skipped.append(bad)
-    entries.sort(key=lambda e: (str(e.get("time", "")), str(e.get("session", ""))))
-    return History(entries, skipped)
+    pairs.sort(key=lambda p: (p[1].time, p[1].session))  # stable: a session in file order
+    return History([p[0] for p in pairs], [p[1] for p in pairs], skipped)
 
 
 # -- what a line says --------------------------------------------------------------------------
@@ -183,9 +197,31 @@ def _num(value: object, scale: float = 1.0) -> float | None:
     return float(f"{v:.5g}") if math.isfinite(v) else None
 
 
-def _program(line: Mapping[str, Any], key: str) -> float | None:
-    program = line.get("program")
-    return _num(program.get(key)) if isinstance(program, dict) else None
+def _nums(values: Iterable[object], scale: float = 1.0, *, digits: int | None = None
+          ) -> list[float | None]:
+    """Each number of ``values`` times ``scale`` (None for anything else, or not finite),
+    rounded to ``digits`` significant digits where given: a measured series (a site of 50
+    cases x 1,000 sessions rounds 300,000 of them); an exact one is kept as it is."""
+    out: list[float | None] = []
+    append = out.append
+    isfinite = math.isfinite
+    for v in values:
+        if v.__class__ is float or v.__class__ is int:
+            f = v * scale
+            if not isfinite(f):
+                append(None)
+            elif digits is None:
+                append(f)
+            else:
+                append(float(f"{f:.{digits}g}"))
+        else:
+            append(None)
+    return out
+
+
+def _programs(lines: Sequence[Mapping[str, Any]], key: str) -> list[float | None]:
+    return _nums((p.get(key) if isinstance(p := e.get("program"), dict) else None)
+                 for e in lines)
 
 
 def slug(platform: str, nodeid: str) -> str:
@@ -199,13 +235,10 @@ def slug(platform: str, nodeid: str) -> str:
 def _column(values: Sequence[object]) -> object:
     """A column as a list, or as runs ``{"r": [[value, count], ...]}`` where that is
     shorter (the exact series: FLOPs, bytes, syncs, memory repeat)."""
-    runs: list[list[object]] = []
-    for v in values:
-        if runs and runs[-1][0] == v:
-            runs[-1][1] = int(str(runs[-1][1])) + 1
-        else:
-            runs.append([v, 1])
-    return {"r": runs} if len(runs) * 3 < len(values) else list(values)
+    changes = sum(map(operator.ne, values, itertools.islice(values, 1, None)))
+    if (changes + 1) * 3 >= len(values):
+        return list(values)
+    return {"r": [[v, sum(1 for _ in run)] for v, run in itertools.groupby(values)]}
 
 
 def _dict_column(values: Sequence[str | None]) -> tuple[list[int | None], list[str]]:
@@ -223,6 +256,8 @@ class Case:
     lines: list[dict[str, Any]]
     order: list[int]  #: each line's session index in the whole history
     changes: list[ChangePoint] = field(default_factory=list)
+    #: Each line's machine (:func:`machine_name`).
+    machines: list[str] = field(default_factory=list)
 
     @property
     def page(self) -> str:
@@ -272,7 +307,7 @@ def _mark(change: ChangePoint, case: Case, names: Mapping[str, str],
 def case_data(case: Case) -> dict[str, Any]:
     """The page data of a case (see :mod:`pytest_accelperf.report.pagejs`)."""
     lines = case.lines
-    names = [machine_name(e) for e in lines]
+    names = case.machines or [machine_name(e) for e in lines]
     branches = [e.get("branch") if isinstance(e.get("branch"), str) else None for e in lines]
     dicts: dict[str, list[str]] = {}
     cols: dict[str, object] = {"i": case.order}
@@ -284,28 +319,27 @@ def case_data(case: Case) -> dict[str, Any]:
                          ("verdict", [str(e.get("verdict") or "-") for e in lines])):
         indices, dicts[name] = _dict_column(values)
         cols[name] = _column(indices)
-    lo = [e.get("step_time_interval") for e in lines]
+    band = [v if isinstance(v := e.get("step_time_interval"), list) and len(v) == 2
+            else (None, None) for e in lines]
     numbers: dict[str, list[float | None]] = {
-        "step": [_num(e.get("median_step_time"), 1e3) for e in lines],
-        "lo": [_num(v[0], 1e3) if isinstance(v, list) and len(v) == 2 else None for v in lo],
-        "hi": [_num(v[1], 1e3) if isinstance(v, list) and len(v) == 2 else None for v in lo],
-        "sps": [_num(e.get("samples_per_second")) for e in lines],
-        "compile": [_num(e.get("compile_time")) for e in lines],
-        "memory": [_num(e.get("peak_memory"), 2**-20) for e in lines],
-        "flops": [_program(e, "flops") for e in lines],
-        "bytes": [_program(e, "bytes_accessed") for e in lines],
-        "syncs": [_program(e, "host_syncs") for e in lines],
-        "loss": [_num(e.get("final_loss")) for e in lines],
+        "step": _nums((e.get("median_step_time") for e in lines), 1e3, digits=5),
+        "lo": _nums((v[0] for v in band), 1e3, digits=5),
+        "hi": _nums((v[1] for v in band), 1e3, digits=5),
+        "compile": _nums((e.get("compile_time") for e in lines), digits=4),
+        "memory": _nums((e.get("peak_memory") for e in lines), 2**-20),
+        "flops": _programs(lines, "flops"),
+        "bytes": _programs(lines, "bytes_accessed"),
+        "syncs": _programs(lines, "host_syncs"),
+        "loss": _nums(e.get("final_loss") for e in lines),
     }
     cols.update({k: _column(v) for k, v in numbers.items()})
-    devices: dict[str, list[float | None]] = {}
-    for k, e in enumerate(lines):
-        per = e.get("memory_per_device")
-        if isinstance(per, dict) and per:
-            for device, value in per.items():
-                devices.setdefault(str(device), [None] * len(lines))[k] = _num(value, 2**-20)
-        elif (peak := numbers["memory"][k]) is not None:  # a line without it: the peak
-            devices.setdefault("peak", [None] * len(lines))[k] = peak
+    per = [p if isinstance(p := e.get("memory_per_device"), dict) else {} for e in lines]
+    devices: dict[str, list[float | None]] = {
+        str(d): _nums((p.get(d) for p in per), 2**-20)
+        for d in dict.fromkeys(d for p in per for d in p)}
+    if any(not p for p in per):  # lines without it: their peak
+        devices["peak"] = [None if p else m for p, m in zip(per, numbers["memory"],
+                                                            strict=True)]
     by_session = {e["session"]: k for k, e in enumerate(lines)}
     session_names = {s: names[k] for s, k in by_session.items()}
     session_branch = {s: branches[k] for s, k in by_session.items()}
@@ -418,8 +452,9 @@ def index_page(cases: Sequence[Case], title: str, sessions: int,
     branches: set[str] = set()
     for case in cases:
         series: dict[str, list[dict[str, Any]]] = {}
-        for line in case.lines:
-            series.setdefault(machine_name(line), []).append(line)
+        for line, name in zip(case.lines, case.machines or map(machine_name, case.lines),
+                              strict=True):
+            series.setdefault(name, []).append(line)
         changes = sum(c.significant for c in case.changes)
         for name, lines in sorted(series.items()):
             machines.add(name)
@@ -510,7 +545,8 @@ def publish(paths: Sequence[Path], out: Path, *, title: str = "accelperf history
             case = cases[key] = Case(key[0], key[1], [], [])
         case.lines.append(e)
         case.order.append(i)
-    for change in find_changes(points_of(history.entries)):
+        case.machines.append(machine_name(e))
+    for change in find_changes(history.points):
         found = cases.get((change.platform, change.nodeid))
         if found is not None:
             found.changes.append(change)
@@ -537,6 +573,6 @@ def publish(paths: Sequence[Path], out: Path, *, title: str = "accelperf history
             path.unlink()
     atomic_write(out / MARKER, json.dumps({"generator": GENERATOR, "files": sorted(files)},
                                           indent=1) + "\n")
-    machines = {machine_name(e) for e in history.entries}
+    machines = {name for case in ordered for name in case.machines}
     return Published(out, len(ordered), len(orders), len(machines), len(files), size,
                      history.skipped)
