@@ -297,6 +297,7 @@ def accelerator(pytestconfig: pytest.Config) -> Accelerator:
         session.report.accel = acc.name
         session.report.platform = acc.platform
         session.report.environment = env
+        session.report.machine = session.machine
     return session.accelerator
 
 
@@ -420,6 +421,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             "records": [r.to_json() for r in state.report.records],
             "accel": state.report.accel,
             "platform": state.report.platform,
+            "machine": state.report.machine,
             "environment": state.report.environment.to_json(),
         })
         return
@@ -526,6 +528,7 @@ def pytest_testnodedown(node: XdistNode, error: object) -> None:
     report = state.report
     report.accel = report.accel or data["accel"]
     report.platform = report.platform or data["platform"]
+    report.machine = report.machine or str(data.get("machine") or "")
     if not report.environment.to_json():
         report.environment = Environment.from_json(data["environment"])
 

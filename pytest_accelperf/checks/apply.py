@@ -10,7 +10,7 @@ from typing import Any
 
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.protocol import CheckInput
-from pytest_accelperf.checks.table import checks
+from pytest_accelperf.checks.table import check_of, checks
 from pytest_accelperf.provision.fingerprint import stack_words
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.store import summary
@@ -25,7 +25,10 @@ def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
                reference_params: Mapping[str, Any] | None = None,
                params: Mapping[str, Any] | None = None,
                loss_either_way: bool = False,
-               max_foreign_load: float | None = None) -> list[CheckResult]:
+               max_foreign_load: float | None = None,
+               shared_differences: Sequence[str] | None = None,
+               shared_stack: Sequence[str] | None = None,
+               machine_new: str = "") -> list[CheckResult]:
     """Every check that applies to ``run`` against ``baseline`` (None: nothing stored).
 
     ``block`` is ``summarize(run)`` (computed here when None); it and ``baseline`` are read
@@ -48,6 +51,14 @@ def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
     ``max_foreign_load``: cores other processes may have used while the step compiled, or
     while its steps were measured, before a compile-time or throughput change is not
     judged (``--accelperf-max-foreign-load``).
+
+    Timing is kept per machine (:mod:`pytest_accelperf.store.machines`): ``differences``
+    and ``stack`` are then those of this machine's timing in the baseline, and
+    ``shared_differences`` and ``shared_stack`` (None: the same) those of the shared
+    sections (the numerics' tolerance; the stack the deterministic verdicts name).
+    ``machine_new``: this machine's name, where the baseline has no timing of it: each
+    timing check (a check of kind ``interval`` or ``timing``) that found nothing to compare
+    says ``new for this machine``, and the deterministic checks are judged as ever.
     """
     if block is None:
         block = summary.summarize(run)
@@ -59,9 +70,33 @@ def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
             differences if program_differences is None else program_differences),
         differences=tuple(differences), stack=tuple(stack), params=params,
         reference_params=reference_params, loss_either_way=loss_either_way,
-        max_foreign_load=max_foreign_load)
+        max_foreign_load=max_foreign_load,
+        shared_differences=None if shared_differences is None else tuple(shared_differences),
+        shared_stack=None if shared_stack is None else tuple(shared_stack),
+        machine_new=machine_new)
     results = [result for check in checks() for result in check.check(given)]
-    return [named_stack(r, stack) for r in results] if stack else results
+    if machine_new:
+        results = [new_for_machine(r, machine_new) if _timing(r) else r for r in results]
+    shared = stack if shared_stack is None else shared_stack
+    if not stack and not shared:
+        return results
+    return [named_stack(r, stack if _timing(r) else shared) for r in results]
+
+
+def _timing(result: CheckResult) -> bool:
+    """Whether ``result`` is of a timing check (kept per machine)."""
+    return check_of(result.metric).kind != "deterministic"
+
+
+def new_for_machine(result: CheckResult, machine: str) -> CheckResult:
+    """``result``, a timing check's, as ``new for this machine`` where it found nothing to
+    compare with (the baseline holds no timing of ``machine``); as it is otherwise."""
+    if result.verdict is not Verdict.NEW:
+        return result
+    return replace(result, detail=(
+        f"new for this machine ({machine}): the baseline holds no timing of it; run with "
+        f"--accelperf-update to record its timing beside the other machines'"),
+        data={**result.data, "machine_new": machine})
 
 
 #: Verdicts that compared the run with a baseline, and so name a stack change.

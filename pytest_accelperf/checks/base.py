@@ -193,6 +193,9 @@ class CheckData(TypedDict, total=False):
     #: How the run was compared: ``"ab"`` (A/B mode), ``"compact"`` (numerics).
     mode: str
     format: str
+    #: A timing check's: the machine with no timing of its own in the baseline
+    #: (``checks.apply``: ``new for this machine``).
+    machine_new: str
     # -- outcome: the outcomes (``now`` and ``baseline``) or max batch's searches
     now: JSONValue
     baseline: JSONValue

@@ -711,7 +711,7 @@ class NumericsCheck(BaseCheck):
         if not given.stepped:
             return ()
         return one(check_numerics(given.block, given.baseline, given.tol,
-                                  same_environment=given.comparable and not given.stack))
+                                  same_environment=given.same_environment))
 
     def record(self, run: Run) -> Mapping[str, object]:
         """``numerics``: the run's per-leaf fingerprint (the store keeps its compact

@@ -65,6 +65,13 @@ class CheckInput:
     ``params``/``reference_params``: flat ``{path: array}`` final parameters of the run and
     of its single-device reference (None: no reference). ``loss_either_way``:
     ``--accelperf-loss-either-way``. ``max_foreign_load``: ``--accelperf-max-foreign-load``.
+
+    Timing is kept per machine (:mod:`pytest_accelperf.store.machines`): ``comparable``,
+    ``differences`` and ``stack`` are of this machine's timing in the baseline;
+    ``shared_differences`` and ``shared_stack`` (None: the same) of the environment the
+    shared sections were recorded in (numerics, its tolerance). ``machine_new``: this
+    machine's name where the baseline has no timing of it (its timing checks are then
+    ``new for this machine``, :func:`pytest_accelperf.checks.apply.run_checks`).
     """
 
     run: Run
@@ -79,6 +86,18 @@ class CheckInput:
     reference_params: Mapping[str, Any] | None = None
     loss_either_way: bool = False
     max_foreign_load: float | None = None
+    shared_differences: tuple[str, ...] | None = None
+    shared_stack: tuple[str, ...] | None = None
+    machine_new: str = ""
+
+    @property
+    def same_environment(self) -> bool:
+        """Whether the shared sections (numerics) were recorded in this environment: the
+        same machine and stack."""
+        differ = self.differences if self.shared_differences is None \
+            else self.shared_differences
+        stack = self.stack if self.shared_stack is None else self.shared_stack
+        return self.comparable and not differ and not stack
 
     @property
     def ok(self) -> bool:

@@ -12,10 +12,12 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pytest_accelperf.cli.common import CliError, read_file
+from pytest_accelperf.errors import UserError
 from pytest_accelperf.stats.units import fmt_value
 from pytest_accelperf.store.baselines import (
     BaselineError,
@@ -29,7 +31,7 @@ from pytest_accelperf.store.fields import Fields
 from pytest_accelperf.store.jsonfile import gc_paused
 
 if TYPE_CHECKING:
-    from pytest_accelperf.report.data import CaseRecord
+    from pytest_accelperf.report.data import CaseRecord, SessionReport
 
 # `show` and `diff` over a store import the store's reader and the fields they read
 # (HEADLINE), nothing else: pytest, the options table, the reports, the runs and the
@@ -72,6 +74,12 @@ def _platforms(root: Path, only: str | None) -> list[str]:
 HEADLINE = Fields(("outcome", "samples_per_second", "step_time.median", "input.median",
                    "loss.final", "memory.peak", "compile_time", "max_batch.value",
                    "recorded_at"))
+#: What ``show`` reads of a block: the headline, and the machines with timing in it, each
+#: machine's headline timing and host (:mod:`pytest_accelperf.store.machines`).
+SHOWN = Fields((*HEADLINE.paths, "machine", "environment.host_cpu", "environment.cpu_isa",
+                "machines.samples_per_second", "machines.step_time.median",
+                "machines.input.median", "machines.compile_time", "machines.recorded_at",
+                "machines.environment.host_cpu", "machines.environment.cpu_isa"))
 
 
 def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool = False,
@@ -159,12 +167,29 @@ def _block_of(record: CaseRecord) -> dict[str, Any]:
 
 
 def _load(path: Path) -> list[CaseRecord]:
+    return _load_report(path).records
+
+
+def _load_report(path: Path) -> SessionReport:
     from pytest_accelperf.report.loading import ReportFileError, load_report
 
     try:
-        return load_report(path)[0].records
+        return load_report(path)[0]
     except ReportFileError as exc:
         raise CliError(str(exc)) from None
+
+
+def _machine_of(report: SessionReport, given: str | None) -> str:
+    """The machine whose timing ``accept`` writes: ``--machine``, else the report's (the
+    session's ``--accelperf-machine`` or default), else, for a report written before
+    machines were named, the default name of the environment it ran in."""
+    from pytest_accelperf.store.machines import default_machine, validate_machine
+
+    name = given or report.machine or default_machine(report.environment.to_json())
+    try:
+        return validate_machine(name)
+    except UserError as exc:
+        raise CliError(str(exc).replace("--accelperf-machine", "--machine")) from None
 
 
 def _num(value: object) -> float | None:
@@ -226,24 +251,63 @@ def columns(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
 _SHOWN = ("outcome", "throughput", "step time", "final loss", "peak memory")
 
 
+@dataclass
+class _Machine:
+    """What ``show`` says of one machine of a platform: its host, how many cases hold its
+    timing, and of how many it recorded the shared sections."""
+
+    host: str = ""
+    cases: int = 0
+    recorded: int = 0
+
+
+def _host(env: object) -> str:
+    return str(env.get("host_cpu") or "?") if isinstance(env, Mapping) else "?"
+
+
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    from pytest_accelperf.store.machines import machines_of, recorder, validate_machine, view
+
     root = _store_root(args.baselines)
     patterns = [compile_pattern(p) for p in args.patterns]
+    machine = args.machine
+    if machine is not None:
+        try:
+            validate_machine(machine)
+        except UserError as exc:
+            raise CliError(str(exc).replace("--accelperf-machine", "--machine")) from None
     rows = []
     errors: list[str] = []
+    machines: dict[str, dict[str, _Machine]] = {}
     # One file at a time: only the rows are kept, not every block of the store; a tree of
     # JSON has no cycles, so the collector is paused for the walk (see gc_paused).
     with gc_paused():
         for platform, module, blocks in iter_store(root, args.platform, errors,
-                                                   fields=HEADLINE):
+                                                   fields=SHOWN):
+            known = machines.setdefault(platform, {})
             for key, block in blocks.items():
                 nodeid = f"{module}.py::{key}"
                 if patterns and not any(matches(p, nodeid) for p in patterns):
                     continue
-                head = {label: (value, unit) for label, value, unit in _headline(block)}
+                names = machines_of(block)
+                own = recorder(block)
+                for name in names:
+                    entry = known.setdefault(name, _Machine())
+                    entry.cases += 1
+                    if not entry.host:
+                        others = block.get("machines")
+                        env = block.get("environment") if name == own else (
+                            others.get(name, {}).get("environment")
+                            if isinstance(others, Mapping) else None)
+                        entry.host = _host(env)
+                mine = known.setdefault(own, _Machine())
+                mine.recorded += 1
+                mine.host = mine.host or _host(block.get("environment"))
+                shown = view(block, machine).block if machine is not None else block
+                head = {label: (value, unit) for label, value, unit in _headline(shown)}
                 rows.append((platform, nodeid,
                              *(_fmt(*head[label]) for label in _SHOWN),
-                             str(block.get("recorded_at", "-"))))
+                             str(len(names)), str(block.get("recorded_at", "-"))))
     if errors:
         raise CliError("\n".join(errors))
     rows.sort(key=lambda row: (row[0], row[1]))
@@ -251,8 +315,16 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         wanted = f" matching {' '.join(args.patterns)}" if args.patterns else ""
         raise CliError(f"no baseline{wanted} in {root}")
     out.write(columns(rows, ("platform", "case", "outcome", "throughput", "step time",
-                             "final loss", "peak memory", "recorded")) + "\n")
-    out.write(f"{len(rows)} case(s) in {root}\n")
+                             "final loss", "peak memory", "machines", "recorded")) + "\n")
+    for platform, known in sorted(machines.items()):
+        if not known:
+            continue
+        out.write(f"machines of {platform} (cases with its timing; host CPU):\n")
+        for name, m in sorted(known.items()):
+            shared = f", recorded the shared sections of {m.recorded}" if m.recorded else ""
+            out.write(f"  {name}: {m.cases} case(s){shared}; {m.host}\n")
+    shown = f"; the timing shown is machine {machine}'s (- where it has none)" if machine else ""
+    out.write(f"{len(rows)} case(s) in {root}{shown}\n")
     return 0
 
 
@@ -403,9 +475,11 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
 
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
     from pytest_accelperf.report.loading import case_line
-    from pytest_accelperf.store.recordable import not_cleared_by_a_baseline
+    from pytest_accelperf.store.recordable import not_cleared_by_a_baseline, shared_unchanged
 
-    records = _load(args.report)
+    report = _load_report(args.report)
+    records = report.records
+    machine = _machine_of(report, args.machine)
     if not args.case and not args.all:
         raise CliError("choose the cases to accept: --case PATTERN (repeatable; * and ? are "
                        "wildcards) or --all")
@@ -423,6 +497,8 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
             errors.append(f"{args.report}:{line}: case {record.nodeid!r} "
                           f"[{record.platform}]: {why}")
             continue
+        if args.machine or not block.get("machine"):  # a block of an update names its own
+            block = {**block, "machine": machine}
         by_platform.setdefault(record.platform, {})[record.nodeid] = block
     if errors:
         raise CliError("\n".join(errors) + f"\nnothing was written to {root}")
@@ -431,8 +507,12 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
         verdicts = ", ".join(f"{c.metric} {c.verdict.value}" for c in record.checks
                              if c.verdict.value != "pass") or "all pass"
         throughput = _fmt(_num(block.get("samples_per_second")), "samples/s")
+        scope = (" (its timing only, where another machine recorded the block)"
+                 if shared_unchanged(record.checks) else "")
         out.write(f"accept {record.nodeid} [{record.platform}]: {verdicts}; stores throughput "
-                  f"{throughput}, outcome {block.get('outcome')}\n")
+                  f"{throughput}, outcome {block.get('outcome')}, as machine "
+                  f"{block.get('machine')}"
+                  f"{scope}\n")
         if any(c.failed and c.data.get("mode") == "ab" for c in record.checks):
             out.write("  note: its A/B throughput failure is not cleared by this (A/B "
                       "verdicts are not stored; the base revision changes them)\n")
@@ -446,7 +526,8 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     for platform, blocks in sorted(by_platform.items()):
         try:
-            paths = BaselineStore(root, platform).write(blocks)
+            paths = BaselineStore(root, platform).write(
+                blocks, timing_only={r.nodeid for r in chosen if shared_unchanged(r.checks)})
         except BaselineError as exc:
             for path in exc.written:
                 out.write(f"written {path}\n")

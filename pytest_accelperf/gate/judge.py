@@ -48,6 +48,7 @@ from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.contention import Load, wait_for_quiet
 from pytest_accelperf.store.block import Block
+from pytest_accelperf.store.machines import MachineView
 
 METRIC = "throughput"
 
@@ -67,6 +68,12 @@ class Evaluated:
     stack: tuple[str, ...] = ()
     #: What :class:`Recording` did before this run was recorded ("" when nothing).
     recording_note: str = ""
+    #: The stored block as this machine reads it (its timing, the shared sections' and
+    #: its timing's environments), None: nothing stored.
+    stored: MachineView | None = None
+    #: The machine whose timing this run is (``--accelperf-machine``, or the host's
+    #: default name; an ingested log's: the machine its environment names).
+    machine: str = ""
 
     @property
     def throughput(self) -> CheckResult | None:

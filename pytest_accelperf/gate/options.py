@@ -25,6 +25,7 @@ from pytest_accelperf.provision.accel import ACCELS
 from pytest_accelperf.provision.targets import check_target
 from pytest_accelperf.stats.bootstrap import MAX_PAIRS, MIN_SAMPLES
 from pytest_accelperf.store.baselines import BaselineError, validate_platform
+from pytest_accelperf.store.machines import MachineError, validate_machine
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -99,6 +100,14 @@ class Option:
         return _number(self.key, self.default)
 
 
+def _machine_name(name: str) -> str:
+    """``name`` if it can name a machine, else a ValueError naming the fix."""
+    try:
+        return validate_machine(name)
+    except MachineError as exc:
+        raise ValueError(str(exc)) from None
+
+
 _TOL = Tolerances()
 #: The default wait for the CPU host lock, per case: ten minutes. A healthy holder keeps it
 #: for one case's training (the longest case of suites/ compiles and times its steps in
@@ -151,6 +160,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("platform", "--accelperf-platform", "override the platform key baselines are stored "
            "under: one path component of letters, digits, '.', '_', '+' and '-' (default: "
            "derived, e.g. cpu-x8, tpu-v4-x8).", "str", None, check=validate_platform),
+    Option("machine", "--accelperf-machine", "name of this machine within its platform's "
+           "store: timing (step, compile and input times, the drift probe) is kept per "
+           "machine, everything else once per platform. One path component of letters, "
+           "digits, '.', '_', '+' and '-' (default: derived from the host's CPU model and "
+           "features, e.g. amd-epyc-1f0e9a3c).", "str", None, check=_machine_name),
     Option("timeout", "--accelperf-timeout", "seconds one case may train (compile and steps) "
            "before it is stopped and recorded as outcome timeout; multi-process cases are "
            "killed, in-process ones stop at the next step boundary, or are interrupted a few "
@@ -402,6 +416,9 @@ class Settings:
     json: Path | None
     platform: str | None
     tolerances: Tolerances
+    #: ``--accelperf-machine``; None: the default name of the host
+    #: (:func:`pytest_accelperf.store.machines.default_machine`).
+    machine: str | None = None
     timeout: float | None = None
     confirm: int = 1
     markdown: Path | None = None
@@ -483,6 +500,7 @@ class Settings:
             baselines=(rootdir / values.string("baselines")).resolve(),
             json=_output_path("json", values["json"], getoption, rootdir, invocation_dir),
             platform=values.text("platform"),
+            machine=values.text("machine"),
             tolerances=tol,
             timeout=float(values.number("timeout")) or None,
             confirm=int(values.number("confirm")),

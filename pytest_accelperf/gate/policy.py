@@ -6,7 +6,9 @@ every case stored, :mod:`pytest_accelperf.store.baselines`).
 * Nothing but under ``--accelperf-update``, and never a run that may not become a baseline
   (:func:`pytest_accelperf.store.recordable.unrecordable`: it is failed instead, saying why).
 * ``--accelperf-add-session``: the stored baseline with this run's step-time level added
-  (:func:`pytest_accelperf.store.summary.with_added_session`), or nothing, and why not.
+  (:func:`pytest_accelperf.store.summary.with_added_session`) to this machine's timing
+  (:mod:`pytest_accelperf.store.machines`; a machine with no timing of its own has none
+  to add to), or nothing, and why not.
 * A recording that stays too noisy to be a level after it was re-measured
   (:class:`pytest_accelperf.gate.judge.Recording`,
   :func:`~pytest_accelperf.checks.throughput.recording_noise`) is stored marked
@@ -54,11 +56,23 @@ def to_store(ev: Evaluated, *, update: bool, add_session: bool,
     block = ev.block.to_json() if update and unstorable is None else None
     refused = ""
     if add_session and block is not None:
+        stored = ev.stored
         try:
+            if stored is not None and stored.new:
+                raise ValueError(f"this machine ({stored.machine}) has no timing of its own "
+                                 f"in the baseline to add a session to; record it first "
+                                 f"with --accelperf-update")
             block = with_added_session(ev.baseline.to_json() if ev.baseline else None, ev.run,
                                        list(ev.diffs))
         except ValueError as exc:
             block, refused = None, str(exc)
+        if block is not None and stored is not None and stored.timing_env is not None:
+            # The session joins this machine's timing, recorded in its own environment.
+            block = {**block, "environment": dict(stored.timing_env)}
+            if stored.timing_recorded_at is not None:
+                block["recorded_at"] = stored.timing_recorded_at
+    if block is not None and ev.machine:
+        block = {**block, "machine": ev.machine}  # whose timing it is (store/machines.py)
     noisy = noise(ev.run) if block is not None else ""
     if block is not None and noisy:
         block, warning = marked_noisy(block, noisy, ev.recording_note,

@@ -91,7 +91,9 @@ from pytest_accelperf.report.failure import (
     other_environment,
 )
 from pytest_accelperf.store.baselines import BaselineError
-from pytest_accelperf.store.block import Block
+from pytest_accelperf.store.block import Block, read_block
+from pytest_accelperf.store.machines import MachineView, default_machine, other_host
+from pytest_accelperf.store.schema import block_model
 from pytest_accelperf.store.summary import summarize
 
 
@@ -525,36 +527,57 @@ class CaseRunner:
         run = replace(result.run,
                       environment=session.environment if environment is None else environment)
         block = summarize(run)
-        baseline = self._stored_baseline(run)
+        # An ingested log's timing is the machine's that the log names, not this host's.
+        machine = (default_machine(environment.to_json()) if environment is not None
+                   else session.machine)
+        stored = self._stored_baseline(run, machine)
+        baseline = read_block(stored.block, block_model()) if stored is not None else None
         known = session.backends().packages()
-        base_env = baseline.environment.to_json() if baseline else {}
         env = run.environment.to_json()
-        diffs = tuple(differences(env, base_env, self.spec,
-                                  known=known) if baseline else [])
-        program_diffs = tuple(differences(env, base_env, self.spec,
-                                          known=known, keys=PROGRAM_KEYS) if baseline else [])
+        # Timing is this machine's own (store/machines.py): judged against the environment
+        # it was recorded in; the shared sections against theirs.
+        shared_env = stored.shared_env if stored is not None else {}
+        timing_env = stored.timing_env if stored is not None else None
+        if timing_env is not None and not self.settings.update:
+            other = other_host(stored.machine, env, timing_env) if stored else ""
+            if other:
+                self._fail(run, other, chained=False,
+                           message=f"{self._item.nodeid}: {other}")
+        diffs = tuple(differences(env, timing_env, self.spec, known=known)
+                      if timing_env is not None else [])
+        shared_diffs = tuple(differences(env, shared_env, self.spec, known=known)
+                             if stored is not None else [])
+        program_diffs = tuple(differences(env, shared_env, self.spec, known=known,
+                                          keys=PROGRAM_KEYS) if stored is not None else [])
         # The stack (an upgrade) is a change under test, judged and named, when the machine
         # is the same; on another machine nothing timed is compared anyway.
-        stack = tuple(stack_changes(env, base_env, self.spec, known=known)
-                      if baseline and not diffs else [])
+        stack = tuple(stack_changes(env, timing_env, self.spec, known=known)
+                      if timing_env is not None and not diffs else [])
+        shared_stack = tuple(stack_changes(env, shared_env, self.spec, known=known)
+                             if stored is not None and not shared_diffs else [])
         tol = self._tolerances()
         checks = run_checks(run, block, baseline, tol, differences=diffs,
                             program_differences=program_diffs, stack=stack,
                             reference_params=result.reference_params, params=result.params,
                             loss_either_way=self.settings.loss_either_way,
-                            max_foreign_load=self.settings.max_foreign_load)
+                            max_foreign_load=self.settings.max_foreign_load,
+                            shared_differences=shared_diffs, shared_stack=shared_stack,
+                            machine_new=stored.machine if stored and stored.new else "")
         for extra in self._item.config.hook.pytest_accelperf_extra_checks(
                 run=run, block=block, baseline=baseline, tolerances=tol):
             checks.extend(extra or [])
         return Evaluated(run, block, baseline, tuple(checks), diffs, stack=stack,
-                         state=getattr(result, "state", None))
+                         state=getattr(result, "state", None), stored=stored,
+                         machine=machine)
 
-    def _stored_baseline(self, run: Run) -> Block | None:
-        """This case's stored baseline (None: nothing stored). A broken one ends the case
-        (the run reported, nothing lost), unless ``--accelperf-update`` replaces it."""
+    def _stored_baseline(self, run: Run, machine: str) -> MachineView | None:
+        """This case's stored baseline as this machine reads it (None: nothing stored). A
+        broken one ends the case (the run reported, nothing lost), unless
+        ``--accelperf-update`` replaces it."""
         __tracebackhide__ = True
         try:
-            return self._session.store(self.accelerator.platform).get(self._item.nodeid)
+            return self._session.store(self.accelerator.platform).get_view(
+                self._item.nodeid, machine)
         except BaselineError as exc:
             # An invalid block in a file that parsed: an update replaces it.
             if self.settings.update and exc.replaceable:

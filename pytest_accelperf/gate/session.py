@@ -32,6 +32,8 @@ from pytest_accelperf.provision.device_errors import DeviceError
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.store.baselines import BaselineError, BaselineStore
+from pytest_accelperf.store.machines import default_machine
+from pytest_accelperf.store.recordable import shared_unchanged
 
 
 class AccelperfWarning(UserWarning):
@@ -96,6 +98,16 @@ class AccelperfSession:
             self._comparison = None
         return kept
 
+    @property
+    def machine(self) -> str:
+        """The machine whose timing this session judges and records
+        (``--accelperf-machine``, else the default name of the host its environment
+        names: :func:`pytest_accelperf.store.machines.default_machine`)."""
+        if self.settings.machine:
+            return self.settings.machine
+        env = self.environment.to_json() or self.report.environment.to_json()
+        return default_machine(env)
+
     def store(self, platform: str) -> BaselineStore:
         key = (self.settings.baselines, platform)
         if key not in self._stores:
@@ -111,10 +123,16 @@ class AccelperfSession:
         return out
 
     def write_baselines(self) -> None:
-        """Write the collected blocks, once, on the controller."""
+        """Write the collected blocks, once, on the controller, each as the machine's it
+        names (the session's, :attr:`machine`; an ingested log's own): a case whose shared
+        sections were judged unchanged (or that added a session) writes only
+        this machine's timing into a block another machine recorded
+        (:func:`pytest_accelperf.store.machines.merge`)."""
+        timing_only = {r.nodeid for r in self.report.records if r.block is not None and (
+            self.settings.add_session or shared_unchanged(r.checks))}
         for platform, blocks in sorted(self.blocks_to_write().items()):
             try:
-                paths = self.store(platform).write(blocks)
+                paths = self.store(platform).write(blocks, timing_only=timing_only)
             except BaselineError as exc:
                 self.report.errors.append(str(exc))
                 continue

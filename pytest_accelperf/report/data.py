@@ -104,6 +104,9 @@ class SessionReport:
     records: list[CaseRecord] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: The machine whose timing the session judged and records (``--accelperf-machine``,
+    #: :mod:`pytest_accelperf.store.machines`); "" in a report written before.
+    machine: str = ""
 
     def add(self, record: CaseRecord) -> None:
         self.records.append(record)
@@ -186,6 +189,7 @@ class SessionReport:
             "schema_version": REPORT_SCHEMA_VERSION,
             "accel": self.accel,
             "platform": self.platform,
+            "machine": self.machine,
             "update": self.update,
             "environment": self.environment.to_json(),
             "summary": self.counts(),
@@ -205,6 +209,7 @@ class SessionReport:
         return cls(
             accel=str(data.get("accel", "")),
             platform=str(data.get("platform", "")),
+            machine=str(data.get("machine") or ""),
             update=bool(data.get("update", False)),
             environment=Environment.from_json(data.get("environment") or {}),
             records=[CaseRecord.from_json(c) for c in data.get("cases", [])],

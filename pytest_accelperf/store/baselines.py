@@ -8,8 +8,12 @@ Layout: ``<store>/<platform>/<module path without .py>.json``, e.g.
         "test_mesh_sweep[jax-mesh4x2-b128]": { ...block from summary.summarize... }
       },
       "platform": "cpu-x8",
-      "schema_version": 1
+      "schema_version": 2
     }
+
+Version 2 keeps timing per machine (:mod:`pytest_accelperf.store.machines`: a block's
+``machine`` and ``machines``); a version 1 file is read as it is (its timing the recording
+machine's) and written as version 2 by the next write.
 
 Keys are sorted and indented so a refresh reads as a diff in a pull request; arrays of
 numbers (step-time samples, loss checkpoints) and objects of numbers (the ops histogram,
@@ -39,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +53,14 @@ from pydantic import ValidationError
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.store import jsonfile
 from pytest_accelperf.store.jsonfile import atomic_write
+from pytest_accelperf.store.machines import (
+    MachineError,
+    MachineView,
+    merge,
+    recorder,
+    validate_machine,
+    view,
+)
 
 if TYPE_CHECKING:
     from pytest_accelperf.store.block import Block
@@ -60,6 +72,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LOCK_NAME",
+    "READABLE_VERSIONS",
     "SCHEMA_VERSION",
     "BaselineError",
     "BaselineFile",
@@ -74,7 +87,11 @@ __all__ = [
     "validate_platform",
 ]
 
-SCHEMA_VERSION = 1
+#: The version this one writes.
+SCHEMA_VERSION = 2
+#: The versions this one reads: 1, before timing was kept per machine (a block of one
+#: machine, the one its environment names), and 2.
+READABLE_VERSIONS = (1, 2)
 #: The store's write lock, in its root.
 LOCK_NAME = ".lock"
 #: Seconds a writer waits for the lock before giving up with an error.
@@ -247,11 +264,12 @@ def _parse(path: Path, text: str, fields: Fields | None = None) -> BaselineFile:
                             f"restore it (git checkout -- {path}) or delete it and re-record "
                             f"with --accelperf-update")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION or type(version) is not int:
+    if version not in READABLE_VERSIONS or type(version) is not int:
         line = jsonfile.locate(text, ["schema_version"])
+        readable = " and ".join(map(str, READABLE_VERSIONS))
         raise BaselineError(
             f"{path}:{line}: schema_version is {version!r}, this "
-            f"pytest-accelperf reads {SCHEMA_VERSION}: re-record with --accelperf-update after "
+            f"pytest-accelperf reads {readable}: re-record with --accelperf-update after "
             f"moving the file away, or upgrade pytest-accelperf"
         )
     try:
@@ -401,6 +419,22 @@ class BaselineStore:
 
         return read_block(found, block_model())
 
+    def get_view(self, nodeid: str, machine: str) -> MachineView | None:
+        """The stored block of a case as ``machine`` reads it
+        (:func:`pytest_accelperf.store.machines.view`: the shared sections and this
+        machine's timing, as JSON the store validated), None if there is none; the errors
+        of :meth:`get`."""
+        module = module_key(nodeid)
+        path = self._paths.get(module)
+        if path is None:
+            path = self._paths[module] = self.path_for(nodeid)
+        loaded = self._load(path)
+        key = case_key(nodeid)
+        if key in loaded.invalid:
+            raise InvalidBlockError(loaded.invalid[key].message)
+        found = loaded.cases.get(key)
+        return None if found is None else view(found, machine)
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         """The store's write lock (``<store>/.lock``), with the ``.gitignore`` that keeps it
@@ -428,21 +462,33 @@ class BaselineStore:
         finally:
             lock.release()
 
-    def write(self, blocks: Mapping[str, Mapping[str, Any]]) -> list[Path]:
+    def write(self, blocks: Mapping[str, Mapping[str, Any]], *, machine: str | None = None,
+              timing_only: Collection[str] = ()) -> list[Path]:
         """Merge ``{nodeid: block}`` into the store, one atomic write per module file.
 
         Every block is validated first (:func:`check_block`). Invalid blocks, node ids
         outside the store and files that do not parse are not written; their errors are
         raised after the others were written, so nothing else is lost.
+
+        Each block is ``machine``'s (default: the machine its environment names), merged
+        into the stored block by :func:`pytest_accelperf.store.machines.merge`: every other
+        machine's timing is kept; for the node ids of ``timing_only`` (their shared
+        sections judged unchanged), a block another machine recorded gets this machine's
+        timing and nothing else.
         """
-        by_path: dict[Path, dict[str, dict[str, Any]]] = {}
+        by_path: dict[Path, dict[str, tuple[dict[str, Any], str, bool]]] = {}
         errors: list[BaselineError] = []
         for nodeid, block in blocks.items():
             try:
                 path = self.path_for(nodeid)
-                by_path.setdefault(path, {})[case_key(nodeid)] = check_block(nodeid, block)
+                clean = check_block(nodeid, block)
+                name = validate_machine(machine) if machine else recorder(clean)
+                by_path.setdefault(path, {})[case_key(nodeid)] = (
+                    clean, name, nodeid in timing_only)
             except BaselineError as exc:
                 errors.append(exc)
+            except MachineError as exc:
+                errors.append(BaselineError(str(exc)))
         written: list[Path] = []
         if by_path:
             with self._locked():
@@ -483,7 +529,8 @@ class BaselineStore:
                 changed.append(path)
         return changed
 
-    def _write_one(self, path: Path, new_cases: dict[str, dict[str, Any]]) -> None:
+    def _write_one(self, path: Path,
+                   new_cases: dict[str, tuple[dict[str, Any], str, bool]]) -> None:
         """Under the lock: merge into what is on disk now (another session may have
         written), after deleting what an interrupted write of this file left."""
         try:
@@ -494,8 +541,12 @@ class BaselineStore:
         self._cache.pop(path, None)
         current = self._load(path)  # a file that does not parse raises: never overwritten
         invalid = {k: v for k, v in current.invalid.items() if k not in new_cases}
-        merged = BaselineFile(path=path, platform=self.platform,
-                              cases={**current.cases, **new_cases}, invalid=invalid,
+        cases = dict(current.cases)
+        for key, (block, machine, timing_only) in new_cases.items():
+            found = merge(cases.get(key), block, machine, timing_only=timing_only)
+            if found is not None:
+                cases[key] = found
+        merged = BaselineFile(path=path, platform=self.platform, cases=cases, invalid=invalid,
                               extra=current.extra)
         try:
             atomic_write(path, merged.to_text())

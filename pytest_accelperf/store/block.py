@@ -268,8 +268,45 @@ class InputTime(_Strict):
     yardstick_kind: str | None = None
 
 
+#: A machine's name (``--accelperf-machine``): one path component, as a platform key is.
+MACHINE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$"
+MachineName = Annotated[str, Field(pattern=MACHINE_PATTERN)]
+
+#: The sections of a block that are timing, kept per machine (:class:`MachineTiming`):
+#: the step times and the drift probe (the throughput check), what they give
+#: (``samples_per_second``, ``mfu``), the compile time, the input times, and the mark of a
+#: recording too noisy to judge against. Everything else of a block (outcome, program,
+#: numerics, loss, memory, ...) does not depend on the host and is shared by every machine
+#: of the platform.
+TIMING_SECTIONS: tuple[str, ...] = ("step_time", "probe", "samples_per_second", "mfu",
+                                    "compile_time", "input", "noisy")
+
+
+class MachineTiming(_Strict):
+    """The timing of one case on one machine other than the block's own
+    (:attr:`Block.machines`): the environment it was recorded in (its host, and the stack
+    then), when, and the timing sections (:data:`TIMING_SECTIONS`), typed as
+    :class:`Block` types them."""
+
+    environment: Environment
+    recorded_at: str | None = None
+    step_time: StepTime | None = None
+    probe: Probe | None = None
+    samples_per_second: Positive | None = None
+    mfu: NonNegative | None = None
+    compile_time: NonNegative | None = None
+    input: InputTime | None = None
+    noisy: str | None = None
+
+
 class Block(_Strict):
-    """The baseline block of one case (:func:`pytest_accelperf.store.summary.summarize`)."""
+    """The baseline block of one case (:func:`pytest_accelperf.store.summary.summarize`).
+
+    Its timing sections (:data:`TIMING_SECTIONS`) at the top level are those of the machine
+    that recorded the block (``machine``; a block written before machines were named:
+    the machine its ``environment`` names, :func:`pytest_accelperf.store.machines.
+    default_machine`); every other machine's are under ``machines``
+    (:mod:`pytest_accelperf.store.machines`)."""
 
     outcome: RecordedOutcome
     environment: Environment
@@ -302,6 +339,11 @@ class Block(_Strict):
     #: Why the recording was too noisy to judge throughput against (re-measured, and it
     #: stayed so): the throughput check is inconclusive until the case is re-recorded.
     noisy: str | None = None
+    #: The machine whose timing the top-level timing sections are (and that recorded the
+    #: shared sections); absent from blocks written before machines were named.
+    machine: MachineName | None = None
+    #: The timing of every other machine of the platform, by machine name.
+    machines: dict[MachineName, MachineTiming] | None = None
 
 
 # -- reading a block as these types -----------------------------------------------------------

@@ -57,15 +57,18 @@ _CONFIG = ConfigDict(strict=True, allow_inf_nan=False, extra="ignore")
 def _tree(paths: tuple[str, ...]) -> dict[str, Any]:
     """``("a", "b.c", "b.d")`` -> ``{"a": None, "b": {"c": None, "d": None}}``."""
     out: dict[str, Any] = {}
+    rests: dict[str, list[str]] = {}
     for path in paths:
         head, _, rest = path.partition(".")
         if rest:
-            sub = out.setdefault(head, {})
-            if sub is None:
+            if head in out and out[head] is None:
                 raise ValueError(f"{path!r}: {head!r} is named whole and in part")
-            sub.update(_tree((rest,)))
+            out[head] = {}
+            rests.setdefault(head, []).append(rest)
         elif out.setdefault(head, None) is not None:
             raise ValueError(f"{path!r}: {head!r} is named whole and in part")
+    for head, parts in rests.items():  # each head's paths together: a.b.c and a.b.d
+        out[head] = _tree(tuple(parts))
     return out
 
 
@@ -82,6 +85,19 @@ def _section(annotation: object, name: str) -> type[BaseModel]:
                      f"cannot be named apart")
 
 
+def _dict_of(annotation: object) -> tuple[object, type[BaseModel]] | None:
+    """``(key type, model)`` where ``annotation`` is an object of one section model by
+    key (``dict[MachineName, MachineTiming] | None``), else None."""
+    options = typing.get_args(annotation) if typing.get_origin(annotation) in (
+        typing.Union, types.UnionType) else (annotation,)
+    for option in options:
+        if typing.get_origin(option) is dict:
+            key, value = typing.get_args(option)
+            if isinstance(value, type) and issubclass(value, BaseModel):
+                return key, value
+    return None
+
+
 def _typed(model: type[BaseModel], tree: Mapping[str, Any], name: str) -> type:
     """A TypedDict of the fields of ``model`` that ``tree`` names, each as ``model``
     declares it (its type and constraints; required where ``model`` requires it)."""
@@ -90,11 +106,17 @@ def _typed(model: type[BaseModel], tree: Mapping[str, Any], name: str) -> type:
         info = model.model_fields.get(key)
         if info is None:
             raise ValueError(f"{name}.{key}: {model.__name__} has no field {key!r}")
+        nullable = type(None) in typing.get_args(info.annotation)
+        keyed = _dict_of(info.annotation)
         if sub is None:
             hint: Any = info.rebuild_annotation()
+        elif keyed is not None:  # an object of sections by name: the fields of each
+            key_type, model_of = keyed
+            inner = _typed(model_of, sub, f"{name}.{key}")
+            hint = dict[key_type, inner]  # type: ignore[valid-type]
+            hint = hint | None if nullable else hint
         else:
             inner = _typed(_section(info.annotation, f"{name}.{key}"), sub, f"{name}.{key}")
-            nullable = type(None) in typing.get_args(info.annotation)
             hint = inner | None if nullable else inner
         wrap = typing_extensions.Required if info.is_required() else typing_extensions.NotRequired
         hints[key] = wrap[hint]
@@ -126,8 +148,8 @@ class Fields:
         block = _typed(Block, _tree(self.paths), "Block")
         keyed = Annotated[str, AfterValidator(_case_key)]
         header = typing_extensions.TypedDict("BaselineFileFields", {  # type: ignore[name-match]  # noqa: UP013
-            # 1, an int: not true, not 1.0 (which a Literal[1] takes)
-            "schema_version": typing_extensions.Required[Annotated[StrictInt, Field(ge=1, le=1)]],
+            # 1 or 2 (READABLE_VERSIONS), an int: not true, not 1.0 (which a Literal takes)
+            "schema_version": typing_extensions.Required[Annotated[StrictInt, Field(ge=1, le=2)]],
             "platform": typing_extensions.NotRequired[str],
             "cases": typing_extensions.Required[dict[keyed, block]],  # type: ignore[valid-type]
         })

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from pytest_accelperf.checks.base import CheckResult
+from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.numerics import FingerprintError, fingerprint_leaves
 from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.records.run import Run
@@ -55,6 +55,16 @@ def unrecordable(run: Run, checks: Sequence[CheckResult],
         if not leaf.finite:
             return f"{leaf.what} {leaf.name} is not finite after training"
     return None
+
+
+def shared_unchanged(checks: Sequence[CheckResult]) -> bool:
+    """Whether the checks judged a case's shared sections (every check of kind
+    ``deterministic``: outcome, loss, program, memory, numerics, ...) unchanged: each
+    passed. Then a machine that did not record the stored block writes only its own
+    timing beside it (:func:`pytest_accelperf.store.machines.merge`); otherwise
+    (something new, changed, or not compared) the run's block is recorded whole."""
+    shared = [c for c in checks if check_of(c.metric).kind == "deterministic"]
+    return bool(shared) and all(c.verdict is Verdict.PASS for c in shared)
 
 
 def refused(check: CheckResult) -> str | None:

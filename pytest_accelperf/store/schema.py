@@ -124,7 +124,7 @@ class BaselineHeader(_Strict):
     :func:`invalid_blocks`, so that one invalid block names its case and an update can
     replace it)."""
 
-    schema_version: Literal[1]
+    schema_version: Literal[1, 2]
     platform: str = ""
     cases: dict[str, Any]
 
@@ -281,6 +281,8 @@ class ReportFile(_Report):
     cases: list[ReportCase]
     accel: str = ""
     platform: str = ""
+    #: The machine whose timing the session judged (absent from reports written before).
+    machine: str = ""
     update: bool = False
     environment: dict[str, Any] = {}
     baselines_written: list[str] = []

@@ -155,18 +155,20 @@ def test_what_the_fast_read_does_not_know_is_read_the_exact_way(
 
 def test_a_value_not_shown_is_not_validated_by_show_but_is_by_check_and_the_gate(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A block whose environment is not an object: ``show`` (which does not read it)
-    lists it; ``check`` and a run reading it for judging refuse it, one line naming the
-    file, the line, the case and the field."""
+    """A block whose program is not an object: ``show`` (which does not read it) lists
+    it; ``check`` and a run reading it for judging refuse it, one line naming the file,
+    the line, the case and the field. (``show`` reads the environment's host CPU, to name
+    the machine of a block's timing: an environment that is not an object is refused by
+    ``show`` too.)"""
     cases = _cases()
-    cases["test_x[b1]"]["environment"] = "cpu"
+    cases["test_x[b1]"]["program"] = "cpu"
     path = _store(tmp_path, _text(cases))
     root = str(tmp_path)
     status, out, _ = _run(capsys, "baselines", "show", "--baselines", root)
     assert status == 0 and out.splitlines()[-1] == f"3 case(s) in {root}"
     line = next(i for i, t in enumerate(path.read_text().splitlines(), 1)
-                if '"environment": "cpu"' in t)
-    message = (f"{path}:{line}: case 'test_x[b1]': invalid baseline block: environment: "
+                if '"program": "cpu"' in t)
+    message = (f"{path}:{line}: case 'test_x[b1]': invalid baseline block: program: "
                f"should be a JSON object (found 'cpu'). Fix the block, or re-record the case "
                f"with --accelperf-update (which replaces an invalid block and keeps the "
                f"file's other cases)")

@@ -1,0 +1,235 @@
+"""Timing per machine: which machine a block's timing belongs to, the block a machine's
+checks read, and how a machine's timing is written beside the others'.
+
+A platform's store (``cpu-x8``) is shared by every host that runs it: a developer's laptop,
+two kinds of CI runner. What a case's run gives that does not depend on the host (the
+outcome, the program, the numerics, the loss, the memory plan) is kept once per block, for
+every machine. Its timing (:data:`~pytest_accelperf.store.block.TIMING_SECTIONS`: step and
+probe times, throughput, MFU, compile time, input times, the noisy mark) is kept per
+machine, as asv keys its results by ``--machine`` and Bencher by testbed:
+
+* the block's own timing, at its top level, is that of the machine that recorded the block
+  (``"machine"``; in a block written before machines were named, the machine its
+  ``environment`` names: :func:`default_machine`);
+* every other machine's is under ``"machines"``, by name, each with the environment it was
+  recorded in and when (:class:`~pytest_accelperf.store.block.MachineTiming`).
+
+So a block written before machines were named is already a block of one machine, read as
+it is; adding a machine's timing adds its entry and changes nothing else.
+
+A machine is named by ``--accelperf-machine``; by default by :func:`default_machine`, a
+stable name derived from the host's fingerprint (its CPU model and a hash of the model and
+its kernel-relevant features), the very fields a baseline stores, so that the host that
+recorded a baseline before machines were named finds its timing under the same name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_accelperf.errors import UserError
+from pytest_accelperf.store.block import MACHINE_PATTERN, TIMING_SECTIONS
+
+__all__ = [
+    "HOST_KEYS",
+    "MachineError",
+    "MachineView",
+    "default_machine",
+    "machines_of",
+    "merge",
+    "other_host",
+    "recorder",
+    "timing_of",
+    "validate_machine",
+    "view",
+]
+
+#: The key of a block naming the machine of its top-level timing, and of the others'.
+MACHINE_KEY = "machine"
+MACHINES_KEY = "machines"
+#: What a machine is, of an environment: its host (device kind and count are the
+#: platform's). Two entries of one name must agree on these (:func:`other_host`).
+HOST_KEYS = ("host_cpu", "cpu_isa", "device_kind", "device_count")
+
+_NAME_RE = re.compile(MACHINE_PATTERN)
+
+
+class MachineError(UserError):
+    """A machine name that cannot be one, or one name for two hosts."""
+
+
+def validate_machine(name: str) -> str:
+    """``name`` if it can name a machine: one path component of letters, digits, ``.``,
+    ``_``, ``+`` and ``-``, not starting with a dot, without ``..``, at most 100 characters
+    (as a platform key); else :class:`MachineError`, one line naming the fix."""
+    if not _NAME_RE.fullmatch(name) or ".." in name:
+        raise MachineError(
+            f"invalid machine name {name!r}: a machine is named by one path component of "
+            f"letters, digits, '.', '_', '+' and '-' (e.g. ci-x86, laptop), not starting with "
+            f"a dot, without '..', at most 100 characters; pass such a name to "
+            f"--accelperf-machine")
+    return name
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40].strip("-") or "host"
+
+
+def default_machine(env: Mapping[str, object]) -> str:
+    """The name of the machine of an environment when none is given: its CPU model, made
+    a path component, and 8 hex digits of a hash of the model and its kernel-relevant CPU
+    features (``amd-epyc-1f0e9a3c``). Two hosts of one model that differ in a feature
+    (``avx_vnni``) get two names; two hosts alike in both, one. The core count is not in
+    it: a baseline does not store it, and the host that recorded a baseline before
+    machines were named must find its timing under this name.
+
+    >>> default_machine({"host_cpu": "AMD EPYC", "cpu_isa": "avx avx2 fma"})
+    'amd-epyc-b6571efe'
+    """
+    cpu = str(env.get("host_cpu") or "")
+    isa = str(env.get("cpu_isa") or "")
+    digest = hashlib.sha256(f"{cpu}\n{isa}".encode()).hexdigest()[:8]
+    return f"{_slug(cpu)}-{digest}"
+
+
+def recorder(block: Mapping[str, Any]) -> str:
+    """The machine whose timing ``block``'s top-level timing sections are: its
+    ``machine``, or for a block written before machines were named, the machine of its
+    ``environment``."""
+    name = block.get(MACHINE_KEY)
+    if isinstance(name, str) and name:
+        return name
+    env = block.get("environment")
+    return default_machine(env if isinstance(env, Mapping) else {})
+
+
+def timing_of(block: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level timing sections of ``block`` (those it has)."""
+    return {k: block[k] for k in TIMING_SECTIONS if k in block}
+
+
+def machines_of(block: Mapping[str, Any]) -> list[str]:
+    """Every machine with timing in ``block``: its recorder (where it has top-level timing)
+    and the others, sorted."""
+    others = block.get(MACHINES_KEY)
+    names = set(others) if isinstance(others, Mapping) else set()
+    if timing_of(block):
+        names.add(recorder(block))
+    return sorted(names)
+
+
+@dataclass(frozen=True)
+class MachineView:
+    """What one machine's checks read of a stored block (:func:`view`).
+
+    ``block``: the shared sections, and this machine's timing at the top level (none when
+    it has none), as a block of one machine reads (no ``machine``, no ``machines``).
+    ``timing_env``: the environment its timing was recorded in, None when the block has no
+    timing of this machine (its timing checks are then ``new for this machine``);
+    ``timing_recorded_at``: when. ``machines``: every machine with timing in the block."""
+
+    block: dict[str, Any]
+    machine: str
+    timing_env: Mapping[str, Any] | None
+    timing_recorded_at: str | None
+    machines: tuple[str, ...]
+
+    @property
+    def new(self) -> bool:
+        """Whether this machine has no timing of its own in the block."""
+        return self.timing_env is None
+
+    @property
+    def shared_env(self) -> Mapping[str, Any]:
+        """The environment the shared sections were recorded in."""
+        env = self.block.get("environment")
+        return env if isinstance(env, Mapping) else {}
+
+
+def view(block: Mapping[str, Any], machine: str) -> MachineView:
+    """``block`` as ``machine``'s checks read it (:class:`MachineView`)."""
+    shared = {k: v for k, v in block.items()
+              if k not in TIMING_SECTIONS and k not in (MACHINE_KEY, MACHINES_KEY)}
+    others = block.get(MACHINES_KEY)
+    others = others if isinstance(others, Mapping) else {}
+    env: Mapping[str, Any] | None = None
+    when: str | None = None
+    timing: dict[str, Any] = {}
+    if recorder(block) == machine:
+        timing = timing_of(block)
+        found = block.get("environment")
+        env = found if isinstance(found, Mapping) else {}
+        when = block.get("recorded_at")
+    elif isinstance(others.get(machine), Mapping):
+        entry = others[machine]
+        timing = timing_of(entry)
+        found = entry.get("environment")
+        env = found if isinstance(found, Mapping) else {}
+        when = entry.get("recorded_at")
+    return MachineView({**shared, **timing}, machine, env, when, tuple(machines_of(block)))
+
+
+def _entry(block: Mapping[str, Any]) -> dict[str, Any]:
+    """``block``'s top-level timing as an entry of ``machines``: with its environment and
+    when it was recorded."""
+    entry: dict[str, Any] = {"environment": block.get("environment"), **timing_of(block)}
+    if block.get("recorded_at") is not None:
+        entry["recorded_at"] = block["recorded_at"]
+    return entry
+
+
+def merge(current: Mapping[str, Any] | None, new: Mapping[str, Any], machine: str, *,
+          timing_only: bool) -> dict[str, Any] | None:
+    """The block to store when ``machine`` writes ``new`` (a block of one machine, as a
+    run makes it) over ``current`` (the stored one, None: none); None: nothing to write.
+
+    ``timing_only`` (the case's shared sections were judged unchanged, or a session was
+    added): where ``current`` is another machine's block, only ``machine``'s entry of
+    ``machines`` is written, and nothing else of the block changes. Otherwise (nothing
+    stored, a change of the shared sections recorded, or the block is ``machine``'s own)
+    ``new`` becomes the block, ``machine``'s; every other machine's timing is kept, the
+    previous recorder's moved from the top level to its entry."""
+    new = {k: v for k, v in new.items() if k not in (MACHINE_KEY, MACHINES_KEY)}
+    if current is not None and timing_only and recorder(current) != machine:
+        timing = timing_of(new)
+        if not timing:
+            return None
+        out = dict(current)
+        others = dict(current.get(MACHINES_KEY) or {})
+        others[machine] = _entry(new)
+        out[MACHINES_KEY] = dict(sorted(others.items()))
+        return out
+    env = new.get("environment")
+    out = dict(new)
+    if machine != default_machine(env if isinstance(env, Mapping) else {}):
+        out[MACHINE_KEY] = machine  # the default needs no name: recorder() derives it
+    others = dict(current.get(MACHINES_KEY) or {}) if current is not None else {}
+    others.pop(machine, None)
+    if current is not None and recorder(current) != machine and timing_of(current):
+        others[recorder(current)] = _entry(current)
+    if others:
+        out[MACHINES_KEY] = dict(sorted(others.items()))
+    return out
+
+
+def other_host(name: str, now: Mapping[str, Any], stored: Mapping[str, Any]) -> str:
+    """Why the timing stored under ``name`` (recorded in ``stored``) is not this host's
+    (``now``): two machines of one name with different fingerprints, in one line naming
+    both and the fix; ``""`` when they agree (:data:`HOST_KEYS`)."""
+    differ = [k for k in HOST_KEYS if now.get(k) != stored.get(k)]
+    if not differ:
+        return ""
+
+    def host(env: Mapping[str, Any]) -> str:
+        return ", ".join(f"{k} {env.get(k)!r}" for k in differ)
+
+    return (f"machine {name!r} names two hosts with different fingerprints: this one "
+            f"({host(now)}; its default name is {default_machine(now)}) and the one whose "
+            f"timing is stored under that name ({host(stored)}; default name "
+            f"{default_machine(stored)}). Give this host a name of its own "
+            f"(--accelperf-machine), or re-record that name's timing here with "
+            f"--accelperf-update")
