@@ -74,9 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
                                             "baselines")
     bsub = base.add_subparsers(dest="action", required=True, metavar="ACTION")
 
-    show = bsub.add_parser("show", help="list stored cases with their headline numbers")
+    show = bsub.add_parser("show", help="list stored cases with their headline numbers, and "
+                                        "the machines whose timing the store keeps")
     store_arg(show)
     show.add_argument("--platform", help="only this platform (e.g. cpu-x8)")
+    show.add_argument("--machine", help="show this machine's timing (default: the timing of "
+                                        "the machine that recorded each block)")
     show.add_argument("patterns", nargs="*", metavar="PATTERN",
                       help="only cases matching (node id, test[case] or case id; * and ? "
                            "are wildcards)")
@@ -104,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "* and ? are wildcards)")
     accept.add_argument("--all", action="store_true", help="accept every case of the report")
     accept.add_argument("--dry-run", action="store_true", help="say what would be written")
+    accept.add_argument("--machine", help="the machine whose timing the cases are stored as "
+                                          "(default: the report's, --accelperf-machine or "
+                                          "the name derived from the host it ran on)")
     store_arg(accept)
     accept.set_defaults(func="baselines:cmd_accept")
 
