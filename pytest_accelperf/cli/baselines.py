@@ -323,8 +323,8 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
         for name, m in sorted(known.items()):
             shared = f", recorded the shared sections of {m.recorded}" if m.recorded else ""
             out.write(f"  {name}: {m.cases} case(s){shared}; {m.host}\n")
-    shown = f"; the timing shown is machine {machine}'s (- where it has none)" if machine else ""
-    out.write(f"{len(rows)} case(s) in {root}{shown}\n")
+    whose = f"; the timing shown is machine {machine}'s (- where it has none)" if machine else ""
+    out.write(f"{len(rows)} case(s) in {root}{whose}\n")
     return 0
 
 
