@@ -56,6 +56,12 @@ SPECS: tuple[BackendSpec, ...] = (
         install=f"pip install 'pytest-accelperf[hf]' {_TORCH_FIRST}",
         packages=("torch", "transformers", "accelerate", "tokenizers", "numpy"), ray=False,
     ),
+    # A compiled Keras 3 model trained by model.fit on JAX, measured from a callback.
+    BackendSpec(
+        "keras", "pytest_accelperf.backends.keras.backend", requires=("jax", "keras"),
+        install="pip install 'pytest-accelperf[keras]'",
+        packages=("keras", "jax", "jaxlib", "numpy"), ray=False,
+    ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
     # (the PyPI name is a placeholder).
     BackendSpec(

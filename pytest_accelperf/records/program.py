@@ -48,6 +48,9 @@ JSON, every field optional (a backend says what it can see):
     record of either kind has only one of them.
 ``custom_calls``
     other custom calls per step (library kernels the compiler does not see into).
+``dispatches``
+    programs the host launches per step: 1 for a step compiled whole, one per operation
+    for a JAX step run op by op (Keras's ``jit_compile=False``; :mod:`.backends.keras`).
 ``graphs``, ``graph_breaks``, ``recompiles``
     torch.compile: graphs made and graph breaks while compiling (step 0), and
     recompilations after it (the later warm-up steps and the measured ones);
@@ -142,6 +145,7 @@ class ProgramRecord(TypedDict, total=False):
     host_syncs: _Count | None
     host_sync_sites: dict[str, _Count] | None
     custom_calls: _Count | None
+    dispatches: _Count | None
     graphs: _Count | None
     graph_breaks: _Count | None
     recompiles: _Count | None
@@ -161,6 +165,7 @@ COUNTS: dict[str, str] = {
     "host_callbacks": "host callbacks",
     "host_syncs": "host syncs",
     "custom_calls": "custom calls",
+    "dispatches": "dispatches",
     "graphs": "graphs",
     "graph_breaks": "graph breaks",
     "recompiles": "recompiles",

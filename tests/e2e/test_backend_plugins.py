@@ -94,7 +94,7 @@ def test_a_conftest_backend_is_known_to_collection_and_its_errors(suite: Suite) 
     assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
     result.stdout.fnmatch_lines([
         "*unknown backend(s) 'numpy-sgdd' in @cases; known: alpa, deepspeed, external, hf, "
-        "jax, jax-pipeline, lightning, neuron, numpy-sgd, torch*"])
+        "jax, jax-pipeline, keras, lightning, neuron, numpy-sgd, torch*"])
 
 
 @pytest.mark.parametrize("returned, message", [
@@ -326,13 +326,13 @@ def test_collecting_imports_no_framework(suite: Suite) -> None:
 
         @cases([Case(backend=name, batch=8, zero_stage=0) for name in
                 ("jax", "torch", "deepspeed", "jax-pipeline", "neuron", "external",
-                 "lightning", "hf")])
+                 "lightning", "hf", "keras")])
         def test_one(accelperf):
             pass
 
         def test_no_framework_yet():
             loaded = {"jax", "torch", "deepspeed", "flax", "optax", "lightning",
-                      "transformers", "accelerate"} & set(sys.modules)
+                      "transformers", "accelerate", "keras"} & set(sys.modules)
             assert not loaded
     ''')
     result = subprocess.run(
@@ -340,4 +340,4 @@ def test_collecting_imports_no_framework(suite: Suite) -> None:
          "no_framework", "test_suite.py"], cwd=suite.pytester.path, capture_output=True,
         text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed, 8 deselected" in result.stdout
+    assert "1 passed, 9 deselected" in result.stdout

@@ -88,7 +88,7 @@ def test_unknown_backend_is_a_collection_error_listing_the_known_ones(suite: Sui
     result.stdout.fnmatch_lines([
         "*ERROR collecting test_suite.py*",
         "test_suite.py::test_typo: unknown backend(s) 'jaxx' in @cases; known: alpa, "
-        "deepspeed, external, hf, jax, jax-pipeline, lightning, neuron, torch",
+        "deepspeed, external, hf, jax, jax-pipeline, keras, lightning, neuron, torch",
     ])
     assert "Traceback" not in result.stdout.str()
 
