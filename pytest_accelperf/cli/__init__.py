@@ -131,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write the Markdown summary here (- for stdout)")
     report.add_argument("--html", type=Path, metavar="PATH",
                         help="write the HTML report with plots here (- for stdout; needs "
-                             "matplotlib)")
+                             "the report extra)")
     report.add_argument("--history", type=Path, metavar="DIR",
                         help="the --accelperf-history directory, for the trend plots and "
                              "their change points")

@@ -150,10 +150,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("markdown", "--accelperf-markdown", "write a Markdown summary for a pull-request "
            "comment to this path (regressions first, passes folded; - for stdout); also "
            "appended to $GITHUB_STEP_SUMMARY when that is set.", "path", None),
-    Option("html", "--accelperf-html", "write one self-contained HTML report with plots (loss "
-           "against the baseline's band, step times, memory per device, throughput across "
-           "batch sizes and meshes, the history's trend) to this path (- for stdout). Needs "
-           "matplotlib: pip install 'pytest-accelperf[report]'.", "path", None),
+    Option("html", "--accelperf-html", "write one self-contained HTML report with interactive "
+           "plots (loss within the baseline's band, step times, memory per device and rank, "
+           "throughput across batch sizes and meshes with intervals, the history's trend) "
+           "to this path (- for stdout). Needs vl-convert-python: pip install "
+           "'pytest-accelperf[report]'.", "path", None),
     Option("history", "--accelperf-history", "directory of the run history: each session "
            "appends its runs, with the git commit and the environment fingerprint, as JSON "
            "lines to <dir>/<platform>.jsonl.", "path", None),
