@@ -63,7 +63,8 @@ def _pytest_help_group() -> str:
 
 
 CLI_COMMANDS = ("", "baselines show", "baselines check", "baselines diff", "baselines accept",
-                "baselines prune", "report", "history changes", "bisect", "schema")
+                "baselines prune", "report", "history changes", "history publish", "bisect",
+                "schema")
 
 
 def _accelperf_help() -> str:

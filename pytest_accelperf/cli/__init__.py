@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "works opened from disk and served (a CI artifact, GitHub Pages): an "
                     "index of every case (a sparkline of its step time, its latest verdict "
                     "and machine) and a page for each case: step time over the sessions "
-                    "with each session's 95%% interval as a band, compile time, memory per "
+                    "with each session's 95% interval as a band, compile time, memory per "
                     "device, FLOPs, bytes and host syncs, the final loss; change points "
                     "(with the accelperf bisect command of their range), stack changes and "
                     "machine changes marked; filters for machine and branch. The plots are "
