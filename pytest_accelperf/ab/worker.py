@@ -353,10 +353,13 @@ class Worker:
     def stack(self, extra: list[str] | None = None) -> dict[str, str]:
         """This worker's environment: Python and its framework packages' versions, and
         those of the ``extra`` packages (what an environment built for the base revision
-        installed)."""
+        installed). The framework packages are every registered backend's (a trainer's
+        ``lightning`` or ``transformers`` among them), so that each case's stack line can
+        name what its backend declares."""
+        from pytest_accelperf.backends.registry import BACKENDS
         from pytest_accelperf.envs.stack import STACK_PACKAGES, stack_versions
 
-        return stack_versions([*STACK_PACKAGES, *(extra or [])])
+        return stack_versions([*STACK_PACKAGES, *BACKENDS.packages(), *(extra or [])])
 
     def run(self, key: str, n: int) -> list[float]:
         times: list[float] = self.steppers[key].run(n)

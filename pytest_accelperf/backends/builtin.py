@@ -47,7 +47,13 @@ SPECS: tuple[BackendSpec, ...] = (
         "lightning", "pytest_accelperf.backends.lightning.backend",
         requires=("torch", "lightning"),
         install=f"pip install 'pytest-accelperf[lightning]' {_TORCH_FIRST}",
-        packages=("torch", "lightning", "numpy"), ray=False,
+        packages=("torch", "lightning", "numpy"), ray=False, ab_blocks=True,
+    ),
+    # A compiled Keras 3 model trained by model.fit on JAX, measured from a callback.
+    BackendSpec(
+        "keras", "pytest_accelperf.backends.keras.backend", requires=("jax", "keras"),
+        install="pip install 'pytest-accelperf[keras]'",
+        packages=("keras", "jax", "jaxlib", "numpy"), ray=False,
     ),
     # A model trained by transformers' Trainer.train, measured from a TrainerCallback.
     BackendSpec(
@@ -55,12 +61,6 @@ SPECS: tuple[BackendSpec, ...] = (
         requires=("torch", "transformers", "accelerate"),
         install=f"pip install 'pytest-accelperf[hf]' {_TORCH_FIRST}",
         packages=("torch", "transformers", "accelerate", "tokenizers", "numpy"), ray=False,
-    ),
-    # A compiled Keras 3 model trained by model.fit on JAX, measured from a callback.
-    BackendSpec(
-        "keras", "pytest_accelperf.backends.keras.backend", requires=("jax", "keras"),
-        install="pip install 'pytest-accelperf[keras]'",
-        packages=("keras", "jax", "jaxlib", "numpy"), ray=False,
     ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
     # (the PyPI name is a placeholder).

@@ -66,7 +66,7 @@ from pytest_accelperf.backends.measure.recording import (
     record_loop,
 )
 from pytest_accelperf.backends.measure.stamps import StepClock
-from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.memory import (
     GROWTH_STEPS,
@@ -191,7 +191,7 @@ _LIGHTNING_OWN = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """The gate's own trainers are quiet: Lightning's advice about the run (a loader with
     few workers), its deprecation of its own use of torch, and its info lines about the
     trainer the gate made (devices, the tip to install a logger, ``max_steps`` reached)
@@ -289,7 +289,7 @@ class LightningBackend:
                               f"the CPU against the case's memory_capacity only")
         built = build(as_lightning_task(task), case, device)
         counting = Counting(case, device, built.label)
-        with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, _quiet():
+        with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, quiet():
             built.fit(MEMORY_STEPS, counting, root)
         return Fit(counting.peak <= case.memory_capacity, counting.peak,
                    int(case.memory_capacity), "mem_tracker peak")
@@ -297,7 +297,7 @@ class LightningBackend:
     def train(self, case: Case, task: Task, accel: Accelerator, *,
               timeout: float | None = None) -> TrainResult:
         lightning_task = as_lightning_task(task)
-        _one_device(case)
+        one_device(case)
         deadline = deadline_after(timeout)
         phases = Phases()
         device = _device(accel)
@@ -308,18 +308,11 @@ class LightningBackend:
         run = new_run(case, accel.peak_flops, n_devices=1)
         saved = _snapshot(built.module)
         seed = lightning_task.seed_for(case)
-        with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, _quiet():
+        with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, quiet():
             # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
-            counting = Counting(case, device, built.label)
-            steps = MEMORY_STEPS + GROWTH_STEPS if device.type == "cpu" else COUNTED_STEP + 1
-            counting.steps = steps
             with phases("memory"):
-                built.fit(steps, counting, root)
-            if isinstance(lightning_task.module, pl.LightningModule):
-                _restore(built.module, saved)  # the state_dict; its Python attributes stay
-            else:  # made again, as the first time: nothing of the counting is left in it
-                pl.seed_everything(seed, workers=True, verbose=False)
-                built.module = _module(lightning_task, case)
+                counting = count(built, lightning_task, case, device, root,
+                                 memory=device.type == "cpu", saved=saved)
             memory = counting.memory()
             if memory is not None:
                 run.memory_per_device, run.memory_source = {label: memory.peak}, memory.source
@@ -375,6 +368,33 @@ class LightningBackend:
         return LightningTrainResult(run=run, params=params, state=built.module,
                                     notes=built.notes)
 
+    def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
+        """The case's ``Trainer.fit`` held between optimizer steps, for A/B mode
+        (:class:`~.lightning.stepper.LightningStepper`)."""
+        from pytest_accelperf.backends.lightning.stepper import LightningStepper
+
+        return LightningStepper(case, task, accel)
+
+
+def count(built: Built, task: LightningTask, case: Case, device: torch.device, root: str,
+          *, memory: bool, saved: Mapping[str, torch.Tensor] | None = None) -> Counting:
+    """The counting training (``memory``: the CPU's live bytes over
+    :data:`MEMORY_STEPS` + :data:`GROWTH_STEPS` optimizer steps; else just through
+    :data:`COUNTED_STEP`, for its FLOPs and ops), then undone: the module's ``state_dict``
+    put back (``saved``, taken now where not given), or the module made again where the
+    task makes it."""
+    if saved is None:
+        saved = _snapshot(built.module)
+    counting = Counting(case, device, built.label)
+    counting.steps = MEMORY_STEPS + GROWTH_STEPS if memory else COUNTED_STEP + 1
+    built.fit(counting.steps, counting, root)
+    if isinstance(task.module, pl.LightningModule):
+        _restore(built.module, saved)  # the state_dict; its Python attributes stay
+    else:  # made again, as the first time: nothing of the counting is left in it
+        pl.seed_everything(task.seed_for(case), workers=True, verbose=False)
+        built.module = _module(task, case)
+    return counting
+
 
 def _epochs_note(trainer: pl.Trainer, case: Case, built: Built) -> str | None:
     """A line where the data held fewer batches than the run trained: Lightning began a
@@ -389,7 +409,7 @@ def _epochs_note(trainer: pl.Trainer, case: Case, built: Built) -> str | None:
             f"work inside the step that followed)")
 
 
-def _one_device(case: Case) -> None:
+def one_device(case: Case) -> None:
     if case.world_size > 1 or case.n_devices != 1:
         raise ConfigError(f"{case.id}: the lightning backend trains on one device for now "
                           f"(world_size={case.world_size}, mesh={case.mesh}); Lightning's "

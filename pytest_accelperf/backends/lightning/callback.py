@@ -181,7 +181,8 @@ class Measured(Watch):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        self.clock.start()
+        if self.clock.start():
+            trainer.should_stop = True
 
     def fetch_started(self) -> None:
         self.clock.fetch_started()

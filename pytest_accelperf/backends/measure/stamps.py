@@ -70,8 +70,10 @@ class StepClock:
 
     def __init__(self, *, warmup: int, steps: int, sync: Callable[[], None],
                  probe: Probe | None = None, deadline: float | None = None,
-                 report: StepReporter = in_process) -> None:
+                 report: StepReporter = in_process,
+                 hold: Callable[[], bool] | None = None) -> None:
         self.warmup, self.steps, self.total = warmup, steps, warmup + steps
+        self._hold = hold  # a held loop's (.held.HeldLoop.hold): before each step
         self._sync, self._probe, self._deadline, self._report = sync, probe, deadline, report
         self._every, self._stride = probe_every(steps), yardstick_every(steps)
         self._slower = injected_slowdown()
@@ -91,10 +93,14 @@ class StepClock:
         """Optimizer steps stamped so far."""
         return len(self.out.losses)
 
-    def start(self) -> None:
-        """The trainer is about to fetch its first batch: the first step's clock starts."""
+    def start(self) -> bool:
+        """The trainer is about to fetch its first batch: the first step's clock starts
+        (once a held loop let the step through). True: stop training instead."""
         self._sync()
+        if self._hold is not None and self._hold():
+            return True
         self._mark = time.perf_counter()
+        return False
 
     def _stop_clock(self) -> None:
         """Synchronize the device; add the time since the clock started to the step's."""
@@ -166,6 +172,8 @@ class StepClock:
             out.nan_step, stop = i, True
         elif self._deadline is not None and time.monotonic() > self._deadline:
             out.timed_out, stop = True, True
+        if not stop and self._hold is not None:
+            stop = self._hold()  # held (A/B mode) until the next step is let through
         self._mark = time.perf_counter()
         return stop
 

@@ -335,3 +335,27 @@ def test_importing_the_entry_point_imports_no_framework() -> None:
 
 def _block(program: object) -> dict[str, Any]:
     return {"outcome": "ok", "environment": {}, "program": program}
+
+
+def test_the_ab_stepper_holds_the_trainers_loop_between_blocks(workdir: Path) -> None:
+    """A/B mode's stepper: ``Trainer.fit`` in a thread of its own, held before each
+    optimizer step; each ``run(n)`` lets exactly ``n`` through and gives their times; the
+    program is the run's (the planted sync counted); ``close`` ends the fit and leaves
+    nothing behind."""
+    import threading
+
+    stepper = BACKEND.stepper(case(), task("item"), CPU)
+    try:
+        first = stepper.run(3)
+        held = stepper._held._clock  # type: ignore[attr-defined]
+        assert held is not None and len(held.out.step_times) == 3
+        second = stepper.run(2)
+        assert len(first) == 3 and len(second) == 2
+        assert all(0 < t < 5 for t in first + second)
+        assert len(held.out.step_times) == 5  # held: no step ran past what was asked
+        program = stepper.program
+        assert program is not None and program.get("flops") and program.get("host_syncs")
+    finally:
+        stepper.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("accelperf-held")]
+    assert not list(workdir.iterdir())

@@ -1,0 +1,110 @@
+"""A/B mode on a trainer's case (issue 45): a LightningModule trained by ``Trainer.fit``,
+each arm's trainer held between optimizer steps while the other arm runs its block
+(:mod:`pytest_accelperf.backends.measure.held`). Against a git revision, a planted host
+sync fails the program check against the base arm's own program; under another Python
+environment (``--accelperf-compare-python``), the verdict names Lightning's release in
+both stacks."""
+
+from __future__ import annotations
+
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Suite
+
+from e2e.test_ab_envs import _fake_release, _uv_or_skip
+from e2e.test_ab_mode import committed
+from pytest_accelperf.envs.cache import build_env, session_site
+
+pytest.importorskip("lightning")
+
+MODEL = '''
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.set_num_threads(1)
+
+
+class LitAutoEncoder(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 8))
+        self.decoder = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 64))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        loss = nn.functional.mse_loss(self.decoder(self.encoder(x)), x)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+
+def loader(case):
+    x = torch.randn(32 * case.batch, 64, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x), batch_size=case.batch)
+'''
+
+SUITE = '''
+from model import LitAutoEncoder, loader
+from pytest_accelperf import cases
+from pytest_accelperf.lightning import LightningTask
+
+@cases(backend="lightning", batch=[16], steps=6, warmup=2)
+def test_fit(accelperf):
+    accelperf.train(LightningTask(module=lambda case: LitAutoEncoder(), data=loader))
+'''
+
+#: Where these tests look: what each arm's trainer trained and what the verdicts name, not
+#: the statistic (one process pair, few rounds, any load; see test_ab_envs.FAST).
+FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=4",
+        "--accelperf-compare-processes=1", "--accelperf-compare-budget=1",
+        "--accelperf-compare-tolerance=10", "--accelperf-max-foreign-load=64",
+        "--accelperf-explain=off", "--accelperf-json=report.json")
+
+
+@pytest.fixture
+def repo(suite: Suite) -> Suite:
+    return committed(suite, MODEL, SUITE)
+
+
+def _check(suite: Suite, metric: str) -> dict[str, Any]:
+    case = suite.report()["cases"][0]
+    check: dict[str, Any] = next(c for c in case["checks"] if c["metric"] == metric)
+    return check
+
+
+@pytest.mark.slow
+def test_a_host_sync_planted_in_training_step_fails_against_the_base(repo: Suite) -> None:
+    model = repo.pytester.path / "model.py"
+    model.write_text(model.read_text().replace(
+        "        return loss\n", "        self.seen = loss.item()\n        return loss\n"))
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", subprocess=True)
+    result.assert_outcomes(failed=1)
+    program = _check(repo, "program")
+    assert program["verdict"] == "regression" and program["data"]["mode"] == "ab", program
+    assert "host syncs" in str(program["detail"]) and "model.py" in str(program["detail"])
+    throughput = _check(repo, "throughput")
+    blocks = throughput["data"]["blocks"]
+    assert len(blocks["base"]) == len(blocks["head"]) >= 4, throughput  # both trainers held
+    assert not list(Path(repo.pytester.path).glob("lightning_logs"))
+
+
+@pytest.mark.slow
+def test_a_lightning_release_under_another_python_is_named_in_the_verdict(
+        repo: Suite, tmp_path_factory: pytest.TempPathFactory) -> None:
+    _uv_or_skip()
+    env = build_env([], over=session_site(), root=tmp_path_factory.mktemp("envs"))
+    _fake_release(env.path, "lightning", "0.0.1")
+    result = repo.run(*FAST, f"--accelperf-compare-python={env.python}", subprocess=True)
+    result.assert_outcomes(passed=1)
+    throughput = _check(repo, "throughput")
+    detail = str(throughput["detail"])
+    assert f"stack: lightning 0.0.1 → {metadata.version('lightning')}" in detail, detail
+    assert throughput["verdict"] in ("pass", "inconclusive"), throughput
+    program = _check(repo, "program")
+    assert program["verdict"] == "pass" and program["data"]["mode"] == "ab", program
