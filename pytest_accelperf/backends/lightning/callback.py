@@ -12,16 +12,14 @@
   ``accumulate_grad_batches`` one step of several batches).
 
 Two trainings use them (:mod:`.lightning.backend`): a counting one, untimed and undone
-afterwards, where :class:`Counting` counts memory (as the torch backend does on the CPU:
-``MemTracker`` over :data:`~.torch.memory.MEMORY_STEPS` steps, then the live bytes
-over :data:`~.torch.memory.GROWTH_STEPS` more) and what one step dispatched (FLOPs, ops,
-host syncs: :class:`~.torch.ops.OpCounter`), and the measured one, where a
+afterwards, where :class:`Counting` counts memory and what one step dispatched (FLOPs,
+ops, host syncs) as :class:`~.torch.counting.CountedSteps` counts them for every trainer
+(transformers' too), and the measured one, where a
 :class:`~pytest_accelperf.backends.measure.stamps.StepClock` stamps each step.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Mapping
 
@@ -32,16 +30,10 @@ from lightning.pytorch.profilers import Profiler
 
 from pytest_accelperf.backends.measure.common import TaskError
 from pytest_accelperf.backends.measure.stamps import StepClock
-from pytest_accelperf.backends.torch.memory import (
-    GROWTH_STEPS,
-    MEMORY_STEPS,
-    CpuMemory,
-    device_total,
-    memory_tracker,
-)
-from pytest_accelperf.backends.torch.ops import OpCounter, OpCounts, uncounted
-from pytest_accelperf.backends.torch.task import flop_counter, leaves_with_paths
-from pytest_accelperf.backends.types import Batch, Untyped, UserValue
+from pytest_accelperf.backends.torch.counting import COUNTED_STEP, CountedSteps
+from pytest_accelperf.backends.torch.ops import uncounted
+from pytest_accelperf.backends.torch.task import leaves_with_paths
+from pytest_accelperf.backends.types import Batch, UserValue
 from pytest_accelperf.collect.cases import Case
 
 #: The profiler action Lightning wraps around its fetch of a training batch.
@@ -49,9 +41,7 @@ FETCH = "train_dataloader_next"
 #: Lightning's packages: a host sync inside them is named at the user's frame that called
 #: them (``self.log`` in ``training_step``), or at Lightning's own where its loop made it.
 LIBRARIES = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (lightning, pl))
-#: The optimizer step whose ops the counting training records: the third (steps 0 and 1
-#: create the optimizer's state and Lightning's first-step bookkeeping).
-COUNTED_STEP = MEMORY_STEPS
+__all__ = ["COUNTED_STEP", "Counting", "GateProfiler", "Measured", "Watch"]
 
 
 class GateProfiler(Profiler):
@@ -198,82 +188,19 @@ class Measured(Watch):
         return self.clock.after_batch(loss, metrics)
 
 
-class Counting(Watch):
-    """The counting training (untimed, undone afterwards): on the CPU the live tensor
-    bytes (``MemTracker``: the peak over the first :data:`MEMORY_STEPS` optimizer steps,
-    the live bytes after each), and over optimizer step :data:`COUNTED_STEP`, from the end
-    of the step before (the trainer's work after it included) to its own end, its FLOPs
-    and what it dispatched, the fetch of its batch left out."""
+class Counting(CountedSteps, Watch):
+    """The counting training (untimed, undone afterwards): what
+    :class:`~.torch.counting.CountedSteps` counts (memory on the CPU, and one optimizer
+    step's FLOPs and ops), driven from Lightning's hooks."""
 
     def __init__(self, case: Case, device: torch.device, label: str) -> None:
-        super().__init__(case, device, label)
-        self.steps = MEMORY_STEPS + GROWTH_STEPS
-        self.done = 0
-        self.peak = 0
-        self.live: list[int] = []
-        self.ops: OpCounts | None = None
-        self.flops: float | None = None
-        self._tracker: Untyped = None
-        self._memory = contextlib.ExitStack()
-        self._counting = contextlib.ExitStack()
-        self._fetch = contextlib.ExitStack()
-        self._counters: tuple[OpCounter, Untyped] | None = None
-
-    def memory(self) -> CpuMemory | None:
-        if self._tracker is None or not self.live:
-            return None
-        return CpuMemory(self.peak, "mem_tracker", self.live)
+        Watch.__init__(self, case, device, label)
+        CountedSteps.__init__(self, device, LIBRARIES)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
-        if self.device.type == "cpu":
-            self._tracker = memory_tracker()
-            self._tracker.track_external(pl_module)
-            self._memory.enter_context(self._tracker)
-        if COUNTED_STEP == 0:
-            self._start_counting()
-
-    def _start_counting(self) -> None:
-        ops, counter = OpCounter(self.device, LIBRARIES), flop_counter()
-        self._counting.enter_context(ops)
-        self._counting.enter_context(counter)
-        self._counters = (ops, counter)
-
-    def fetch_started(self) -> None:
-        self._fetch.enter_context(uncounted())  # the data's work is the input's
-
-    def fetch_ended(self) -> None:
-        self._fetch.close()
+        self.start(pl_module)
 
     def after_batch(self, trainer: pl.Trainer, loss: float,
                     metrics: Mapping[str, float] | None) -> bool:
-        tracker = self._tracker
-        if tracker is not None:
-            tracker.reset_mod_stats()  # per-module stats refuse a second call otherwise
-        if metrics is None:
-            return False
-        step = self.done
-        self.done += 1
-        if step == COUNTED_STEP and self._counters is not None:
-            ops, counter = self._counters
-            self._counting.close()
-            self.ops = ops.record()
-            total = float(counter.get_total_flops())
-            self.flops = total if total > 0 else None
-            self._counters = None
-        if tracker is not None:
-            live = device_total(tracker, "current", self.device)
-            self.live.append(int(live or 0))
-            if self.done == MEMORY_STEPS:
-                self.peak = int(device_total(tracker, "peak", self.device) or 0)
-        if self.done == COUNTED_STEP:
-            self._start_counting()
-        if self.done >= self.steps:
-            self.close()
-            return True
-        return False
-
-    def close(self) -> None:
-        self._fetch.close()
-        self._counting.close()
-        self._memory.close()
+        return metrics is not None and self.stepped()
