@@ -31,7 +31,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-import pydantic_core
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
@@ -99,14 +98,39 @@ class Skipped:
                 f"{', '.join(sorted(self.reasons))})")
 
 
+class SiteLine(HistoryNumbers):
+    """What the site reads of a history line: :class:`~pytest_accelperf.store.schema.
+    HistoryNumbers` (the numbers change points are found in) and the few fields more that
+    its pages show, validated from the line's bytes; the rest (the environment, 1 KB of a
+    1.4 KB line) is not built (:attr:`History.raws` keeps the bytes)."""
+
+    verdict: str | None = None
+    branch: str | None = None
+    machine_name: str | None = None
+    compile_time: float | None = None
+    step_time_interval: tuple[float, float] | None = None
+    memory_per_device: dict[str, float] | None = None
+
+    def get(self, key: str, default: object = None) -> Any:  # noqa: ANN401 (a line's JSON)
+        """A field by name, as of the line's dict (None: ``default``)."""
+        value = getattr(self, key, None)
+        return default if value is None else value
+
+    def __getitem__(self, key: str) -> Any:  # noqa: ANN401
+        return getattr(self, key)
+
+
 @dataclass
 class History:
     """The lines read, oldest first, their points (what change points are found in), and
     what was skipped."""
 
-    entries: list[dict[str, Any]]
+    entries: list[SiteLine]
     points: list[Point]
     skipped: list[Skipped]
+    #: Each entry's bytes, for what only its environment says (the accelerator; the machine
+    #: of a line written before its hash was kept).
+    raws: list[bytes] = field(default_factory=list)
 
 
 def _files(paths: Sequence[Path]) -> list[Path]:
@@ -122,16 +146,29 @@ def _files(paths: Sequence[Path]) -> list[Path]:
     return list(dict.fromkeys(out))
 
 
+def _reason(raw: bytes, exc: ValidationError) -> str:
+    """Why a line is skipped, in a word or three."""
+    if exc.errors(include_url=False)[0]["type"] == "json_invalid":
+        return "not JSON"
+    try:
+        item = json.loads(raw)
+    except ValueError:
+        return "not JSON"
+    version = item.get("schema_version", 1) if isinstance(item, dict) else None
+    if version is not None and version != HISTORY_SCHEMA_VERSION:
+        return f"schema version {version}, not {HISTORY_SCHEMA_VERSION}"
+    return "not a history entry"
+
+
 def read_lines(paths: Sequence[Path]) -> History:
     """Every history line of ``paths`` (``--accelperf-history`` directories or their
     ``.jsonl`` files), oldest first; a line that is not JSON, not a history entry, or of
-    another schema version is skipped and counted. Each line is validated as
-    :class:`~pytest_accelperf.store.schema.HistoryNumbers` (what the site draws and the
-    change points are found in: 50,000 lines in about 2 s; the whole-line schema would
-    take 4 s more, for fields a plot does not read)."""
-    pairs: list[tuple[dict[str, Any], Point]] = []
+    another schema version is skipped and counted. Each line is validated as a
+    :class:`SiteLine` from its bytes (50,000 lines of 1.4 KB in about 1.5 s of CPU; the
+    whole-line schema took 4 s more, for fields a page does not show)."""
+    pairs: list[tuple[SiteLine, Point, bytes]] = []
     skipped: list[Skipped] = []
-    validate = HistoryNumbers.model_validate
+    validate = SiteLine.model_validate_json
     stacks: dict[str, dict[str, object]] = {}
     for path in _files(paths):
         bad = Skipped(path)
@@ -139,37 +176,32 @@ def read_lines(paths: Sequence[Path]) -> History:
             if not raw.strip():
                 continue
             try:
-                item = pydantic_core.from_json(raw)
-            except ValueError:  # not JSON, or not UTF-8
+                e = validate(raw)
+            except ValidationError as exc:
                 bad.lines.append(n)
-                bad.reasons.add("not JSON")
-                continue
-            version = item.get("schema_version", 1) if isinstance(item, dict) else None
-            if version != HISTORY_SCHEMA_VERSION:
-                bad.lines.append(n)
-                bad.reasons.add("not a history entry" if version is None else
-                                f"schema version {version}, not {HISTORY_SCHEMA_VERSION}")
-                continue
-            try:
-                e = validate(item)
-            except ValidationError:
-                bad.lines.append(n)
-                bad.reasons.add("not a history entry")
+                bad.reasons.add(_reason(raw, exc))
                 continue
             versions = None
             if e.stack is not None:  # read from the environment once per stack
                 versions = stacks.get(e.stack)
                 if versions is None:
+                    item = json.loads(raw)
                     versions = stacks[e.stack] = line_stack(item)
-            pairs.append((item, point(e, versions)))
+            pairs.append((e, point(e, versions), raw))
         if bad.lines:
             skipped.append(bad)
     pairs.sort(key=lambda p: (p[1].time, p[1].session))  # stable: a session in file order
-    return History([p[0] for p in pairs], [p[1] for p in pairs], skipped)
+    return History([p[0] for p in pairs], [p[1] for p in pairs], skipped,
+                   [p[2] for p in pairs])
 
 
 # -- what a line says --------------------------------------------------------------------------
-def machine_name(line: Mapping[str, Any]) -> str:
+def _environment(raw: bytes) -> object:
+    item = json.loads(raw)
+    return item.get("environment") if isinstance(item, dict) else None
+
+
+def machine_name(line: Mapping[str, Any] | SiteLine, raw: bytes | None = None) -> str:
     """The machine a line ran on, as the history gives it: its ``machine_name`` where it
     has one; else ``host-`` and the first 8 characters of its ``machine`` hash (a hash of
     the host's fingerprint: platform, device kind and count, host CPU and its features),
@@ -178,14 +210,14 @@ def machine_name(line: Mapping[str, Any]) -> str:
     if isinstance(name, str) and name:
         return name
     digest = line.get("machine")
-    env = line.get("environment")
-    if not isinstance(digest, str):
+    if not isinstance(digest, str):  # a line from before the hash was kept
+        env = _environment(raw) if raw is not None else line.get("environment")
         digest = (fingerprint_hash(machine_of_env(env)) if isinstance(env, dict)
                   else line.get("fingerprint"))
     return f"host-{str(digest or 'unknown')[:8]}"
 
 
-def _revision(line: Mapping[str, Any]) -> str:
+def _revision(line: Mapping[str, Any] | SiteLine) -> str:
     commit = line.get("commit")
     return (str(commit)[:9] + ("*" if line.get("dirty") else "")) if commit else "?"
 
@@ -219,11 +251,6 @@ def _nums(values: Iterable[object], scale: float = 1.0, *, digits: int | None = 
     return out
 
 
-def _programs(lines: Sequence[Mapping[str, Any]], key: str) -> list[float | None]:
-    return _nums((p.get(key) if isinstance(p := e.get("program"), dict) else None)
-                 for e in lines)
-
-
 def slug(platform: str, nodeid: str) -> str:
     """A case's page name: readable, and unique by a hash of platform and node id."""
     name = nodeid.split("::", 1)[-1]
@@ -253,11 +280,12 @@ class Case:
 
     platform: str
     nodeid: str
-    lines: list[dict[str, Any]]
+    lines: list[SiteLine]
     order: list[int]  #: each line's session index in the whole history
     changes: list[ChangePoint] = field(default_factory=list)
-    #: Each line's machine (:func:`machine_name`).
+    #: Each line's machine (:func:`machine_name`) and bytes.
     machines: list[str] = field(default_factory=list)
+    raws: list[bytes] = field(default_factory=list)
 
     @property
     def page(self) -> str:
@@ -265,11 +293,10 @@ class Case:
 
 
 def _accel(case: Case) -> str | None:
-    for line in reversed(case.lines):
-        env = line.get("environment")
-        if isinstance(env, dict) and isinstance(env.get("accel"), str):
-            return str(env["accel"])
-    return None
+    """The accelerator of the case's latest line (``--accel`` of its bisect command)."""
+    env = _environment(case.raws[-1]) if case.raws else None
+    accel = env.get("accel") if isinstance(env, dict) else None
+    return accel if isinstance(accel, str) else None
 
 
 def bisect_command(change: ChangePoint, accel: str | None) -> str:
@@ -308,32 +335,31 @@ def case_data(case: Case) -> dict[str, Any]:
     """The page data of a case (see :mod:`pytest_accelperf.report.pagejs`)."""
     lines = case.lines
     names = case.machines or [machine_name(e) for e in lines]
-    branches = [e.get("branch") if isinstance(e.get("branch"), str) else None for e in lines]
+    branches = [e.branch for e in lines]
     dicts: dict[str, list[str]] = {}
     cols: dict[str, object] = {"i": case.order}
     for name, values in (("commit", [_revision(e) for e in lines]),
-                         ("time", [str(e.get("time", ""))[:16].replace("T", " ")
-                                   for e in lines]),
+                         ("time", [e.time[:16].replace("T", " ") for e in lines]),
                          ("branch", [b or "?" for b in branches]),
                          ("machine", names),
-                         ("verdict", [str(e.get("verdict") or "-") for e in lines])):
+                         ("verdict", [e.verdict or "-" for e in lines])):
         indices, dicts[name] = _dict_column(values)
         cols[name] = _column(indices)
-    band = [v if isinstance(v := e.get("step_time_interval"), list) and len(v) == 2
-            else (None, None) for e in lines]
+    band = [e.step_time_interval or (None, None) for e in lines]
+    programs: list[Mapping[str, object]] = [e.program or {} for e in lines]
     numbers: dict[str, list[float | None]] = {
-        "step": _nums((e.get("median_step_time") for e in lines), 1e3, digits=5),
+        "step": _nums((e.median_step_time for e in lines), 1e3, digits=5),
         "lo": _nums((v[0] for v in band), 1e3, digits=5),
         "hi": _nums((v[1] for v in band), 1e3, digits=5),
-        "compile": _nums((e.get("compile_time") for e in lines), digits=4),
-        "memory": _nums((e.get("peak_memory") for e in lines), 2**-20),
-        "flops": _programs(lines, "flops"),
-        "bytes": _programs(lines, "bytes_accessed"),
-        "syncs": _programs(lines, "host_syncs"),
-        "loss": _nums(e.get("final_loss") for e in lines),
+        "compile": _nums((e.compile_time for e in lines), digits=4),
+        "memory": _nums((e.peak_memory for e in lines), 2**-20),
+        "flops": _nums(p.get("flops") for p in programs),
+        "bytes": _nums(p.get("bytes_accessed") for p in programs),
+        "syncs": _nums(p.get("host_syncs") for p in programs),
+        "loss": _nums(e.final_loss for e in lines),
     }
     cols.update({k: _column(v) for k, v in numbers.items()})
-    per = [p if isinstance(p := e.get("memory_per_device"), dict) else {} for e in lines]
+    per = [e.memory_per_device or {} for e in lines]
     devices: dict[str, list[float | None]] = {
         str(d): _nums((p.get(d) for p in per), 2**-20)
         for d in dict.fromkeys(d for p in per for d in p)}
@@ -451,7 +477,7 @@ def index_page(cases: Sequence[Case], title: str, sessions: int,
     machines: set[str] = set()
     branches: set[str] = set()
     for case in cases:
-        series: dict[str, list[dict[str, Any]]] = {}
+        series: dict[str, list[SiteLine]] = {}
         for line, name in zip(case.lines, case.machines or map(machine_name, case.lines),
                               strict=True):
             series.setdefault(name, []).append(line)
@@ -537,7 +563,7 @@ def publish(paths: Sequence[Path], out: Path, *, title: str = "accelperf history
                         + "; write them with pytest --accelperf-history=DIR")
     orders: dict[str, int] = {}
     cases: dict[tuple[str, str], Case] = {}
-    for e in history.entries:
+    for e, raw in zip(history.entries, history.raws, strict=True):
         i = orders.setdefault(str(e["session"]), len(orders))
         key = (str(e.get("platform") or ""), str(e["nodeid"]))
         case = cases.get(key)
@@ -545,7 +571,8 @@ def publish(paths: Sequence[Path], out: Path, *, title: str = "accelperf history
             case = cases[key] = Case(key[0], key[1], [], [])
         case.lines.append(e)
         case.order.append(i)
-        case.machines.append(machine_name(e))
+        case.machines.append(machine_name(e, raw))
+        case.raws.append(raw)
     for change in find_changes(history.points):
         found = cases.get((change.platform, change.nodeid))
         if found is not None:
