@@ -35,7 +35,9 @@ _FILTER = (f"(machine == '{ALL}' || datum.machine == machine) && "
            f"(branch == '{ALL}' || datum.branch == branch)")
 _PARAMS = [{"name": "machine", "value": ALL}, {"name": "branch", "value": ALL}]
 _X = {"field": "i", "type": "quantitative", "title": "session (oldest first)",
-      "axis": {"format": "d", "tickMinStep": 1}, "scale": {"zero": False, "nice": False}}
+      "axis": {"format": "d", "tickMinStep": 1,
+               "labelExpr": "datum.value % 1 ? '' : datum.label"},  # sessions are whole
+      "scale": {"zero": False, "nice": False}}
 _CONFIG = {"view": {"stroke": "#d0d7de"}, "axis": {"labelFontSize": 10, "titleFontSize": 11},
            "title": {"fontSize": 13, "anchor": "start"}, "legend": {"labelLimit": 220}}
 
