@@ -19,6 +19,7 @@ import datetime as _dt
 import gzip
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from html import escape
 from pathlib import Path
@@ -463,8 +464,22 @@ def _scripts(specs: list[dict[str, Any]]) -> list[str]:
     script; nothing where there is no plot."""
     if not specs:
         return []
-    text = json.dumps(specs, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    packed = base64.b64encode(gzip.compress(vega_js().encode(), 9, mtime=0)).decode()
-    return [f'<script type="application/json" id="accelperf-specs">{text}</script>',
-            f'<script type="text/plain" id="accelperf-vega-gz">{packed}</script>',
+    text = json.dumps(specs, separators=(",", ":"), allow_nan=False)
+    return [f'<script type="text/plain" id="accelperf-specs-gz">{_packed(text)}</script>',
+            f'<script type="text/plain" id="accelperf-vega-gz">{_packed(vega_js())}</script>',
             f"<script>{PAGE_JS}</script>"]
+
+
+def _packed(text: str) -> str:
+    """``text`` gzipped and base64-encoded (the page unpacks it: :mod:`.pagejs`)."""
+    return base64.b64encode(gzip.compress(text.encode(), 9, mtime=0)).decode()
+
+
+def report_specs(page: str) -> list[dict[str, Any]]:
+    """The plots' specifications of a report :func:`html_report` wrote (for tests and
+    tools that read a report's plots)."""
+    found = re.search(r'id="accelperf-specs-gz">([A-Za-z0-9+/=]*)</script>', page)
+    if found is None:
+        return []
+    specs: list[dict[str, Any]] = json.loads(gzip.decompress(base64.b64decode(found.group(1))))
+    return specs

@@ -5,8 +5,9 @@ with vega-embed (SVG), and applies the machine and branch filters.
 A page says what it is by the elements it holds: ``#accelperf-data`` (a case of the
 history: columns, expanded to rows here), ``#accelperf-specs`` (the plots' Vega-Lite
 specifications, :mod:`pytest_accelperf.report.charts`; each drawn into the element whose
-``data-spec`` is its index), ``#accelperf-vega-gz`` (the report: the plotting library
-gzipped, unpacked by the browser's DecompressionStream and run before anything is drawn),
+``data-spec`` is its index; ``#accelperf-specs-gz`` in the report, gzipped),
+``#accelperf-vega-gz`` (the report: the plotting library gzipped, unpacked by the
+browser's DecompressionStream and run before anything is drawn),
 ``#accelperf-index`` (the index: the filters hide rows). When every plot is drawn,
 ``<html data-accelperf="drawn">``; ``window.accelperf.views`` holds the Vega views and
 ``window.accelperf.errors`` what failed.
@@ -55,22 +56,28 @@ PAGE_JS = r"""
     return el ? JSON.parse(el.textContent) : null;
   }
 
+  async function unpack(el) {  // gzipped, base64-encoded text
+    var bytes = Uint8Array.from(atob(el.textContent.trim()), function (c) {
+      return c.charCodeAt(0);
+    });
+    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
+    return await new Response(stream).text();
+  }
+
   async function loadVega() {
     if (window.vegaEmbed) return;
     var packed = document.getElementById("accelperf-vega-gz");
     if (!packed) throw new Error("the plotting library (vega.js) did not load");
-    var bytes = Uint8Array.from(atob(packed.textContent.trim()), function (c) {
-      return c.charCodeAt(0);
-    });
-    var stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"));
-    var text = await new Response(stream).text();
+    var text = await unpack(packed);
     var script = document.createElement("script");
     script.textContent = text;
     document.head.appendChild(script);
   }
 
   async function drawAll() {
-    var specs = json("accelperf-specs") || [];
+    var packedSpecs = document.getElementById("accelperf-specs-gz");
+    var specs = packedSpecs ? JSON.parse(await unpack(packedSpecs))
+                            : json("accelperf-specs") || [];
     var data = json("accelperf-data");
     var datasets = data ? expand(data) : null;
     await loadVega();

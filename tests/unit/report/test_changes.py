@@ -35,7 +35,7 @@ from pytest_accelperf.report.history import (
     entry,
     read_history,
 )
-from pytest_accelperf.report.html import html_report
+from pytest_accelperf.report.html import html_report, report_specs
 from pytest_accelperf.report.points import load_points, points_of
 from pytest_accelperf.store.schema import HistoryLine
 from unit.report.test_reports import synthetic_report
@@ -311,10 +311,7 @@ def test_a_change_point_is_a_labelled_rule_on_the_trend(tmp_path: Path) -> None:
         append_history(hist, report, cwd=tmp_path,
                        now=dt.datetime(2026, 11, 1, 12, i, tzinfo=dt.timezone.utc))
     text = html_report(report, history=read_history(hist))
-    found = re.search(r'<script type="application/json" id="accelperf-specs">(.*?)</script>',
-                      text)
-    assert found is not None
-    trend = next(s for s in json.loads(found.group(1)) if "datasets" in s)
+    trend = next(s for s in report_specs(text) if "datasets" in s)
     marks = {(m["label"], m["kind"], m["x"]) for m in trend["datasets"]["marks"]}
     # a rule before the first session after each change: red where worse
     assert marks == {("FLOPs +100%", "worse", 8.5), ("throughput -26%", "worse", 19.5)}

@@ -34,7 +34,7 @@ from pytest_accelperf.report.history import (
     fingerprint_hash,
     read_history,
 )
-from pytest_accelperf.report.html import html_report
+from pytest_accelperf.report.html import html_report, report_specs
 from pytest_accelperf.report.junit import junit_properties, suite_properties
 from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.report.markdown import markdown
@@ -270,7 +270,7 @@ def test_html_is_self_contained_with_plots_and_regressions_first(tmp_path: Path)
     text = html_report(report, history=_history_for(report, tmp_path))
     assert not re.search(r"(src|href)=\"(https?:|//|file:)", text)
     assert "<script src" not in text and "<img" not in text  # everything inline
-    specs = json.loads(re.search(r'id="accelperf-specs">(.*?)</script>', text).group(1))
+    specs = report_specs(text)
     # 6 cases with runs (the error has none) x (loss, step time, memory) + 1 throughput
     # plot (mesh2x1 and no mesh share one test) + 1 history trend
     assert len(specs) == 6 * 3 + 1 + 1
