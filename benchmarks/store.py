@@ -34,6 +34,12 @@ It then times, ``--repeat`` times each (the table shows the median and the faste
 * ``one module of N cases``: :func:`pytest_accelperf.store.baselines.read` of one module file of
   each ``--single`` size, to show how a file's parse time grows with its cases.
 
+``--machines K`` gives every block the timing of K machines (issue 46: timing is kept per
+machine, :mod:`pytest_accelperf.store.machines`): its own, and K - 1 others' under
+``machines``, each its own varied step, probe and input times and compile time in an
+environment of its own; ``load + check`` then reads each case as the last of them does in a
+run (``store.get_view`` and the checks' typed block of it).
+
 ``--leaf-samples K`` (with ``--format legacy``) cuts each parameter leaf's fingerprint
 sample to its first K values before the store is generated.
 
@@ -85,6 +91,8 @@ from pytest_accelperf.store.baselines import (  # noqa: E402
     BaselineStore,
     read,
 )
+from pytest_accelperf.store.block import TIMING_SECTIONS, read_block  # noqa: E402
+from pytest_accelperf.store.schema import block_model  # noqa: E402
 
 PLATFORM = "cpu-x8"
 #: Blocks as the suites recorded them before the compact format (commit 3c247ab): the
@@ -149,21 +157,44 @@ def vary(block: dict[str, Any], n: int) -> dict[str, Any]:
     return out
 
 
-def module_file(root: Path, module: int, cases: int, block: dict[str, Any]) -> Path:
+def with_machines(block: dict[str, Any], machines: int, n: int) -> dict[str, Any]:
+    """``block`` with the timing of ``machines - 1`` other machines beside its own
+    (``runner-1``, ...), each varied as :func:`vary` varies a case's."""
+    if machines <= 1:
+        return block
+    others = {}
+    for i in range(1, machines):
+        other = vary(block, n * 31 + i)
+        env = {**block["environment"], "cpu_isa": f"{block['environment'].get('cpu_isa')} m{i}"}
+        entry = {"environment": env, "recorded_at": other["recorded_at"],
+                 **{k: other[k] for k in TIMING_SECTIONS if k in other}}
+        others[f"runner-{i}"] = entry
+    return {**block, "machines": others}
+
+
+#: The machine ``load + check`` reads each case as: the last of ``--machines``.
+def reader(machines: int) -> str:
+    return f"runner-{machines - 1}" if machines > 1 else ""
+
+
+def module_file(root: Path, module: int, cases: int, block: dict[str, Any],
+                machines: int = 1) -> Path:
     """Write module ``module`` of ``cases`` cases as the plugin writes it; its path."""
     path = root / PLATFORM / "suites" / "zoo" / f"test_zoo_{module:03d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     blocks = {f"test_model[torch-m{module:03d}-b{8 * (1 + c % 8)}-v{c:05d}]":
-              vary(block, module * 100_003 + c) for c in range(cases)}
+              with_machines(vary(block, module * 100_003 + c), machines,
+                            module * 100_003 + c) for c in range(cases)}
     path.write_text(BaselineFile(path, PLATFORM, blocks).to_text(), encoding="utf-8")
     return path
 
 
-def generate(root: Path, modules: int, cases: int, block: dict[str, Any]) -> list[str]:
+def generate(root: Path, modules: int, cases: int, block: dict[str, Any],
+             machines: int = 1) -> list[str]:
     """A store of ``modules`` x ``cases`` cases under ``root``; every node id."""
     nodeids = []
     for m in range(modules):
-        path = module_file(root, m, cases, block)
+        path = module_file(root, m, cases, block, machines)
         module = path.relative_to(root / PLATFORM).as_posix().removesuffix(".json")
         for key in json.loads(path.read_text(encoding="utf-8"))["cases"]:
             nodeids.append(f"{module}.py::{key}")
@@ -185,10 +216,18 @@ def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
     return out
 
 
-def load_and_check(root: Path, nodeids: Sequence[str]) -> None:
+def load_and_check(root: Path, nodeids: Sequence[str], machine: str = "") -> None:
+    """Every case read as a run reads it: its block as ``machine`` reads it (its timing
+    and the shared sections), typed for the checks; without ``machine``, the block whole
+    (``store.get``), as before machines were named."""
     store = BaselineStore(root, PLATFORM)
     for nodeid in nodeids:
-        if store.get(nodeid) is None:
+        if machine:
+            found = store.get_view(nodeid, machine)
+            if found is None or found.new:
+                raise SystemExit(f"{nodeid}: no timing of {machine} in the generated store")
+            read_block(found.block, block_model())
+        elif store.get(nodeid) is None:
             raise SystemExit(f"{nodeid}: not found in the generated store")
 
 
@@ -512,6 +551,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "version records them (the compact fingerprint, 4-digit samples), "
                         "or legacy, the template as committed before the compact format "
                         "(a per-leaf fingerprint of RMS and 16 samples, 6-digit samples)")
+    p.add_argument("--machines", type=_positive, default=1, metavar="K",
+                   help="every block holds the timing of K machines (default 1)")
     p.add_argument("--leaf-samples", type=int, default=None, metavar="K",
                    help="keep only the first K values of each parameter leaf's fingerprint "
                         "sample (default: all, as recorded): what a more compact "
@@ -568,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": shlex.join([Path(sys.executable).name, "benchmarks/store.py", *argv]),
         "machine": _machine(), "template": source, "block_bytes": block_bytes,
         "format": ns.format, "leaves": leaves, "modules": ns.modules,
-        "cases": ns.cases, "repeat": ns.repeat, "times": {}}
+        "cases": ns.cases, "machines": ns.machines, "repeat": ns.repeat, "times": {}}
     rows: list[list[str]] = []
     plain: list[float] = []
 
@@ -584,13 +625,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         root = scratch / "baselines"
         t0 = time.perf_counter()
-        nodeids = generate(root, ns.modules, ns.cases, block)
+        nodeids = generate(root, ns.modules, ns.cases, block, ns.machines)
         result["generate_s"] = time.perf_counter() - t0
         store_bytes = sum(p.stat().st_size for p in (root / PLATFORM).rglob("*.json"))
         result["store_bytes"] = store_bytes
         n = len(nodeids)
-        row(f"load + check, {ns.modules} x {ns.cases} cases", timed(
-            lambda: load_and_check(root, nodeids), ns.repeat),
+        over = f" x {ns.machines} machines" if ns.machines > 1 else ""
+        row(f"load + check, {ns.modules} x {ns.cases} cases{over}", timed(
+            lambda: load_and_check(root, nodeids, reader(ns.machines)), ns.repeat),
             f"{store_bytes / 2**20:.0f} MiB of JSON ({store_bytes / 1e6:.1f} MB)")
         if not ns.no_show:
             cmd = accelperf_command()
@@ -621,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"peak RSS {max(r[1] for r in helps):.0f} MB")
         for size in ns.single:
             single = scratch / f"single-{size}"
-            path = module_file(single, 0, size, block)
+            path = module_file(single, 0, size, block, ns.machines)
             row(f"one module of {size} cases",
                 timed(functools.partial(read, path, PLATFORM), ns.repeat),
                 f"{path.stat().st_size / 2**20:.1f} MiB")

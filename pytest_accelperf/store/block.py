@@ -362,18 +362,42 @@ def read(model: type[M], data: Mapping[str, Any]) -> M:
     the store refuses (the outcome of a failed run, a NaN loss or parameter), which the
     checks judge rather than reject; the store validates every block it reads and writes
     (:func:`pytest_accelperf.store.schema.validate_block`). A section keeps the JSON object it was
-    read from (:meth:`_Strict.to_json`)."""
+    read from (:meth:`_Strict.to_json`).
+
+    How each field is read is worked out once per model and annotation (:func:`_plan`,
+    :func:`_reader`): a run reads every case's stored block, and walking the annotations
+    again for each (``typing.get_origin`` of every field of every section) was most of
+    the time of reading a large store for a session."""
     values: dict[str, Any] = {}
-    for name, info in model.model_fields.items():
+    fields, known = _plan(model)
+    for name, reader, required in fields:
         if name in data:
-            values[name] = _read(info.annotation, data[name])
-        elif info.is_required():
+            value = data[name]
+            values[name] = value if reader is None else reader(value)
+        elif required:
             values[name] = None
-    extra = {k: v for k, v in data.items() if k not in model.model_fields}
+    extra = {k: v for k, v in data.items() if k not in known}
     out = model.model_construct(**values, **extra)
     if isinstance(out, _Strict):
         out._json = data
     return out
+
+
+#: ``{model: (((field, its reader or None, required), ...), field names)}``.
+_PLANS: dict[type[BaseModel], tuple[tuple[tuple[str, Callable[[Any], Any] | None, bool], ...],
+                                     frozenset[str]]] = {}
+
+
+def _plan(model: type[BaseModel]) -> tuple[tuple[tuple[str, Callable[[Any], Any] | None,
+                                                      bool], ...], frozenset[str]]:
+    """How :func:`read` reads ``model``'s fields: each with its reader (None: taken as it
+    is, a scalar) and whether it is required; and the names of the fields."""
+    found = _PLANS.get(model)
+    if found is None:
+        fields = tuple((name, _reader(info.annotation), info.is_required())
+                       for name, info in model.model_fields.items())
+        found = _PLANS[model] = (fields, frozenset(model.model_fields))
+    return found
 
 
 @overload
@@ -460,24 +484,79 @@ def _shape(annotation: object) -> type | None:
     return None
 
 
-def _read(annotation: object, value: object) -> object:
-    """``value`` read as ``annotation`` (see :func:`read`)."""
+#: ``{id(annotation): (annotation, its reader or None)}`` (:func:`_reader`); the
+#: annotation is kept so that its id is never another's.
+_READERS: dict[int, tuple[object, Callable[[Any], Any] | None]] = {}
+
+
+def _reader(annotation: object) -> Callable[[Any], Any] | None:
+    """How a value of ``annotation`` is read (see :func:`read`), made once per annotation;
+    None where it is taken as it is."""
+    found = _READERS.get(id(annotation))
+    if found is not None and found[0] is annotation:
+        return found[1]
+    made = _make_reader(annotation)
+    _READERS[id(annotation)] = (annotation, made)
+    return made
+
+
+def _make_reader(annotation: object) -> Callable[[Any], Any] | None:
     annotation, pick = _branches(annotation)
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         options = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if pick is not None:
-            tag = pick(value)
-            options = [a for a in options if _tag(a) == tag] or options
-        shape = dict if isinstance(value, Mapping) else list if isinstance(value, list) else None
-        chosen = next((a for a in options if _shape(a) is shape), None)
-        return value if chosen is None else _read(chosen, value)
+        shaped = [(a, _shape(a), _tag(a)) for a in options]
+        if all(shape is None for _, shape, _ in shaped):
+            return None
+
+        def read_union(value: object) -> object:
+            chosen = shaped
+            if pick is not None:
+                tag = pick(value)
+                chosen = [o for o in shaped if o[2] == tag] or shaped
+            shape = dict if isinstance(value, Mapping) else list if isinstance(value, list) \
+                else None
+            branch = next((a for a, s, _ in chosen if s is shape), None)
+            if branch is None:
+                return value
+            reader = _reader(branch)
+            return value if reader is None else reader(value)
+
+        return read_union
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return read(annotation, value) if isinstance(value, Mapping) else value
-    if origin is list and isinstance(value, list):
+        model = annotation
+
+        def read_model(value: object) -> object:
+            return read(model, value) if isinstance(value, Mapping) else value
+
+        return read_model
+    if origin is list:
         (item,) = typing.get_args(annotation)
-        return [_read(item, v) for v in value]
-    if origin is dict and isinstance(value, Mapping):
+        item_reader = _reader(item)
+        if item_reader is None:
+            return None
+        each: Callable[[Any], Any] = item_reader
+
+        def read_list(value: object) -> object:
+            return [each(v) for v in value] if isinstance(value, list) else value
+
+        return read_list
+    if origin is dict:
         _, item = typing.get_args(annotation)
-        return {k: _read(item, v) for k, v in value.items()}
-    return value
+        item_reader = _reader(item)
+        if item_reader is None:
+            return None
+        each_value: Callable[[Any], Any] = item_reader
+
+        def read_dict(value: object) -> object:
+            return {k: each_value(v) for k, v in value.items()} if isinstance(value, Mapping) \
+                else value
+
+        return read_dict
+    return None
+
+
+def _read(annotation: object, value: object) -> object:
+    """``value`` read as ``annotation`` (see :func:`read`)."""
+    reader = _reader(annotation)
+    return value if reader is None else reader(value)
