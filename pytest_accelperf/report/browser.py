@@ -217,15 +217,15 @@ def _page_socket(port: int) -> str:
     raise RuntimeError("Chromium has no page to drive")
 
 
-def load_page(binary: str, path: Path, profile: Path, *, screenshot: Path | None = None,
+def load_page(binary: str, path: Path | str, profile: Path, *, screenshot: Path | None = None,
               hover: int | None = None, width: int = 1280, height: int = 900,
               timeout: float = 120.0, before: str | None = None) -> Page:
-    """Open ``path`` (a file) in headless ``binary``, wait until its plots are drawn, and
+    """Open ``path`` (a file, or a URL) in headless ``binary``, wait until its plots are drawn, and
     return what it showed (see the module). ``hover``: how many plots to hover over (all
     with points or bars by default; 0 none); ``screenshot``: a PNG of the whole page;
     ``before``: a script run (and awaited) once the plots are drawn, before they are
     counted (a filter chosen, say)."""
-    url = path.resolve().as_uri()
+    url = path if isinstance(path, str) else path.resolve().as_uri()
     page = Page(url)
     with _browser(binary, profile, width, height) as port:
         session = _Session(_page_socket(port))

@@ -455,6 +455,7 @@ def html_report(report: SessionReport, *,
         body += _case_section(r, specs)
     body += _scripts(specs.specs)
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            '<link rel="icon" href="data:,">'  # served, no favicon.ico to miss
             f"<title>{escape(title)}</title><style>{_CSS}</style></head>\n<body>\n"
             + "\n".join(body) + "\n</body></html>\n")
 

@@ -420,6 +420,7 @@ def _badge(verdict: str) -> str:
 def _page(title: str, body: Sequence[str], *, root: str) -> str:
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"generator\" content=\"accelperf history publish\">"
+            '<link rel="icon" href="data:,">'  # served, no favicon.ico to miss
             f"<title>{escape(title)}</title>"
             f'<link rel="stylesheet" href="{root}accelperf.css"></head>\n<body>\n'
             + "\n".join(body)

@@ -10,8 +10,12 @@ where you choose).
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import shutil
+import socketserver
+import threading
 from pathlib import Path
 
 import pytest
@@ -73,6 +77,24 @@ def test_the_history_site_draws_every_plot_with_hover_text(site: Path, tmp_path:
     step = case.hovers[0]  # the step-time plot: commit, value and interval
     for word in ("commit", "ms per step", "95% interval", "machine", "branch"):
         assert word in step
+
+
+def test_the_site_served_over_http_draws_the_same(site: Path, tmp_path: Path) -> None:
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    with socketserver.TCPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            binary = chromium()
+            assert binary is not None
+            page = next((site / "cases").iterdir())
+            url = f"http://127.0.0.1:{server.server_address[1]}/cases/{page.name}"
+            served = load_page(binary, url, tmp_path / "profile", hover=1,
+                               screenshot=_shots(tmp_path) / "history-served.png")
+        finally:
+            server.shutdown()
+    assert served.errors == [] and served.state == "drawn"  # no favicon.ico asked for, too
+    assert len(served.charts) == 7 and served.empty == [] and served.hovers[0]
 
 
 def test_the_filters_hide_other_machines_and_branches(site: Path, tmp_path: Path) -> None:
