@@ -15,9 +15,9 @@ from pytest_accelperf.collect.cases import Case, cases, grid
 
 if TYPE_CHECKING:
     from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+    from pytest_accelperf.errors import AccelperfWarning
     from pytest_accelperf.gate.maxbatch import MaxBatch
     from pytest_accelperf.gate.runner import CaseResult, CaseRunner, MaxBatchSearch
-    from pytest_accelperf.gate.session import AccelperfWarning
     from pytest_accelperf.provision.accel import Accelerator
     from pytest_accelperf.records.run import Run
     from pytest_accelperf.torch import Built, RankStep
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 #: torch user.
 _LAZY = {
     "Accelerator": "pytest_accelperf.provision.accel",
-    "AccelperfWarning": "pytest_accelperf.gate.session",
+    "AccelperfWarning": "pytest_accelperf.errors",
     "Built": "pytest_accelperf.torch",
     "CaseResult": "pytest_accelperf.gate.runner",
     "CaseRunner": "pytest_accelperf.gate.runner",

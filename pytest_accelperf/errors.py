@@ -90,3 +90,9 @@ class ConfigError(UserError, ValueError):
     """A value the user wrote that cannot be used as written: a ``Case`` field, a case's
     ``params``, a mesh larger than the devices, a scaling group. Also a ``ValueError``, as
     such a value is."""
+
+
+class AccelperfWarning(UserWarning):
+    """A warning of pytest-accelperf (e.g. a baseline from another environment, or a
+    trainer setting the gate replaced). Defined here, at the bottom of the layers, so that
+    a backend can warn without importing the gate."""

@@ -34,15 +34,9 @@ from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.stack import check_python
 from pytest_accelperf.errors import UserError, render
 from pytest_accelperf.gate.options import Settings, add_options
+from pytest_accelperf.gate.outputs import OUTPUT_LINES_KEY, write_json, write_outputs
 from pytest_accelperf.gate.runner import CaseRunner
 from pytest_accelperf.gate.session import AccelperfSession
-from pytest_accelperf.gate.xdist_role import (
-    WorkerData,
-    XdistNode,
-    is_worker,
-    worker_count,
-    worker_id,
-)
 from pytest_accelperf.provision.accel import (
     Accelerator,
     AcceleratorUnavailable,
@@ -58,12 +52,18 @@ from pytest_accelperf.provision.targets import (
     parse_target,
     provision_target,
 )
+from pytest_accelperf.provision.xdist_role import (
+    WorkerData,
+    XdistNode,
+    is_worker,
+    worker_count,
+    worker_id,
+)
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.html import ReportDependencyError, require_vega
 from pytest_accelperf.report.junit import add_suite_properties, junit_properties
-from pytest_accelperf.report.outputs import OUTPUT_LINES_KEY, write_json, write_outputs
 from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.report.writing import stream_fd
 from pytest_accelperf.stats.contention import ROOT_ENV

@@ -25,7 +25,6 @@ from multiprocessing.connection import Connection, Listener
 from pathlib import Path
 from typing import Literal, overload
 
-import pytest_accelperf
 from pytest_accelperf.ab import CompareError
 from pytest_accelperf.ab.worker import ADDRESS_ENV, AUTHKEY_ENV, PAIR_ENV, SETUP_ENV, Setup
 from pytest_accelperf.records.jsonvalue import JSONValue
@@ -276,7 +275,7 @@ def shared_device_env(accel: str, environ: Mapping[str, str], workers: int = 1,
 def plugin_root() -> str:
     """The folder the plugin's package is in: first on every worker's ``PYTHONPATH``, so
     that both arms, in whatever environment, run this plugin."""
-    return str(Path(pytest_accelperf.__file__).resolve().parents[1])
+    return str(Path(__file__).resolve().parents[2])
 
 
 def start_arm(setup: Setup, listener: Listener, authkey: bytes, log: Path,

@@ -48,7 +48,6 @@ from multiprocessing.connection import Client, Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-import pytest_accelperf
 from pytest_accelperf.ab.tree import socket_dir
 from pytest_accelperf.backends.procs.launch import LaunchResult, RankGroup, start_group
 from pytest_accelperf.backends.procs.ranks import BlockControl
@@ -86,7 +85,7 @@ def plugin_shim() -> Path:
     its lifetime (a pool's warm ranks keep the path they were started with)."""
     if not _SHIM:
         shim = Path(tempfile.mkdtemp(prefix="accelperf-ab-plugin-"))
-        (shim / "pytest_accelperf").symlink_to(Path(pytest_accelperf.__file__).resolve().parent,
+        (shim / "pytest_accelperf").symlink_to(Path(__file__).resolve().parents[1],
                                                target_is_directory=True)
         atexit.register(shutil.rmtree, shim, ignore_errors=True)
         _SHIM.append(shim)

@@ -18,7 +18,7 @@ by a group of ranks this worker starts for it (:mod:`pytest_accelperf.ab.ranks`)
 The first base worker also gives the base revision's *record* of a case
 (:meth:`Worker.locate`, then :meth:`Worker.record`, then :meth:`Worker.prepare`): the case
 trained once as a normal run trains it, by the same code
-(:func:`pytest_accelperf.gate.routing.train_here`: the backend's ``train``, or its ranks for
+(:func:`pytest_accelperf.backends.local.train_here`: the backend's ``train``, or its ranks for
 a case trained in ranks), bounded by the case's ``--accelperf-timeout``, before its stepper
 is built. Its :class:`~pytest_accelperf.records.run.Run` (as JSON) carries what the memory,
 numerics and loss checks read for that revision.
@@ -286,11 +286,11 @@ class Worker:
     def _train_record(self, target: Callable[..., object], case: Case, spec: BackendSpec,
                       timeout: float | None) -> dict[str, JSONValue] | str:
         """The case trained once as the pytest process trains it in a normal run: a task
-        captured afresh, trained by :func:`~pytest_accelperf.gate.routing.train_here`
+        captured afresh, trained by :func:`~pytest_accelperf.backends.local.train_here`
         (the backend's ``train``, or its ranks), within ``timeout`` seconds. Its run's
         JSON; or, where the test function cannot be run up to ``accelperf.train(task)``
         here, why not (the run's own failures, an error or a timeout, are its outcome)."""
-        from pytest_accelperf.gate.routing import train_here
+        from pytest_accelperf.backends.local import train_here
 
         try:
             task = self._capture(target, case)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_accelperf.cluster.connection import Cluster, ClusterError, check_address, import_ray
-from pytest_accelperf.gate.xdist_role import XdistNode, worker_input
+from pytest_accelperf.provision.xdist_role import XdistNode, worker_input
 
 #: workerinput key (xdist) carrying the controller's cluster address.
 WORKERINPUT_KEY = "accelperf_cluster_address"

@@ -41,8 +41,6 @@ from pytest_accelperf.stats.units import fmt_bytes
 if TYPE_CHECKING:
     from pytest_accelperf.backends.protocol import Backend, Task
 
-#: Key of an explanation under ``"extra"`` in a run's JSON (``Run.explain``).
-EXPLAIN_KEY = "explain"
 #: Steps traced (the issue's cap: at most 5).
 STEPS = 3
 MAX_STEPS = 5

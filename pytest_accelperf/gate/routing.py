@@ -16,8 +16,8 @@ backend knows the others, nor chooses for itself:
 * ``launched``: the backend's ``train`` launches processes of its own and stops them at
   the timeout itself (``in_process=False``: DeepSpeed, every case).
 
-:func:`train` trains a case where :func:`route` sends it; :func:`fits` asks there whether
-a batch fits.
+:func:`train` trains a case where :func:`route` sends it; whether a batch fits is asked where
+it trains (:func:`pytest_accelperf.backends.local.fits`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Literal
 
-from pytest_accelperf.backends.procs.ranks import train_in_ranks
+from pytest_accelperf.backends.local import train_here
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.cluster.dispatch import train as train_on_cluster
@@ -63,7 +63,8 @@ def train(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *, sett
     :func:`~pytest_accelperf.gate.hangs.train_in_process`, which interrupts a step that blocks
     past the timeout (``environment`` is the run's then, and ``on_stuck(run)`` is called
     with the run of a case that cannot be stopped); ``ranks`` and ``launched`` by
-    :func:`train_here`, whose launcher kills them at the timeout itself."""
+    :func:`~pytest_accelperf.backends.local.train_here`, whose launcher kills them at the
+    timeout itself."""
     __tracebackhide__ = True
     where = route(spec, case, cluster=on_cluster)
     if where == "ray":
@@ -75,23 +76,3 @@ def train(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *, sett
             return train_in_process(spec.load(), case, task, accel, timeout=settings.timeout,
                                     environment=environment, on_stuck=on_stuck)
         return train_here(spec, case, task, accel, timeout=settings.timeout)
-
-
-def train_here(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *,
-               timeout: float | None) -> TrainResult:
-    """Train ``case`` on this machine: in its backend's ranks when it spans processes,
-    else by the backend's own ``train`` (the caller interrupts an ``in-process`` one that
-    blocks; see :func:`route`)."""
-    if spec.spans_ranks(case.world_size):
-        return train_in_ranks(spec.load_ranks(), case, task, accel, timeout=timeout)
-    result: TrainResult = spec.load().train(case, task, accel, timeout=timeout)
-    return result
-
-
-def fits(spec: BackendSpec, case: Case, task: Task, accel: Accelerator, *,
-         timeout: float | None) -> Fit:
-    """Whether ``case`` fits (the maximum-batch search), asked where it would train."""
-    if spec.spans_ranks(case.world_size):
-        return spec.load_ranks().fits(case, task, accel, timeout=timeout)
-    fit: Fit = spec.load().fits(case, task, accel, timeout=timeout)
-    return fit

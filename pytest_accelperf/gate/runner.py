@@ -35,6 +35,7 @@ import pytest
 from pytest_accelperf.ab import CompareError, EnvironmentSetupError
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison
 from pytest_accelperf.ab.tree import node_location
+from pytest_accelperf.backends.local import fits as fits_where_it_trains
 from pytest_accelperf.backends.measure.common import INJECT_ENV, injected_slowdown
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
@@ -44,7 +45,7 @@ from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.collect.cases import Case
-from pytest_accelperf.errors import UserError, render
+from pytest_accelperf.errors import AccelperfWarning, UserError, render
 from pytest_accelperf.gate.explain import NOT_RETRAINED, Explanation, explain, skipped
 from pytest_accelperf.gate.hangs import HostLockError
 from pytest_accelperf.gate.judge import (
@@ -60,17 +61,14 @@ from pytest_accelperf.gate.judge import (
 from pytest_accelperf.gate.maxbatch import MaxBatch, search_max_batch
 from pytest_accelperf.gate.options import Settings
 from pytest_accelperf.gate.policy import to_store
-from pytest_accelperf.gate.routing import fits as fits_where_it_trains
 from pytest_accelperf.gate.routing import route
 from pytest_accelperf.gate.routing import train as train_routed
 from pytest_accelperf.gate.session import (
     AccelperfSession,
-    AccelperfWarning,
     exclusive_host,
     say,
     say_on_stderr,
 )
-from pytest_accelperf.gate.xdist_role import worker_id
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.device_errors import (
     DeviceError,
@@ -80,6 +78,7 @@ from pytest_accelperf.provision.device_errors import (
 )
 from pytest_accelperf.provision.fingerprint import PROGRAM_KEYS, differences, stack_changes
 from pytest_accelperf.provision.targets import NOT_RUN, not_run
+from pytest_accelperf.provision.xdist_role import worker_id
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.report.data import CaseRecord, baseline_view

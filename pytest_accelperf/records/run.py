@@ -64,6 +64,10 @@ class Replay(TypedDict):
     leaves: dict[str, float]
 
 
+#: Key of an explanation under ``"extra"`` in a run's JSON (``Run.explain``).
+EXPLAIN_KEY = "explain"
+
+
 class Explained(TypedDict):
     """``Run.explain``: the profiler trace of a failed case
     (:class:`pytest_accelperf.gate.explain.Explanation` as JSON)."""

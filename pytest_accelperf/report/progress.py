@@ -23,7 +23,7 @@ from typing import Protocol
 
 import pytest
 
-from pytest_accelperf.gate.xdist_role import is_worker
+from pytest_accelperf.provision.xdist_role import is_worker
 
 
 class ProgressSink(Protocol):

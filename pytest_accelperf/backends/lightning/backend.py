@@ -27,38 +27,36 @@ temporary directory, no logger, no checkpoint).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import logging
 import math
 import os
-import sys
 import tempfile
-import warnings
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Checkpoint
 
 from pytest_accelperf.backends.lightning.callback import (
-    COUNTED_STEP,
     Counting,
-    GateProfiler,
     Measured,
-    Watch,
 )
-from pytest_accelperf.backends.lightning.task import OWNED, LightningTask
+from pytest_accelperf.backends.lightning.fit import (
+    Built,
+    as_lightning_task,
+    build,
+    count,
+    one_device,
+    quiet,
+    snapshot,
+)
 from pytest_accelperf.backends.measure.common import (
     Phases,
-    TaskError,
-    describe,
     fingerprint,
     with_state,
 )
+from pytest_accelperf.backends.measure.notes import say
 from pytest_accelperf.backends.measure.recording import (
     deadline_after,
     new_run,
@@ -69,7 +67,6 @@ from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.memory import (
-    GROWTH_STEPS,
     MEMORY_STEPS,
     _oom_message,
     _oom_record,
@@ -87,138 +84,6 @@ from pytest_accelperf.provision.accel import Accelerator
 #: The plugin's own files: a note points at the first frame outside them.
 _PLUGIN = os.path.dirname(os.path.dirname(os.path.dirname(__file__))) + os.sep
 INSTALL = "pip install 'pytest-accelperf[lightning]'"
-
-
-def as_lightning_task(task: Task) -> LightningTask:
-    if isinstance(task, LightningTask):
-        return task
-    raise TaskError(f"the lightning backend trains a LightningTask "
-                    f"(pytest_accelperf.lightning); got {type(task).__name__}")
-
-
-@dataclass
-class Built:
-    """The task made for one case: its module, data, label, and the trainer's settings
-    with what the gate owns set, and one line for each user setting it replaced."""
-
-    module: pl.LightningModule
-    data: object
-    label: str
-    kwargs: dict[str, Any]
-    notes: list[str] = field(default_factory=list)
-
-    def fit(self, max_steps: int, watch: Watch, root: str) -> pl.Trainer:
-        """One ``Trainer.fit`` of ``max_steps`` optimizer steps, ``watch`` inside it."""
-        kwargs = dict(self.kwargs, max_steps=max_steps, default_root_dir=root,
-                      profiler=GateProfiler(watch),
-                      callbacks=[*self.kwargs.get("callbacks", ()), watch])
-        trainer = pl.Trainer(**kwargs)
-        data = self.data
-        try:
-            if isinstance(data, pl.LightningDataModule):
-                trainer.fit(self.module, datamodule=data)
-            else:
-                trainer.fit(self.module, train_dataloaders=data)
-        finally:
-            watch.close()
-        return trainer
-
-
-def _module(task: LightningTask, case: Case) -> pl.LightningModule:
-    module = task.built(task.module, case, (pl.LightningModule,))
-    if not isinstance(module, pl.LightningModule):
-        raise TaskError(f"LightningTask.module must be a LightningModule or a function of "
-                        f"the case that returns one; got {type(module).__name__}")
-    return module
-
-
-def build(task: LightningTask, case: Case, device: torch.device) -> Built:
-    """Make ``task``'s module and data for ``case`` (seeded), and the trainer's settings."""
-    pl.seed_everything(task.seed_for(case), workers=True, verbose=False)
-    module = _module(task, case)
-    label = f"LightningTask.module {describe(type(module))}"
-    if not module.automatic_optimization:
-        raise TaskError(
-            f"{label} sets automatic_optimization = False: its training_step steps the "
-            f"optimizer itself, where the gate cannot see which call is an optimizer step "
-            f"to stamp; the lightning backend measures automatic optimization only (use it, "
-            f"or write the step as a TorchStep)")
-    data = task.built(task.data, case, (pl.LightningDataModule, torch.utils.data.DataLoader))
-    if data is None:
-        raise TaskError("LightningTask.data is None: give a LightningDataModule, a DataLoader "
-                        "or a function of the case that returns one")
-    kwargs, notes = trainer_settings(task.trainer, case, device)
-    return Built(module, data, label, kwargs, notes)
-
-
-def trainer_settings(given: Mapping[str, Any], case: Case,
-                     device: torch.device) -> tuple[dict[str, Any], list[str]]:
-    """The ``Trainer`` keyword arguments of a measured run: ``given`` with what the gate
-    owns set, and a line for each of ``given``'s that differed."""
-    if not isinstance(given, Mapping):
-        raise TaskError(f"LightningTask.trainer holds lightning.Trainer keyword arguments "
-                        f"(a dict); got {type(given).__name__}")
-    kwargs = dict(given)
-    notes: list[str] = []
-    owned: dict[str, tuple[object, str]] = {
-        **OWNED,
-        "max_steps": (case.warmup + case.steps, "the case's warm-up + steps"),
-        "accelerator": ("gpu" if device.type == "cuda" else "cpu", "the session's --accel"),
-        "devices": (1, "a case of world_size 1 trains on one device"),
-    }
-    if case.grad_accum > 1:  # the case's accumulation drives the trainer's
-        owned["accumulate_grad_batches"] = (case.grad_accum, "the case's grad_accum")
-    for name, (value, why) in owned.items():
-        if name in kwargs and kwargs[name] != value and not (
-                name == "profiler" and kwargs[name] is None):
-            notes.append(f"LightningTask.trainer[{name!r}]={kwargs[name]!r}: the gate uses "
-                         f"{value!r} ({why})")
-        kwargs[name] = value
-    kwargs.pop("max_steps")  # set per training
-    kwargs.pop("profiler")  # the gate's, per training
-    callbacks = list(kwargs.get("callbacks") or [])
-    kept = [c for c in callbacks if not isinstance(c, Checkpoint)]
-    if len(kept) != len(callbacks):
-        notes.append("LightningTask.trainer['callbacks'] holds a checkpoint callback: "
-                     "left out (no checkpoint is left in the project)")
-    kwargs["callbacks"] = kept
-    return kwargs, notes
-
-
-#: Lightning 2.6's own use of torch's pytree, which torch 2.13 deprecates: Lightning's to
-#: fix, not the user's (an error where a suite turns warnings into errors).
-_LIGHTNING_OWN = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
-
-
-@contextlib.contextmanager
-def quiet() -> Iterator[None]:
-    """The gate's own trainers are quiet: Lightning's advice about the run (a loader with
-    few workers), its deprecation of its own use of torch, and its info lines about the
-    trainer the gate made (devices, the tip to install a logger, ``max_steps`` reached)
-    are not the case's result."""
-    from lightning.fabric.utilities.warnings import PossibleUserWarning
-
-    loggers = [logging.getLogger(name) for name in ("lightning.pytorch", "lightning.fabric")]
-    levels = [lg.level for lg in loggers]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PossibleUserWarning)
-        warnings.filterwarnings("ignore", _LIGHTNING_OWN, FutureWarning)
-        for lg in loggers:
-            lg.setLevel(logging.WARNING)
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels, strict=True):
-                lg.setLevel(level)
-
-
-def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()}
-
-
-def _restore(module: torch.nn.Module, saved: Mapping[str, torch.Tensor]) -> None:
-    module.load_state_dict(saved)
-    module.zero_grad(set_to_none=True)
 
 
 def state_beside(trainer: pl.Trainer) -> dict[str, np.ndarray]:
@@ -252,20 +117,6 @@ class LightningTrainResult(TrainResult):
         data = dict(self.__dict__)
         data["state"] = None
         return data
-
-
-def _say(notes: list[str]) -> None:
-    """Each of ``notes`` as an ``AccelperfWarning`` pointing at the user's line that
-    trained the case (the first frame outside the plugin: ``accelperf.train(task)``)."""
-    if not notes:
-        return
-    from pytest_accelperf.gate.session import AccelperfWarning
-
-    level, frame = 2, sys._getframe(1)  # stacklevel 2: the caller of _say
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_PLUGIN):
-        level, frame = level + 1, frame.f_back
-    for note in notes:
-        warnings.warn(AccelperfWarning(note), stacklevel=level)
 
 
 class LightningBackend:
@@ -304,9 +155,9 @@ class LightningBackend:
         label = f"{device.type}:{device.index or 0}"
         with phases("build"):
             built = build(lightning_task, case, device)
-        _say(built.notes)
+        say(built.notes)
         run = new_run(case, accel.peak_flops, n_devices=1)
-        saved = _snapshot(built.module)
+        saved = snapshot(built.module)
         seed = lightning_task.seed_for(case)
         with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, quiet():
             # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
@@ -345,7 +196,7 @@ class LightningBackend:
             trained = clock.finish()
             extra = _epochs_note(trainer, case, built)
         if extra:
-            _say([extra])
+            say([extra])
             built.notes.append(extra)
         if device.type == "cuda":
             run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
@@ -376,26 +227,6 @@ class LightningBackend:
         return LightningStepper(case, task, accel)
 
 
-def count(built: Built, task: LightningTask, case: Case, device: torch.device, root: str,
-          *, memory: bool, saved: Mapping[str, torch.Tensor] | None = None) -> Counting:
-    """The counting training (``memory``: the CPU's live bytes over
-    :data:`MEMORY_STEPS` + :data:`GROWTH_STEPS` optimizer steps; else just through
-    :data:`COUNTED_STEP`, for its FLOPs and ops), then undone: the module's ``state_dict``
-    put back (``saved``, taken now where not given), or the module made again where the
-    task makes it."""
-    if saved is None:
-        saved = _snapshot(built.module)
-    counting = Counting(case, device, built.label)
-    counting.steps = MEMORY_STEPS + GROWTH_STEPS if memory else COUNTED_STEP + 1
-    built.fit(counting.steps, counting, root)
-    if isinstance(task.module, pl.LightningModule):
-        _restore(built.module, saved)  # the state_dict; its Python attributes stay
-    else:  # made again, as the first time: nothing of the counting is left in it
-        pl.seed_everything(task.seed_for(case), workers=True, verbose=False)
-        built.module = _module(task, case)
-    return counting
-
-
 def _epochs_note(trainer: pl.Trainer, case: Case, built: Built) -> str | None:
     """A line where the data held fewer batches than the run trained: Lightning began a
     new epoch (the loader iterated again) after each pass."""
@@ -407,16 +238,6 @@ def _epochs_note(trainer: pl.Trainer, case: Case, built: Built) -> str | None:
             f"{needed} (warm-up + steps x accumulate_grad_batches): Lightning began a new "
             f"epoch after each {int(per_epoch)} (the loader iterated again, its end-of-epoch "
             f"work inside the step that followed)")
-
-
-def one_device(case: Case) -> None:
-    if case.world_size > 1 or case.n_devices != 1:
-        raise ConfigError(f"{case.id}: the lightning backend trains on one device for now "
-                          f"(world_size={case.world_size}, mesh={case.mesh}); Lightning's "
-                          f"own DDP under the gate is not built yet")
-    if case.reference:
-        raise ConfigError(f"{case.id}: the lightning backend has no single-device reference "
-                          f"run: drop reference=True")
 
 
 BACKEND = LightningBackend()

@@ -17,14 +17,14 @@ import tempfile
 
 import lightning.pytorch as pl
 
-from pytest_accelperf.backends.lightning.backend import (
+from pytest_accelperf.backends.lightning.callback import Measured
+from pytest_accelperf.backends.lightning.fit import (
     as_lightning_task,
     build,
     count,
     one_device,
     quiet,
 )
-from pytest_accelperf.backends.lightning.callback import Measured
 from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop
 from pytest_accelperf.backends.protocol import Task
 from pytest_accelperf.backends.torch.on_device import _device

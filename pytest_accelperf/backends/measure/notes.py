@@ -20,7 +20,7 @@ def say(notes: Sequence[str]) -> None:
     trained the case (the first frame outside the plugin: ``accelperf.train(task)``)."""
     if not notes:
         return
-    from pytest_accelperf.gate.session import AccelperfWarning
+    from pytest_accelperf.errors import AccelperfWarning
 
     level, frame = 2, sys._getframe(1)  # stacklevel 2: the caller of say
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_PLUGIN):

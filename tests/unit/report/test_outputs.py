@@ -28,7 +28,7 @@ import pytest
 from conftest import NUMPY_SGD
 
 from pytest_accelperf.cli import main
-from pytest_accelperf.report.outputs import write_outputs
+from pytest_accelperf.gate.outputs import write_outputs
 from pytest_accelperf.report.writing import (
     OutputError,
     append_output,
