@@ -26,18 +26,14 @@ from pytest_accelperf.backends.registry import BackendRegistry
 from pytest_accelperf.checks.scaling import ScalingCollector
 from pytest_accelperf.gate.hangs import host_lock
 from pytest_accelperf.gate.options import Settings
-from pytest_accelperf.gate.xdist_role import is_worker
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.device_errors import DeviceError
+from pytest_accelperf.provision.xdist_role import is_worker
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.store.baselines import BaselineError, BaselineStore
 from pytest_accelperf.store.machines import default_machine
 from pytest_accelperf.store.recordable import shared_unchanged
-
-
-class AccelperfWarning(UserWarning):
-    """A warning of pytest-accelperf (e.g. a baseline from another environment)."""
 
 
 @dataclass
