@@ -65,7 +65,7 @@ TOKENIZER = tokenizer()
 def group_texts(examples):
     # run_clm.py's, as written (block_size = BLOCK)
     concatenated_examples = {k: list(chain(*examples[k])) for k in examples}
-    total_length = len(concatenated_examples[list(examples.keys())[0]])
+    total_length = len(concatenated_examples[list(examples.keys())[0]])  # noqa: RUF015
     total_length = (total_length // BLOCK) * BLOCK
     result = {
         k: [t[i : i + BLOCK] for i in range(0, total_length, BLOCK)]
