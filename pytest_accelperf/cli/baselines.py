@@ -74,12 +74,15 @@ def _platforms(root: Path, only: str | None) -> list[str]:
 HEADLINE = Fields(("outcome", "samples_per_second", "step_time.median", "input.median",
                    "loss.final", "memory.peak", "compile_time", "max_batch.value",
                    "recorded_at"))
-#: What ``show`` reads of a block: the headline, and the machines with timing in it, each
-#: machine's headline timing and host (:mod:`pytest_accelperf.store.machines`).
+#: What ``show`` reads of a block: the headline, and the machines with timing in it
+#: (:mod:`pytest_accelperf.store.machines`: the recorder's name, or the environment it is
+#: derived from, and the others' hosts).
 SHOWN = Fields((*HEADLINE.paths, "machine", "environment.host_cpu", "environment.cpu_isa",
-                "machines.samples_per_second", "machines.step_time.median",
-                "machines.input.median", "machines.compile_time", "machines.recorded_at",
-                "machines.environment.host_cpu", "machines.environment.cpu_isa"))
+                "machines.environment.host_cpu"))
+#: ``show --machine``: also each machine's headline timing, for that machine's columns.
+SHOWN_MACHINES = Fields((*SHOWN.paths, "machines.samples_per_second",
+                         "machines.step_time.median", "machines.input.median",
+                         "machines.compile_time", "machines.recorded_at"))
 
 
 def store_files(root: Path, platform: str | None = None, *, invalid_blocks: bool = False,
@@ -282,8 +285,8 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
     # One file at a time: only the rows are kept, not every block of the store; a tree of
     # JSON has no cycles, so the collector is paused for the walk (see gc_paused).
     with gc_paused():
-        for platform, module, blocks in iter_store(root, args.platform, errors,
-                                                   fields=SHOWN):
+        for platform, module, blocks in iter_store(
+                root, args.platform, errors, fields=SHOWN_MACHINES if machine else SHOWN):
             known = machines.setdefault(platform, {})
             for key, block in blocks.items():
                 nodeid = f"{module}.py::{key}"

@@ -251,10 +251,17 @@ def test_a_machine_entry_is_validated_as_the_block_is(tmp_path: Path) -> None:
     store = _store(tmp_path, text)
     with pytest.raises(InvalidBlockError):
         store.get_view(NODEID.replace(CASE, CASE), "ci")
-    # show reads the machines' headline fields, so it refuses the bad value too
-    from pytest_accelperf.cli.baselines import SHOWN
+    # show reads the machines' names (and, for --machine, their headline timing), so it
+    # refuses the bad name, and the bad value where it shows it
+    from pytest_accelperf.cli.baselines import SHOWN, SHOWN_MACHINES
 
     assert SHOWN.read(text.encode()) is None
+    assert SHOWN_MACHINES.read(text.encode()) is None
+    del block["machines"]["../up"]
+    block["machines"]["ci"]["environment"] = block["environment"]
+    text = BaselineFile(Path("m.json"), "cpu-x8", {CASE: block}).to_text()
+    assert SHOWN.read(text.encode()) is not None  # the bad median is not shown without it
+    assert SHOWN_MACHINES.read(text.encode()) is None
 
 
 def test_a_write_with_a_bad_machine_name_writes_nothing(tmp_path: Path) -> None:

@@ -18,7 +18,11 @@ import pytest
 from pydantic import ValidationError
 
 from pytest_accelperf.store import baselines, jsonfile, schema
+from pytest_accelperf.store import block as block_module
 from pytest_accelperf.store.baselines import BaselineFile, BaselineStore, InvalidBlockError, parse
+from pytest_accelperf.store.block import TIMING_SECTIONS, read_block
+from pytest_accelperf.store.machines import view
+from pytest_accelperf.store.schema import block_model
 
 REPO = Path(__file__).resolve().parents[2]
 PLATFORM = "cpu-x2"
@@ -45,6 +49,31 @@ def _text(n: int, bad: dict[int, dict[str, Any]] | None = None) -> str:
                  "samples_per_second": 1000.0 + i}
         block.update((bad or {}).get(i, {}))
         cases[f"test_model[torch-b8-v{i:05d}]"] = block
+    return BaselineFile(Path("m.json"), PLATFORM, cases).to_text()
+
+
+def _machines(block: dict[str, Any], k: int, i: int) -> dict[str, Any]:
+    """``block`` with the timing of ``k - 1`` other machines beside its own (issue 46:
+    timing per machine, store/machines.py), each its own step times and host."""
+    if k <= 1:
+        return block
+    timing = {name: block[name] for name in TIMING_SECTIONS if name in block}
+    others = {}
+    for m in range(1, k):
+        step = {**timing["step_time"], "samples": [t * (1 + m / 10 + i / 1e6)
+                                                  for t in timing["step_time"]["samples"]]}
+        others[f"runner-{m}"] = {**timing, "step_time": step, "recorded_at": block["recorded_at"],
+                                 "environment": {**block["environment"], "cpu_isa": f"m{m}"}}
+    return {**block, "machines": others}
+
+
+def _text_of(n: int, machines: int) -> str:
+    """A module file of ``n`` cases, each with the timing of ``machines`` machines."""
+    cases = {}
+    for i in range(n):
+        block = {**TEMPLATE, "recorded_at": f"2026-11-23T00:00:{i % 60:02d}+00:00",
+                 "samples_per_second": 1000.0 + i}
+        cases[f"test_model[torch-b8-v{i:05d}]"] = _machines(block, machines, i)
     return BaselineFile(Path("m.json"), PLATFORM, cases).to_text()
 
 
@@ -218,3 +247,53 @@ def test_the_accelperf_command_starts_without_scipy() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, cwd=REPO)
     assert done.stdout.splitlines() == ["[]", "True"], done.stdout + done.stderr
+
+
+# -- timing per machine (issue 46): 5 machines' timing in every block -------------------------
+def test_a_file_of_five_machines_is_validated_in_one_call_and_read_linearly(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 100
+    small, large = _text_of(n, 5), _text_of(4 * n, 5)
+    one_by_one = _count(monkeypatch, schema, "validate_block")
+    lines = _count(monkeypatch, jsonfile, "line_column")
+    loaded = parse(Path("m.json"), small)
+    assert len(loaded.cases) == n and not loaded.invalid
+    assert one_by_one[0] == lines[0] == 0
+    assert all(len(b["machines"]) == 4 for b in loaded.cases.values())
+    path = Path("m.json")
+    ratio = _cpu_time(lambda: parse(path, large)) / _cpu_time(lambda: parse(path, small))
+    assert ratio < 8, f"4x the cases took {ratio:.1f}x the CPU time"
+
+
+def test_the_gate_reads_one_machines_view_as_a_block_of_one_machine(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run reads its case as its machine sees it (get_view): the other machines'
+    timing is validated with the file but never typed for the checks, so reading a block
+    for the checks costs the same with 5 machines as with 1."""
+    one = json.loads(_text_of(1, 1))["cases"]
+    five = json.loads(_text_of(1, 5))["cases"]
+    (b1,), (b5,) = one.values(), five.values()
+    reads = _count(monkeypatch, block_module, "read")
+    read_block(b1, block_model())
+    alone = reads[0]
+    mine = view(b5, "runner-3")
+    assert not mine.new and "machines" not in mine.block
+    read_block(mine.block, block_model())
+    assert reads[0] - alone == alone, "one machine's view is read as a one-machine block"
+
+
+def test_show_over_five_machines_costs_about_their_bytes(tmp_path: Path) -> None:
+    """``show`` reads the names of each block's machines (the headline of one machine with
+    --machine): its read of a file grows with the file's bytes, not faster."""
+    from pytest_accelperf.cli.baselines import SHOWN, SHOWN_MACHINES
+
+    n = 200
+    one, five = _text_of(n, 1).encode(), _text_of(n, 5).encode()
+    SHOWN.read(one)
+    for fields in (SHOWN, SHOWN_MACHINES):
+        found = fields.read(five)
+        assert found is not None and len(found) == n
+        ratio = _cpu_time(lambda f=fields: f.read(five)) / _cpu_time(lambda: SHOWN.read(one))
+        assert ratio < 2 * len(five) / len(one), (
+            f"{fields.paths[-1]}: 5 machines took {ratio:.1f}x the CPU time of 1 for "
+            f"{len(five) / len(one):.1f}x the bytes")
