@@ -24,6 +24,7 @@ from pytest_accelperf.checks import (
     program,
     scaling,
     throughput,
+    trainer,
 )
 from pytest_accelperf.checks import input as input_time
 from pytest_accelperf.checks.protocol import BaseCheck, Check
@@ -36,6 +37,7 @@ BUILTIN: tuple[Check, ...] = (
     metrics.CHECK,
     input_time.CHECK,
     input_wait.CHECK,
+    trainer.CHECK,
     compile_time.CHECK,
     program.CHECK,
     memory.CHECK,

@@ -441,5 +441,7 @@ def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
                   input_queued_times=[t for r in runs for t in r.input_queued_times],
                   input_faults=[n for r in runs for n in r.input_faults],
                   input_yardstick_times=[t for r in runs for t in r.input_yardstick_times],
+                  trainer_times=([t for r in runs for t in r.trainer_times or ()]
+                                 if all(r.trainer_times for r in runs) else None),
                   **timing)
     return replace(first, run=run)

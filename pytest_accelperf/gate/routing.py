@@ -27,7 +27,7 @@ from contextlib import AbstractContextManager
 from typing import Literal
 
 from pytest_accelperf.backends.local import train_here
-from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
+from pytest_accelperf.backends.protocol import Task, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.cluster.dispatch import train as train_on_cluster
 from pytest_accelperf.collect.cases import Case

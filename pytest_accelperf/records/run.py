@@ -147,7 +147,9 @@ class Run:
     ``batch_time`` (wall seconds making the batches), ``warmup_step_times``,
     ``injected_slowdown`` (the test-only slowdown a run was timed with),
     ``compile_time_parts`` / ``compile_time_covers`` (what ``compile_time`` timed),
-    ``trace_time``, ``phases`` (where the case's wall time went), ``replay``
+    ``trace_time``, ``phases`` (where the case's wall time went), ``trainer_times`` (per
+    measured step of a trainer that owns its loop, the seconds outside the user's forward,
+    backward and optimizer step: the ``trainer`` check's), ``replay``
     (:class:`Replay`) and ``explain`` (:class:`Explained`).
 
     ``extra`` keeps the rest: what one backend or log reader notes about its own run
@@ -198,6 +200,7 @@ class Run:
     compile_time_covers: str | None = field(default=None, metadata=_EXTRA)
     trace_time: float | None = field(default=None, metadata=_EXTRA)
     phases: dict[str, float] | None = field(default=None, metadata=_EXTRA)
+    trainer_times: list[float] | None = field(default=None, metadata=_EXTRA)
     replay: Replay | None = field(default=None, metadata=_EXTRA)
     explain: Explained | None = field(default=None, metadata=_EXTRA)
 

@@ -38,6 +38,16 @@ from pytest_accelperf.collect.cases import Case
 
 #: The profiler action Lightning wraps around its fetch of a training batch.
 FETCH = "train_dataloader_next"
+#: The profiler actions Lightning wraps around the user's code of a step (the strategy's
+#: ``training_step`` and ``backward``, and the module's ``optimizer_step``, which holds
+#: both where the optimizer steps): what is outside them is the trainer's own time.
+USER_ACTIONS = (("[Strategy]", ".training_step"), ("[Strategy]", ".backward"),
+                ("[LightningModule]", ".optimizer_step"))
+
+
+def user_action(action_name: str) -> bool:
+    """Whether ``action_name`` is one of :data:`USER_ACTIONS`."""
+    return any(action_name.startswith(a) and action_name.endswith(b) for a, b in USER_ACTIONS)
 #: Lightning's packages: a host sync inside them is named at the user's frame that called
 #: them (``self.log`` in ``training_step``), or at Lightning's own where its loop made it.
 LIBRARIES = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (lightning, pl))
@@ -50,14 +60,23 @@ class GateProfiler(Profiler):
     def __init__(self, watch: Watch) -> None:
         super().__init__()
         self.watch = watch
+        self._depth = 0  # user actions open (optimizer_step holds the other two)
 
     def start(self, action_name: str) -> None:
         if action_name.endswith(FETCH):
             self.watch.fetch_started()
+        elif user_action(action_name):
+            self._depth += 1
+            if self._depth == 1:
+                self.watch.user_started()
 
     def stop(self, action_name: str) -> None:
         if action_name.endswith(FETCH):
             self.watch.fetch_ended()
+        elif user_action(action_name) and self._depth > 0:
+            self._depth -= 1
+            if self._depth == 0:
+                self.watch.user_ended()
 
 
 class Watch(pl.Callback):
@@ -79,6 +98,12 @@ class Watch(pl.Callback):
 
     def batch_ended(self) -> None:
         """A batch ended, before its loss is read."""
+
+    def user_started(self) -> None:
+        """The trainer calls the user's code of the step (:data:`USER_ACTIONS`)."""
+
+    def user_ended(self) -> None:
+        """The user's code of the step returned to the trainer."""
 
     def after_batch(self, trainer: pl.Trainer, loss: float,
                     metrics: Mapping[str, float] | None) -> bool:
@@ -182,6 +207,12 @@ class Measured(Watch):
 
     def batch_ended(self) -> None:
         self.clock.batch_ended()
+
+    def user_started(self) -> None:
+        self.clock.user_started()
+
+    def user_ended(self) -> None:
+        self.clock.user_ended()
 
     def after_batch(self, trainer: pl.Trainer, loss: float,
                     metrics: Mapping[str, float] | None) -> bool:

@@ -180,6 +180,10 @@ class LoopResult:
     #: the input yardstick (:mod:`pytest_accelperf.stats.yardstick`), timed in
     #: the same thread right after ``host``.
     input_yardstick_times: list[float] = field(default_factory=list)
+    #: Per measured step of a trainer that owns its loop (:class:`.stamps.StepClock`): the
+    #: seconds of the step outside the user's forward, backward and optimizer step (the
+    #: trainer's hooks, logging and loop); empty for a backend that owns no such loop.
+    trainer_times: list[float] = field(default_factory=list)
 
     @property
     def steps_done(self) -> int:

@@ -55,6 +55,7 @@ def record_loop(run: Run, trained: LoopResult, probe: Probe | None = None) -> No
     run.input_queued_times, run.input_faults = trained.input_queued_times, trained.input_faults
     run.input_yardstick_times = trained.input_yardstick_times
     run.step_load, run.batch_time = trained.load, trained.batch_time
+    run.trainer_times = trained.trainer_times or None
 
 
 def timeout_message(timeout: float | None, done: int, case: Case) -> str:

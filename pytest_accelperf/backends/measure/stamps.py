@@ -18,6 +18,11 @@ trainer starts and stops fetching a batch and when a batch ends, and it keeps th
   step, as the loop measures a ``host``), outside the step's time;
 - what the plugin does between steps (reading the loss, the drift probe, the progress
   line) is outside the step's time too: the next step's clock starts after it;
+- where the callback tells it when the trainer calls the user's code of the step and when
+  that returns (:meth:`StepClock.user_started`, :meth:`StepClock.user_ended`: the forward,
+  the backward, the optimizer's step, the device synchronized at each), the rest of the
+  step is the trainer's own time (``trainer_times``: its hooks, logging, the loop), what
+  Lightning's "parity" benchmarks bound, judged by the ``trainer`` check;
 - the first ``warmup`` steps are timed apart; a non-finite loss or the deadline ends the
   training (the callback stops the trainer), what the machine's other processes used over
   the measured steps is read into ``load``, and an injected slowdown stretches each step.
@@ -83,6 +88,8 @@ class StepClock:
         self._losses: list[float] = []  # its micro-batches' losses
         self._inputs: list[_Inputs] = []  # its fetches
         self._fetch: _Fetch | None = None
+        self._user: float | None = None  # the running step's time in the user's code so far
+        self._user_mark: float | None = None
         self._clock = BlockedClock.open()
         self._watch: Contention | None = None
         if warmup == 0:
@@ -137,6 +144,21 @@ class StepClock:
         """A batch ended (its optimizer stepped or not): its time is stamped."""
         self._stop_clock()
 
+    def user_started(self) -> None:
+        """The trainer calls the user's code of the step (the forward, the backward, the
+        optimizer's step): the device is synchronized, what ran before was the trainer's."""
+        self._sync()
+        self._user_mark = time.perf_counter()
+
+    def user_ended(self) -> None:
+        """The user's code returned to the trainer: the device is synchronized and the time
+        since :meth:`user_started` is the user's."""
+        if self._user_mark is None:
+            return
+        self._sync()
+        self._user = (self._user or 0.0) + time.perf_counter() - self._user_mark
+        self._user_mark = None
+
     def after_batch(self, loss: float, metrics: Mapping[str, float] | None) -> bool:
         """The batch's loss, read after :meth:`batch_ended`; ``metrics`` on the batch whose
         optimizer stepped (None on the others: the step goes on). True: stop training."""
@@ -157,13 +179,15 @@ class StepClock:
         measured = i >= self.warmup
         if measured:
             out.step_times.append(seconds)
+            if self._user is not None:  # the trainer's own time: the step less the user's
+                out.trainer_times.append(max(0.0, seconds - self._user))
             if self._inputs:
                 _summed(self._inputs).into(out)
             if self._probe is not None and (i - self.warmup + 1) % self._every == 0:
                 out.probe_times.append(self._probe.time())
         else:
             out.warmup_times.append(seconds)
-        self._seconds, self._losses, self._inputs = 0.0, [], []
+        self._seconds, self._losses, self._inputs, self._user = 0.0, [], [], None
         if i + 1 == self.warmup:
             self._watch = Contention([measuring_root()]).start()
         self._report(i + 1, self.total, step_loss, seconds, measured)

@@ -359,3 +359,38 @@ def test_the_ab_stepper_holds_the_trainers_loop_between_blocks(workdir: Path) ->
         stepper.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("accelperf-held")]
     assert not list(workdir.iterdir())
+
+
+class SlowCallback(L.Callback):
+    """A user's callback that costs 20 ms a batch: the trainer's own time, not the user's
+    forward, backward or optimizer step."""
+
+    def on_train_batch_end(self, *args: Any) -> None:
+        import time
+
+        time.sleep(0.02)
+
+
+def test_the_trainers_own_time_is_measured_and_a_slow_callback_fails_it(
+        plain: LightningTrainResult, workdir: Path) -> None:
+    """Lightning's parity figure: each measured step less the user's training_step,
+    backward and optimizer step. A callback that sleeps 20 ms a batch moves it by about
+    20 ms (the user's time stays the same), and the trainer check fails it."""
+    from pytest_accelperf.checks.trainer import CHECK, check_trainer
+
+    own = plain.run.trainer_times
+    assert own is not None and len(own) == STEPS
+    assert all(0 < t < s for t, s in zip(own, plain.run.step_times, strict=True))
+    slow = train(task(callbacks=[SlowCallback()])).run
+    assert slow.trainer_times is not None
+    import statistics
+
+    moved = statistics.median(slow.trainer_times) - statistics.median(own)
+    assert 0.015 < moved < 0.2, (own, slow.trainer_times)
+    block = {**_block(slow.program), **CHECK.record(slow), "step_time": {
+        "median": statistics.median(slow.step_times), "samples": slow.step_times}}
+    base = {**_block(plain.run.program), **CHECK.record(plain.run), "step_time": {
+        "median": statistics.median(plain.run.step_times), "samples": plain.run.step_times}}
+    result = check_trainer(block, base, Tolerances(throughput_tolerance=0.5))
+    assert result is not None and result.verdict is Verdict.REGRESSION, result
+    assert result.detail.startswith("the trainer's own "), result.detail
