@@ -276,7 +276,7 @@ class Suite:
         # their own tolerance.
         # The other worker's CPU time is foreign load to this one's measurements, which
         # leaves them unjudged past --accelperf-max-foreign-load: tests of the verdicts
-        # take any load, and the load has its own tests (unit/test_contention.py,
+        # take any load, and the load has its own tests (unit/stats/test_contention.py,
         # e2e/test_foreign_load.py).
         pytester.makepyprojecttoml("[tool.accelperf]\nthroughput_tolerance = 1000.0\n"
                                    "max_probe_spread = 1000.0\nmax_step_spread = 1000.0\n"

@@ -25,6 +25,7 @@ from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.options import Settings
+from pytest_accelperf.gate.outputs import write_outputs
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
@@ -38,7 +39,6 @@ from pytest_accelperf.report.html import html_report, report_specs
 from pytest_accelperf.report.junit import junit_properties, suite_properties
 from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.report.markdown import markdown
-from pytest_accelperf.report.outputs import write_outputs
 from pytest_accelperf.report.progress import LineProgress, progress_text, reporting, step
 from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.store.summary import summarize

@@ -132,6 +132,10 @@ def test_steps_times_losses_and_learning_rate(plain: KerasTrainResult) -> None:
     assert run.metrics["lr"] == [pytest.approx(1e-3)] * (WARMUP + STEPS)
     assert len(run.input_times) == STEPS and all(t > 0 for t in run.input_wall_times)
     assert run.samples_per_step == BATCH and run.n_devices == 1
+    # Keras's own time per step: the step less its train step (fetched batch to outputs)
+    trainer = run.trainer_times or []
+    assert len(trainer) == STEPS
+    assert all(0 <= t < s for t, s in zip(trainer, run.step_times, strict=True))
 
 
 @pytest.mark.slow
@@ -320,3 +324,21 @@ def test_importing_the_entry_point_imports_no_framework() -> None:
     code = ("import sys, pytest_accelperf.keras\n"
             "print(sorted(m for m in ('keras', 'jax') if m in sys.modules))")
     assert _python(code).stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_the_ab_stepper_holds_the_fit_between_blocks(plain: KerasTrainResult,
+                                                     workdir: Path) -> None:
+    """A/B mode's stepper: ``model.fit`` in a thread of its own, held before each step;
+    each ``run(n)`` lets exactly ``n`` through and gives their times; the program is the
+    run's; ``close`` ends the fit and leaves nothing behind."""
+    stepper = BACKEND.stepper(case(), task(), CPU)
+    try:
+        first, second = stepper.run(3), stepper.run(2)
+        assert len(first) == 3 and len(second) == 2 and all(t > 0 for t in first + second)
+        program = stepper.program or {}
+        assert program["dispatches"] == 1
+        assert program["flops"] == (plain.run.program or {})["flops"]
+    finally:
+        stepper.close()
+    assert list(workdir.iterdir()) == []

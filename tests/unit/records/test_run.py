@@ -34,7 +34,7 @@ OLD: dict[str, Any] = {
                          "seconds": 3.0},
         "batch_time": 0.25, "warmup_step_times": [0.3], "injected_slowdown": 2.0,
         "compile_time_parts": {"step": 1.5, "init": 0.5}, "compile_time_covers": "step 0",
-        "trace_time": 0.2, "phases": {"compile": 2.0, "total": 3.0},
+        "trace_time": 0.2, "phases": {"compile": 2.0, "total": 3.0}, "trainer_times": [0.001],
         "replay": {"steps": 4, "spread": 1e-6, "leaf": "w", "leaves": {"w": 1e-6}},
         "explain": {"path": None, "steps": 3, "size": 10, "note": "traced"},
         "engine": {"zero": 2}, "ranks": [{"rank": 0}],

@@ -186,7 +186,7 @@ def test_a_torch_suite_runs_where_jax_is_not_installed(pytester: pytest.Pytester
     gated.stdout.fnmatch_lines(["accelperf: 1 case(s) on cpu-x8: * pass*"])
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 WHICH_IMPORTED = """
 import json
