@@ -11,6 +11,9 @@ with the step's logs. The gate's callback:
   a ``PyDataset``'s ``__getitem__``, a generator's ``next``) is timed apart as the step's
   ``input``, and the first batch's shapes are kept (the global batch, checked; the
   program, lowered for them after the fit);
+* brackets the train step itself (from the batch fetched to the step's outputs ready,
+  the device synchronized) as the user's code of the step: the rest of the step is Keras's
+  own time (its loop, the callbacks, the logs made Python numbers), ``trainer_times``;
 * at ``on_train_batch_end`` waits for the device (the state the step made, and its logs),
   then reads the loss Keras computed and the learning rate the step used, and hands them
   to the :class:`~pytest_accelperf.backends.measure.stamps.StepClock`; a step is one
@@ -79,6 +82,7 @@ class Fetching(Iterator[Batch]):
         finally:
             self.callback.fetch_ended()
         self.callback.fetched(batch)
+        self.callback.clock.user_started()  # the train step runs on the batch now
         return batch
 
 
@@ -102,9 +106,17 @@ class GateCallback(_Callback):  # type: ignore[misc]
         original = self._original = model.train_function
 
         def train_function(state: PyTree, iterator: Iterator[Batch]) -> Untyped:
-            return original(state, Fetching(iterator, self))
+            out = original(state, Fetching(iterator, self))
+            _block_until_ready(out)  # the logs and the new state: the step is done
+            self.clock.user_ended()
+            return out
 
         model.train_function = train_function
+
+    @property
+    def keras_function(self) -> Untyped:
+        """Keras's own train function while the fit runs (None before, and after it)."""
+        return self._original
 
     def unwrap(self, model: Untyped) -> None:
         """Put ``model``'s own train function back (a later fit makes none otherwise)."""
@@ -132,7 +144,8 @@ class GateCallback(_Callback):  # type: ignore[misc]
     def on_train_begin(self, logs: Mapping[str, float] | None = None) -> None:
         self.wrap(self.model)
         self._iterations = int(np.asarray(self.model.optimizer.iterations.value))
-        self.clock.start()
+        if self.clock.start():  # a held fit (A/B mode) told to stop before its first step
+            self.model.stop_training = True
 
     def on_epoch_begin(self, epoch: int, logs: Mapping[str, float] | None = None) -> None:
         self._in_epoch, self._mean = 0, 0.0

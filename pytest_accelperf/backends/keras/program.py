@@ -60,22 +60,24 @@ def state_spec(model: Untyped) -> PyTree:
     return tuple(abstract([v.value for v in part]) for part in parts)
 
 
-def keras_jitted(model: Untyped) -> Untyped:
-    """Keras's own jitted train step (what its train function closes over), or None."""
-    function = getattr(model, "train_function", None)
+def keras_jitted(function: Untyped) -> Untyped:
+    """Keras's own jitted train step (what its train function ``function`` closes over),
+    or None."""
     if not inspect.isfunction(function):
         return None
     step = inspect.getclosurevars(function).nonlocals.get("step_function")
     return step if hasattr(step, "lower") else None
 
 
-def train_program(model: Untyped, batch_spec: PyTree) -> TrainProgram:
+def train_program(model: Untyped, batch_spec: PyTree,
+                  function: Untyped = None) -> TrainProgram:
     """The program of ``model``'s train step for a batch of ``batch_spec`` (the module
-    docstring)."""
+    docstring); ``function`` is Keras's train function (``model.train_function`` when
+    None: after the fit, once the gate's wrapper is gone)."""
     state = state_spec(model)
     jitted = jits(model)
-    step = (keras_jitted(model) if jitted else None) or _jit(model.train_step,
-                                                             donate_argnums=0)
+    own = keras_jitted(function or getattr(model, "train_function", None)) if jitted else None
+    step = own or _jit(model.train_step, donate_argnums=0)
     lowered = step.lower(state, batch_spec)
     compiled = lowered.compile()
     record = program_of(lowered, compiled, 1)
