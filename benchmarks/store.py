@@ -494,8 +494,8 @@ def detection(cross: bool = False) -> list[list[str]]:
     reads ``regression: <leaf it names>`` or ``pass``; ``cross`` uses the
     cross-environment tolerance."""
     from pytest_accelperf.backends.measure.common import fingerprint
-    from pytest_accelperf.checks.base import Tolerances
     from pytest_accelperf.checks.numerics import check_numerics, compact
+    from pytest_accelperf.records.verdict import Tolerances
     base_fp = fingerprint(_train())
     legacy = {p: {k: v for k, v in leaf.items() if k != "sketch"} for p, leaf in base_fp.items()}
     rows = []

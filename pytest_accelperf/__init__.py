@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING
 from pytest_accelperf.collect.cases import Case, cases, grid
 
 if TYPE_CHECKING:
-    from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
     from pytest_accelperf.errors import AccelperfWarning
     from pytest_accelperf.gate.maxbatch import MaxBatch
     from pytest_accelperf.gate.runner import CaseResult, CaseRunner, MaxBatchSearch
     from pytest_accelperf.provision.accel import Accelerator
     from pytest_accelperf.records.run import Run
+    from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
     from pytest_accelperf.torch import Built, RankStep
 
 __version__ = "0.1.0"
@@ -34,13 +34,13 @@ _LAZY = {
     "Built": "pytest_accelperf.torch",
     "CaseResult": "pytest_accelperf.gate.runner",
     "CaseRunner": "pytest_accelperf.gate.runner",
-    "CheckResult": "pytest_accelperf.checks.base",
+    "CheckResult": "pytest_accelperf.records.verdict",
     "MaxBatch": "pytest_accelperf.gate.maxbatch",
     "MaxBatchSearch": "pytest_accelperf.gate.runner",
     "RankStep": "pytest_accelperf.torch",
     "Run": "pytest_accelperf.records.run",
-    "Tolerances": "pytest_accelperf.checks.base",
-    "Verdict": "pytest_accelperf.checks.base",
+    "Tolerances": "pytest_accelperf.records.verdict",
+    "Verdict": "pytest_accelperf.records.verdict",
 }
 
 

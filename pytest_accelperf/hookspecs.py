@@ -8,11 +8,11 @@ import pytest
 
 if TYPE_CHECKING:
     from pytest_accelperf.backends.spec import BackendSpec
-    from pytest_accelperf.checks.base import CheckResult, Tolerances
     from pytest_accelperf.checks.protocol import Check
     from pytest_accelperf.provision.accel import Accelerator
     from pytest_accelperf.records.jsonvalue import JSONValue
     from pytest_accelperf.records.run import Run
+    from pytest_accelperf.records.verdict import CheckResult, Tolerances
     from pytest_accelperf.store.block import Block
 
 

@@ -22,13 +22,13 @@ from dataclasses import replace
 
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.checks.apply import named_stack
-from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.checks.protocol import CheckInput
 from pytest_accelperf.checks.table import DEFAULT, check_of
 from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.bootstrap import MAX_PAIRS, ProcessSpread, ab_ratio, ab_verdict, pairs_t
 from pytest_accelperf.stats.contention import contaminated
 from pytest_accelperf.stats.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pytest_accelperf.bisection.probe import Session
-from pytest_accelperf.checks.base import CheckResult, Verdict, count_changes
 from pytest_accelperf.records.program import describe_changes
+from pytest_accelperf.records.verdict import CheckResult, Verdict, count_changes
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.terminal import fmt_change, fmt_value
 from pytest_accelperf.stats.units import (

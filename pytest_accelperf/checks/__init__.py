@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pytest_accelperf.checks.apply import run_checks
-    from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+    from pytest_accelperf.checks.base import BaseCheck
     from pytest_accelperf.checks.compile_time import check_compile_time
     from pytest_accelperf.checks.convergence import check_convergence, nan_result
     from pytest_accelperf.checks.input import check_input
@@ -65,22 +65,23 @@ if TYPE_CHECKING:
     from pytest_accelperf.checks.numerics import check_numerics, check_reference
     from pytest_accelperf.checks.outcome import NO_BASELINE, check_outcome
     from pytest_accelperf.checks.program import check_program
-    from pytest_accelperf.checks.protocol import BaseCheck, Check, CheckInput
+    from pytest_accelperf.checks.protocol import Check, CheckInput
     from pytest_accelperf.checks.table import check_of, checks
     from pytest_accelperf.checks.throughput import check_throughput
+    from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 
 #: Where each name of this package lives: imported when first asked for, so that importing
-#: one check's module (or :mod:`pytest_accelperf.checks.base`, as every case does) does not
+#: one check's module (or :mod:`pytest_accelperf.records.verdict`, as every case does) does not
 #: import every check, numpy and scipy with it (``accelperf history changes`` and the
 #: other commands start faster).
 _EXPORTS = {
     "NO_BASELINE": "outcome",
-    "BaseCheck": "protocol",
+    "BaseCheck": "base",
     "Check": "protocol",
     "CheckInput": "protocol",
-    "CheckResult": "base",
-    "Tolerances": "base",
-    "Verdict": "base",
+    "CheckResult": "pytest_accelperf.records.verdict",
+    "Tolerances": "pytest_accelperf.records.verdict",
+    "Verdict": "pytest_accelperf.records.verdict",
     "check_compile_time": "compile_time",
     "check_convergence": "convergence",
     "check_input": "input",
@@ -130,6 +131,8 @@ def __getattr__(name: str) -> object:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pytest_accelperf.checks' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"pytest_accelperf.checks.{module}"), name)
+    if "." not in module:
+        module = f"pytest_accelperf.checks.{module}"
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

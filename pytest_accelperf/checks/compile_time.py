@@ -35,11 +35,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.checks.throughput import across_stacks, spread
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_signed_percent, fmt_tolerance, round_sig
 from pytest_accelperf.store.block import Block, BlockLike, read_block
 

@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TypedDict
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
+from pytest_accelperf.checks.protocol import CheckInput, one, stepped
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_num, fmt_signed_percent, fmt_tolerance, round_sig
 from pytest_accelperf.store.block import BlockLike, Loss, read_block
 

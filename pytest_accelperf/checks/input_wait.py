@@ -30,7 +30,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.input import (
     MIN_CHANGE_S,
     MIN_SHARE,
@@ -40,8 +40,9 @@ from pytest_accelperf.checks.input import (
     ratio_words,
 )
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.store.block import BlockLike, InputTime, read_block
 
 METRIC = "input_wait"

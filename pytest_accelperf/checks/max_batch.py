@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.stats.units import fmt_bytes
 from pytest_accelperf.store.block import BlockLike, MaxBatch, read_block
 

@@ -28,10 +28,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, NotRequired, TypedDict, cast
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Compared, Tolerances, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow, one
+from pytest_accelperf.checks.protocol import CheckInput, SubRow, one
 from pytest_accelperf.records.run import MemoryGrowth, Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Compared, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_bytes, fmt_percent, fmt_signed_percent, fmt_tolerance
 from pytest_accelperf.store.block import Block, BlockLike, Growth, Memory, read_block
 

@@ -21,11 +21,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.convergence import Curve, loss_checkpoints
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput
+from pytest_accelperf.checks.protocol import CheckInput
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_num, fmt_tolerance, round_sig
 from pytest_accelperf.store.block import Block, BlockLike, Loss, read_block
 

@@ -44,15 +44,16 @@ from typing import Any, SupportsInt, TypeGuard, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one, stepped
+from pytest_accelperf.checks.protocol import CheckInput, one, stepped
 from pytest_accelperf.records.fingerprint import (
     CompactFingerprint,
     CompactSection,
     LeafFingerprint,
 )
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_num, fmt_percent, round_sig
 from pytest_accelperf.store.block import Block, BlockLike, json_of, read_block
 

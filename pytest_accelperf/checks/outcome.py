@@ -26,10 +26,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Verdict
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, SubRow
+from pytest_accelperf.checks.base import BaseCheck
+from pytest_accelperf.checks.protocol import CheckInput, SubRow
 from pytest_accelperf.provision.targets import NOT_RUN, not_run
 from pytest_accelperf.records.run import OomRecord, Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Verdict
 from pytest_accelperf.stats.units import fmt_bytes
 from pytest_accelperf.store.block import Block, BlockLike, read_block
 

@@ -26,15 +26,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
-from pytest_accelperf.checks.base import (
-    CheckData,
-    CheckResult,
-    CountChange,
-    Tolerances,
-    Verdict,
-)
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.records.program import (
     AMOUNTS,
     COUNTS,
@@ -47,6 +41,13 @@ from pytest_accelperf.records.program import (
     ops_deltas,
 )
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import (
+    CheckData,
+    CheckResult,
+    CountChange,
+    Tolerances,
+    Verdict,
+)
 from pytest_accelperf.stats.units import fmt_tolerance
 from pytest_accelperf.store.block import Block, BlockLike, json_of, read_block
 

@@ -22,7 +22,7 @@ check, rather than testing ``metric == "..."``:
   column's label, whether the change is the gate's estimate, and rows under the check's.
 
 A result is matched to its check by :attr:`CheckResult.metric
-<pytest_accelperf.checks.base.CheckResult.metric>` (:func:`pytest_accelperf.checks.table.
+<pytest_accelperf.records.verdict.CheckResult.metric>` (:func:`pytest_accelperf.checks.table.
 check_of`); a result no check of the table names (a step metric such as ``accuracy``, a
 hook's own check) gets :class:`BaseCheck`'s defaults. Checks never modify their inputs.
 """
@@ -31,11 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Tolerances
 from pytest_accelperf.store.block import Block
 
 #: How :mod:`pytest_accelperf.stats.family` counts a check's results: ``interval`` (a timing whose
@@ -136,8 +135,8 @@ class Check(Protocol):
     """One check: a metric of a run judged against the stored baseline.
 
     ``metric``: the metric its results carry (:attr:`CheckResult.metric
-    <pytest_accelperf.checks.base.CheckResult.metric>`), and the name a reader sees in the
-    table. ``tolerances``: the fields of :class:`~pytest_accelperf.checks.base.Tolerances`
+    <pytest_accelperf.records.verdict.CheckResult.metric>`), and the name a reader sees in the
+    table. ``tolerances``: the fields of :class:`~pytest_accelperf.records.verdict.Tolerances`
     it reads. ``sections``: the fields of the baseline block it reads
     (:class:`pytest_accelperf.store.schema.Block`). ``section_models``: the schema of sections it
     adds that :class:`~pytest_accelperf.store.schema.Block` does not declare (``{name: pydantic
@@ -194,45 +193,6 @@ class Check(Protocol):
     def sub_rows(self, result: CheckResult) -> Sequence[SubRow]:
         """Rows the terminal table shows under ``result``'s own."""
         ...
-
-
-class BaseCheck:
-    """The defaults of :class:`Check`: no tolerance, no section, cleared by a baseline,
-    deterministic, the metric as its label, no rows of its own. A check subclasses it, sets
-    what differs and writes :meth:`check`."""
-
-    metric: str = ""
-    tolerances: tuple[str, ...] = ()
-    sections: tuple[str, ...] = ()
-    section_models: Mapping[str, Any] = MappingProxyType({})
-    cleared_by_a_baseline: bool = True
-    #: The sentence of :meth:`not_cleared` where a baseline does not clear a failure.
-    uncleared: str = ""
-    kind: Kind = "deterministic"
-
-    def check(self, given: CheckInput) -> Sequence[CheckResult]:
-        return ()
-
-    def record(self, run: Run) -> Mapping[str, object]:
-        return {}
-
-    def not_cleared(self, result: CheckResult) -> str | None:
-        return None if self.cleared_by_a_baseline else self.uncleared
-
-    def refuses_recording(self, result: CheckResult) -> str | None:
-        return None
-
-    def label(self, result: CheckResult) -> str:
-        return result.metric
-
-    def adjusted(self, result: CheckResult) -> bool:
-        return False
-
-    def sub_rows(self, result: CheckResult) -> Sequence[SubRow]:
-        return ()
-
-    def __repr__(self) -> str:
-        return f"<check {self.metric}>"
 
 
 def one(result: CheckResult | None) -> tuple[CheckResult, ...]:

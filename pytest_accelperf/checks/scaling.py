@@ -26,11 +26,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, ScalingRow, Verdict
-from pytest_accelperf.checks.protocol import BaseCheck
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckData, CheckResult, ScalingRow, Verdict
 from pytest_accelperf.stats.units import fmt_num, fmt_percent
 
 METRIC = "scaling"

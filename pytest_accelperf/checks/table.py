@@ -27,7 +27,8 @@ from pytest_accelperf.checks import (
     trainer,
 )
 from pytest_accelperf.checks import input as input_time
-from pytest_accelperf.checks.protocol import BaseCheck, Check
+from pytest_accelperf.checks.base import BaseCheck
+from pytest_accelperf.checks.protocol import Check
 
 #: The built-in checks, in the order of their rows.
 BUILTIN: tuple[Check, ...] = (

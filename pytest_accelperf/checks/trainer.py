@@ -27,7 +27,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from pytest_accelperf.checks.base import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.input import (
     MIN_CHANGE_S,
     fmt_ms,
@@ -36,10 +36,11 @@ from pytest_accelperf.checks.input import (
     ratio_words,
 )
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
-from pytest_accelperf.checks.protocol import BaseCheck, CheckInput, one
+from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.section import JsonSection
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import SAMPLE_DIGITS, round_sig
 from pytest_accelperf.store.block import BlockLike, read_block
 

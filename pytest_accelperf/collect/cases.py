@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from pydantic import TypeAdapter, ValidationError
 
-from pytest_accelperf.checks.base import Tolerances, non_negative_number
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.records.jsonvalue import JSONValue
+from pytest_accelperf.records.verdict import Tolerances, non_negative_number
 
 if TYPE_CHECKING:
     import pytest
@@ -30,7 +30,7 @@ MARKER = "accelperf"
 OFFLOADS = ("none", "optimizer", "param", "all")
 
 #: Tolerance names a case (or ``[tool.accelperf]``) may override: every field of
-#: :class:`~pytest_accelperf.checks.base.Tolerances`.
+#: :class:`~pytest_accelperf.records.verdict.Tolerances`.
 TOLERANCE_KEYS = tuple(f.name for f in fields(Tolerances))
 
 

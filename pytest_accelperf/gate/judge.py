@@ -43,9 +43,9 @@ from pytest_accelperf.ab.verdict import (
 )
 from pytest_accelperf.backends.protocol import TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.throughput import spread
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.contention import Load, wait_for_quiet
 from pytest_accelperf.store.block import Block
 from pytest_accelperf.store.machines import MachineView

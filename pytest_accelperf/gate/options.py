@@ -19,10 +19,10 @@ from typing import TypeAlias
 
 import pytest
 
-from pytest_accelperf.checks.base import NON_NEGATIVE, Tolerances, non_negative_number
 from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD
 from pytest_accelperf.provision.accel import ACCELS
 from pytest_accelperf.provision.targets import check_target
+from pytest_accelperf.records.verdict import NON_NEGATIVE, Tolerances, non_negative_number
 from pytest_accelperf.stats.bootstrap import MAX_PAIRS, MIN_SAMPLES
 from pytest_accelperf.store.baselines import BaselineError, validate_platform
 from pytest_accelperf.store.machines import MachineError, validate_machine

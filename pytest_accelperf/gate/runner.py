@@ -40,7 +40,6 @@ from pytest_accelperf.backends.measure.common import INJECT_ENV, injected_slowdo
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
 from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
@@ -81,6 +80,7 @@ from pytest_accelperf.provision.targets import NOT_RUN, not_run
 from pytest_accelperf.provision.xdist_role import worker_id
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord, baseline_view
 from pytest_accelperf.report.failure import (
     accept_command,

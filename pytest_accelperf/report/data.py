@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.records.environment import Environment
+from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.stats.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.store.recordable import clearable, refused
 

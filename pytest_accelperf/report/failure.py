@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from pytest_accelperf.checks.base import CheckResult
 from pytest_accelperf.checks.numerics import REFERENCE_METRIC
+from pytest_accelperf.records.verdict import CheckResult
 from pytest_accelperf.report.writing import readable_back
 from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline
 

@@ -25,8 +25,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.provision.fingerprint import stack_words
+from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.report import charts
 from pytest_accelperf.report.changes import STACK, ChangePoint, find_changes, worse
 from pytest_accelperf.report.data import CaseRecord, SessionReport

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import cast
 
-from pytest_accelperf.checks.base import CheckResult, Verdict, count_changes
 from pytest_accelperf.records.run import EXPLAIN_KEY, Explained
+from pytest_accelperf.records.verdict import CheckResult, Verdict, count_changes
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.terminal import fmt_change, fmt_value, suite_text
 from pytest_accelperf.stats.units import fmt_bytes

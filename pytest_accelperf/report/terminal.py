@@ -10,9 +10,9 @@ import math
 
 from tabulate import tabulate
 
-from pytest_accelperf.checks.base import CheckResult
 from pytest_accelperf.checks.memory import MAX_DEVICE_ROWS as MAX_DEVICE_ROWS
 from pytest_accelperf.checks.table import check_of
+from pytest_accelperf.records.verdict import CheckResult
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.stats.bootstrap import MIN_SESSIONS
 from pytest_accelperf.stats.family import SuiteVerdict, Tally

@@ -62,7 +62,7 @@ from types import ModuleType
 import numpy as np
 import numpy.typing as npt
 
-from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.records.verdict import Verdict
 
 
 def _scipy_stats() -> ModuleType:

@@ -43,8 +43,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypedDict
 
-from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.table import check_of
+from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.stats.bootstrap import _scipy_stats
 
 #: The suite's false-discovery rate: a timing regression whose q-value is at most this holds.

@@ -39,12 +39,12 @@ from pydantic import (
     model_validator,
 )
 
-from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.table import checks
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, Run
 from pytest_accelperf.records.section import JsonSection as _Strict
+from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.store.block import (
     RECORDED_OUTCOMES,
     Block,
@@ -190,7 +190,7 @@ else:
 
 
 class ReportCheck(_Report):
-    """A :class:`pytest_accelperf.checks.base.CheckResult` as ``to_json`` writes it."""
+    """A :class:`pytest_accelperf.records.verdict.CheckResult` as ``to_json`` writes it."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 

@@ -19,9 +19,9 @@ from pytest_accelperf.ab import CompareError, rounds, tree
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison, round_orders
 from pytest_accelperf.ab.tree import environment_dirs, extract, moved_path, resolve, snapshot
 from pytest_accelperf.ab.verdict import ab_check
-from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.stats.bootstrap import (
     ab_verdict,
     paired_ratio,

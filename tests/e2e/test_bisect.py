@@ -33,7 +33,7 @@ from pytest_accelperf.bisection.evidence import (
 )
 from pytest_accelperf.bisection.probe import Session, own_option, summary
 from pytest_accelperf.bisection.search import Search
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord
 
 pytest.importorskip("jax")

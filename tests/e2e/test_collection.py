@@ -147,7 +147,7 @@ def test_grad_clip_refuses_inf_too() -> None:
 
 
 def test_tolerances_themselves_refuse_what_the_flags_refuse() -> None:
-    from pytest_accelperf.checks.base import Tolerances
+    from pytest_accelperf.records.verdict import Tolerances
 
     with pytest.raises(ValueError, match="tolerance loss_rtol: expected a finite number"):
         Tolerances(loss_rtol=float("nan"))

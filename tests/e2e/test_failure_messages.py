@@ -18,10 +18,10 @@ import pytest
 from conftest import Suite, recorded_once
 
 from e2e.test_update import REFERENCE_SUITE
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.cli import main
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline
 from pytest_accelperf.store.summary import summarize

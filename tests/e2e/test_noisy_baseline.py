@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 from conftest import Suite, verdicts
 
-from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.throughput import check_throughput, recording_noise, spread
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.store.schema import validate_block
 from pytest_accelperf.store.summary import summarize
 

@@ -226,8 +226,8 @@ def test_compare_processes_automatic_and_explicit() -> None:
     """0 (the default): 3 pairs, one per 4 s of the budget when that is more, at most 8."""
     from dataclasses import replace
 
-    from pytest_accelperf.checks.base import Tolerances
     from pytest_accelperf.gate.options import Settings
+    from pytest_accelperf.records.verdict import Tolerances
 
     base = Settings(accel="cpu", cpu_devices=8, update=False, baselines=Path("b"), json=None,
                     platform=None, tolerances=Tolerances())

@@ -170,9 +170,9 @@ def test_a_re_measurement_brings_the_load_it_was_measured_under() -> None:
     still judged by the first measurement's load (the re-measurement kept the first's
     ``step_load``): stored noisy though the stored step times were quiet, and so again at
     every re-recording under the same luck."""
-    from pytest_accelperf.checks.base import Tolerances
     from pytest_accelperf.checks.throughput import recording_noise
     from pytest_accelperf.gate.runner import retimed
+    from pytest_accelperf.records.verdict import Tolerances
 
     first = _trained([0.010] * 20, foreign=1.0, loss=2.0)
     again = retimed(first, _trained([0.011] * 20, foreign=0.0, loss=9.0))

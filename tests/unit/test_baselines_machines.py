@@ -15,9 +15,9 @@ import pytest
 
 from pytest_accelperf import cli
 from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.store import machines
 from pytest_accelperf.store.baselines import (

@@ -344,7 +344,7 @@ def test_accept_refuses_what_only_the_base_revision_clears(
     """Seen: accept printed 'accepted 1 case(s)' for a case whose failure was the A/B
     comparison, and the next run failed the same way. An A/B-only failure is refused; a case
     with stored-baseline failures too is accepted, with a note that A/B stays."""
-    from pytest_accelperf.checks.base import CheckResult, Verdict
+    from pytest_accelperf.records.verdict import CheckResult, Verdict
 
     report = synthetic_report()
     ab = CheckResult("throughput", Verdict.REGRESSION, "A/B slower than main (abc): step time "

@@ -21,13 +21,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.outcome import FAILED_OUTCOMES
 from pytest_accelperf.cli import main
 from pytest_accelperf.cli.baselines import _fmt, _headline
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.fingerprint import differences
 from pytest_accelperf.records.run import OUTCOMES, Run
+from pytest_accelperf.records.verdict import Tolerances
 from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.store.baselines import (
     BaselineError,

@@ -29,8 +29,8 @@ FINGERPRINT_DIGITS = 7
 #: (:data:`pytest_accelperf.checks.table.BUILTIN`), written out so that a rank process does
 #: not import every check to read it; ``tests/unit/checks/test_table.py`` holds them equal.
 RESERVED_METRICS = frozenset({"outcome", "throughput", "loss", "metrics", "input",
-                              "input_wait", "compile", "program", "memory", "numerics",
-                              "reference", "max_batch", "scaling"})
+                              "input_wait", "trainer", "compile", "program", "memory",
+                              "numerics", "reference", "max_batch", "scaling"})
 
 def check_metric_keys(label: str, metrics: Mapping[Any, Any], loss: str, step_class: str,
                       not_scalar: Callable[[str, Any], str | None]) -> None:

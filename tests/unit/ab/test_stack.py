@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pytest_accelperf.ab.rounds import Comparison
 from pytest_accelperf.backends.registry import BACKENDS
-from pytest_accelperf.checks.base import CheckResult, Verdict
+from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 
 #: The issue's input: a JAX case's arms, the base in an environment of jax 0.8.3 without

@@ -7,7 +7,7 @@ from conftest import rounds_of_pairs
 
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
-from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.records.verdict import Verdict
 
 
 def test_the_row_s_figures_are_the_paired_estimate_not_the_noisy_medians() -> None:

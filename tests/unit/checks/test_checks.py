@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from pytest_accelperf.checks import NO_BASELINE, run_checks
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.convergence import check_convergence
 from pytest_accelperf.checks.memory import check_memory
 from pytest_accelperf.checks.numerics import (
@@ -24,6 +23,7 @@ from pytest_accelperf.checks.outcome import check_outcome
 from pytest_accelperf.checks.throughput import check_throughput, spread
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_bytes
 from pytest_accelperf.store.summary import summarize
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.max_batch import check_max_batch
+from pytest_accelperf.records.verdict import Verdict
 
 
 def block(value: int | None, capacity: int = 1 << 30, probes: Any = ()) -> dict[str, Any]:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from pytest_accelperf.backends.measure.common import fingerprint, with_state
-from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.numerics import check_numerics, compact
+from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.store.baselines import BaselineStore, check_block, read
 from pytest_accelperf.store.schema import validate_block
 from unit.test_baselines_compact import TOL, _params

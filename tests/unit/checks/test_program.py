@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.compile_time import check_compile_time
 from pytest_accelperf.checks.memory import check_memory
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.records.program import changes, describe_changes, program_record
+from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.store.schema import validate_block
 
 TOL = Tolerances()

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_accelperf.checks.base import Verdict
 from pytest_accelperf.checks.scaling import (
     Scaling,
     ScalingCollector,
@@ -15,6 +14,7 @@ from pytest_accelperf.checks.scaling import (
     check_scaling,
 )
 from pytest_accelperf.ingest import parse_file
+from pytest_accelperf.records.verdict import Verdict
 
 CEREBRAS = Path(__file__).resolve().parents[3] / "suites/cerebras/data/003_cerebras_bert_large.log"
 

@@ -15,10 +15,10 @@ import pytest
 from conftest import Suite, verdicts
 
 from pytest_accelperf.checks import BaseCheck, CheckInput, CheckResult, Verdict, run_checks
-from pytest_accelperf.checks.base import Tolerances
 from pytest_accelperf.checks.table import BUILTIN, DEFAULT, check_of, checks, registered
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import Tolerances
 from pytest_accelperf.store.schema import Block, block_model, validate_block
 from pytest_accelperf.store.summary import summarize
 

@@ -23,11 +23,11 @@ from pytest_accelperf.bisection.driver import Settings, Status, Step, bisect
 from pytest_accelperf.bisection.probe import Session
 from pytest_accelperf.bisection.releases import Releases, release_pins, release_range
 from pytest_accelperf.bisection.show import render, start_line
-from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import Env
 from pytest_accelperf.envs.releases import INDEX_JSON_ENV
 from pytest_accelperf.envs.uv import find_uv
+from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.report.data import CaseRecord
 
 JAX = ["0.8.3", "0.9.0", "0.9.0.1", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.10.2", "0.11.0rc1"]

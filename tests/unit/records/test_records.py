@@ -50,7 +50,7 @@ def test_a_run_with_a_fingerprint_round_trips() -> None:
 
 
 def test_check_data_round_trips_through_a_check_result() -> None:
-    from pytest_accelperf.checks.base import CheckData, CheckResult, CountChange, Verdict
+    from pytest_accelperf.records.verdict import CheckData, CheckResult, CountChange, Verdict
 
     data: CheckData = {
         "tolerance": 0.1, "ratio": 1.2, "ci": [1.1, 1.3], "contaminated": None,

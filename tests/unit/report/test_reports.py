@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 
 from pytest_accelperf.checks import run_checks
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.options import Settings
 from pytest_accelperf.gate.outputs import write_outputs
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord, SessionReport, baseline_view
 from pytest_accelperf.report.history import (
     HistoryError,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pytest_accelperf.checks.base import CheckResult, Tolerances, Verdict
 from pytest_accelperf.checks.memory import check_memory
+from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.terminal import MAX_DEVICE_ROWS, sub_rows, table_lines
 

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from pytest_accelperf.checks.base import Verdict
+from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.stats.bootstrap import (
     RatioEstimate,
     ab_verdict,

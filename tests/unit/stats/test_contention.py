@@ -19,7 +19,6 @@ import sys
 import time
 from typing import Any
 
-from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.throughput import (
     check_throughput,
     foreign_load,
@@ -27,6 +26,7 @@ from pytest_accelperf.checks.throughput import (
 )
 from pytest_accelperf.gate.judge import Confirmation, Evaluated
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.stats.contention import ROOT_ENV, Contention, Load, measuring_root
 from pytest_accelperf.store.summary import summarize
 

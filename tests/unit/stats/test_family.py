@@ -15,8 +15,8 @@ from conftest import Suite
 
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
-from pytest_accelperf.checks.base import CheckResult, Verdict
 from pytest_accelperf.checks.table import check_of
+from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.terminal import suite_text, table_lines

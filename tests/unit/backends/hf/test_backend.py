@@ -31,11 +31,11 @@ from transformers import (  # noqa: E402
 from pytest_accelperf import AccelperfWarning  # noqa: E402
 from pytest_accelperf.backends.hf.backend import BACKEND, HfTrainResult  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
-from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.hf import TrainerTask  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
+from pytest_accelperf.records.verdict import Tolerances, Verdict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

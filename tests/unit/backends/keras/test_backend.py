@@ -25,11 +25,11 @@ from pytest_accelperf.backends import get_backend
 from pytest_accelperf.backends.keras.backend import BACKEND, KerasTrainResult
 from pytest_accelperf.backends.keras.load import keras
 from pytest_accelperf.backends.measure.common import TaskError
-from pytest_accelperf.checks.base import Tolerances, Verdict
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.keras import KerasTask
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.verdict import Tolerances, Verdict
 
 #: Tests that make a model are marked slow: its first in a process compiles each variable's
 #: initializer (13 XLA compiles, 18 s at load 5 on this 2-core machine), and a fit's train

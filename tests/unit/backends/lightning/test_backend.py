@@ -25,11 +25,11 @@ from pytest_accelperf.backends.lightning.backend import (  # noqa: E402
     LightningTrainResult,
 )
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
-from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.lightning import LightningTask  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
+from pytest_accelperf.records.verdict import Tolerances, Verdict  # noqa: E402
 
 STEPS, WARMUP, BATCH = 6, 1, 16
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)

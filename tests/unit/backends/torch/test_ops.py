@@ -26,11 +26,11 @@ from pytest_accelperf.backends.torch.flops import count_step  # noqa: E402
 from pytest_accelperf.backends.torch.ops import OpCounter, left_out, op_key, sync_kind  # noqa: E402
 from pytest_accelperf.backends.torch.step_record import eager_program  # noqa: E402
 from pytest_accelperf.backends.torch.stepper import TorchStepper  # noqa: E402
-from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.records.program import matmul_dtypes  # noqa: E402
+from pytest_accelperf.records.verdict import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)

@@ -22,10 +22,10 @@ torch = pytest.importorskip("torch")
 
 from pytest_accelperf.backends.torch.flops import count_step  # noqa: E402
 from pytest_accelperf.backends.torch.step_record import break_reason, eager_program  # noqa: E402
-from pytest_accelperf.checks.base import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.records.program import changes, describe_changes  # noqa: E402
 from pytest_accelperf.records.sites import is_line_keyed  # noqa: E402
+from pytest_accelperf.records.verdict import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.torch import TorchStep  # noqa: E402
 
 TOL = Tolerances()
