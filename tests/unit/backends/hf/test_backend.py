@@ -201,6 +201,36 @@ def test_gradient_checkpointing_is_a_program_regression(plain: HfTrainResult,
     assert 1.2 < checkpointed.flops_per_step / plain.run.flops_per_step < 1.5
 
 
+class Printing(transformers.Trainer):  # type: ignore[misc]
+    """A user's Trainer that prints each micro-batch's loss: a host sync in their code."""
+
+    def compute_loss(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        self.printed = loss.item()  # a debug line: the loss read on the host
+        return loss
+
+
+def test_a_sync_in_the_users_trainer_is_named_at_their_line(plain: HfTrainResult,
+                                                            workdir: Path) -> None:
+    the_task = TrainerTask(model=gpt2, args={"per_device_train_batch_size": BATCH,
+                                             "learning_rate": 1e-3, "warmup_steps": 2},
+                           train_dataset=tokens, data_collator=COLLATOR,
+                           trainer_class=Printing)
+    planted = train(the_task).run
+    assert planted.outcome == "ok", planted.message
+    assert planted.losses == plain.run.losses  # the same training, one read more
+    result = check_program(_block(planted.program), _block(plain.run.program),
+                           Tolerances(), comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION, result
+    assert planted.program is not None
+    # Named at the user's lines: the print, and the model's own read (its mask helper)
+    # at the user's call into it, the innermost frame outside transformers.
+    sites = sorted(s.split("test_backend.py in ")[1] for s in planted.program["host_sync_sites"]
+                   if "test_backend.py" in s)
+    assert sites == ["Printing.compute_loss: loss = super().compute_loss(model, inputs, *args, "
+                     "**kwargs)", "Printing.compute_loss: self.printed = loss.item()"], sites
+
+
 def test_a_short_dataset_is_cycled_and_said(workdir: Path) -> None:
     short = TrainerTask(model=gpt2, args={"per_device_train_batch_size": BATCH},
                         train_dataset=lambda c: tokens(c, examples=20), data_collator=COLLATOR)
