@@ -292,6 +292,18 @@ def test_html_is_self_contained_with_plots_and_regressions_first(tmp_path: Path)
     assert "RuntimeError: boom | bang" in text
 
 
+def test_a_report_of_the_suites_size_stays_under_a_megabyte() -> None:
+    pytest.importorskip("vl_convert")
+    report = synthetic_report()
+    base = [r for r in report.records if r.run.get("step_times")]
+    # 63 cases as the suites have, each with 30 steps (the suites' blocks: 23 on average)
+    report.records = [dataclasses.replace(r, nodeid=f"{r.nodeid[:-1]}-{k}]",
+                                          case_id=f"{r.case_id}-{k}")
+                      for k in range(11) for r in base][:63]
+    size = len(html_report(report).encode())
+    assert size < 1_000_000, size  # 4.3 MB of PNGs before; about 0.56 MB
+
+
 # -- loading a saved report --------------------------------------------------------------------
 def test_saved_report_round_trips(tmp_path: Path) -> None:
     report = synthetic_report()
