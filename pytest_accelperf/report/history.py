@@ -47,6 +47,7 @@ from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.writing import OutputError, append_output, describe
 from pytest_accelperf.stats.median import median_interval
 from pytest_accelperf.store.jsonfile import field_path
+from pytest_accelperf.store.machines import default_machine
 from pytest_accelperf.store.schema import HistoryLine, error_lines
 
 HISTORY_SCHEMA_VERSION = 1
@@ -88,6 +89,10 @@ class HistoryEntry(TypedDict, total=False):
     fingerprint: str | None
     machine: str | None
     stack: str | None
+    #: The machine's name (``--accelperf-machine``, else the name the store derives from
+    #: the host: :func:`pytest_accelperf.store.machines.default_machine`); absent from
+    #: lines written before machines were named.
+    machine_name: str | None
     #: The run's environment as JSON (:class:`~pytest_accelperf.records.environment.
     #: Environment`): flat, with the keys hooks add.
     environment: dict[str, JSONValue] | None
@@ -169,7 +174,8 @@ def _per_device(memory: object) -> dict[str, float] | None:
 
 
 def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
-          dirty: bool | None, update: bool, branch: str | None = None) -> HistoryEntry:
+          dirty: bool | None, update: bool, branch: str | None = None,
+          machine_name: str | None = None) -> HistoryEntry:
     """The history line of one case."""
     run = record.run
     derived = run.get("derived") or {}
@@ -199,6 +205,7 @@ def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
         "final_loss": float(losses[-1]) if losses else None,
         "fingerprint": fingerprint_hash(environment),
         "machine": fingerprint_hash(machine(environment)),
+        "machine_name": machine_name or default_machine(environment),
         "stack": fingerprint_hash(case_stack(environment, backend)),
         "environment": environment,
         "program": program_fields(run.get("program")),
@@ -224,7 +231,7 @@ def append_history(directory: Path, report: SessionReport, *, cwd: Path,
     by_platform: dict[str, list[str]] = {}
     for record in report.sorted_records():
         line = entry(record, session=session, time=time, commit=commit, dirty=dirty,
-                     update=report.update, branch=branch)
+                     update=report.update, branch=branch, machine_name=report.machine or None)
         by_platform.setdefault(record.platform or "unknown", []).append(
             json.dumps(line, sort_keys=True, allow_nan=False, default=str))
     try:

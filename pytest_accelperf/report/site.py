@@ -34,7 +34,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.provision.fingerprint import machine as machine_of_env
 from pytest_accelperf.report.changes import ENVIRONMENT, STACK, ChangePoint, find_changes, worse
 from pytest_accelperf.report.charts import (
     ALL,
@@ -44,13 +43,13 @@ from pytest_accelperf.report.charts import (
 )
 from pytest_accelperf.report.history import (
     HISTORY_SCHEMA_VERSION,
-    fingerprint_hash,
     history_files,
     read_bytes,
 )
 from pytest_accelperf.report.pagejs import PAGE_JS
 from pytest_accelperf.report.points import Point, line_stack, point
 from pytest_accelperf.store.jsonfile import atomic_write
+from pytest_accelperf.store.machines import default_machine
 from pytest_accelperf.store.schema import HistoryNumbers
 
 MARKER = ".accelperf-site.json"
@@ -201,20 +200,28 @@ def _environment(raw: bytes) -> object:
     return item.get("environment") if isinstance(item, dict) else None
 
 
+#: The derived machine name of each machine hash seen (a hash names one host: the name is
+#: read from the environment of its first line only).
+_NAMES: dict[str, str] = {}
+
+
 def machine_name(line: Mapping[str, Any] | SiteLine, raw: bytes | None = None) -> str:
-    """The machine a line ran on, as the history gives it: its ``machine_name`` where it
-    has one; else ``host-`` and the first 8 characters of its ``machine`` hash (a hash of
-    the host's fingerprint: platform, device kind and count, host CPU and its features),
-    computed from the environment for a line written before the hash was kept."""
+    """The machine a line ran on, as the history gives it: its ``machine_name`` (the
+    session's ``--accelperf-machine``, else the name the store derives from the host); for
+    a line written before machines were named, that derived name from its environment
+    (:func:`pytest_accelperf.store.machines.default_machine`: ``amd-epyc-1f0e9a3c``)."""
     name = line.get("machine_name")
     if isinstance(name, str) and name:
         return name
-    digest = line.get("machine")
-    if not isinstance(digest, str):  # a line from before the hash was kept
-        env = _environment(raw) if raw is not None else line.get("environment")
-        digest = (fingerprint_hash(machine_of_env(env)) if isinstance(env, dict)
-                  else line.get("fingerprint"))
-    return f"host-{str(digest or 'unknown')[:8]}"
+    key = line.get("machine") or line.get("fingerprint")
+    if isinstance(key, str) and key in _NAMES:
+        return _NAMES[key]
+    env = _environment(raw) if raw is not None else line.get("environment")
+    found = (default_machine(env) if isinstance(env, dict)
+             else f"host-{str(key or 'unknown')[:8]}")
+    if isinstance(key, str):
+        _NAMES[key] = found
+    return found
 
 
 def _revision(line: Mapping[str, Any] | SiteLine) -> str:

@@ -18,6 +18,7 @@ from pytest_accelperf.cli import main
 from pytest_accelperf.provision.fingerprint import case_stack, machine
 from pytest_accelperf.report.history import append_history, fingerprint_hash, read_history
 from pytest_accelperf.report.site import MARKER, read_lines
+from pytest_accelperf.store.machines import default_machine
 from unit.report.test_reports import synthetic_report
 
 pytest.importorskip("vl_convert")  # the plotting library's JavaScript
@@ -106,7 +107,7 @@ def test_publish_writes_one_folder_of_pages_sharing_one_copy_of_the_library(
         assert not re.search(r"(src|href)=\"(https?:|//)", text)
     index = (out / "index.html").read_text()
     # a row per case and machine: its sparkline, latest verdict and machine
-    rows = re.findall(r'<tr data-machine="(host-[0-9a-f]{8})" data-branches="([^"]*)">', index)
+    rows = re.findall(r'<tr data-machine="(amd-epyc-[0-9a-f]{8})" data-branches="([^"]*)">', index)
     assert len(rows) == 4 and {b for _, b in rows} == {"feature main"}
     assert index.count('<svg class="spark"') == 4 and "<path d=\"M" in index
     assert index.count('<span class="v v-pass">pass</span>') == 4
@@ -133,7 +134,7 @@ def test_a_case_page_holds_its_series_and_marks_each_change(tmp_path: Path) -> N
                                         f"'{NODE.format('jax-a')}' --accel=cpu")
     assert marks["stack"]["label"] == "jax 0.10.2 → 0.10.3, jaxlib 0.10.2 → 0.10.3"
     assert marks["environment"]["kind"] == "machine"
-    assert marks["environment"]["label"].startswith("machine: host-")
+    assert re.fullmatch(r"machine: amd-epyc-[0-9a-f]{8}", marks["environment"]["label"])
     titles = re.findall(r'"title":"([^"]+)","width"', text)
     assert titles == ["median step time (band: each session's 95% interval)", "compile time",
                       "peak memory per device", "FLOPs per step (exact)",
@@ -215,3 +216,5 @@ def test_history_lines_carry_the_branch_the_interval_and_memory_per_device(
     lo, hi = line["step_time_interval"]
     assert lo <= line["median_step_time"] <= hi
     assert line["memory_per_device"] == record.run["memory_per_device"]
+    # the machine as the store names it (no --accelperf-machine: derived from the host)
+    assert line["machine_name"] == default_machine(line["environment"])
