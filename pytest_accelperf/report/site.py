@@ -74,6 +74,7 @@ th { background: #f6f8fa; } td.num { text-align: right; font-variant-numeric: ta
 .filters { margin: 10px 0; } .filters select { margin-right: 14px; }
 code { background: #f6f8fa; padding: 1px 4px; border-radius: 4px; font-size: 12px; }
 svg.spark { display: block; }
+#accelperf-index td, #accelperf-index th { white-space: nowrap; }
 .warn { color: #7d4e00; }
 """
 
