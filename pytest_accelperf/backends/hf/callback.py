@@ -16,6 +16,12 @@ trainer's own methods wrapped on the instance (:func:`instrument`).
   (``on_step_end``: the device synchronized, then the losses read), and the end of each
   accumulated micro-batch (``on_substep_end``).
 
+The user's code of a step is each ``training_step`` (the forward in ``compute_loss``, the
+backward; the batch's move to the device with it) and the optimizer's ``step`` (between
+``on_pre_optimizer_step`` and ``on_optimizer_step``); the rest of the step is the
+trainer's own time (``trainer_times``: its loop, callbacks, gradient clipping, the
+scheduler, ``zero_grad``, the NaN filter of the loss).
+
 Two trainings use them (:mod:`.hf.backend`): a counting one, untimed and undone afterwards,
 where :class:`Counting` counts memory and one optimizer step's FLOPs and ops as
 :class:`~.torch.counting.CountedSteps` counts them for every trainer, and the measured one,
@@ -75,6 +81,13 @@ class Watch(TrainerCallback):
     def substep_ended(self) -> None:
         """A micro-batch whose optimizer did not step ended."""
 
+    def user_started(self) -> None:
+        """The trainer calls the user's code: a micro-batch's ``training_step`` (the
+        forward in ``compute_loss``, the backward) or the optimizer's ``step``."""
+
+    def user_ended(self) -> None:
+        """That code returned to the trainer."""
+
     def batch_ended(self) -> None:
         """An optimizer step ended, before its loss is read."""
 
@@ -104,6 +117,11 @@ class Watch(TrainerCallback):
         optimizer = kwargs.get("optimizer")
         if optimizer is not None:
             self._lr = float(optimizer.param_groups[0]["lr"])
+        self.user_started()  # the trainer calls optimizer.step() next
+
+    def on_optimizer_step(self, args: TrainingArguments, state: TrainerState,
+                          control: TrainerControl, **kwargs: Untyped) -> None:
+        self.user_ended()
 
     def on_substep_end(self, args: TrainingArguments, state: TrainerState,
                        control: TrainerControl, **kwargs: Untyped) -> None:
@@ -140,6 +158,7 @@ def instrument(trainer: Trainer, watch: Watch) -> None:
         return out
 
     def training_step(*args: Untyped, **kwargs: Untyped) -> Untyped:
+        watch.user_started()
         try:
             loss = step(*args, **kwargs)
         except ValueError as exc:
@@ -147,6 +166,8 @@ def instrument(trainer: Trainer, watch: Watch) -> None:
                 raise
             inputs = args[1] if len(args) > 1 else kwargs.get("inputs")
             raise TaskError(no_loss(watch.label, trainer, inputs)) from None
+        finally:
+            watch.user_ended()
         if isinstance(loss, torch.Tensor):
             watch.losses.append(loss)
         return loss
@@ -187,6 +208,12 @@ class Measured(Watch):
 
     def batch_ended(self) -> None:
         self.clock.batch_ended()
+
+    def user_started(self) -> None:
+        self.clock.user_started()
+
+    def user_ended(self) -> None:
+        self.clock.user_ended()
 
     def after_step(self, loss: float, metrics: Mapping[str, float]) -> bool:
         return self.clock.after_batch(loss, metrics)

@@ -132,6 +132,9 @@ def test_steps_times_and_the_schedules_learning_rate(plain: HfTrainResult) -> No
     assert len(run.input_wall_times) == STEPS == len(run.input_times)
     assert len(run.probe_times) == STEPS and run.probe_kind.startswith("torch-cpu")
     assert run.tokens_per_step == BATCH * SEQ
+    # the trainer's own time: each step less its training_step and optimizer step
+    assert run.trainer_times is not None and len(run.trainer_times) == STEPS
+    assert all(0 <= t < s for t, s in zip(run.trainer_times, run.step_times, strict=True))
 
 
 def test_memory_flops_and_program_as_the_torch_backend_counts(plain: HfTrainResult) -> None:
