@@ -23,6 +23,7 @@ from pytest_accelperf import hookspecs
 from pytest_accelperf.ab.arms import plugin_root
 from pytest_accelperf.ab.tree import RevisionError, resolve, toplevel
 from pytest_accelperf.backends import builtin
+from pytest_accelperf.backends.measure import progress
 from pytest_accelperf.backends.procs import rank_pool
 from pytest_accelperf.backends.registry import BackendRegistry
 from pytest_accelperf.backends.spec import BackendSpecError
@@ -60,7 +61,6 @@ from pytest_accelperf.provision.xdist_role import (
     worker_id,
 )
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.report import progress
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.html import ReportDependencyError, require_vega
 from pytest_accelperf.report.junit import add_suite_properties, junit_properties

@@ -129,7 +129,7 @@ import numpy as np
 from pytest_accelperf.backends import Fit, TrainResult
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.probe import numpy_probe
-from pytest_accelperf.report import progress
+from pytest_accelperf.backends.measure import progress
 from pytest_accelperf.records.run import Run
 
 

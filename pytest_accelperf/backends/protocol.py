@@ -41,7 +41,7 @@ class TrainResult:
     """A run plus what is needed for in-memory checks (never stored): final parameters as a
     flat ``{path: numpy array}`` dict, and those of a single-device reference run when the
     case asked for one. The JAX backend's reference is a
-    :class:`~pytest_accelperf.checks.numerics.ReferenceParams` (a dict of the same kind)
+    :class:`~pytest_accelperf.records.reference.ReferenceParams` (a dict of the same kind)
     that also carries the sharded run's parameters after the same ``Case.reference_steps``
     steps, which the ``reference`` check compares instead of the final ``params``."""
 

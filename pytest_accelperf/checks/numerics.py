@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from typing import Any, SupportsInt, TypeGuard, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
 from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
@@ -52,8 +51,10 @@ from pytest_accelperf.records.fingerprint import (
     CompactSection,
     LeafFingerprint,
 )
+from pytest_accelperf.records.reference import ReferenceParams
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.stats.leaves import LeafDiff, compare_leaf
 from pytest_accelperf.stats.units import fmt_num, fmt_percent, round_sig
 from pytest_accelperf.store.block import Block, BlockLike, json_of, read_block
 
@@ -62,35 +63,6 @@ REFERENCE_METRIC = "reference"
 UNIT = "max |Δ|"
 #: Structural differences listed in a sentence before the rest are counted.
 _MAX_LISTED = 5
-
-
-@dataclass(frozen=True)
-class LeafDiff:
-    """How one parameter leaf compares: its largest absolute difference and mismatches."""
-
-    path: str
-    max_abs: float
-    mismatched: int
-    size: int
-
-
-def _as_float(x: npt.ArrayLike) -> npt.NDArray[np.float64]:
-    return np.array(x, dtype=np.float64, copy=True)
-
-
-def compare_leaf(path: str, now: npt.ArrayLike, ref: npt.ArrayLike, *, rtol: float,
-                 atol: float) -> LeafDiff:
-    """Compare two arrays of one leaf (numpy arrays, or a framework's that numpy reads)
-    with ``np.isclose(now, ref)`` (``ref`` the reference)."""
-    a, b = np.ravel(_as_float(now)), np.ravel(_as_float(ref))
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(a - b)
-        close = np.isclose(a, b, rtol=rtol, atol=atol, equal_nan=False)
-    # A NaN difference is worse than any number: rank it as infinite, show it as nan.
-    max_abs = float(np.max(np.where(np.isnan(diff), np.inf, diff))) if diff.size else 0.0
-    if np.isnan(diff).any():
-        max_abs = float("nan")
-    return LeafDiff(path, max_abs, int(np.count_nonzero(~close)), int(a.size))
 
 
 def _rank(d: LeafDiff) -> float:
@@ -569,31 +541,6 @@ def check_numerics(block: BlockLike, baseline: BlockLike | None,
                     f"--accelperf-update"))
             diffs.append(compare_leaf(path, now_v, base_v, rtol=rtol_of(path), atol=atol))
     return _verdict(result, diffs, tols, n_state=0 if new else len(now_state), new=new)
-
-
-class ReferenceParams(dict[str, "np.ndarray"]):
-    """The single-device reference's parameters and the state beside them (a flat ``{path:
-    array}`` dict; ``state`` names the state's leaves), with what they are compared with:
-    ``compared``, the run's own after the same ``steps`` steps from the same initial state
-    and batches, on its ``mesh`` (``"4x2"``). Without ``compared``, the check compares the
-    run's final parameters (a reference that trained every step of the case). ``initial``:
-    the reference's parameters before its first step, from which the check tells whether
-    they moved at all (when they did not, any program, one that updates nothing included,
-    would match). ``least``: the steps the case asked for (``Case.reference_steps``), where
-    ``steps`` may be more (the reference trains on until the parameters moved)."""
-
-    def __init__(self, params: Mapping[str, np.ndarray], *,
-                 compared: Mapping[str, np.ndarray] | None = None,
-                 steps: int | None = None, mesh: str = "", state: Collection[str] = (),
-                 initial: Mapping[str, np.ndarray] | None = None,
-                 least: int | None = None) -> None:
-        super().__init__(params)
-        self.least = least
-        self.compared = dict(compared) if compared is not None else None
-        self.steps = steps
-        self.mesh = mesh
-        self.state = frozenset(state)
-        self.initial = dict(initial) if initial is not None else None
 
 
 def _steps_text(steps: int) -> str:

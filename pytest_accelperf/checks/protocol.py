@@ -16,7 +16,7 @@ check, rather than testing ``metric == "..."``:
 * :mod:`pytest_accelperf.store.recordable` asks whether storing a baseline clears a failure
   (:meth:`~Check.not_cleared`) and whether a failure may never be stored
   (:meth:`~Check.refuses_recording`);
-* :mod:`pytest_accelperf.stats.family` counts a check as an interval, another timing or a
+* :mod:`pytest_accelperf.checks.family` counts a check as an interval, another timing or a
   deterministic check by its :attr:`~Check.kind`;
 * the terminal table (:mod:`pytest_accelperf.report.terminal`) asks for the metric
   column's label, whether the change is the gate's estimate, and rows under the check's.
@@ -37,7 +37,7 @@ from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances
 from pytest_accelperf.store.block import Block
 
-#: How :mod:`pytest_accelperf.stats.family` counts a check's results: ``interval`` (a timing whose
+#: How :mod:`pytest_accelperf.checks.family` counts a check's results: ``interval`` (a timing whose
 #: verdict may come from an interval, with a false-alarm rate), ``timing`` (a timing without
 #: one: counted apart), ``deterministic`` (only counted).
 Kind = Literal["interval", "timing", "deterministic"]

@@ -83,7 +83,7 @@ def _threads() -> None:
 
 
 class _StepLog:
-    """A progress sink (:mod:`pytest_accelperf.report.progress`) that keeps the steps the
+    """A progress sink (:mod:`pytest_accelperf.backends.measure.progress`) that keeps the steps the
     backend reports, as a launched rank's ``progress`` events read, until taken."""
 
     def __init__(self) -> None:
@@ -194,7 +194,7 @@ class CaseWorker:
         case, task, spec = pickle.loads(payload)
         if spec.spans_ranks(case.world_size):
             raise ValueError(f"{case.id} spans {case.world_size} processes: rank, not train")
-        from pytest_accelperf.report import progress
+        from pytest_accelperf.backends.measure import progress
 
         acc = provision(accel, cpu_devices, platform)
         steps = _StepLog()

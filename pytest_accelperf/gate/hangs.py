@@ -44,12 +44,12 @@ from types import FrameType
 
 import filelock
 
+from pytest_accelperf.backends.measure import progress
 from pytest_accelperf.backends.protocol import Backend, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
-from pytest_accelperf.report import progress
 
 #: Seconds past ``--accelperf-timeout`` at which a blocked step is interrupted: the
 #: backend's own check at the next step boundary comes first for a step that merely ends

@@ -182,7 +182,7 @@ class ABBlocks(TypedDict):
 class CheckData(TypedDict, total=False):
     """:attr:`CheckResult.data`: the numbers behind a verdict, each check writing the
     keys it has (all optional), shown in the reports as JSON and read by the judge, the
-    suite verdict (:mod:`pytest_accelperf.stats.family`) and bisection."""
+    suite verdict (:mod:`pytest_accelperf.checks.family`) and bisection."""
 
     # -- every check's tolerances
     tolerance: float

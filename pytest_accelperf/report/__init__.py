@@ -8,7 +8,7 @@ if TYPE_CHECKING:
 
 #: The session data is imported when first asked for, not by every import of a module of
 #: this package: ``report.data`` brings the check table, the checks and numpy (0.25 s), which
-#: neither ``report.progress`` nor ``accelperf``'s parser (``report.detection``) needs.
+#: neither ``backends.measure.progress`` nor ``accelperf``'s parser (``report.detection``) needs.
 _LAZY = {"CaseRecord": "pytest_accelperf.report.data",
          "SessionReport": "pytest_accelperf.report.data"}
 

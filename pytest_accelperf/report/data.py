@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_accelperf.checks.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.verdict import CheckResult, Verdict
-from pytest_accelperf.stats.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.store.recordable import clearable, refused
 
 REPORT_SCHEMA_VERSION = 1
@@ -173,7 +173,7 @@ class SessionReport:
         return out
 
     def suite(self) -> SuiteVerdict:
-        """The session as one verdict (:mod:`pytest_accelperf.stats.family`), over
+        """The session as one verdict (:mod:`pytest_accelperf.checks.family`), over
         :meth:`sorted_records`: its positions are those of the report's cases."""
         return suite_verdict(self.sorted_records())
 

@@ -2,7 +2,7 @@
 
 Ordered by what a reviewer must act on: under the headline, one line for the whole suite
 (how many cases regressed, and whether the timing regressions are more than chance would
-give: :mod:`pytest_accelperf.stats.family`); then regressions (and errors), then improvements
+give: :mod:`pytest_accelperf.checks.family`); then regressions (and errors), then improvements
 (which ask for a baseline refresh), then checks that could not decide (inconclusive, new,
 incomparable), then a folded ``<details>`` list of the cases that passed. Text only; the
 plugin and ``accelperf report`` decide where it goes.

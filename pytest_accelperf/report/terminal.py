@@ -10,12 +10,12 @@ import math
 
 from tabulate import tabulate
 
+from pytest_accelperf.checks.family import SuiteVerdict, Tally
 from pytest_accelperf.checks.memory import MAX_DEVICE_ROWS as MAX_DEVICE_ROWS
 from pytest_accelperf.checks.table import check_of
 from pytest_accelperf.records.verdict import CheckResult
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.stats.bootstrap import MIN_SESSIONS
-from pytest_accelperf.stats.family import SuiteVerdict, Tally
 from pytest_accelperf.stats.units import fmt_value as fmt_value
 
 HEADERS = ("case", "metric", "baseline", "now", "change", "verdict")
@@ -153,7 +153,7 @@ def _percent(p: float) -> str:
 
 
 def suite_text(suite: SuiteVerdict) -> str:
-    """The session as one verdict, in one line (:mod:`pytest_accelperf.stats.family`): how many
+    """The session as one verdict, in one line (:mod:`pytest_accelperf.checks.family`): how many
     cases regressed; how many timing checks gave a verdict from an interval, how many false
     alarms chance would give them at most, and whether the timing regressions hold at the
     suite's false-discovery rate; the regressions of the other checks, counted.

@@ -229,7 +229,7 @@ class ReportCase(_Report):
 
 
 class ReportTested(_Report):
-    """A timing regression of the suite verdict (:class:`pytest_accelperf.stats.family.Tested`)."""
+    """A timing regression of the suite verdict (:class:`pytest_accelperf.checks.family.Tested`)."""
 
     nodeid: str
     metric: str
@@ -257,7 +257,7 @@ class ReportStatistical(_Report):
 
 
 class ReportTally(_Report):
-    """Checks only counted (:class:`pytest_accelperf.stats.family.Tally`)."""
+    """Checks only counted (:class:`pytest_accelperf.checks.family.Tally`)."""
 
     checks: int
     regressions: int
@@ -265,7 +265,7 @@ class ReportTally(_Report):
 
 
 class ReportSuite(_Report):
-    """The session as one verdict (:class:`pytest_accelperf.stats.family.SuiteVerdict`)."""
+    """The session as one verdict (:class:`pytest_accelperf.checks.family.SuiteVerdict`)."""
 
     cases: int
     regressed: int

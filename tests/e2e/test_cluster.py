@@ -522,7 +522,7 @@ def test_progress_of_a_case_on_the_cluster_reaches_the_terminal_line(
     runs, as a local case's do (its actor posts them from a thread of its own), and the
     training itself runs on the actor's main thread, where it can set a signal handler
     as in a plain run."""
-    from pytest_accelperf.report import progress
+    from pytest_accelperf.backends.measure import progress
 
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     suite.pytester.syspathinsert()

@@ -206,7 +206,7 @@ import time
 
 from pytest_accelperf.backends import BackendSpec, TrainResult
 from pytest_accelperf.backends.measure.probe import Probe
-from pytest_accelperf.report import progress
+from pytest_accelperf.backends.measure import progress
 from pytest_accelperf.records.run import Run
 
 

@@ -9,7 +9,7 @@ import pytest
 
 MODULES = ["provision.accel", "collect.cases", "provision.fingerprint", "stats.bootstrap",
            "stats.units", "backends.measure.common",
-           "cluster.address", "stats.family", "ab.arms", "provision.targets",
+           "cluster.address", "checks.family", "ab.arms", "provision.targets",
            "bisection.search", "bisection.evidence", "ab.worker", "ab.verdict", "envs.uv",
            "envs.cache", "envs.releases", "envs.depfiles", "stats.median"]
 

@@ -62,14 +62,15 @@ from pytest_accelperf.backends.measure.recording import (
 from pytest_accelperf.backends.measure.stepper import BlockStepper
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.types import Batch, Leaf, PyTree
-from pytest_accelperf.checks.numerics import ReferenceParams, compare_leaf
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.targets import not_run
 from pytest_accelperf.records.program import ProgramRecord
+from pytest_accelperf.records.reference import ReferenceParams
 from pytest_accelperf.records.run import MemoryGrowth, Replay, Run
 from pytest_accelperf.records.verdict import Tolerances
+from pytest_accelperf.stats.leaves import compare_leaf
 from pytest_accelperf.stats.units import round_sig
 
 # jax leaves these untyped; mypy --strict refuses untyped calls, so they go through Any.

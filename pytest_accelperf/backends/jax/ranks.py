@@ -22,6 +22,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any
 
+from pytest_accelperf.backends.measure import progress
 from pytest_accelperf.backends.procs.launch import LaunchResult
 from pytest_accelperf.backends.procs.ranks import RankJob
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
@@ -29,7 +30,6 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.run import Outcome, Run
-from pytest_accelperf.report import progress
 
 if TYPE_CHECKING:
     import numpy as np
@@ -89,8 +89,8 @@ def train_here(case: Case, task: Task, accel: str, cpu_devices: int, platform: s
 
 
 class _RankSteps:
-    """A progress sink (:mod:`pytest_accelperf.report.progress`) that reports each step the
-    JAX backend trains as a launched rank's ``progress`` event."""
+    """A progress sink (:mod:`pytest_accelperf.backends.measure.progress`) that reports
+    each step the JAX backend trains as a launched rank's ``progress`` event."""
 
     def __init__(self, ctx: RankContext) -> None:
         self._ctx = ctx

@@ -53,11 +53,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Required, TypedDict, TypeVar
 
+from pytest_accelperf.backends.measure import progress
 from pytest_accelperf.backends.measure.blocked import BlockedClock
 from pytest_accelperf.backends.measure.common import injected_slowdown, stretch
 from pytest_accelperf.backends.measure.faults import thread_faults
 from pytest_accelperf.backends.measure.probe import Probe
-from pytest_accelperf.report import progress
 from pytest_accelperf.stats.contention import Contention, Load, measuring_root
 from pytest_accelperf.stats.yardstick import yardstick
 
@@ -112,7 +112,7 @@ class StepReporter(Protocol):
 
 
 def in_process(done: int, total: int, loss: float, seconds: float, measured: bool) -> None:
-    """The default reporter: this process's progress sink (:mod:`..report.progress`)."""
+    """The default reporter: this process's progress sink (:mod:`.progress`)."""
     progress.step(done, total, loss, seconds)
 
 

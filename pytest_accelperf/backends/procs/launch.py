@@ -19,7 +19,7 @@ How a launch goes:
   finished, its peak memory so far), then ``result`` or ``error`` (exception type, message,
   traceback tail, whether it was an out-of-memory). Its stdout and stderr go to a log file.
 * The parent polls. While it waits it follows rank 0's progress lines and shows them on
-  pytest's terminal line (:mod:`pytest_accelperf.report.progress`), as a single-process
+  pytest's terminal line (:mod:`pytest_accelperf.backends.measure.progress`), as a single-process
   backend does; only when that line is shown at all. All ranks exiting 0 is ``ok``. The
   first rank to exit non-zero (or be killed by a signal) ends the launch at once: the
   survivors, which would otherwise wait in a collective forever, are killed (``SIGKILL``
@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypedDict, cast
 
+from pytest_accelperf.backends.measure import progress as live_progress
 from pytest_accelperf.backends.procs import rank_pool
 from pytest_accelperf.backends.procs.events import (
     ErrorEvent,
@@ -65,7 +66,6 @@ from pytest_accelperf.backends.procs.events import (
     parse_events,
     progress_events,
 )
-from pytest_accelperf.report import progress as live_progress
 
 #: Seconds between polls of the ranks.
 POLL_S = 0.02

@@ -1,4 +1,4 @@
-"""One verdict for the whole suite (:mod:`pytest_accelperf.stats.family`): the p-value of a
+"""One verdict for the whole suite (:mod:`pytest_accelperf.checks.family`): the p-value of a
 timing check from its interval, Benjamini-Hochberg q-values across the session, the false
 alarms to expect, and the line and JSON block that report them."""
 
@@ -15,12 +15,7 @@ from conftest import Suite
 
 from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_check
-from pytest_accelperf.checks.table import check_of
-from pytest_accelperf.records.verdict import CheckResult, Verdict
-from pytest_accelperf.report.data import CaseRecord, SessionReport
-from pytest_accelperf.report.markdown import markdown
-from pytest_accelperf.report.terminal import suite_text, table_lines
-from pytest_accelperf.stats.family import (
+from pytest_accelperf.checks.family import (
     Interval,
     expected_false,
     interval,
@@ -29,6 +24,11 @@ from pytest_accelperf.stats.family import (
     q_values,
     suite_verdict,
 )
+from pytest_accelperf.checks.table import check_of
+from pytest_accelperf.records.verdict import CheckResult, Verdict
+from pytest_accelperf.report.data import CaseRecord, SessionReport
+from pytest_accelperf.report.markdown import markdown
+from pytest_accelperf.report.terminal import suite_text, table_lines
 from pytest_accelperf.store.schema import ReportFile
 
 #: The normal quantile of a two-sided 95 % interval, to the digits printed in tables.
@@ -350,7 +350,7 @@ def test_what_the_verdict_writes_is_what_the_report_schema_reads(typed: str,
     where a report is read back (the schema's models): the two name the same keys."""
     import typing
 
-    from pytest_accelperf.stats import family
+    from pytest_accelperf.checks import family
     from pytest_accelperf.store import schema
 
     written = set(typing.get_type_hints(getattr(family, typed)))

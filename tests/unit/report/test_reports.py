@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_accelperf.backends.measure.progress import LineProgress, progress_text, reporting, step
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.options import Settings
@@ -39,7 +40,6 @@ from pytest_accelperf.report.html import html_report, report_specs
 from pytest_accelperf.report.junit import junit_properties, suite_properties
 from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.report.markdown import markdown
-from pytest_accelperf.report.progress import LineProgress, progress_text, reporting, step
 from pytest_accelperf.report.terminal import table_lines
 from pytest_accelperf.store.summary import summarize
 
@@ -391,7 +391,7 @@ def test_progress_hides_rather_than_wraps_a_full_line() -> None:
 
 def test_progress_is_quiet_when_not_a_tty_or_quiet(pytester: pytest.Pytester) -> None:
     pytester.makeconftest('''
-        from pytest_accelperf.report.progress import terminal_progress
+        from pytest_accelperf.backends.measure.progress import terminal_progress
 
         def pytest_sessionfinish(session):
             print("SINK", terminal_progress(session.config))

@@ -31,10 +31,11 @@ from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND, jax_probe  # noqa: E402
 from pytest_accelperf.backends.measure.common import fingerprint  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
-from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
+from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxTask, predict_memory  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
+from pytest_accelperf.records.reference import ReferenceParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "jax"))
 from charlm import make_task  # noqa: E402

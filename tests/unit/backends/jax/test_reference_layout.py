@@ -51,10 +51,11 @@ from jax.sharding import PartitionSpec  # noqa: E402
 from pytest_accelperf.backends import TrainResult  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND, REFERENCE_MAX_STEPS  # noqa: E402
 from pytest_accelperf.checks import CheckResult, Tolerances, Verdict, run_checks  # noqa: E402
-from pytest_accelperf.checks.numerics import ReferenceParams, check_reference  # noqa: E402
+from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
+from pytest_accelperf.records.reference import ReferenceParams  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
 BATCH, STEPS, LR = 32, 32, 0.2

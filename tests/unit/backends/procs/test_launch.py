@@ -170,7 +170,7 @@ class RecordingSink:
 def test_rank_zero_progress_reaches_the_terminal_line() -> None:
     """A multi-process case shows its progress live, as a single-process one does: rank
     0's steps, in order, while the ranks run (the last may land after they exit)."""
-    from pytest_accelperf.report import progress
+    from pytest_accelperf.backends.measure import progress
 
     with progress.reporting(RecordingSink()) as sink:
         assert isinstance(sink, RecordingSink)
@@ -184,8 +184,8 @@ def test_rank_zero_progress_reaches_the_terminal_line() -> None:
 
 
 def test_progress_follower_keeps_a_half_written_line(tmp_path: Any) -> None:
+    from pytest_accelperf.backends.measure import progress
     from pytest_accelperf.backends.procs.launch import _ProgressFollower
-    from pytest_accelperf.report import progress
 
     events = tmp_path / "rank0.jsonl"
     follower = _ProgressFollower(events, total_steps=8)
