@@ -306,11 +306,14 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                 mine = known.setdefault(own, _Machine())
                 mine.recorded += 1
                 mine.host = mine.host or _host(block.get("environment"))
-                shown = view(block, machine).block if machine is not None else block
+                shown, when = block, block.get("recorded_at", "-")
+                if machine is not None:  # that machine's timing, and when it was recorded
+                    seen = view(block, machine)
+                    shown, when = seen.block, seen.timing_recorded_at or "-"
                 head = {label: (value, unit) for label, value, unit in _headline(shown)}
                 rows.append((platform, nodeid,
                              *(_fmt(*head[label]) for label in _SHOWN),
-                             str(len(names)), str(block.get("recorded_at", "-"))))
+                             str(len(names)), str(when)))
     if errors:
         raise CliError("\n".join(errors))
     rows.sort(key=lambda row: (row[0], row[1]))
