@@ -307,10 +307,10 @@ def _in_file(block: dict[str, Any], compact_layout: bool) -> int:
 def compacted(block: dict[str, Any]) -> dict[str, Any]:
     """``block`` as this version records it: the compact fingerprint (when it has a
     sketch per leaf), step-time and probe samples at 4 significant digits, empty fields
-    left out (:func:`pytest_accelperf.store.summary.summarize`)."""
+    left out (:func:`pytest_accelperf.checks.summary.summarize`)."""
+    from pytest_accelperf.checks.summary import _OMITTED_WHEN_EMPTY, SAMPLE_DIGITS
     from pytest_accelperf.stats.units import round_sig
     from pytest_accelperf.store.baselines import check_block
-    from pytest_accelperf.store.summary import _OMITTED_WHEN_EMPTY, SAMPLE_DIGITS
 
     out = copy.deepcopy(block)
     for part in ("step_time", "probe"):
@@ -494,7 +494,8 @@ def detection(cross: bool = False) -> list[list[str]]:
     reads ``regression: <leaf it names>`` or ``pass``; ``cross`` uses the
     cross-environment tolerance."""
     from pytest_accelperf.backends.measure.common import fingerprint
-    from pytest_accelperf.checks.numerics import check_numerics, compact
+    from pytest_accelperf.checks.numerics import check_numerics
+    from pytest_accelperf.records.fingerprint import compact
     from pytest_accelperf.records.verdict import Tolerances
     base_fp = fingerprint(_train())
     legacy = {p: {k: v for k, v in leaf.items() if k != "sketch"} for p, leaf in base_fp.items()}

@@ -49,11 +49,11 @@ from jax.sharding import PartitionSpec  # noqa: E402
 
 from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.checks import run_checks  # noqa: E402
+from pytest_accelperf.checks.summary import summarize  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.provision.targets import parse_target, provision_target  # noqa: E402
 from pytest_accelperf.records.verdict import Tolerances  # noqa: E402
-from pytest_accelperf.store.summary import summarize  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax
 REGRESSIONS = ("lost_sharding", "precision", "extra_matmul", "host_callback", "wider")

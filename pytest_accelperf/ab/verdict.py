@@ -24,6 +24,7 @@ from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.checks.apply import named_stack
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.checks.protocol import CheckInput
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.table import DEFAULT, check_of
 from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.program import describe_changes
@@ -34,7 +35,6 @@ from pytest_accelperf.stats.contention import contaminated
 from pytest_accelperf.stats.units import fmt_percent, fmt_ratio, fmt_signed_percent, fmt_tolerance
 from pytest_accelperf.store.block import Block, read_block
 from pytest_accelperf.store.schema import block_model
-from pytest_accelperf.store.summary import summarize
 
 METRIC = "throughput"
 

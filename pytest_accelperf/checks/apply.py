@@ -8,12 +8,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from pytest_accelperf.checks import summary
 from pytest_accelperf.checks.protocol import CheckInput
 from pytest_accelperf.checks.table import check_of, checks
 from pytest_accelperf.provision.fingerprint import stack_words
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
-from pytest_accelperf.store import summary
 from pytest_accelperf.store.block import BlockLike, read_block
 from pytest_accelperf.store.schema import block_model
 

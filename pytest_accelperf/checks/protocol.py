@@ -9,11 +9,11 @@ check, rather than testing ``metric == "..."``:
 
 * :func:`pytest_accelperf.checks.run_checks` calls every check's :meth:`~Check.check`, in
   the table's order (the order of the report's rows);
-* :func:`pytest_accelperf.store.summary.summarize` stores every check's :meth:`~Check.record` of
+* :func:`pytest_accelperf.checks.summary.summarize` stores every check's :meth:`~Check.record` of
   the run in the baseline block (the sections it owns), and the schema validates a
   section that :class:`pytest_accelperf.store.schema.Block` does not declare with the check's
   :attr:`~Check.section_models`;
-* :mod:`pytest_accelperf.store.recordable` asks whether storing a baseline clears a failure
+* :mod:`pytest_accelperf.checks.recordable` asks whether storing a baseline clears a failure
   (:meth:`~Check.not_cleared`) and whether a failure may never be stored
   (:meth:`~Check.refuses_recording`);
 * :mod:`pytest_accelperf.checks.family` counts a check as an interval, another timing or a

@@ -29,6 +29,7 @@ from pytest_accelperf.checks import (
 from pytest_accelperf.checks import input as input_time
 from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.protocol import Check
+from pytest_accelperf.store.schema import declare_sections, withdraw_sections
 
 #: The built-in checks, in the order of their rows.
 BUILTIN: tuple[Check, ...] = (
@@ -50,6 +51,8 @@ BUILTIN: tuple[Check, ...] = (
 
 #: The checks registered for this session (:func:`register`), after the built-in ones.
 _added: list[Check] = []
+for _check in BUILTIN:  # the store validates what a check records (store/schema.py)
+    declare_sections(_check.section_models)
 
 #: What a result gets that no check of the table names: a step metric (``accuracy``), a
 #: check returned by the ``pytest_accelperf_extra_checks`` hook.
@@ -78,6 +81,8 @@ def register(*new: Check) -> None:
                              f"give it a name of its own")
         taken.add(check.metric)
     _added.extend(new)
+    for check in new:
+        declare_sections(check.section_models)
 
 
 def unregister(*old: Check) -> None:
@@ -85,6 +90,9 @@ def unregister(*old: Check) -> None:
     for check in old:
         if check in _added:
             _added.remove(check)
+    kept = {name for check in checks() for name in check.section_models}
+    withdraw_sections(name for check in old for name in check.section_models
+                      if name not in kept)
 
 
 @contextlib.contextmanager

@@ -23,9 +23,6 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Annotated, Any
-
-from pydantic import Field
 
 from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.input import (
@@ -39,10 +36,9 @@ from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.run import Run
-from pytest_accelperf.records.section import JsonSection
 from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import SAMPLE_DIGITS, round_sig
-from pytest_accelperf.store.block import BlockLike, read_block
+from pytest_accelperf.store.block import BlockLike, TrainerTime, read_block
 
 METRIC = "trainer"
 SECTION = "trainer"
@@ -51,23 +47,8 @@ UNIT = "s"
 OWN = "the trainer's own time: the step outside the user's forward, backward and optimizer step"
 
 
-class TrainerTime(JsonSection):
-    """The block's ``trainer``: the seconds of each measured step outside the user's code,
-    every sample (rounded as step times are) and their median."""
-
-    median: Annotated[float, Field(ge=0)]
-    samples: Annotated[list[Annotated[float, Field(ge=0)]], Field(min_length=1)]
-
-
 def _section(block: BlockLike | None) -> TrainerTime | None:
-    if block is None:
-        return None
-    value = getattr(read_block(block), SECTION, None)
-    if isinstance(value, TrainerTime):
-        return value
-    if isinstance(value, Mapping):
-        return TrainerTime.model_validate(value)
-    return None
+    return None if block is None else read_block(block).trainer
 
 
 def check_trainer(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *,
@@ -127,7 +108,6 @@ class TrainerCheck(BaseCheck):
     metric = METRIC
     tolerances = ("throughput_tolerance",)
     sections = (SECTION, "step_time")
-    section_models: Mapping[str, Any] = {SECTION: TrainerTime}
     kind = "interval"
 
     def check(self, given: CheckInput) -> tuple[CheckResult, ...]:

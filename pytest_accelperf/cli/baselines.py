@@ -157,8 +157,8 @@ def matches(pattern: re.Pattern[str], nodeid: str) -> bool:
 def _block_of(record: CaseRecord) -> dict[str, Any]:
     """What --accelperf-update would have stored for this record: its ``block`` when the
     session was an update, else ``summarize`` of the run the report carries in full."""
+    from pytest_accelperf.checks.summary import summarize
     from pytest_accelperf.records.run import Run
-    from pytest_accelperf.store.summary import summarize
 
     if record.block is not None:
         return record.block
@@ -440,7 +440,7 @@ def select(records: list[CaseRecord], patterns: Sequence[str], report: Path
 
 def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
     """The block ``record`` would store, checked as the plugin checks what it records
-    (:func:`pytest_accelperf.store.recordable.unrecordable`: no failed outcome, reference check or
+    (:func:`pytest_accelperf.checks.recordable.unrecordable`: no failed outcome, reference check or
     non-finite loss) and as the store checks what it writes: a platform that is one safe
     path component, a node id under the rootdir, a block the schema accepts. A
     BaselineError or CliError says what is wrong.
@@ -450,8 +450,12 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
     then what :func:`unrecordable` reads."""
     # Where it would be written, first: an absolute or climbing node id or platform is
     # refused here, naming the field, before any other part of the case is read.
+    from pytest_accelperf.checks.recordable import (
+        clearable,
+        not_cleared_by_a_baseline,
+        unrecordable,
+    )
     from pytest_accelperf.records.run import Run
-    from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline, unrecordable
 
     BaselineStore(root, record.platform).path_for(record.nodeid)
     try:
@@ -480,8 +484,8 @@ def _acceptable(record: CaseRecord, root: Path) -> dict[str, Any]:
 
 
 def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
+    from pytest_accelperf.checks.recordable import not_cleared_by_a_baseline, shared_unchanged
     from pytest_accelperf.report.loading import case_line
-    from pytest_accelperf.store.recordable import not_cleared_by_a_baseline, shared_unchanged
 
     report = _load_report(args.report)
     records = report.records

@@ -4,9 +4,9 @@ the session's settings, before the runner records the case (the controller write
 every case stored, :mod:`pytest_accelperf.store.baselines`).
 
 * Nothing but under ``--accelperf-update``, and never a run that may not become a baseline
-  (:func:`pytest_accelperf.store.recordable.unrecordable`: it is failed instead, saying why).
+  (:func:`pytest_accelperf.checks.recordable.unrecordable`: it is failed instead, saying why).
 * ``--accelperf-add-session``: the stored baseline with this run's step-time level added
-  (:func:`pytest_accelperf.store.summary.with_added_session`) to this machine's timing
+  (:func:`pytest_accelperf.checks.summary.with_added_session`) to this machine's timing
   (:mod:`pytest_accelperf.store.machines`; a machine with no timing of its own has none
   to add to), or nothing, and why not.
 * A recording that stays too noisy to be a level after it was re-measured
@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_accelperf.checks.recordable import unrecordable
+from pytest_accelperf.checks.summary import with_added_session
 from pytest_accelperf.checks.throughput import NOISY_KEY
 from pytest_accelperf.gate.judge import Evaluated
 from pytest_accelperf.records.run import Run
-from pytest_accelperf.store.recordable import unrecordable
-from pytest_accelperf.store.summary import with_added_session
 
 
 @dataclass(frozen=True)

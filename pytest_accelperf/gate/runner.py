@@ -41,6 +41,7 @@ from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.scaling import Scaling, ScalingPoint
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.collect.cases import Case
@@ -93,7 +94,6 @@ from pytest_accelperf.store.baselines import BaselineError
 from pytest_accelperf.store.block import Block, read_block
 from pytest_accelperf.store.machines import MachineView, default_machine, other_host
 from pytest_accelperf.store.schema import block_model
-from pytest_accelperf.store.summary import summarize
 
 
 @dataclass

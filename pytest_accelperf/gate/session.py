@@ -23,6 +23,7 @@ import pytest
 
 from pytest_accelperf.ab.rounds import Comparison
 from pytest_accelperf.backends.registry import BackendRegistry
+from pytest_accelperf.checks.recordable import shared_unchanged
 from pytest_accelperf.checks.scaling import ScalingCollector
 from pytest_accelperf.gate.hangs import host_lock
 from pytest_accelperf.gate.options import Settings
@@ -33,7 +34,6 @@ from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.report.data import SessionReport
 from pytest_accelperf.store.baselines import BaselineError, BaselineStore
 from pytest_accelperf.store.machines import default_machine
-from pytest_accelperf.store.recordable import shared_unchanged
 
 
 @dataclass

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_accelperf.checks.family import SuiteVerdict, suite_verdict
+from pytest_accelperf.checks.recordable import clearable, refused
 from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.verdict import CheckResult, Verdict
-from pytest_accelperf.store.recordable import clearable, refused
 
 REPORT_SCHEMA_VERSION = 1
 
@@ -125,7 +125,7 @@ class SessionReport:
     @property
     def acceptable(self) -> list[CaseRecord]:
         """The regressed cases that accepting their run as a baseline would clear (at least
-        in part; :func:`pytest_accelperf.store.recordable.clearable`), and that may be stored: a
+        in part; :func:`pytest_accelperf.checks.recordable.clearable`), and that may be stored: a
         reference failure, an A/B comparison, a leak are no baseline matter."""
         return [r for r in self.regressions
                 if clearable(r.checks) and not any(refused(c) for c in r.checks)]

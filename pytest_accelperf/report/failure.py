@@ -2,7 +2,7 @@
 the case's checks (:meth:`pytest_accelperf.gate.runner.CaseRunner._gate` decides, and raises).
 
 A failure message groups what failed by what clears it
-(:mod:`pytest_accelperf.store.recordable`): a stored-baseline failure is cleared by accepting
+(:mod:`pytest_accelperf.checks.recordable`): a stored-baseline failure is cleared by accepting
 the change; an A/B failure by the base revision; a reference failure (the sharded run
 disagrees with its single-device run) by fixing the code; a leak by fixing the step.
 Accepting is offered only for what it clears, with the command that does it.
@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from pytest_accelperf.checks.numerics import REFERENCE_METRIC
+from pytest_accelperf.checks.recordable import clearable, not_cleared_by_a_baseline
 from pytest_accelperf.records.verdict import CheckResult
 from pytest_accelperf.report.writing import readable_back
-from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline
 
 
 def accept_command(nodeid: str, *, target: str | None, accel: str) -> str:

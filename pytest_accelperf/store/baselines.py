@@ -340,9 +340,9 @@ def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
     accept``).
 
     A run's per-leaf parameter fingerprint (with a sketch per leaf) is stored in its
-    compact form (:func:`pytest_accelperf.checks.numerics.compact`: one number per leaf, a
+    compact form (:func:`pytest_accelperf.records.fingerprint.compact`: one number per leaf, a
     structure hash and tags); a block recorded before keeps the form it has."""
-    from pytest_accelperf.checks.numerics import compact, compactable
+    from pytest_accelperf.records.fingerprint import compact, compactable
     from pytest_accelperf.store.schema import error_lines, validate_block
 
     if isinstance(block, Mapping) and compactable(block.get("numerics")):

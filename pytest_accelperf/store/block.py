@@ -1,6 +1,6 @@
 """The baseline block, typed: a pydantic model of each section, and :class:`Block` of them.
 
-A block is what :func:`pytest_accelperf.store.summary.summarize` makes of a run, what the store
+A block is what :func:`pytest_accelperf.checks.summary.summarize` makes of a run, what the store
 (:mod:`pytest_accelperf.store.baselines`) keeps per case and what the checks
 (:mod:`pytest_accelperf.checks`) read. The rules of the file format (strict JSON types,
 finite numbers, unknown keys kept) are described in :mod:`pytest_accelperf.store.schema`, which
@@ -206,7 +206,7 @@ class CompactSection(_Strict):
 
 class CompactNumerics(CompactSection):
     """The fingerprint as the store keeps it
-    (:func:`pytest_accelperf.checks.numerics.compact`): the parameters' section, and the
+    (:func:`pytest_accelperf.records.fingerprint.compact`): the parameters' section, and the
     training state's beside them (running statistics, step counters, a loss scale) under
     ``state``; a block recorded before the state was fingerprinted has no ``state``."""
 
@@ -268,18 +268,28 @@ class InputTime(_Strict):
     yardstick_kind: str | None = None
 
 
+class TrainerTime(_Strict):
+    """The seconds of each measured step of a trainer that owns its loop outside the user's
+    forward, backward and optimizer step (the ``trainer`` check,
+    :mod:`pytest_accelperf.checks.trainer`): every sample and their median."""
+
+    median: NonNegative
+    samples: Annotated[list[NonNegative], Field(min_length=1)]
+
+
 #: A machine's name (``--accelperf-machine``): one path component, as a platform key is.
 MACHINE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$"
 MachineName = Annotated[str, Field(pattern=MACHINE_PATTERN)]
 
 #: The sections of a block that are timing, kept per machine (:class:`MachineTiming`):
 #: the step times and the drift probe (the throughput check), what they give
-#: (``samples_per_second``, ``mfu``), the compile time, the input times, and the mark of a
+#: (``samples_per_second``, ``mfu``), the compile time, the input times, a trainer's own
+#: time per step, and the mark of a
 #: recording too noisy to judge against. Everything else of a block (outcome, program,
 #: numerics, loss, memory, ...) does not depend on the host and is shared by every machine
 #: of the platform.
 TIMING_SECTIONS: tuple[str, ...] = ("step_time", "probe", "samples_per_second", "mfu",
-                                    "compile_time", "input", "noisy")
+                                    "compile_time", "input", "trainer", "noisy")
 
 
 class MachineTiming(_Strict):
@@ -296,11 +306,12 @@ class MachineTiming(_Strict):
     mfu: NonNegative | None = None
     compile_time: NonNegative | None = None
     input: InputTime | None = None
+    trainer: TrainerTime | None = None
     noisy: str | None = None
 
 
 class Block(_Strict):
-    """The baseline block of one case (:func:`pytest_accelperf.store.summary.summarize`).
+    """The baseline block of one case (:func:`pytest_accelperf.checks.summary.summarize`).
 
     Its timing sections (:data:`TIMING_SECTIONS`) at the top level are those of the machine
     that recorded the block (``machine``; a block written before machines were named:
@@ -336,6 +347,8 @@ class Block(_Strict):
     program: Program | None = None
     #: What making the batches cost the thread that made them (the ``input`` check).
     input: InputTime | None = None
+    #: The trainer's own time per step (the ``trainer`` check): a trainer's case only.
+    trainer: TrainerTime | None = None
     #: Why the recording was too noisy to judge throughput against (re-measured, and it
     #: stayed so): the throughput check is inconclusive until the case is re-recorded.
     noisy: str | None = None

@@ -1,7 +1,7 @@
 """The schema of the files pytest-accelperf writes: the baseline block, the baseline file's
 header, the JSON report and the history line. Described once, as pydantic models.
 
-The baseline block is what :func:`pytest_accelperf.store.summary.summarize` makes of a run and
+The baseline block is what :func:`pytest_accelperf.checks.summary.summarize` makes of a run and
 what the checks (:mod:`pytest_accelperf.checks`) read. Every field a check reads is typed,
 and a value that would make a check crash or silently switch it off is refused: a NaN or
 negative step time, an empty list of step times, a NaN loss checkpoint, an outcome that is
@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -39,7 +39,6 @@ from pydantic import (
     model_validator,
 )
 
-from pytest_accelperf.checks.table import checks
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, Run
@@ -113,10 +112,12 @@ __all__ = [
     "StepTime",
     "added_sections",
     "block_model",
+    "declare_sections",
     "error_lines",
     "invalid_blocks",
     "json_schema",
     "validate_block",
+    "withdraw_sections",
 ]
 
 class BaselineHeader(_Strict):
@@ -352,13 +353,31 @@ class HistoryLine(HistoryNumbers):
 
 
 # -- helpers -----------------------------------------------------------------------------------
+#: The sections that checks declare (:attr:`pytest_accelperf.checks.protocol.Check.
+#: section_models`) and :class:`Block` does not, by name: the table of checks declares its
+#: checks' here (:mod:`pytest_accelperf.checks.table`, as it registers them), so that the
+#: store validates a section a check added without importing the checks.
+_ADDED: dict[str, Any] = {}
+
+
+def declare_sections(models: Mapping[str, Any]) -> None:
+    """Validate the sections ``models`` names (``{name: pydantic model or type}``) with
+    their models, where :class:`Block` does not declare them itself."""
+    for name, model in models.items():
+        if name not in Block.model_fields:
+            _ADDED[name] = model
+
+
+def withdraw_sections(names: Iterable[str]) -> None:
+    """Stop validating the sections ``names`` (the check that declared them is gone)."""
+    for name in names:
+        _ADDED.pop(name, None)
+
+
 def added_sections() -> tuple[tuple[str, Any], ...]:
-    """``((section, model), ...)`` of the sections that checks of the table declare
-    (:attr:`pytest_accelperf.checks.protocol.Check.section_models`) and :class:`Block`
-    does not: a check added after this schema was written validates its own section."""
-    return tuple((name, model) for check in checks()
-                 for name, model in check.section_models.items()
-                 if name not in Block.model_fields)
+    """``((section, model), ...)`` of the sections declared (:func:`declare_sections`):
+    a check added after this schema was written validates its own section."""
+    return tuple(_ADDED.items())
 
 
 @functools.cache

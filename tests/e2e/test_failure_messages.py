@@ -18,13 +18,13 @@ import pytest
 from conftest import Suite, recorded_once
 
 from e2e.test_update import REFERENCE_SUITE
+from pytest_accelperf.checks.recordable import clearable, not_cleared_by_a_baseline
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.cli import main
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import SessionReport
-from pytest_accelperf.store.recordable import clearable, not_cleared_by_a_baseline
-from pytest_accelperf.store.summary import summarize
 
 # A step that keeps a fresh 132 KB device array alive each step (a leaking data pipeline),
 # eight times the default --accelperf-leak-bytes-per-step; with LEAK unset it does not.

@@ -33,11 +33,11 @@ from typing import Any
 import pytest
 from conftest import Suite, verdicts
 
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.throughput import check_throughput, recording_noise, spread
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.store.schema import validate_block
-from pytest_accelperf.store.summary import summarize
 
 NOISY_TASK = '''
 import time

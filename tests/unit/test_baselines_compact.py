@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from pytest_accelperf.backends.measure.common import fingerprint
-from pytest_accelperf.checks.numerics import check_numerics, compact, is_compact
+from pytest_accelperf.checks.numerics import check_numerics
+from pytest_accelperf.records.fingerprint import compact, is_compact
 from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.store.baselines import BaselineStore, check_block, read
 from pytest_accelperf.store.schema import validate_block

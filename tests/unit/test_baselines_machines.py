@@ -15,6 +15,8 @@ import pytest
 
 from pytest_accelperf import cli
 from pytest_accelperf.checks import run_checks
+from pytest_accelperf.checks.recordable import shared_unchanged
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
@@ -39,8 +41,6 @@ from pytest_accelperf.store.machines import (
     validate_machine,
     view,
 )
-from pytest_accelperf.store.recordable import shared_unchanged
-from pytest_accelperf.store.summary import summarize
 
 REPO = Path(__file__).resolve().parents[2]
 COMMITTED = REPO / "baselines" / "cpu-x8" / "suites" / "jax" / "test_mesh_sweep.json"

@@ -19,6 +19,7 @@ import pytest
 from conftest import Suite
 from filelock import FileLock
 
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.cli import main
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.store.baselines import (
@@ -27,7 +28,6 @@ from pytest_accelperf.store.baselines import (
     BaselineStore,
     atomic_write,
 )
-from pytest_accelperf.store.summary import summarize
 from unit.report.test_reports import PLATFORM, make_run, synthetic_report
 
 BLOCK = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01)).to_json()
@@ -154,7 +154,7 @@ def test_accept_validates_blocks_as_the_plugin_does(
 def test_accept_refuses_a_failed_reference_check_as_update_does(
         workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A correctness failure is not an intended change: accept refuses it exactly as
-    --accelperf-update does (pytest_accelperf.store.recordable), and writes nothing."""
+    --accelperf-update does (pytest_accelperf.checks.recordable), and writes nothing."""
     data = json.loads(json.dumps(synthetic_report().to_json(1), default=str))
     case = data["cases"][0]
     case["checks"].append({"metric": "reference", "verdict": "regression",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.store.block import (
@@ -19,7 +20,6 @@ from pytest_accelperf.store.block import (
     read_block,
 )
 from pytest_accelperf.store.schema import validate_block
-from pytest_accelperf.store.summary import summarize
 
 RUN = Run(case_id="c", samples_per_step=4, step_times=[0.010, 0.012, 0.011],
           losses=[3.0, 2.0, 1.5], loss_steps=[0, 1, 2], probe_times=[0.001, 0.001, 0.0012],

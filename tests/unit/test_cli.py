@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 from conftest import Suite, verdicts
 
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.cli import main
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.options import tomllib  # tomllib, or tomli on Python 3.10
 from pytest_accelperf.report.history import fingerprint_hash
 from pytest_accelperf.store import jsonfile
 from pytest_accelperf.store.baselines import BaselineStore
-from pytest_accelperf.store.summary import summarize
 from unit.report.test_reports import MODULE, PLATFORM, make_run, synthetic_report
 
 

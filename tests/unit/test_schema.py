@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.outcome import FAILED_OUTCOMES
+from pytest_accelperf.checks.summary import summarize, with_added_session
 from pytest_accelperf.cli import main
 from pytest_accelperf.cli.baselines import _fmt, _headline
 from pytest_accelperf.collect.cases import Case
@@ -38,7 +39,6 @@ from pytest_accelperf.store.baselines import (
     read,
 )
 from pytest_accelperf.store.schema import RECORDED_OUTCOMES, json_schema, validate_block
-from pytest_accelperf.store.summary import summarize, with_added_session
 from unit.report.test_reports import make_run
 
 REPO = Path(__file__).parents[2]

@@ -103,14 +103,14 @@ def fingerprint(flat: Mapping[str, np.ndarray],
     significant digits; the leaves named in ``state`` (the training state beside the
     parameters: running statistics, step counters, a loss scale) are marked
     ``"state": True``, which the store keeps apart from the parameters
-    (:func:`pytest_accelperf.checks.numerics.compact`).
+    (:func:`pytest_accelperf.records.fingerprint.compact`).
 
     ``sketch`` is ``c = <r, x> / ||x||``, the leaf ``x`` (flattened) projected on a fixed
     random direction ``r`` (:func:`_project`) over its norm (0 for a zero leaf): a
     number about N(0, 1) that moves with any change of the leaf's pattern the RMS cannot
     see (a sign flip, a permutation, one changed element anywhere, not just at a sampled
     position). The store keeps one number per leaf of this
-    (:func:`pytest_accelperf.checks.numerics.compact`); the samples are what blocks
+    (:func:`pytest_accelperf.records.fingerprint.compact`); the samples are what blocks
     recorded before the compact form are checked with.
     """
     out: ParamsFingerprint = {}

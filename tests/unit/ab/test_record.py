@@ -14,12 +14,12 @@ from pytest_accelperf.ab.rounds import ABMeasurement
 from pytest_accelperf.ab.verdict import ab_record_checks, in_ab_words, record_not_compared
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.checks import run_checks
+from pytest_accelperf.checks.recordable import not_cleared_by_a_baseline
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.failure import failure_message
 from pytest_accelperf.stats.contention import Load
-from pytest_accelperf.store.recordable import not_cleared_by_a_baseline
-from pytest_accelperf.store.summary import summarize
 
 LABEL = "origin/main (0123456789)"
 TOL = Tolerances()

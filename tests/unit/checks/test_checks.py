@@ -13,19 +13,15 @@ import pytest
 from pytest_accelperf.checks import NO_BASELINE, run_checks
 from pytest_accelperf.checks.convergence import check_convergence
 from pytest_accelperf.checks.memory import check_memory
-from pytest_accelperf.checks.numerics import (
-    ReferenceParams,
-    check_numerics,
-    check_reference,
-    compact,
-)
+from pytest_accelperf.checks.numerics import ReferenceParams, check_numerics, check_reference
 from pytest_accelperf.checks.outcome import check_outcome
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.throughput import check_throughput, spread
 from pytest_accelperf.records.environment import Environment
+from pytest_accelperf.records.fingerprint import compact
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_bytes
-from pytest_accelperf.store.summary import summarize
 
 MiB = 2**20
 GiB = 2**30

@@ -33,6 +33,7 @@ from conftest import Suite  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.input import MIN_SHARE, check_input  # noqa: E402
+from pytest_accelperf.checks.summary import summarize  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
@@ -41,7 +42,6 @@ from pytest_accelperf.records.verdict import CheckResult  # noqa: E402
 from pytest_accelperf.report.terminal import metric_label  # noqa: E402
 from pytest_accelperf.stats.yardstick import KIND as YARDSTICK_KIND  # noqa: E402
 from pytest_accelperf.store.schema import validate_block  # noqa: E402
-from pytest_accelperf.store.summary import summarize  # noqa: E402
 
 TOL = Tolerances()
 

@@ -25,10 +25,10 @@ from pytest_accelperf.backends.measure.blocked import BlockedClock  # noqa: E402
 from pytest_accelperf.backends.measure.loop import StepFns, run_steps  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.input_wait import check_input_wait  # noqa: E402
+from pytest_accelperf.checks.summary import summarize  # noqa: E402
 from pytest_accelperf.records.run import Run  # noqa: E402
 from pytest_accelperf.records.verdict import CheckResult  # noqa: E402
 from pytest_accelperf.store.schema import validate_block  # noqa: E402
-from pytest_accelperf.store.summary import summarize  # noqa: E402
 
 if BlockedClock.open() is None:  # pragma: no cover - Linux counts it
     pytest.skip("this kernel does not count a thread's run-queue delay "

@@ -29,11 +29,12 @@ import optax  # noqa: E402
 from pytest_accelperf.backends.jax import backend as jax_backend  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
-from pytest_accelperf.checks.numerics import SPREAD_FACTOR, check_numerics, compact  # noqa: E402
+from pytest_accelperf.checks.numerics import SPREAD_FACTOR, check_numerics  # noqa: E402
+from pytest_accelperf.checks.summary import summarize  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxTask  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.store.summary import summarize  # noqa: E402
+from pytest_accelperf.records.fingerprint import compact  # noqa: E402
 
 DIM, OUT, BATCH = 32, 8, 16
 CASE = Case(backend="jax", batch=BATCH, steps=12, warmup=2)

@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from pytest_accelperf.backends.measure.common import fingerprint, with_state
-from pytest_accelperf.checks.numerics import check_numerics, compact
+from pytest_accelperf.checks.numerics import check_numerics
+from pytest_accelperf.records.fingerprint import compact
 from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.store.baselines import BaselineStore, check_block, read
 from pytest_accelperf.store.schema import validate_block

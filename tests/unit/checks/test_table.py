@@ -15,12 +15,12 @@ import pytest
 from conftest import Suite, verdicts
 
 from pytest_accelperf.checks import BaseCheck, CheckInput, CheckResult, Verdict, run_checks
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.table import BUILTIN, DEFAULT, check_of, checks, registered
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import Tolerances
 from pytest_accelperf.store.schema import Block, block_model, validate_block
-from pytest_accelperf.store.summary import summarize
 
 FULL = Run(
     case_id="jax-mesh2x1-b32", samples_per_step=32, n_devices=2,

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from pytest_accelperf.checks.summary import MAX_SESSIONS, summarize, with_added_session
 from pytest_accelperf.checks.throughput import check_throughput
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.stats.bootstrap import RatioEstimate, widen_by_sessions
-from pytest_accelperf.store.summary import MAX_SESSIONS, summarize, with_added_session
 
 TOL = Tolerances(throughput_tolerance=0.03)
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from pytest_accelperf.backends.measure.common import fingerprint
-from pytest_accelperf.checks.numerics import compact
 from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.records.fingerprint import CompactFingerprint, ParamsFingerprint
+from pytest_accelperf.records.fingerprint import CompactFingerprint, ParamsFingerprint, compact
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.store.block import CompactNumerics, Leaf
 

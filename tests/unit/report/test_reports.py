@@ -23,6 +23,7 @@ import pytest
 
 from pytest_accelperf.backends.measure.progress import LineProgress, progress_text, reporting, step
 from pytest_accelperf.checks import run_checks
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.options import Settings
 from pytest_accelperf.gate.outputs import write_outputs
@@ -41,7 +42,6 @@ from pytest_accelperf.report.junit import junit_properties, suite_properties
 from pytest_accelperf.report.loading import ReportFileError, load_report
 from pytest_accelperf.report.markdown import markdown
 from pytest_accelperf.report.terminal import table_lines
-from pytest_accelperf.store.summary import summarize
 
 PLATFORM = "cpu-x2"
 MODULE = "suites/test_m.py"

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.throughput import (
     check_throughput,
     foreign_load,
@@ -28,7 +29,6 @@ from pytest_accelperf.gate.judge import Confirmation, Evaluated
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.stats.contention import ROOT_ENV, Contention, Load, measuring_root
-from pytest_accelperf.store.summary import summarize
 
 SPIN = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass\n"
 #: Spins until it has used ``seconds`` of CPU time, however loaded the machine (on a

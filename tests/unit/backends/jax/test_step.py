@@ -37,10 +37,11 @@ from jax.sharding import PartitionSpec  # noqa: E402
 from pytest_accelperf.backends.jax.backend import BACKEND, JaxTrainResult  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
-from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
+from pytest_accelperf.checks.numerics import check_numerics  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep, JaxTask, nnx_step  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
+from pytest_accelperf.records.fingerprint import compact  # noqa: E402
 from pytest_accelperf.records.run import Run  # noqa: E402
 
 P: Any = PartitionSpec  # untyped in jax

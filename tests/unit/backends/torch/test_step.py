@@ -34,9 +34,10 @@ from pytest_accelperf.backends.torch.step import (  # noqa: E402
     undone,
 )
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
-from pytest_accelperf.checks.numerics import check_numerics, compact  # noqa: E402
+from pytest_accelperf.checks.numerics import check_numerics  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
+from pytest_accelperf.records.fingerprint import compact  # noqa: E402
 from pytest_accelperf.records.run import Run  # noqa: E402
 from pytest_accelperf.torch import TorchStep, TorchTask  # noqa: E402
 

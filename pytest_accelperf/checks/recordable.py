@@ -23,8 +23,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from pytest_accelperf.checks.numerics import FingerprintError, fingerprint_leaves
 from pytest_accelperf.checks.table import check_of
+from pytest_accelperf.records.fingerprint import FingerprintError, fingerprint_leaves
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.store.block import BlockLike, json_of, read_block
