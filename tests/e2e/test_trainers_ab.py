@@ -108,3 +108,56 @@ def test_a_lightning_release_under_another_python_is_named_in_the_verdict(
     assert throughput["verdict"] in ("pass", "inconclusive"), throughput
     program = _check(repo, "program")
     assert program["verdict"] == "pass" and program["data"]["mode"] == "ab", program
+
+
+HF_MODEL = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+torch.set_num_threads(1)
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        ids = torch.randint(0, 128, (32,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": ids.clone()}
+
+
+def model(case):
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128,
+                                      n_positions=32))
+
+
+def args(case):
+    return TrainingArguments(output_dir="unused", per_device_train_batch_size=case.batch,
+                             learning_rate=1e-3, use_cpu=True)
+'''
+
+HF_SUITE = '''
+from model import Tokens, args, model
+from pytest_accelperf import cases
+from pytest_accelperf.hf import TrainerTask
+
+@cases(backend="hf", batch=[4], steps=6, warmup=2)
+def test_train(accelperf):
+    accelperf.train(TrainerTask(model=model, args=args, train_dataset=Tokens()))
+'''
+
+
+@pytest.mark.slow
+def test_a_hugging_face_trainer_case_is_compared_in_ab_mode(suite: Suite) -> None:
+    """transformers' ``Trainer.train`` held between optimizer steps in both arms; the
+    unchanged tree gives the same program, and nothing is left in the project."""
+    pytest.importorskip("transformers")
+    repo = committed(suite, HF_MODEL, HF_SUITE)
+    result = repo.run(*FAST, "--accelperf-compare=HEAD", subprocess=True)
+    result.assert_outcomes(passed=1)
+    throughput = _check(repo, "throughput")
+    blocks = throughput["data"]["blocks"]
+    assert len(blocks["base"]) == len(blocks["head"]) >= 4, throughput
+    program = _check(repo, "program")
+    assert program["verdict"] == "pass" and program["data"]["mode"] == "ab", program
+    assert not (Path(repo.pytester.path) / "unused").exists()

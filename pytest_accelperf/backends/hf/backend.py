@@ -33,6 +33,7 @@ import functools
 import importlib.util
 import logging
 import math
+import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator, Mapping
@@ -53,6 +54,7 @@ from pytest_accelperf.backends.measure.common import (
     fingerprint,
     with_state,
 )
+from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop
 from pytest_accelperf.backends.measure.notes import say
 from pytest_accelperf.backends.measure.recording import (
     deadline_after,
@@ -61,7 +63,7 @@ from pytest_accelperf.backends.measure.recording import (
     record_loop,
 )
 from pytest_accelperf.backends.measure.stamps import StepClock
-from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
+from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.counting import COUNTED_STEP
 from pytest_accelperf.backends.torch.memory import (
@@ -79,6 +81,7 @@ from pytest_accelperf.backends.torch.task import sync, torch_probe
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.records.program import ProgramRecord
 
 INSTALL = "pip install 'pytest-accelperf[hf]'"
 #: What a note shows for the gate's ``output_dir``.
@@ -399,6 +402,11 @@ class HfBackend:
         run.phases = phases.record()
         return HfTrainResult(run=run, params=params, state=built.model, notes=built.notes)
 
+    def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
+        """The case's ``Trainer.train`` held between optimizer steps, for A/B mode
+        (:class:`HfStepper`)."""
+        return HfStepper(case, task, accel)
+
 
 def _epochs_note(built: Built, case: Case) -> str | None:
     """A line where the dataset held fewer examples than the run trained on: the Trainer
@@ -435,6 +443,53 @@ def one_device(case: Case) -> None:
     if case.reference:
         raise ConfigError(f"{case.id}: the hf backend has no single-device reference run: "
                           f"drop reference=True")
+
+
+class HfStepper:
+    """A case's ``Trainer.train``, held between optimizer steps, for A/B mode: :meth:`run`
+    trains ``n`` more and gives their times.
+
+    Built as a run builds it (the same model, dataset and training arguments, the same
+    seed), its program record counted as a run counts it (one counting training through
+    :data:`~.hf.callback.COUNTED_STEP`, then undone), then one ``Trainer.train`` of
+    :data:`~pytest_accelperf.backends.measure.held.HELD_STEPS` optimizer steps (the
+    Trainer's own epochs cycle the dataset) started in a thread of its own and held before
+    each optimizer step (:class:`~pytest_accelperf.backends.measure.held.HeldLoop`) until
+    A/B mode asks for a block. Its temporary output directory is removed at
+    :meth:`close`."""
+
+    def __init__(self, case: Case, task: Task, accel: Accelerator) -> None:
+        one_device(case)
+        device = _device(accel)
+        built = build(as_trainer_task(task), case, device)
+        self._root = tempfile.mkdtemp(prefix="accelperf-hf-")
+        try:
+            with _quiet():
+                counted = count(built, case, device, self._root, memory=False)
+            self._program: ProgramRecord | None = eager_program(counted.flops, counted.ops)
+            self._held = HeldLoop(built.label)
+            measured = Measured(built.label, self._held.clock(lambda: sync(device)))
+            transformers.set_seed(built.args.seed)
+
+            def train() -> None:
+                with _quiet():
+                    built.train(HELD_STEPS, measured, self._root)
+
+            self._held.start(train)
+        except BaseException:
+            shutil.rmtree(self._root, ignore_errors=True)
+            raise
+
+    @property
+    def program(self) -> ProgramRecord | None:
+        return self._program
+
+    def run(self, n: int) -> list[float]:
+        return self._held.run(n)
+
+    def close(self) -> None:
+        self._held.close()
+        shutil.rmtree(self._root, ignore_errors=True)
 
 
 BACKEND = HfBackend()

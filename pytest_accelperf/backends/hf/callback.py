@@ -197,8 +197,7 @@ class Measured(Watch):
         self.clock = clock
 
     def begin(self, model: torch.nn.Module) -> bool:
-        self.clock.start()  # (A/B mode's held loop, which could stop here, is not built)
-        return False
+        return self.clock.start()  # True where A/B mode's held loop is closing
 
     def fetch_started(self) -> None:
         self.clock.fetch_started()
