@@ -1,6 +1,6 @@
 """How long ``accelperf history publish`` takes, and how large the site is, at scale.
 
-    python benchmarks/site.py [--sessions 1000] [--cases 50] [--keep DIR] [--no-browser]
+    python benchmarks/history_site.py [--sessions 1000] [--cases 50] [--keep DIR] [--no-browser]
 
 Generates a history of SESSIONS sessions x CASES cases (lines as pytest --accelperf-history
 writes them: a jax case's environment, program record, step-time interval and memory per
