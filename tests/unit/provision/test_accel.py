@@ -231,6 +231,7 @@ def test_describing_the_cpu_imports_neither_jax_nor_torch(pytester: pytest.Pytes
 
 
 @pytest.mark.parametrize("missing", [JAX_FAMILY, ("torch",)], ids=["no-jax", "no-torch"])
+@pytest.mark.slow  # 20 s: a fresh interpreter per framework left out
 def test_the_suites_collect_without_a_framework(pytester: pytest.Pytester,
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 missing: tuple[str, ...]) -> None:

@@ -91,6 +91,7 @@ def test_small_case_trains_and_is_measured(request: pytest.FixtureRequest, which
     assert len(leaf["sample"]) == 16 and leaf["rms"] > 0
 
 
+@pytest.mark.slow  # the nomesh and sharded trainings: 40 s of setup
 def test_model_flops_do_not_depend_on_the_mesh(nomesh: TrainResult,
                                                sharded: TrainResult) -> None:
     """FLOPs per step are the model's: the unpartitioned program's cost analysis, the same
@@ -104,12 +105,14 @@ def test_model_flops_do_not_depend_on_the_mesh(nomesh: TrainResult,
     assert hardware >= mesh * 0.99  # replicated work only adds
 
 
+@pytest.mark.slow  # the nomesh and sharded trainings: 40 s of setup
 def test_sharding_splits_memory(nomesh: TrainResult, sharded: TrainResult) -> None:
     one = nomesh.run.peak_memory
     per_device = sharded.run.peak_memory
     assert one is not None and per_device is not None and per_device < one / 2
 
 
+@pytest.mark.slow  # the nomesh and sharded trainings: 40 s of setup
 def test_reference_matches_sharded_run(sharded: TrainResult) -> None:
     ref = sharded.reference_params
     assert isinstance(ref, ReferenceParams) and ref.keys() == sharded.params.keys()
@@ -127,6 +130,7 @@ def test_reference_matches_sharded_run(sharded: TrainResult) -> None:
     assert "rounding differences between the two programs grow" in check.detail
 
 
+@pytest.mark.slow  # the nomesh and sharded trainings: 40 s of setup
 def test_training_is_deterministic(nomesh: TrainResult, sharded: TrainResult) -> None:
     # The reference of the 4x2 case is the no-mesh case compiled and trained again.
     ref = sharded.reference_params
@@ -137,6 +141,7 @@ def test_training_is_deterministic(nomesh: TrainResult, sharded: TrainResult) ->
         np.testing.assert_array_equal(value, ref[key], err_msg=key)
 
 
+@pytest.mark.slow  # the nomesh and sharded trainings: 40 s of setup
 def test_the_run_says_where_its_time_went(nomesh: TrainResult, sharded: TrainResult) -> None:
     for result, reference in ((nomesh, False), (sharded, True)):
         run = result.run

@@ -57,6 +57,11 @@ from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
 from pytest_accelperf.records.reference import ReferenceParams  # noqa: E402
 
+#: Every test here is slow, out of the quick loop (`-m "not slow"`):
+#: its fixtures train sharded and reference runs (49 s).
+pytestmark = pytest.mark.slow
+
+
 P: Any = PartitionSpec  # untyped in jax
 BATCH, STEPS, LR = 32, 32, 0.2
 CASE = Case(backend="jax", batch=BATCH, mesh=(8, 1), steps=STEPS, warmup=0, reference=True)

@@ -244,6 +244,7 @@ def test_metrics_of_a_jaxtask_aux_and_a_schedule_read_from_state_step(
                                [float(schedule(i)) for i in range(STEPS + WARMUP)], rtol=1e-6)
 
 
+@pytest.mark.slow  # 10 s
 def test_named_axis_bound_to_the_mesh_matches_the_global_batch(accel: Accelerator) -> None:
     # The pmap-style step (BatchNorm over 'batch', lax.pmean of gradients) fails unbound...
     pmap_style = JaxStep(init=make_state(axis_name="batch"), step=bn_step("batch"),

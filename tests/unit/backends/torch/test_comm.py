@@ -28,6 +28,11 @@ from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import RankStep, train_ddp  # noqa: E402
 
+#: Every test here is slow, out of the quick loop (`-m "not slow"`):
+#: its fixtures train DDP over 2 ranks at two widths (16 s of setup).
+pytestmark = pytest.mark.slow
+
+
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 BATCH, STEPS, WARMUP, IN = 8, 2, 2, 16
 #: Steps whose collectives are counted: all but the first two

@@ -35,6 +35,11 @@ from pytest_accelperf.torch import train_ddp  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "suites" / "torch"))
 from gpt import make_task, n_params  # noqa: E402
 
+#: Every test here is slow, out of the quick loop (`-m "not slow"`):
+#: its fixtures train DeepSpeed over 2 ranks (28 s of setup).
+pytestmark = pytest.mark.slow
+
+
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 STEPS, WARMUP, BATCH, SEQ = 3, 2, 8, 32
 #: Bucket sizes for a 110k-parameter model (DeepSpeed's defaults are 5e8 elements: a 2 GB

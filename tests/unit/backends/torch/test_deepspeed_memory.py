@@ -31,6 +31,11 @@ from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import RankStep  # noqa: E402
 
+#: Every test here is slow, out of the quick loop (`-m "not slow"`):
+#: its fixture sizes DeepSpeed's buffers over ranks (20 s of setup).
+pytestmark = pytest.mark.slow
+
+
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 WIDTH, DEPTH, BATCH, WORLD = 1024, 3, 8, 2
 #: The report's model: three 1024x1024 layers with biases.

@@ -153,6 +153,7 @@ def test_what_the_machine_did_while_the_step_compiled_is_recorded(
     assert train(Training()).compile_load is None  # an eager step compiles nothing
 
 
+@pytest.mark.slow  # torch.compile of the step: 23 s of setup
 def test_a_compiled_step_records_dynamos_graphs(compiled: list[Run]) -> None:
     first, second = compiled
     assert first.program is not None
@@ -167,6 +168,7 @@ def test_a_compiled_step_records_dynamos_graphs(compiled: list[Run]) -> None:
     assert describe_changes(first.program, second.program, 0.0) == []
 
 
+@pytest.mark.slow  # torch.compile of the step: 23 s of setup
 def test_a_graph_break_is_counted_with_its_reason(compiled: list[Run], broken: Run) -> None:
     before, after = compiled[0].program, broken.program
     assert before is not None and after is not None
@@ -236,6 +238,7 @@ def test_a_python_int_that_changes_recompiles() -> None:
 
 
 # -- a cold compile ---------------------------------------------------------------------------
+@pytest.mark.slow  # torch.compile of the step: 23 s of setup
 def test_a_compiled_case_after_an_identical_one_compiles_cold(compiled: list[Run]) -> None:
     first, second = (r.compile_time for r in compiled)
     assert first is not None and second is not None

@@ -40,6 +40,11 @@ from pytest_accelperf.torch import (  # noqa: E402
     train_ddp,
 )
 
+#: Every test here is slow, out of the quick loop (`-m "not slow"`):
+#: its fixtures launch DDP and DeepSpeed ranks (46 s of setup in the quick loop at load 2).
+pytestmark = pytest.mark.slow
+
+
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
 BATCH, STEPS, WARMUP, WIDTH, LR, WARM = 16, 3, 2, 64, 1e-2, 3
 #: Client optimizer calls per step, counted by an optimizer pre-hook (the way a schedule
