@@ -54,7 +54,7 @@ from pytest_accelperf.backends.measure.common import (
     fingerprint,
     with_state,
 )
-from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop
+from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop, HeldStepper
 from pytest_accelperf.backends.measure.notes import say
 from pytest_accelperf.backends.measure.recording import (
     deadline_after,
@@ -81,7 +81,6 @@ from pytest_accelperf.backends.torch.task import sync, torch_probe
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.program import ProgramRecord
 
 INSTALL = "pip install 'pytest-accelperf[hf]'"
 #: What a note shows for the gate's ``output_dir``.
@@ -445,7 +444,7 @@ def one_device(case: Case) -> None:
                           f"drop reference=True")
 
 
-class HfStepper:
+class HfStepper(HeldStepper):
     """A case's ``Trainer.train``, held between optimizer steps, for A/B mode: :meth:`run`
     trains ``n`` more and gives their times.
 
@@ -462,34 +461,23 @@ class HfStepper:
         one_device(case)
         device = _device(accel)
         built = build(as_trainer_task(task), case, device)
-        self._root = tempfile.mkdtemp(prefix="accelperf-hf-")
+        root = self._root = tempfile.mkdtemp(prefix="accelperf-hf-")
         try:
             with _quiet():
-                counted = count(built, case, device, self._root, memory=False)
-            self._program: ProgramRecord | None = eager_program(counted.flops, counted.ops)
+                counted = count(built, case, device, root, memory=False)
+            self._program = eager_program(counted.flops, counted.ops)
             self._held = HeldLoop(built.label)
             measured = Measured(built.label, self._held.clock(lambda: sync(device)))
             transformers.set_seed(built.args.seed)
 
             def train() -> None:
                 with _quiet():
-                    built.train(HELD_STEPS, measured, self._root)
+                    built.train(HELD_STEPS, measured, root)
 
             self._held.start(train)
         except BaseException:
-            shutil.rmtree(self._root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
             raise
-
-    @property
-    def program(self) -> ProgramRecord | None:
-        return self._program
-
-    def run(self, n: int) -> list[float]:
-        return self._held.run(n)
-
-    def close(self) -> None:
-        self._held.close()
-        shutil.rmtree(self._root, ignore_errors=True)
 
 
 BACKEND = HfBackend()

@@ -31,7 +31,7 @@ from pytest_accelperf.backends.keras.fit import (
 )
 from pytest_accelperf.backends.keras.load import keras
 from pytest_accelperf.backends.keras.program import train_program
-from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop
+from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop, HeldStepper
 from pytest_accelperf.backends.protocol import Task
 from pytest_accelperf.backends.types import Batch, Untyped
 from pytest_accelperf.collect.cases import Case
@@ -80,7 +80,7 @@ def held_fit(kwargs: dict[str, Any]) -> dict[str, Any]:
     return held
 
 
-class KerasStepper:
+class KerasStepper(HeldStepper):
     """A case's ``model.fit``, held between steps: :meth:`run` trains ``n`` more and gives
     their times (see the module docstring)."""
 
@@ -113,9 +113,3 @@ class KerasStepper:
             self._program = train_program(self._model, spec,
                                           self._callback.keras_function).record
         return self._program
-
-    def run(self, n: int) -> list[float]:
-        return self._held.run(n)
-
-    def close(self) -> None:
-        self._held.close()

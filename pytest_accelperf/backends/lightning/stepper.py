@@ -25,17 +25,16 @@ from pytest_accelperf.backends.lightning.fit import (
     one_device,
     quiet,
 )
-from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop
+from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop, HeldStepper
 from pytest_accelperf.backends.protocol import Task
 from pytest_accelperf.backends.torch.on_device import _device
 from pytest_accelperf.backends.torch.step_record import eager_program
 from pytest_accelperf.backends.torch.task import sync
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.program import ProgramRecord
 
 
-class LightningStepper:
+class LightningStepper(HeldStepper):
     """A case's ``Trainer.fit``, held between optimizer steps: :meth:`run` trains ``n``
     more and gives their times (see the module docstring)."""
 
@@ -44,12 +43,12 @@ class LightningStepper:
         lightning_task = as_lightning_task(task)
         device = _device(accel)
         built = build(lightning_task, case, device)
-        self._root = tempfile.mkdtemp(prefix="accelperf-lightning-")
+        root = self._root = tempfile.mkdtemp(prefix="accelperf-lightning-")
         try:
             with quiet():
-                counted = count(built, lightning_task, case, device, self._root,
+                counted = count(built, lightning_task, case, device, root,
                                 memory=False)
-            self._program: ProgramRecord | None = eager_program(counted.flops, counted.ops)
+            self._program = eager_program(counted.flops, counted.ops)
             self._held = HeldLoop(built.label)
             measured = Measured(case, device, built.label,
                                 self._held.clock(lambda: sync(device)))
@@ -57,20 +56,9 @@ class LightningStepper:
 
             def fit() -> None:
                 with quiet():
-                    built.fit(HELD_STEPS, measured, self._root)
+                    built.fit(HELD_STEPS, measured, root)
 
             self._held.start(fit)
         except BaseException:
-            shutil.rmtree(self._root, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
             raise
-
-    @property
-    def program(self) -> ProgramRecord | None:
-        return self._program
-
-    def run(self, n: int) -> list[float]:
-        return self._held.run(n)
-
-    def close(self) -> None:
-        self._held.close()
-        shutil.rmtree(self._root, ignore_errors=True)

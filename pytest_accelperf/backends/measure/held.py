@@ -17,10 +17,12 @@ Importing this module imports no framework.
 
 from __future__ import annotations
 
+import shutil
 import threading
 from collections.abc import Callable
 
 from pytest_accelperf.backends.measure.stamps import StepClock
+from pytest_accelperf.records.program import ProgramRecord
 
 #: The steps a held training is told it trains: more than any comparison asks for (its
 #: trainer's ``max_steps``, and the clock's count for spreading its yardstick).
@@ -120,3 +122,26 @@ class HeldLoop:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(CLOSE_WAIT)
+
+
+class HeldStepper:
+    """What every trainer's A/B stepper shares: a :class:`HeldLoop` (``_held``) that
+    :meth:`run` lets steps through, the program record counted before it (``_program``),
+    and a temporary root the trainer wrote in (``_root``), removed at :meth:`close` after
+    the loop ended. A trainer's stepper sets the three in its ``__init__``."""
+
+    _held: HeldLoop
+    _program: ProgramRecord | None = None
+    _root: str | None = None
+
+    @property
+    def program(self) -> ProgramRecord | None:
+        return self._program
+
+    def run(self, n: int) -> list[float]:
+        return self._held.run(n)
+
+    def close(self) -> None:
+        self._held.close()
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
