@@ -14,7 +14,7 @@ from pytest_accelperf.records.fingerprint import compact
 from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.store.baselines import BaselineStore, check_block, read
 from pytest_accelperf.store.schema import validate_block
-from unit.test_baselines_compact import TOL, _params
+from unit.store.test_baselines_compact import TOL, _params
 
 
 # -- the training state beside the parameters (issue 23) --------------------------------------

@@ -28,7 +28,7 @@ from pytest_accelperf.store.baselines import (
     read,
 )
 from pytest_accelperf.store.fields import Fields
-from unit.test_baselines_scale import TEMPLATE
+from unit.store.test_baselines_scale import TEMPLATE
 
 PLATFORM = "cpu-x2"
 MODULE = "suites/test_m"

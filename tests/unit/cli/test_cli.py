@@ -164,7 +164,7 @@ def _suite_props(path: Path) -> dict[str, str]:
 def test_console_script_is_declared() -> None:
     # Read from pyproject.toml, not the installed metadata: a stale *.egg-info in the
     # checkout can shadow the installed entry points of an editable install.
-    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    project = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())
     target = project["project"]["scripts"]["accelperf"]
     module, _, name = target.partition(":")
     assert getattr(importlib.import_module(module), name) is main

@@ -21,7 +21,7 @@ from pytest_accelperf.records.verdict import Tolerances, Verdict
 from pytest_accelperf.store.baselines import BaselineStore, check_block, read
 from pytest_accelperf.store.schema import validate_block
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import store as bench  # noqa: E402
 

@@ -24,7 +24,7 @@ from pytest_accelperf.store.block import TIMING_SECTIONS, read_block
 from pytest_accelperf.store.machines import view
 from pytest_accelperf.store.schema import block_model
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PLATFORM = "cpu-x2"
 
 
