@@ -59,7 +59,7 @@ into:
   100: ``loop.MAX_PROBES``), reading the loss), ``fingerprint``,
   ``reference`` and ``other`` (the rest: the runner, the checks, the reports, pytest's
   fixtures). For a multi-process case the rest is split
-  further from ``run.extra["timings"]`` (rank 0's clock marks): ``start`` (interpreter
+  further from ``run.details["timings"]`` (rank 0's clock marks): ``start`` (interpreter
   start and imports, or a warm rank's fork), ``join`` (the process group), ``build`` (the
   engine, under the memory count), ``unmeasured`` (the training loop's time outside the
   measured steps: warm-up steps, drift probes), ``end`` (gathering the parameters,

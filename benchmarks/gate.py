@@ -868,17 +868,18 @@ def run_overhead(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"{INJECT_ENV} is set: unset it to measure the overhead", file=sys.stderr)
         return 2
     prepare_environment("cpu", 1)  # before jax initializes: one CPU device, as the suite
+    from dataclasses import replace
+
     import jax
 
     from pytest_accelperf.backends.jax.backend import _execute, _init_state, jax_probe
     from pytest_accelperf.backends.jax.compile import _compile
-    from pytest_accelperf.collect.cases import with_overrides
 
     steptask = _load_steptask()
     block_until_ready: Any = jax.block_until_ready  # untyped in jax
     CASE, make_task = steptask.CASE, steptask.make_task
     accel = provision("cpu", 1)
-    case = with_overrides(CASE, steps=ns.block_steps)
+    case = replace(CASE, steps=ns.block_steps)
     task = make_task(case)
     program = _compile(case, task, accel, None)
     probe = jax_probe(accel.devices[0])

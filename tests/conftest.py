@@ -41,6 +41,11 @@ except ImportError:  # torch is optional
 # modules a session imported. Imported here, it is done once per process.
 with contextlib.suppress(ImportError):  # a test extra
     import hypothesis.internal.observability  # noqa: F401
+# And vl_convert (the HTML report's plotting library, a PyO3 module: a second import in one
+# process raises ImportError): an in-process session that writes HTML imports it, pytester
+# drops it, and the next one failed (tests/unit/cli/test_cli.py run on its own). 12 ms.
+with contextlib.suppress(ImportError):  # the html extra
+    import vl_convert  # noqa: F401
 
 TINYTASK = '''
 """A linear regression in JAX: real training, compiled in well under a second."""
@@ -169,20 +174,21 @@ class NumpySGD:
 
     def train(self, case, task, accel, *, timeout=None):
         steps, probe = Steps(case, task), numpy_probe()
-        run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=1,
-                  flops_per_step=6.0 * case.batch * steps.w.size, probe_kind=probe.kind)
+        losses, step_times, probe_times = [], [], []
         total = case.warmup + case.steps
         for step in range(total):
             loss, seconds = steps.one()
-            run.losses.append(loss)
-            run.loss_steps.append(step)
+            losses.append(loss)
             if step >= case.warmup:
-                run.step_times.append(seconds)
-                run.probe_times.append(probe.time())  # outside the step's timer
+                step_times.append(seconds)
+                probe_times.append(probe.time())  # outside the step's timer
             progress.step(step + 1, total, loss, seconds)
-        run.memory_per_device, run.memory_source = {"cpu:0": steps.nbytes}, "numpy nbytes"
         params = {"w": steps.w}
-        run.params_fingerprint = fingerprint(params)
+        run = Run(case_id=case.id, samples_per_step=case.batch, n_devices=1,
+                  flops_per_step=6.0 * case.batch * steps.w.size, probe_kind=probe.kind,
+                  losses=losses, loss_steps=list(range(total)), step_times=step_times,
+                  probe_times=probe_times, memory_per_device={"cpu:0": steps.nbytes},
+                  memory_source="numpy nbytes", params_fingerprint=fingerprint(params))
         return TrainResult(run=run, params=params)
 
     def fits(self, case, task, accel, *, timeout=None):

@@ -315,8 +315,8 @@ def train(case: Case, task: Task, accel: Accelerator, *, cpu_devices: int,
                                                follow))
     where, result = results[0]
     _check_platform(where, accel, platform)
-    result.run.extra["cluster"] = gang.hosts[0]
     assert isinstance(result, TrainResult)
+    result.run = result.run.noted(cluster=gang.hosts[0])
     return result
 
 
@@ -324,20 +324,19 @@ def _failed_run(case: Case, gang: _Gang, failed: _Failed | None, timeout: float 
                 what: str, follow: _Follow) -> Run:
     """The run of a case whose worker died (``failed``) or was killed at the timeout,
     with the losses its first process had reported."""
-    from pytest_accelperf.records.run import Run
+    from pytest_accelperf.records.run import Outcome, Run
 
     report = follow.report(0)
     where = report.where(_total(report))
     if failed is None:
-        run = Run(case_id=case.id, outcome="timeout",
-                  message=f"exceeded the {timeout:g} s timeout by {GRACE_S:g} s on "
-                          f"{gang.host(0)}, {where}; its Ray worker(s) were killed")
+        outcome: Outcome = "timeout"
+        message = (f"exceeded the {timeout:g} s timeout by {GRACE_S:g} s on "
+                   f"{gang.host(0)}, {where}; its Ray worker(s) were killed")
     else:
-        run = Run(case_id=case.id, outcome="error",
-                  message=_death(gang, failed, what, follow.report(failed.index)))
-    run.losses = [float(s["loss"]) for s in report.steps if "loss" in s]
-    run.loss_steps = [int(s["step"]) for s in report.steps if "loss" in s]
-    return run
+        outcome, message = "error", _death(gang, failed, what, follow.report(failed.index))
+    return Run(case_id=case.id, outcome=outcome, message=message,
+               losses=[float(s["loss"]) for s in report.steps if "loss" in s],
+               loss_steps=[int(s["step"]) for s in report.steps if "loss" in s])
 
 
 def _total(report: RankReport) -> int | None:
@@ -415,5 +414,6 @@ def _train_ranks(spec: BackendSpec, case: Case, task: Task, accel: Accelerator,
             # Where rank 0 ran: the controller may have neither the framework nor a device.
             result.reference_params = ray.get(gang.actors[0].reference.remote(
                 cloudpickle.dumps((spec, case, task, job))))
-    result.run.extra["cluster"] = {"ranks": gang.hosts, "master": f"{master}:{port}"}
+    result.run = result.run.noted(cluster={"ranks": gang.hosts,
+                                           "master": f"{master}:{port}"})
     return result

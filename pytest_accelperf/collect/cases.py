@@ -12,8 +12,8 @@ import itertools
 import math
 import typing
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, TypedDict
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -23,7 +23,6 @@ from pytest_accelperf.records.verdict import Tolerances, non_negative_number
 
 if TYPE_CHECKING:
     import pytest
-    from typing_extensions import Unpack
 
 MARKER = "accelperf"
 #: Where DeepSpeed's ZeRO may offload to the CPU: nothing, optimizer state, parameters, both.
@@ -186,93 +185,39 @@ class Case:
         return "-".join(parts)
 
     def to_json(self) -> CaseJSON:
-        return {
-            "backend": self.backend,
-            "model": self.model,
-            "batch": self.batch,
-            "mesh": list(self.mesh) if self.mesh is not None else None,
-            "axis_names": list(self.axis_names),
-            "steps": self.steps,
-            "warmup": self.warmup,
-            "label": self.label,
-            "memory_capacity": self.memory_capacity,
-            "reference": self.reference,
-            "reference_steps": self.reference_steps,
-            "tolerances": dict(self.tolerances),
-            "params": dict(self.params),
-            "world_size": self.world_size,
-            "zero_stage": self.zero_stage,
-            "offload": self.offload,
-            "grad_clip": self.grad_clip,
-            "grad_accum": self.grad_accum,
-            "zero_init": self.zero_init,
-        }
+        """The case as JSON, made from its fields (all but :data:`NOT_IN_JSON`): tuples
+        as lists, mappings as objects."""
+        return {f.name: _json_value(getattr(self, f.name)) for f in fields(self)
+                if f.name not in NOT_IN_JSON}
 
 
-class CaseJSON(TypedDict, total=False):
-    """A case as JSON (:meth:`Case.to_json`): what a report (``cases[].case``) and a history
-    line (``case``) keep of it. Total where :meth:`Case.to_json` writes it; a report or a line
-    written before a field was added lacks it."""
+#: The fields of :class:`Case` its JSON leaves out: where a case may run is the suite's,
+#: not a record of what ran.
+NOT_IN_JSON = ("accels",)
 
-    backend: str
-    model: str
-    batch: int
-    mesh: list[int] | None
-    axis_names: list[str]
-    steps: int
-    warmup: int
-    label: str
-    memory_capacity: int | None
-    reference: bool
-    reference_steps: int
-    tolerances: dict[str, float]
-    #: The user's parameters of the model: JSON (a case crosses to workers as JSON).
-    params: dict[str, JSONValue]
-    world_size: int
-    zero_stage: int | None
-    offload: str
-    grad_clip: float | None
-    grad_accum: int
-    zero_init: bool
+#: A case as JSON (:meth:`Case.to_json`; ``CaseRecord.case``, a history line's ``case``):
+#: its keys are :class:`Case`'s fields, which declare them once.
+CaseJSON: TypeAlias = dict[str, JSONValue]
 
 
-class CaseOptions(TypedDict, total=False):
-    """The fields of :class:`Case` beyond the grid's axes, as keywords."""
-
-    axis_names: tuple[str, ...]
-    steps: int
-    warmup: int
-    label: str
-    memory_capacity: int | None
-    reference: bool
-    reference_steps: int
-    accels: tuple[str, ...]
-    tolerances: Mapping[str, float]
-    params: Mapping[str, Any]
-    world_size: int
-    zero_stage: int | None
-    offload: str
-    grad_clip: float | None
-    grad_accum: int
-    zero_init: bool
+def _json_value(value: object) -> JSONValue:
+    """A field's value as JSON: a tuple as a list, a mapping as an object (a parameter
+    that is not JSON by nature is kept as it is: a report writes it with ``default=str``)."""
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    return cast(JSONValue, value)
 
 
-class CaseFields(CaseOptions, total=False):
-    """Every field of :class:`Case`, as keywords (:func:`with_overrides`)."""
-
-    backend: str
-    batch: int
-    mesh: tuple[int, ...] | None
-    model: str
-
-
-class GridKeywords(CaseOptions, total=False):
-    """The keywords of :func:`grid` (:func:`cases` passes them on)."""
-
-    backend: str
-    batch: Iterable[int]
-    mesh: Iterable[tuple[int, ...] | None]
-    model: Iterable[str] | str
+def _case(**values: object) -> Case:
+    """``Case(**values)``, an unknown keyword refused in one line that names the fields
+    (a wrong type is refused by the case itself, naming the field and its type)."""
+    unknown = sorted(set(values) - {f.name for f in fields(Case)})
+    if unknown:
+        raise ConfigError(f"unknown case keyword(s) {', '.join(unknown)}; a case takes: "
+                          f"{', '.join(f.name for f in fields(Case))}")
+    return Case(**cast(dict[str, Any], values))
 
 
 def grid(
@@ -281,9 +226,12 @@ def grid(
     batch: Iterable[int],
     mesh: Iterable[tuple[int, ...] | None] = (None,),
     model: Iterable[str] | str = "",
-    **common: Unpack[CaseOptions],
+    **common: object,
 ) -> list[Case]:
-    """The cartesian product backend x model x mesh x batch as a list of cases.
+    """The cartesian product backend x model x mesh x batch as a list of cases; ``common``
+    are the other fields of :class:`Case`, the same for every case (its fields are their
+    one declaration: a keyword that is not one, or a value not of its type, is refused in
+    one line).
 
     >>> [c.id for c in grid(backend="jax", mesh=[None, (4, 2)], batch=[128])]
     ['jax-nomesh-b128', 'jax-mesh4x2-b128']
@@ -299,14 +247,13 @@ def grid(
                           f"(4, 2), or None for no mesh): mesh=[{mesh!r}]")
     models = [model] if isinstance(model, str) else list(model)
     return [
-        Case(backend=backend, model=m, mesh=tuple(me) if me is not None else None, batch=b,
-             **common)
+        _case(backend=backend, model=m, mesh=tuple(me) if me is not None else None, batch=b,
+              **common)
         for m, me, b in itertools.product(models, list(mesh), list(batch))
     ]
 
 
-def cases(*explicit: Case | Sequence[Case],
-          **grid_kwargs: Unpack[GridKeywords]) -> pytest.MarkDecorator:
+def cases(*explicit: Case | Sequence[Case], **grid_kwargs: object) -> pytest.MarkDecorator:
     """Declare the training cases of a test; each becomes one parametrized item.
 
     Either keyword arguments of :func:`grid`, explicit :class:`Case` objects (or lists of
@@ -325,7 +272,11 @@ def cases(*explicit: Case | Sequence[Case],
         else:
             collected.extend(item)
     if grid_kwargs:
-        collected.extend(grid(**grid_kwargs))
+        missing = [k for k in ("backend", "batch") if k not in grid_kwargs]
+        if missing:
+            raise ConfigError(f"cases() with grid keywords needs {' and '.join(missing)} "
+                              f"(e.g. backend='jax', batch=[32])")
+        collected.extend(grid(**cast(dict[str, Any], grid_kwargs)))
     if not collected:
         raise ConfigError("cases() needs at least one case: pass grid keywords or Case objects")
     ids = [c.id for c in collected]
@@ -336,11 +287,6 @@ def cases(*explicit: Case | Sequence[Case],
 
     mark: pytest.MarkDecorator = getattr(pytest.mark, MARKER)(cases=tuple(collected))
     return mark
-
-
-def with_overrides(case: Case, **changes: Unpack[CaseFields]) -> Case:
-    """A copy of ``case`` with fields replaced (cases are frozen)."""
-    return replace(case, **changes)
 
 
 @functools.cache

@@ -19,10 +19,10 @@ and :mod:`pytest_accelperf.checks.max_batch` gates on it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pytest_accelperf.backends.protocol import Fit
-from pytest_accelperf.collect.cases import Case, with_overrides
+from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.records.run import MaxBatchRecord
 
 #: Candidates tried at most; doubling from 1 to 65536 and bisecting back takes ~33.
@@ -72,7 +72,7 @@ def search_max_batch(case: Case, fits: Callable[[Case], Fit], *, start: int | No
         if len(result.probes) >= MAX_PROBES:
             raise RuntimeError(f"max-batch search of {case.id} did not converge in "
                                f"{MAX_PROBES} candidates: {result.probes}")
-        answer = fits(with_overrides(case, batch=batch))
+        answer = fits(replace(case, batch=batch))
         if answer.capacity_bytes is not None:
             result.capacity_bytes = answer.capacity_bytes
         result.probes.append((batch, answer.fits, answer.required_bytes))

@@ -478,9 +478,9 @@ class CaseRunner:
                 self._device_failed(run, device)
             self._fail(run, run.message, reraise=exc)
         if found is not None:
-            result.run.max_batch = found.to_json()
+            result.run = replace(result.run, max_batch=found.to_json())
         if injected_slowdown():
-            result.run.injected_slowdown = injected_slowdown()
+            result.run = replace(result.run, injected_slowdown=injected_slowdown())
         return result
 
     @contextlib.contextmanager

@@ -121,9 +121,9 @@ def decode(data: bytes, source: str, parser: str) -> str:
 
 
 def select_run(runs: list[Run], section: str | None, source: str) -> Run:
-    """The run whose ``extra["section"]`` (or ``case_id``) is ``section``; the only run
+    """The run whose ``details["section"]`` (or ``case_id``) is ``section``; the only run
     when ``section`` is None."""
-    labels = [str(r.extra.get("section", r.case_id)) for r in runs]
+    labels = [str(r.details.get("section", r.case_id)) for r in runs]
     if section is None:
         if len(runs) == 1:
             return runs[0]

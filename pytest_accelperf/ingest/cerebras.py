@@ -15,14 +15,14 @@
 A run: ``samples_per_step`` is the effective batch size; each ``Step=`` line gives one
 step-time sample, ``batch / Rate`` (the mean step time over the steps since the previous
 line), and one loss at that step; ``compile_time`` is the time between "Compiling the
-model" and "Compile was successful!"; ``run.extra`` holds the programming time ("Programming
+model" and "Compile was successful!"; ``run.details`` holds the programming time ("Programming
 ..." to "Device programming is complete"), the time to send the initial weights, the final
 ``GlobalRate``, and the processed samples and seconds of the summary line, which must equal
 batch x last step. A log whose last run has no summary line is truncated: an error, as are
 steps or timestamps going backwards and a rate in a unit other than samples/sec.
 
 Several runs may share one file (seed 003 pastes three, each under a ``#Batch size N``
-note); each run's ``extra["section"]`` is its note, or ``"batch size N"`` without one.
+note); each run's ``details["section"]`` is its note, or ``"batch size N"`` without one.
 """
 
 from __future__ import annotations
@@ -30,11 +30,10 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_accelperf.ingest.base import NUMBER, IngestError, clip, finite, parse_int
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import Run, RunDetails
 from pytest_accelperf.stats.units import UnitError, to_base_unit
 
 # The message is stripped in code: "(.*?)\s*$" backtracked quadratically on a long line.
@@ -120,9 +119,9 @@ def _finish(log: _Log, source: str, last_line: int) -> Run:
         raise IngestError(source, done_line, f"processed {samples} samples, but batch "
                                              f"{log.batch} x last step {log.steps[-1]} = "
                                              f"{log.batch * log.steps[-1]}")
-    extra: dict[str, Any] = {"section": log.section, "source": f"{source}:{log.line}",
-                             "total_samples": samples, "total_time": seconds,
-                             "global_rate": log.global_rate, "rates": list(log.rates)}
+    details: RunDetails = {"section": log.section, "source": f"{source}:{log.line}",
+                           "total_samples": samples, "total_time": seconds,
+                           "global_rate": log.global_rate, "rates": list(log.rates)}
     compile_time: float | None = None
     for name, (start, end) in _SPANS.items():
         if start not in log.events:
@@ -133,12 +132,14 @@ def _finish(log: _Log, source: str, last_line: int) -> Run:
         span = (log.events[end][0] - log.events[start][0]).total_seconds()
         if name == "compile_time":
             compile_time = span
+        elif name == "programming_time":
+            details["programming_time"] = span
         else:
-            extra[name] = span
+            details["weights_time"] = span
     return Run(case_id=f"cerebras-b{log.batch}", samples_per_step=log.batch,
                n_devices=log.devices or 1,
                step_times=[log.batch / r for r in log.rates], compile_time=compile_time,
-               losses=list(log.losses), loss_steps=list(log.steps), extra=extra,
+               losses=list(log.losses), loss_steps=list(log.steps), details=details,
                environment=Environment.from_json({
                    "platform": f"cerebras-{log.device.lower() or 'csx'}",
                    "device_kind": log.device or "CSX", "device_count": log.devices,

@@ -21,7 +21,7 @@ time ``1 / train_steps_per_second`` (the Trainer only reports the mean over trai
 run has one step-time sample); the samples per step are their ratio, the number of steps
 ``train_runtime * train_steps_per_second``, both checked to be whole numbers. The step
 count is exact only when the rounding of the two printed factors cannot move it by half a
-step; otherwise ``extra["train_steps"]`` is None and ``extra["train_steps_estimate"]`` gives
+step; otherwise ``details["train_steps"]`` is None and ``details["train_steps_estimate"]`` gives
 the interval (the loss is still placed at the rounded estimate). The loss is ``train_loss``
 (the Trainer's mean over training) at the last step.
 """
@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from pytest_accelperf.ingest.base import IngestError, clip, near_int, parse_number
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import Run, RunDetails
 
 HEADER = re.compile(r"^\s*\*{5} (\w+) metrics \*{5}\s*$")
 _LINE = re.compile(r"^\s+(\w+)\s+=\s+(\S+)\s*$")
@@ -141,15 +140,16 @@ def run_from_block(block: MetricsBlock, source: str, case_id: str,
     # cannot move the product by half a step (seed 001: minutes of runtime, so it is).
     spread = (_half_ulp(block.texts["train_runtime"]) * steps_ps
               + _half_ulp(block.texts["train_steps_per_second"]) * m["train_runtime"])
-    extra: dict[str, Any] = {"hf_metrics": dict(m), "train_steps": steps,
-                             "source": f"{source}:{block.line}"}
+    details: RunDetails = {"hf_metrics": dict(m), "train_steps": steps,
+                           "source": f"{source}:{block.line}"}
     if spread >= 0.5:
-        extra["train_steps"] = None
-        extra["train_steps_estimate"] = [round(estimate - spread, 1), round(estimate + spread, 1)]
+        details["train_steps"] = None
+        details["train_steps_estimate"] = [round(estimate - spread, 1),
+                                           round(estimate + spread, 1)]
     if "eval_loss" in m:
-        extra["eval_loss"] = m["eval_loss"]
+        details["eval_loss"] = m["eval_loss"]
     return Run(case_id=case_id, samples_per_step=batch, step_times=[1.0 / steps_ps],
-               losses=[m["train_loss"]], loss_steps=[steps], extra=extra)
+               losses=[m["train_loss"]], loss_steps=[steps], details=details)
 
 
 def parse_hf_trainer(text: str, source: str = "<text>") -> list[Run]:

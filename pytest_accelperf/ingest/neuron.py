@@ -24,20 +24,20 @@ its ``Total`` row (truncated).
 The run of a section: with Trainer metrics, their throughput, step time and loss (see
 :mod:`.hf`); without, one step of the profiled execution's ``total_time``. From the
 profile: ``flops_per_step`` = ``model_flops``, ``memory_per_device`` = the memory table's
-``Total`` per NeuronCore, and every metric in ``run.extra["profile"]`` (``mfu`` as a
-fraction in ``run.extra["mfu"]``, the memory table in ``run.extra["memory_by_usage"]``).
+``Total`` per NeuronCore, and every metric in ``run.details["profile"]`` (``mfu`` as a
+fraction in ``run.details["mfu"]``, the memory table in ``run.details["memory_by_usage"]``).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pytest_accelperf.ingest.base import IngestError, clip, parse_int, parse_quantity, slug
 from pytest_accelperf.ingest.hf import HEADER as HF_HEADER
 from pytest_accelperf.ingest.hf import parse_blocks, run_from_block
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import Run, RunDetails
 
 # The title is stripped in code: "(\S.*?)\s*$" backtracked quadratically on a long line.
 _HEADING = re.compile(r"^#{1,6}\s+(\S.*)$")
@@ -258,24 +258,23 @@ def _run(section: _Section, source: str) -> Run | None:
                                                     f"profiled execution takes time")
         run = Run(case_id=case_id, samples_per_step=batch or 0,
                   step_times=[profile.metrics["total_time"]],
-                  extra={"source": f"{source}:{profile.line}"})
-    run.extra["section"] = title
-    run.environment = _environment(profile)
+                  details={"source": f"{source}:{profile.line}"})
+    run = replace(run, environment=_environment(profile)).noted(section=title)
     if profile is not None:
-        run.flops_per_step = profile.metrics["model_flops"]
-        run.extra["profile"] = dict(profile.metrics)
-        run.extra["profile_dimensions"] = dict(profile.dimensions)
-        run.extra["profile_text"] = dict(profile.text)
-        run.extra["mfu"] = profile.metrics["mfu_estimated_percent"] / 100
-        run.extra["profile_step_time"] = profile.metrics["total_time"]
+        details: RunDetails = {
+            "profile": dict(profile.metrics), "profile_dimensions": dict(profile.dimensions),
+            "profile_text": dict(profile.text),
+            "mfu": profile.metrics["mfu_estimated_percent"] / 100,
+            "profile_step_time": profile.metrics["total_time"]}
         if profile.logical_cores is not None:
-            run.extra["logical_neuroncores"] = profile.logical_cores
+            details["logical_neuroncores"] = profile.logical_cores
         if profile.memory:
-            run.memory_per_device = {core: u["Total"] for core, u in profile.memory.items()}
-            run.memory_source = "neuron_profile"
-            run.extra["memory_by_usage"] = {core: {k: v for k, v in u.items() if k != "Total"}
-                                            for core, u in profile.memory.items()}
-        run.n_devices = max(1, len(profile.memory))
+            details["memory_by_usage"] = {core: {k: v for k, v in u.items() if k != "Total"}
+                                          for core, u in profile.memory.items()}
+            run = replace(run, memory_source="neuron_profile", memory_per_device={
+                core: u["Total"] for core, u in profile.memory.items()})
+        run = replace(run, flops_per_step=profile.metrics["model_flops"],
+                      n_devices=max(1, len(profile.memory))).noted(**details)
     return run
 
 

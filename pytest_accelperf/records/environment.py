@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated
 
-from pydantic import ConfigDict, Field, JsonValue
+from pydantic import ConfigDict, Field
 
 from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.section import JsonSection
@@ -47,10 +47,10 @@ class Environment(JsonSection):
     cpu_isa: str | None = None
     # -- the stack
     python: str | None = None
-    packages: dict[str, JsonValue] | None = None
+    packages: dict[str, JSONValue] | None = None
     #: The accelerator's libraries (libtpu, CUDA runtime, cuDNN, NCCL, the driver, ...):
     #: absent from baselines recorded before they were fingerprinted.
-    libraries: dict[str, JsonValue] | None = None
+    libraries: dict[str, JSONValue] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Environment:

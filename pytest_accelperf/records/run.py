@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, TypedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal, TypedDict, Unpack
 
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.fingerprint import ParamsFingerprint
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.stats.contention import Load
 
@@ -64,6 +66,89 @@ class Replay(TypedDict):
     leaves: dict[str, float]
 
 
+class RunDetails(TypedDict, total=False):
+    """``Run.details``: what one backend, the cluster or a log reader notes about its own
+    run, each under its own key (the report shows them as they are; few other modules read
+    them). In a run's JSON they sit under ``"extra"``, where they were written before they
+    were declared here: old reports and reports of this version have the same form."""
+
+    # -- the trainers (lightning, hf, keras) -------------------------------------------------
+    #: The settings the gate owns that differed from the user's, one line each.
+    notes: list[str]
+    #: Whether Keras compiled the train function with XLA (``jit_compile``).
+    jit_compile: bool
+    # -- JAX ----------------------------------------------------------------------------------
+    #: What the devices execute per step, replicated work counted on every replica.
+    hardware_flops_per_step: float
+    #: The first lines the compiler wrote on stderr (a compile-only target).
+    compiler_log: list[str]
+    #: The compiler whose memory plan the run's memory is.
+    planned_by: str
+    #: The plan's parts in bytes per device (a compile-only target).
+    memory_plan: dict[str, int]
+    #: A device's runtime peak where this case raised it.
+    runtime_peak: dict[str, int]
+    #: Why the single-device reference did not run.
+    reference: str
+    #: The steps the reference and the case were compared after.
+    reference_steps: int
+    #: The processes of a multi-process JAX case.
+    processes: int
+    #: A pipeline case's stages, micro-batches and mesh.
+    pipeline: dict[str, JSONValue]
+    # -- torch: torch.compile, Neuron, DDP and DeepSpeed ranks ---------------------------------
+    #: Why torch.compile recompiled.
+    recompile_reasons: list[str]
+    #: The XLA device kind a Neuron case ran on.
+    device: str
+    #: The steps at which a Neuron case recompiled its graph.
+    recompiles: list[int]
+    world_size: int
+    grad_accum: int
+    micro_batch: int
+    #: What the run's loss is, over ranks and micro-batches.
+    loss: str
+    #: What the run's memory per rank counts.
+    memory: str
+    #: Rank 0's engine (``describe()``: DDP's or DeepSpeed's configuration).
+    engine: Mapping[str, object]
+    launch_seconds: float
+    #: Seconds per phase of the launch (``backends.torch.ranks.LaunchBreakdown``).
+    timings: Mapping[str, object]
+    #: Every rank's times, losses, memory and collectives (``RankSummary``).
+    ranks: Sequence[Mapping[str, object]]
+    #: How the collectives were counted.
+    comm: Mapping[str, object]
+    # -- the Ray cluster ------------------------------------------------------------------------
+    #: The host a case ran on (``cluster.worker.HostInfo``), or its ranks' hosts and master.
+    cluster: Mapping[str, object]
+    # -- ingested logs (Cerebras, Hugging Face, Neuron) -------------------------------------------
+    #: The log's section the run is, and the file and line it starts at.
+    section: str
+    source: str
+    total_samples: int
+    total_time: float
+    global_rate: float | None
+    rates: list[float]
+    programming_time: float
+    weights_time: float
+    hf_metrics: dict[str, float]
+    train_steps: int | None
+    train_steps_estimate: list[float]
+    eval_loss: float
+    profile: dict[str, float]
+    profile_dimensions: dict[str, str]
+    profile_text: dict[str, str]
+    mfu: float
+    profile_step_time: float
+    logical_neuroncores: int
+    memory_by_usage: dict[str, dict[str, int]]
+
+
+#: The keys of :class:`RunDetails`: read from a run's ``"extra"`` into ``Run.details``.
+DETAIL_KEYS = RunDetails.__optional_keys__ | RunDetails.__required_keys__
+
+
 #: Key of an explanation under ``"extra"`` in a run's JSON (``Run.explain``).
 EXPLAIN_KEY = "explain"
 
@@ -91,7 +176,7 @@ def extra_fields() -> tuple[str, ...]:
     return tuple(f.name for f in fields(Run) if f.metadata.get(IN_EXTRA))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
     """Device-synchronized measurements of one case.
 
@@ -152,10 +237,15 @@ class Run:
     backward and optimizer step: the ``trainer`` check's), ``replay``
     (:class:`Replay`) and ``explain`` (:class:`Explained`).
 
-    ``extra`` keeps the rest: what one backend or log reader notes about its own run
-    (DeepSpeed's engine config, each rank's times, the compiler's log lines, a Neuron
-    profile's metrics, a Cerebras log's phases by name, the cluster hosts), which no other
-    module reads and whose keys are the source's own: JSON, shown in the report as it is.
+    ``details`` (:class:`RunDetails`) is what one backend, the cluster or a log reader
+    notes about its own run (DeepSpeed's engine config, each rank's times, the compiler's
+    log lines, a Neuron profile's metrics, a Cerebras log's phases, the cluster hosts),
+    each key declared with its type; its JSON is under ``"extra"`` too. ``extra`` keeps
+    only what none of these declares: keys a user's code added, or a newer version wrote.
+
+    A run is frozen: a backend builds it through
+    :class:`~pytest_accelperf.backends.measure.recording.RunBuilder`, the one place its
+    fields are written; anything after that makes a new one (:func:`dataclasses.replace`).
     """
 
     case_id: str
@@ -177,7 +267,7 @@ class Run:
     oom: OomRecord | None = None
     nan_step: int | None = None
     environment: Environment = field(default_factory=lambda: Environment.from_json({}))
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, JSONValue] = field(default_factory=dict)
     probe_times: list[float] = field(default_factory=list)
     probe_kind: str = ""
     max_batch: MaxBatchRecord | None = None
@@ -203,6 +293,8 @@ class Run:
     trainer_times: list[float] | None = field(default=None, metadata=_EXTRA)
     replay: Replay | None = field(default=None, metadata=_EXTRA)
     explain: Explained | None = field(default=None, metadata=_EXTRA)
+    # -- also under "extra" in the JSON, each key its own -------------------------------------
+    details: RunDetails = field(default_factory=lambda: RunDetails())
 
     # -- derived --------------------------------------------------------------------------
     @property
@@ -242,6 +334,11 @@ class Run:
     def final_loss(self) -> float | None:
         return self.losses[-1] if self.losses else None
 
+    def noted(self, **details: Unpack[RunDetails]) -> Run:
+        """This run with ``details`` added to its :attr:`details` (what a layer above the
+        backend notes: the cluster's hosts, a pipeline's stages)."""
+        return replace(self, details=RunDetails(**{**self.details, **details}))
+
     # -- serialization ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -254,7 +351,7 @@ class Run:
             load = getattr(self, name)
             if load is not None:
                 extra[name] = load.to_json()
-        data["extra"] = {**extra, **data["extra"]}
+        data["extra"] = {**extra, **data.pop("details"), **data["extra"]}
         data["environment"] = self.environment.to_json()
         data["losses"] = [_json_float(x) for x in self.losses]
         data["metrics"] = {k: [_json_float(x) for x in v] for k, v in self.metrics.items()}
@@ -280,6 +377,7 @@ class Run:
         for name in ("step_load", "compile_load"):
             if isinstance(data.get(name), dict):
                 data[name] = Load.from_json(data[name])
+        data["details"] = {k: extra.pop(k) for k in list(extra) if k in DETAIL_KEYS}
         data["extra"] = extra
         data["environment"] = Environment.from_json(data.get("environment") or {})
         return cls(**data)

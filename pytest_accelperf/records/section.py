@@ -12,7 +12,9 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, JsonValue, PrivateAttr
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+from pytest_accelperf.records.jsonvalue import JSONValue
 
 
 class JsonSection(BaseModel):
@@ -20,7 +22,7 @@ class JsonSection(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
                               validate_default=False)
-    __pydantic_extra__: dict[str, JsonValue]
+    __pydantic_extra__: dict[str, JSONValue]
     #: The JSON object this was read from (:func:`read`); None where it was validated.
     _json: Mapping[str, Any] | None = PrivateAttr(default=None)
 

@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
-    JsonValue,
     Strict,
     TypeAdapter,
     ValidationError,
@@ -40,6 +39,7 @@ from pydantic import (
 )
 
 from pytest_accelperf.records.environment import Environment
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, Run
 from pytest_accelperf.records.section import JsonSection as _Strict
@@ -160,11 +160,12 @@ def _report_run() -> type[_Report]:
     """:class:`ReportRun`, made from the fields of :class:`pytest_accelperf.records.run.Run` (the
     one definition of them): each field's type (its JSON form where
     :data:`_RUN_JSON_TYPES` says it differs) and its default; the fields whose JSON is
-    under ``extra`` (:data:`pytest_accelperf.records.run.IN_EXTRA`) are in ``extra``."""
+    under ``extra`` (:data:`pytest_accelperf.records.run.IN_EXTRA`, and the keys of ``details``)
+    are in ``extra``."""
     hints = typing.get_type_hints(Run)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(Run):
-        if f.metadata.get(IN_EXTRA):
+        if f.metadata.get(IN_EXTRA) or f.name == "details":  # their keys: under extra
             continue
         if f.default is not dataclasses.MISSING:
             default: Any = f.default
@@ -336,10 +337,10 @@ class HistoryLine(HistoryNumbers):
     kept (a newer version may add some)."""
 
     model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, JsonValue]
+    __pydantic_extra__: dict[str, JSONValue]
 
     case_id: str | None = None
-    case: dict[str, JsonValue] | None = None
+    case: dict[str, JSONValue] | None = None
     outcome: RunOutcome | None = None
     verdict: str | None = None
     checks: dict[str, str] | None = None

@@ -34,5 +34,5 @@ def test_cerebras_bert_large(accelperf: CaseRunner) -> None:
     run = result.run
     assert run.samples_per_step == batch
     assert run.loss_steps == list(range(100, 1001, 100))
-    assert run.extra["total_samples"] == batch * 1000
+    assert run.details["total_samples"] == batch * 1000
     accelperf.scaling("bert-large-batch", result, expect=SERIES, points=len(BATCHES))

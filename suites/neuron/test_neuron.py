@@ -8,7 +8,7 @@ Three kinds of case:
 * ``test_trainium_profile``: the seed's Neuron profiler summaries and Trainer metrics
   (``data/001_trainium_neuron_profile.md``, the seed verbatim), one case per batch section,
   ingested and checked like any run: samples/s, train loss, memory per NeuronCore (the
-  memory table's Total), FLOPs; MFU, HBM traffic and engine activity in ``run.extra``.
+  memory table's Total), FLOPs; MFU, HBM traffic and engine activity in ``run.details``.
 * ``test_outside_command``: an outside training script (``train_hf_style.py``) run as a
   command; its Trainer-format metrics are ingested and checked.
 """
@@ -64,8 +64,8 @@ def test_trainium_profile(accelperf: CaseRunner) -> None:
     run = result.run
     assert run.samples_per_step == accelperf.case.batch
     assert run.environment.device_kind == "trn1.2xlarge"
-    assert 0 < run.extra["mfu"] < 1
-    assert run.extra["profile"]["hbm_read_bytes"] > 0
+    assert 0 < run.details["mfu"] < 1
+    assert run.details["profile"]["hbm_read_bytes"] > 0
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -75,4 +75,4 @@ def test_outside_command(accelperf: CaseRunner) -> None:
     result = accelperf.ingest(command, parser="hf-trainer")
     # ~30 steps/s: the Trainer's rounding of runtime (0.01 s) and steps/s cannot move the
     # step count by half a step, so it is exact (faster steps would give an interval).
-    assert result.run.extra["train_steps"] == 100
+    assert result.run.details["train_steps"] == 100

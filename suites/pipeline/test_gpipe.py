@@ -26,7 +26,7 @@ from pytest_accelperf.checks.scaling import Scaling
 def test_pipeline_matches_single_device(accelperf: CaseRunner) -> None:
     result = accelperf.train(make_task(accelperf.case))
     assert result.check("reference").verdict.value == "pass"
-    assert result.run.extra["pipeline"]["stages"] == 4
+    assert result.run.details["pipeline"]["stages"] == 4
 
 
 BATCHES = [32, 64, 128]

@@ -49,7 +49,7 @@ def test_gpt_accumulating(accelperf: CaseRunner) -> None:
                     make_batch=make_task(accelperf.case).make_batch)
     # -- end of the user's code ---------------------------------------------------------
     result = accelperf.train(step)
-    engine = result.run.extra["engine"]
+    engine = result.run.details["engine"]
     assert engine["optimizer_steps"] * 2 == engine["micro_steps"]
     assert engine["param_groups"][0]["tensors"] > 0  # weight decay is on
     assert result.run.metrics["lr"][:4] == pytest.approx([3e-3 * (s + 1) / 4 for s in range(4)])

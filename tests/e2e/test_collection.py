@@ -28,6 +28,15 @@ def test_bad_cases_are_rejected() -> None:
         cases(Case(backend="jax", batch=1), Case(backend="jax", batch=1))
     with pytest.raises(ValueError, match="more axes"):
         Case(backend="jax", batch=1, mesh=(2, 2, 2))
+    # the grid's keywords are Case's fields, declared there once: a typo or a wrong type
+    # is one line naming it, not a TypeError from deep inside
+    with pytest.raises(ValueError, match=r"unknown case keyword\(s\) stpes; a case takes: "
+                                         r"backend, batch, mesh, model, "):
+        cases(backend="jax", batch=[8], stpes=3)
+    with pytest.raises(ValueError, match=r"Case.steps must be int, got '3' \(str\)"):
+        grid(backend="jax", batch=[8], steps="3")
+    with pytest.raises(ValueError, match="cases\\(\\) with grid keywords needs batch"):
+        cases(backend="jax", steps=3)
 
 
 def test_collect_only_shows_grid(suite: Suite) -> None:

@@ -10,6 +10,7 @@ later stretch of the schedule and its losses are not the first's.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -200,5 +201,5 @@ def test_a_longer_re_measurement_pools_its_trainings() -> None:
     assert load.foreign_ticks == 90 + 30
     # a training that did not finish is what it is
     failed = _trained([0.011] * 3)
-    failed.run.outcome = "timeout"
+    failed.run = replace(failed.run, outcome="timeout")
     assert retimed(first, _trained([0.011] * 20), failed).run.outcome == "timeout"

@@ -56,12 +56,7 @@ from pytest_accelperf.backends.measure.common import (
 )
 from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop, HeldStepper
 from pytest_accelperf.backends.measure.notes import say
-from pytest_accelperf.backends.measure.recording import (
-    deadline_after,
-    new_run,
-    record_end,
-    record_loop,
-)
+from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
 from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.torch.backend import PROBE_N
@@ -341,23 +336,23 @@ class HfBackend:
         with phases("build"):
             built = build(trainer_task, case, device)
         say(built.notes)
-        run = new_run(case, accel.peak_flops, n_devices=1)
+        draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=1)
         with tempfile.TemporaryDirectory(prefix="accelperf-hf-") as root, _quiet():
             # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
             with phases("memory"):
                 counting = count(built, case, device, root, memory=device.type == "cpu")
             memory = counting.memory()
             if memory is not None:
-                run.memory_per_device, run.memory_source = {label: memory.peak}, memory.source
-                run.memory_growth = cpu_memory_growth(memory)
+                draft.memory({label: memory.peak}, memory.source)
+                draft.memory_growth(cpu_memory_growth(memory))
                 capacity = case.memory_capacity
                 if capacity and memory.peak > capacity:
-                    run.oom = _oom_record(memory.peak, int(capacity), memory.source)
-                    run.outcome, run.message = "oom", _oom_message(run.oom)
-                    run.phases = phases.record()
-                    return HfTrainResult(run=run, notes=built.notes)
-            run.flops_per_step = counting.flops
-            run.program = eager_program(counting.flops, counting.ops)
+                    oom = _oom_record(memory.peak, int(capacity), memory.source)
+                    draft.failed("oom", _oom_message(oom), oom=oom)
+                    draft.phases(phases.record())
+                    return HfTrainResult(run=draft.build(), notes=built.notes)
+            draft.counted(flops=counting.flops,
+                          program=eager_program(counting.flops, counting.ops))
             # 2. measured
             with phases("probe"):
                 probe = torch_probe(device, n=PROBE_N)
@@ -370,36 +365,32 @@ class HfBackend:
                 with phases("train"):
                     trainer = built.train(case.warmup + case.steps, measured, root)
             except torch.OutOfMemoryError as exc:
-                run.outcome = "oom"
-                run.message = f"out of memory: {str(exc).splitlines()[0]}"
-                run.phases = phases.record()
-                return HfTrainResult(run=run, notes=built.notes)
+                draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
+                draft.phases(phases.record())
+                return HfTrainResult(run=draft.build(), notes=built.notes)
             trained = clock.finish()
         extra = _epochs_note(built, case)
         if extra:
             say([extra])
             built.notes.append(extra)
         if measured.tokens_per_sample:
-            run.tokens_per_step = case.batch * measured.tokens_per_sample
+            draft.tokens(case.batch * measured.tokens_per_sample)
         if device.type == "cuda":
-            run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
-            run.memory_source = "cuda_allocator"
-        record_loop(run, trained, probe)
+            draft.memory({label: int(torch.cuda.max_memory_allocated(device))},
+                         "cuda_allocator")
+        draft.loop(trained, probe)
         with phases("fingerprint"):
             own = {k: host_array(v) for k, v in built.model.state_dict().items()
                    if isinstance(v, torch.Tensor)}
             params, state_names = with_state(own, state_beside(trainer))
-            run.params_fingerprint = fingerprint(params, state_names)
+            draft.fingerprint(fingerprint(params, state_names))
         if built.notes:
-            run.extra["notes"] = list(built.notes)
-        record_end(run, trained, timeout, case)
-        if run.outcome == "ok" and trained.steps_done < case.warmup + case.steps:
-            run.outcome = "error"
-            run.message = (f"{built.label}: the Trainer stopped after {trained.steps_done} of "
-                           f"{case.warmup + case.steps} optimizer steps (a callback set "
-                           f"control.should_training_stop, or the data ended)")
-        run.phases = phases.record()
-        return HfTrainResult(run=run, params=params, state=built.model, notes=built.notes)
+            draft.detail(notes=list(built.notes))
+        draft.stopped(trained, timeout, case, f"{built.label}: the Trainer",
+                      "a callback set control.should_training_stop, or the data ended")
+        draft.phases(phases.record())
+        return HfTrainResult(run=draft.build(), params=params, state=built.model,
+                             notes=built.notes)
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
         """The case's ``Trainer.train`` held between optimizer steps, for A/B mode

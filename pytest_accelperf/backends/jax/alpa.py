@@ -31,12 +31,7 @@ import numpy as np
 from pytest_accelperf.backends.jax.step import JaxTask
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import StepFns, run_steps
-from pytest_accelperf.backends.measure.recording import (
-    deadline_after,
-    new_run,
-    record_end,
-    record_loop,
-)
+from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.types import Batch, Framework, PyTree, Untyped, UserValue
 from pytest_accelperf.collect.cases import Case
@@ -111,7 +106,7 @@ class AlpaBackend:
                                     method=_method(alpa, case))
             params = task.init_params(jax.random.PRNGKey(task.seed))
             opt_state = task.optimizer.init(params)
-            run = new_run(case, accel.peak_flops, n_devices=case.n_devices)
+            draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=case.n_devices)
             live = _Live(params, opt_state)
 
             def one_step(i: int, batch: Batch) -> UserValue:
@@ -130,21 +125,20 @@ class AlpaBackend:
             # whose wall time is the compile time, never a measured one.
             trained = run_steps(fns, warmup=max(1, case.warmup), steps=case.steps,
                                 deadline=deadline)
-            run.compile_time = trained.warmup_times[0]
-            record_loop(run, trained)
-            record_end(run, trained, timeout, case)  # a loss not finite, or the deadline
+            draft.compiled(trained.warmup_times[0])
+            draft.loop(trained)
+            draft.end(trained, timeout, case)  # a loss not finite, or the deadline
             executable = live.executable
             params = live.params
             if hasattr(executable, "get_total_allocation_size"):
-                run.memory_per_device = {"alpa:total": int(
-                    executable.get_total_allocation_size())}
-                run.memory_source = "alpa_allocation"
+                draft.memory({"alpa:total": int(executable.get_total_allocation_size())},
+                             "alpa_allocation")
             flat = _flat(jax, jax.device_get(params))
-            run.params_fingerprint = fingerprint(flat)
+            draft.fingerprint(fingerprint(flat))
         finally:
             alpa.shutdown()
         reference = self._reference(jax, optax, case, task) if case.reference else None
-        return TrainResult(run=run, params=flat, reference_params=reference)
+        return TrainResult(run=draft.build(), params=flat, reference_params=reference)
 
     def _reference(self, jax: Framework, optax: Framework, case: Case,
                    task: JaxTask) -> dict[str, np.ndarray]:

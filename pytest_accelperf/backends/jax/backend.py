@@ -54,10 +54,8 @@ from pytest_accelperf.backends.measure.loop import (
 )
 from pytest_accelperf.backends.measure.probe import PROBE_N, PROBE_REPS, Probe
 from pytest_accelperf.backends.measure.recording import (
+    RunBuilder,
     deadline_after,
-    new_run,
-    record_end,
-    record_loop,
 )
 from pytest_accelperf.backends.measure.stepper import BlockStepper
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
@@ -68,7 +66,7 @@ from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.provision.targets import not_run
 from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.records.reference import ReferenceParams
-from pytest_accelperf.records.run import MemoryGrowth, Replay, Run
+from pytest_accelperf.records.run import MemoryGrowth, Replay
 from pytest_accelperf.records.verdict import Tolerances
 from pytest_accelperf.stats.leaves import compare_leaf
 from pytest_accelperf.stats.units import round_sig
@@ -367,69 +365,67 @@ class JaxBackend:
         """Compile, predict memory, train and fingerprint the case (the module docstring);
         where its time went is ``Run.phases`` (:meth:`_train`)."""
         phases = Phases()
-        result = self._train(case, task, accel, timeout, phases)
-        result.run.phases = phases.record()
+        draft = RunBuilder(case.id)
+        result = self._train(case, task, accel, timeout, phases, draft)
+        draft.phases(phases.record())
+        result.run = draft.build()
         return result
 
     def _train(self, case: Case, task: Task, accel: Accelerator, timeout: float | None,
-               phases: Phases) -> TrainResult:
+               phases: Phases, draft: RunBuilder) -> TrainResult:
         """:meth:`train`, timing its phases in ``phases``: ``build`` (the user's task as a
         step), ``compile`` (tracing and checking the step, then lowering and compiling it:
         ``Run.compile_time``'s step part is the latter), ``program`` (reading the program
         record and the memory analysis), ``probe`` (making the drift probe), ``train``
         (compiling the init, then the warm-up and measured steps with the drift probe after
-        each), ``fingerprint``, ``reference`` (the single-device reference)."""
+        each), ``fingerprint``, ``reference`` (the single-device reference). The run is
+        recorded in ``draft``."""
         with phases("build"):  # the user's task as a step (JaxTask.to_step)
             step = as_step(task)
         expect(step.make_batch, case.warmup + case.steps)  # data given as an iterable
         deadline = deadline_after(timeout)
-        run = new_run(case, accel.peak_flops, n_devices=case.n_devices,
-                      tokens_per_sample=step.tokens_per_sample)
+        draft.declared(case, accel.peak_flops, n_devices=case.n_devices,
+                       tokens_per_sample=step.tokens_per_sample)
         if accel.compile_only:  # every result of this case says what it did not measure
-            run.compile_only = accel.compile_only
-            run.message = not_run(accel.compile_only)
+            draft.compile_only(accel.compile_only, not_run(accel.compile_only))
         try:
             with phases("compile"):  # tracing and checking the step, then compiling it
                 program = _compile(case, step, accel, case.mesh)
         except _OutOfMemory as exc:
-            return TrainResult(run=_oom_run(run, str(exc), planner(accel)))
+            return TrainResult(run=_oom_run(draft, str(exc), planner(accel)))
         mesh = program.mesh
-        run.n_devices = int(mesh.devices.size)
-        run.compile_time = program.compile_time
-        if program.compile_load is not None:
-            run.compile_load = program.compile_load
-        run.compile_time_parts = {"step": program.compile_time}
-        run.trace_time = program.trace_time
+        n_devices = int(mesh.devices.size)
+        draft.devices(n_devices)
+        draft.compiled(program.compile_time, parts={"step": program.compile_time},
+                       load=program.compile_load, trace_time=program.trace_time)
         with phases("program"):
-            run.program = program_of(program.lowered, program.compiled, run.n_devices,
-                                     global_flops=program.global_flops)
+            record = program_of(program.lowered, program.compiled, n_devices,
+                                global_flops=program.global_flops)
             planned = _analysis_bytes(program.compiled)
-        hardware = run.program.get("hardware_flops")
-        run.flops_per_step = run.program.get("flops") or hardware
+        hardware = record.get("hardware_flops")
+        draft.counted(flops=record.get("flops") or hardware, program=record)
         if hardware is not None:
-            run.extra["hardware_flops_per_step"] = hardware
+            draft.detail(hardware_flops_per_step=hardware)
         if planned:
-            run.memory_per_device = {label: planned["required_bytes"] for label in _labels(mesh)}
-            run.memory_source = "memory_analysis"
+            draft.memory({label: planned["required_bytes"] for label in _labels(mesh)},
+                         "memory_analysis")
         capacity = _capacity(accel, case)
         oom = _predicted_oom(planned, capacity, planner(accel))
         if oom is not None:
-            run.outcome, run.oom = "oom", oom
-            run.message = _oom_message(oom)
-            return TrainResult(run=run)  # no parameter was ever allocated
+            draft.failed("oom", _oom_message(oom), oom=oom)
+            return TrainResult(run=draft.build())  # no parameter was ever allocated
         if accel.compile_only:
             # Compiled for devices that are not here: nothing runs. What the compiler said
             # on stderr is summarized in one line, kept off the terminal.
             if program.compiler_log:
-                run.extra["compiler_log"] = program.compiler_log[:20]
-            run.extra["planned_by"] = planner(accel)
+                draft.detail(compiler_log=program.compiler_log[:20])
             # The plan's parts, and the compiler's own peak (XLA:TPU's, from its heap
             # simulation; the gate's figure stays the sum above, as on every platform).
-            run.extra["memory_plan"] = planned
             peak = getattr(program.compiled.memory_analysis(), "peak_memory_in_bytes", 0)
-            if peak:
-                run.extra["memory_plan"] = {**planned, "compiler_peak_bytes": int(peak)}
-            return TrainResult(run=run)
+            draft.detail(planned_by=planner(accel),
+                         memory_plan={**planned, "compiler_peak_bytes": int(peak)}
+                         if peak else planned)
+            return TrainResult(run=draft.build())
 
         peaks_before = _runtime_peaks(mesh)
         # This process's first device (with jax.distributed, others belong to other hosts).
@@ -441,44 +437,44 @@ class JaxBackend:
                 executed = _execute(program, case, probe, deadline)
         except RuntimeError as exc:
             if _is_oom(exc):
-                return TrainResult(run=_oom_run(run, str(exc)))
+                return TrainResult(run=_oom_run(draft, str(exc)))
             raise
         trained, final = executed.loop, executed.state
-        run.compile_time_parts = {**(run.compile_time_parts or {}),
-                                  "init": executed.init_compile_time}
-        run.compile_time = program.compile_time + executed.init_compile_time
-        run.memory_growth = executed.memory_growth
-        record_loop(run, trained, probe)
+        draft.compiled(program.compile_time + executed.init_compile_time,
+                       parts={"step": program.compile_time, "init": executed.init_compile_time})
+        draft.memory_growth(executed.memory_growth)
+        draft.loop(trained, probe)
         # The gate's figure stays the compiler's plan on every platform. GPU/TPU runtimes
         # also count a peak, but since the process started, with no reset: on an H100 every
         # case after a larger one read that one's peak (189.77 MiB for an MLP of 2 MiB).
         # Where this case raised the peak, the peak is its own and is recorded beside.
         after = _runtime_peaks(mesh)
         if after is not None and peaks_before is not None:
-            run.extra["runtime_peak"] = {
+            draft.detail(runtime_peak={
                 label: peak for label, peak, before
-                in zip(_labels(mesh), after, peaks_before, strict=True) if peak > before}
+                in zip(_labels(mesh), after, peaks_before, strict=True) if peak > before})
         with phases("fingerprint"):  # the parameters and the state beside them
             params, state_names = _fingerprinted(step, final)
-            run.params_fingerprint = fingerprint(params, state_names)
+            draft.fingerprint(fingerprint(params, state_names))
         if (trained.nan_step is None and not trained.timed_out
                 and _replayed_on(next(iter(mesh.devices.flat)).platform)):
             with phases("replay"):  # the same steps again: does the platform repeat them?
-                run.replay = _replay(program, len(trained.losses), params)
+                draft.replay(_replay(program, len(trained.losses), params))
         # The final state goes back to the test; a case spanning processes holds shards
         # of it in each, and no process can hand it over whole.
         state = step.final_of(final) if jax.process_count() == 1 else None
-        if record_end(run, trained, timeout, case):  # a loss not finite, or the deadline
-            return JaxTrainResult(run=run, params=params, state=state)
+        if draft.end(trained, timeout, case):  # a loss not finite, or the deadline
+            return JaxTrainResult(run=draft.build(), params=params, state=state)
 
         with phases("reference"):
-            reference = (_reference(case, step, accel, capacity, run, program)
+            reference = (_reference(case, step, accel, capacity, draft, program)
                          if case.reference else None)
-        return JaxTrainResult(run=run, params=params, reference_params=reference, state=state)
+        return JaxTrainResult(run=draft.build(), params=params, reference_params=reference,
+                              state=state)
 
 
 def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | None,
-               run: Run, program: _Program) -> ReferenceParams | None:
+               draft: RunBuilder, program: _Program) -> ReferenceParams | None:
     """The single-device reference of a sharded case (seed 004), apart from the measured
     run: the same task, seed and batches compiled for ONE device, and both it and the
     case's own compiled ``program`` trained the same steps from a fresh initial state (the
@@ -487,7 +483,7 @@ def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | No
     compared (:class:`ReferenceParams`), not the final ones: rounding differences between
     two correct programs grow with every step, a sharding bug shows from the first.
     Neither's times are recorded. When one device cannot hold the case, None, with the
-    reason in ``run.extra["reference"]``.
+    reason in the run's ``details["reference"]``.
 
     How many steps: at least ``case.reference_steps``, and on until the reference's
     parameters have moved from their initial values beyond the reference tolerance (the
@@ -518,10 +514,10 @@ def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | No
     except (_OutOfMemory, RuntimeError) as exc:
         if not isinstance(exc, _OutOfMemory) and not _is_oom(exc):
             raise
-        run.extra["reference"] = f"single-device reference not run: {exc}".splitlines()[0]
+        draft.detail(reference=f"single-device reference not run: {exc}".splitlines()[0])
         return None
     compared, _ = _fingerprinted(step, _train_steps(program, n, n)[0])
-    run.extra["reference_steps"] = n
+    draft.detail(reference_steps=n)
     mesh = "x".join(str(size) for size in case.mesh) if case.mesh is not None else ""
     return ReferenceParams(reference, compared=compared, steps=n, mesh=mesh,
                            state=state_names, initial=initial, least=least)

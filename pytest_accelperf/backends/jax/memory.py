@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 
 from pytest_accelperf.backends.jax.compile import _compile
+from pytest_accelperf.backends.measure.recording import RunBuilder
 from pytest_accelperf.backends.types import PyTree
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
@@ -172,11 +173,10 @@ def compiler_oom(message: str, planned_by: str = "") -> OomRecord | None:
     return oom
 
 
-def _oom_run(run: Run, message: str, planned_by: str = "") -> Run:
-    run.outcome = "oom"
-    run.message = f"out of memory: {message.splitlines()[0] if message else 'RESOURCE_EXHAUSTED'}"
-    oom = compiler_oom(message, planned_by)
-    if oom is not None:
-        run.oom = oom
-    return run
+def _oom_run(draft: RunBuilder, message: str, planned_by: str = "") -> Run:
+    """The run of a case the compiler or the runtime found out of memory."""
+    draft.failed("oom", f"out of memory: "
+                        f"{message.splitlines()[0] if message else 'RESOURCE_EXHAUSTED'}",
+                 oom=compiler_oom(message, planned_by))
+    return draft.build()
 

@@ -179,18 +179,18 @@ class PipelineBackend:
                 program["flops"], program["global_flops"] = flops, True
             else:  # one stage's share of the schedule is not the model's FLOPs
                 del program["flops"]
-            result.run.program = program
-        result.run.extra["pipeline"] = {"stages": task.n_stages,
-                                        "microbatches": task.microbatches,
-                                        "mesh": dict(mesh.shape)}
+            result.run = replace(result.run, program=program)
+        result.run = result.run.noted(pipeline={"stages": task.n_stages,
+                                                "microbatches": task.microbatches,
+                                                "mesh": dict(mesh.shape)})
         if case.reference and result.run.outcome == "ok":
             single = replace(case, mesh=None, reference=False)
             ref = JAX_BACKEND.train(single, task.bind(None), accel, timeout=timeout)
             if ref.run.outcome == "ok":
                 result.reference_params = ref.params
             else:
-                result.run.extra["reference"] = (f"single-device reference not run: "
-                                                 f"{ref.run.outcome} {ref.run.message}")
+                result.run = result.run.noted(reference=f"single-device reference not run: "
+                                                        f"{ref.run.outcome} {ref.run.message}")
         return result
 
 

@@ -130,15 +130,15 @@ class JaxProcesses:
                launched: LaunchResult, *, timeout: float | None) -> TrainResult:
         if launched.outcome != "ok":
             outcome: Outcome = "timeout" if launched.outcome == "timeout" else "error"
-            run = Run(case_id=case.id, outcome=outcome, message=launched.message,
-                      samples_per_step=case.batch, n_devices=case.n_devices)
             done = [s for s in launched.ranks[0].steps if "loss" in s]  # what it reported
-            run.losses = [float(s["loss"]) for s in done]
-            run.loss_steps = [int(s["step"]) for s in done]
-            return TrainResult(run=run)
+            return TrainResult(run=Run(
+                case_id=case.id, outcome=outcome, message=launched.message,
+                samples_per_step=case.batch, n_devices=case.n_devices,
+                losses=[float(s["loss"]) for s in done],
+                loss_steps=[int(s["step"]) for s in done]))
         _, result = launched.ranks[0].result
         assert isinstance(result, TrainResult)
-        result.run.extra["processes"] = case.world_size
+        result.run = result.run.noted(processes=case.world_size)
         return result
 
     def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, np.ndarray] | None:

@@ -40,12 +40,7 @@ from pytest_accelperf.backends.measure.common import (
     with_state,
 )
 from pytest_accelperf.backends.measure.notes import say
-from pytest_accelperf.backends.measure.recording import (
-    deadline_after,
-    new_run,
-    record_end,
-    record_loop,
-)
+from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
 from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.types import Untyped
@@ -113,7 +108,7 @@ class KerasBackend:
         with phases("build"):
             built = build(keras_task, case)
         say(built.notes)
-        run = new_run(case, accel.peak_flops, n_devices=1)
+        draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=1)
         model = built.model
         device = jax.devices()[0]  # where Keras places a model without a distribution
         with phases("probe"):
@@ -128,37 +123,31 @@ class KerasBackend:
         except RuntimeError as exc:
             if not _is_oom(exc):
                 raise
-            run.outcome, run.message = "oom", f"out of memory: {str(exc).splitlines()[0]}"
-            run.phases = phases.record()
-            return KerasTrainResult(run=run, notes=built.notes)
+            draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
+            draft.phases(phases.record())
+            return KerasTrainResult(run=draft.build(), notes=built.notes)
         finally:
             callback.unwrap(model)
         trained = clock.finish()
-        record_loop(run, trained, probe)
+        draft.loop(trained, probe)
         if callback.batch_spec is not None:
             with phases("program"):
                 program = train_program(model, callback.batch_spec)
-            run.program = program.record
-            run.flops_per_step = program.record.get("flops")
+            draft.counted(flops=program.record.get("flops"), program=program.record)
             if program.planned:
-                run.memory_per_device = {f"{device.platform}:{device.id}":
-                                         program.planned["required_bytes"]}
-                run.memory_source = "memory_analysis"
-            run.extra["jit_compile"] = program.jitted
+                draft.memory({f"{device.platform}:{device.id}": program.planned["required_bytes"]},
+                             "memory_analysis")
+            draft.detail(jit_compile=program.jitted)
         with phases("fingerprint"):
             params, state_names = _fingerprinted(model)
-            run.params_fingerprint = fingerprint(params, state_names)
+            draft.fingerprint(fingerprint(params, state_names))
         if built.notes:
-            run.extra["notes"] = list(built.notes)
-        record_end(run, trained, timeout, case)
-        needed = case.warmup + case.steps
-        if run.outcome == "ok" and trained.steps_done < needed:
-            run.outcome = "error"
-            run.message = (f"{built.label}: model.fit stopped after {trained.steps_done} of "
-                           f"{needed} steps (a callback set model.stop_training, or the data "
-                           f"ran out)")
-        run.phases = phases.record()
-        return KerasTrainResult(run=run, params=params, state=model, notes=built.notes)
+            draft.detail(notes=list(built.notes))
+        draft.stopped(trained, timeout, case, f"{built.label}: model.fit",
+                      "a callback set model.stop_training, or the data ran out")
+        draft.phases(phases.record())
+        return KerasTrainResult(run=draft.build(), params=params, state=model,
+                                notes=built.notes)
 
 
 BACKEND = KerasBackend()

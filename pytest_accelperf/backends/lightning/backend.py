@@ -57,12 +57,7 @@ from pytest_accelperf.backends.measure.common import (
     with_state,
 )
 from pytest_accelperf.backends.measure.notes import say
-from pytest_accelperf.backends.measure.recording import (
-    deadline_after,
-    new_run,
-    record_end,
-    record_loop,
-)
+from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
 from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.torch.backend import PROBE_N
@@ -156,7 +151,7 @@ class LightningBackend:
         with phases("build"):
             built = build(lightning_task, case, device)
         say(built.notes)
-        run = new_run(case, accel.peak_flops, n_devices=1)
+        draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=1)
         saved = snapshot(built.module)
         seed = lightning_task.seed_for(case)
         with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, quiet():
@@ -166,16 +161,16 @@ class LightningBackend:
                                  memory=device.type == "cpu", saved=saved)
             memory = counting.memory()
             if memory is not None:
-                run.memory_per_device, run.memory_source = {label: memory.peak}, memory.source
-                run.memory_growth = cpu_memory_growth(memory)
+                draft.memory({label: memory.peak}, memory.source)
+                draft.memory_growth(cpu_memory_growth(memory))
                 capacity = case.memory_capacity
                 if capacity and memory.peak > capacity:
-                    run.oom = _oom_record(memory.peak, int(capacity), memory.source)
-                    run.outcome, run.message = "oom", _oom_message(run.oom)
-                    run.phases = phases.record()
-                    return LightningTrainResult(run=run, notes=built.notes)
-            run.flops_per_step = counting.flops
-            run.program = eager_program(counting.flops, counting.ops)
+                    oom = _oom_record(memory.peak, int(capacity), memory.source)
+                    draft.failed("oom", _oom_message(oom), oom=oom)
+                    draft.phases(phases.record())
+                    return LightningTrainResult(run=draft.build(), notes=built.notes)
+            draft.counted(flops=counting.flops,
+                          program=eager_program(counting.flops, counting.ops))
             # 2. measured
             with phases("probe"):
                 probe = torch_probe(device, n=PROBE_N)
@@ -189,34 +184,29 @@ class LightningBackend:
                 with phases("train"):
                     trainer = built.fit(case.warmup + case.steps, measured, root)
             except torch.OutOfMemoryError as exc:
-                run.outcome = "oom"
-                run.message = f"out of memory: {str(exc).splitlines()[0]}"
-                run.phases = phases.record()
-                return LightningTrainResult(run=run, notes=built.notes)
+                draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
+                draft.phases(phases.record())
+                return LightningTrainResult(run=draft.build(), notes=built.notes)
             trained = clock.finish()
             extra = _epochs_note(trainer, case, built)
         if extra:
             say([extra])
             built.notes.append(extra)
         if device.type == "cuda":
-            run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
-            run.memory_source = "cuda_allocator"
-        record_loop(run, trained, probe)
+            draft.memory({label: int(torch.cuda.max_memory_allocated(device))},
+                         "cuda_allocator")
+        draft.loop(trained, probe)
         with phases("fingerprint"):
             own = {k: host_array(v) for k, v in built.module.state_dict().items()
                    if isinstance(v, torch.Tensor)}
             params, state_names = with_state(own, state_beside(trainer))
-            run.params_fingerprint = fingerprint(params, state_names)
+            draft.fingerprint(fingerprint(params, state_names))
         if built.notes:
-            run.extra["notes"] = list(built.notes)
-        record_end(run, trained, timeout, case)
-        if run.outcome == "ok" and trained.steps_done < case.warmup + case.steps:
-            run.outcome = "error"
-            run.message = (f"{built.label}: Lightning stopped after {trained.steps_done} of "
-                           f"{case.warmup + case.steps} optimizer steps (a callback or "
-                           f"the module set trainer.should_stop, or the data ended)")
-        run.phases = phases.record()
-        return LightningTrainResult(run=run, params=params, state=built.module,
+            draft.detail(notes=list(built.notes))
+        draft.stopped(trained, timeout, case, f"{built.label}: Lightning",
+                      "a callback or the module set trainer.should_stop, or the data ended")
+        draft.phases(phases.record())
+        return LightningTrainResult(run=draft.build(), params=params, state=built.module,
                                     notes=built.notes)
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:

@@ -75,12 +75,7 @@ from pytest_accelperf.backends.measure.common import (
 from pytest_accelperf.backends.measure.data import expect, source_label
 from pytest_accelperf.backends.measure.loop import LoopResult, run_steps
 from pytest_accelperf.backends.measure.probe import Probe
-from pytest_accelperf.backends.measure.recording import (
-    deadline_after,
-    new_run,
-    record_end,
-    record_loop,
-)
+from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.flops import count_step
 from pytest_accelperf.backends.torch.memory import (
@@ -298,19 +293,19 @@ class TorchBackend:
         # The schedulers and scalers the counting steps put back: found once, for both.
         stateful = step_stateful(step)
         scalers = scaler_readings(stateful)  # which scalers the training moves
-        run = new_run(case, accel.peak_flops, n_devices=1,
-                      tokens_per_sample=step.tokens_per_sample)
+        draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=1,
+                                    tokens_per_sample=step.tokens_per_sample)
         capacity = case.memory_capacity
         if device.type == "cpu":
             with phases("memory"):
                 memory = cpu_memory(step, device, MEMORY_STEPS + GROWTH_STEPS, stateful)
-            run.memory_per_device, run.memory_source = {label: memory.peak}, memory.source
-            run.memory_growth = cpu_memory_growth(memory)
+            draft.memory({label: memory.peak}, memory.source)
+            draft.memory_growth(cpu_memory_growth(memory))
             if capacity and memory.peak > capacity:
-                run.oom = _oom_record(memory.peak, int(capacity), memory.source)
-                run.outcome, run.message = "oom", _oom_message(run.oom)
-                run.phases = phases.record()
-                return TorchTrainResult(run=run)  # never trained
+                oom = _oom_record(memory.peak, int(capacity), memory.source)
+                draft.failed("oom", _oom_message(oom), oom=oom)
+                draft.phases(phases.record())
+                return TorchTrainResult(run=draft.build())  # never trained
 
         watch: DynamoWatch | None = None
         compile_load: _CompileLoad | None = None
@@ -319,7 +314,7 @@ class TorchBackend:
             with phases("flops"):
                 counted = count_step(step, to_device(step.make_batch(0), device), device,
                                      stateful)
-                run.flops_per_step = counted.flops
+                draft.counted(flops=counted.flops)
             if device.type == "cuda":  # the peak of training, not of the counting step
                 torch.cuda.reset_peak_memory_stats(device)
                 cuda_growth = _CudaGrowth(device, _warmup(step, case))
@@ -335,40 +330,37 @@ class TorchBackend:
                     compile_load.after_step if compile_load else None,
                     cuda_growth.after_step if cuda_growth else None), watch=watch)
         except torch.OutOfMemoryError as exc:
-            run.outcome = "oom"
-            run.message = f"out of memory: {str(exc).splitlines()[0]}"
+            draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
             if device.type == "cuda":
-                run.memory_per_device = {label: int(torch.cuda.max_memory_allocated(device))}
-                run.memory_source = "cuda_allocator"
-            run.phases = phases.record()
-            return TorchTrainResult(run=run)
+                draft.memory({label: int(torch.cuda.max_memory_allocated(device))},
+                             "cuda_allocator")
+            draft.phases(phases.record())
+            return TorchTrainResult(run=draft.build())
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
-            run.memory_per_device, run.memory_source = {label: peak}, "cuda_allocator"
+            draft.memory({label: peak}, "cuda_allocator")
             if capacity and peak > capacity:
-                run.oom = _oom_record(peak, int(capacity), "cuda_allocator")
-                run.outcome, run.message = "oom", _oom_message(run.oom)
+                oom = _oom_record(peak, int(capacity), "cuda_allocator")
+                draft.failed("oom", _oom_message(oom), oom=oom)
 
-        run.compile_time = trained.warmup_times[0] if step.compile else None
         if watch is not None:
-            run.program = watch.record(run.flops_per_step)
-            run.compile_time_covers = COMPILE_TIME_COVERS
-            if compile_load is not None and compile_load.load is not None:
-                run.compile_load = compile_load.load
+            draft.compiled(trained.warmup_times[0], covers=COMPILE_TIME_COVERS,
+                           load=compile_load.load if compile_load is not None else None)
+            draft.counted(program=watch.record(counted.flops))
             if watch.recompiles:
-                run.extra["recompile_reasons"] = watch.recompile_reasons
+                draft.detail(recompile_reasons=watch.recompile_reasons)
         else:
-            run.program = eager_program(run.flops_per_step, counted.ops)
+            draft.counted(program=eager_program(counted.flops, counted.ops))
         if cuda_growth is not None:
-            run.memory_growth = cuda_growth.record()
-        record_loop(run, trained, probe)
+            draft.memory_growth(cuda_growth.record())
+        draft.loop(trained, probe)
         with phases("fingerprint"):  # the parameters and the state beside them
             own = step.params_of()
             params, state_names = with_state(own, state_beside(step, own, stateful, scalers))
-            run.params_fingerprint = fingerprint(params, state_names)
-        record_end(run, trained, timeout, case)  # a loss not finite, or the deadline
-        run.phases = phases.record()
-        return TorchTrainResult(run=run, params=params, state=step.final_of())
+            draft.fingerprint(fingerprint(params, state_names))
+        draft.end(trained, timeout, case)  # a loss not finite, or the deadline
+        draft.phases(phases.record())
+        return TorchTrainResult(run=draft.build(), params=params, state=step.final_of())
 
 
 def _one_process(case: Case) -> None:

@@ -10,7 +10,7 @@ warm-up timed apart as ``compile_time`` (step 0 compiles forward+backward, step 
 with optimizer state), and each measured step is timed from before the step to after
 ``mark_step`` + ``wait``. A measured step that compiled again (the runtime's compile
 counter moved: a dynamic shape, a Python branch on a tensor) is recorded in
-``run.extra["recompiles"]``: its time is not a steady-state step.
+``run.details["recompiles"]``: its time is not a steady-state step.
 
 Everything above the device is :func:`train_lazy`, which takes a :class:`LazyDevice`
 adapter (``device``, ``mark_step``, ``wait``, ``memory``, ``compile_count``). The backend
@@ -31,12 +31,7 @@ import torch
 
 from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, run_steps
-from pytest_accelperf.backends.measure.recording import (
-    deadline_after,
-    new_run,
-    record_end,
-    record_loop,
-)
+from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
 from pytest_accelperf.backends.protocol import Fit, TrainResult
 from pytest_accelperf.backends.torch.flops import count_flops
 from pytest_accelperf.backends.torch.task import TorchTask, as_tensors, to_device
@@ -179,27 +174,28 @@ def train_lazy(case: Case, task: TorchTask, dev: LazyDevice, *, peak_flops: floa
         raise ConfigError(f"{case.id}: the neuron backend trains on one NeuronCore; drop the "
                          f"mesh, world_size and reference")
     deadline = deadline_after(timeout)
-    run = new_run(case, peak_flops, n_devices=1, tokens_per_sample=task.tokens_per_sample)
+    draft = RunBuilder.for_case(case, peak_flops, n_devices=1,
+                                tokens_per_sample=task.tokens_per_sample)
     cpu_model = _build(task, torch.device("cpu"))
     # FLOPs are the model's, not the device's: counted once on the host, untimed.
-    run.flops_per_step = count_flops(cpu_model, task, as_tensors(task.make_batch(0)))
+    draft.counted(flops=count_flops(cpu_model, task, as_tensors(task.make_batch(0))))
     model = cpu_model.to(dev.device)
     torch.manual_seed(task.seed)
     trained, recompiles = _loop(model, case, task, dev, deadline)
-    run.compile_time = math.fsum(trained.warmup_times) if trained.warmup_times else None
-    record_loop(run, trained)
-    run.warmup_step_times = trained.warmup_times
-    run.extra["device"] = dev.kind
+    draft.compiled(math.fsum(trained.warmup_times) if trained.warmup_times else None)
+    draft.loop(trained)
+    draft.warmup_step_times(trained.warmup_times)
+    draft.detail(device=dev.kind)
     if recompiles:
-        run.extra["recompiles"] = recompiles
+        draft.detail(recompiles=recompiles)
     memory = dev.memory()
     if memory:
-        run.memory_per_device, run.memory_source = memory, f"{dev.kind}_runtime"
+        draft.memory(memory, f"{dev.kind}_runtime")
     params: dict[str, np.ndarray] = {
         name: p.detach().cpu().numpy() for name, p in model.named_parameters()}
-    run.params_fingerprint = fingerprint(params)
-    record_end(run, trained, timeout, case)  # a loss not finite, or the deadline
-    return TrainResult(run=run, params=params)
+    draft.fingerprint(fingerprint(params))
+    draft.end(trained, timeout, case)  # a loss not finite, or the deadline
+    return TrainResult(run=draft.build(), params=params)
 
 
 def _is_oom(exc: BaseException) -> bool:

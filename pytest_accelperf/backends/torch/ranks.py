@@ -84,6 +84,7 @@ import torch
 
 from pytest_accelperf.backends.measure.common import TaskError, fingerprint
 from pytest_accelperf.backends.measure.data import expect
+from pytest_accelperf.backends.measure.recording import RunBuilder
 from pytest_accelperf.backends.procs.launch import LaunchResult, RankReport, launch
 from pytest_accelperf.backends.procs.ranks import BlockControl, RankJob
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
@@ -103,7 +104,7 @@ from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.program import ProgramRecord, program_record
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import OomRecord, Run
 from pytest_accelperf.stats.contention import Load
 
 #: What a pool's warm ranks import for every torch engine
@@ -166,7 +167,7 @@ def make_plan(engine: EngineFactory, case: Case, task: TorchTask | RankStep,
 
 
 class RankSummary(TypedDict):
-    """One rank in ``Run.extra["ranks"]``: what it measured and counted, from its result
+    """One rank in ``Run.details["ranks"]``: what it measured and counted, from its result
     (:class:`~.torch.in_rank.RankResult`) or, for a rank that failed, its progress."""
 
     rank: int
@@ -200,7 +201,7 @@ def _rank_summary(report: RankReport) -> RankSummary:
 
 
 class LaunchBreakdown(TypedDict, total=False):
-    """:func:`launch_timings`, in ``Run.extra["timings"]``: seconds per phase of a launch."""
+    """:func:`launch_timings`, in ``Run.details["timings"]``: seconds per phase of a launch."""
 
     launch: float
     pooled: bool
@@ -271,77 +272,78 @@ def build_run(case: Case, task: Task, accel: Accelerator, plan: RankPlan,
             and failed.error.get("type") == "TaskError":
         raise TaskError(f"{case.id} (rank {failed.rank}): {failed.error.get('message', '')}")
     step = plan.step
-    run = Run(case_id=case.id, samples_per_step=case.batch,
-              tokens_per_step=(case.batch * step.tokens_per_sample
-                               if step.tokens_per_sample else None),
-              n_devices=case.world_size, peak_flops_per_device=accel.peak_flops)
+    draft = RunBuilder(case.id, samples_per_step=case.batch,
+                       tokens_per_step=(case.batch * step.tokens_per_sample
+                                        if step.tokens_per_sample else None),
+                       n_devices=case.world_size, peak_flops_per_device=accel.peak_flops)
     ranks = [_rank_summary(r) for r in launched.ranks]
     zero = launched.ranks[0]
     res = _result(zero)
-    run.losses = res.get("losses", [s["loss"] for s in zero.steps])
-    run.loss_steps = list(range(len(run.losses)))
-    run.metrics = {str(k): [float(x) for x in v][:len(run.losses)]
-                   for k, v in (res.get("metrics") or {}).items()}
-    run.step_times = ranks[0]["step_times"]
-    run.probe_times = ranks[0]["probe_times"]
-    run.probe_kind = res.get("probe_kind", "")
-    run.memory_per_device = {f"rank{r['rank']}": int(r["peak_bytes"]) for r in ranks
-                             if r["peak_bytes"] is not None}
-    run.memory_source = "cuda_allocator" if plan.device == "cuda" else "mem_tracker"
+    losses = res.get("losses", [s["loss"] for s in zero.steps])
+    draft.losses(losses, list(range(len(losses))))
+    draft.rank_times(
+        metrics={str(k): [float(x) for x in v][:len(losses)]
+                 for k, v in (res.get("metrics") or {}).items()},
+        step_times=ranks[0]["step_times"], probe_times=ranks[0]["probe_times"],
+        probe_kind=res.get("probe_kind", ""),
+        load=Load.from_json(res["step_load"]) if isinstance(res.get("step_load"), dict)
+        else None)  # rank 0's loop, whose times are the run's
+    draft.memory({f"rank{r['rank']}": int(r["peak_bytes"]) for r in ranks
+                  if r["peak_bytes"] is not None},
+                 "cuda_allocator" if plan.device == "cuda" else "mem_tracker")
     flops = [r["flops"] for r in ranks]
-    run.flops_per_step = float(sum(f for f in flops if f)) if flops and all(flops) else None
-    run.extra = {
-        "world_size": case.world_size,
-        "grad_accum": case.grad_accum,
-        "micro_batch": micro_batch(case),
-        "loss": ("mean over ranks of each rank's micro-batch loss (the global batch's loss)"
-                 if case.grad_accum == 1 else
-                 f"mean over ranks and {case.grad_accum} micro-batches of the micro-batch "
-                 f"losses (the global batch's loss)"),
-        "memory": ("per rank: MemTracker peak of live tensor bytes over construction and the "
-                   f"first {MEMORY_STEPS} warm-up steps" if plan.device == "cpu" else
-                   "per rank: torch.cuda.max_memory_allocated over the run"),
-        "engine": res.get("engine", {}),
-        "launch_seconds": round(launched.elapsed, 3),
-        "timings": launch_timings(launched, res.get("marks")),
-        "ranks": ranks,
-    }
-    if isinstance(res.get("step_load"), dict):  # rank 0's loop, whose times are the run's
-        run.step_load = Load.from_json(res["step_load"])
+    engine = res.get("engine", {})
+    draft.detail(
+        world_size=case.world_size,
+        grad_accum=case.grad_accum,
+        micro_batch=micro_batch(case),
+        loss=("mean over ranks of each rank's micro-batch loss (the global batch's loss)"
+              if case.grad_accum == 1 else
+              f"mean over ranks and {case.grad_accum} micro-batches of the micro-batch "
+              f"losses (the global batch's loss)"),
+        memory=("per rank: MemTracker peak of live tensor bytes over construction and the "
+                f"first {MEMORY_STEPS} warm-up steps" if plan.device == "cpu" else
+                "per rank: torch.cuda.max_memory_allocated over the run"),
+        engine=engine,
+        launch_seconds=round(launched.elapsed, 3),
+        timings=launch_timings(launched, res.get("marks")),
+        ranks=ranks)
     comms = [c for c in (r["comm"] for r in ranks) if c]
-    run.program = ranks_program(run.extra["engine"], flops, [r.get("comm") for r in ranks],
-                                res.get("ops"))
-    if run.program is not None:
+    program = ranks_program(engine, flops, [r.get("comm") for r in ranks], res.get("ops"))
+    draft.counted(flops=float(sum(f for f in flops if f)) if flops and all(flops) else None,
+                  program=program)
+    if program is not None:
         per_rank = [c["collectives"] or {} for c in comms]
-        run.extra["comm"] = {
+        draft.detail(comm={
             "counted_steps": [int(i) for i in plan.comm_steps],
             "same_each_step": all(c["same_each_step"] for c in comms),
             "symmetric": all(c == per_rank[0] for c in per_rank),
             "record": "per kind, the largest count and bytes over ranks (each rank's in "
                       "extra['ranks'][r]['comm']); bytes are a rank's payload (see "
                       "pytest_accelperf.backends.torch.comm)",
-        }
+        })
     params: dict[str, np.ndarray] = {}
     if launched.outcome != "ok":
-        run.outcome, run.message = launched.outcome, launched.message
+        oom: OomRecord | None = None
         if launched.outcome == "oom" and failed is not None and failed.error:
             err = failed.error
             required, capacity = err.get("required"), err.get("capacity")
             if isinstance(required, int) and isinstance(capacity, int):  # CapacityExceeded
-                run.oom = {"required_bytes": required, "capacity_bytes": capacity,
-                           "exceeded_by_bytes": required - capacity,
-                           "source": str(err.get("source", "")), "rank": failed.rank,
-                           "step": failed.step}
-        return run, params
+                oom = {"required_bytes": required, "capacity_bytes": capacity,
+                       "exceeded_by_bytes": required - capacity,
+                       "source": str(err.get("source", "")), "rank": failed.rank,
+                       "step": failed.step}
+        draft.failed(launched.outcome, launched.message, oom=oom)
+        return draft.build(), params
     kept = res.get("params")
     if kept:
         params = kept
-        run.params_fingerprint = fingerprint(params)
+        draft.fingerprint(fingerprint(params))
     nan_step = res.get("nan_step")
     if nan_step is not None:
-        run.outcome, run.nan_step = "nan", int(nan_step)
-        run.message = f"loss is {run.losses[-1]} at step {run.nan_step} (mean over ranks)"
-    return run, params
+        draft.failed("nan", f"loss is {losses[-1]} at step {int(nan_step)} (mean over ranks)",
+                     nan_step=int(nan_step))
+    return draft.build(), params
 
 
 def train_reference(case: Case, task: TorchTask | RankStep,

@@ -44,11 +44,11 @@ def test_neuron_batch16_matches_the_file() -> None:
     assert run.samples_per_step == 16
     assert run.samples_per_second == pytest.approx(16 * 5.898)
     assert run.losses == [0.2154] and run.loss_steps == [1500]
-    assert run.extra["eval_loss"] == 0.1337
-    assert run.extra["hf_metrics"]["train_runtime"] == pytest.approx(4 * 60 + 14.32)
-    assert run.extra["hf_metrics"]["total_flos"] == 1470300 * 2**30
+    assert run.details["eval_loss"] == 0.1337
+    assert run.details["hf_metrics"]["train_runtime"] == pytest.approx(4 * 60 + 14.32)
+    assert run.details["hf_metrics"]["total_flos"] == 1470300 * 2**30
     # profiler summary
-    prof = run.extra["profile"]
+    prof = run.details["profile"]
     assert run.flops_per_step == pytest.approx(1.073e12)
     assert prof["hardware_flops"] == pytest.approx(1.287e12)
     assert prof["total_time"] == pytest.approx(73.37e-3)
@@ -56,20 +56,20 @@ def test_neuron_batch16_matches_the_file() -> None:
     assert prof["hbm_write_bytes"] == pytest.approx(4.055 * GIB)
     assert prof["dma_transfer_total_bytes"] == pytest.approx(7.352 * GIB)
     assert prof["dma_transfer_count"] == 21501
-    assert run.extra["mfu"] == pytest.approx(0.1594)
+    assert run.details["mfu"] == pytest.approx(0.1594)
     assert run.memory_per_device == {"nd0:nc0": round(6.056 * GIB)}
-    assert run.extra["memory_by_usage"]["nd0:nc0"]["Tensor"] == round(34.35 * MIB)
-    assert run.extra["memory_by_usage"]["nd0:nc0"]["dma rings Syncill"] == round(127.049 * MIB)
+    assert run.details["memory_by_usage"]["nd0:nc0"]["Tensor"] == round(34.35 * MIB)
+    assert run.details["memory_by_usage"]["nd0:nc0"]["dma rings Syncill"] == round(127.049 * MIB)
     assert run.environment.device_kind == "trn1.2xlarge"
     assert (run.environment.packages or {})["neuron-compiler"] == "2.21.18209.0+043b1bf7"
-    assert run.extra["logical_neuroncores"] == 2
+    assert run.details["logical_neuroncores"] == 2
 
 
 def test_neuron_baseline_and_profile_only_sections(neuron_runs: dict[str, object]) -> None:
     base = neuron_runs["baseline"]
-    assert base.extra["profile"]["event_count"] == 488839  # type: ignore[attr-defined]
-    assert base.extra["profile"]["sync_engine_active_time"] == pytest.approx(322.1e-6)  # type: ignore[attr-defined]
-    assert base.extra["profile"]["vector_engine_active_time_percent"] == 37.8  # type: ignore[attr-defined]
+    assert base.details["profile"]["event_count"] == 488839  # type: ignore[attr-defined]
+    assert base.details["profile"]["sync_engine_active_time"] == pytest.approx(322.1e-6)  # type: ignore[attr-defined]
+    assert base.details["profile"]["vector_engine_active_time_percent"] == 37.8  # type: ignore[attr-defined]
     assert base.memory_per_device == {"nd0:nc0": round(5.472 * GIB)}  # type: ignore[attr-defined]
     b2 = neuron_runs["batch-2"]
     assert b2.step_times == [pytest.approx(39.79e-3)]  # type: ignore[attr-defined]
@@ -83,18 +83,18 @@ def test_cerebras_log_matches_the_file() -> None:
     runs = {r.samples_per_step: r for r in parse_file(CEREBRAS, "cerebras")}
     assert sorted(runs) == [512, 1024, 2048]
     r = runs[1024]
-    assert r.extra["section"] == "Batch size 1024"
+    assert r.details["section"] == "Batch size 1024"
     assert r.loss_steps == list(range(100, 1001, 100))
     assert r.losses[0] == 9.48438 and r.losses[-1] == 7.10938
     assert r.step_times[0] == pytest.approx(1024 / 4979.03)
-    assert r.extra["rates"][4] == 4863.20
-    assert r.extra["global_rate"] == 4888.79
+    assert r.details["rates"][4] == 4863.20
+    assert r.details["global_rate"] == 4888.79
     assert r.compile_time == pytest.approx(46.326)  # 06:10:41,144 -> 06:11:27,470
-    assert r.extra["programming_time"] == pytest.approx(232.797)  # 06:11:27,474 -> 06:15:20,271
-    assert r.extra["total_samples"] == 1024000
-    assert r.extra["total_time"] == 209.45877985
+    assert r.details["programming_time"] == pytest.approx(232.797)  # 06:11:27,474 -> 06:15:20,271
+    assert r.details["total_samples"] == 1024000
+    assert r.details["total_time"] == 209.45877985
     assert runs[512].compile_time == pytest.approx(913.577)  # 02:46:11,160 -> 03:01:24,737
-    assert runs[2048].extra["rates"][0] == 6846.25
+    assert runs[2048].details["rates"][0] == 6846.25
 
 
 def test_hf_trainer_block_alone() -> None:
@@ -107,8 +107,8 @@ def test_hf_short_run_gives_an_interval_not_a_wrong_step_count() -> None:
     text = ("***** train metrics *****\n  train_loss = 1.0\n  train_runtime = 0:00:02.06\n"
             "  train_samples_per_second = 62033.414\n  train_steps_per_second = 969.272\n")
     run = parse_hf_trainer(text, "short.log")[0]
-    assert run.extra["train_steps"] is None
-    low, high = run.extra["train_steps_estimate"]
+    assert run.details["train_steps"] is None
+    low, high = run.details["train_steps_estimate"]
     assert low < 1996.7 < high and high - low < 10
 
 

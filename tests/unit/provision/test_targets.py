@@ -228,12 +228,12 @@ def test_a_matmul_for_v5e_counts_2mkn_over_the_mesh_and_its_shards_bytes() -> No
     # the reduction of M·N and the mean's division are 0.02 % more.
     assert program["flops"] == pytest.approx(flops, rel=1e-3)
     assert program["hardware_flops"] / 8 == pytest.approx(flops / 8, rel=1e-3)
-    plan = run.extra["memory_plan"]
+    plan = run.details["memory_plan"]
     # One device's arguments: its w shard (K x N/2) and x shard (M/4 x K), float32.
     assert plan["argument_bytes"] == 4 * (K * N // 2 + M // 4 * K)
     assert run.memory_per_device == {f"tpu:{i}": plan["required_bytes"] for i in range(8)}
     assert "all-reduce" in program["collectives"]  # the mean over the sharded product
-    assert run.extra["planned_by"] == "XLA:TPU"
+    assert run.details["planned_by"] == "XLA:TPU"
 
 
 @needs_libtpu

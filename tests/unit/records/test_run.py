@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -56,8 +57,9 @@ def test_an_old_report_run_loads_typed_and_writes_back_the_same() -> None:
     assert run.oom is not None and run.oom["required_bytes"] == 10
     assert run.max_batch is not None and run.max_batch["value"] == 64
     assert run.memory_growth is not None and run.memory_growth["steps"] == 3
-    # what stays open: a backend's own notes
-    assert run.extra == {"engine": {"zero": 2}, "ranks": [{"rank": 0}]}
+    # a backend's own notes: each key declared (RunDetails), under "extra" in the JSON
+    assert run.details == {"engine": {"zero": 2}, "ranks": [{"rank": 0}]}
+    assert run.extra == {}
     data = run.to_json()
     derived = data.pop("derived")
     assert set(derived) == {"median_step_time", "samples_per_second", "mfu", "hfu",
@@ -66,7 +68,7 @@ def test_an_old_report_run_loads_typed_and_writes_back_the_same() -> None:
                 **OLD}
     _same_json(data, expected)
     again = Run.from_json(json.loads(json.dumps(run.to_json())))
-    assert again.step_load == run.step_load and again.extra == run.extra
+    assert again.step_load == run.step_load and again.details == run.details
     assert math.isnan(again.losses[1])
     ReportRun.model_validate(run.to_json())  # the report's schema reads it
 
@@ -91,7 +93,7 @@ def test_a_new_run_with_typed_records_round_trips() -> None:
                              "after_steps": 2.0, "source": "cuda_allocator"},
               replay={"steps": 1, "spread": 0.0, "leaf": None, "leaves": {}},
               explain={"path": "/t", "steps": 3, "size": 1, "note": "n"},
-              phases={"total": 1.0}, extra={"device": "trn1"})
+              phases={"total": 1.0}, details={"device": "trn1"}, extra={"mine": 1})
     back = Run.from_json(json.loads(json.dumps(run.to_json())))
     assert back == run
 
@@ -100,3 +102,15 @@ def test_the_extra_fields_are_marked() -> None:
     assert "step_load" in extra_fields() and "extra" not in extra_fields()
     assert all(f in Run.__dataclass_fields__ and
                Run.__dataclass_fields__[f].metadata[IN_EXTRA] for f in extra_fields())
+
+
+def test_a_run_is_frozen_and_a_key_it_does_not_declare_stays_in_extra() -> None:
+    run = Run.from_json({"case_id": "c", "extra": {"engine": {"zero": 1}, "mine": [1, 2]}})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.losses = [1.0]  # type: ignore[misc]
+    assert run.details == {"engine": {"zero": 1}} and run.extra == {"mine": [1, 2]}
+    noted = run.noted(cluster={"host": "h"})
+    assert noted.details == {"engine": {"zero": 1}, "cluster": {"host": "h"}}
+    assert run.details == {"engine": {"zero": 1}}  # the original is untouched
+    assert noted.to_json()["extra"] == {"engine": {"zero": 1}, "cluster": {"host": "h"},
+                                        "mine": [1, 2]}

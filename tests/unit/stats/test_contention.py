@@ -76,12 +76,10 @@ def test_the_measuring_root_is_the_session_when_it_is_an_ancestor() -> None:
 
 # -- the verdict, on runs built by hand -------------------------------------------------------
 def _run(median: float, foreign_cores: float | None = None, seconds: float = 2.0) -> Run:
-    run = Run(case_id="c", samples_per_step=8, n_devices=1,
-              step_times=[median * f for f in (1.0, 1.01, 0.99, 1.02, 0.98)] * 4)
-    if foreign_cores is not None:
-        run.step_load = Load(foreign_cores=foreign_cores, steal_cores=0.0, cores=2,
-                             seconds=seconds)
-    return run
+    return Run(case_id="c", samples_per_step=8, n_devices=1,
+               step_times=[median * f for f in (1.0, 1.01, 0.99, 1.02, 0.98)] * 4,
+               step_load=None if foreign_cores is None else Load(
+                   foreign_cores=foreign_cores, steal_cores=0.0, cores=2, seconds=seconds))
 
 
 BASE = summarize(_run(0.010)).to_json()

@@ -12,6 +12,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -48,15 +49,14 @@ KEY = "test_sweep[jax-nomesh-b64]"
 
 def _run(**overrides: Any) -> Run:
     run = make_run(Case(backend="jax", batch=64), step_time=0.01)
-    run.params_fingerprint = {"w": {"shape": [4, 2], "dtype": "float32", "rms": 0.5,
-                                    "sample": [0.1, -0.2, 0.3, 0.4]},
-                              "b": {"shape": [2], "dtype": "float32", "rms": 0.01,
-                                    "sample": [0.01, -0.01]}}
-    run.max_batch = {"value": 48, "capacity_bytes": 1 << 30, "multiple_of": 2, "limit": 4096,
-                     "probes": [[64, False, 2 << 30], [48, True, 1 << 29]]}
-    for key, value in overrides.items():
-        setattr(run, key, value)
-    return run
+    return replace(run, **{
+        "params_fingerprint": {"w": {"shape": [4, 2], "dtype": "float32", "rms": 0.5,
+                                     "sample": [0.1, -0.2, 0.3, 0.4]},
+                               "b": {"shape": [2], "dtype": "float32", "rms": 0.01,
+                                     "sample": [0.01, -0.01]}},
+        "max_batch": {"value": 48, "capacity_bytes": 1 << 30, "multiple_of": 2,
+                      "limit": 4096, "probes": [[64, False, 2 << 30], [48, True, 1 << 29]]},
+        **overrides})
 
 
 def _with_sessions(block: dict[str, Any]) -> dict[str, Any]:

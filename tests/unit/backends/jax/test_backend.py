@@ -101,7 +101,7 @@ def test_model_flops_do_not_depend_on_the_mesh(nomesh: TrainResult,
     one, mesh = nomesh.run.flops_per_step, sharded.run.flops_per_step
     assert one is not None and mesh is not None
     assert mesh == pytest.approx(one, rel=0.01)
-    hardware = sharded.run.extra["hardware_flops_per_step"]
+    hardware = sharded.run.details["hardware_flops_per_step"]
     assert hardware >= mesh * 0.99  # replicated work only adds
 
 
@@ -116,7 +116,7 @@ def test_sharding_splits_memory(nomesh: TrainResult, sharded: TrainResult) -> No
 def test_reference_matches_sharded_run(sharded: TrainResult) -> None:
     ref = sharded.reference_params
     assert isinstance(ref, ReferenceParams) and ref.keys() == sharded.params.keys()
-    assert ref.steps == STEPS + WARMUP == sharded.run.extra["reference_steps"]
+    assert ref.steps == STEPS + WARMUP == sharded.run.details["reference_steps"]
     assert ref.mesh == "4x2" and ref.compared is not None
     for key, value in sharded.params.items():
         np.testing.assert_allclose(value, ref[key], atol=5e-3, rtol=0, err_msg=key)
@@ -250,7 +250,7 @@ def test_reference_skipped_when_one_device_cannot_hold_it(accel: Accelerator) ->
     result = BACKEND.train(replace(case, memory_capacity=capacity), linear_task(batch), accel)
     assert result.run.outcome == "ok", result.run.message
     assert result.reference_params is None
-    assert result.run.extra["reference"].startswith(
+    assert result.run.details["reference"].startswith(
         "single-device reference not run: predicted out of memory")
 
 
@@ -268,11 +268,11 @@ def test_memory_is_the_cases_own_where_the_runtime_peak_cannot_be_reset(
     monkeypatch.setattr(jax_backend, "_runtime_peaks", lambda mesh: next(readings))
     run = BACKEND.train(case, linear_task(16), accel).run
     assert run.memory_per_device == plan and run.memory_source == "memory_analysis"
-    assert run.extra["runtime_peak"] == {}
+    assert run.details["runtime_peak"] == {}
     readings = iter([[10**9], [2 * 10**9]])  # this case raised it: its own peak
     run = BACKEND.train(case, linear_task(16), accel).run
     assert run.memory_per_device == plan
-    assert list(run.extra["runtime_peak"].values()) == [2 * 10**9]
+    assert list(run.details["runtime_peak"].values()) == [2 * 10**9]
 
 
 def test_a_declared_capacity_smaller_than_the_device_is_what_a_case_is_judged_against() -> None:

@@ -150,7 +150,7 @@ def test_correct_code_passes_after_one_step(correct: TrainResult) -> None:
     assert run.outcome == "ok", run.message
     # The measured run keeps its steps; the reference steps are apart from it.
     assert len(run.step_times) == STEPS and len(run.losses) == STEPS
-    assert run.extra["reference_steps"] == 1
+    assert run.details["reference_steps"] == 1
     ref = correct.reference_params
     assert isinstance(ref, ReferenceParams) and ref.steps == 1 and ref.compared is not None
     assert ref.keys() == correct.params.keys()
@@ -171,7 +171,7 @@ def test_compared_after_more_steps_the_difference_grows(correct: TrainResult,
     # One measured step; both programs train 32 steps for the comparison.
     case = replace(CASE, steps=1, reference_steps=STEPS)
     late = BACKEND.train(case, data_parallel("data", grad_pmean=True), accel)
-    assert late.run.extra["reference_steps"] == STEPS
+    assert late.run.details["reference_steps"] == STEPS
     check, early = reference_check(late), reference_check(correct)
     assert check.detail.startswith(f"parameters after {STEPS} steps on the 8x1 mesh "), \
         check.detail
@@ -229,7 +229,7 @@ def test_a_warm_up_from_learning_rate_0_is_compared_once_the_parameters_moved(
     warm_up = optax.linear_schedule(0.0, 0.1, transition_steps=4)  # 0, then 0.025, ...
     result = BACKEND.train(replace(CASE, steps=2), linear(warm_up), accel)
     assert result.run.outcome == "ok", result.run.message
-    assert result.run.extra["reference_steps"] == 2  # step 1 (lr 0) left them unmoved
+    assert result.run.details["reference_steps"] == 2  # step 1 (lr 0) left them unmoved
     check = reference_check(result)
     assert check.verdict is Verdict.PASS, check.detail
     assert check.detail.startswith("parameters after 2 steps on the 8x1 mesh match"), \
@@ -253,7 +253,7 @@ def test_parameters_that_never_move_are_inconclusive_not_a_pass(accel: Accelerat
     and it says so instead of passing with ``largest |Δ| 0``."""
     result = BACKEND.train(replace(CASE, steps=1), linear(0.0), accel)
     assert result.run.outcome == "ok", result.run.message
-    assert result.run.extra["reference_steps"] == REFERENCE_MAX_STEPS == 16
+    assert result.run.details["reference_steps"] == REFERENCE_MAX_STEPS == 16
     check = reference_check(result)
     assert check.verdict is Verdict.INCONCLUSIVE, check.detail
     assert check.detail == (

@@ -375,7 +375,7 @@ def test_bind_axes_flops_are_the_global_models(accel: Accelerator) -> None:
     analytic = 4 * b * d_in * hidden + 6 * b * hidden * d_out
     assert bound.flops_per_step == pytest.approx(analytic, rel=0.05)
     # What the devices execute stays per device times 8: at least the model's FLOPs.
-    assert bound.extra["hardware_flops_per_step"] >= bound.flops_per_step
+    assert bound.details["hardware_flops_per_step"] >= bound.flops_per_step
     # The record says how they were counted: a baseline of one shard's is not compared.
     assert bound.program is not None and bound.program["global_flops"] is True
     assert plain.program is not None and "global_flops" not in plain.program
@@ -791,7 +791,7 @@ def test_flops_count_replicated_compute_once() -> None:
     run = BACKEND.train(case, task, provision("cpu", 8)).run
     analytic = 4 * b * d * h + 6 * b * h * 8
     assert run.flops_per_step == pytest.approx(analytic, rel=0.02)
-    assert run.extra["hardware_flops_per_step"] / run.flops_per_step == pytest.approx(2.0,
+    assert run.details["hardware_flops_per_step"] / run.flops_per_step == pytest.approx(2.0,
                                                                                       rel=0.05)
 
 

@@ -158,7 +158,7 @@ def test_the_program_of_kerass_jitted_train_step(plain: KerasTrainResult) -> Non
     assert program["host_callbacks"] == 0 and program.get("ops", {}).get("convolution")
     assert run.memory_source == "memory_analysis"
     assert next(iter(run.memory_per_device.values())) > 100_000
-    assert run.extra["jit_compile"] is True
+    assert run.details["jit_compile"] is True
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_numerics_fingerprint_stable_and_covers_the_whole_state(
 def test_jit_compile_false_is_caught_by_the_program_without_a_clock(
         plain: KerasTrainResult, workdir: Path) -> None:
     eager = train(task(jit_compile=False)).run
-    assert eager.outcome == "ok" and eager.extra["jit_compile"] is False
+    assert eager.outcome == "ok" and eager.details["jit_compile"] is False
     program = eager.program or {}
     assert program["dispatches"] > 100 and program["flops"] == (plain.run.program or {})["flops"]
     assert eager.memory_per_device == {}  # no compiled plan: op by op

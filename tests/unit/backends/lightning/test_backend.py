@@ -239,7 +239,7 @@ def test_what_the_gate_owns_is_set_and_said(workdir: Path) -> None:
     with pytest.warns(AccelperfWarning) as said:
         result = train(task(max_steps=100, logger=True, enable_progress_bar=True))
     lines = [str(w.message) for w in said]
-    assert lines == result.notes == result.run.extra["notes"]
+    assert lines == result.notes == result.run.details["notes"]
     assert {Path(w.filename).name for w in said} == {"test_backend.py"}  # the user's line
     assert lines == [
         "LightningTask.trainer['logger']=True: the gate uses False (no log folder is left "

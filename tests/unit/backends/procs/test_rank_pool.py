@@ -194,8 +194,8 @@ def test_two_zero_stages_in_the_same_warm_ranks_equal_fresh_ranks(
     fresh = [train(3), train(1)]
     monkeypatch.delenv(rank_pool.POOL_ENV)
     pooled = [train(3), train(1)]  # ZeRO-3 first: its partitioned state must not leak
-    assert [r.extra["timings"]["pooled"] for r in fresh + pooled] == [False] * 2 + [True] * 2
-    assert [r.extra["timings"]["pool_case"] for r in pooled] == [1, 2]
+    assert [r.details["timings"]["pooled"] for r in fresh + pooled] == [False] * 2 + [True] * 2
+    assert [r.details["timings"]["pool_case"] for r in pooled] == [1, 2]
     for a, b in zip(fresh, pooled, strict=True):
         assert a.outcome == b.outcome == "ok", (a.message, b.message)
         assert a.losses == b.losses
@@ -203,6 +203,6 @@ def test_two_zero_stages_in_the_same_warm_ranks_equal_fresh_ranks(
         assert a.program == b.program and a.program is not None
         assert a.params_fingerprint == b.params_fingerprint
         assert a.flops_per_step == b.flops_per_step
-        assert a.extra["engine"]["config"] == b.extra["engine"]["config"]
+        assert a.details["engine"]["config"] == b.details["engine"]["config"]
     # The second pooled case skipped the interpreter start and the imports.
-    assert pooled[1].extra["timings"]["start"] < fresh[1].extra["timings"]["start"]
+    assert pooled[1].details["timings"]["start"] < fresh[1].details["timings"]["start"]

@@ -96,8 +96,8 @@ def collectives(result: TrainResult) -> dict[str, dict[str, int]]:
     run = result.run
     assert run.outcome == "ok", run.message
     assert run.program is not None
-    assert run.extra["comm"]["counted_steps"] == list(range(2, WARMUP + STEPS))
-    assert run.extra["comm"]["same_each_step"] and run.extra["comm"]["symmetric"]
+    assert run.details["comm"]["counted_steps"] == list(range(2, WARMUP + STEPS))
+    assert run.details["comm"]["same_each_step"] and run.details["comm"]["symmetric"]
     out: dict[str, dict[str, int]] = run.program["collectives"]
     return out
 

@@ -88,10 +88,10 @@ def test_every_stage_trains_and_reports_per_rank(runs: dict[Any, TrainResult],
     # At least this rank's share of fp32 parameters, gradients and two Adam moments.
     assert min(run.memory_per_device.values()) > 4 * 4 * n_params(make_task(ds_case(0))) / 2
     assert run.memory_source == "mem_tracker"
-    ranks = run.extra["ranks"]
+    ranks = run.details["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1]
     assert ranks[0]["step_times"] == run.step_times and len(ranks[1]["step_times"]) == STEPS
-    config_used = run.extra["engine"]["config"]
+    config_used = run.details["engine"]["config"]
     assert config_used["gradient_clipping"] == 0.0  # explicit, never DeepSpeed's 1.0
     assert config_used["zero_optimization"]["stage"] == config[0]
     flops = run.flops_per_step
@@ -101,11 +101,11 @@ def test_every_stage_trains_and_reports_per_rank(runs: dict[Any, TrainResult],
 
 
 def test_offload_uses_deepspeed_cpu_adam(runs: dict[Any, TrainResult]) -> None:
-    engine = runs[2, "optimizer"].run.extra["engine"]
+    engine = runs[2, "optimizer"].run.details["engine"]
     assert engine["optimizer"] == "DeepSpeedCPUAdam"
     assert engine["config"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
-    assert runs[0, "none"].run.extra["engine"]["optimizer"] == "AdamW"  # the task's own
-    assert "offload_param" in runs[3, "all"].run.extra["engine"]["config"]["zero_optimization"]
+    assert runs[0, "none"].run.details["engine"]["optimizer"] == "AdamW"  # the task's own
+    assert "offload_param" in runs[3, "all"].run.details["engine"]["config"]["zero_optimization"]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"zero{c[0]}-{c[1]}")
@@ -148,7 +148,7 @@ def test_ddp_trains_and_matches_the_reference() -> None:
     run = result.run
     assert run.outcome == "ok", run.message
     assert set(run.memory_per_device) == {"rank0", "rank1"}
-    engine = run.extra["engine"]
+    engine = run.details["engine"]
     assert (engine["engine"], engine["optimizer"], engine["grad_clip"]) == ("ddp", "AdamW", 0.5)
     assert engine["scheduler"] is None and engine["compile"] is False
     assert result.reference_params is not None

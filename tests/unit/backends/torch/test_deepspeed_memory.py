@@ -181,7 +181,7 @@ def test_each_stage_matches_the_expected_bytes(runs: dict[int, TrainResult],
 
 
 def test_the_plugin_lists_what_it_sized(runs: dict[int, TrainResult]) -> None:
-    sized = {stage: runs[stage].run.extra["engine"]["plugin_set"] for stage in runs}
+    sized = {stage: runs[stage].run.details["engine"]["plugin_set"] for stage in runs}
     assert sized[0] == {}  # stage 0 has no ZeRO buffers
     buckets = {"zero_optimization.reduce_bucket_size": BUCKET,
                "zero_optimization.allgather_bucket_size": BUCKET}
@@ -190,7 +190,7 @@ def test_the_plugin_lists_what_it_sized(runs: dict[int, TrainResult]) -> None:
         "stage3_prefetch_bucket_size", "stage3_max_live_parameters",
         "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
         "sub_group_size")}}
-    config = runs[3].run.extra["engine"]["config"]["zero_optimization"]
+    config = runs[3].run.details["engine"]["config"]["zero_optimization"]
     assert config["sub_group_size"] == BUCKET  # what the engine was given
 
 

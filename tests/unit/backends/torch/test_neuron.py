@@ -71,7 +71,7 @@ def test_loop_marks_waits_and_times_warmup_apart() -> None:
     assert run.losses[-1] < run.losses[0]
     assert run.memory_per_device == {"cpu-lazy:0": 1234}
     assert run.flops_per_step and run.flops_per_step > 0
-    assert "recompiles" not in run.extra
+    assert "recompiles" not in run.details
 
 
 def test_same_numbers_as_the_torch_backend() -> None:
@@ -89,7 +89,7 @@ def test_same_numbers_as_the_torch_backend() -> None:
 def test_a_measured_step_that_compiles_is_recorded() -> None:
     case = Case(backend="neuron", batch=8, steps=4, warmup=0)
     run = train_lazy(case, make_task(case), CpuLazyDevice(compiles_at=(0, 1, 4))).run
-    assert run.extra["recompiles"] == [4]
+    assert run.details["recompiles"] == [4]
 
 
 def test_skips_with_the_install_command(pytester: pytest.Pytester) -> None:

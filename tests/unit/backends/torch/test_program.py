@@ -193,7 +193,7 @@ def test_a_shape_that_changes_at_a_measured_step_recompiles(compiled: list[Run])
     assert run.program is not None and compiled[0].program is not None
     assert run.program["recompiles"] >= 1
     assert run.program["graphs"] == compiled[0].program["graphs"]  # step 0 is the same
-    (why, *_) = run.extra["recompile_reasons"]
+    (why, *_) = run.details["recompile_reasons"]
     assert "size mismatch at index 0. expected 64, actual 32" in why, why
     assert [c.name for c in changes(compiled[0].program, run.program, 0.0)] == ["recompiles"]
     # The input that changed, at the step it changed: named in the record and in the

@@ -171,7 +171,7 @@ def test_the_schedule_advances_once_per_optimizer_step_at_zero2(
     assert len(run.losses) == n
     expected = [LR * schedule(i) for i in range(n)]
     assert run.metrics["lr"] == pytest.approx(expected, rel=1e-6)
-    engine = run.extra["engine"]
+    engine = run.details["engine"]
     assert engine["scheduler"] == "LambdaLR"
     assert engine["optimizer_steps"] == n and engine["micro_steps"] == 2 * n
     # The double-speed hazard, measured: DeepSpeed's ZeRO-2 calls the client optimizer's
@@ -186,19 +186,19 @@ def test_accumulation_makes_the_global_batch_of_micro_batches(
         runs: dict[str, TrainResult]) -> None:
     result = runs["accum"]
     run = _ok(result)
-    config = run.extra["engine"]["config"]
+    config = run.details["engine"]["config"]
     assert config["gradient_accumulation_steps"] == 2
     assert config["train_batch_size"] == BATCH == run.samples_per_step
     assert config["train_micro_batch_size_per_gpu"] == BATCH // (2 * 2)
-    assert run.extra["micro_batch"] == BATCH // 4 and run.extra["grad_accum"] == 2
+    assert run.details["micro_batch"] == BATCH // 4 and run.details["grad_accum"] == 2
     # Two micro-batches on each of two ranks are one step on the global batch.
     assert result.reference_params is not None
     check = check_reference(result.params, result.reference_params, Tolerances())
     assert check.verdict is Verdict.PASS, check.detail
     # The same global batch without accumulation: another micro-batch size, same training.
     sized = _ok(runs["sized"])
-    assert sized.extra["engine"]["config"]["train_micro_batch_size_per_gpu"] == BATCH // 2
-    assert sized.extra["engine"]["micro_steps"] == WARMUP + STEPS
+    assert sized.details["engine"]["config"]["train_micro_batch_size_per_gpu"] == BATCH // 2
+    assert sized.details["engine"]["micro_steps"] == WARMUP + STEPS
     assert run.losses[:WARMUP + STEPS] == pytest.approx(sized.losses, rel=1e-4)
 
 
@@ -214,16 +214,16 @@ def test_micro_batches_are_consecutive_rows_of_the_ranks_share() -> None:
 
 def test_deepspeed_compile_trains(runs: dict[str, TrainResult]) -> None:
     run = _ok(runs["accum"])
-    assert run.extra["engine"]["compile"] == "engine.compile()"
-    assert run.extra["engine"]["compiled_graphs"] > 0
+    assert run.details["engine"]["compile"] == "engine.compile()"
+    assert run.details["engine"]["compiled_graphs"] > 0
 
 
 def test_zero3_builds_without_zero_init_by_default(runs: dict[str, TrainResult]) -> None:
     n_decay = sum(1 for p in Net().parameters() if p.dim() >= 2)
     result = runs["zero3"]
     run = _ok(result)
-    assert run.extra["engine"]["zero_init"] is False
-    decayed = run.extra["engine"]["param_groups"][0]
+    assert run.details["engine"]["zero_init"] is False
+    decayed = run.details["engine"]["param_groups"][0]
     assert decayed["weight_decay"] == 0.1 and decayed["tensors"] == n_decay > 0
     # The model's own scaled init survived: the ranks match plain torch built the same way.
     assert result.reference_params is not None
@@ -232,12 +232,12 @@ def test_zero3_builds_without_zero_init_by_default(runs: dict[str, TrainResult])
     # Asked for, zero.Init partitions each weight as it is made: the model's own code sees
     # empty tensors, so its weight-decay group comes out empty (what the run shows).
     inited = _ok(runs["zero3_init"])
-    assert inited.extra["engine"]["zero_init"] is True
-    assert inited.extra["engine"]["param_groups"][0]["tensors"] == 0
+    assert inited.details["engine"]["zero_init"] is True
+    assert inited.details["engine"]["param_groups"][0]["tensors"] == 0
 
 
 def test_the_users_deepspeed_key_wins(runs: dict[str, TrainResult]) -> None:
-    engine = _ok(runs["accum"]).extra["engine"]
+    engine = _ok(runs["accum"]).details["engine"]
     zero = engine["config"]["zero_optimization"]
     assert zero["allgather_bucket_size"] == 4096
     assert "zero_optimization.allgather_bucket_size" not in engine["plugin_set"]
@@ -260,7 +260,7 @@ def test_deepspeed_builds_the_optimizer_and_schedule_of_its_config(
     ``scheduler`` sections, as DeepSpeed's tutorials write it: DeepSpeed builds both, the
     run says so, and the learning rate each step used is the config's warm-up."""
     run = _ok(runs["from_config"])
-    engine = run.extra["engine"]
+    engine = run.details["engine"]
     assert engine["optimizer"].endswith("(from the config)"), engine["optimizer"]
     assert engine["scheduler"] == "WarmupLR (from the config)"
     assert [g["weight_decay"] for g in engine["param_groups"]] == [0.1]
@@ -297,11 +297,11 @@ def test_bucket_sizes_fit_the_model(runs: dict[str, TrainResult]) -> None:
     n = sum(p.numel() for p in Net().parameters())
     assert small < 40 * 4 * n  # a few copies of the model, not gigabytes
     assert sized.losses == pytest.approx(unsized_run.losses, rel=1e-5)  # same training
-    assert set(sized.extra["engine"]["plugin_set"]) == {
+    assert set(sized.details["engine"]["plugin_set"]) == {
         "zero_optimization.reduce_bucket_size", "zero_optimization.allgather_bucket_size"}
-    assert unsized_run.extra["engine"]["plugin_set"] == {}
+    assert unsized_run.details["engine"]["plugin_set"] == {}
     # ZeRO-3 sizes its own keys too; stage 0 has no ZeRO buffers to size.
-    zero3 = _ok(runs["zero3"]).extra["engine"]["plugin_set"]
+    zero3 = _ok(runs["zero3"]).details["engine"]["plugin_set"]
     assert "zero_optimization.stage3_prefetch_bucket_size" in zero3
     assert size_buckets({"zero_optimization": {"stage": 0}}, n, defaults, 2) == {}
     big_model = size_buckets({"zero_optimization": {"stage": 2}}, 10**12, defaults, 2)
@@ -312,7 +312,7 @@ def test_bucket_sizes_fit_the_model(runs: dict[str, TrainResult]) -> None:
 def test_a_compiled_ddp_case_trains(runs: dict[str, TrainResult]) -> None:
     result = runs["ddp_compile"]
     run = _ok(result)
-    engine = run.extra["engine"]
+    engine = run.details["engine"]
     assert engine["engine"] == "ddp" and engine["compile"] is True
     assert engine["compiled_graphs"] > 0
     n = WARMUP + 1 + STEPS  # compiling adds a warm-up step
