@@ -28,7 +28,7 @@ SPECS: tuple[BackendSpec, ...] = (
         # JAX, Equinox or Haiku user has none
         "jax", "pytest_accelperf.backends.jax.backend", requires=("jax", "optax"),
         install="pip install 'pytest-accelperf[jax]'", packages=_JAX,
-        ranks="pytest_accelperf.backends.jax.ranks", ab_blocks=True, compile_only=True,
+        ranks="pytest_accelperf.backends.jax.processes", ab_blocks=True, compile_only=True,
     ),
     BackendSpec(
         "torch", "pytest_accelperf.backends.torch.backend", requires=("torch",),
@@ -48,6 +48,7 @@ SPECS: tuple[BackendSpec, ...] = (
         requires=("torch", "lightning"),
         install=f"pip install 'pytest-accelperf[lightning]' {_TORCH_FIRST}",
         packages=("torch", "lightning", "numpy"), ray=False, ab_blocks=True,
+        ranks="pytest_accelperf.backends.lightning.ddp",
     ),
     # A compiled Keras 3 model trained by model.fit on JAX, measured from a callback.
     BackendSpec(

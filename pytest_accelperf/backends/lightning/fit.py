@@ -28,6 +28,7 @@ from pytest_accelperf.backends.lightning.callback import (
     GateProfiler,
     Watch,
 )
+from pytest_accelperf.backends.lightning.launched import launched
 from pytest_accelperf.backends.lightning.task import OWNED, LightningTask
 from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.protocol import Task
@@ -113,6 +114,12 @@ def trainer_settings(given: Mapping[str, Any], case: Case,
         "accelerator": ("gpu" if device.type == "cuda" else "cpu", "the session's --accel"),
         "devices": (1, "a case of world_size 1 trains on one device"),
     }
+    rank = launched()
+    if rank is not None:  # one of the plugin's launched ranks: Lightning's DDP over them
+        owned["devices"] = (rank.world_size, "the case's world_size, one launched rank "
+                                             "a device")
+        owned["num_nodes"] = (1, "the plugin launches the case's ranks on one machine")
+        launched_ddp(kwargs, notes)
     if case.grad_accum > 1:  # the case's accumulation drives the trainer's
         owned["accumulate_grad_batches"] = (case.grad_accum, "the case's grad_accum")
     for name, (value, why) in owned.items():
@@ -188,11 +195,46 @@ def count(built: Built, task: LightningTask, case: Case, device: torch.device, r
     return counting
 
 
+#: ``Trainer(strategy=...)`` values that mean DDP over the launched ranks as they are.
+_DDP_NAMES = ("auto", "ddp", None)
+
+
+def launched_ddp(kwargs: dict[str, Any], notes: list[str]) -> None:
+    """Set ``kwargs`` (a ``Trainer``'s) for a launched rank: Lightning's DDP over the
+    process group the plugin launched, found by ``TorchElasticEnvironment`` in the ranks'
+    own environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``): Lightning starts no process of its own. Another strategy the user
+    gave (a ``DDPStrategy`` object too: a strategy serves one ``Trainer``, and the gate
+    makes two) is replaced, said in ``notes``."""
+    from lightning.fabric.plugins.environments.cluster_environment import ClusterEnvironment
+    from lightning.fabric.plugins.environments.torchelastic import TorchElasticEnvironment
+
+    given = kwargs.get("strategy", "auto")
+    if not (isinstance(given, str) or given is None) or given not in _DDP_NAMES:
+        notes.append(f"LightningTask.trainer['strategy']={given!r}: the gate uses 'ddp' over "
+                     f"the case's launched ranks (world_size > 1)")
+    kwargs["strategy"] = "ddp"
+    plugins = kwargs.get("plugins") or []
+    plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+    kept = [p for p in plugins if not isinstance(p, ClusterEnvironment)]
+    if len(kept) != len(plugins):
+        notes.append("LightningTask.trainer['plugins'] holds a cluster environment: the gate "
+                     "uses TorchElasticEnvironment (the ranks it launched)")
+    kwargs["plugins"] = [*kept, TorchElasticEnvironment()]
+
+
 def one_device(case: Case) -> None:
-    if case.world_size > 1 or case.n_devices != 1:
-        raise ConfigError(f"{case.id}: the lightning backend trains on one device for now "
-                          f"(world_size={case.world_size}, mesh={case.mesh}); Lightning's "
-                          f"own DDP under the gate is not built yet")
+    """Refuse a case this process cannot train: more than one device, unless this is one
+    of the case's launched ranks (:mod:`.lightning.ddp`), or a reference run."""
+    rank = launched()
+    if case.world_size > 1 and (rank is None or rank.world_size != case.world_size):
+        raise ConfigError(f"{case.id}: a lightning case of world_size={case.world_size} "
+                          f"trains Lightning's DDP in the plugin's launched ranks, not in "
+                          f"this process (A/B mode does not train one yet: compare it "
+                          f"without --accelperf-compare)")
+    if case.n_devices != case.world_size:
+        raise ConfigError(f"{case.id}: the lightning backend trains one device a process "
+                          f"(mesh={case.mesh}): declare world_size for data parallelism")
     if case.reference:
         raise ConfigError(f"{case.id}: the lightning backend has no single-device reference "
                           f"run: drop reference=True")

@@ -1,0 +1,111 @@
+"""A Lightning training inside one of the plugin's launched ranks: :class:`Launched`, what
+the rank's code knows of its group, and :class:`CollectiveMode`, which counts the
+collectives the rank's training step issues.
+
+:mod:`.lightning.ddp` runs the ``lightning`` backend's own training in every rank of a
+``world_size > 1`` case with :func:`inside` entered; what reads :func:`launched` then
+trains Lightning's DDP over the group (:func:`~.lightning.fit.trainer_settings`) and counts
+the collectives of the counted step (:class:`~.lightning.callback.Counting`), and nothing
+else changes: the same callback, clock, memory count and fingerprint as in one process.
+
+Collectives are counted where every one of them passes, whoever issues it: the
+dispatcher. ``torch.distributed``'s collectives are dispatcher ops (``c10d.allreduce_``,
+``c10d.broadcast_``, ...), the bucket all-reduce DDP's reducer issues from C++ as well as a
+``self.log(..., sync_dist=True)``'s ``torch.distributed.all_reduce``, and a
+``TorchDispatchMode`` sees each call (measured: DDP over gloo, torch 2.13). Kinds and
+payload bytes are those of :mod:`pytest_accelperf.backends.torch.comm`: ``all_reduce``,
+``broadcast``, ... and the tensors the rank puts in; Lightning's own ``barrier`` is
+``barrier``, 0 bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from pytest_accelperf.backends.torch.comm import CommCounter, payload_bytes
+from pytest_accelperf.backends.types import Untyped
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+
+#: ``c10d`` op -> (the kind counted, the position of the argument whose tensors are the
+#: rank's payload; None: none).
+C10D_KINDS: Mapping[str, tuple[str, int | None]] = {
+    "allreduce_": ("all_reduce", 0),
+    "allreduce_coalesced_": ("all_reduce", 0),
+    "reduce_": ("reduce", 0),
+    "broadcast_": ("broadcast", 0),
+    "allgather_": ("all_gather", 1),
+    "_allgather_base_": ("all_gather", 1),
+    "allgather_coalesced_": ("all_gather", 1),
+    "allgather_into_tensor_coalesced_": ("all_gather", 1),
+    "reduce_scatter_": ("reduce_scatter", 1),
+    "_reduce_scatter_base_": ("reduce_scatter", 1),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter", 1),
+    "alltoall_": ("all_to_all", 1),
+    "alltoall_base_": ("all_to_all", 1),
+    "gather_": ("gather", 1),
+    "scatter_": ("scatter", 1),
+    "barrier": ("barrier", None),
+}
+
+
+@dataclass
+class Launched:
+    """This process is rank ``rank`` of ``world_size`` launched by the plugin (the
+    torchelastic-style environment set: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``); ``comm`` holds the collectives of its counted
+    step."""
+
+    rank: int
+    world_size: int
+    comm: CommCounter = field(default_factory=CommCounter)
+
+
+_LAUNCHED: contextvars.ContextVar[Launched | None] = contextvars.ContextVar(
+    "accelperf_lightning_launched", default=None)
+
+
+def launched() -> Launched | None:
+    """The rank this training runs in, or None in one process."""
+    return _LAUNCHED.get()
+
+
+@contextlib.contextmanager
+def inside(rank: Launched) -> Iterator[Launched]:
+    """Train the ``lightning`` backend's training in ``rank`` (see the module docstring)."""
+    token = _LAUNCHED.set(rank)
+    try:
+        yield rank
+    finally:
+        _LAUNCHED.reset(token)
+
+
+class CollectiveMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # untyped in torch
+    """Counts each ``c10d`` collective dispatched while it is entered into ``comm``
+    (which counts while a step of it is open: :meth:`CommCounter.step`)."""
+
+    def __init__(self, comm: CommCounter) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # untyped in torch
+        self.comm = comm
+
+    def __torch_dispatch__(self, func: OpOverload[..., Any], types: object,
+                           args: tuple[Untyped, ...] = (),
+                           kwargs: Mapping[str, Untyped] | None = None) -> Untyped:
+        if func.namespace == "c10d":
+            kind = C10D_KINDS.get(func.overloadpacket.__name__)
+            if kind is not None:
+                name, position = kind
+                payload = args[position] if position is not None and len(args) > position \
+                    else None
+                self.comm.add(name, payload_bytes(payload))
+        return func(*args, **(kwargs or {}))
+
+
+__all__ = ["C10D_KINDS", "CollectiveMode", "Launched", "inside", "launched"]
