@@ -84,7 +84,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from pytest_accelperf.provision.fingerprint import case_stack, machine  # noqa: E402
+from pytest_accelperf.provision.describe import case_stack, machine  # noqa: E402
 from pytest_accelperf.report.changes import Detection, find_changes  # noqa: E402
 from pytest_accelperf.report.history import fingerprint_hash  # noqa: E402
 from pytest_accelperf.report.points import Point, cache_path, load_points  # noqa: E402

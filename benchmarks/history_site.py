@@ -33,7 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pytest_accelperf.provision.fingerprint import case_stack, machine  # noqa: E402
+from pytest_accelperf.provision.describe import case_stack, machine  # noqa: E402
 from pytest_accelperf.report.history import fingerprint_hash  # noqa: E402
 
 ENV: dict[str, Any] = {

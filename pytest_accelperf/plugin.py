@@ -46,7 +46,7 @@ from pytest_accelperf.provision.accel import (
     prepare_environment,
     provision,
 )
-from pytest_accelperf.provision.fingerprint import environment
+from pytest_accelperf.provision.describe import environment
 from pytest_accelperf.provision.targets import (
     TargetError,
     libtpu_missing,

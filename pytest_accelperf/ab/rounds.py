@@ -50,8 +50,8 @@ from pytest_accelperf.envs.cache import build_env, session_site
 from pytest_accelperf.envs.depfiles import dependency_change, files_at, files_here
 from pytest_accelperf.envs.stack import STACK_PACKAGES, check_python
 from pytest_accelperf.git import GitError
-from pytest_accelperf.provision.fingerprint import LIBRARY_DISTRIBUTIONS, stack_words
-from pytest_accelperf.provision.fingerprint import stack_changes as fingerprint_stack_changes
+from pytest_accelperf.provision.describe import LIBRARY_DISTRIBUTIONS, stack_words
+from pytest_accelperf.provision.describe import stack_changes as fingerprint_stack_changes
 from pytest_accelperf.records.program import ProgramRecord
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.stats.bootstrap import ab_ratio

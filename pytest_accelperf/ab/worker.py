@@ -13,7 +13,7 @@ A case's task is built by calling the test function itself with a stand-in ``acc
 fixture whose ``train(task)`` captures the task and stops the function there: the same
 ``make_task(...)`` the test runs under pytest, at this arm's revision. A single-process case
 is then trained here, by its backend's stepper; a case trained in ranks (DDP, DeepSpeed)
-by a group of ranks this worker starts for it (:mod:`pytest_accelperf.ab.ranks`).
+by a group of ranks this worker starts for it (:mod:`pytest_accelperf.ab.rank_groups`).
 
 The first base worker also gives the base revision's *record* of a case
 (:meth:`Worker.locate`, then :meth:`Worker.record`, then :meth:`Worker.prepare`): the case
@@ -43,7 +43,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeGuard
 
 if TYPE_CHECKING:
-    from pytest_accelperf.ab.ranks import BlockTrainer
+    from pytest_accelperf.ab.rank_groups import BlockTrainer
     from pytest_accelperf.backends.protocol import Stepper, Task
     from pytest_accelperf.backends.spec import BackendSpec
     from pytest_accelperf.collect.cases import Case
@@ -190,7 +190,7 @@ class Worker:
     def __init__(self, setup: Setup) -> None:
         self.setup = setup
         #: Per case, what this arm steps it with: its backend's stepper, or a group of ranks
-        #: (:class:`~pytest_accelperf.ab.ranks.RankGroupStepper`, which also has ``pids``
+        #: (:class:`~pytest_accelperf.ab.rank_groups.RankGroupStepper`, which also has ``pids``
         #: and ``close``).
         self.steppers: dict[str, Stepper] = {}
         #: Per case, its test function as :meth:`locate` found it.
@@ -255,7 +255,7 @@ class Worker:
         self._refuse_foreign()
         # Ranks of its own, built and warmed up as in a run.
         if trainer is not None and _trains_blocks(trainer):
-            from pytest_accelperf.ab.ranks import RankGroupStepper
+            from pytest_accelperf.ab.rank_groups import RankGroupStepper
 
             _pickle_by_value(target)
             self.steppers[key] = RankGroupStepper(
@@ -390,7 +390,7 @@ class Worker:
 
 def _trains_blocks(trainer: object) -> TypeGuard[BlockTrainer]:
     """Whether a backend's ``RankTrainer`` trains a case in blocks of steps (has
-    ``block_job``, :class:`~pytest_accelperf.ab.ranks.BlockTrainer`)."""
+    ``block_job``, :class:`~pytest_accelperf.ab.rank_groups.BlockTrainer`)."""
     return callable(getattr(trainer, "block_job", None))
 
 

@@ -35,9 +35,9 @@ from pytest_accelperf.bisection.evidence import (
     unjudged_host,
     unsearched_regressions,
 )
-from pytest_accelperf.bisection.probe import Session, require, run_session, session_env
 from pytest_accelperf.bisection.search import Search
 from pytest_accelperf.bisection.status import Status as Status  # re-exported
+from pytest_accelperf.bisection.trial import Session, require, run_session, session_env
 from pytest_accelperf.gate.options import BY_KEY
 from pytest_accelperf.records.program import describe_changes
 

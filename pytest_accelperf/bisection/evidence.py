@@ -34,7 +34,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pytest_accelperf.bisection.probe import Session
+from pytest_accelperf.bisection.trial import Session
 from pytest_accelperf.records.program import describe_changes
 from pytest_accelperf.records.verdict import CheckResult, Verdict, count_changes
 from pytest_accelperf.report.data import CaseRecord

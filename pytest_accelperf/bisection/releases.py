@@ -37,14 +37,14 @@ from packaging.version import Version
 from pytest_accelperf.bisection import BisectError
 from pytest_accelperf.bisection.commits import Commit, CommitRange, GitError, git
 from pytest_accelperf.bisection.driver import Result, Settings, Step, reproduced
-from pytest_accelperf.bisection.probe import (
+from pytest_accelperf.bisection.status import Status
+from pytest_accelperf.bisection.trial import (
     Session,
     pytest_argv,
     read_session,
     report_paths,
     run_logged,
 )
-from pytest_accelperf.bisection.status import Status
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import Env, env_from_pins
 from pytest_accelperf.envs.releases import list_releases, released

@@ -11,7 +11,7 @@ from typing import Any
 from pytest_accelperf.checks import summary
 from pytest_accelperf.checks.protocol import CheckInput
 from pytest_accelperf.checks.table import check_of, checks
-from pytest_accelperf.provision.fingerprint import stack_words
+from pytest_accelperf.provision.describe import stack_words
 from pytest_accelperf.records.run import Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.store.block import BlockLike, read_block
@@ -35,14 +35,14 @@ def run_checks(run: Run, block: BlockLike | None, baseline: BlockLike | None,
     as :class:`~pytest_accelperf.store.block.Block` with the sections of every check of the table
     (:func:`pytest_accelperf.store.schema.block_model`) for the checks. ``comparable`` is False when
     the baseline was recorded in another environment, and ``differences`` say how (in
-    words, :func:`pytest_accelperf.provision.fingerprint.differences`; any makes it not comparable):
+    words, :func:`pytest_accelperf.provision.describe.differences`; any makes it not comparable):
     throughput, input time, compile time and the program are then ``incomparable`` and the other
     checks still apply (numerics at its cross-environment tolerance).
     ``program_differences`` (default: ``differences``) are those that make the program
-    incomparable (:data:`pytest_accelperf.provision.fingerprint.PROGRAM_KEYS`): another host CPU
+    incomparable (:data:`pytest_accelperf.provision.describe.PROGRAM_KEYS`): another host CPU
     runs the same program.
     ``stack``: how the stack differs from the baseline's
-    (:func:`pytest_accelperf.provision.fingerprint.stack_changes`): every check judges the run all
+    (:func:`pytest_accelperf.provision.describe.stack_changes`): every check judges the run all
     the same, and each verdict against the baseline names it in its detail and its data
     (``stack: jax 0.8.3 → 0.10.2``).
     ``params``/``reference_params`` are flat ``{path: array}`` dicts of final parameters;

@@ -57,7 +57,7 @@ class CheckInput:
     (``differences`` say how it differs, in words, when it is not). ``program_comparable``:
     the same for the compiled program (another host CPU runs the same program).
     ``stack``: how the stack (Python, framework packages, accelerator libraries) differs
-    from the baseline's, in words (:func:`pytest_accelperf.provision.fingerprint.stack_changes`); a
+    from the baseline's, in words (:func:`pytest_accelperf.provision.describe.stack_changes`); a
     stack change is judged like any other change, never ``incomparable``, but what depends
     on the stack's own arithmetic or speed says so (numerics at the cross-environment
     tolerance; no drift correction by a probe that runs on the stack under test).

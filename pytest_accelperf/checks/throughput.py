@@ -103,7 +103,7 @@ INCOMPARABLE_ENV = "baseline recorded in another environment; throughput not com
 
 def incomparable_detail(differences: Sequence[str] = ()) -> str:
     """Why throughput was not compared with a baseline from another environment: the
-    differing keys of the fingerprints (:func:`pytest_accelperf.provision.fingerprint.differences`)
+    differing keys of the fingerprints (:func:`pytest_accelperf.provision.describe.differences`)
     when known, else :data:`INCOMPARABLE_ENV`."""
     if differences:
         return f"baseline recorded in another environment ({'; '.join(differences)})"

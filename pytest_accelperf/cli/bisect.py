@@ -16,8 +16,8 @@ from typing import TextIO
 from pytest_accelperf.bisection import show as bisect_show
 from pytest_accelperf.bisection.commits import commit_range
 from pytest_accelperf.bisection.driver import Points, Settings, Step, bisect
-from pytest_accelperf.bisection.probe import own_option
 from pytest_accelperf.bisection.status import Status
+from pytest_accelperf.bisection.trial import own_option
 from pytest_accelperf.cli.common import CliError, write_file
 
 

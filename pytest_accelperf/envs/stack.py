@@ -2,7 +2,7 @@
 version (:func:`stack_versions`, run by an A/B worker in its own environment), and the
 check of an interpreter given with ``--accelperf-compare-python`` (:func:`check_python`).
 Two stacks are told apart in the fingerprint's words
-(:func:`pytest_accelperf.provision.fingerprint.stack_changes`, as
+(:func:`pytest_accelperf.provision.describe.stack_changes`, as
 :meth:`pytest_accelperf.ab.rounds.Comparison.stack_changes` calls it).
 
 This module imports nothing of the plugin's but :mod:`pytest_accelperf.envs` and no

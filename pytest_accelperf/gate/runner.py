@@ -70,13 +70,13 @@ from pytest_accelperf.gate.session import (
     say_on_stderr,
 )
 from pytest_accelperf.provision.accel import Accelerator
+from pytest_accelperf.provision.describe import PROGRAM_KEYS, differences, stack_changes
 from pytest_accelperf.provision.device_errors import (
     DeviceError,
     broken_context_message,
     classify,
     release_device_memory,
 )
-from pytest_accelperf.provision.fingerprint import PROGRAM_KEYS, differences, stack_changes
 from pytest_accelperf.provision.targets import NOT_RUN, not_run
 from pytest_accelperf.provision.xdist_role import worker_id
 from pytest_accelperf.records.environment import Environment

@@ -1,14 +1,14 @@
 """The environment a run was measured in: the machine, the stack on it, and what hooks add.
 
-One record (:class:`Environment`) for what :func:`pytest_accelperf.provision.fingerprint.
+One record (:class:`Environment`) for what :func:`pytest_accelperf.provision.describe.
 environment` takes of this host, what a run carries (``Run.environment``), what a session's
 report shows (``SessionReport.environment``) and what a baseline stores (``Block.
 environment``, validated by the store with this model). Its JSON is one flat object:
 
-- *the machine* (:data:`pytest_accelperf.provision.fingerprint.MACHINE_KEYS`): ``platform``,
+- *the machine* (:data:`pytest_accelperf.provision.describe.MACHINE_KEYS`): ``platform``,
   ``device_kind``, ``device_count``, ``host_cpu``, ``cpu_isa`` (and ``accel``, the
   accelerator's name): a timing taken on another is no evidence about this change;
-- *the stack* (:data:`pytest_accelperf.provision.fingerprint.STACK_KEYS`): ``python``,
+- *the stack* (:data:`pytest_accelperf.provision.describe.STACK_KEYS`): ``python``,
   ``packages`` and ``libraries`` (``{name: version}``): what an upgrade changes;
 - what the ``pytest_accelperf_environment`` hook and the log ingesters add, keys of their own
   (``driver``, ``source``): :attr:`Environment.added`, JSON values beside the others.
@@ -32,7 +32,7 @@ from pytest_accelperf.records.section import JsonSection
 
 
 class Environment(JsonSection):
-    """The environment fingerprint (:mod:`pytest_accelperf.provision.fingerprint`); the keys that
+    """The environment fingerprint (:mod:`pytest_accelperf.provision.describe`); the keys that
     decide whether throughput is comparable are typed, hooks may add others."""
 
     #: Frozen: what :meth:`to_json` writes is what was read.

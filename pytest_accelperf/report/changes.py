@@ -3,11 +3,11 @@ commits, and how sure.
 
 The history (``--accelperf-history``, :mod:`pytest_accelperf.report.history`) holds one
 line per case per session. Each case's sessions, in time order, are split by machine
-(:func:`pytest_accelperf.provision.fingerprint.machine`; by environment fingerprint in lines written
+(:func:`pytest_accelperf.provision.describe.machine`; by environment fingerprint in lines written
 before the history kept the machine): sessions of one machine form a series, and the first
 session on a new machine is itself a change point (``environment``), where the program
 fields are also compared across the two environments. Within a series, a change of the
-case's stack (an upgrade: :func:`pytest_accelperf.provision.fingerprint.case_stack`) is a change
+case's stack (an upgrade: :func:`pytest_accelperf.provision.describe.case_stack`) is a change
 point of its own (``stack``), named by its versions (``jax 0.8.3 → 0.10.2``); the measured
 metrics are searched within each stack's sessions and measured across each change of it
 (the throughput and the step time, by the same test as below, listed whether it resolves
@@ -53,7 +53,7 @@ from typing import Any, TypedDict
 from numpy.typing import ArrayLike
 
 from pytest_accelperf.errors import UserError
-from pytest_accelperf.provision.fingerprint import stack_changes
+from pytest_accelperf.provision.describe import stack_changes
 from pytest_accelperf.records.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.detection import MAX_PVALUE as MAX_PVALUE  # re-exported
 from pytest_accelperf.report.detection import Detection as Detection  # re-exported
@@ -151,7 +151,7 @@ class ChangePoint:
     #: change lies across an upgrade (or a downgrade), named by ``stack``.
     new_stack: bool = False
     #: How the stack changed across it (``jax 0.8.3 → 0.10.2``,
-    #: :func:`pytest_accelperf.provision.fingerprint.stack_changes`); empty where it did not.
+    #: :func:`pytest_accelperf.provision.describe.stack_changes`); empty where it did not.
     stack: tuple[str, ...] = ()
     #: A level measured across a stack change whose test gave p above ``max_pvalue``: the
     #: measurement, not a change (listed all the same: an upgrade that changed nothing).

@@ -3,7 +3,7 @@
 ``--accelperf-history=DIR`` appends the session's runs to ``DIR/<platform>.jsonl``. Each
 line carries the git commit the session ran on, the environment (and hashes of it: the
 whole ``fingerprint``, the ``machine`` and the case's ``stack``,
-:mod:`pytest_accelperf.provision.fingerprint`), the headline numbers, the gated fields of the
+:mod:`pytest_accelperf.provision.describe`), the headline numbers, the gated fields of the
 program
 record and the verdicts, so trends and change points can be plotted (the HTML report) and
 listed (``accelperf history changes``, :mod:`pytest_accelperf.report.changes`) over
@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.git import git_or_none
-from pytest_accelperf.provision.fingerprint import case_stack, machine
+from pytest_accelperf.provision.describe import case_stack, machine
 from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import AMOUNTS, COUNTS
 from pytest_accelperf.records.run import Outcome

@@ -25,7 +25,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from pytest_accelperf.provision.fingerprint import stack_words
+from pytest_accelperf.provision.describe import stack_words
 from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.report import charts
 from pytest_accelperf.report.changes import STACK, ChangePoint, find_changes, worse

@@ -48,7 +48,7 @@ from typing import Annotated, Any, NamedTuple, cast
 import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from pytest_accelperf.provision.fingerprint import case_stack
+from pytest_accelperf.provision.describe import case_stack
 from pytest_accelperf.report.history import history_files, invalid_line, read_bytes
 from pytest_accelperf.store.jsonfile import atomic_write, gc_paused
 from pytest_accelperf.store.schema import HistoryNumbers, ProgramRecord
@@ -87,7 +87,7 @@ class Point(NamedTuple):
     #: were (their ``fingerprint`` splits the series, as it did).
     machine: str | None = None
     stack: str | None = None
-    #: The case's stack (:func:`pytest_accelperf.provision.fingerprint.case_stack`: python,
+    #: The case's stack (:func:`pytest_accelperf.provision.describe.case_stack`: python,
     #: packages,
     #: libraries) that ``stack`` is the hash of, read from the line's environment once per
     #: hash, one object for the lines of a hash; None without a ``stack``.
@@ -102,7 +102,7 @@ def point(e: HistoryNumbers, versions: Mapping[str, object] | None = None) -> Po
 
 def line_stack(entry: Mapping[str, object]) -> dict[str, object]:
     """The case's stack of a history line (a dict), from its environment and its case's
-    backend (:func:`pytest_accelperf.provision.fingerprint.case_stack`); empty without either."""
+    backend (:func:`pytest_accelperf.provision.describe.case_stack`); empty without either."""
     env, case = entry.get("environment"), entry.get("case")
     backend = case.get("backend") if isinstance(case, dict) else None
     if not isinstance(env, dict):

@@ -313,12 +313,12 @@ class HistoryNumbers(BaseModel):
     platform: str | None = None
     #: A hash of the environment (:func:`pytest_accelperf.report.history.fingerprint_hash`).
     fingerprint: str | None = None
-    #: A hash of the machine (:func:`pytest_accelperf.provision.fingerprint.machine`): the sessions
+    #: A hash of the machine (:func:`pytest_accelperf.provision.describe.machine`): the sessions
     #: of
     #: a case on one machine are one series of the history; absent from lines written
     #: before the machine and the stack were told apart (their ``fingerprint`` is used).
     machine: str | None = None
-    #: A hash of the case's stack (:func:`pytest_accelperf.provision.fingerprint.case_stack`): a
+    #: A hash of the case's stack (:func:`pytest_accelperf.provision.describe.case_stack`): a
     #: change of it on the same machine is a ``stack`` change point, named from the line's
     #: ``environment``; absent as ``machine`` is.
     stack: str | None = None

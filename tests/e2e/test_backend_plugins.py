@@ -19,7 +19,7 @@ from pytest_accelperf.backends import BACKENDS, BackendSpec, BackendSpecError, g
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.gate.routing import route
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.provision.fingerprint import differences, stack_changes
+from pytest_accelperf.provision.describe import differences, stack_changes
 
 #: The conftest: the backend defined in it, registered as an object.
 CONFTEST = NUMPY_SGD + '''

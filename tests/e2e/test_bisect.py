@@ -31,8 +31,8 @@ from pytest_accelperf.bisection.evidence import (
     unjudged_host,
     unsearched_regressions,
 )
-from pytest_accelperf.bisection.probe import Session, own_option, summary
 from pytest_accelperf.bisection.search import Search
+from pytest_accelperf.bisection.trial import Session, own_option, summary
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord
 

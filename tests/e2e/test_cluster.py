@@ -318,7 +318,7 @@ def test_auto_asks_what_ray_address_names() -> None:
 
 
 def test_each_process_of_a_multihost_jax_case_gets_its_share_of_devices() -> None:
-    from pytest_accelperf.backends.jax.ranks import check_case, local_xla_flags
+    from pytest_accelperf.backends.jax.processes import check_case, local_xla_flags
 
     flags = "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8"
     assert local_xla_flags(flags, 4) == ("--xla_cpu_foo=1 "

@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-MODULES = ["provision.accel", "collect.cases", "provision.fingerprint", "stats.bootstrap",
+MODULES = ["provision.accel", "collect.cases", "provision.describe", "stats.bootstrap",
            "stats.units", "backends.measure.common",
            "cluster.address", "checks.family", "ab.arms", "provision.targets",
            "bisection.search", "bisection.evidence", "ab.worker", "ab.verdict", "envs.uv",

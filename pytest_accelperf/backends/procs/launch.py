@@ -544,7 +544,7 @@ def start_group(fn: Callable[..., Any], args: tuple[Any, ...], world_size: int, 
                 env: dict[str, str] | None = None) -> RankGroup:
     """Start ``fn(ctx, *args)`` in ``world_size`` processes, as :func:`launch` does, and
     return at once: the caller talks to the ranks (A/B mode's blocks of steps,
-    :mod:`pytest_accelperf.ab.ranks`) and ends the group with :meth:`RankGroup.wait`.
+    :mod:`pytest_accelperf.ab.rank_groups`) and ends the group with :meth:`RankGroup.wait`.
     ``workdir`` is the caller's (kept); ``env`` is added to every rank's environment."""
     cloudpickle: Any = importlib.import_module("cloudpickle")  # untyped
     workdir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ business. The plugin launches them on this machine (:func:`train_in_ranks`, thro
 one way is compared with a run taken the other.
 
 A trainer may also train a case in *blocks of steps on demand*, for A/B mode
-(:mod:`pytest_accelperf.ab.ranks`): its ``block_job(case, task, accel, control)`` returns
+(:mod:`pytest_accelperf.ab.rank_groups`): its ``block_job(case, task, accel, control)`` returns
 the job of a long-lived group whose ranks build and warm up the engine as a run does, then
 take orders through :class:`BlockControl` (:func:`serve_blocks`: "run n steps", timed by
 the same loop as a run's, :func:`~pytest_accelperf.backends.measure.loop.time_block`), and its

@@ -1,6 +1,6 @@
 """--accelperf-compare=GIT_REF for cases trained in ranks: DDP and DeepSpeed ZeRO-2, each
 arm with a group of real ranks of its own (gloo, two ranks), trained in alternating blocks
-(pytest_accelperf.ab.ranks); a rank that dies fails only its case, and leaves nothing
+(pytest_accelperf.ab.rank_groups); a rank that dies fails only its case, and leaves nothing
 running."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytest.importorskip("cloudpickle")
 torch = pytest.importorskip("torch")
 
 from pytest_accelperf import Case  # noqa: E402
-from pytest_accelperf.ab.ranks import RankGroupError, RankGroupStepper  # noqa: E402
+from pytest_accelperf.ab.rank_groups import RankGroupError, RankGroupStepper  # noqa: E402
 from pytest_accelperf.backends.procs import rank_pool  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 from pytest_accelperf.torch import TorchTask  # noqa: E402

@@ -366,7 +366,7 @@ def test_another_host_cpu_runs_the_same_program_but_not_the_same_step_times() ->
     without it every program check was `incomparable`, the one check that needs no timing.
     The host's CPU makes step times and numerics incomparable, not the program."""
     from pytest_accelperf.checks import run_checks
-    from pytest_accelperf.provision.fingerprint import PROGRAM_KEYS, differences, stack_changes
+    from pytest_accelperf.provision.describe import PROGRAM_KEYS, differences, stack_changes
     from pytest_accelperf.records.run import Run
 
     base_env = {"platform": "cpu-x8", "host_cpu": "Xeon A", "cpu_isa": "avx2 avx_vnni",

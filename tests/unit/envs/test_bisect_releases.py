@@ -20,9 +20,9 @@ import pytest
 from pytest_accelperf import cli
 from pytest_accelperf.bisection.commits import Commit
 from pytest_accelperf.bisection.driver import Settings, Status, Step, bisect
-from pytest_accelperf.bisection.probe import Session
 from pytest_accelperf.bisection.releases import Releases, release_pins, release_range
 from pytest_accelperf.bisection.show import render, start_line
+from pytest_accelperf.bisection.trial import Session
 from pytest_accelperf.envs import EnvError
 from pytest_accelperf.envs.cache import Env
 from pytest_accelperf.envs.releases import INDEX_JSON_ENV

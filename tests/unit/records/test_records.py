@@ -86,7 +86,7 @@ def test_the_recorded_sections_round_trip_and_validate_as_the_block() -> None:
 def _environment() -> Environment:
     """An environment as this host's fingerprint makes it (the machine and the stack)."""
     from pytest_accelperf.provision.accel import Accelerator
-    from pytest_accelperf.provision.fingerprint import environment
+    from pytest_accelperf.provision.describe import environment
 
     return environment(Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu",
                                    device_count=1), ("numpy", "not-installed-anywhere"))

@@ -355,7 +355,7 @@ def test_the_command_takes_one_platform_and_refuses_a_p_value_out_of_range(
 # -- the machine and the stack (issue 37) ------------------------------------------------------
 def machine_env(jax: str, *, host_cpu: str = "AMD EPYC 7B13", torch: str = "2.13.0"
                 ) -> dict[str, Any]:
-    """An environment as :func:`pytest_accelperf.provision.fingerprint.environment` writes it: the
+    """An environment as :func:`pytest_accelperf.provision.describe.environment` writes it: the
     machine (platform, device, host CPU) and the stack (python, packages, libraries)."""
     return {"platform": "cpu-x2", "accel": "cpu", "device_kind": "cpu", "device_count": 2,
             "host_cpu": host_cpu, "cpu_isa": "avx avx2 fma", "python": "3.11.7",

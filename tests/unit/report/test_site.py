@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from pytest_accelperf.cli import main
-from pytest_accelperf.provision.fingerprint import case_stack, machine
+from pytest_accelperf.provision.describe import case_stack, machine
 from pytest_accelperf.report.history import append_history, fingerprint_hash, read_history
 from pytest_accelperf.report.site import MARKER, read_lines
 from pytest_accelperf.store.machines import default_machine

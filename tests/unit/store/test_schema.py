@@ -27,7 +27,7 @@ from pytest_accelperf.checks.summary import summarize, with_added_session
 from pytest_accelperf.cli import main
 from pytest_accelperf.cli.baselines import _fmt, _headline
 from pytest_accelperf.collect.cases import Case
-from pytest_accelperf.provision.fingerprint import differences
+from pytest_accelperf.provision.describe import differences
 from pytest_accelperf.records.run import OUTCOMES, Run
 from pytest_accelperf.records.verdict import Tolerances
 from pytest_accelperf.report.loading import ReportFileError, load_report
