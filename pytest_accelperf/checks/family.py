@@ -41,9 +41,10 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypedDict
+from typing import Protocol
 
 from pytest_accelperf.checks.table import check_of
+from pytest_accelperf.records.suite import SuiteJson, TallyJson, TestedJson
 from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.stats.bootstrap import _scipy_stats
 
@@ -54,52 +55,6 @@ FDR = 0.05
 DEFAULT_CONFIDENCE = 0.95
 #: The data keys that mark a timing check whose interval was set aside (see the module).
 SET_ASIDE_KEYS = ("contaminated", "noisy_baseline", "probe_only")
-
-
-class TestedJson(TypedDict):
-    """:meth:`Tested.to_json` (read back as :class:`pytest_accelperf.store.schema.ReportTested`)."""
-
-    nodeid: str
-    metric: str
-    ratio: float
-    ci: list[float]
-    confidence: float
-    df: int | None
-    p_value: float
-    q_value: float
-
-
-class TallyJson(TypedDict):
-    """:meth:`Tally.to_json` (read back as :class:`pytest_accelperf.store.schema.ReportTally`)."""
-
-    checks: int
-    regressions: int
-    by_metric: dict[str, int]
-
-
-class StatisticalJson(TypedDict):
-    """The ``statistical`` part of :meth:`SuiteVerdict.to_json`."""
-
-    checks: int
-    set_aside: int
-    regressions: int
-    expected_false: float
-    at_least: int
-    p_at_least: float
-    fdr: float
-    held: list[TestedJson]
-    not_held: list[TestedJson]
-
-
-class SuiteJson(TypedDict):
-    """:meth:`SuiteVerdict.to_json` (read back as
-    :class:`pytest_accelperf.store.schema.ReportSuite`)."""
-
-    cases: int
-    regressed: int
-    statistical: StatisticalJson
-    other_timing: TallyJson
-    deterministic: TallyJson
 
 
 class Case(Protocol):

@@ -243,6 +243,35 @@ def judge_medians(now_samples: Sequence[float], base_samples: Sequence[float],
     return Judged(result, said, est, verdict)
 
 
+def interval_verdict(judged: Judged, data: CheckData, now: float, base: float,
+                     tolerance: float, *, loaded: str, note: str = "", loaded_why: str = "",
+                     regression_tail: str = "") -> CheckResult:
+    """The result of a median :func:`judge_medians` got as far as a ratio for (``est`` and
+    ``verdict`` set), for a quantity judged as it was measured (``input_wait``,
+    ``trainer``): the change a step with its interval, ``note`` after it; a regression or
+    an improvement measured beside another job (``loaded``) is not judged (``loaded_why``
+    says why that matters); a regression's detail ends with ``regression_tail``."""
+    result, words, est, verdict = judged.result, judged.words, judged.est, judged.verdict
+    if est is None or verdict is None:
+        return result
+    data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
+                 "confidence": est.confidence, "measured_verdict": verdict.value})
+    change = now - base
+    stats_text, relative = ratio_words(est, base, tolerance, enclosed=True)
+    text = (f"{words}: {'+' if change > 0 else '-'}{fmt_ms(abs(change))} a step, "
+            f"{stats_text}{note}")
+    if loaded and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
+        return replace(result, verdict=Verdict.INCONCLUSIVE, change=relative,
+                       data={**data, "contaminated": loaded},
+                       detail=f"not judged, measured beside another job: {loaded}; "
+                              f"{loaded_why}measured: {text}")
+    tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
+            Verdict.IMPROVEMENT: "; run with --accelperf-update to record it",
+            Verdict.REGRESSION: regression_tail}.get(verdict, "")
+    return replace(result, verdict=verdict, change=relative, data=data.copy(),
+                   detail=text + tail)
+
+
 def yardstick_ratio(now: InputTime | None, base: InputTime | None) -> float | None:
     """This run's yardstick median over the baseline's (:mod:`pytest_accelperf.stats.yardstick`),
     where both ran the same kind of yardstick; None otherwise."""

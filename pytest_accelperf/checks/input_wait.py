@@ -35,14 +35,14 @@ from pytest_accelperf.checks.input import (
     MIN_CHANGE_S,
     MIN_SHARE,
     fmt_ms,
+    interval_verdict,
     judge_medians,
     median_step,
-    ratio_words,
 )
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
-from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances
 from pytest_accelperf.store.block import BlockLike, InputTime, read_block
 
 METRIC = "input_wait"
@@ -85,26 +85,10 @@ def check_input_wait(block: BlockLike, baseline: BlockLike | None, tol: Toleranc
                                              f"batch ({now_share}), baseline {fmt_ms(base)} "
                                              f"({base_share})"),
         why_share="", why_min=f"under the {fmt_ms(MIN_CHANGE_S)} from which it is judged")
-    if judged.est is None or judged.verdict is None:
-        return judged.result
-    result, words, est, verdict = judged.result, judged.words, judged.est, judged.verdict
-    data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
-                 "confidence": est.confidence, "measured_verdict": verdict.value})
-    change = now - base
-    stats_text, relative = ratio_words(est, base, tol.input_tolerance, enclosed=True)
-    text = (f"{words}: {'+' if change > 0 else '-'}{fmt_ms(abs(change))} a step, "
-            f"{stats_text}; {BLOCKED}")
-    if loaded and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
-        return replace(result, verdict=Verdict.INCONCLUSIVE, change=relative,
-                       data={**data, "contaminated": loaded},
-                       detail=(f"not judged, measured beside another job: {loaded}; what "
-                               f"the batch waits for (another thread or process) slows down "
-                               f"with the machine; measured: {text}"))
-    tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
-            Verdict.IMPROVEMENT: "; run with --accelperf-update to record it"}.get(
-                verdict, "")
-    return replace(result, verdict=verdict, change=relative, data=data.copy(),
-                   detail=text + tail)
+    return interval_verdict(
+        judged, data, now, base, tol.input_tolerance, loaded=loaded, note=f"; {BLOCKED}",
+        loaded_why="what the batch waits for (another thread or process) slows down with "
+                   "the machine; ")
 
 
 class InputWaitCheck(BaseCheck):

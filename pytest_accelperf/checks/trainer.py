@@ -28,15 +28,15 @@ from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.input import (
     MIN_CHANGE_S,
     fmt_ms,
+    interval_verdict,
     judge_medians,
     median_step,
-    ratio_words,
 )
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.run import Run
-from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
+from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances
 from pytest_accelperf.stats.units import SAMPLE_DIGITS, round_sig
 from pytest_accelperf.store.block import BlockLike, TrainerTime, read_block
 
@@ -82,24 +82,8 @@ def check_trainer(block: BlockLike, baseline: BlockLike | None, tol: Tolerances,
             f"the trainer's own {fmt_ms(now)} a step ({now_share}), baseline "
             f"{fmt_ms(base)} ({base_share})"),
         why_share="", why_min=f"under the {fmt_ms(MIN_CHANGE_S)} from which it is judged")
-    if judged.est is None or judged.verdict is None:
-        return judged.result
-    result, words, est, verdict = judged.result, judged.words, judged.est, judged.verdict
-    data.update({"ratio": est.ratio, "ci_low": est.low, "ci_high": est.high, "mdc": est.mdc,
-                 "confidence": est.confidence, "measured_verdict": verdict.value})
-    change = now - base
-    stats_text, relative = ratio_words(est, base, tol.throughput_tolerance, enclosed=True)
-    text = f"{words}: {'+' if change > 0 else '-'}{fmt_ms(abs(change))} a step, {stats_text}"
-    if loaded and verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
-        return replace(result, verdict=Verdict.INCONCLUSIVE, change=relative,
-                       data={**data, "contaminated": loaded},
-                       detail=f"not judged, measured beside another job: {loaded}; "
-                              f"measured: {text}")
-    tail = {Verdict.INCONCLUSIVE: "; too noisy to resolve a change of the tolerance's size",
-            Verdict.IMPROVEMENT: "; run with --accelperf-update to record it",
-            Verdict.REGRESSION: f"; {OWN}"}.get(verdict, "")
-    return replace(result, verdict=verdict, change=relative, data=data.copy(),
-                   detail=text + tail)
+    return interval_verdict(judged, data, now, base, tol.throughput_tolerance, loaded=loaded,
+                            regression_tail=f"; {OWN}")
 
 
 class TrainerCheck(BaseCheck):

@@ -202,18 +202,10 @@ def program_record(source: str, *, flops: float | None = None,
         record["collectives"] = {
             kind: {"count": int(c.get("count", 0)), "bytes": int(c.get("bytes", 0))}
             for kind, c in sorted(collectives.items())}
-    if host_callbacks is not None:
-        record["host_callbacks"] = int(host_callbacks)
-    if host_syncs is not None:
-        record["host_syncs"] = int(host_syncs)
-    if custom_calls is not None:
-        record["custom_calls"] = int(custom_calls)
-    if graphs is not None:
-        record["graphs"] = int(graphs)
-    if graph_breaks is not None:
-        record["graph_breaks"] = int(graph_breaks)
-    if recompiles is not None:
-        record["recompiles"] = int(recompiles)
+    counts = {"host_callbacks": host_callbacks, "host_syncs": host_syncs,
+              "custom_calls": custom_calls, "graphs": graphs, "graph_breaks": graph_breaks,
+              "recompiles": recompiles}  # the exact counts, each where it was counted
+    record.update(cast(ProgramRecord, {k: int(v) for k, v in counts.items() if v is not None}))
     if break_reasons is not None:
         record["break_reasons"] = [str(r) for r in break_reasons]
     if recompile_causes is not None:

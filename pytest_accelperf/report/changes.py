@@ -46,14 +46,15 @@ import re
 import statistics
 import subprocess
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from numpy.typing import ArrayLike
 
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.provision.describe import stack_changes
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import AMOUNTS, COUNTS
 from pytest_accelperf.report.detection import MAX_PVALUE as MAX_PVALUE  # re-exported
 from pytest_accelperf.report.detection import Detection as Detection  # re-exported
@@ -71,40 +72,6 @@ STACK = "stack"
 
 class ChangesError(UserError):
     """What ``accelperf history changes`` cannot do; the message names the fix."""
-
-
-class SessionJson(TypedDict):
-    """A :class:`Session` in :meth:`ChangePoint.to_json`."""
-
-    session: str
-    time: str
-    commit: str | None
-    dirty: bool | None
-    fingerprint: str | None
-    machine: str | None
-    stack: str | None
-
-
-class ChangePointJson(TypedDict):
-    """:meth:`ChangePoint.to_json`: a change point of ``accelperf history changes --json``."""
-
-    platform: str
-    nodeid: str
-    metric: str
-    unit: str
-    before: float | None
-    after: float | None
-    change: float | None
-    exact: bool
-    p_value: float | None
-    sessions_before: int
-    sessions_after: int
-    new_environment: bool
-    new_stack: bool
-    stack: list[str]
-    significant: bool
-    last_before: SessionJson
-    first_after: SessionJson
 
 
 @dataclass(frozen=True)
@@ -199,22 +166,15 @@ class ChangePoint:
                                              f"{(self.first_after.stack or '?')[:8]}")
         return f"{fmt_value(self.before, self.unit)} → {fmt_value(self.after, self.unit)}"
 
-    def to_json(self) -> ChangePointJson:
-        def session(s: Session) -> SessionJson:
-            return {"session": s.session, "time": s.time, "commit": s.commit,
-                    "dirty": s.dirty, "fingerprint": s.fingerprint, "machine": s.machine,
-                    "stack": s.stack}
-
-        return {"platform": self.platform, "nodeid": self.nodeid, "metric": self.metric,
-                "unit": self.unit, "before": self.before, "after": self.after,
-                "change": self.change, "exact": self.exact, "p_value": self.p_value,
-                "sessions_before": self.sessions_before,
-                "sessions_after": self.sessions_after,
-                "new_environment": self.new_environment,
-                "new_stack": self.new_stack, "stack": list(self.stack),
-                "significant": self.significant,
-                "last_before": session(self.last_before),
-                "first_after": session(self.first_after)}
+    def to_json(self) -> dict[str, JSONValue]:
+        """A change point of ``accelperf history changes --json``: its fields (a session's
+        ``order``, its place in this history alone, left out) and what they give,
+        ``change`` and ``exact``."""
+        data = asdict(self)
+        for side in ("last_before", "first_after"):
+            del data[side]["order"]
+        data["stack"] = list(self.stack)
+        return {**data, "change": self.change, "exact": self.exact}
 
 
 # -- one series --------------------------------------------------------------------------------

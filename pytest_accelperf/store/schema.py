@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import typing
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -43,6 +43,7 @@ from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, Run
 from pytest_accelperf.records.section import JsonSection as _Strict
+from pytest_accelperf.records.suite import StatisticalJson, SuiteJson, TallyJson, TestedJson
 from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.store.block import (
     RECORDED_OUTCOMES,
@@ -230,50 +231,44 @@ class ReportCase(_Report):
         return self
 
 
-class ReportTested(_Report):
-    """A timing regression of the suite verdict (:class:`pytest_accelperf.checks.family.Tested`)."""
-
-    nodeid: str
-    metric: str
-    ratio: float
-    ci: list[float]
-    confidence: float
-    df: int | None = None
-    p_value: float
-    q_value: float
-
-
-class ReportStatistical(_Report):
-    """The statistical checks of a session: how many, how many regressed, how many false
-    alarms chance would give, and which regressions hold at the false-discovery rate."""
-
-    checks: int
-    set_aside: int
-    regressions: int
-    expected_false: float
-    at_least: int
-    p_at_least: float
-    fdr: float
-    held: list[ReportTested]
-    not_held: list[ReportTested]
+def _report_model(name: str, record: type, doc: str, *, types: Mapping[str, object] = {},
+                  defaults: Mapping[str, object] = {}) -> type[_Report]:
+    """A report's model of ``record``, a TypedDict of what a ``to_json`` writes (its one
+    declaration): its keys, their types (``types`` where the report's model is another
+    model) and ``defaults``."""
+    hints = typing.get_type_hints(record)
+    fields: dict[str, Any] = {k: (types.get(k, hint), defaults.get(k, ...))
+                              for k, hint in hints.items()}
+    model: type[_Report] = create_model(name, __base__=_Report, __module__=__name__,
+                                        __doc__=doc, **fields)
+    return model
 
 
-class ReportTally(_Report):
-    """Checks only counted (:class:`pytest_accelperf.checks.family.Tally`)."""
-
-    checks: int
-    regressions: int
-    by_metric: dict[str, int]
-
-
-class ReportSuite(_Report):
-    """The session as one verdict (:class:`pytest_accelperf.checks.family.SuiteVerdict`)."""
-
-    cases: int
-    regressed: int
-    statistical: ReportStatistical
-    other_timing: ReportTally
-    deterministic: ReportTally
+if TYPE_CHECKING:
+    ReportTested: TypeAlias = _Report
+    ReportStatistical: TypeAlias = _Report
+    ReportTally: TypeAlias = _Report
+    ReportSuite: TypeAlias = _Report
+else:
+    #: A timing regression of the suite verdict (:class:`pytest_accelperf.checks.family.Tested`).
+    ReportTested = _report_model(
+        "ReportTested", TestedJson, "A timing regression of the suite verdict "
+        "(:class:`pytest_accelperf.checks.family.Tested`).", defaults={"df": None})
+    #: The statistical checks of a session (``records.suite.StatisticalJson``).
+    ReportStatistical = _report_model(
+        "ReportStatistical", StatisticalJson, "The statistical checks of a session: how many, "
+        "how many regressed, how many false\n    alarms chance would give, and which "
+        "regressions hold at the false-discovery rate.",
+        types={"held": list[ReportTested], "not_held": list[ReportTested]})
+    #: Checks only counted (:class:`pytest_accelperf.checks.family.Tally`).
+    ReportTally = _report_model("ReportTally", TallyJson, "Checks only counted "
+                                "(:class:`pytest_accelperf.checks.family.Tally`).")
+    #: The session as one verdict (:class:`pytest_accelperf.checks.family.SuiteVerdict`).
+    ReportSuite = _report_model(
+        "ReportSuite", SuiteJson, "The session as one verdict "
+        "(:class:`pytest_accelperf.checks.family.SuiteVerdict`).",
+        types={"statistical": ReportStatistical, "other_timing": ReportTally,
+               "deterministic": ReportTally})
 
 
 class ReportFile(_Report):
