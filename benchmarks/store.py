@@ -5,6 +5,7 @@
 
     python benchmarks/store.py [--modules 100] [--cases 100] [--repeat 3]
                                [--format compact|legacy] [--single 1000,4000]
+                               [--machines K] [--schema 2|3]
                                [--template FILE] [--leaf-samples K] [--out DIR]
 
 generates, in a temporary directory, a store of ``--modules`` module files of ``--cases``
@@ -34,11 +35,17 @@ It then times, ``--repeat`` times each (the table shows the median and the faste
 * ``one module of N cases``: :func:`pytest_accelperf.store.baselines.read` of one module file of
   each ``--single`` size, to show how a file's parse time grows with its cases.
 
+``--schema 2`` writes the files as a version that wrote schema 2 did: each machine's entry
+with its whole environment (a file of schema 3 holds the entries' environments once, under
+``environments``: :func:`pytest_accelperf.store.machines.pack`).
+
 ``--machines K`` gives every block the timing of K machines (issue 46: timing is kept per
 machine, :mod:`pytest_accelperf.store.machines`): its own, and K - 1 others' under
 ``machines``, each its own varied step, probe and input times and compile time in an
 environment of its own; ``load + check`` then reads each case as the last of them does in a
-run (``store.get_view`` and the checks' typed block of it).
+run (``store.get_view`` and the checks' typed block of it), and a row ``load`` times the
+store's part alone (``store.get_view`` of every case: every file read, parsed and
+validated, without the checks' typing).
 
 ``--leaf-samples K`` (with ``--format legacy``) cuts each parameter leaf's fingerprint
 sample to its first K values before the store is generated.
@@ -87,6 +94,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 from pytest_accelperf.store.baselines import (  # noqa: E402
+    SCHEMA_VERSION,
     BaselineFile,
     BaselineStore,
     read,
@@ -178,23 +186,31 @@ def reader(machines: int) -> str:
 
 
 def module_file(root: Path, module: int, cases: int, block: dict[str, Any],
-                machines: int = 1) -> Path:
-    """Write module ``module`` of ``cases`` cases as the plugin writes it; its path."""
+                machines: int = 1, schema: int = SCHEMA_VERSION) -> Path:
+    """Write module ``module`` of ``cases`` cases as the plugin writes it (``schema`` 2:
+    as a version that wrote schema 2 did, each machine's entry with its environment);
+    its path."""
     path = root / PLATFORM / "suites" / "zoo" / f"test_zoo_{module:03d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     blocks = {f"test_model[torch-m{module:03d}-b{8 * (1 + c % 8)}-v{c:05d}]":
               with_machines(vary(block, module * 100_003 + c), machines,
                             module * 100_003 + c) for c in range(cases)}
-    path.write_text(BaselineFile(path, PLATFORM, blocks).to_text(), encoding="utf-8")
+    if schema == 2:
+        from pytest_accelperf.store import jsonfile
+        text = jsonfile.dumps({"cases": blocks, "platform": PLATFORM,
+                               "schema_version": 2}) + "\n"
+    else:
+        text = BaselineFile(path, PLATFORM, blocks).to_text()
+    path.write_text(text, encoding="utf-8")
     return path
 
 
 def generate(root: Path, modules: int, cases: int, block: dict[str, Any],
-             machines: int = 1) -> list[str]:
+             machines: int = 1, schema: int = SCHEMA_VERSION) -> list[str]:
     """A store of ``modules`` x ``cases`` cases under ``root``; every node id."""
     nodeids = []
     for m in range(modules):
-        path = module_file(root, m, cases, block, machines)
+        path = module_file(root, m, cases, block, machines, schema)
         module = path.relative_to(root / PLATFORM).as_posix().removesuffix(".json")
         for key in json.loads(path.read_text(encoding="utf-8"))["cases"]:
             nodeids.append(f"{module}.py::{key}")
@@ -216,17 +232,20 @@ def timed(fn: Callable[[], Any], repeat: int) -> list[float]:
     return out
 
 
-def load_and_check(root: Path, nodeids: Sequence[str], machine: str = "") -> None:
+def load_and_check(root: Path, nodeids: Sequence[str], machine: str = "",
+                   typed: bool = True) -> None:
     """Every case read as a run reads it: its block as ``machine`` reads it (its timing
-    and the shared sections), typed for the checks; without ``machine``, the block whole
-    (``store.get``), as before machines were named."""
+    and the shared sections; every file read, parsed and validated), typed for the checks
+    unless not ``typed``; without ``machine``, the block whole (``store.get``), as before
+    machines were named."""
     store = BaselineStore(root, PLATFORM)
     for nodeid in nodeids:
         if machine:
             found = store.get_view(nodeid, machine)
             if found is None or found.new:
                 raise SystemExit(f"{nodeid}: no timing of {machine} in the generated store")
-            read_block(found.block, block_model())
+            if typed:
+                read_block(found.block, block_model())
         elif store.get(nodeid) is None:
             raise SystemExit(f"{nodeid}: not found in the generated store")
 
@@ -554,6 +573,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a per-leaf fingerprint of RMS and 16 samples, 6-digit samples)")
     p.add_argument("--machines", type=_positive, default=1, metavar="K",
                    help="every block holds the timing of K machines (default 1)")
+    p.add_argument("--schema", type=int, choices=(2, SCHEMA_VERSION), default=SCHEMA_VERSION,
+                   help=f"write the files as schema 2 (each machine's entry with its "
+                        f"environment) or {SCHEMA_VERSION} (default: the entries' "
+                        f"environments once per file)")
     p.add_argument("--leaf-samples", type=int, default=None, metavar="K",
                    help="keep only the first K values of each parameter leaf's fingerprint "
                         "sample (default: all, as recorded): what a more compact "
@@ -610,7 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": shlex.join([Path(sys.executable).name, "benchmarks/store.py", *argv]),
         "machine": _machine(), "template": source, "block_bytes": block_bytes,
         "format": ns.format, "leaves": leaves, "modules": ns.modules,
-        "cases": ns.cases, "machines": ns.machines, "repeat": ns.repeat, "times": {}}
+        "cases": ns.cases, "machines": ns.machines, "schema": ns.schema,
+        "repeat": ns.repeat, "times": {}}
     rows: list[list[str]] = []
     plain: list[float] = []
 
@@ -626,12 +650,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         root = scratch / "baselines"
         t0 = time.perf_counter()
-        nodeids = generate(root, ns.modules, ns.cases, block, ns.machines)
+        nodeids = generate(root, ns.modules, ns.cases, block, ns.machines, ns.schema)
         result["generate_s"] = time.perf_counter() - t0
         store_bytes = sum(p.stat().st_size for p in (root / PLATFORM).rglob("*.json"))
         result["store_bytes"] = store_bytes
         n = len(nodeids)
         over = f" x {ns.machines} machines" if ns.machines > 1 else ""
+        if ns.machines > 1:  # the store's read of every case, then with the checks' typing
+            row(f"load, {ns.modules} x {ns.cases} cases{over}", timed(
+                lambda: load_and_check(root, nodeids, reader(ns.machines), typed=False),
+                ns.repeat), f"schema {ns.schema}")
         row(f"load + check, {ns.modules} x {ns.cases} cases{over}", timed(
             lambda: load_and_check(root, nodeids, reader(ns.machines)), ns.repeat),
             f"{store_bytes / 2**20:.0f} MiB of JSON ({store_bytes / 1e6:.1f} MB)")
@@ -664,7 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"peak RSS {max(r[1] for r in helps):.0f} MB")
         for size in ns.single:
             single = scratch / f"single-{size}"
-            path = module_file(single, 0, size, block, ns.machines)
+            path = module_file(single, 0, size, block, ns.machines, ns.schema)
             row(f"one module of {size} cases",
                 timed(functools.partial(read, path, PLATFORM), ns.repeat),
                 f"{path.stat().st_size / 2**20:.1f} MiB")

@@ -70,8 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the baseline store (default: [tool.accelperf] baselines of "
                             "./pyproject.toml, else baselines/)")
 
-    base = sub.add_parser("baselines", help="show, check, diff, accept or prune stored "
-                                            "baselines")
+    base = sub.add_parser("baselines", help="show, check, diff, accept, prune or rewrite "
+                                            "stored baselines")
     bsub = base.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     show = bsub.add_parser("show", help="list stored cases with their headline numbers, and "
@@ -96,7 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("old", type=Path, metavar="OLD", help="a store directory or JSON report")
     diff.add_argument("new", type=Path, metavar="NEW", help="a store directory or JSON report")
     diff.add_argument("--platform", help="only this platform")
+    diff.add_argument("--machine", help="compare this machine's timing (default: every "
+                                        "machine's, each named; a report's machine's)")
     diff.set_defaults(func="baselines:cmd_diff")
+
+    rewrite = bsub.add_parser("rewrite", help="write every file of the store in this "
+                                              "version's format, its blocks unchanged")
+    store_arg(rewrite)
+    rewrite.add_argument("--platform", help="only this platform")
+    rewrite.add_argument("--dry-run", action="store_true", help="say what would be rewritten")
+    rewrite.set_defaults(func="baselines:cmd_rewrite")
 
     accept = bsub.add_parser("accept", help="store cases of a JSON report as baselines, "
                                             "without re-running them")

@@ -202,7 +202,9 @@ def _num(value: object) -> float | None:
 def _section(block: Mapping[str, object], name: str) -> Mapping[str, object]:
     """The section ``name`` of a block (a mapping in a valid block); empty where absent."""
     part = block.get(name)
-    return part if isinstance(part, Mapping) else {}
+    # A JSON object is a dict: the check is the cheap one first (`show` asks it 50,000
+    # times over a 10,000-case store; an ABC's isinstance is several times slower).
+    return part if type(part) is dict or isinstance(part, Mapping) else {}
 
 
 #: The headline numbers of a block, shown by `show` and compared by `diff`.
@@ -254,6 +256,17 @@ def columns(rows: Sequence[Sequence[str]], headers: Sequence[str]) -> str:
 _SHOWN = ("outcome", "throughput", "step time", "final loss", "peak memory")
 
 
+def _shown_cells(block: Mapping[str, object]) -> tuple[str, ...]:
+    """The cells of :data:`_SHOWN` of a block, as :func:`_headline` and :func:`_fmt` give
+    them (only those five: `show` makes a row of each of a store's cases)."""
+    outcome = block.get("outcome")
+    return (outcome if isinstance(outcome, str) else "-" if outcome is None else str(outcome),
+            fmt_value(_num(block.get("samples_per_second")), "samples/s"),
+            fmt_value(_num(_section(block, "step_time").get("median")), "s"),
+            fmt_value(_num(_section(block, "loss").get("final")), ""),
+            fmt_value(_num(_section(block, "memory").get("peak")), "bytes"))
+
+
 @dataclass
 class _Machine:
     """What ``show`` says of one machine of a platform: its host, how many cases hold its
@@ -295,7 +308,9 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                 names = machines_of(block)
                 own = recorder(block)
                 for name in names:
-                    entry = known.setdefault(name, _Machine())
+                    entry = known.get(name)
+                    if entry is None:
+                        entry = known[name] = _Machine()
                     entry.cases += 1
                     if not entry.host:
                         others = block.get("machines")
@@ -303,17 +318,17 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                             others.get(name, {}).get("environment")
                             if isinstance(others, Mapping) else None)
                         entry.host = _host(env)
-                mine = known.setdefault(own, _Machine())
+                mine = known.get(own)
+                if mine is None:
+                    mine = known[own] = _Machine()
                 mine.recorded += 1
                 mine.host = mine.host or _host(block.get("environment"))
                 shown, when = block, block.get("recorded_at", "-")
                 if machine is not None:  # that machine's timing, and when it was recorded
                     seen = view(block, machine)
                     shown, when = seen.block, seen.timing_recorded_at or "-"
-                head = {label: (value, unit) for label, value, unit in _headline(shown)}
-                rows.append((platform, nodeid,
-                             *(_fmt(*head[label]) for label in _SHOWN),
-                             str(len(names)), str(when)))
+                rows.append((platform, nodeid, *_shown_cells(shown), str(len(names)),
+                             str(when)))
     if errors:
         raise CliError("\n".join(errors))
     rows.sort(key=lambda row: (row[0], row[1]))
@@ -353,30 +368,74 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
 
 
 # -- baselines diff ----------------------------------------------------------------------------
+#: What ``diff`` reads of a store's block: the headline, the machine that recorded it (its
+#: name, or the environment it is derived from) and every other machine's headline timing.
+DIFFED = Fields((*HEADLINE.paths, "machine", "environment.host_cpu", "environment.cpu_isa",
+                 "machines.samples_per_second", "machines.step_time.median",
+                 "machines.input.median", "machines.compile_time"))
+#: The headline numbers that are timing, kept per machine (compared machine by machine).
+_TIMING = frozenset({"throughput", "step time", "input time", "compile"})
+#: The labels of :func:`_headline`, in its order.
+_LABELS = tuple(label for label, _, _ in _headline({}))
+
+
 def _side(path: Path, platform: str | None
-          ) -> tuple[dict[tuple[str, str], Mapping[str, object]], bool]:
-    """The blocks of a store directory or of a JSON report; True when it is a report."""
+          ) -> tuple[dict[tuple[str, str], Mapping[str, object]], str | None]:
+    """The blocks of a store directory or of a JSON report; for a report, the machine
+    whose timing it holds (its ``--accelperf-machine``, or the name derived from its host),
+    each block named its (``machine``); None for a store."""
     from pytest_accelperf.report.loading import ReportFileError, check_stored_block
 
     if path.is_dir():
-        return store_blocks(path, platform, HEADLINE), False
+        return store_blocks(path, platform, DIFFED), None
     if not path.exists():
         raise CliError(f"{path}: neither a baseline store directory nor a JSON report")
+    report = _load_report(path)
+    machine = _machine_of(report, None)
     blocks: dict[tuple[str, str], Mapping[str, object]] = {}
-    for i, record in enumerate(_load(path)):
+    for i, record in enumerate(report.records):
         if platform is None or record.platform == platform:
             try:
                 check_stored_block(path, i, record)
             except ReportFileError as exc:
                 raise CliError(str(exc)) from None
-            blocks[(record.platform, record.nodeid)] = _block_of(record)
-    return blocks, True
+            blocks[(record.platform, record.nodeid)] = {**_block_of(record), "machine": machine}
+    return blocks, machine
+
+
+def _compared(old: Mapping[str, object], new: Mapping[str, object], machines: Sequence[str],
+              labelled: bool) -> Iterator[tuple[str, float | str | None, float | str | None,
+                                                str]]:
+    """``(metric, old value, new value, unit)`` of two blocks of a case: the shared
+    numbers once, each timing number of each of ``machines`` (its view of each block,
+    :func:`pytest_accelperf.store.machines.view`; ``metric [machine]`` where
+    ``labelled``)."""
+    from pytest_accelperf.store.machines import view
+
+    views = [(m, _headline(view(old, m).block), _headline(view(new, m).block))
+             for m in machines]
+    for (label, a, unit), (_, b, _) in zip(_headline(old), _headline(new), strict=True):
+        if label not in _TIMING:
+            yield label, a, b, unit
+            continue
+        i = _LABELS.index(label)
+        for machine, seen_old, seen_new in views:
+            yield (f"{label} [{machine}]" if labelled else label, seen_old[i][1],
+                   seen_new[i][1], unit)
 
 
 def diff_rows(old: Mapping[tuple[str, str], Mapping[str, object]],
-              new: Mapping[tuple[str, str], Mapping[str, object]], *, show_removed: bool
+              new: Mapping[tuple[str, str], Mapping[str, object]], *, show_removed: bool,
+              machine: str | None = None, report_machine: str | None = None
               ) -> tuple[list[tuple[str, ...]], int]:
-    """Table rows of what differs between two sets of blocks, and how many were equal."""
+    """Table rows of what differs between two sets of blocks, and how many were equal.
+
+    Timing is compared machine by machine: ``machine``'s alone, else that of the report's
+    machine (``report_machine``, where a side is a report), else that of every machine
+    either block has timing of; a timing row names its machine (``throughput [ci]``) unless
+    one machine, the recorder of both blocks, is compared."""
+    from pytest_accelperf.store.machines import machines_of, recorder
+
     rows: list[tuple[str, ...]] = []
     same = 0
     for key in sorted(set(old) | set(new)):
@@ -389,9 +448,15 @@ def diff_rows(old: Mapping[tuple[str, str], Mapping[str, object]],
             if show_removed:
                 rows.append((name, "(removed)", "-", "-", ""))
             continue
+        a_block, b_block = old[key], new[key]
+        only = machine or report_machine
+        machines = [only] if only else sorted(set(machines_of(a_block))
+                                              | set(machines_of(b_block)))
+        machines = machines or [recorder(a_block)]
+        labelled = machine is not None or len(machines) > 1 or \
+            machines[0] != recorder(a_block) or machines[0] != recorder(b_block)
         changed = False
-        for (label, a, unit), (_, b, _) in zip(_headline(old[key]), _headline(new[key]),
-                                               strict=True):
+        for label, a, b, unit in _compared(a_block, b_block, machines, labelled):
             if _fmt(a, unit) == _fmt(b, unit):
                 continue
             change = ""
@@ -405,10 +470,20 @@ def diff_rows(old: Mapping[tuple[str, str], Mapping[str, object]],
 
 
 def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
-    old, old_is_report = _side(args.old, args.platform)
-    new, new_is_report = _side(args.new, args.platform)
+    from pytest_accelperf.store.machines import validate_machine
+
+    machine = args.machine
+    if machine is not None:
+        try:
+            validate_machine(machine)
+        except UserError as exc:
+            raise CliError(str(exc).replace("--accelperf-machine", "--machine")) from None
+    old, old_machine = _side(args.old, args.platform)
+    new, new_machine = _side(args.new, args.platform)
+    old_is_report, new_is_report = old_machine is not None, new_machine is not None
     # A report covers only the cases that ran: the store's others are not "removed".
-    rows, same = diff_rows(old, new, show_removed=not (old_is_report or new_is_report))
+    rows, same = diff_rows(old, new, show_removed=not (old_is_report or new_is_report),
+                           machine=machine, report_machine=old_machine or new_machine)
     if old_is_report and not new_is_report:
         rows = [r for r in rows if r[1] != "(added)"]
     from tabulate import tabulate
@@ -417,6 +492,35 @@ def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
         out.write(tabulate(rows, headers=("case", "metric", str(args.old), str(args.new),
                                           "change"), disable_numparse=True) + "\n")
     out.write(f"{len({r[0] for r in rows if r[0]})} case(s) differ, {same} equal\n")
+    return 0
+
+
+# -- baselines rewrite -------------------------------------------------------------------------
+def cmd_rewrite(args: argparse.Namespace, out: TextIO) -> int:
+    """Every file of the store written in this version's format (a file of an earlier
+    schema, :data:`~pytest_accelperf.store.baselines.READABLE_VERSIONS`), its blocks
+    unchanged (:meth:`~pytest_accelperf.store.baselines.BaselineStore.rewrite`)."""
+    from pytest_accelperf.store.baselines import SCHEMA_VERSION
+
+    root = _store_root(args.baselines)
+    total = 0
+    changed: list[Path] = []
+    errors: list[str] = []
+    for platform in _platforms(root, args.platform):
+        paths = sorted(p for p in (root / platform).rglob("*.json") if p.is_file())
+        total += len(paths)
+        try:
+            changed += BaselineStore(root, platform).rewrite(paths, dry_run=args.dry_run)
+        except BaselineError as exc:
+            changed += exc.written
+            errors.append(str(exc))
+    for path in changed:
+        out.write(f"{'would rewrite' if args.dry_run else 'rewrote'} {path}\n")
+    verb = "would be rewritten" if args.dry_run else "rewritten"
+    out.write(f"{len(changed)} of {total} file(s) {verb} in the format of schema "
+              f"{SCHEMA_VERSION} in {root}; their blocks unchanged\n")
+    if errors:
+        raise CliError("\n".join(errors))
     return 0
 
 

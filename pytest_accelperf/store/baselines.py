@@ -7,13 +7,18 @@ Layout: ``<store>/<platform>/<module path without .py>.json``, e.g.
       "cases": {
         "test_mesh_sweep[jax-mesh4x2-b128]": { ...block from summary.summarize... }
       },
+      "environments": { ...the environments of the entries of the blocks' machines... },
       "platform": "cpu-x8",
-      "schema_version": 2
+      "schema_version": 3
     }
 
 Version 2 keeps timing per machine (:mod:`pytest_accelperf.store.machines`: a block's
-``machine`` and ``machines``); a version 1 file is read as it is (its timing the recording
-machine's) and written as version 2 by the next write.
+``machine`` and ``machines``); version 3 writes the environment of each entry of
+``machines`` once per file, under ``environments``, the entry naming it by its key
+(:func:`pytest_accelperf.store.machines.pack`). A version 1 or 2 file is read as it is
+(a version 1 file's timing the recording machine's) and written as version 3 by the next
+write (or by ``accelperf baselines rewrite``); in memory a block is the same whatever the
+version of its file.
 
 Keys are sorted and indented so a refresh reads as a diff in a pull request; arrays of
 numbers (step-time samples, loss checkpoints) and objects of numbers (the ops histogram,
@@ -41,6 +46,7 @@ next ``--accelperf-update`` of its case writes the compact form. What the store 
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import re
 from collections.abc import Collection, Iterator, Mapping
@@ -54,10 +60,13 @@ from pytest_accelperf.errors import UserError
 from pytest_accelperf.store import jsonfile
 from pytest_accelperf.store.jsonfile import atomic_write
 from pytest_accelperf.store.machines import (
+    ENVIRONMENTS_KEY,
     MachineError,
     MachineView,
     merge,
+    pack,
     recorder,
+    unpack,
     validate_machine,
     view,
 )
@@ -88,10 +97,13 @@ __all__ = [
 ]
 
 #: The version this one writes.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 #: The versions this one reads: 1, before timing was kept per machine (a block of one
-#: machine, the one its environment names), and 2.
-READABLE_VERSIONS = (1, 2)
+#: machine, the one its environment names); 2, each entry of ``machines`` with its
+#: environment; and 3, the entries' environments once per file (``environments``).
+READABLE_VERSIONS = (1, 2, 3)
+#: The keys of a baseline file this version reads; any other is kept as it is.
+_HEADER_KEYS = ("schema_version", "platform", "cases", ENVIRONMENTS_KEY)
 #: The store's write lock, in its root.
 LOCK_NAME = ".lock"
 #: Seconds a writer waits for the lock before giving up with an error.
@@ -205,9 +217,13 @@ class BaselineFile:
             raise ValueError(f"{self.path}: read for the fields {self.fields.paths}, not "
                              f"whole: it cannot be written back")
         cases: dict[str, Any] = {k: v.raw for k, v in self.invalid.items()}
-        cases.update(self.cases)
+        # The entries of machines name their environment in the file's table (schema 3).
+        packed, environments = pack(self.cases)
+        cases.update(packed)
         data = {**self.extra, "schema_version": SCHEMA_VERSION, "platform": self.platform,
                 "cases": cases}
+        if environments:
+            data[ENVIRONMENTS_KEY] = environments
         # Valid blocks hold finite numbers only (the schema); an invalid block is written
         # back exactly as it was read, NaN included. Sorted keys, an indent of 2, plain
         # arrays and objects of numbers on one line, a compact fingerprint 5 leaves a line
@@ -225,6 +241,17 @@ def _field_errors(exc: ValidationError, text: str, path: list[str | int],
     first = lines[0][0] if lines else ()
     pos = jsonfile.position(text, [*path, *first], start=start)
     return pos, _shown(lines)
+
+
+def _missing_environment(text: str, key: str, start: int | None, machine: str,
+                         name: str) -> tuple[int, str]:
+    """``(position, what is wrong)`` of an entry of ``machines`` naming an environment the
+    file's ``environments`` lacks."""
+    path: list[str | int] = ["machines", machine, "environment"]
+    pos = jsonfile.position(text, path if start is not None else ["cases", key, *path],
+                            start=start)
+    return pos, (f"machines.{machine}.environment: {name!r} is not a key of the file's "
+                 f"environments (a schema 3 file names each entry's environment there)")
 
 
 def _shown(lines: list[tuple[tuple[str | int, ...], str]]) -> str:
@@ -266,7 +293,8 @@ def _parse(path: Path, text: str, fields: Fields | None = None) -> BaselineFile:
     version = data.get("schema_version")
     if version not in READABLE_VERSIONS or type(version) is not int:
         line = jsonfile.locate(text, ["schema_version"])
-        readable = " and ".join(map(str, READABLE_VERSIONS))
+        readable = (", ".join(map(str, READABLE_VERSIONS[:-1]))
+                    + f" and {READABLE_VERSIONS[-1]}")
         raise BaselineError(
             f"{path}:{line}: schema_version is {version!r}, this "
             f"pytest-accelperf reads {readable}: re-record with --accelperf-update after "
@@ -280,22 +308,32 @@ def _parse(path: Path, text: str, fields: Fields | None = None) -> BaselineFile:
         raise BaselineError(f"{path}:{line}: not a baseline file: {shown}. {_UNTOUCHED}: "
                             f"restore it (git checkout -- {path}) or fix it") from None
     raw_cases: dict[str, Any] = data["cases"]
-    bad = invalid_blocks(raw_cases) if fields is None else fields.invalid(raw_cases)
+    filed = version >= 3  # the entries of machines name their environment (machines.pack)
+    if fields is not None:
+        bad = fields.invalid(raw_cases)
+    else:
+        bad = invalid_blocks(raw_cases, filed=filed)
+    # An invalid block is kept as it was read (its entries naming their environments).
+    raw = {k: copy.deepcopy(raw_cases[k]) for k in bad} if bad and filed else raw_cases
+    missing = unpack(raw_cases, data.get(ENVIRONMENTS_KEY) or {}) if filed else {}
     cases: dict[str, dict[str, Any]] = (
-        {k: v for k, v in raw_cases.items() if k not in bad} if bad else raw_cases)
+        {k: v for k, v in raw_cases.items() if k not in bad and k not in missing}
+        if bad or missing else raw_cases)
     invalid: dict[str, InvalidBlock] = {}
-    if bad:  # lines are only computed for errors, in one pass over the file
+    if bad or missing:  # lines are only computed for errors, in one pass over the file
         starts = jsonfile.members(text, ["cases"])
         located = [(key, *_field_errors(exc, text, [] if key in starts else ["cases", key],
                                         starts.get(key)))
                    for key, exc in bad.items()]
+        located += [(key, *_missing_environment(text, key, starts.get(key), *where))
+                    for key, where in missing.items() if key not in bad]
         lines = jsonfile.lines_of(text, (pos for _, pos, _ in located))
         for key, pos, shown in located:
-            invalid[key] = InvalidBlock(raw_cases[key], (
+            invalid[key] = InvalidBlock(raw[key], (
                 f"{path}:{lines[pos]}: case {key!r}: invalid baseline block: {shown}. Fix the "
                 f"block, or re-record the case with --accelperf-update (which replaces an "
                 f"invalid block and keeps the file's other cases)"))
-    extra = {k: v for k, v in data.items() if k not in ("schema_version", "platform", "cases")}
+    extra = {k: v for k, v in data.items() if k not in _HEADER_KEYS}
     return BaselineFile(path=path, platform=header.platform, cases=cases, invalid=invalid,
                         extra=extra, fields=fields)
 
@@ -527,6 +565,43 @@ class BaselineStore:
                     path.unlink()
                 self._cache.pop(path, None)
                 changed.append(path)
+        return changed
+
+    def rewrite(self, paths: list[Path], *, dry_run: bool = False) -> list[Path]:
+        """Write each of ``paths`` (files of this store) in this version's format, its
+        blocks unchanged (``accelperf baselines rewrite``): a file of an earlier schema
+        (:data:`READABLE_VERSIONS`), or one not laid out as the store writes it; an invalid
+        block is kept as it was read. The files rewritten (with ``dry_run``, that would
+        be); a file that does not parse is left untouched, its error raised after the
+        others were written."""
+        changed: list[Path] = []
+        errors: list[str] = []
+        with self._locked():
+            for path in paths:
+                if not dry_run:
+                    jsonfile.remove_leftovers(path)
+                self._cache.pop(path, None)
+                try:
+                    current = self._load(path)
+                    text = path.read_text(encoding="utf-8")
+                except BaselineError as exc:
+                    errors.append(str(exc))
+                    continue
+                except OSError as exc:
+                    errors.append(f"{path}: cannot read the baseline file: {exc}")
+                    continue
+                new = current.to_text()
+                if new == text:
+                    continue
+                if not dry_run:
+                    try:
+                        atomic_write(path, new)
+                    except OSError as exc:
+                        errors.append(f"{path}: cannot write the baseline file: {exc}")
+                        continue
+                changed.append(path)
+        if errors:
+            raise BaselineError("\n".join(errors), written=[] if dry_run else changed)
         return changed
 
     def _write_one(self, path: Path,

@@ -280,6 +280,12 @@ class TrainerTime(_Strict):
 #: A machine's name (``--accelperf-machine``): one path component, as a platform key is.
 MACHINE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$"
 MachineName = Annotated[str, Field(pattern=MACHINE_PATTERN)]
+#: The key of an environment in a baseline file's ``environments`` (schema 3,
+#: :mod:`pytest_accelperf.store.machines`): the name of the machine it is the environment
+#: of, followed by ``~`` and 8 hex digits of its hash where that machine has more than one
+#: environment in the file (a stack upgraded for some of its cases).
+ENVIRONMENT_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}(~[0-9a-f]{8})?$"
+EnvironmentKey = Annotated[str, Field(pattern=ENVIRONMENT_KEY_PATTERN)]
 
 #: The sections of a block that are timing, kept per machine (:class:`MachineTiming`):
 #: the step times and the drift probe (the throughput check), what they give

@@ -45,7 +45,9 @@ from pydantic import (
     with_config,
 )
 
-from pytest_accelperf.store.block import Block
+from pytest_accelperf.records.environment import Environment
+from pytest_accelperf.store.block import Block, EnvironmentKey, MachineTiming
+from pytest_accelperf.store.machines import ENVIRONMENTS_KEY, MACHINES_KEY, unpack
 
 __all__ = ["Fields"]
 
@@ -118,10 +120,26 @@ def _typed(model: type[BaseModel], tree: Mapping[str, Any], name: str) -> type:
         else:
             inner = _typed(_section(info.annotation, f"{name}.{key}"), sub, f"{name}.{key}")
             hint = inner | None if nullable else inner
+        if model is MachineTiming and key == "environment":
+            hint = EnvironmentKey | hint  # by its key in the file's environments (schema 3)
         wrap = typing_extensions.Required if info.is_required() else typing_extensions.NotRequired
         hints[key] = wrap[hint]
     typed: type = typing_extensions.TypedDict(name.replace(".", "_"), hints)  # type: ignore[misc]
     return with_config(_CONFIG)(typed)
+
+
+def _table_environment(tree: Mapping[str, Any]) -> object:
+    """The type of an environment of a file's ``environments`` (schema 3): the fields of
+    the entries' environments that ``tree`` names, each as :class:`Environment` declares
+    it; none when it names none (the table is a few objects a file: only its keys are then
+    read); :class:`Environment` where the entries' environments are named whole."""
+    entries = tree.get(MACHINES_KEY)
+    if entries is None and MACHINES_KEY in tree:
+        return Environment
+    named = entries.get("environment", {}) if isinstance(entries, Mapping) else {}
+    if named is None:
+        return Environment
+    return _typed(Environment, named, "Block.environments")
 
 
 def _case_key(key: str, info: ValidationInfo) -> str:
@@ -138,27 +156,46 @@ class Fields:
     (``"step_time.median"``), validated as :class:`Block` declares them."""
 
     paths: tuple[str, ...]
-    #: ``{case key: {field: value}}`` of a file's blocks (:attr:`block`).
-    _cases: TypeAdapter[dict[str, Any]] = field(init=False, repr=False, compare=False)
-    _file: TypeAdapter[dict[str, Any]] = field(init=False, repr=False, compare=False)
+    #: ``{case key: {field: value}}`` of a file's blocks (:attr:`block`), and a file of
+    #: them: their validators are built when first used (:attr:`_cases`, :attr:`_file`),
+    #: as `accelperf baselines show` uses one of the module's three.
+    _cases_type: Any = field(init=False, repr=False, compare=False)
+    _file_type: Any = field(init=False, repr=False, compare=False)
     #: The TypedDict of one block's named fields.
     block: type = field(init=False, repr=False, compare=False)
+    #: The fields named, as a tree (``{"step_time": {"median": None}, ...}``).
+    paths_tree: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        block = _typed(Block, _tree(self.paths), "Block")
+        tree = _tree(self.paths)
+        block = _typed(Block, tree, "Block")
         keyed = Annotated[str, AfterValidator(_case_key)]
+        environment = _table_environment(tree)
         header = typing_extensions.TypedDict("BaselineFileFields", {  # type: ignore[name-match]  # noqa: UP013
-            # 1 or 2 (READABLE_VERSIONS), an int: not true, not 1.0 (which a Literal takes)
-            "schema_version": typing_extensions.Required[Annotated[StrictInt, Field(ge=1, le=2)]],
+            # 1 to 3 (READABLE_VERSIONS), an int: not true, not 1.0 (which a Literal takes)
+            "schema_version": typing_extensions.Required[Annotated[StrictInt, Field(ge=1, le=3)]],
             "platform": typing_extensions.NotRequired[str],
             "cases": typing_extensions.Required[dict[keyed, block]],  # type: ignore[valid-type]
+            "environments": typing_extensions.NotRequired[  # ENVIRONMENTS_KEY (schema 3)
+                dict[EnvironmentKey, environment]],  # type: ignore[valid-type]
         })
         object.__setattr__(self, "block", block)
-        object.__setattr__(self, "_cases", TypeAdapter(dict[str, block]))  # type: ignore[valid-type]
+        object.__setattr__(self, "paths_tree", tree)
+        object.__setattr__(self, "_cases_type", dict[str, block])  # type: ignore[valid-type]
         # Only the header's own keys at the top: a key this version does not know (kept by
         # the exact read, which also finds it written twice) sends the file there.
-        object.__setattr__(self, "_file", TypeAdapter(
-            with_config(ConfigDict(strict=True, allow_inf_nan=False, extra="forbid"))(header)))
+        object.__setattr__(self, "_file_type", with_config(
+            ConfigDict(strict=True, allow_inf_nan=False, extra="forbid"))(header))
+
+    @property
+    def _cases(self) -> TypeAdapter[dict[str, Any]]:
+        adapter: TypeAdapter[dict[str, Any]] = _one(self._cases_type)
+        return adapter
+
+    @property
+    def _file(self) -> TypeAdapter[dict[str, Any]]:
+        adapter: TypeAdapter[dict[str, Any]] = _one(self._file_type)
+        return adapter
 
     def invalid(self, cases: Mapping[str, Any]) -> dict[str, ValidationError]:
         """``{case key: its error}`` of the blocks of ``cases`` whose named fields do not
@@ -186,8 +223,11 @@ class Fields:
         """``{case key: {field: value}}`` of a baseline file's bytes, when the file parses,
         its header is a baseline file's, no case key or header key is written twice and
         every block's named fields validate; else None (read it the exact way: it names
-        what is wrong). A top-level key other than ``schema_version``, ``platform`` and
-        ``cases`` sends the file to the exact read too. A key repeated inside a block, or a
+        what is wrong). The entries of ``machines`` have their environment (the fields of
+        it named) from the file's ``environments`` (schema 3,
+        :func:`pytest_accelperf.store.machines.unpack`); a key the table lacks sends the
+        file to the exact read, as does a top-level key other than ``schema_version``,
+        ``platform``, ``cases`` and ``environments``. A key repeated inside a block, or a
         ``platform`` written twice at the top, is not looked for (neither is read here):
         only the exact read, which builds every value, finds it."""
         if data.count(b'"cases"') != 1 or data.count(b'"schema_version"') != 1:
@@ -200,7 +240,17 @@ class Fields:
         except (ValidationError, ValueError):
             return None
         cases: dict[str, dict[str, Any]] = parsed["cases"]
-        return cases if len(keys) == len(cases) else None
+        if len(keys) != len(cases) or data.count(f'"{ENVIRONMENTS_KEY}"'.encode()) > 1:
+            return None
+        if MACHINES_KEY not in self.paths_tree:
+            return cases
+        if parsed["schema_version"] < 3:  # an entry's environment is written whole
+            named = ENVIRONMENTS_KEY in parsed or any(
+                isinstance(entry.get("environment"), str)
+                for block in cases.values() for entry in (block.get(MACHINES_KEY) or {}).values())
+            return None if named else cases
+        missing = unpack(cases, parsed.get(ENVIRONMENTS_KEY) or {})
+        return None if missing else cases
 
 
 @functools.cache

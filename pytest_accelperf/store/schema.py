@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Strict,
+    Tag,
     TypeAdapter,
     ValidationError,
     create_model,
@@ -52,11 +54,14 @@ from pytest_accelperf.store.block import (
     Collective,
     CompactNumerics,
     CompactSection,
+    EnvironmentKey,
     Growth,
     InputTime,
     Int,
     Leaf,
     Loss,
+    MachineName,
+    MachineTiming,
     MaxBatch,
     MaxBatchProbe,
     Memory,
@@ -124,11 +129,16 @@ __all__ = [
 class BaselineHeader(_Strict):
     """A baseline file around its blocks (the blocks are validated apart, by
     :func:`invalid_blocks`, so that one invalid block names its case and an update can
-    replace it)."""
+    replace it).
 
-    schema_version: Literal[1, 2]
+    Schema 3 adds ``environments``: the environments of the entries of its blocks'
+    ``machines``, each entry naming its own by its key here
+    (:func:`pytest_accelperf.store.machines.pack`); validated here, once per file."""
+
+    schema_version: Literal[1, 2, 3]
     platform: str = ""
     cases: dict[str, Any]
+    environments: dict[EnvironmentKey, Environment] | None = None
 
 
 # -- the JSON report ---------------------------------------------------------------------------
@@ -390,10 +400,12 @@ def block_model() -> type[Block]:
     return _block_model(added_sections())
 
 
-def validate_block(data: object) -> Block:
+def validate_block(data: object, *, filed: bool = False) -> Block:
     """``data`` as a :class:`Block` (:func:`block_model`); :class:`pydantic.ValidationError`
-    if it is not one."""
-    return block_model().model_validate(data)
+    if it is not one. With ``filed``, as a file of schema 3 holds it (:func:`invalid_blocks`;
+    the environments of its ``machines`` may be keys)."""
+    model = _filed_block_model(block_model()) if filed else block_model()
+    return model.model_validate(data)
 
 
 @functools.cache
@@ -401,16 +413,47 @@ def _blocks_adapter(model: type[Block]) -> TypeAdapter[dict[str, Block]]:
     return TypeAdapter(dict[str, model])  # type: ignore[valid-type]
 
 
-def invalid_blocks(cases: Mapping[str, Any]) -> dict[str, ValidationError]:
+def _environment_kind(value: object) -> str:
+    return "key" if isinstance(value, str) else "inline"
+
+
+#: An entry's environment in a file of schema 3: the key of one of the file's
+#: ``environments`` (validated with the file's header), or the environment itself.
+_FiledEnvironment = Annotated[Annotated[EnvironmentKey, Tag("key")]
+                              | Annotated[Environment, Tag("inline")],
+                              Discriminator(_environment_kind)]
+
+
+class _FiledMachineTiming(MachineTiming):
+    """An entry of ``machines`` as a file of schema 3 holds it (:data:`_FiledEnvironment`)."""
+
+    environment: _FiledEnvironment  # type: ignore[assignment]
+
+
+@functools.cache
+def _filed_block_model(model: type[Block]) -> type[Block]:
+    """``model`` as a file of schema 3 holds it (:class:`_FiledMachineTiming`)."""
+    filed: type[Block] = create_model(
+        "Block", __base__=model,
+        machines=(dict[MachineName, _FiledMachineTiming] | None, None))
+    return filed
+
+
+def invalid_blocks(cases: Mapping[str, Any], *, filed: bool = False
+                   ) -> dict[str, ValidationError]:
     """``{case key: its error}`` of the blocks of ``cases`` that are not a :class:`Block`,
-    in the order of ``cases``; empty when all are.
+    in the order of ``cases``; empty when all are. With ``filed``, the blocks as a file of
+    schema 3 holds them, the environments of their ``machines`` by key (each environment
+    validated once, in the file's header, rather than in each entry that names it; the
+    keys are resolved by :func:`pytest_accelperf.store.machines.unpack`).
 
     One pydantic call validates the whole mapping (the store reads a file's blocks this
     way); only when it fails are the blocks it names validated again one by one, so that
     each error is that block's own, as :func:`validate_block` raises it.
     """
+    model = _filed_block_model(block_model()) if filed else block_model()
     try:
-        _blocks_adapter(block_model()).validate_python(cases)
+        _blocks_adapter(model).validate_python(cases)
     except ValidationError as exc:
         named = {err["loc"][0] for err in exc.errors(include_url=False) if err["loc"]}
     else:
@@ -420,7 +463,7 @@ def invalid_blocks(cases: Mapping[str, Any]) -> dict[str, ValidationError]:
         if key not in named:
             continue
         try:
-            validate_block(block)
+            validate_block(block, filed=filed)
         except ValidationError as exc:
             out[key] = exc
     return out
@@ -449,14 +492,20 @@ def error_lines(exc: ValidationError, *, limit: int = 5) -> list[tuple[tuple[str
 
 
 def _untagged(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
-    """``loc`` without the tag pydantic puts after ``numerics`` (which form it was read
-    as): the path of the field in the file."""
+    """``loc`` without the tag pydantic puts after ``numerics`` or an entry's environment
+    (which form it was read as): the path of the field in the file."""
     out = list(loc)
     for i in range(len(out) - 1):
-        if out[i] == "numerics" and out[i + 1] in ("compact", "per_leaf"):
+        if (out[i], out[i + 1]) in _TAGS:
             del out[i + 1]
             break
     return tuple(out)
+
+
+#: ``(field, tag)`` of the tagged unions of a block: numerics (compact or per leaf), an
+#: entry's environment in a file of schema 3 (by key or inline).
+_TAGS = frozenset({("numerics", "compact"), ("numerics", "per_leaf"),
+                   ("environment", "key"), ("environment", "inline")})
 
 
 def _short(value: object, width: int = 60) -> str:

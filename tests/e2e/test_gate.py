@@ -27,7 +27,7 @@ def test_no_baseline_fails_with_the_fix(suite: Suite) -> None:
 def test_update_then_rerun_passes_and_file_is_diffable(recorded: Suite) -> None:
     text = recorded.baseline_path().read_text()
     data = json.loads(text)
-    assert data["schema_version"] == 2
+    assert data["schema_version"] == 3
     assert data["platform"] == "cpu-x8"
     assert sorted(data["cases"]) == [
         "test_sweep[jax-mesh4x2-b256]", "test_sweep[jax-nomesh-b256]"]

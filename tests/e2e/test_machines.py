@@ -61,9 +61,11 @@ def test_a_second_machine_is_new_then_recorded_beside_then_judged(
     result.assert_outcomes(passed=1)
     both = suite.load()
     (stored,) = both["cases"].values()
-    assert both["schema_version"] == 2
+    assert both["schema_version"] == 3
     assert {k: v for k, v in stored.items() if k != "machines"} == block
     assert list(stored["machines"]) == ["second"]
+    assert stored["machines"]["second"]["environment"] == "second"  # in the file's table
+    assert both["environments"]["second"]["cpu_isa"]
     assert stored["machines"]["second"]["step_time"]["samples"]
 
     # now its timing is judged against its own, not new, not incomparable
@@ -83,8 +85,7 @@ def test_a_second_machine_is_new_then_recorded_beside_then_judged(
 
     # one name for two hosts: one line naming both, the test fails, nothing written
     def other_host(data: dict[str, Any]) -> None:
-        for case in data["cases"].values():
-            case["machines"]["second"]["environment"]["cpu_isa"] = "sse2"
+        data["environments"]["second"]["cpu_isa"] = "sse2"
 
     data = suite.load()
     other_host(data)

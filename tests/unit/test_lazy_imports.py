@@ -120,7 +120,7 @@ def test_every_command_names_a_function_of_its_module() -> None:
     """A command is "MODULE:FUNCTION" of pytest_accelperf.cli, imported when it runs: a
     name that does not resolve would fail only then."""
     found = dict(_commands(build_parser()))
-    assert len(found) == 10, found
+    assert len(found) == 11, found
     for prog, func in found.items():
         module, name = func.split(":")
         assert callable(getattr(importlib.import_module(f"pytest_accelperf.cli.{module}"),
