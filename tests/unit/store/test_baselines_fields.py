@@ -113,7 +113,7 @@ def test_a_clean_file_is_read_in_one_call_as_the_exact_read_reads_it(
     path = _store(tmp_path, text)
     whole = []
     real = schema.invalid_blocks
-    monkeypatch.setattr(schema, "invalid_blocks", lambda *a: whole.append(1) or real(*a))
+    monkeypatch.setattr(schema, "invalid_blocks", lambda *a, **k: whole.append(1) or real(*a, **k))
     fast = read(path, PLATFORM, HEADLINE)
     assert not whole, "no whole-block validation for the fields of show"
     assert fast.fields is HEADLINE and not fast.invalid

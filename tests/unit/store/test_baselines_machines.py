@@ -58,6 +58,7 @@ def _committed() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(COMMITTED.read_text())
     for block in data["cases"].values():
         block.pop("machines", None)
+    data.pop("environments", None)  # of the machines left out (schema 3)
     data["schema_version"] = 1
     return data
 
@@ -214,13 +215,13 @@ def test_two_hosts_of_one_name_are_one_line_naming_both() -> None:
 
 
 # -- the file: versions and validation ---------------------------------------------------------
-def test_a_version_1_file_loads_and_the_next_write_makes_it_version_2(tmp_path: Path) -> None:
+def test_a_version_1_file_loads_and_the_next_write_makes_it_version_3(tmp_path: Path) -> None:
     store = _store(tmp_path)
     mine = store.get_view(NODEID, recorder(_block()))
     assert mine is not None and not mine.new
     store.write({NODEID: _on(_block())}, timing_only={NODEID})
     written = json.loads((tmp_path / "cpu-x8" / f"{MODULE}.json").read_text())
-    assert written["schema_version"] == 2
+    assert written["schema_version"] == 3
     before = _committed()
     # every other case as it was; this one gained one machine's timing, nothing else
     assert {k: v for k, v in written["cases"].items() if k != CASE} == {
@@ -228,6 +229,9 @@ def test_a_version_1_file_loads_and_the_next_write_makes_it_version_2(tmp_path: 
     case = written["cases"][CASE]
     added = default_machine({**case["environment"], "cpu_isa": LACKS_VNNI})
     assert list(case["machines"]) == [added]
+    # its environment once in the file, named by the machine (schema 3)
+    assert case["machines"][added]["environment"] == added
+    assert written["environments"][added]["cpu_isa"] == LACKS_VNNI
     assert {k: v for k, v in case.items() if k != "machines"} == before["cases"][CASE]
     fresh = BaselineStore(tmp_path, "cpu-x8")
     found = fresh.get_view(NODEID, added)
@@ -237,9 +241,9 @@ def test_a_version_1_file_loads_and_the_next_write_makes_it_version_2(tmp_path: 
 
 
 def test_a_version_this_one_does_not_read_names_the_versions_it_does() -> None:
-    text = json.dumps({**_committed(), "schema_version": 3})
-    with pytest.raises(BaselineError, match=r"schema_version is 3, this pytest-accelperf "
-                                            r"reads 1 and 2"):
+    text = json.dumps({**_committed(), "schema_version": 4})
+    with pytest.raises(BaselineError, match=r"schema_version is 4, this pytest-accelperf "
+                                            r"reads 1, 2 and 3"):
         parse(Path("m.json"), text)
 
 

@@ -202,13 +202,13 @@ def test_show_reads_the_store_one_file_at_a_time(
     walk = command.iter_store(tmp_path, None, [])
     next(walk)
     assert reads[0] == 1, "the walk reads a file when it is asked for the next one"
-    real_headline = command._headline
+    real_cells = command._shown_cells
 
-    def headline(block: dict[str, Any]) -> Any:
+    def cells(block: dict[str, Any]) -> Any:
         held.append(reads[0])
-        return real_headline(block)
+        return real_cells(block)
 
-    monkeypatch.setattr(command, "_headline", headline)
+    monkeypatch.setattr(command, "_shown_cells", cells)
     assert cli.main(["baselines", "show", "--baselines", str(tmp_path)]) == 0
     # every file's rows are made before the next file is read
     assert held == [n for n in range(2, 6) for _ in range(3)]
