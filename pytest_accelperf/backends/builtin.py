@@ -47,7 +47,7 @@ SPECS: tuple[BackendSpec, ...] = (
         "lightning", "pytest_accelperf.backends.lightning.backend",
         requires=("torch", "lightning"),
         install=f"pip install 'pytest-accelperf[lightning]' {_TORCH_FIRST}",
-        packages=("torch", "lightning", "numpy"), ray=False, ab_blocks=True,
+        packages=("torch", "lightning", "numpy"), ab_blocks=True,
         ranks="pytest_accelperf.backends.lightning.ddp",
     ),
     # A compiled Keras 3 model trained by model.fit on JAX, measured from a callback.

@@ -653,3 +653,55 @@ def test_ctrl_c_stops_the_case_and_the_cluster(suite: Suite,
     assert "KeyboardInterrupt" in out
     _no_processes_left(mark)
     assert not Path(f"/proc/{worker}").exists(), "the case's Ray worker survived Ctrl-C"
+
+
+LIGHTNING_DDP = '''
+import lightning as L
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from pytest_accelperf import Case, cases
+from pytest_accelperf.lightning import LightningTask
+
+class Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(32, 8), nn.ReLU(), nn.Linear(8, 32))
+
+    def training_step(self, batch, batch_idx):
+        (x,) = batch
+        return nn.functional.mse_loss(self.net(x), x)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+def loader(case):
+    per_device = case.batch // case.world_size
+    x = torch.randn(32 * per_device, 32, generator=torch.Generator().manual_seed(0))
+    return DataLoader(TensorDataset(x), batch_size=per_device)
+
+@cases(Case(backend="lightning", batch=16, steps=3, warmup=1, world_size=2,
+            accels=("cpu",)))
+def test_lightning_ddp(accelperf):
+    accelperf.train(LightningTask(module=lambda case: Tiny(), data=loader))
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
+                    reason="needs lightning: pip install 'pytest-accelperf[lightning]'")
+def test_lightning_ddp_trains_in_one_ray_worker_a_rank(suite: Suite,
+                                                       ray_cluster: Cluster) -> None:
+    """A Lightning case of world_size 2 on the cluster: Lightning's DDP in two Ray workers
+    (one rank a host: devices=1, num_nodes=2), its run made as a local launch makes it."""
+    suite.write(LIGHTNING_DDP)
+    result = suite.run(f"--accelperf-cluster={ray_cluster.address}", "--accelperf-update",
+                       "--accelperf-json=report.json")
+    result.assert_outcomes(passed=1)
+    run = suite.report()["cases"][0]["run"]
+    assert run["outcome"] == "ok" and len(run["step_times"]) == 3
+    assert sorted(run["memory_per_device"]) == ["rank0", "rank1"]
+    assert run["program"]["collectives"]["all_reduce"]["count"] == 1  # DDP's bucket
+    hosts = run["extra"]["cluster"]["ranks"]
+    assert len({h["pid"] for h in hosts}) == 2 and os.getpid() not in {h["pid"] for h in hosts}
+    assert not (suite.pytester.path / "lightning_logs").exists()

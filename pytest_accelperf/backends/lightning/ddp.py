@@ -6,11 +6,12 @@ the launch set up.
 Lightning accepts a process group launched outside it (torchrun's, SLURM's): its
 ``TorchElasticEnvironment`` reads the rank from the environment the launcher gives every
 rank (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), and the
-``Trainer`` (``devices=N``, ``num_nodes=1``) starts no process of its own: it joins the
-group. The user's LightningModule and data go in unchanged; Lightning gives each rank its
-share of the loader through its ``DistributedSampler``, so the loader's batch is the
-per-device one (``case.batch / (N * accumulate_grad_batches)``; the callback checks the
-global batch on the first step, as in one process).
+``Trainer`` (``devices=N``, ``num_nodes=1``; on a Ray cluster, one rank a host,
+``devices=1``, ``num_nodes=N``) starts no process of its own: it joins the group. The
+user's LightningModule and data go in unchanged; Lightning gives each rank its share of
+the loader through its ``DistributedSampler``, so the loader's batch is the per-device
+one (``case.batch / (N * accumulate_grad_batches)``; the callback checks the global batch
+on the first step, as in one process).
 
 Each rank trains as the ``lightning`` backend trains in one process
 (:meth:`~.lightning.backend.LightningBackend.train`: the counting training, then the
@@ -35,6 +36,7 @@ On the CPU only (gloo); a case's ``reference`` and a maximum-batch search are re
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypedDict, cast
@@ -90,8 +92,11 @@ def rank_main(ctx: RankContext, plan: LightningPlan) -> RankOut:
     from pytest_accelperf.backends.lightning.backend import BACKEND
     from pytest_accelperf.backends.lightning.launched import Launched, inside
 
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    # TorchElasticEnvironment's node rank (torchrun's GROUP_RANK; Ray: one rank a host)
+    os.environ.setdefault("GROUP_RANK", str(ctx.rank // max(1, local)))
     ctx.progress(phase="train")
-    with inside(Launched(ctx.rank, ctx.world_size)) as rank:
+    with inside(Launched(ctx.rank, ctx.world_size, local)) as rank:
         result = BACKEND.train(plan.case, plan.task, plan.accel, timeout=plan.timeout)
     return {"rank": ctx.rank, "run": result.run,
             "params": result.params if ctx.rank == 0 else None,

@@ -116,9 +116,9 @@ def trainer_settings(given: Mapping[str, Any], case: Case,
     }
     rank = launched()
     if rank is not None:  # one of the plugin's launched ranks: Lightning's DDP over them
-        owned["devices"] = (rank.world_size, "the case's world_size, one launched rank "
-                                             "a device")
-        owned["num_nodes"] = (1, "the plugin launches the case's ranks on one machine")
+        owned["devices"] = (rank.local_world_size, "the case's ranks on this machine, one "
+                                                   "device each")
+        owned["num_nodes"] = (rank.machines, "the machines the case's ranks run on")
         launched_ddp(kwargs, notes)
     if case.grad_accum > 1:  # the case's accumulation drives the trainer's
         owned["accumulate_grad_batches"] = (case.grad_accum, "the case's grad_accum")

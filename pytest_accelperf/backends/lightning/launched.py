@@ -60,12 +60,20 @@ C10D_KINDS: Mapping[str, tuple[str, int | None]] = {
 class Launched:
     """This process is rank ``rank`` of ``world_size`` launched by the plugin (the
     torchelastic-style environment set: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``MASTER_ADDR``, ``MASTER_PORT``); ``comm`` holds the collectives of its counted
-    step."""
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``); ``comm`` holds the
+    collectives of its counted step."""
 
     rank: int
     world_size: int
+    #: The ranks on this machine: all of them where the plugin launched them here, one
+    #: where each is a Ray worker on a host of its own.
+    local_world_size: int
     comm: CommCounter = field(default_factory=CommCounter)
+
+    @property
+    def machines(self) -> int:
+        """Lightning's ``num_nodes``: the machines the ranks run on."""
+        return max(1, self.world_size // max(1, self.local_world_size))
 
 
 _LAUNCHED: contextvars.ContextVar[Launched | None] = contextvars.ContextVar(
