@@ -9,7 +9,7 @@ ImportError.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeAlias, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeGuard
 
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
@@ -48,6 +48,19 @@ class TrainResult:
     run: Run
     params: dict[str, np.ndarray] = field(default_factory=dict)
     reference_params: dict[str, np.ndarray] | None = None
+    #: What the test gets back as ``CaseResult.state``: the trained model or module, a
+    #: ``JaxStep``'s final state (``final`` of it). It stays in the process that trained
+    #: it: pickling (a result sent back from a launched process or a cluster worker) drops
+    #: it.
+    state: Any = None
+    #: A trainer's (Lightning, transformers, Keras): the lines saying what the gate set in
+    #: the user's place.
+    notes: list[str] = field(default_factory=list)
+
+    def __getstate__(self) -> dict[str, object]:
+        data = dict(self.__dict__)
+        data["state"] = None
+        return data
 
 
 @dataclass

@@ -46,3 +46,9 @@ Untyped: TypeAlias = Any
 #: A framework imported when a backend runs rather than at import time (``jax``,
 #: ``optax``, ``flax.nnx``, ``deepspeed``, ``alpa``): its attributes are ``Any`` to mypy.
 Framework: TypeAlias = ModuleType
+
+#: Keyword arguments forwarded to a framework's own callable as the user gave them, with
+#: what the gate owns set in them: ``lightning.Trainer(**kwargs)``, Keras's
+#: ``model.fit(**kwargs)``, transformers' ``Trainer(**kwargs)``, DeepSpeed's config. Their
+#: values are the framework's to type.
+FrameworkKwargs: TypeAlias = dict[str, Any]

@@ -210,6 +210,11 @@ def _json_value(value: object) -> JSONValue:
     return cast(JSONValue, value)
 
 
+#: Keywords of a case as a suite gave them, checked against :class:`Case`'s fields when
+#: the case is made (:func:`_case`).
+_Keywords: TypeAlias = dict[str, Any]
+
+
 def _case(**values: object) -> Case:
     """``Case(**values)``, an unknown keyword refused in one line that names the fields
     (a wrong type is refused by the case itself, naming the field and its type)."""
@@ -217,7 +222,7 @@ def _case(**values: object) -> Case:
     if unknown:
         raise ConfigError(f"unknown case keyword(s) {', '.join(unknown)}; a case takes: "
                           f"{', '.join(f.name for f in fields(Case))}")
-    return Case(**cast(dict[str, Any], values))
+    return Case(**cast(_Keywords, values))
 
 
 def grid(
@@ -276,7 +281,7 @@ def cases(*explicit: Case | Sequence[Case], **grid_kwargs: object) -> pytest.Mar
         if missing:
             raise ConfigError(f"cases() with grid keywords needs {' and '.join(missing)} "
                               f"(e.g. backend='jax', batch=[32])")
-        collected.extend(grid(**cast(dict[str, Any], grid_kwargs)))
+        collected.extend(grid(**cast(_Keywords, grid_kwargs)))
     if not collected:
         raise ConfigError("cases() needs at least one case: pass grid keywords or Case objects")
     ids = [c.id for c in collected]

@@ -25,9 +25,13 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 INSTALL = "apt-get install chromium"
+
+#: A message of the DevTools protocol, or a chart's description read from the page: JSON
+#: whose shape is Chromium's (or Vega's) to define.
+DevToolsJSON: TypeAlias = dict[str, Any]
 
 #: What the page reports of its plots (run in the page once it is drawn).
 _SURVEY = r"""
@@ -97,7 +101,7 @@ class Page:
 
     url: str
     errors: list[str] = field(default_factory=list)
-    charts: list[dict[str, Any]] = field(default_factory=list)
+    charts: list[DevToolsJSON] = field(default_factory=list)
     sparks: list[int] = field(default_factory=list)
     #: Rows of the index's table shown (not hidden by a filter).
     rows: int = 0
@@ -108,7 +112,7 @@ class Page:
     screenshot: Path | None = None
 
     @property
-    def empty(self) -> list[dict[str, Any]]:
+    def empty(self) -> list[DevToolsJSON]:
         """The plots that drew nothing."""
         return [c for c in self.charts if not c["marks"]]
 
@@ -121,9 +125,9 @@ class _Session:
 
         self.ws = websocket.create_connection(url, timeout=60, suppress_origin=True)
         self.next_id = 0
-        self.events: list[dict[str, Any]] = []
+        self.events: list[DevToolsJSON] = []
 
-    def call(self, method: str, **params: object) -> dict[str, Any]:
+    def call(self, method: str, **params: object) -> DevToolsJSON:
         self.next_id += 1
         ident = self.next_id
         self.ws.send(json.dumps({"id": ident, "method": method, "params": params}))
@@ -132,7 +136,7 @@ class _Session:
             if message.get("id") == ident:
                 if "error" in message:
                     raise RuntimeError(f"{method}: {message['error']}")
-                result: dict[str, Any] = message.get("result", {})
+                result: DevToolsJSON = message.get("result", {})
                 return result
             self.events.append(message)
 

@@ -29,6 +29,7 @@ from pytest_accelperf.provision.describe import stack_words
 from pytest_accelperf.records.verdict import Verdict
 from pytest_accelperf.report import charts
 from pytest_accelperf.report.changes import STACK, ChangePoint, find_changes, worse
+from pytest_accelperf.report.charts import Spec
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.markdown import case_name, explanation, program_diff
 from pytest_accelperf.report.pagejs import PAGE_JS
@@ -75,9 +76,9 @@ class _Specs:
     """The report's plots: each one's specification, and the element it is drawn into."""
 
     def __init__(self) -> None:
-        self.specs: list[dict[str, Any]] = []
+        self.specs: list[Spec] = []
 
-    def div(self, spec: dict[str, Any] | None, cls: str = "chart") -> str:
+    def div(self, spec: Spec | None, cls: str = "chart") -> str:
         if spec is None:
             return ""
         self.specs.append(spec)
@@ -460,7 +461,7 @@ def html_report(report: SessionReport, *,
             + "\n".join(body) + "\n</body></html>\n")
 
 
-def _scripts(specs: list[dict[str, Any]]) -> list[str]:
+def _scripts(specs: list[Spec]) -> list[str]:
     """The plots' specifications, the plotting library (gzipped, base64) and the page's
     script; nothing where there is no plot."""
     if not specs:
@@ -476,11 +477,11 @@ def _packed(text: str) -> str:
     return base64.b64encode(gzip.compress(text.encode(), 9, mtime=0)).decode()
 
 
-def report_specs(page: str) -> list[dict[str, Any]]:
+def report_specs(page: str) -> list[Spec]:
     """The plots' specifications of a report :func:`html_report` wrote (for tests and
     tools that read a report's plots)."""
     found = re.search(r'id="accelperf-specs-gz">([A-Za-z0-9+/=]*)</script>', page)
     if found is None:
         return []
-    specs: list[dict[str, Any]] = json.loads(gzip.decompress(base64.b64decode(found.group(1))))
+    specs: list[Spec] = json.loads(gzip.decompress(base64.b64decode(found.group(1))))
     return specs

@@ -37,6 +37,7 @@ from pytest_accelperf.errors import UserError
 from pytest_accelperf.report.changes import ENVIRONMENT, STACK, ChangePoint, find_changes, worse
 from pytest_accelperf.report.charts import (
     ALL,
+    Spec,
     history_chart,
     memory_history_chart,
     sparkline,
@@ -339,7 +340,7 @@ def _mark(change: ChangePoint, case: Case, names: Mapping[str, str],
             "machine": names.get(first.session, "?"), "branch": branches.get(first.session)}
 
 
-def case_data(case: Case) -> dict[str, Any]:
+def case_data(case: Case) -> Spec:
     """The page data of a case (see :mod:`pytest_accelperf.report.pagejs`)."""
     lines = case.lines
     names = case.machines or [machine_name(e) for e in lines]
@@ -399,7 +400,7 @@ CASE_CHARTS: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, str] | None,
 )
 
 
-def case_specs(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+def case_specs(data: Mapping[str, Any]) -> list[Spec]:
     """The Vega-Lite specifications of a case page: the plots of :data:`CASE_CHARTS` that
     have a value, and memory per device."""
     cols = data["cols"]
@@ -409,7 +410,7 @@ def case_specs(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         values = [r[0] for r in col["r"]] if isinstance(col, dict) else col
         return any(v is not None for v in values)
 
-    specs: list[dict[str, Any]] = []
+    specs: list[Spec] = []
     for title, name, axis, metrics, interval, exact in CASE_CHARTS:
         if has(name):
             specs.append(history_chart(title, name, axis, metrics=metrics, interval=interval,

@@ -73,6 +73,7 @@ from pytest_accelperf.backends.torch.on_device import _device
 from pytest_accelperf.backends.torch.step import host_array, optimizer_steps
 from pytest_accelperf.backends.torch.step_record import eager_program
 from pytest_accelperf.backends.torch.task import sync, torch_probe
+from pytest_accelperf.backends.types import FrameworkKwargs
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -184,7 +185,7 @@ def training_args(given: object, case: Case, device: torch.device,
         if name in user and _value(name, user[name]) != _value(name, value):
             notes.append(f"TrainerTask.args.{name}={_value(name, user[name])!r}: the gate uses "
                          f"{value if value == _TEMPORARY else repr(value)} ({why})")
-    changes: dict[str, Any] = {k: v for k, (v, _) in owned.items() if k != "output_dir"}
+    changes: FrameworkKwargs = {k: v for k, (v, _) in owned.items() if k != "output_dir"}
     changes["output_dir"] = None  # each training's own temporary directory
     changes["use_cpu"] = device.type == "cpu"
     if seed is not None:
@@ -265,21 +266,6 @@ def state_beside(trainer: Trainer) -> dict[str, np.ndarray]:
     return out
 
 
-@dataclass
-class HfTrainResult(TrainResult):
-    """A :class:`TrainResult` with the trained model (``CaseResult.state``) and the lines
-    saying what the gate set in the user's place; the model stays in the process that
-    trained it: pickling drops it."""
-
-    state: Any = None
-    notes: list[str] = field(default_factory=list)
-
-    def __getstate__(self) -> dict[str, object]:
-        data = dict(self.__dict__)
-        data["state"] = None
-        return data
-
-
 def count(built: Built, case: Case, device: torch.device, root: str, *,
           memory: bool) -> Counting:
     """The counting training (``memory``: the CPU's live bytes over
@@ -350,7 +336,7 @@ class HfBackend:
                     oom = _oom_record(memory.peak, int(capacity), memory.source)
                     draft.failed("oom", _oom_message(oom), oom=oom)
                     draft.phases(phases.record())
-                    return HfTrainResult(run=draft.build(), notes=built.notes)
+                    return TrainResult(run=draft.build(), notes=built.notes)
             draft.counted(flops=counting.flops,
                           program=eager_program(counting.flops, counting.ops))
             # 2. measured
@@ -367,7 +353,7 @@ class HfBackend:
             except torch.OutOfMemoryError as exc:
                 draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
                 draft.phases(phases.record())
-                return HfTrainResult(run=draft.build(), notes=built.notes)
+                return TrainResult(run=draft.build(), notes=built.notes)
             trained = clock.finish()
         extra = _epochs_note(built, case)
         if extra:
@@ -389,8 +375,8 @@ class HfBackend:
         draft.stopped(trained, timeout, case, f"{built.label}: the Trainer",
                       "a callback set control.should_training_stop, or the data ended")
         draft.phases(phases.record())
-        return HfTrainResult(run=draft.build(), params=params, state=built.model,
-                             notes=built.notes)
+        return TrainResult(run=draft.build(), params=params, state=built.model,
+                           notes=built.notes)
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
         """The case's ``Trainer.train`` held between optimizer steps, for A/B mode

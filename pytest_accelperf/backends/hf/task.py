@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pytest_accelperf.backends.types import FrameworkKwargs
 
 if TYPE_CHECKING:
     from pytest_accelperf.collect.cases import Case
@@ -78,10 +80,10 @@ class TrainerTask:
             return factory(case)
         return value
 
-    def trainer_kwargs(self) -> dict[str, Any]:
+    def trainer_kwargs(self) -> FrameworkKwargs:
         """The ``Trainer`` keyword arguments given as they are (not the model, args or
         dataset: the backend builds those per case)."""
-        out: dict[str, Any] = {"data_collator": self.data_collator,
+        out: FrameworkKwargs = {"data_collator": self.data_collator,
                                "processing_class": self.processing_class,
                                "compute_loss_func": self.compute_loss_func}
         return {k: v for k, v in out.items() if v is not None}

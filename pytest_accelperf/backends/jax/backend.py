@@ -77,21 +77,6 @@ _device_put: Any = jax.device_put
 _set_mesh: Any = jax.set_mesh
 
 
-@dataclass
-class JaxTrainResult(TrainResult):
-    """A :class:`TrainResult` with the final state of the training (what the test gets
-    back as ``CaseResult.state``: ``JaxStep.final`` of it). The state stays in the process
-    that trained it: pickling (a result sent back from a launched process or a cluster
-    worker) drops it."""
-
-    state: Any = None
-
-    def __getstate__(self) -> dict[str, object]:
-        data = dict(self.__dict__)
-        data["state"] = None
-        return data
-
-
 def _flat(tree: PyTree) -> dict[str, np.ndarray]:
     """``{"params/Block_0/Dense_0/kernel": host array}`` of a pytree (gathers shards)."""
     if jax.process_count() > 1:  # a case spanning processes: every process gathers
@@ -464,13 +449,13 @@ class JaxBackend:
         # of it in each, and no process can hand it over whole.
         state = step.final_of(final) if jax.process_count() == 1 else None
         if draft.end(trained, timeout, case):  # a loss not finite, or the deadline
-            return JaxTrainResult(run=draft.build(), params=params, state=state)
+            return TrainResult(run=draft.build(), params=params, state=state)
 
         with phases("reference"):
             reference = (_reference(case, step, accel, capacity, draft, program)
                          if case.reference else None)
-        return JaxTrainResult(run=draft.build(), params=params, reference_params=reference,
-                              state=state)
+        return TrainResult(run=draft.build(), params=params, reference_params=reference,
+                           state=state)
 
 
 def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | None,

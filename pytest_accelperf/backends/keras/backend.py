@@ -22,8 +22,6 @@ on disk.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
-from typing import Any
 
 import jax
 import numpy as np
@@ -59,21 +57,6 @@ def _fingerprinted(model: Untyped) -> tuple[dict[str, np.ndarray], list[str]]:
 
     own = flat([*model.trainable_variables, *model.non_trainable_variables])
     return with_state(own, flat(list(model.optimizer.variables)))
-
-
-@dataclass
-class KerasTrainResult(TrainResult):
-    """A :class:`TrainResult` with the trained model (``CaseResult.state``) and the lines
-    saying what the gate set in the user's place; the model stays in the process that
-    trained it: pickling drops it."""
-
-    state: Any = None
-    notes: list[str] = field(default_factory=list)
-
-    def __getstate__(self) -> dict[str, object]:
-        data = dict(self.__dict__)
-        data["state"] = None
-        return data
 
 
 class KerasBackend:
@@ -125,7 +108,7 @@ class KerasBackend:
                 raise
             draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
             draft.phases(phases.record())
-            return KerasTrainResult(run=draft.build(), notes=built.notes)
+            return TrainResult(run=draft.build(), notes=built.notes)
         finally:
             callback.unwrap(model)
         trained = clock.finish()
@@ -146,8 +129,8 @@ class KerasBackend:
         draft.stopped(trained, timeout, case, f"{built.label}: model.fit",
                       "a callback set model.stop_training, or the data ran out")
         draft.phases(phases.record())
-        return KerasTrainResult(run=draft.build(), params=params, state=model,
-                                notes=built.notes)
+        return TrainResult(run=draft.build(), params=params, state=model,
+                           notes=built.notes)
 
 
 BACKEND = KerasBackend()

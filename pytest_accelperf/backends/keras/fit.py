@@ -18,7 +18,7 @@ from pytest_accelperf.backends.keras.load import keras
 from pytest_accelperf.backends.keras.task import OWNED, KerasTask
 from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.protocol import Task
-from pytest_accelperf.backends.types import Batch, Untyped
+from pytest_accelperf.backends.types import Batch, FrameworkKwargs, Untyped
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 
@@ -46,7 +46,7 @@ class Built:
 
     model: Untyped
     label: str
-    kwargs: dict[str, Any]
+    kwargs: FrameworkKwargs
     callbacks: list[Untyped]
     notes: list[str] = field(default_factory=list)
 
@@ -96,7 +96,7 @@ def build(task: KerasTask, case: Case) -> Built:
     return Built(model, label, kwargs, kept, notes)
 
 
-def fit_settings(given: Mapping[str, Any], case: Case) -> tuple[dict[str, Any], list[str]]:
+def fit_settings(given: Mapping[str, Any], case: Case) -> tuple[FrameworkKwargs, list[str]]:
     """``model.fit``'s keyword arguments in a measured run: ``given`` with what the gate
     owns set, and a line for each of ``given``'s that differed."""
     kwargs = dict(given)
@@ -123,7 +123,7 @@ def _is_arrays(data: object) -> bool:
     return bool(leaves) and all(isinstance(leaf, ARRAYS) for leaf in leaves)
 
 
-def data_for(x: object, y: object, kwargs: dict[str, Any], case: Case, label: str,
+def data_for(x: object, y: object, kwargs: FrameworkKwargs, case: Case, label: str,
              notes: list[str]) -> tuple[object, object]:
     """``x`` and ``y`` as ``fit`` is handed them: arrays checked against the case's batch
     and cycled to ``warmup + steps`` full batches where they hold fewer (said in
@@ -161,7 +161,7 @@ def data_for(x: object, y: object, kwargs: dict[str, Any], case: Case, label: st
     return (jax.tree.map(cycle, x), None if y is None else jax.tree.map(cycle, y))
 
 
-def cycled_batches(data: object, needed: int, kwargs: dict[str, Any],
+def cycled_batches(data: object, needed: int, kwargs: FrameworkKwargs,
                    notes: list[str]) -> object:
     """A dataset of fewer than ``needed`` batches (a ``PyDataset``, a sized iterable) as a
     generator that starts it again at its end, in order (``shuffle`` off: Keras shuffles

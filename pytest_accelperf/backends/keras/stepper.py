@@ -15,7 +15,6 @@ first block ran.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import jax
 import numpy as np
@@ -33,7 +32,7 @@ from pytest_accelperf.backends.keras.load import keras
 from pytest_accelperf.backends.keras.program import train_program
 from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop, HeldStepper
 from pytest_accelperf.backends.protocol import Task
-from pytest_accelperf.backends.types import Batch, Untyped
+from pytest_accelperf.backends.types import Batch, FrameworkKwargs, Untyped
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.provision.accel import Accelerator
 from pytest_accelperf.records.program import ProgramRecord
@@ -63,7 +62,7 @@ def endless(x: Untyped, y: Untyped, weights: Untyped, size: int) -> Iterator[Bat
         yield tuple(parts) if len(parts) > 1 else parts[0]
 
 
-def held_fit(kwargs: dict[str, Any]) -> dict[str, Any]:
+def held_fit(kwargs: FrameworkKwargs) -> FrameworkKwargs:
     """``fit``'s arguments for a held fit of :data:`HELD_STEPS` steps (the module
     docstring)."""
     held = dict(kwargs, steps_per_epoch=HELD_STEPS)

@@ -31,8 +31,6 @@ import importlib.util
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
-from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
@@ -99,21 +97,6 @@ def state_beside(trainer: pl.Trainer) -> dict[str, np.ndarray]:
     return out
 
 
-@dataclass
-class LightningTrainResult(TrainResult):
-    """A :class:`TrainResult` with the trained module (``CaseResult.state``) and the
-    lines saying what the gate set in the user's place; the module stays in the process
-    that trained it: pickling drops it."""
-
-    state: Any = None
-    notes: list[str] = field(default_factory=list)
-
-    def __getstate__(self) -> dict[str, object]:
-        data = dict(self.__dict__)
-        data["state"] = None
-        return data
-
-
 class LightningBackend:
     """Trains a :class:`LightningTask` with ``lightning.Trainer.fit`` in this process, on
     the CPU or one CUDA device."""
@@ -168,7 +151,7 @@ class LightningBackend:
                     oom = _oom_record(memory.peak, int(capacity), memory.source)
                     draft.failed("oom", _oom_message(oom), oom=oom)
                     draft.phases(phases.record())
-                    return LightningTrainResult(run=draft.build(), notes=built.notes)
+                    return TrainResult(run=draft.build(), notes=built.notes)
             draft.counted(flops=counting.flops,
                           program=eager_program(counting.flops, counting.ops))
             # 2. measured
@@ -186,7 +169,7 @@ class LightningBackend:
             except torch.OutOfMemoryError as exc:
                 draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
                 draft.phases(phases.record())
-                return LightningTrainResult(run=draft.build(), notes=built.notes)
+                return TrainResult(run=draft.build(), notes=built.notes)
             trained = clock.finish()
             extra = _epochs_note(trainer, case, built)
         if extra:
@@ -206,8 +189,8 @@ class LightningBackend:
         draft.stopped(trained, timeout, case, f"{built.label}: Lightning",
                       "a callback or the module set trainer.should_stop, or the data ended")
         draft.phases(phases.record())
-        return LightningTrainResult(run=draft.build(), params=params, state=built.module,
-                                    notes=built.notes)
+        return TrainResult(run=draft.build(), params=params, state=built.module,
+                           notes=built.notes)
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
         """The case's ``Trainer.fit`` held between optimizer steps, for A/B mode

@@ -60,7 +60,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -195,20 +195,6 @@ def _same_metrics(step: TorchStep, out: LoopResult) -> None:
                         f"some steps only: return the same metrics on every step")
 
 
-@dataclass
-class TorchTrainResult(TrainResult):
-    """A :class:`TrainResult` with what the test gets back as ``CaseResult.state``
-    (``TorchStep.final``, default: the trained model). The state stays in the process that
-    trained it: pickling drops it."""
-
-    state: Any = None
-
-    def __getstate__(self) -> dict[str, object]:  # the instance's attributes
-        data = dict(self.__dict__)
-        data["state"] = None
-        return data
-
-
 class TorchBackend:
     """Trains a :class:`TorchStep` (or a :class:`TorchTask`) in this process on the CPU or
     one CUDA device."""
@@ -305,7 +291,7 @@ class TorchBackend:
                 oom = _oom_record(memory.peak, int(capacity), memory.source)
                 draft.failed("oom", _oom_message(oom), oom=oom)
                 draft.phases(phases.record())
-                return TorchTrainResult(run=draft.build())  # never trained
+                return TrainResult(run=draft.build())  # never trained
 
         watch: DynamoWatch | None = None
         compile_load: _CompileLoad | None = None
@@ -335,7 +321,7 @@ class TorchBackend:
                 draft.memory({label: int(torch.cuda.max_memory_allocated(device))},
                              "cuda_allocator")
             draft.phases(phases.record())
-            return TorchTrainResult(run=draft.build())
+            return TrainResult(run=draft.build())
         if device.type == "cuda":
             peak = int(torch.cuda.max_memory_allocated(device))
             draft.memory({label: peak}, "cuda_allocator")
@@ -360,7 +346,7 @@ class TorchBackend:
             draft.fingerprint(fingerprint(params, state_names))
         draft.end(trained, timeout, case)  # a loss not finite, or the deadline
         draft.phases(phases.record())
-        return TorchTrainResult(run=draft.build(), params=params, state=step.final_of())
+        return TrainResult(run=draft.build(), params=params, state=step.final_of())
 
 
 def _one_process(case: Case) -> None:

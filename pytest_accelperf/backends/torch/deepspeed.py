@@ -77,7 +77,7 @@ from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
 from pytest_accelperf.backends.torch.in_rank import EngineDescription, RankPlan
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
 from pytest_accelperf.backends.torch.ranks import TorchRanks, micro_batch, resolve_clip
-from pytest_accelperf.backends.types import Framework
+from pytest_accelperf.backends.types import Framework, FrameworkKwargs
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -94,7 +94,7 @@ def import_deepspeed() -> Framework:
     return importlib.import_module("deepspeed")
 
 
-def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def _merge(base: FrameworkKwargs, over: Mapping[str, Any]) -> FrameworkKwargs:
     out = copy.deepcopy(base)
     for key, value in over.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), dict):
@@ -113,7 +113,7 @@ def _same(given: object, implied: float) -> bool:
 
 
 def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
-              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              extra: Mapping[str, Any] | None = None) -> FrameworkKwargs:
     """The DeepSpeed config of ``case`` (see the module doc): what the case implies, then
     ``case.params["ds_config"]``, then ``extra`` (the ``RankStep``'s ``ds_config``) merged
     over it; a key set by either wins, except the batch, accumulation and clipping keys,
@@ -124,7 +124,7 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
     if stage == 0 and case.offload != "none":
         raise ConfigError(f"{case.id}: offload={case.offload!r} needs ZeRO stage 1 or more "
                          f"(DeepSpeed offloads partitioned state); set zero_stage")
-    zero: dict[str, Any] = {"stage": stage}
+    zero: FrameworkKwargs = {"stage": stage}
     pin = device == "cuda"  # pinned host memory only helps device transfers
     if case.offload in ("optimizer", "all"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
@@ -134,7 +134,7 @@ def ds_config(case: Case, grad_clip: float | None, device: str = "cpu",
     if precision not in ("fp32", "bf16"):
         raise ConfigError(f"{case.id}: params['precision'] is 'fp32' or 'bf16', not "
                          f"{precision!r}")
-    config: dict[str, Any] = {
+    config: FrameworkKwargs = {
         "train_batch_size": case.batch,
         "train_micro_batch_size_per_gpu": micro_batch(case),
         "gradient_accumulation_steps": case.grad_accum,
@@ -216,7 +216,7 @@ def bucket_elements(n_params: int, world_size: int) -> int:
     return min(_align(n_params), max(BUCKET_FLOOR, _align(-(-share // BUCKET_FRACTION))))
 
 
-def size_buckets(config: dict[str, Any], n_params: int, defaults: Mapping[str, int],
+def size_buckets(config: FrameworkKwargs, n_params: int, defaults: Mapping[str, int],
                  world_size: int) -> dict[str, int]:
     """Set in ``config["zero_optimization"]`` each of :data:`SIZED_KEYS` that it lacks to
     ``min(defaults[key], bucket_elements(n_params, world_size))`` (ZeRO stages 1-3,

@@ -406,8 +406,8 @@ class TorchRanks:
     def block_job(self, case: Case, task: Task, accel: Accelerator,
                   control: BlockControl) -> RankJob:
         """The job of an A/B group (:mod:`pytest_accelperf.ab.rank_groups`):
-        :func:`~.in_rank.rank_main` with ``control``, so that the ranks build and warm up the engine as a run does,
-        then train blocks of steps on demand."""
+        :func:`~.in_rank.rank_main` with ``control``, so that the ranks build and warm up
+        the engine as a run does, then train blocks of steps on demand."""
         plan = self.plan(case, task, accel)
         return RankJob(rank_main, (plan, control), device=plan.device,
                        total_steps=plan.total_steps, plan=plan, warm=self.warm_modules())

@@ -30,8 +30,9 @@ from transformers import (  # noqa: E402
 )
 
 from pytest_accelperf import AccelperfWarning  # noqa: E402
-from pytest_accelperf.backends.hf.backend import BACKEND, HfTrainResult  # noqa: E402
+from pytest_accelperf.backends.hf.backend import BACKEND  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
+from pytest_accelperf.backends.protocol import TrainResult  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.hf import TrainerTask  # noqa: E402
@@ -91,9 +92,9 @@ def case(**kw: Any) -> Case:
     return Case(backend="hf", batch=BATCH, steps=STEPS, warmup=WARMUP, **kw)
 
 
-def train(the_task: TrainerTask, the_case: Case | None = None) -> HfTrainResult:
+def train(the_task: TrainerTask, the_case: Case | None = None) -> TrainResult:
     result = BACKEND.train(the_case or case(), the_task, CPU)
-    assert isinstance(result, HfTrainResult)
+    assert isinstance(result, TrainResult)
     return result
 
 
@@ -113,16 +114,16 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def plain(workdir: Path) -> HfTrainResult:
+def plain(workdir: Path) -> TrainResult:
     return train(task())
 
 
 @pytest.fixture(scope="module")
-def again(workdir: Path) -> HfTrainResult:
+def again(workdir: Path) -> TrainResult:
     return train(task())
 
 
-def test_steps_times_and_the_schedules_learning_rate(plain: HfTrainResult) -> None:
+def test_steps_times_and_the_schedules_learning_rate(plain: TrainResult) -> None:
     run = plain.run
     assert run.outcome == "ok", run.message
     assert len(run.step_times) == STEPS and all(t > 0 for t in run.step_times)
@@ -137,7 +138,7 @@ def test_steps_times_and_the_schedules_learning_rate(plain: HfTrainResult) -> No
     assert all(0 <= t < s for t, s in zip(run.trainer_times, run.step_times, strict=True))
 
 
-def test_memory_flops_and_program_as_the_torch_backend_counts(plain: HfTrainResult) -> None:
+def test_memory_flops_and_program_as_the_torch_backend_counts(plain: TrainResult) -> None:
     run = plain.run
     assert run.memory_source == "mem_tracker"
     params = sum(p.numel() for p in gpt2(case()).parameters())
@@ -158,7 +159,7 @@ def test_memory_flops_and_program_as_the_torch_backend_counts(plain: HfTrainResu
 
 
 def test_numerics_fingerprint_stable_and_covers_the_trainer_state(
-        plain: HfTrainResult, again: HfTrainResult) -> None:
+        plain: TrainResult, again: TrainResult) -> None:
     first = plain.run.params_fingerprint
     assert first == again.run.params_fingerprint
     assert plain.run.losses == again.run.losses
@@ -190,7 +191,7 @@ def test_the_loss_is_the_trainers_own_with_accumulation(workdir: Path) -> None:
     assert any("_maybe_log_save_evaluate" in s for s in run.program["host_sync_sites"])
 
 
-def test_gradient_checkpointing_is_a_program_regression(plain: HfTrainResult,
+def test_gradient_checkpointing_is_a_program_regression(plain: TrainResult,
                                                         workdir: Path) -> None:
     # transformers 5.24's name for gradient_checkpointing (the old name warns)
     checkpointed = train(task(activation_checkpointing=True)).run
@@ -212,7 +213,7 @@ class Printing(transformers.Trainer):  # type: ignore[misc]
         return loss
 
 
-def test_a_sync_in_the_users_trainer_is_named_at_their_line(plain: HfTrainResult,
+def test_a_sync_in_the_users_trainer_is_named_at_their_line(plain: TrainResult,
                                                             workdir: Path) -> None:
     the_task = TrainerTask(model=gpt2, args={"per_device_train_batch_size": BATCH,
                                              "learning_rate": 1e-3, "warmup_steps": 2},
@@ -248,7 +249,7 @@ def test_a_short_dataset_is_cycled_and_said(workdir: Path) -> None:
         "(dataloader_drop_last=True drops it)"]
 
 
-def test_a_model_instance_is_trained_from_its_own_state(plain: HfTrainResult,
+def test_a_model_instance_is_trained_from_its_own_state(plain: TrainResult,
                                                          workdir: Path) -> None:
     """A model given as an instance: the counting training is undone (its state_dict put
     back), so the measured run starts where the plain one (made by a function) did."""
@@ -258,7 +259,7 @@ def test_a_model_instance_is_trained_from_its_own_state(plain: HfTrainResult,
     assert made.losses == plain.run.losses
 
 
-def test_fits_against_the_declared_capacity(plain: HfTrainResult, workdir: Path) -> None:
+def test_fits_against_the_declared_capacity(plain: TrainResult, workdir: Path) -> None:
     peak = plain.run.memory_per_device["cpu:0"]
     for capacity, fits in ((2 * peak, True), (peak // 2, False)):
         fit = BACKEND.fits(case(memory_capacity=capacity), task(), CPU)
@@ -298,7 +299,7 @@ def test_a_timeout_ends_the_trainers_loop_at_a_step_boundary(workdir: Path) -> N
     assert run.message.startswith("exceeded the 1e-09 s timeout after 1 of 7 steps")
 
 
-def test_nothing_is_left_in_the_working_directory(plain: HfTrainResult,
+def test_nothing_is_left_in_the_working_directory(plain: TrainResult,
                                                   workdir: Path) -> None:
     assert list(workdir.iterdir()) == []
 

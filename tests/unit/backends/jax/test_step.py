@@ -34,8 +34,9 @@ from conftest import Suite  # noqa: E402
 from flax.training import train_state  # noqa: E402
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from pytest_accelperf.backends.jax.backend import BACKEND, JaxTrainResult  # noqa: E402
+from pytest_accelperf.backends.jax.backend import BACKEND  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
+from pytest_accelperf.backends.protocol import TrainResult  # noqa: E402
 from pytest_accelperf.checks import Tolerances, Verdict  # noqa: E402
 from pytest_accelperf.checks.numerics import check_numerics  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
@@ -126,7 +127,7 @@ def test_batch_stats_change_across_steps_and_state_comes_back(accel: Accelerator
     result = BACKEND.train(case(mesh=(8, 1)), step, accel)
     run = result.run
     assert run.outcome == "ok", run.message
-    assert isinstance(result, JaxTrainResult)
+    assert isinstance(result, TrainResult)
     state = result.state
     assert isinstance(state, TrainState) and int(state.step) == STEPS + WARMUP
     mean = np.asarray(state.batch_stats["BatchNorm_0"]["mean"])
@@ -402,7 +403,7 @@ def test_batch_specs_per_leaf_and_state_specs(accel: Accelerator) -> None:
                    state_specs={"params": {"w": P(None, "model")}})
     result = BACKEND.train(case(mesh=(4, 2)), step, accel)
     assert result.run.outcome == "ok", result.run.message
-    assert isinstance(result, JaxTrainResult)
+    assert isinstance(result, TrainResult)
     assert result.state["params"]["w"].sharding.spec == P(None, "model")
     step.batch_specs = P("data")  # one spec for every leaf: the 7 rows cannot split
     with pytest.raises(TaskError, match=r"leaf 'table' has 7 along dimension 0, split over "
@@ -464,7 +465,7 @@ def test_nnx_model_optimizer_and_metrics(accel: Accelerator) -> None:
         "model/batch_norm/mean", "model/batch_norm/var", "model/dropout/rngs/count",
         "model/dropout/rngs/key", "optimizer/opt_state/0/count", "optimizer/step"}
     assert fp["optimizer/step"]["rms"] == STEPS + WARMUP
-    assert isinstance(result, JaxTrainResult)
+    assert isinstance(result, TrainResult)
     trained, trained_opt, trained_metrics = result.state
     assert int(trained_opt.step[...]) == STEPS + WARMUP
     assert not np.allclose(np.asarray(trained.batch_norm.mean[...]), 0)  # stats moved
@@ -511,7 +512,7 @@ def test_nnx_partitioning_annotations_shard_model_and_optimizer(accel: Accelerat
     result = BACKEND.train(case(mesh=(4, 2)), nnx_step(train_step, make_objects,
                                                        make_batch=regression_batch(32)), accel)
     assert result.run.outcome == "ok", result.run.message
-    assert isinstance(result, JaxTrainResult)
+    assert isinstance(result, TrainResult)
     model, optimizer = result.state
     assert model.linear1.kernel[...].sharding.spec == P(None, "model")
     assert optimizer.opt_state[0].mu["linear1"]["kernel"][...].sharding.spec == P(None, "model")
@@ -540,7 +541,7 @@ def test_nan_and_timeout_with_a_step(accel: Accelerator) -> None:
     assert run.outcome == "nan" and run.nan_step == 3, run.message
     assert len(run.losses) == 4 and math.isnan(run.losses[-1])
     assert len(run.metrics["w_mean"]) == 4
-    assert isinstance(result, JaxTrainResult) and result.state is not None
+    assert isinstance(result, TrainResult) and result.state is not None
 
     def slow_batch(step: int) -> dict[str, np.ndarray]:
         time.sleep(0.3)
@@ -554,7 +555,7 @@ def test_nan_and_timeout_with_a_step(accel: Accelerator) -> None:
 
 
 def test_the_final_state_stays_in_its_process() -> None:
-    result = JaxTrainResult(run=Run(case_id="c", metrics={"acc": [0.5, math.nan]}),
+    result = TrainResult(run=Run(case_id="c", metrics={"acc": [0.5, math.nan]}),
                             state={"w": np.ones(3)})
     back = pickle.loads(pickle.dumps(result))
     assert back.state is None and back.run.case_id == "c"

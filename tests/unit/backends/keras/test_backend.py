@@ -22,9 +22,10 @@ if importlib.util.find_spec("keras") is None:
 
 from pytest_accelperf import AccelperfWarning
 from pytest_accelperf.backends import get_backend
-from pytest_accelperf.backends.keras.backend import BACKEND, KerasTrainResult
+from pytest_accelperf.backends.keras.backend import BACKEND
 from pytest_accelperf.backends.keras.load import keras
 from pytest_accelperf.backends.measure.common import TaskError
+from pytest_accelperf.backends.protocol import TrainResult
 from pytest_accelperf.checks.program import check_program
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.keras import KerasTask
@@ -76,9 +77,9 @@ def task(samples: int = 8 * BATCH, fit: Any = None, **model: Any) -> KerasTask:
                      fit={"batch_size": BATCH} if fit is None else fit)
 
 
-def train(the_task: KerasTask, the_case: Case | None = None) -> KerasTrainResult:
+def train(the_task: KerasTask, the_case: Case | None = None) -> TrainResult:
     result = BACKEND.train(the_case or case(), the_task, CPU)
-    assert isinstance(result, KerasTrainResult)
+    assert isinstance(result, TrainResult)
     return result
 
 
@@ -95,17 +96,17 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def plain(workdir: Path) -> KerasTrainResult:
+def plain(workdir: Path) -> TrainResult:
     return train(task())
 
 
 @pytest.fixture(scope="module")
-def again(workdir: Path) -> KerasTrainResult:
+def again(workdir: Path) -> TrainResult:
     return train(task())
 
 
 @pytest.fixture(scope="module")
-def owned(workdir: Path) -> tuple[KerasTrainResult, list[str]]:
+def owned(workdir: Path) -> tuple[TrainResult, list[str]]:
     """A fit whose settings the gate owns (epochs, verbose, a CSV log and a checkpoint),
     on arrays of 3 batches: the gate's settings, said; the data cycled, said."""
     fit = {"batch_size": BATCH, "epochs": 15, "verbose": 1, "validation_split": 0.1,
@@ -124,7 +125,7 @@ def test_registered_and_named_like_its_library() -> None:
 
 
 @pytest.mark.slow
-def test_steps_times_losses_and_learning_rate(plain: KerasTrainResult) -> None:
+def test_steps_times_losses_and_learning_rate(plain: TrainResult) -> None:
     run = plain.run
     assert run.outcome == "ok", run.message
     assert len(run.losses) == WARMUP + STEPS and len(run.step_times) == STEPS
@@ -140,7 +141,7 @@ def test_steps_times_losses_and_learning_rate(plain: KerasTrainResult) -> None:
 
 @pytest.mark.slow
 def test_each_steps_loss_is_taken_back_out_of_kerass_running_mean(
-        plain: KerasTrainResult) -> None:
+        plain: TrainResult) -> None:
     """Keras logs the epoch's mean loss so far; the run's losses are each batch's own, so
     their mean is the mean Keras reported at the epoch's end (its History)."""
     model = plain.state
@@ -150,7 +151,7 @@ def test_each_steps_loss_is_taken_back_out_of_kerass_running_mean(
 
 
 @pytest.mark.slow
-def test_the_program_of_kerass_jitted_train_step(plain: KerasTrainResult) -> None:
+def test_the_program_of_kerass_jitted_train_step(plain: TrainResult) -> None:
     run = plain.run
     program = run.program or {}
     assert program["source"] == "xla" and program["dispatches"] == 1
@@ -163,7 +164,7 @@ def test_the_program_of_kerass_jitted_train_step(plain: KerasTrainResult) -> Non
 
 @pytest.mark.slow
 def test_numerics_fingerprint_stable_and_covers_the_whole_state(
-        plain: KerasTrainResult, again: KerasTrainResult) -> None:
+        plain: TrainResult, again: TrainResult) -> None:
     assert plain.run.params_fingerprint == again.run.params_fingerprint
     assert plain.run.losses == again.run.losses
     params = plain.params or {}
@@ -176,7 +177,7 @@ def test_numerics_fingerprint_stable_and_covers_the_whole_state(
 
 @pytest.mark.slow
 def test_jit_compile_false_is_caught_by_the_program_without_a_clock(
-        plain: KerasTrainResult, workdir: Path) -> None:
+        plain: TrainResult, workdir: Path) -> None:
     eager = train(task(jit_compile=False)).run
     assert eager.outcome == "ok" and eager.details["jit_compile"] is False
     program = eager.program or {}
@@ -190,7 +191,7 @@ def test_jit_compile_false_is_caught_by_the_program_without_a_clock(
 
 
 @pytest.mark.slow
-def test_what_the_gate_owns_is_set_and_said(owned: tuple[KerasTrainResult, list[str]],
+def test_what_the_gate_owns_is_set_and_said(owned: tuple[TrainResult, list[str]],
                                             workdir: Path) -> None:
     result, said = owned
     assert result.run.outcome == "ok" and len(result.run.losses) == WARMUP + STEPS
@@ -208,7 +209,7 @@ def test_what_the_gate_owns_is_set_and_said(owned: tuple[KerasTrainResult, list[
 
 @pytest.mark.slow
 def test_arrays_shorter_than_the_run_are_cycled_and_said(
-        owned: tuple[KerasTrainResult, list[str]]) -> None:
+        owned: tuple[TrainResult, list[str]]) -> None:
     result, said = owned
     assert ("KerasTask.x holds 44 training samples, 2 full batch(es) of 16; the case "
             "trains 7 (warm-up + steps): cycled (the arrays repeated to 112 samples, one "
@@ -268,7 +269,7 @@ def test_steps_per_execution_above_one_is_refused_saying_why(workdir: Path) -> N
 
 
 @pytest.mark.slow
-def test_nothing_is_left_in_the_working_directory(plain: KerasTrainResult,
+def test_nothing_is_left_in_the_working_directory(plain: TrainResult,
                                                   workdir: Path) -> None:
     assert list(workdir.iterdir()) == []
 
@@ -327,7 +328,7 @@ def test_importing_the_entry_point_imports_no_framework() -> None:
 
 
 @pytest.mark.slow
-def test_the_ab_stepper_holds_the_fit_between_blocks(plain: KerasTrainResult,
+def test_the_ab_stepper_holds_the_fit_between_blocks(plain: TrainResult,
                                                      workdir: Path) -> None:
     """A/B mode's stepper: ``model.fit`` in a thread of its own, held before each step;
     each ``run(n)`` lets exactly ``n`` through and gives their times; the program is the

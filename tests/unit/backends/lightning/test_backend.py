@@ -22,7 +22,7 @@ from pytest_accelperf import AccelperfWarning  # noqa: E402
 from pytest_accelperf.backends import get_backend  # noqa: E402
 from pytest_accelperf.backends.lightning.backend import (  # noqa: E402
     BACKEND,
-    LightningTrainResult,
+    TrainResult,
 )
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.checks.program import check_program  # noqa: E402
@@ -96,9 +96,9 @@ def case(**kw: Any) -> Case:
     return Case(backend="lightning", batch=BATCH, steps=STEPS, warmup=WARMUP, **kw)
 
 
-def train(task: LightningTask, the_case: Case | None = None) -> LightningTrainResult:
+def train(task: LightningTask, the_case: Case | None = None) -> TrainResult:
     result = BACKEND.train(the_case or case(), task, CPU)
-    assert isinstance(result, LightningTrainResult)
+    assert isinstance(result, TrainResult)
     return result
 
 
@@ -125,12 +125,12 @@ def task(planted: str = "", **trainer: Any) -> LightningTask:
 
 
 @pytest.fixture(scope="module")
-def plain(workdir: Path) -> LightningTrainResult:
+def plain(workdir: Path) -> TrainResult:
     return train(task())
 
 
 @pytest.fixture(scope="module")
-def again(workdir: Path) -> LightningTrainResult:
+def again(workdir: Path) -> TrainResult:
     return train(task())
 
 
@@ -141,7 +141,7 @@ def test_registered_and_named_like_its_library() -> None:
     assert "lightning" in (spec.packages or ())
 
 
-def test_steps_times_losses_and_learning_rate(plain: LightningTrainResult) -> None:
+def test_steps_times_losses_and_learning_rate(plain: TrainResult) -> None:
     run = plain.run
     assert run.outcome == "ok", run.message
     assert len(run.step_times) == STEPS and all(t > 0 for t in run.step_times)
@@ -157,7 +157,7 @@ def test_steps_times_losses_and_learning_rate(plain: LightningTrainResult) -> No
 
 
 def test_memory_flops_and_program_as_the_torch_backend_counts(
-        plain: LightningTrainResult) -> None:
+        plain: TrainResult) -> None:
     run = plain.run
     assert run.memory_source == "mem_tracker"
     params = sum(p.numel() for p in LitAutoEncoder().parameters())
@@ -174,7 +174,7 @@ def test_memory_flops_and_program_as_the_torch_backend_counts(
 
 
 def test_numerics_fingerprint_stable_and_covers_the_trainer_state(
-        plain: LightningTrainResult, again: LightningTrainResult) -> None:
+        plain: TrainResult, again: TrainResult) -> None:
     first = plain.run.params_fingerprint
     assert first == again.run.params_fingerprint
     state = {k for k, leaf in first.items() if leaf.get("state")}
@@ -182,7 +182,7 @@ def test_numerics_fingerprint_stable_and_covers_the_trainer_state(
     assert first["trainer/global_step"]["sample"] == [WARMUP + STEPS]
 
 
-def test_a_debug_item_is_caught_without_a_clock(plain: LightningTrainResult,
+def test_a_debug_item_is_caught_without_a_clock(plain: TrainResult,
                                                 workdir: Path) -> None:
     planted = train(task("item")).run
     result = check_program(_block(planted.program), _block(plain.run.program),
@@ -193,7 +193,7 @@ def test_a_debug_item_is_caught_without_a_clock(plain: LightningTrainResult,
     assert "in LitAutoEncoder.training_step: self.printed = loss.item()" in site
 
 
-def test_precision_off_shows_in_the_program_dtypes(plain: LightningTrainResult,
+def test_precision_off_shows_in_the_program_dtypes(plain: TrainResult,
                                                    workdir: Path) -> None:
     mixed = train(task(precision="bf16-mixed")).run
     assert mixed.outcome == "ok", mixed.message
@@ -262,7 +262,7 @@ def test_a_short_dataset_runs_more_epochs_and_says_so(workdir: Path) -> None:
         "iterated again, its end-of-epoch work inside the step that followed)")
 
 
-def test_a_datamodule_trains_as_a_loader_does(plain: LightningTrainResult,
+def test_a_datamodule_trains_as_a_loader_does(plain: TrainResult,
                                                workdir: Path) -> None:
     with pytest.warns(AccelperfWarning, match="holds 5 batch"):
         result = train(LightningTask(module=lambda c: LitAutoEncoder(),
@@ -274,7 +274,7 @@ def test_a_datamodule_trains_as_a_loader_does(plain: LightningTrainResult,
         train(LightningTask(module=lambda c: LitAutoEncoder(), data=Images(8)))
 
 
-def test_fits_against_the_declared_capacity(plain: LightningTrainResult,
+def test_fits_against_the_declared_capacity(plain: TrainResult,
                                             workdir: Path) -> None:
     peak = plain.run.memory_per_device["cpu:0"]
     for capacity, fits in ((2 * peak, True), (peak // 2, False)):
@@ -306,7 +306,7 @@ def test_a_timeout_ends_the_trainers_loop_at_a_step_boundary(workdir: Path) -> N
     assert run.message.startswith("exceeded the 1e-09 s timeout after 1 of 7 steps")
 
 
-def test_nothing_is_left_in_the_working_directory(plain: LightningTrainResult,
+def test_nothing_is_left_in_the_working_directory(plain: TrainResult,
                                                   workdir: Path) -> None:
     assert list(workdir.iterdir()) == []
 
@@ -372,7 +372,7 @@ class SlowCallback(L.Callback):
 
 
 def test_the_trainers_own_time_is_measured_and_a_slow_callback_fails_it(
-        plain: LightningTrainResult, workdir: Path) -> None:
+        plain: TrainResult, workdir: Path) -> None:
     """Lightning's parity figure: each measured step less the user's training_step,
     backward and optimizer step. A callback that sleeps 20 ms a batch moves it by about
     20 ms (the user's time stays the same), and the trainer check fails it."""

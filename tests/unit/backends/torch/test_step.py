@@ -26,7 +26,8 @@ torch = pytest.importorskip("torch")
 from conftest import Suite  # noqa: E402
 
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
-from pytest_accelperf.backends.torch.backend import BACKEND, TorchTrainResult  # noqa: E402
+from pytest_accelperf.backends.protocol import TrainResult  # noqa: E402
+from pytest_accelperf.backends.torch.backend import BACKEND  # noqa: E402
 from pytest_accelperf.backends.torch.flops import count_step_flops  # noqa: E402
 from pytest_accelperf.backends.torch.step import (  # noqa: E402
     as_torch_step,
@@ -121,15 +122,15 @@ class Training:
 
 
 @pytest.fixture(scope="module")
-def plain() -> tuple[Training, TorchTrainResult]:
+def plain() -> tuple[Training, TrainResult]:
     training = Training()
     result = BACKEND.train(case(), training.torch_step(), CPU)
-    assert isinstance(result, TorchTrainResult)
+    assert isinstance(result, TrainResult)
     return training, result
 
 
 # -- the schedule, the metrics, the state -----------------------------------------------------
-def test_scheduler_steps_once_per_plugin_step(plain: tuple[Training, TorchTrainResult]) -> None:
+def test_scheduler_steps_once_per_plugin_step(plain: tuple[Training, TrainResult]) -> None:
     training, result = plain
     run = result.run
     assert run.outcome == "ok", run.message
@@ -143,7 +144,7 @@ def test_scheduler_steps_once_per_plugin_step(plain: tuple[Training, TorchTrainR
     assert len(run.step_times) == STEPS and all(t > 0 for t in run.step_times)
 
 
-def test_metrics_recorded_per_step(plain: tuple[Training, TorchTrainResult]) -> None:
+def test_metrics_recorded_per_step(plain: tuple[Training, TrainResult]) -> None:
     run = plain[1].run
     assert sorted(run.metrics) == ["grad_norm", "lr"]
     assert all(len(v) == len(run.losses) == WARMUP + STEPS for v in run.metrics.values())
@@ -151,7 +152,7 @@ def test_metrics_recorded_per_step(plain: tuple[Training, TorchTrainResult]) -> 
     assert run.losses[-1] < run.losses[0] / 2
 
 
-def test_state_is_the_trained_model(plain: tuple[Training, TorchTrainResult]) -> None:
+def test_state_is_the_trained_model(plain: tuple[Training, TrainResult]) -> None:
     training, result = plain
     assert result.state is training.model
     # The numerics fingerprint is of the model's state_dict: parameters and buffers; beside
@@ -167,7 +168,7 @@ def test_state_is_the_trained_model(plain: tuple[Training, TorchTrainResult]) ->
 
 
 def test_training_is_deterministic_with_or_without_counting(
-        plain: tuple[Training, TorchTrainResult]) -> None:
+        plain: tuple[Training, TrainResult]) -> None:
     """The counting runs are undone: a hand loop of the same steps ends where the plugin's
     run ends, bit for bit."""
     training, result = plain
@@ -261,7 +262,7 @@ def test_a_step_that_names_its_schedulers_is_trained_without_the_scan(
     training = Training(scaler=True)
     result = BACKEND.train(case(), training.torch_step(
         stateful=[training.scheduler, training.scaler]), CPU)
-    assert isinstance(result, TorchTrainResult) and result.run.outcome == "ok"
+    assert isinstance(result, TrainResult) and result.run.outcome == "ok"
     assert result.run.metrics["lr"] == pytest.approx(training.schedule())
     # The scaler it names is the one fingerprinted (issue 23).
     assert result.run.params_fingerprint["scaler/scale"]["rms"] == training.scaler.get_scale()
@@ -272,7 +273,7 @@ def test_a_step_that_names_its_schedulers_is_trained_without_the_scan(
     assert BACKEND.train(case(), task, CPU).run.outcome == "ok"
 
 
-def test_the_run_says_where_its_time_went(plain: tuple[Training, TorchTrainResult]) -> None:
+def test_the_run_says_where_its_time_went(plain: tuple[Training, TrainResult]) -> None:
     phases = plain[1].run.phases
     assert phases is not None
     assert set(phases) == {"build", "memory", "flops", "probe", "train", "fingerprint",
@@ -287,7 +288,7 @@ def test_the_run_says_where_its_time_went(plain: tuple[Training, TorchTrainResul
 
 # -- accumulation, autocast, a scaler, and the memory method ----------------------------------
 def test_accumulation_trains_and_memory_names_the_profiler(
-        plain: tuple[Training, TorchTrainResult]) -> None:
+        plain: tuple[Training, TrainResult]) -> None:
     training = Training(accum=4)
     run = BACKEND.train(case(), training.torch_step(), CPU).run
     assert run.outcome == "ok", run.message
@@ -379,7 +380,7 @@ Point = collections.namedtuple("Point", ["x", "y"])
 
 
 def test_a_batch_of_numpy_arrays_trains_as_the_same_batch_of_tensors(
-        plain: tuple[Training, TorchTrainResult]) -> None:
+        plain: tuple[Training, TrainResult]) -> None:
     """Seen: a make_batch of numpy arrays crashed inside the step (DataLoader gives such a
     user tensors). They are made tensors as DataLoader makes them, and train exactly as
     the same batch given as tensors."""
@@ -454,7 +455,7 @@ def test_torch_task_trains_through_its_step() -> None:
     assert result.run.outcome == "ok"
     assert result.run.losses[-1] < result.run.losses[0]
     assert result.run.metrics == {}
-    assert isinstance(result, TorchTrainResult) and isinstance(result.state, torch.nn.Linear)
+    assert isinstance(result, TrainResult) and isinstance(result.state, torch.nn.Linear)
     assert set(result.params) == {"weight", "bias"}
 
 
@@ -484,7 +485,7 @@ def test_nan_and_timeout_with_a_step() -> None:
     result = BACKEND.train(case(steps=10_000), slow.torch_step(), CPU, timeout=0.5)
     assert result.run.outcome == "timeout"
     assert "timeout after" in result.run.message
-    assert isinstance(result, TorchTrainResult) and result.state is slow.model
+    assert isinstance(result, TrainResult) and result.state is slow.model
 
 
 # -- errors name the step and the fix ---------------------------------------------------------
@@ -572,7 +573,7 @@ def test_a_model_that_is_not_a_module_names_the_field_and_what_was_given() -> No
 
 
 def test_a_result_without_state_pickles() -> None:
-    result = TorchTrainResult(run=Run(case_id="c"), state=torch.nn.Linear(2, 2))
+    result = TrainResult(run=Run(case_id="c"), state=torch.nn.Linear(2, 2))
     assert pickle.loads(pickle.dumps(result)).state is None
 
 
