@@ -62,7 +62,7 @@ def rows(result: dict[str, object]) -> list[tuple[str, str, str, str]]:
                   if c["verdict"] == "regression"]
         clockless = ", ".join(m for m, _ in failed if m in CLOCKLESS) or "-"
         timed = ", ".join(m for m, _ in failed if m not in CLOCKLESS) or "-"
-        name = str(case.get("case_id", "?")).rsplit("-", 1)[-1]
+        name = str(case.get("case_id", "?")).removeprefix("lightning-")
         out.append((str(result["trial"]), name, clockless, timed))
     return out
 

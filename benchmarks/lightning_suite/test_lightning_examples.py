@@ -2,7 +2,8 @@
 users hit planted by ``ACCELPERF_TRIAL`` (benchmarks/lightning_trials.py):
 
 - ``LightningTransformer`` (``lightning.pytorch.demos``: its download hook replaced,
-  synthetic tokens of the demo's shape), trained in 32-bit;
+  synthetic tokens of the demo's shape), trained in 32-bit, in one process and by
+  Lightning's DDP over 2 ranks the plugin launches (``world_size=2``);
 - the autoencoder of Lightning's README (``LitAutoEncoder``, 28 x 28 images made
   synthetic), trained under ``bf16-mixed`` as a user training in mixed precision would.
 
@@ -84,15 +85,20 @@ def images(batch: int) -> DataLoader[Any]:
     return DataLoader(TensorDataset(x, torch.zeros(64 * batch)), batch_size=batch)
 
 
-@cases(Case(backend="lightning", batch=8, steps=10, warmup=2, label="transformer"))
+@cases(Case(backend="lightning", batch=8, steps=10, warmup=2, label="transformer"),
+       Case(backend="lightning", batch=8, steps=6, warmup=2, world_size=2,
+            label="transformer"))
 def test_transformer(accelperf: CaseRunner) -> None:
+    """One process, and Lightning's DDP over 2 launched ranks (``world_size=2``: the
+    loader's batch is the per-device one, Lightning's sampler shards it)."""
     accumulate = 1 if TRIAL == "no_accumulation" else 2
     trainer: dict[str, Any] = {"accumulate_grad_batches": accumulate}
     if TRIAL == "grad_clip":
         trainer["gradient_clip_val"] = 1.0
-    accelperf.train(LightningTask(module=lambda case: Transformer(vocab_size=VOCAB),
-                                  data=lambda case: tokens(case.batch // accumulate),
-                                  trainer=trainer))
+    accelperf.train(LightningTask(
+        module=lambda case: Transformer(vocab_size=VOCAB),
+        data=lambda case: tokens(case.batch // (accumulate * case.world_size)),
+        trainer=trainer))
 
 
 @cases(Case(backend="lightning", batch=32, steps=10, warmup=2, label="autoencoder"))
