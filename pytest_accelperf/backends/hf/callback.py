@@ -38,7 +38,7 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from pytest_accelperf.backends.measure.common import TaskError, describe
-from pytest_accelperf.backends.measure.stamps import StepClock
+from pytest_accelperf.backends.measure.stamps import Clocked, StepClock
 from pytest_accelperf.backends.torch.counting import COUNTED_STEP, CountedSteps
 from pytest_accelperf.backends.torch.ops import uncounted
 from pytest_accelperf.backends.types import Untyped
@@ -189,8 +189,9 @@ def no_loss(label: str, trainer: Trainer, inputs: object) -> str:
             f"dataset's examples")
 
 
-class Measured(Watch):
-    """The measured training: a :class:`StepClock` stamps each optimizer step."""
+class Measured(Clocked, Watch):
+    """The measured training: a :class:`StepClock` stamps each optimizer step (and, through
+    :class:`Clocked`, the parts of each)."""
 
     def __init__(self, label: str, clock: StepClock) -> None:
         super().__init__(label)
@@ -198,21 +199,6 @@ class Measured(Watch):
 
     def begin(self, model: torch.nn.Module) -> bool:
         return self.clock.start()  # True where A/B mode's held loop is closing
-
-    def fetch_started(self) -> None:
-        self.clock.fetch_started()
-
-    def fetch_ended(self) -> None:
-        self.clock.fetch_ended()
-
-    def batch_ended(self) -> None:
-        self.clock.batch_ended()
-
-    def user_started(self) -> None:
-        self.clock.user_started()
-
-    def user_ended(self) -> None:
-        self.clock.user_ended()
 
     def after_step(self, loss: float, metrics: Mapping[str, float]) -> bool:
         return self.clock.after_batch(loss, metrics)

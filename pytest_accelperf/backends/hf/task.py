@@ -7,10 +7,11 @@ task at collection, and ``import pytest_accelperf.hf`` stays light.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pytest_accelperf.backends.measure.factories import CaseFactories
 from pytest_accelperf.backends.types import FrameworkKwargs
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ OWNED: Mapping[str, tuple[object, str]] = {
 
 
 @dataclass(frozen=True)
-class TrainerTask:
+class TrainerTask(CaseFactories):
     """A model trained by transformers' ``Trainer.train`` under the gate, with the names
     ``Trainer`` takes.
 
@@ -71,19 +72,10 @@ class TrainerTask:
         seed = case.params.get("seed", self.seed if self.seed is not None else args_seed)
         return int(seed)
 
-    def built(self, value: object, case: Case, kinds: tuple[type, ...]) -> object:
-        """``value`` as one of ``kinds``, or what it returns called with ``case``."""
-        if isinstance(value, kinds):
-            return value
-        if callable(value):
-            factory: Callable[[Case], object] = value
-            return factory(case)
-        return value
-
     def trainer_kwargs(self) -> FrameworkKwargs:
         """The ``Trainer`` keyword arguments given as they are (not the model, args or
         dataset: the backend builds those per case)."""
         out: FrameworkKwargs = {"data_collator": self.data_collator,
-                               "processing_class": self.processing_class,
-                               "compute_loss_func": self.compute_loss_func}
+                                "processing_class": self.processing_class,
+                                "compute_loss_func": self.compute_loss_func}
         return {k: v for k, v in out.items() if v is not None}

@@ -11,6 +11,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_accelperf.backends.measure.factories import CaseFactories
+
 if TYPE_CHECKING:
     from pytest_accelperf.collect.cases import Case
 
@@ -26,7 +28,7 @@ OWNED: Mapping[str, tuple[object, str]] = {
 
 
 @dataclass(frozen=True)
-class KerasTask:
+class KerasTask(CaseFactories):
     """A compiled Keras 3 model trained by ``model.fit`` (on JAX) under the gate.
 
     ``model`` is the compiled ``keras.Model``, or a function of the
@@ -55,11 +57,3 @@ class KerasTask:
     def seed_for(self, case: Case) -> int:
         """The seed of ``case``: its ``params["seed"]``, else :attr:`seed`."""
         return int(case.params.get("seed", self.seed))
-
-    def built(self, value: object, case: Case, kinds: tuple[type, ...]) -> object:
-        """``value`` as one of ``kinds``, or what it returns called with ``case`` (a
-        callable that is none of ``kinds``: a generator function is called too)."""
-        if isinstance(value, kinds) or not callable(value):
-            return value
-        factory: Callable[[Case], object] = value
-        return factory(case)

@@ -30,7 +30,7 @@ from lightning.pytorch.profilers import Profiler
 
 from pytest_accelperf.backends.lightning.launched import CollectiveMode, launched
 from pytest_accelperf.backends.measure.common import TaskError
-from pytest_accelperf.backends.measure.stamps import StepClock
+from pytest_accelperf.backends.measure.stamps import Clocked, StepClock
 from pytest_accelperf.backends.torch.counting import COUNTED_STEP, CountedSteps
 from pytest_accelperf.backends.torch.ops import uncounted
 from pytest_accelperf.backends.torch.task import leaves_with_paths
@@ -187,8 +187,9 @@ def check_global_batch(case: Case, trainer: pl.Trainer, batch: Batch, label: str
             f"accelperf.case.batch), or the case's batch {total}")
 
 
-class Measured(Watch):
-    """The measured training: a :class:`StepClock` stamps each optimizer step."""
+class Measured(Clocked, Watch):
+    """The measured training: a :class:`StepClock` stamps each optimizer step (and, through
+    :class:`Clocked`, the parts of each)."""
 
     def __init__(self, case: Case, device: torch.device, label: str,
                  clock: StepClock) -> None:
@@ -199,21 +200,6 @@ class Measured(Watch):
         super().on_train_start(trainer, pl_module)
         if self.clock.start():
             trainer.should_stop = True
-
-    def fetch_started(self) -> None:
-        self.clock.fetch_started()
-
-    def fetch_ended(self) -> None:
-        self.clock.fetch_ended()
-
-    def batch_ended(self) -> None:
-        self.clock.batch_ended()
-
-    def user_started(self) -> None:
-        self.clock.user_started()
-
-    def user_ended(self) -> None:
-        self.clock.user_ended()
 
     def after_batch(self, trainer: pl.Trainer, loss: float,
                     metrics: Mapping[str, float] | None) -> bool:

@@ -7,9 +7,11 @@ task at collection, and ``import pytest_accelperf.lightning`` stays light.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from pytest_accelperf.backends.measure.factories import CaseFactories
 
 if TYPE_CHECKING:
     from pytest_accelperf.collect.cases import Case
@@ -30,7 +32,7 @@ OWNED: Mapping[str, tuple[object, str]] = {
 
 
 @dataclass(frozen=True)
-class LightningTask:
+class LightningTask(CaseFactories):
     """A LightningModule trained by ``lightning.Trainer.fit`` under the gate.
 
     ``module`` is the ``LightningModule`` to train, or a function of the
@@ -57,12 +59,3 @@ class LightningTask:
         """The seed of ``case``: its ``params["seed"]``, else :attr:`seed`."""
         seed = case.params.get("seed", self.seed)
         return int(seed)
-
-    def built(self, value: object, case: Case, kinds: tuple[type, ...]) -> object:
-        """``value`` as one of ``kinds``, or what it returns called with ``case``."""
-        if isinstance(value, kinds):
-            return value
-        if callable(value):
-            factory: Callable[[Case], object] = value
-            return factory(case)
-        return value

@@ -223,3 +223,25 @@ def _summed(inputs: list[_Inputs]) -> _Inputs:
         else (sum(s[0] for s in splits if s), sum(s[1] for s in splits if s)),
         None if any(f is None for f in faults) else sum(f for f in faults if f is not None),
         inputs[0].yardstick)
+
+
+class Clocked:
+    """A trainer's watch whose hooks stamp a :class:`StepClock` (the measured training of
+    Lightning and transformers): the stamps of a step's parts, forwarded as they come."""
+
+    clock: StepClock
+
+    def fetch_started(self) -> None:
+        self.clock.fetch_started()
+
+    def fetch_ended(self) -> None:
+        self.clock.fetch_ended()
+
+    def batch_ended(self) -> None:
+        self.clock.batch_ended()
+
+    def user_started(self) -> None:
+        self.clock.user_started()
+
+    def user_ended(self) -> None:
+        self.clock.user_ended()
