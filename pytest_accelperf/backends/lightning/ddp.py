@@ -78,12 +78,14 @@ class LightningPlan:
 
 class RankOut(TypedDict):
     """What a rank returns: its run (its own view: its losses, memory, steps), rank 0's
-    final parameters, and the collectives of its counted step."""
+    final parameters, the collectives of its counted step, and the lines saying what the
+    gate set in the user's place."""
 
     rank: int
     run: Run
     params: dict[str, np.ndarray] | None
     comm: CommSummary
+    notes: list[str]
 
 
 def rank_main(ctx: RankContext, plan: LightningPlan) -> RankOut:
@@ -100,7 +102,7 @@ def rank_main(ctx: RankContext, plan: LightningPlan) -> RankOut:
         result = BACKEND.train(plan.case, plan.task, plan.accel, timeout=plan.timeout)
     return {"rank": ctx.rank, "run": result.run,
             "params": result.params if ctx.rank == 0 else None,
-            "comm": rank.comm.summary()}
+            "comm": rank.comm.summary(), "notes": list(result.notes)}
 
 
 def _check(case: Case, task: Task, accel: Accelerator) -> LightningTask:
@@ -166,7 +168,8 @@ def build_run(case: Case, launched: LaunchResult) -> TrainResult:
         program = cast(Any, {**program, "collectives": collectives})
         if total is not None:
             program["flops"] = total
-    say(zero.details.get("notes") or [])  # rank 0's lines, said where the case trained
+    notes = list(done[0]["notes"])
+    say(notes)  # rank 0's lines (said in its log), said again where the case trains
     per_rank = [o["comm"]["collectives"] or {} for o in done]
     run = dataclasses.replace(
         zero, n_devices=case.world_size, losses=_mean_over_ranks(runs),
@@ -191,7 +194,7 @@ def build_run(case: Case, launched: LaunchResult) -> TrainResult:
               "symmetric": all(c == per_rank[0] for c in per_rank),
               "record": "per kind, the largest count and payload bytes over ranks, of the "
                         "counted optimizer step, from the dispatcher's c10d ops"})
-    return TrainResult(run=run, params=done[0]["params"] or {})
+    return TrainResult(run=run, params=done[0]["params"] or {}, notes=notes)
 
 
 @dataclass(frozen=True)

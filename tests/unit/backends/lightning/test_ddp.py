@@ -19,6 +19,7 @@ L = pytest.importorskip("lightning")
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
+from pytest_accelperf import AccelperfWarning  # noqa: E402
 from pytest_accelperf.backends import get_backend  # noqa: E402
 from pytest_accelperf.backends.lightning.ddp import RANKS  # noqa: E402
 from pytest_accelperf.backends.procs.ranks import train_in_ranks  # noqa: E402
@@ -81,8 +82,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.chdir(before)
 
 
-def train(sync_dist: bool) -> TrainResult:
-    task = LightningTask(module=lambda case: Tiny(sync_dist), data=loader)
+def train(sync_dist: bool, **trainer: Any) -> TrainResult:
+    task = LightningTask(module=lambda case: Tiny(sync_dist), data=loader, trainer=trainer)
     return train_in_ranks(RANKS, ddp_case(), task, CPU, timeout=300)
 
 
@@ -93,7 +94,10 @@ def plain(workdir: Path) -> TrainResult:
 
 @pytest.fixture(scope="module")
 def logged(workdir: Path) -> TrainResult:
-    return train(sync_dist=True)
+    """Planted, and with a strategy of the user's that the gate replaces (said once, in
+    the process that asked for the training)."""
+    with pytest.warns(AccelperfWarning, match="trainer\\['strategy'\\]='ddp_spawn'"):
+        return train(sync_dist=True, strategy="ddp_spawn")
 
 
 def test_the_spec_names_these_ranks() -> None:
@@ -136,6 +140,12 @@ def test_sync_dist_caught_by_the_program_check(plain: TrainResult,
     result = check_program(_block(after), _block(before), Tolerances(), comparable=True)
     assert result is not None and result.verdict is Verdict.REGRESSION, result
     assert "all_reduce" in result.detail
+
+
+def test_the_users_strategy_replaced_is_said(logged: TrainResult) -> None:
+    assert logged.notes == ["LightningTask.trainer['strategy']='ddp_spawn': the gate uses "
+                            "'ddp' over the case's launched ranks (world_size > 1)"]
+    assert logged.run.details["notes"] == logged.notes
 
 
 def test_nothing_left_in_the_project(plain: TrainResult, logged: TrainResult,
