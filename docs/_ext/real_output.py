@@ -63,7 +63,7 @@ def _pytest_help_group() -> str:
 
 
 CLI_COMMANDS = ("", "baselines show", "baselines check", "baselines diff", "baselines accept",
-                "baselines prune", "report", "history changes", "history publish", "bisect",
+                "baselines prune", "baselines rewrite", "report", "history changes", "history publish", "bisect",
                 "schema")
 
 
