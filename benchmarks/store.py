@@ -266,23 +266,25 @@ def accelperf_command() -> list[str]:
                                   "sys.exit(main())"]
 
 
-def run_command(argv: list[str]) -> tuple[float, float, str]:
-    """``(wall seconds, peak RSS in MB, last line of stdout)`` of a subprocess."""
+def run_command(argv: list[str]) -> tuple[float, float, str, float]:
+    """``(wall seconds, peak RSS in MB, last line of stdout, CPU seconds)`` of a
+    subprocess (its user and system time: what a loaded machine inflates least)."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate()
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(argv)} failed ({proc.returncode}):\n{err}")
-    rss_mb = 0.0
+    rss_mb = cpu = 0.0
     with contextlib.suppress(Exception):  # peak RSS of the child alone (Linux: KiB)
         import resource
-        rss_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rss_mb, cpu = usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
     lines = out.strip().splitlines()
-    return wall, rss_mb, lines[-1] if lines else ""
+    return wall, rss_mb, lines[-1] if lines else "", cpu
 
 
-def run_command_rss(argv: list[str]) -> tuple[float, float, str]:
+def run_command_rss(argv: list[str]) -> tuple[float, float, str, float]:
     """:func:`run_command` in a fresh helper process, so that the peak RSS is this command's
     own and not the largest of every child so far."""
     code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); import store; "
@@ -291,8 +293,8 @@ def run_command_rss(argv: list[str]) -> tuple[float, float, str]:
                           check=False)
     if done.returncode != 0:
         raise SystemExit(done.stderr)
-    wall, rss, last = json.loads(done.stdout.strip().splitlines()[-1])
-    return float(wall), float(rss), str(last)
+    wall, rss, last, cpu = json.loads(done.stdout.strip().splitlines()[-1])
+    return float(wall), float(rss), str(last), float(cpu)
 
 
 def _machine() -> dict[str, Any]:
@@ -667,15 +669,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = accelperf_command()
             show = [*cmd, "baselines", "show", "--baselines", str(root)]
             runs = []
+            plain_cpu: list[float] = []
             for _ in range(ns.repeat):  # each show right after a json.load of the same files
+                cpu0 = time.process_time()
                 plain.extend(timed(lambda: plain_json_load(root), 1))
+                plain_cpu.append(time.process_time() - cpu0)
                 runs.append(run_command_rss(show))
+            result["json_load_cpu_s"] = plain_cpu
             if not runs[0][2].startswith(f"{n} case(s)"):
                 raise SystemExit(f"accelperf baselines show: unexpected output {runs[0][2]!r}")
             result["show_rss_mb"] = [r[1] for r in runs]
-            row("json.load of every file (no check)", plain, "", [1.0] * len(plain))
+            result["show_cpu_s"] = [r[3] for r in runs]
+            row("json.load of every file (no check)", plain,
+                f"CPU {statistics.median(plain_cpu):.3f} s", [1.0] * len(plain))
             row("accelperf baselines show", [r[0] for r in runs],
-                f"peak RSS {max(r[1] for r in runs):.0f} MB",
+                f"peak RSS {max(r[1] for r in runs):.0f} MB, CPU "
+                f"{statistics.median(r[3] for r in runs):.3f} s",
                 [r[0] / p for r, p in zip(runs, plain, strict=True)])
             checks = []
             for _ in range(0 if ns.no_check else ns.repeat):
@@ -688,8 +697,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     [c[0] / p for c, p in checks])
             helps = [run_command_rss([*cmd, "--help"]) for _ in range(ns.repeat)]
             result["help_rss_mb"] = [r[1] for r in helps]
+            result["help_cpu_s"] = [r[3] for r in helps]
             row("accelperf --help (start + imports)", [r[0] for r in helps],
-                f"peak RSS {max(r[1] for r in helps):.0f} MB")
+                f"peak RSS {max(r[1] for r in helps):.0f} MB, CPU "
+                f"{statistics.median(r[3] for r in helps):.3f} s")
         for size in ns.single:
             single = scratch / f"single-{size}"
             path = module_file(single, 0, size, block, ns.machines, ns.schema)

@@ -388,7 +388,7 @@ def read(model: type[M], data: Mapping[str, Any]) -> M:
     again for each (``typing.get_origin`` of every field of every section) was most of
     the time of reading a large store for a session."""
     values: dict[str, Any] = {}
-    fields, known = _plan(model)
+    fields, known, construct = _plan(model)
     for name, reader, required in fields:
         if name in data:
             value = data[name]
@@ -396,27 +396,85 @@ def read(model: type[M], data: Mapping[str, Any]) -> M:
         elif required:
             values[name] = None
     extra = {k: v for k, v in data.items() if k not in known}
-    out = model.model_construct(**values, **extra)
-    if isinstance(out, _Strict):
-        out._json = data
-    return out
+    return typing.cast(M, construct(values, extra, data))
 
 
-#: ``{model: (((field, its reader or None, required), ...), field names)}``.
+_Construct = Callable[[dict[str, Any], dict[str, Any], Mapping[str, Any]], BaseModel]
+#: ``{model: (((field, its reader or None, required), ...), field names, constructor)}``.
 _PLANS: dict[type[BaseModel], tuple[tuple[tuple[str, Callable[[Any], Any] | None, bool], ...],
-                                     frozenset[str]]] = {}
+                                     frozenset[str], _Construct]] = {}
 
 
 def _plan(model: type[BaseModel]) -> tuple[tuple[tuple[str, Callable[[Any], Any] | None,
-                                                      bool], ...], frozenset[str]]:
+                                                      bool], ...], frozenset[str], _Construct]:
     """How :func:`read` reads ``model``'s fields: each with its reader (None: taken as it
-    is, a scalar) and whether it is required; and the names of the fields."""
+    is, a scalar) and whether it is required; the names of the fields; and how the model
+    is made of them (:func:`_constructor`)."""
     found = _PLANS.get(model)
     if found is None:
         fields = tuple((name, _reader(info.annotation), info.is_required())
                        for name, info in model.model_fields.items())
-        found = _PLANS[model] = (fields, frozenset(model.model_fields))
+        found = _PLANS[model] = (fields, frozenset(model.model_fields), _constructor(model))
     return found
+
+
+_IMMUTABLE = (type(None), bool, int, float, str, bytes, tuple, frozenset)
+
+
+def _constructor(model: type[BaseModel]) -> _Construct:
+    """``(values, extra, data) -> model``: what ``model.model_construct(**values,
+    **extra)`` makes, with ``data`` as its JSON (:meth:`_Strict.to_json`).
+
+    For a section (:class:`_Strict`: unknown keys kept, the one private attribute
+    ``_json``, no ``model_post_init`` of its own), the instance is made directly, as
+    ``model_construct`` makes it: the fields in their order (a missing one its default),
+    the fields set, the extra keys and the private attribute. ``model_construct`` spent
+    two thirds of its time on generic work (defaults looked up and copied per call, the
+    private attributes initialised then set again): a session reads every case's stored
+    block, a dozen sections each. Any other model is made by ``model_construct``."""
+    post_init = getattr(model.model_post_init, "__name__", "")
+    if not issubclass(model, _Strict) or model.model_config.get("extra") != "allow" \
+            or model.__pydantic_root_model__ or set(model.__private_attributes__) != {"_json"} \
+            or post_init != "init_private_attributes":
+        def construct_slowly(values: dict[str, Any], extra: dict[str, Any],
+                             data: Mapping[str, Any]) -> BaseModel:
+            out = model.model_construct(**values, **extra)
+            if isinstance(out, _Strict):
+                out._json = data
+            return out
+
+        return construct_slowly
+    infos = model.model_fields
+    # A default that is not a plain value is made again for each instance, as pydantic
+    # makes it (a factory called, a mutable default copied).
+    fixed = {name: info.default for name, info in infos.items()
+             if not info.is_required() and info.default_factory is None
+             and isinstance(info.default, _IMMUTABLE)}
+    made = {name: info for name, info in infos.items()
+            if not info.is_required() and name not in fixed}
+    order = tuple(infos)
+    new = model.__new__
+    setattr_ = object.__setattr__
+
+    def construct(values: dict[str, Any], extra: dict[str, Any],
+                  data: Mapping[str, Any]) -> BaseModel:
+        out = new(model)
+        fields: dict[str, Any] = {}
+        for name in order:
+            if name in values:
+                fields[name] = values[name]
+            elif name in fixed:
+                fields[name] = fixed[name]
+            elif name in made:
+                fields[name] = made[name].get_default(call_default_factory=True,
+                                                      validated_data=fields)
+        setattr_(out, "__dict__", fields)
+        setattr_(out, "__pydantic_fields_set__", set(values))
+        setattr_(out, "__pydantic_extra__", extra)
+        setattr_(out, "__pydantic_private__", {"_json": data})
+        return out
+
+    return construct
 
 
 @overload
@@ -519,6 +577,13 @@ def _reader(annotation: object) -> Callable[[Any], Any] | None:
     return made
 
 
+def _is_object(value: object) -> typing_extensions.TypeGuard[Mapping[str, Any]]:
+    """Whether ``value`` is a JSON object: a dict (checked first: an ABC's isinstance is
+    several times slower, and a session reads a dozen sections of every stored case), or
+    another mapping."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 def _make_reader(annotation: object) -> Callable[[Any], Any] | None:
     annotation, pick = _branches(annotation)
     origin = typing.get_origin(annotation)
@@ -533,8 +598,7 @@ def _make_reader(annotation: object) -> Callable[[Any], Any] | None:
             if pick is not None:
                 tag = pick(value)
                 chosen = [o for o in shaped if o[2] == tag] or shaped
-            shape = dict if isinstance(value, Mapping) else list if isinstance(value, list) \
-                else None
+            shape = dict if _is_object(value) else list if isinstance(value, list) else None
             branch = next((a for a, s, _ in chosen if s is shape), None)
             if branch is None:
                 return value
@@ -546,7 +610,7 @@ def _make_reader(annotation: object) -> Callable[[Any], Any] | None:
         model = annotation
 
         def read_model(value: object) -> object:
-            return read(model, value) if isinstance(value, Mapping) else value
+            return read(model, value) if _is_object(value) else value
 
         return read_model
     if origin is list:
@@ -568,7 +632,7 @@ def _make_reader(annotation: object) -> Callable[[Any], Any] | None:
         each_value: Callable[[Any], Any] = item_reader
 
         def read_dict(value: object) -> object:
-            return {k: each_value(v) for k, v in value.items()} if isinstance(value, Mapping) \
+            return {k: each_value(v) for k, v in value.items()} if _is_object(value) \
                 else value
 
         return read_dict

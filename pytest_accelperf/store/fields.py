@@ -121,7 +121,9 @@ def _typed(model: type[BaseModel], tree: Mapping[str, Any], name: str) -> type:
             inner = _typed(_section(info.annotation, f"{name}.{key}"), sub, f"{name}.{key}")
             hint = inner | None if nullable else inner
         if model is MachineTiming and key == "environment":
-            hint = EnvironmentKey | hint  # by its key in the file's environments (schema 3)
+            # By its key in the file's environments (schema 3): a key is checked by being
+            # found there (unpack), the table's keys by their pattern.
+            hint = str | hint
         wrap = typing_extensions.Required if info.is_required() else typing_extensions.NotRequired
         hints[key] = wrap[hint]
     typed: type = typing_extensions.TypedDict(name.replace(".", "_"), hints)  # type: ignore[misc]

@@ -418,8 +418,10 @@ def _environment_kind(value: object) -> str:
 
 
 #: An entry's environment in a file of schema 3: the key of one of the file's
-#: ``environments`` (validated with the file's header), or the environment itself.
-_FiledEnvironment = Annotated[Annotated[EnvironmentKey, Tag("key")]
+#: ``environments`` (validated with the file's header, by their pattern; an entry's key is
+#: checked by being found there, :func:`pytest_accelperf.store.machines.unpack`), or the
+#: environment itself.
+_FiledEnvironment = Annotated[Annotated[str, Tag("key")]
                               | Annotated[Environment, Tag("inline")],
                               Discriminator(_environment_kind)]
 
