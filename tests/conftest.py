@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -432,46 +431,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     (pytest-xdist's ``--dist loadfile``), not its tests one by one to whichever worker is
     free (``load``): a module's fixtures then run once, not once in each worker. Several
     are whole trainings or processes: a recording shared by the module's tests, a torch
-    compile, a Ray cluster, DeepSpeed's ranks. An explicit ``--dist`` is obeyed.
-
-    Modules are handed out slowest first (:func:`slow_tests`), not in pytest-xdist's order
-    (most tests first): that order left the modules of one or two slow tests for the end
-    (tests/e2e/test_device_benchmark.py, 305 s, was among the last 20 of 118), and a
-    worker that drew one of them last kept the run going alone for minutes."""
+    compile, a Ray cluster, DeepSpeed's ranks. An explicit ``--dist`` is obeyed."""
     given = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
     if config.getvalue("dist") != "load" or any(
             str(a) == "-d" or str(a).startswith("--dist") for a in given):
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    class SlowModulesFirst(LoadFileScheduling):  # type: ignore[misc]
-        ordered = False
-
-        def _assign_work_unit(self, node: Any) -> None:
-            # The first call comes once every module is in the queue, before any is sent.
-            if not self.ordered:
-                self.ordered = True
-                root = self.config.rootpath
-                units = sorted(self.workqueue.items(),
-                               key=lambda unit: -slow_tests(root / unit[0], len(unit[1])))
-                self.workqueue.clear()
-                self.workqueue.update(units)
-            super()._assign_work_unit(node)
-
-    return SlowModulesFirst(config, log)
-
-
-def slow_tests(path: Path, tests: int) -> int:
-    """How many of a module's ``tests`` are marked ``slow`` (10 s or more), read from its
-    source, as the scheduler sees node ids, not markers: all of them under a module-wide
-    ``pytestmark``, else one per ``@pytest.mark.slow`` (a parametrized one counts once)."""
-    try:
-        source = path.read_text(encoding="utf-8")
-    except OSError:
-        return 0
-    if re.search(r"^pytestmark\b.*\bslow\b", source, re.MULTILINE):
-        return tests
-    return min(tests, source.count("@pytest.mark.slow"))
+    return LoadFileScheduling(config, log)
 
 
 E2E = Path(__file__).parent / "e2e"
