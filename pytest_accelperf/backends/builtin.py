@@ -62,7 +62,7 @@ SPECS: tuple[BackendSpec, ...] = (
         requires=("torch", "transformers", "accelerate"),
         install=f"pip install 'pytest-accelperf[hf]' {_TORCH_FIRST}",
         packages=("torch", "transformers", "accelerate", "tokenizers", "numpy"), ray=False,
-        ab_blocks=True,
+        ab_blocks=True, ranks="pytest_accelperf.backends.hf.ddp",
     ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only
     # (the PyPI name is a placeholder).

@@ -28,7 +28,6 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.profilers import Profiler
 
-from pytest_accelperf.backends.lightning.launched import CollectiveMode, launched
 from pytest_accelperf.backends.measure.common import TaskError
 from pytest_accelperf.backends.measure.stamps import Clocked, StepClock
 from pytest_accelperf.backends.torch.counting import COUNTED_STEP, CountedSteps
@@ -218,16 +217,6 @@ class Counting(CountedSteps, Watch):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self.start(pl_module)
-
-    def _start_counting(self) -> None:
-        """The counted step's ops and FLOPs; in a launched rank, its collectives too,
-        counted below the op counter (which names a host sync at the first frame outside
-        the libraries that called the op: not this mode's)."""
-        rank = launched()
-        if rank is not None:
-            self._counting.enter_context(rank.comm.step())
-            self._counting.enter_context(CollectiveMode(rank.comm))
-        super()._start_counting()
 
     def after_batch(self, trainer: pl.Trainer, loss: float,
                     metrics: Mapping[str, float] | None) -> bool:

@@ -1,233 +1,27 @@
-"""Lightning's own DDP under the gate: a ``lightning`` case with ``world_size = N`` trains in
-``N`` ranks the plugin launches (:mod:`pytest_accelperf.backends.procs.launch`, its warm
-rank pool), each running ``Trainer.fit`` with ``strategy="ddp"`` over the process group
-the launch set up.
+"""Lightning's own DDP under the gate: a ``lightning`` case with ``world_size = N`` trains
+``Trainer.fit`` in ``N`` ranks the plugin launches, each over the process group the launch
+set up (:mod:`pytest_accelperf.backends.torch.trainer_ddp`: what every rank runs, and the
+run made of what they return).
 
-Lightning accepts a process group launched outside it (torchrun's, SLURM's): its
-``TorchElasticEnvironment`` reads the rank from the environment the launcher gives every
-rank (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), and the
-``Trainer`` (``devices=N``, ``num_nodes=1``; on a Ray cluster, one rank a host,
-``devices=1``, ``num_nodes=N``) starts no process of its own: it joins the group. The
-user's LightningModule and data go in unchanged; Lightning gives each rank its share of
-the loader through its ``DistributedSampler``, so the loader's batch is the per-device
-one (``case.batch / (N * accumulate_grad_batches)``; the callback checks the global batch
-on the first step, as in one process).
-
-Each rank trains as the ``lightning`` backend trains in one process
-(:meth:`~.lightning.backend.LightningBackend.train`: the counting training, then the
-measured one, the fingerprint), inside :func:`~.lightning.launched.inside`, which gives it
-the DDP strategy and counts the collectives of its counted step
-(:class:`~.lightning.launched.CollectiveMode`). The parent (:class:`LightningRanks`, the
-spec's ``ranks``) makes the case's run of rank 0's, as the torch backend's DDP does:
-
-* ``step_times``, ``probe_times``, the input and the trainer's own time: rank 0's; every
-  rank's step times, probe times and losses under ``details["ranks"]``;
-* ``losses``: per step the mean over ranks of each rank's loss (each trained an equal
-  share of the global batch: the global batch's loss);
-* ``memory_per_device``: ``{"rank0": bytes, "rank1": bytes}``, each rank's count;
-* ``flops_per_step``: summed over ranks; ``program``: rank 0's ops, dtypes and host syncs
-  (the trainer's own included), the FLOPs summed over ranks, and per kind of collective
-  the largest count and payload over ranks (:func:`~.torch.comm.largest_over_ranks`);
-* ``params_fingerprint``: rank 0's training state (DDP keeps the ranks' parameters equal).
-
-On the CPU only (gloo); a case's ``reference`` and a maximum-batch search are refused.
+Lightning accepts a process group launched outside it (torchrun's, SLURM's): inside a
+launched rank the backend's trainer settings (:func:`~.lightning.fit.trainer_settings`)
+are ``strategy="ddp"``, ``plugins=[TorchElasticEnvironment()]`` (which reads the rank from
+the environment the launcher gives it: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``), ``devices`` the ranks on this machine and ``num_nodes``
+the machines (``devices=N``, ``num_nodes=1`` where the plugin launches them; one rank a
+host on a Ray cluster: ``devices=1``, ``num_nodes=N``): the ``Trainer`` starts no process
+of its own, it joins the group. The user's LightningModule and data go in unchanged;
+Lightning gives each rank its share of the loader through its ``DistributedSampler``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import statistics
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypedDict, cast
-
 from pytest_accelperf.backends.lightning.task import LightningTask
-from pytest_accelperf.backends.measure.common import TaskError
-from pytest_accelperf.backends.measure.notes import say
-from pytest_accelperf.backends.procs.ranks import RankJob
-from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
-from pytest_accelperf.collect.cases import Case
-from pytest_accelperf.errors import ConfigError
-from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.run import Run
-
-if TYPE_CHECKING:
-    import numpy as np
-
-    from pytest_accelperf.backends.procs._rank import RankContext
-    from pytest_accelperf.backends.procs.launch import LaunchResult
-    from pytest_accelperf.backends.torch.comm import CommSummary
-
-#: What a pool's warm ranks import once for every Lightning DDP case (Lightning's import
-#: is most of a fresh rank's start).
-WARM_MODULES = ("cloudpickle", "numpy", "torch", "torch.distributed",
-                "torch.distributed._tools.mem_tracker", "torch.utils.flop_counter",
-                "lightning.pytorch", "pytest_accelperf.backends.lightning.backend")
-
-
-@dataclass(frozen=True)
-class LightningPlan:
-    """What every rank is shipped (cloudpickle): the case, the user's task, the session's
-    accelerator (without its device objects) and the timeout."""
-
-    case: Case
-    task: LightningTask
-    accel: Accelerator
-    timeout: float | None
-
-
-class RankOut(TypedDict):
-    """What a rank returns: its run (its own view: its losses, memory, steps), rank 0's
-    final parameters, the collectives of its counted step, and the lines saying what the
-    gate set in the user's place."""
-
-    rank: int
-    run: Run
-    params: dict[str, np.ndarray] | None
-    comm: CommSummary
-    notes: list[str]
-
-
-def rank_main(ctx: RankContext, plan: LightningPlan) -> RankOut:
-    """One rank (the function :func:`~.procs.launch.launch` runs in every process): the
-    ``lightning`` backend's training, inside this rank's group."""
-    from pytest_accelperf.backends.lightning.backend import BACKEND
-    from pytest_accelperf.backends.lightning.launched import Launched, inside
-
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
-    # TorchElasticEnvironment's node rank (torchrun's GROUP_RANK; Ray: one rank a host)
-    os.environ.setdefault("GROUP_RANK", str(ctx.rank // max(1, local)))
-    ctx.progress(phase="train")
-    with inside(Launched(ctx.rank, ctx.world_size, local)) as rank:
-        result = BACKEND.train(plan.case, plan.task, plan.accel, timeout=plan.timeout)
-    return {"rank": ctx.rank, "run": result.run,
-            "params": result.params if ctx.rank == 0 else None,
-            "comm": rank.comm.summary(), "notes": list(result.notes)}
-
-
-def _check(case: Case, task: Task, accel: Accelerator) -> LightningTask:
-    if not isinstance(task, LightningTask):
-        raise TaskError(f"the lightning backend trains a LightningTask "
-                        f"(pytest_accelperf.lightning); got {type(task).__name__}")
-    if accel.name != "cpu":
-        raise ConfigError(f"{case.id}: Lightning's DDP over launched ranks is built for the "
-                          f"CPU (gloo) only, not {accel.name!r}: run it with --accel=cpu, or "
-                          f"with world_size=1")
-    if case.reference:
-        raise ConfigError(f"{case.id}: the lightning backend has no single-device reference "
-                          f"run: drop reference=True")
-    parts = case.world_size * case.grad_accum
-    if case.batch % parts:
-        raise ConfigError(f"{case.id}: batch {case.batch} is the global batch, split over "
-                          f"world_size={case.world_size} ranks x grad_accum="
-                          f"{case.grad_accum}; use a multiple of {parts}")
-    return task
-
-
-def _mean_over_ranks(runs: list[Run]) -> list[float]:
-    steps = min(len(r.losses) for r in runs)
-    return [statistics.fmean(r.losses[i] for r in runs) for i in range(steps)]
-
-
-def _summary(out: RankOut) -> dict[str, Any]:
-    run = out["run"]
-    return {"rank": out["rank"], "outcome": run.outcome, "step_times": run.step_times,
-            "probe_times": run.probe_times, "local_losses": run.losses,
-            "peak_bytes": next(iter(run.memory_per_device.values()), None),
-            "flops": run.flops_per_step, "comm": out["comm"]}
-
-
-def build_run(case: Case, launched: LaunchResult) -> TrainResult:
-    """The case's run of what its ranks returned (see the module docstring); a rank that
-    raised the user's error (:class:`TaskError`, :class:`ConfigError`) raises it here, as
-    one process would."""
-    from pytest_accelperf.backends.torch.comm import largest_over_ranks
-    from pytest_accelperf.backends.torch.ranks import launch_timings
-
-    failed = launched.failed
-    if launched.outcome == "error" and failed is not None and failed.error:
-        kind = failed.error.get("type")
-        if kind in ("TaskError", "ConfigError"):
-            error = TaskError if kind == "TaskError" else ConfigError
-            raise error(f"{case.id} (rank {failed.rank}): {failed.error.get('message', '')}")
-    outs = [cast("RankOut | None", r.result) for r in launched.ranks]
-    if launched.outcome != "ok" or not all(outs):
-        return TrainResult(run=Run(
-            case_id=case.id, samples_per_step=case.batch, n_devices=case.world_size,
-            outcome=launched.outcome if launched.outcome != "ok" else "error",
-            message=launched.message or "a rank returned no result"))
-    done = [o for o in outs if o is not None]
-    runs = [o["run"] for o in done]
-    zero = runs[0]
-    bad = next((r for r in runs if r.outcome != "ok"), None)
-    flops = [r.flops_per_step for r in runs]
-    total = float(sum(f for f in flops if f)) if all(flops) else None
-    program = zero.program
-    if program is not None:
-        collectives = largest_over_ranks([o["comm"]["collectives"] for o in done]) or {}
-        program = cast(Any, {**program, "collectives": collectives})
-        if total is not None:
-            program["flops"] = total
-    notes = list(done[0]["notes"])
-    say(notes)  # rank 0's lines (said in its log), said again where the case trains
-    per_rank = [o["comm"]["collectives"] or {} for o in done]
-    run = dataclasses.replace(
-        zero, n_devices=case.world_size, losses=_mean_over_ranks(runs),
-        memory_per_device={f"rank{o['rank']}": int(v) for o in done
-                           for v in o["run"].memory_per_device.values()},
-        flops_per_step=total, program=program,
-        outcome=bad.outcome if bad is not None else zero.outcome,
-        message=bad.message if bad is not None else zero.message)
-    run = run.noted(
-        world_size=case.world_size,
-        grad_accum=case.grad_accum,
-        micro_batch=case.batch // (case.world_size * case.grad_accum),
-        loss="mean over ranks of each rank's loss (the global batch's loss)",
-        memory="per rank: the lightning backend's count in each rank",
-        engine={"engine": "lightning-ddp", "strategy": "ddp",
-                "cluster_environment": "TorchElasticEnvironment"},
-        launch_seconds=round(launched.elapsed, 3),
-        timings=launch_timings(launched, None),
-        ranks=[_summary(o) for o in done],
-        comm={"counted_steps": [int(o["comm"]["steps"]) for o in done],
-              "same_each_step": all(o["comm"]["same_each_step"] for o in done),
-              "symmetric": all(c == per_rank[0] for c in per_rank),
-              "record": "per kind, the largest count and payload bytes over ranks, of the "
-                        "counted optimizer step, from the dispatcher's c10d ops"})
-    return TrainResult(run=run, params=done[0]["params"] or {}, notes=notes)
-
-
-@dataclass(frozen=True)
-class LightningRanks:
-    """The ``lightning`` backend's :class:`~pytest_accelperf.backends.procs.ranks.RankTrainer`
-    (its spec's ``ranks``): :func:`rank_main` in every rank, :func:`build_run` of what
-    they return."""
-
-    def job(self, case: Case, task: Task, accel: Accelerator, *, cpu_devices: int,
-            platform: str | None, timeout: float | None) -> RankJob:
-        lightning_task = _check(case, task, accel)
-        bare = Accelerator(name=accel.name, platform=accel.platform,
-                           device_kind=accel.device_kind, device_count=accel.device_count,
-                           memory_capacity=accel.memory_capacity, peak_flops=accel.peak_flops)
-        plan = LightningPlan(case, lightning_task, bare, timeout)
-        return RankJob(rank_main, (plan,), device="cpu",
-                       total_steps=case.warmup + case.steps, plan=plan, warm=WARM_MODULES)
-
-    def result(self, case: Case, task: Task, accel: Accelerator, job: RankJob,
-               launched: LaunchResult, *, timeout: float | None) -> TrainResult:
-        return build_run(case, launched)
-
-    def reference(self, case: Case, task: Task, job: RankJob) -> dict[str, np.ndarray] | None:
-        return None  # refused at job()
-
-    def platform(self, launched: LaunchResult) -> str | None:
-        return None  # the ranks take the devices they are given
-
-    def fits(self, case: Case, task: Task, accel: Accelerator, *,
-             timeout: float | None = None) -> Fit:
-        raise ConfigError(f"{case.id}: the lightning backend searches a maximum batch in one "
-                          f"process only (world_size=1)")
-
+from pytest_accelperf.backends.torch.trainer_ddp import TrainerRanks
 
 #: The ``lightning`` backend's ranks (its spec's ``ranks``).
-RANKS = LightningRanks()
+RANKS = TrainerRanks(
+    "pytest_accelperf.backends.lightning.backend", LightningTask,
+    {"engine": "lightning-ddp", "strategy": "ddp",
+     "cluster_environment": "TorchElasticEnvironment"},
+    warm=("lightning.pytorch",))

@@ -28,10 +28,10 @@ from pytest_accelperf.backends.lightning.callback import (
     GateProfiler,
     Watch,
 )
-from pytest_accelperf.backends.lightning.launched import launched
 from pytest_accelperf.backends.lightning.task import OWNED, LightningTask
 from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.protocol import Task
+from pytest_accelperf.backends.torch.launched import launched
 from pytest_accelperf.backends.torch.memory import GROWTH_STEPS, MEMORY_STEPS
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError

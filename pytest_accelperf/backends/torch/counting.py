@@ -8,7 +8,8 @@ On the CPU the live tensor bytes (``MemTracker``: the peak over the first
 :data:`COUNTED_STEP`, from the end of the step before (the trainer's work after it
 included) to its own end, its FLOPs and what it dispatched: ops by dtype, bytes, host
 syncs, each named at the user's line (:class:`~.ops.OpCounter`, the trainer's packages
-``libraries`` seen through), the fetch of its batches left out (the input's work).
+``libraries`` seen through), the fetch of its batches left out (the input's work); in one
+of the plugin's launched ranks (:mod:`.torch.launched`), its collectives too.
 
 The callback calls :meth:`CountedSteps.start` when the trainer starts (with what to
 track: the model, the optimizer), :meth:`fetch_started` / :meth:`fetch_ended` around the
@@ -23,6 +24,7 @@ import contextlib
 
 import torch
 
+from pytest_accelperf.backends.torch.launched import CollectiveMode, launched
 from pytest_accelperf.backends.torch.memory import (
     GROWTH_STEPS,
     MEMORY_STEPS,
@@ -73,6 +75,12 @@ class CountedSteps:
             self._start_counting()
 
     def _start_counting(self) -> None:
+        rank = launched()
+        if rank is not None:  # a launched rank: the step's collectives too, counted below
+            # the op counter (which names a host sync at the first frame outside the
+            # libraries that called the op: not this mode's)
+            self._counting.enter_context(rank.comm.step())
+            self._counting.enter_context(CollectiveMode(rank.comm))
         ops, counter = OpCounter(self.device, self.libraries), flop_counter()
         self._counting.enter_context(ops)
         self._counting.enter_context(counter)

@@ -1,12 +1,14 @@
-"""A Lightning training inside one of the plugin's launched ranks: :class:`Launched`, what
-the rank's code knows of its group, and :class:`CollectiveMode`, which counts the
+"""A trainer's training inside one of the plugin's launched ranks: :class:`Launched`,
+what the rank's code knows of its group, and :class:`CollectiveMode`, which counts the
 collectives the rank's training step issues.
 
-:mod:`.lightning.ddp` runs the ``lightning`` backend's own training in every rank of a
-``world_size > 1`` case with :func:`inside` entered; what reads :func:`launched` then
-trains Lightning's DDP over the group (:func:`~.lightning.fit.trainer_settings`) and counts
-the collectives of the counted step (:class:`~.lightning.callback.Counting`), and nothing
-else changes: the same callback, clock, memory count and fingerprint as in one process.
+:mod:`.torch.trainer_ddp` runs a trainer backend's own training (Lightning's, transformers')
+in every rank of a ``world_size > 1`` case with :func:`inside` entered. What reads
+:func:`launched` then trains over the group (Lightning's ``Trainer`` settings,
+:func:`~.lightning.fit.trainer_settings`; transformers' ``Trainer`` needs nothing: accelerate
+reads the same environment) and the counting training counts the collectives of its
+counted step (:class:`~.torch.counting.CountedSteps`); nothing else changes: the same
+callback, clock, memory count and fingerprint as in one process.
 
 Collectives are counted where every one of them passes, whoever issues it: the
 dispatcher. ``torch.distributed``'s collectives are dispatcher ops (``c10d.allreduce_``,
