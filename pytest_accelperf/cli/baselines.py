@@ -282,7 +282,8 @@ def _host(env: object) -> str:
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    from pytest_accelperf.store.machines import machines_of, recorder, validate_machine, view
+    from pytest_accelperf.store.block import TIMING_SECTIONS
+    from pytest_accelperf.store.machines import recorder, validate_machine, view
 
     root = _store_root(args.baselines)
     patterns = [compile_pattern(p) for p in args.patterns]
@@ -305,8 +306,12 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                 nodeid = f"{module}.py::{key}"
                 if patterns and not any(matches(p, nodeid) for p in patterns):
                     continue
-                names = machines_of(block)
                 own = recorder(block)
+                # machines_of(block), without asking recorder() again
+                others = block.get("machines")
+                names = sorted(others) if type(others) is dict else []
+                if own not in names and any(k in block for k in TIMING_SECTIONS):
+                    names = sorted([*names, own])
                 for name in names:
                     entry = known.get(name)
                     if entry is None:
