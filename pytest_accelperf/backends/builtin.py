@@ -61,7 +61,7 @@ SPECS: tuple[BackendSpec, ...] = (
         "hf", "pytest_accelperf.backends.hf.backend",
         requires=("torch", "transformers", "accelerate"),
         install=f"pip install 'pytest-accelperf[hf]' {_TORCH_FIRST}",
-        packages=("torch", "transformers", "accelerate", "tokenizers", "numpy"), ray=False,
+        packages=("torch", "transformers", "accelerate", "tokenizers", "numpy"),
         ab_blocks=True, ranks="pytest_accelperf.backends.hf.ddp",
     ),
     # Trainium / Inferentia through torch-xla; torch-neuronx is on AWS's own index only

@@ -684,24 +684,46 @@ def loader(case):
             accels=("cpu",)))
 def test_lightning_ddp(accelperf):
     accelperf.train(LightningTask(module=lambda case: Tiny(), data=loader))
+
+def gpt2(case):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64,
+                                      n_positions=16))
+
+def tokens(case):
+    ids = torch.randint(2, 64, (64, 16), generator=torch.Generator().manual_seed(0))
+    return [{"input_ids": row, "labels": row} for row in ids]
+
+@cases(Case(backend="hf", batch=8, steps=3, warmup=1, world_size=2, accels=("cpu",)))
+def test_hf_ddp(accelperf):
+    from pytest_accelperf.hf import TrainerTask
+    accelperf.train(TrainerTask(model=gpt2, args={"per_device_train_batch_size": 4},
+                                train_dataset=tokens))
 '''
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
                     reason="needs lightning: pip install 'pytest-accelperf[lightning]'")
-def test_lightning_ddp_trains_in_one_ray_worker_a_rank(suite: Suite,
-                                                       ray_cluster: Cluster) -> None:
-    """A Lightning case of world_size 2 on the cluster: Lightning's DDP in two Ray workers
-    (one rank a host: devices=1, num_nodes=2), its run made as a local launch makes it."""
+def test_trainers_ddp_train_in_one_ray_worker_a_rank(suite: Suite,
+                                                     ray_cluster: Cluster) -> None:
+    """A Lightning and a transformers case of world_size 2 on the cluster: each trainer's
+    DDP in two Ray workers (one rank a host: Lightning's devices=1, num_nodes=2;
+    accelerate reads the same environment), the run made as a local launch makes it."""
     suite.write(LIGHTNING_DDP)
     result = suite.run(f"--accelperf-cluster={ray_cluster.address}", "--accelperf-update",
                        "--accelperf-json=report.json")
-    result.assert_outcomes(passed=1)
-    run = suite.report()["cases"][0]["run"]
-    assert run["outcome"] == "ok" and len(run["step_times"]) == 3
-    assert sorted(run["memory_per_device"]) == ["rank0", "rank1"]
-    assert run["program"]["collectives"]["all_reduce"]["count"] == 1  # DDP's bucket
-    hosts = run["extra"]["cluster"]["ranks"]
-    assert len({h["pid"] for h in hosts}) == 2 and os.getpid() not in {h["pid"] for h in hosts}
-    assert not (suite.pytester.path / "lightning_logs").exists()
+    result.assert_outcomes(passed=2)
+    for case in suite.report()["cases"]:
+        run = case["run"]
+        assert run["outcome"] == "ok" and len(run["step_times"]) == 3, run["message"]
+        assert sorted(run["memory_per_device"]) == ["rank0", "rank1"]
+        assert run["program"]["collectives"]["all_reduce"]["count"] >= 1  # DDP's bucket
+        hosts = run["extra"]["cluster"]["ranks"]
+        pids = {h["pid"] for h in hosts}
+        assert len(pids) == 2 and os.getpid() not in pids
+    # pytester's directory is also HOME: dot-directories there are the home's
+    left = sorted(p.name for p in suite.pytester.path.iterdir()
+                  if not p.name.startswith(".") and p.name != "__pycache__")
+    assert left == ["baselines", "pyproject.toml", "report.json", "test_suite.py",
+                    "tinytask.py"]  # no lightning_logs/, no Trainer output_dir
