@@ -31,9 +31,11 @@ from pytest_accelperf.backends.hf.ddp import RANKS  # noqa: E402
 from pytest_accelperf.backends.measure.common import TaskError  # noqa: E402
 from pytest_accelperf.backends.procs.ranks import train_in_ranks  # noqa: E402
 from pytest_accelperf.backends.protocol import TrainResult  # noqa: E402
+from pytest_accelperf.checks.program import check_program  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.hf import TrainerTask  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
+from pytest_accelperf.records.verdict import Tolerances, Verdict  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +62,8 @@ def collator() -> Any:
     return DataCollatorForLanguageModeling(fast, mlm=False)
 
 
-def task(per_device: int = BATCH // WORLD) -> TrainerTask:
-    return TrainerTask(model=gpt2, args={"per_device_train_batch_size": per_device},
+def task(per_device: int = BATCH // WORLD, **args: Any) -> TrainerTask:
+    return TrainerTask(model=gpt2, args={"per_device_train_batch_size": per_device, **args},
                        train_dataset=tokens, data_collator=collator())
 
 
@@ -84,6 +86,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def ddp(workdir: Path) -> TrainResult:
     return train_in_ranks(RANKS, ddp_case(), task(), CPU, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def logging_every_step(workdir: Path) -> TrainResult:
+    """``logging_steps=1``, as many examples write it: at each log the Trainer gathers the
+    loss from every rank and reads it on the host."""
+    return train_in_ranks(RANKS, ddp_case(), task(logging_steps=1), CPU, timeout=300)
 
 
 def test_the_spec_names_these_ranks() -> None:
@@ -111,3 +120,16 @@ def test_trains_the_trainers_ddp_over_two_ranks(ddp: TrainResult, workdir: Path)
 def test_a_per_device_batch_unlike_the_case_is_one_line(workdir: Path) -> None:
     with pytest.raises(TaskError, match=r"the global batch is 16 .* x 2 process"):
         train_in_ranks(RANKS, ddp_case(), task(per_device=BATCH), CPU, timeout=300)
+
+
+def test_logging_every_step_over_ddp_is_a_program_regression(
+        ddp: TrainResult, logging_every_step: TrainResult) -> None:
+    before, after = ddp.run.program, logging_every_step.run.program
+    assert before is not None and after is not None
+    assert after["collectives"]["all_gather"]["count"] == \
+        before["collectives"]["all_gather"]["count"] + 2  # type: ignore[typeddict-item]
+    result = check_program({"outcome": "ok", "environment": {}, "program": after},
+                           {"outcome": "ok", "environment": {}, "program": before},
+                           Tolerances(), comparable=True)
+    assert result is not None and result.verdict is Verdict.REGRESSION, result
+    assert "all_gather" in result.detail and "host syncs" in result.detail
