@@ -54,7 +54,7 @@ SPECS: tuple[BackendSpec, ...] = (
     BackendSpec(
         "keras", "pytest_accelperf.backends.keras.backend", requires=("jax", "keras"),
         install="pip install 'pytest-accelperf[keras]'",
-        packages=("keras", "jax", "jaxlib", "numpy"), ray=False, ab_blocks=True,
+        packages=("keras", "jax", "jaxlib", "numpy"), ab_blocks=True,
     ),
     # A model trained by transformers' Trainer.train, measured from a TrainerCallback.
     BackendSpec(

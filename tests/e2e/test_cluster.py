@@ -655,7 +655,7 @@ def test_ctrl_c_stops_the_case_and_the_cluster(suite: Suite,
     assert not Path(f"/proc/{worker}").exists(), "the case's Ray worker survived Ctrl-C"
 
 
-LIGHTNING_DDP = '''
+TRAINERS = '''
 import lightning as L
 import torch
 from torch import nn
@@ -681,7 +681,8 @@ def loader(case):
     return DataLoader(TensorDataset(x), batch_size=per_device)
 
 @cases(Case(backend="lightning", batch=16, steps=3, warmup=1, world_size=2,
-            accels=("cpu",)))
+            accels=("cpu",)),
+       Case(backend="lightning", batch=16, steps=3, warmup=1, accels=("cpu",)))
 def test_lightning_ddp(accelperf):
     accelperf.train(LightningTask(module=lambda case: Tiny(), data=loader))
 
@@ -699,28 +700,48 @@ def test_hf_ddp(accelperf):
     from pytest_accelperf.hf import TrainerTask
     accelperf.train(TrainerTask(model=gpt2, args={"per_device_train_batch_size": 4},
                                 train_dataset=tokens))
+
+def dense(case):
+    import keras
+    model = keras.Sequential([keras.Input(shape=(8,)), keras.layers.Dense(4)])
+    model.compile(loss="mse", optimizer="sgd")
+    return model
+
+@cases(Case(backend="keras", batch=8, steps=3, warmup=1, accels=("cpu",)))
+def test_keras(accelperf):
+    import numpy as np
+    from pytest_accelperf.keras import KerasTask
+    rng = np.random.default_rng(0)
+    accelperf.train(KerasTask(model=dense, x=rng.random((64, 8), dtype=np.float32),
+                              y=rng.random((64, 4), dtype=np.float32),
+                              fit={"batch_size": 8}))
 '''
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("lightning") is None,
-                    reason="needs lightning: pip install 'pytest-accelperf[lightning]'")
-def test_trainers_ddp_train_in_one_ray_worker_a_rank(suite: Suite,
-                                                     ray_cluster: Cluster) -> None:
-    """A Lightning and a transformers case of world_size 2 on the cluster: each trainer's
-    DDP in two Ray workers (one rank a host: Lightning's devices=1, num_nodes=2;
-    accelerate reads the same environment), the run made as a local launch makes it."""
-    suite.write(LIGHTNING_DDP)
+@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in
+                        ("lightning", "transformers", "accelerate", "keras")),
+                    reason="needs the trainers: pip install "
+                           "'pytest-accelperf[lightning,hf,keras]'")
+def test_trainers_train_in_ray_workers(suite: Suite, ray_cluster: Cluster) -> None:
+    """The trainers on the cluster: a Lightning and a transformers case of world_size 2,
+    each trainer's DDP in two Ray workers (one rank a host: Lightning's devices=1,
+    num_nodes=2; accelerate reads the same environment), the run made as a local launch
+    makes it; a one-process Lightning and Keras case in one worker each."""
+    suite.write(TRAINERS)
     result = suite.run(f"--accelperf-cluster={ray_cluster.address}", "--accelperf-update",
                        "--accelperf-json=report.json")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=4)
     for case in suite.report()["cases"]:
         run = case["run"]
         assert run["outcome"] == "ok" and len(run["step_times"]) == 3, run["message"]
+        where = run["extra"]["cluster"]
+        if "-w2-" not in case["case_id"]:  # one process, in one Ray worker
+            assert where["pid"] != os.getpid()
+            continue
         assert sorted(run["memory_per_device"]) == ["rank0", "rank1"]
         assert run["program"]["collectives"]["all_reduce"]["count"] >= 1  # DDP's bucket
-        hosts = run["extra"]["cluster"]["ranks"]
-        pids = {h["pid"] for h in hosts}
+        pids = {h["pid"] for h in where["ranks"]}
         assert len(pids) == 2 and os.getpid() not in pids
     # pytester's directory is also HOME: dot-directories there are the home's
     left = sorted(p.name for p in suite.pytester.path.iterdir()
