@@ -418,8 +418,8 @@ def one_device(case: Case) -> None:
     rank = launched()
     if case.world_size > 1 and (rank is None or rank.world_size != case.world_size):
         raise ConfigError(f"{case.id}: an hf case of world_size={case.world_size} trains "
-                          f"the Trainer's DDP in the plugin's launched ranks, not in this "
-                          f"process (A/B mode does not train one yet)")
+                          f"the Trainer's DDP in the plugin's launched ranks "
+                          f"(accelperf.train sends it there), not in one process")
     if case.n_devices != case.world_size:
         raise ConfigError(f"{case.id}: the hf backend trains one device a process "
                           f"(mesh={case.mesh}): declare world_size for data parallelism")

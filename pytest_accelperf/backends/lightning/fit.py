@@ -229,9 +229,8 @@ def one_device(case: Case) -> None:
     rank = launched()
     if case.world_size > 1 and (rank is None or rank.world_size != case.world_size):
         raise ConfigError(f"{case.id}: a lightning case of world_size={case.world_size} "
-                          f"trains Lightning's DDP in the plugin's launched ranks, not in "
-                          f"this process (A/B mode does not train one yet: compare it "
-                          f"without --accelperf-compare)")
+                          f"trains Lightning's DDP in the plugin's launched ranks "
+                          f"(accelperf.train sends it there), not in one process")
     if case.n_devices != case.world_size:
         raise ConfigError(f"{case.id}: the lightning backend trains one device a process "
                           f"(mesh={case.mesh}): declare world_size for data parallelism")

@@ -160,6 +160,10 @@ def test_refuses_what_it_cannot_train() -> None:
     gpu = Accelerator(name="gpu", platform="gpu-x2", device_kind="gpu", device_count=2)
     with pytest.raises(ConfigError, match="CPU"):
         RANKS.job(ddp_case(), task, gpu, cpu_devices=2, platform=None, timeout=None)
+    from pytest_accelperf.backends.lightning.backend import BACKEND
+
+    with pytest.raises(ConfigError, match="in the plugin's launched ranks"):
+        BACKEND.train(ddp_case(), task, CPU)  # not in one process
 
 
 def _block(program: object) -> dict[str, Any]:
