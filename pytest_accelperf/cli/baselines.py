@@ -111,24 +111,35 @@ def iter_store(root: Path, platform: str | None, errors: list[str], *,
     :func:`pytest_accelperf.store.baselines.read`: whole, or with ``fields`` only those
     fields); with ``invalid_blocks`` the invalid ones too, as they are, and no error for
     them."""
-    for name in _platforms(root, platform):
-        base = root / name
-        for path in sorted(base.rglob("*.json")):
-            if not path.is_file():
-                continue
-            try:
-                bf = read(path, name, fields)
-            except BaselineError as exc:
-                errors.append(str(exc))
-                continue
-            module = path.relative_to(base).as_posix().removesuffix(".json")
-            if invalid_blocks:
-                blocks = {k: b.raw for k, b in bf.invalid.items()}
-                blocks.update(bf.cases)
-            else:
-                errors.extend(b.message for b in bf.invalid.values())
-                blocks = bf.cases
-            yield name, module, blocks
+    yield from _read_files(_store_paths(root, platform), errors,
+                           invalid_blocks=invalid_blocks, fields=fields)
+
+
+def _store_paths(root: Path, platform: str | None) -> list[tuple[str, Path, Path]]:
+    """``[(platform, its directory, file)]`` of every baseline file under ``root``, in the
+    order of the walk (platform, then path)."""
+    return [(name, root / name, path) for name in _platforms(root, platform)
+            for path in sorted((root / name).rglob("*.json")) if path.is_file()]
+
+
+def _read_files(paths: Sequence[tuple[str, Path, Path]], errors: list[str], *,
+                invalid_blocks: bool = False, fields: Fields | None = None
+                ) -> Iterator[tuple[str, str, Mapping[str, Mapping[str, object]]]]:
+    """:func:`iter_store` of these files (:func:`_store_paths`)."""
+    for name, base, path in paths:
+        try:
+            bf = read(path, name, fields)
+        except BaselineError as exc:
+            errors.append(str(exc))
+            continue
+        module = path.relative_to(base).as_posix().removesuffix(".json")
+        if invalid_blocks:
+            blocks = {k: b.raw for k, b in bf.invalid.items()}
+            blocks.update(bf.cases)
+        else:
+            errors.extend(b.message for b in bf.invalid.values())
+            blocks = bf.cases
+        yield name, module, blocks
 
 
 def store_blocks(root: Path, platform: str | None = None, fields: Fields | None = None
@@ -281,30 +292,40 @@ def _host(env: object) -> str:
     return str(env.get("host_cpu") or "?") if isinstance(env, Mapping) else "?"
 
 
-def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    from pytest_accelperf.store.block import TIMING_SECTIONS
-    from pytest_accelperf.store.machines import recorder, validate_machine, view
+#: ``show`` reads a store of at least this many bytes in two processes, half the files
+#: each (where the platform forks and has two cores): one pydantic parse of a file's bytes
+#: holds the GIL, and a 10,000-case store of 5 machines is ~50 MB.
+PARALLEL_BYTES = 16 * 2**20
 
-    root = _store_root(args.baselines)
-    patterns = [compile_pattern(p) for p in args.patterns]
-    machine = args.machine
-    if machine is not None:
-        try:
-            validate_machine(machine)
-        except UserError as exc:
-            raise CliError(str(exc).replace("--accelperf-machine", "--machine")) from None
-    rows = []
-    errors: list[str] = []
-    machines: dict[str, dict[str, _Machine]] = {}
-    # One file at a time: only the rows are kept, not every block of the store; a tree of
-    # JSON has no cycles, so the collector is paused for the walk (see gc_paused).
+
+@dataclass
+class _ShowPart:
+    """What ``show`` makes of some of a store's files: the rows, the machines of each
+    platform (:class:`_Machine`) and the errors."""
+
+    rows: list[tuple[str, ...]]
+    machines: dict[str, dict[str, _Machine]]
+    errors: list[str]
+
+
+def _show_part(paths: Sequence[tuple[str, Path, Path]], patterns: Sequence[str],
+               machine: str | None) -> _ShowPart:
+    """The rows of these files (:func:`_store_paths`), one file at a time: only the rows
+    are kept, not every block; a tree of JSON has no cycles, so the collector is paused
+    for the walk (see gc_paused)."""
+    from pytest_accelperf.store.block import TIMING_SECTIONS
+    from pytest_accelperf.store.machines import recorder, view
+
+    compiled = [compile_pattern(p) for p in patterns]
+    part = _ShowPart([], {}, [])
+    rows, machines = part.rows, part.machines
     with gc_paused():
-        for platform, module, blocks in iter_store(
-                root, args.platform, errors, fields=SHOWN_MACHINES if machine else SHOWN):
+        for platform, module, blocks in _read_files(
+                paths, part.errors, fields=SHOWN_MACHINES if machine else SHOWN):
             known = machines.setdefault(platform, {})
             for key, block in blocks.items():
                 nodeid = f"{module}.py::{key}"
-                if patterns and not any(matches(p, nodeid) for p in patterns):
+                if compiled and not any(matches(p, nodeid) for p in compiled):
                     continue
                 own = recorder(block)
                 # machines_of(block), without asking recorder() again
@@ -318,7 +339,6 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                         entry = known[name] = _Machine()
                     entry.cases += 1
                     if not entry.host:
-                        others = block.get("machines")
                         env = block.get("environment") if name == own else (
                             others.get(name, {}).get("environment")
                             if isinstance(others, Mapping) else None)
@@ -334,8 +354,65 @@ def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
                     shown, when = seen.block, seen.timing_recorded_at or "-"
                 rows.append((platform, nodeid, *_shown_cells(shown), str(len(names)),
                              str(when)))
+    return part
+
+
+def _show_parts(paths: list[tuple[str, Path, Path]], patterns: Sequence[str],
+                machine: str | None) -> list[_ShowPart]:
+    """:func:`_show_part` of every file: in this process, or, for a store of
+    :data:`PARALLEL_BYTES` or more, the files of the first half of the bytes here and the
+    rest in a forked process, at once (the parts in the walk's order, so that they merge
+    as one walk's)."""
+    import multiprocessing
+    import os
+    import threading
+
+    sizes = [path.stat().st_size for _, _, path in paths]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    # Forked only from a process of one thread (a fork copies no other thread's state).
+    if sum(sizes) < PARALLEL_BYTES or cores < 2 or len(paths) < 2 \
+            or threading.active_count() > 1 \
+            or "fork" not in multiprocessing.get_all_start_methods():
+        return [_show_part(paths, patterns, machine)]
+    half, total, cut = sum(sizes) / 2, 0, len(paths) - 1
+    for i, size in enumerate(sizes[:-1]):
+        total += size
+        if total >= half:
+            cut = i + 1
+            break
+    with multiprocessing.get_context("fork").Pool(1) as pool:  # the second half
+        second = pool.apply_async(_show_part, (paths[cut:], patterns, machine))
+        first = _show_part(paths[:cut], patterns, machine)
+        return [first, second.get()]
+
+
+def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
+    from pytest_accelperf.store.machines import validate_machine
+
+    root = _store_root(args.baselines)
+    for pattern in args.patterns:
+        compile_pattern(pattern)  # a bad pattern is an error before any file is read
+    machine = args.machine
+    if machine is not None:
+        try:
+            validate_machine(machine)
+        except UserError as exc:
+            raise CliError(str(exc).replace("--accelperf-machine", "--machine")) from None
+    parts = _show_parts(_store_paths(root, args.platform), args.patterns, machine)
+    errors = [e for part in parts for e in part.errors]
     if errors:
         raise CliError("\n".join(errors))
+    rows = [row for part in parts for row in part.rows]
+    machines: dict[str, dict[str, _Machine]] = {}
+    for part in parts:  # in the order of the walk: a machine's host is the first one seen
+        for platform, known in part.machines.items():
+            merged = machines.setdefault(platform, {})
+            for name, m in known.items():
+                into = merged.setdefault(name, _Machine())
+                into.cases += m.cases
+                into.recorded += m.recorded
+                into.host = into.host or m.host
     rows.sort(key=lambda row: (row[0], row[1]))
     if not rows:
         wanted = f" matching {' '.join(args.patterns)}" if args.patterns else ""
