@@ -113,7 +113,7 @@ class RunDetails(TypedDict, total=False):
     #: Rank 0's engine (``describe()``: DDP's or DeepSpeed's configuration).
     engine: Mapping[str, object]
     launch_seconds: float
-    #: Seconds per phase of the launch (``backends.torch.ranks.LaunchBreakdown``).
+    #: Seconds per phase of the launch (``backends.torch.processes.LaunchBreakdown``).
     timings: Mapping[str, object]
     #: Every rank's times, losses, memory and collectives (``RankSummary``).
     ranks: Sequence[Mapping[str, object]]

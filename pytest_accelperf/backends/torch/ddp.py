@@ -4,7 +4,7 @@ The torch backend's spec names this module as its ranks (``RANKS``): the plugin 
 such a case here, in ``world_size`` launched ranks (or Ray actors), each wrapping the task's
 model in ``DistributedDataParallel`` with the task's own optimizer. The rank loop
 (:mod:`pytest_accelperf.backends.torch.in_rank`), what is measured and how
-(:mod:`pytest_accelperf.backends.torch.ranks`), are shared with DeepSpeed.
+(:mod:`pytest_accelperf.backends.torch.processes`), are shared with DeepSpeed.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, register_ddp_hook
 from pytest_accelperf.backends.torch.in_rank import EngineDescription, RankPlan
+from pytest_accelperf.backends.torch.processes import TorchRanks
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
-from pytest_accelperf.backends.torch.ranks import TorchRanks
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator

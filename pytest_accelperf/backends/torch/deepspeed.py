@@ -8,7 +8,7 @@ trains, converted to one) with ``deepspeed.initialize`` in
 ``case.world_size`` processes that the plugin launches itself (no ``deepspeed`` or
 ``torchrun`` launcher: :mod:`pytest_accelperf.backends.procs.launch`; gloo on the CPU, nccl on
 GPUs), or as Ray actors. The rank loop (:mod:`pytest_accelperf.backends.torch.in_rank`), what
-is measured and how (:mod:`pytest_accelperf.backends.torch.ranks`), are shared with DDP;
+is measured and how (:mod:`pytest_accelperf.backends.torch.processes`), are shared with DDP;
 this module builds the
 engine, and its ``RANKS`` is what the backend's spec names as its ranks.
 
@@ -75,8 +75,8 @@ from pytest_accelperf.backends.procs.ranks import train_in_ranks
 from pytest_accelperf.backends.protocol import Fit, Task, TrainResult
 from pytest_accelperf.backends.torch.comm import CommCounter, count_deepspeed
 from pytest_accelperf.backends.torch.in_rank import EngineDescription, RankPlan
+from pytest_accelperf.backends.torch.processes import TorchRanks, micro_batch, resolve_clip
 from pytest_accelperf.backends.torch.rank_step import RankStep, compiled_graphs, group_summary
-from pytest_accelperf.backends.torch.ranks import TorchRanks, micro_batch, resolve_clip
 from pytest_accelperf.backends.types import Framework, FrameworkKwargs
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError

@@ -3,7 +3,7 @@
 This module is the rank's side: the code that a rank (a process launched by
 :mod:`pytest_accelperf.backends.procs.launch`, a warm rank of a pool, or a Ray actor) runs,
 and what it is shipped. The parent's side, which makes the plan, launches the ranks and
-builds the run of what they return, is :mod:`pytest_accelperf.backends.torch.ranks`, whose
+builds the run of what they return, is :mod:`pytest_accelperf.backends.torch.processes`, whose
 docstring says what is measured and how the run is assembled; it imports this module, and
 this module imports nothing of it.
 

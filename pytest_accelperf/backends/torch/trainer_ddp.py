@@ -145,7 +145,7 @@ def build_run(case: Case, launched: LaunchResult,
     raised the user's error (:class:`TaskError`, :class:`ConfigError`) raises it here, as
     one process would."""
     from pytest_accelperf.backends.torch.comm import largest_over_ranks
-    from pytest_accelperf.backends.torch.ranks import launch_timings
+    from pytest_accelperf.backends.torch.processes import launch_timings
 
     failed = launched.failed
     if launched.outcome == "error" and failed is not None and failed.error:

@@ -25,7 +25,7 @@ pytest.importorskip("cloudpickle")
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
 from pytest_accelperf.backends.torch.deepspeed import BACKEND, DeepSpeedRankEngine, ds_config  # noqa: E402
 from pytest_accelperf.backends.torch.in_rank import slice_batch  # noqa: E402
-from pytest_accelperf.backends.torch.ranks import make_plan, train_reference  # noqa: E402
+from pytest_accelperf.backends.torch.processes import make_plan, train_reference  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402

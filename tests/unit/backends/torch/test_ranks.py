@@ -29,7 +29,7 @@ from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
     zero_defaults,
 )
 from pytest_accelperf.backends.torch.in_rank import RankPlan, micro_batches  # noqa: E402
-from pytest_accelperf.backends.torch.ranks import train_reference  # noqa: E402
+from pytest_accelperf.backends.torch.processes import train_reference  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
