@@ -51,8 +51,6 @@ from pytest_accelperf.backends.measure.common import (
     Phases,
     TaskError,
     describe,
-    fingerprint,
-    with_state,
 )
 from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop, HeldStepper
 from pytest_accelperf.backends.measure.notes import say
@@ -65,15 +63,13 @@ from pytest_accelperf.backends.torch.launched import launched
 from pytest_accelperf.backends.torch.memory import (
     GROWTH_STEPS,
     MEMORY_STEPS,
-    _oom_message,
-    _oom_record,
-    cpu_memory_growth,
     reset_cuda_peak,
 )
 from pytest_accelperf.backends.torch.on_device import _device
-from pytest_accelperf.backends.torch.step import host_array, optimizer_steps
+from pytest_accelperf.backends.torch.step import optimizer_steps
 from pytest_accelperf.backends.torch.step_record import eager_program
 from pytest_accelperf.backends.torch.task import sync, torch_probe
+from pytest_accelperf.backends.torch.trainer_run import record_counted, record_trained
 from pytest_accelperf.backends.types import FrameworkKwargs
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
@@ -328,18 +324,9 @@ class HfBackend:
             # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
             with phases("memory"):
                 counting = count(built, case, device, root, memory=device.type == "cpu")
-            memory = counting.memory()
-            if memory is not None:
-                draft.memory({label: memory.peak}, memory.source)
-                draft.memory_growth(cpu_memory_growth(memory))
-                capacity = case.memory_capacity
-                if capacity and memory.peak > capacity:
-                    oom = _oom_record(memory.peak, int(capacity), memory.source)
-                    draft.failed("oom", _oom_message(oom), oom=oom)
-                    draft.phases(phases.record())
-                    return TrainResult(run=draft.build(), notes=built.notes)
-            draft.counted(flops=counting.flops,
-                          program=eager_program(counting.flops, counting.ops))
+            if record_counted(draft, counting, label, case):  # over the case's capacity
+                draft.phases(phases.record())
+                return TrainResult(run=draft.build(), notes=built.notes)
             # 2. measured
             with phases("probe"):
                 probe = torch_probe(device, n=PROBE_N)
@@ -362,20 +349,12 @@ class HfBackend:
             built.notes.append(extra)
         if measured.tokens_per_sample:
             draft.tokens(case.batch * measured.tokens_per_sample)
-        if device.type == "cuda":
-            draft.memory({label: int(torch.cuda.max_memory_allocated(device))},
-                         "cuda_allocator")
-        draft.loop(trained, probe)
-        with phases("fingerprint"):
-            own = {k: host_array(v) for k, v in built.model.state_dict().items()
-                   if isinstance(v, torch.Tensor)}
-            params, state_names = with_state(own, state_beside(trainer))
-            draft.fingerprint(fingerprint(params, state_names))
-        if built.notes:
-            draft.detail(notes=list(built.notes))
-        draft.stopped(trained, timeout, case, f"{built.label}: the Trainer",
-                      "a callback set control.should_training_stop, or the data ended")
-        draft.phases(phases.record())
+        params = record_trained(
+            draft, device=device, label=label, trained=trained, probe=probe,
+            model=built.model, beside=state_beside(trainer), notes=built.notes, case=case,
+            timeout=timeout, who=f"{built.label}: the Trainer",
+            why="a callback set control.should_training_stop, or the data ended",
+            phases=phases)
         return TrainResult(run=draft.build(), params=params, state=built.model,
                            notes=built.notes)
 

@@ -51,8 +51,6 @@ from pytest_accelperf.backends.lightning.fit import (
 )
 from pytest_accelperf.backends.measure.common import (
     Phases,
-    fingerprint,
-    with_state,
 )
 from pytest_accelperf.backends.measure.notes import say
 from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
@@ -61,15 +59,12 @@ from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.memory import (
     MEMORY_STEPS,
-    _oom_message,
-    _oom_record,
-    cpu_memory_growth,
     reset_cuda_peak,
 )
 from pytest_accelperf.backends.torch.on_device import _device
-from pytest_accelperf.backends.torch.step import host_array, optimizer_steps
-from pytest_accelperf.backends.torch.step_record import eager_program
+from pytest_accelperf.backends.torch.step import optimizer_steps
 from pytest_accelperf.backends.torch.task import sync, torch_probe
+from pytest_accelperf.backends.torch.trainer_run import record_counted, record_trained
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -142,18 +137,9 @@ class LightningBackend:
             with phases("memory"):
                 counting = count(built, lightning_task, case, device, root,
                                  memory=device.type == "cpu", saved=saved)
-            memory = counting.memory()
-            if memory is not None:
-                draft.memory({label: memory.peak}, memory.source)
-                draft.memory_growth(cpu_memory_growth(memory))
-                capacity = case.memory_capacity
-                if capacity and memory.peak > capacity:
-                    oom = _oom_record(memory.peak, int(capacity), memory.source)
-                    draft.failed("oom", _oom_message(oom), oom=oom)
-                    draft.phases(phases.record())
-                    return TrainResult(run=draft.build(), notes=built.notes)
-            draft.counted(flops=counting.flops,
-                          program=eager_program(counting.flops, counting.ops))
+            if record_counted(draft, counting, label, case):  # over the case's capacity
+                draft.phases(phases.record())
+                return TrainResult(run=draft.build(), notes=built.notes)
             # 2. measured
             with phases("probe"):
                 probe = torch_probe(device, n=PROBE_N)
@@ -175,20 +161,12 @@ class LightningBackend:
         if extra:
             say([extra])
             built.notes.append(extra)
-        if device.type == "cuda":
-            draft.memory({label: int(torch.cuda.max_memory_allocated(device))},
-                         "cuda_allocator")
-        draft.loop(trained, probe)
-        with phases("fingerprint"):
-            own = {k: host_array(v) for k, v in built.module.state_dict().items()
-                   if isinstance(v, torch.Tensor)}
-            params, state_names = with_state(own, state_beside(trainer))
-            draft.fingerprint(fingerprint(params, state_names))
-        if built.notes:
-            draft.detail(notes=list(built.notes))
-        draft.stopped(trained, timeout, case, f"{built.label}: Lightning",
-                      "a callback or the module set trainer.should_stop, or the data ended")
-        draft.phases(phases.record())
+        params = record_trained(
+            draft, device=device, label=label, trained=trained, probe=probe,
+            model=built.module, beside=state_beside(trainer), notes=built.notes, case=case,
+            timeout=timeout, who=f"{built.label}: Lightning",
+            why="a callback or the module set trainer.should_stop, or the data ended",
+            phases=phases)
         return TrainResult(run=draft.build(), params=params, state=built.module,
                            notes=built.notes)
 
