@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -755,8 +756,7 @@ def test_step_times_far_more_dispersed_than_the_baseline_s_are_not_judged() -> N
     base = probed(0.010, 0.004)
     rng = np.random.default_rng(3)
     wild = [float(x) for x in 0.02 * rng.lognormal(0.0, 1.0, 30)]
-    now = probed(0.020, 0.004, seed=1)
-    now.step_times = wild
+    now = replace(probed(0.020, 0.004, seed=1), step_times=wild)
     r = checks(now, stored(base), Tolerances(throughput_tolerance=0.1))["throughput"]
     assert r.verdict is Verdict.INCONCLUSIVE
     assert "this run's step times are contaminated" in r.detail
