@@ -57,6 +57,7 @@ def test_sweep(accelperf):
 '''
 
 
+@pytest.mark.slow  # 63 s under -n 2 (2026-11-29)
 def test_regression_writes_every_report_and_accept_makes_the_next_run_pass(
         suite: Suite, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("vl_convert")  # --accelperf-html
@@ -124,6 +125,7 @@ def test_small(accelperf):
 '''
 
 
+@pytest.mark.slow  # 21 s under -n 2 (2026-11-29)
 def test_junit_properties_survive_xdist(suite: Suite) -> None:
     suite.write(TWO_SMALL)
     result = suite.run("-n", "2", "--accelperf-update", "--junitxml=junit.xml",
@@ -403,6 +405,7 @@ def test_prune_with_a_node_id_list(workdir: Path, capsys: pytest.CaptureFixture[
     assert (workdir / "baselines" / PLATFORM / "suites" / "test_other.json").exists()
 
 
+@pytest.mark.slow  # 16 s under -n 2 (2026-11-29)
 def test_prune_collects_with_pytest(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store = BaselineStore(workdir / "baselines", PLATFORM)
     block = summarize(make_run(Case(backend="jax", batch=8), step_time=0.01)).to_json()

@@ -384,6 +384,7 @@ def test_a_session_fails_on_a_fifo_nobody_reads(project: pytest.Pytester) -> Non
     assert stat.S_ISFIFO(os.lstat(project.path / "r.json").st_mode)
 
 
+@pytest.mark.slow  # 18 s under -n 2 (2026-11-29)
 def test_a_session_writes_through_a_symlink(project: pytest.Pytester) -> None:
     target = project.path / "reports" / "r.json"
     target.parent.mkdir()
@@ -421,6 +422,7 @@ def test_json_to_dev_stdout_redirected_to_a_file_keeps_pytest_s_output(
     assert "accelperf: JSON report written to /dev/stdout" in lines
 
 
+@pytest.mark.slow  # 21 s under -n 2 (2026-11-29)
 def test_json_to_dev_stdout_after_a_line_of_ours_mid_run_starts_on_its_own_line(
         project: pytest.Pytester) -> None:
     """A line the plugin writes while a test runs (a wait for the host lock, beside another
@@ -447,6 +449,7 @@ def pytest_runtest_call(item):
     assert report["exit_status"] == 0
 
 
+@pytest.mark.slow  # 62 s under -n 2 (2026-11-29)
 def test_json_to_stdout_through_a_pipe(project: pytest.Pytester) -> None:
     """``pytest -p no:terminal --accelperf-json=- | jq``: stdout is the report alone."""
     done = subprocess.run(
@@ -473,6 +476,7 @@ def test_json_to_a_descriptor_of_its_own(project: pytest.Pytester) -> None:
     assert "1 passed" in out and "{" not in out
 
 
+@pytest.mark.slow  # 67 s under -n 2 (2026-11-29)
 def test_no_accept_command_names_a_report_that_cannot_be_read_back(
         project: pytest.Pytester, tmp_path: Path) -> None:
     """A report written to a descriptor (or a FIFO, a device) is gone once read: the failure
