@@ -388,17 +388,11 @@ def _show_parts(paths: list[tuple[str, Path, Path]], patterns: Sequence[str],
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:
-    from pytest_accelperf.store.machines import validate_machine
 
     root = _store_root(args.baselines)
     for pattern in args.patterns:
         compile_pattern(pattern)  # a bad pattern is an error before any file is read
-    machine = args.machine
-    if machine is not None:
-        try:
-            validate_machine(machine)
-        except UserError as exc:
-            raise CliError(str(exc).replace("--accelperf-machine", "--machine")) from None
+    machine = _machine_option(args.machine)
     parts = _show_parts(_store_paths(root, args.platform), args.patterns, machine)
     errors = [e for part in parts for e in part.errors]
     if errors:
@@ -551,15 +545,21 @@ def diff_rows(old: Mapping[tuple[str, str], Mapping[str, object]],
     return rows, same
 
 
-def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
+def _machine_option(machine: str | None) -> str | None:
+    """``--machine NAME`` as a name the store keys timing by, or one line naming the fix."""
     from pytest_accelperf.store.machines import validate_machine
 
-    machine = args.machine
     if machine is not None:
         try:
             validate_machine(machine)
         except UserError as exc:
             raise CliError(str(exc).replace("--accelperf-machine", "--machine")) from None
+    return machine
+
+
+def cmd_diff(args: argparse.Namespace, out: TextIO) -> int:
+
+    machine = _machine_option(args.machine)
     old, old_machine = _side(args.old, args.platform)
     new, new_machine = _side(args.new, args.platform)
     old_is_report, new_is_report = old_machine is not None, new_machine is not None

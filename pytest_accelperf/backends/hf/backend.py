@@ -59,7 +59,7 @@ from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
 from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.counting import COUNTED_STEP
-from pytest_accelperf.backends.torch.launched import launched
+from pytest_accelperf.backends.torch.launched import one_device as trainer_one_device
 from pytest_accelperf.backends.torch.memory import (
     GROWTH_STEPS,
     MEMORY_STEPS,
@@ -392,19 +392,8 @@ def _epochs_note(built: Built, case: Case) -> str | None:
 
 
 def one_device(case: Case) -> None:
-    """Refuse a case this process cannot train: more than one device, unless this is one
-    of the case's launched ranks (:mod:`.hf.ddp`), or a reference run."""
-    rank = launched()
-    if case.world_size > 1 and (rank is None or rank.world_size != case.world_size):
-        raise ConfigError(f"{case.id}: an hf case of world_size={case.world_size} trains "
-                          f"the Trainer's DDP in the plugin's launched ranks "
-                          f"(accelperf.train sends it there), not in one process")
-    if case.n_devices != case.world_size:
-        raise ConfigError(f"{case.id}: the hf backend trains one device a process "
-                          f"(mesh={case.mesh}): declare world_size for data parallelism")
-    if case.reference:
-        raise ConfigError(f"{case.id}: the hf backend has no single-device reference run: "
-                          f"drop reference=True")
+    """Refuse a case this process cannot train (:func:`.torch.launched.one_device`)."""
+    trainer_one_device(case, "an hf", "the Trainer's DDP")
 
 
 class HfStepper(HeldStepper):

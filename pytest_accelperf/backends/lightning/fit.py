@@ -32,9 +32,9 @@ from pytest_accelperf.backends.lightning.task import OWNED, LightningTask
 from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.protocol import Task
 from pytest_accelperf.backends.torch.launched import launched
+from pytest_accelperf.backends.torch.launched import one_device as trainer_one_device
 from pytest_accelperf.backends.torch.memory import GROWTH_STEPS, MEMORY_STEPS
 from pytest_accelperf.collect.cases import Case
-from pytest_accelperf.errors import ConfigError
 
 
 def as_lightning_task(task: Task) -> LightningTask:
@@ -224,16 +224,5 @@ def launched_ddp(kwargs: dict[str, Any], notes: list[str]) -> None:
 
 
 def one_device(case: Case) -> None:
-    """Refuse a case this process cannot train: more than one device, unless this is one
-    of the case's launched ranks (:mod:`.lightning.ddp`), or a reference run."""
-    rank = launched()
-    if case.world_size > 1 and (rank is None or rank.world_size != case.world_size):
-        raise ConfigError(f"{case.id}: a lightning case of world_size={case.world_size} "
-                          f"trains Lightning's DDP in the plugin's launched ranks "
-                          f"(accelperf.train sends it there), not in one process")
-    if case.n_devices != case.world_size:
-        raise ConfigError(f"{case.id}: the lightning backend trains one device a process "
-                          f"(mesh={case.mesh}): declare world_size for data parallelism")
-    if case.reference:
-        raise ConfigError(f"{case.id}: the lightning backend has no single-device reference "
-                          f"run: drop reference=True")
+    """Refuse a case this process cannot train (:func:`.torch.launched.one_device`)."""
+    trainer_one_device(case, "a lightning", "Lightning's DDP")

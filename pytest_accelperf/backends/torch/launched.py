@@ -32,6 +32,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pytest_accelperf.backends.torch.comm import CommCounter, payload_bytes
 from pytest_accelperf.backends.types import Untyped
+from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch._ops import OpOverload
@@ -119,3 +121,21 @@ class CollectiveMode(TorchDispatchMode):  # type: ignore[no-untyped-call]  # unt
 
 
 __all__ = ["C10D_KINDS", "CollectiveMode", "Launched", "inside", "launched"]
+
+
+def one_device(case: Case, backend: str, ddp: str) -> None:
+    """Refuse a case a torch trainer's process cannot train (``backend``: ``"a lightning"``,
+    ``"an hf"``; ``ddp``: whose DDP it trains over ranks): more than one device, unless
+    this is one of the case's launched ranks, or a reference run."""
+    rank = launched()
+    name = backend.split()[-1]
+    if case.world_size > 1 and (rank is None or rank.world_size != case.world_size):
+        raise ConfigError(f"{case.id}: {backend} case of world_size={case.world_size} "
+                          f"trains {ddp} in the plugin's launched ranks "
+                          f"(accelperf.train sends it there), not in one process")
+    if case.n_devices != case.world_size:
+        raise ConfigError(f"{case.id}: the {name} backend trains one device a process "
+                          f"(mesh={case.mesh}): declare world_size for data parallelism")
+    if case.reference:
+        raise ConfigError(f"{case.id}: the {name} backend has no single-device reference "
+                          f"run: drop reference=True")
