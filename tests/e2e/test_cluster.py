@@ -8,16 +8,12 @@ subprocess session.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import re
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import uuid
@@ -36,19 +32,11 @@ pytest.importorskip("cloudpickle")
 #: Checked without importing it: DeepSpeed is imported in its ranks only, never in pytest.
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 
-from pytest_accelperf.cluster.address import Target, auto_target, probe, split_address  # noqa: E402
-from pytest_accelperf.cluster.connection import (  # noqa: E402
-    HOST_RESOURCE,
-    Cluster,
-    ClusterError,
-    check_address,
-)
+from unit.cluster.test_address import _free_port  # noqa: E402
+
+from pytest_accelperf.cluster.connection import HOST_RESOURCE, Cluster, ClusterError  # noqa: E402
 from pytest_accelperf.cluster.dispatch import train as cluster_train  # noqa: E402
-from pytest_accelperf.cluster.placement import (  # noqa: E402
-    describe_nodes,
-    feasible,
-    placement,
-)
+from pytest_accelperf.cluster.placement import describe_nodes  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator  # noqa: E402
 
@@ -113,84 +101,6 @@ def _no_processes_left(mark: str) -> None:
     assert not _marked_processes(mark), json.dumps(_marked_processes(mark), indent=1)
 
 
-def test_address_values() -> None:
-    assert check_address("local") == "local"
-    assert check_address("10.0.0.2:6379") == "10.0.0.2:6379"
-    with pytest.raises(pytest.UsageError, match=r"Ray Client \(ray://\) is not supported"):
-        check_address("ray://10.0.0.2:10001")
-    # no port: Ray's default GCS port, which Ray itself would not add
-    assert check_address("somewhere") == "somewhere:6379"
-    assert check_address("[::1]") == "[::1]:6379"
-    assert check_address("[fe80::1]:7000") == "[fe80::1]:7000"
-    with pytest.raises(pytest.UsageError, match=r"=::1:6379: write an IPv6 address in "
-                                                r"brackets.*expected local"):
-        check_address("::1:6379")
-    for bad in ("somewhere:", "somewhere:x", "somewhere:0", "somewhere:70000", ":6379",
-                "[::1]6379"):
-        with pytest.raises(pytest.UsageError, match=f"--accelperf-cluster={re.escape(bad)}: "):
-            check_address(bad)
-
-
-def test_what_auto_connects_to(tmp_path: Path) -> None:
-    written = tmp_path / "ray_current_cluster"
-    assert auto_target({}, written) is None  # Ray looks for itself; nothing cheap to ask
-    written.write_text("10.0.0.3:6380\n")
-    assert auto_target({}, written) == Target("10.0.0.3", 6380,
-                                              f"{written} says 10.0.0.3:6380")
-    assert auto_target({"RAY_ADDRESS": "[::1]:7000"}, written) == Target(
-        "::1", 7000, "RAY_ADDRESS=[::1]:7000")
-    assert auto_target({"RAY_ADDRESS": "auto"}, None) is None
-    assert split_address("ray://head").port == 10001  # the Ray Client server's default
-
-
-def _free_port() -> int:
-    """A port of 127.0.0.1 where nothing listens (it was free a moment ago)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # what a gRPC server greets with
-
-
-def test_a_head_that_is_still_starting_is_waited_for() -> None:
-    port = _free_port()
-    started = threading.Event()
-
-    def start_late() -> None:  # the GCS port opens 1.5 s after the first try
-        time.sleep(1.5)
-        with socket.create_server(("127.0.0.1", port)) as server:
-            started.set()
-            conn, _ = server.accept()
-            with conn:
-                conn.recv(64)
-                conn.sendall(SETTINGS_FRAME)
-
-    threading.Thread(target=start_late, daemon=True).start()
-    t0 = time.monotonic()
-    assert probe(Target("127.0.0.1", port), 10) is None
-    assert started.is_set() and 1.5 <= time.monotonic() - t0 < 5
-
-
-def test_another_protocol_is_not_asked_again() -> None:
-    """A service that answers in another protocol (here HTTP/1) will not become a GCS:
-    it is named at once, with the start of what it said, and not asked for the wait."""
-    with socket.create_server(("127.0.0.1", 0)) as server:
-        def answer() -> None:
-            conn, _ = server.accept()
-            with conn:
-                conn.recv(64)
-                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
-
-        threading.Thread(target=answer, daemon=True).start()
-        t0 = time.monotonic()
-        silence = probe(Target("127.0.0.1", server.getsockname()[1]), 30)
-    assert time.monotonic() - t0 < 5
-    assert silence is not None and silence.answered and silence.final and silence.tries == 1
-    assert silence.reason == ("it answered b'HTTP/1.1 400 Bad Request\\r\\n\\r\\n', not as a "
-                              "gRPC server does")
-
-
 def test_a_dead_address_fails_each_case_within_the_wait_naming_it(suite: Suite) -> None:
     """Ray's own connect to an address where nothing listens retries for minutes, saying
     nothing (a user waited 150 s); the address is asked first, for the wait only, and the
@@ -219,131 +129,6 @@ def test_a_dead_address_fails_each_case_within_the_wait_naming_it(suite: Suite) 
     assert len(times) == 2
     assert 1.9 <= times[0] < 15, times  # the wait, and not Ray's minutes
     assert times[1] < 1.0, times
-
-
-def _connect_in_subprocess(address: str, *, wait: float, grace: float = 30.0,
-                           env: dict[str, str] | None = None) -> tuple[float, str]:
-    """``Cluster.connect(address, wait=wait)`` in a fresh process (this one may be connected
-    to the module's cluster already): seconds it took, and the ClusterError's message."""
-    code = textwrap.dedent('''
-        import inspect, sys, time
-        from pytest_accelperf.cluster import connection
-        connection.RAY_CONNECT_GRACE_S = float(sys.argv[3])
-        # The code before the probe had no wait: call it as it can be called.
-        kw = ({"wait": float(sys.argv[2])}
-              if "wait" in inspect.signature(connection.Cluster.connect).parameters else {})
-        t0 = time.monotonic()
-        try:
-            connection.Cluster.connect(sys.argv[1], **kw)
-        except connection.ClusterError as exc:
-            print(f"{time.monotonic() - t0:.2f}", exc, sep="\\n")
-        else:
-            print("connected")
-    ''')
-    done = subprocess.run([sys.executable, "-c", code, address, str(wait), str(grace)],
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
-    lines = done.stdout.strip().splitlines()
-    assert len(lines) == 2, done.stdout + done.stderr
-    return float(lines[0]), lines[1]
-
-
-@pytest.fixture
-def listener() -> Iterator[tuple[socket.socket, list[socket.socket]]]:
-    """A TCP server on every interface (Ray connects to this host's address, not to
-    127.0.0.1) that accepts and says nothing; the connections it accepted."""
-    server = socket.create_server(("", 0))
-    accepted: list[socket.socket] = []
-
-    def serve() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                accepted.append(server.accept()[0])
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield server, accepted
-    server.close()
-    for conn in accepted:
-        conn.close()
-
-
-def test_an_address_that_accepts_and_says_nothing_is_not_waited_on(
-        listener: tuple[socket.socket, list[socket.socket]]) -> None:
-    port = listener[0].getsockname()[1]
-    seconds, message = _connect_in_subprocess(f"127.0.0.1:{port}", wait=2)
-    assert re.fullmatch(re.escape(
-        f"--accelperf-cluster=127.0.0.1:{port}: 127.0.0.1:{port} is not a Ray GCS: it "
-        f"accepted the connection but said nothing within ") + r"[\d.]+ s \(\d tr(y|ies) in 2 s\)"
-        + re.escape("; pass the GCS address that 'ray start --head' prints (port 6379 by "
-                    "default), not the dashboard's, the Ray Client's or another service's"),
-        message), message
-    assert 1.9 <= seconds < 10
-
-
-def test_rays_own_connect_is_bounded_where_the_address_greets_as_grpc_does(
-        listener: tuple[socket.socket, list[socket.socket]]) -> None:
-    """Past the probe (something answers the HTTP/2 greeting), Ray's connect can still
-    wait for minutes on a server that never answers its calls: it gets a deadline."""
-    server, accepted = listener
-    port = server.getsockname()[1]
-
-    def greet() -> None:  # answer every connection's greeting with a SETTINGS frame
-        greeted: set[int] = set()
-        while server.fileno() != -1:
-            for conn in list(accepted):
-                if id(conn) not in greeted:
-                    greeted.add(id(conn))
-                    with contextlib.suppress(OSError):
-                        conn.sendall(SETTINGS_FRAME)
-            time.sleep(0.05)
-
-    threading.Thread(target=greet, daemon=True).start()
-    seconds, message = _connect_in_subprocess(f"127.0.0.1:{port}", wait=1, grace=3)
-    assert message == (
-        f"--accelperf-cluster=127.0.0.1:{port}: 127.0.0.1:{port} answers, but Ray did not "
-        f"connect to it within 4 s; is it the GCS address that 'ray start --head' printed, "
-        f"of a cluster this machine can reach?")
-    assert 3.9 <= seconds < 12
-    assert len(accepted) >= 2  # the probe's, and Ray's own
-
-
-def test_auto_asks_what_ray_address_names() -> None:
-    port = _free_port()
-    seconds, message = _connect_in_subprocess(
-        "auto", wait=1, env={"RAY_ADDRESS": f"127.0.0.1:{port}"})
-    assert message.startswith(
-        f"--accelperf-cluster=auto (RAY_ADDRESS=127.0.0.1:{port}): no answer from "
-        f"127.0.0.1:{port} (connection refused, ")
-    assert seconds < 10
-
-
-def test_each_process_of_a_multihost_jax_case_gets_its_share_of_devices() -> None:
-    from pytest_accelperf.backends.jax.processes import check_case, local_xla_flags
-
-    flags = "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8"
-    assert local_xla_flags(flags, 4) == ("--xla_cpu_foo=1 "
-                                         "--xla_force_host_platform_device_count=4")
-    cpu = Accelerator(name="cpu", platform="cpu-x8", device_kind="cpu", device_count=8)
-    with pytest.raises(ValueError, match="drop reference=True"):
-        check_case(Case(backend="jax", batch=8, world_size=2, reference=True), cpu)
-    with pytest.raises(ValueError, match="do not split over 3 processes"):
-        check_case(Case(backend="jax", batch=8, world_size=3), cpu)
-
-
-def test_placement_holds_the_whole_host_or_the_platform_devices() -> None:
-    one_host = [{"Resources": {"CPU": 2.0, HOST_RESOURCE: 1.0}}]
-    cpu = Accelerator(name="cpu", platform="cpu-x8", device_kind="cpu", device_count=8)
-    assert placement(Case(backend="jax", batch=8), cpu, one_host) == (
-        [{HOST_RESOURCE: 1.0}], "PACK")
-    two = Case(backend="deepspeed", zero_stage=0, batch=8, world_size=2)
-    # one host: the two ranks share it, and hold all of it
-    assert placement(two, cpu, one_host) == ([{HOST_RESOURCE: 0.5}] * 2, "PACK")
-    assert placement(two, cpu, one_host * 2) == ([{HOST_RESOURCE: 1.0}] * 2, "STRICT_SPREAD")
-    gpu = Accelerator(name="gpu", platform="gpu-h100-x8", device_kind="H100", device_count=8)
-    assert placement(two, gpu, []) == ([{"GPU": 4.0}] * 2, "SPREAD")
-    assert feasible([{HOST_RESOURCE: 0.5}] * 2, "PACK", one_host)
-    assert not feasible([{"GPU": 8.0}], "PACK", one_host)
-    assert not feasible([{HOST_RESOURCE: 1.0}] * 2, "STRICT_SPREAD", one_host)
 
 
 @pytest.mark.slow
