@@ -118,6 +118,7 @@ def _throughput(suite: Suite) -> dict[str, object]:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> None:
     model = repo.pytester.path / "model.py"
     model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 2048"))
@@ -229,6 +230,7 @@ def test_a_changed_training_fails_on_numerics_and_loss_against_the_base(repo: Su
                                  "*A/B verdicts are not stored*"])
 
 
+@pytest.mark.timing
 def test_a_batch_function_that_waits_fails_against_the_base(repo: Suite) -> None:
     """nanoGPT's blind spot in A/B mode: the working tree's ``make_batch`` sleeps 20 ms a
     batch (a slow read). No A/B step time includes it (the batch is made beside the step)
@@ -254,6 +256,7 @@ def test_a_batch_function_that_waits_fails_against_the_base(repo: Suite) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_an_unchanged_tree_is_not_a_regression(repo: Suite) -> None:
     """A/A at the default contamination bound: beside other tests (``-n 2``) the rounds
     are contaminated and ``inconclusive``; on a quiet machine, within the tolerance."""
@@ -601,6 +604,7 @@ def test_step(accelperf):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_processes_of_different_speed_are_sampled_not_called_a_change(suite: Suite) -> None:
     """The same program in every worker, each process at its own speed: with one process
     per revision the rounds' interval calls the 20 % between its two processes a

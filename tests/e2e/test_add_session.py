@@ -23,6 +23,7 @@ def test_sweep(accelperf):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_add_session_end_to_end(suite: Suite) -> None:
     suite.write(ONE_CASE)
     result = suite.run("--accelperf-add-session")

@@ -169,6 +169,7 @@ def test_regression(accelperf):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_backend_named_by_module_is_compared_in_ab_mode(suite: Suite,
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:

@@ -108,6 +108,7 @@ def throughput(suite: Suite) -> dict[str, Any]:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.timing
 def test_unconfirmed_slowdown_passes_with_a_note(suite: Suite) -> None:
     # 10 measured steps, not 20: every call of the first training sleeps (16 calls, not
     # 24 of 26), and they were most of this test's time (over 12 s) and all of it held the

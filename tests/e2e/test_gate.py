@@ -58,6 +58,7 @@ def test_update_then_rerun_passes_and_file_is_diffable(recorded: Suite) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_throughput_claimed_much_faster_fails(recorded: Suite) -> None:
     # A baseline edited to claim 4x the throughput. (4x, not 2x: under -n 2 the other
     # worker's load can make recording and checking differ by 2x on this 2-core machine;
@@ -83,6 +84,7 @@ def test_throughput_claimed_much_faster_fails(recorded: Suite) -> None:
     ])
 
 
+@pytest.mark.timing
 def test_faster_is_an_improvement_and_passes(recorded: Suite) -> None:
     def double(block: dict[str, Any]) -> None:
         # 10x: the run must look faster even if the machine was loaded when it recorded

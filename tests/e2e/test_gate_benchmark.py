@@ -36,6 +36,7 @@ gate = _gate_module()
 # -- fault injection -------------------------------------------------------------------
 
 
+@pytest.mark.timing
 def test_stretch_makes_a_step_longer_by_the_fraction() -> None:
     for fraction in (0.0, 0.5, 1.0):
         t0 = time.perf_counter()
@@ -172,6 +173,7 @@ STEPS = 10
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     """One run each of no slowdown and a 4x slowdown, no load: the JSON has every run's
     outcome, and accelperf flags the 4x slowdown (50 % flaked twice in ~27 runs on a
@@ -218,6 +220,8 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     flagged = runs[1]["arms"]["accelperf"]
     assert flagged["verdict"] == "regression" and flagged["alarm"] is True, (
         flagged["detail"], flagged["unconfirmed"], flagged["raw_ratio"])
+    # A margin on measured time (1.28 was seen beside CI's background jobs): marked
+    # ``timing``, this test runs in CI's phase alone on the machine.
     assert flagged["ratio"] > 1.5
     rows = {(s["slowdown"], s["arm"]): s for s in doc["summary"]}
     assert rows[(3.0, "accelperf")]["alarms"] == 1
@@ -227,6 +231,7 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     """The A/B mode of the benchmark: a git repository whose working tree makes one case's
     step three times as slow as the base revision's, measured with --accelperf-compare."""

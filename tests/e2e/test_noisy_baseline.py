@@ -253,6 +253,7 @@ PROBE_BOUND = "--accelperf-max-probe-spread=0.5"
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_short_case_whose_probe_is_unsteady_is_recorded_and_judged(suite: Suite) -> None:
     """Issue 24, end to end: recorded with an unsteady probe and steady steps, the case is
     not stored noisy, and later runs judge it on its step times, saying that drift
@@ -298,6 +299,7 @@ def test_a_short_case_whose_probe_is_unsteady_is_recorded_and_judged(suite: Suit
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.timing
 def test_a_noisy_recording_is_re_measured_and_the_quiet_one_stored(suite: Suite) -> None:
     noisy_suite(suite)
     for attempt in range(2):
@@ -326,6 +328,7 @@ def test_a_noisy_recording_is_re_measured_and_the_quiet_one_stored(suite: Suite)
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.timing
 def test_a_recording_that_stays_noisy_is_stored_marked_and_never_judged(suite: Suite) -> None:
     noisy_suite(suite)
     noise_for(suite, -1)
@@ -369,6 +372,7 @@ def test_a_recording_that_stays_noisy_is_stored_marked_and_never_judged(suite: S
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.timing
 def test_without_re_measurement_a_noisy_recording_is_marked_at_once(suite: Suite) -> None:
     noisy_suite(suite)
     noise_for(suite, 1)  # a re-measurement would be quiet: there is none
@@ -380,6 +384,7 @@ def test_without_re_measurement_a_noisy_recording_is_marked_at_once(suite: Suite
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
+@pytest.mark.timing
 def test_a_session_added_noisy_is_kept_marked(suite: Suite) -> None:
     noisy_suite(suite)
     suite.run("--accelperf-update", BOUND).assert_outcomes(passed=1)

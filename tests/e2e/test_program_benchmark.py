@@ -115,6 +115,7 @@ REGRESSIONS = ("precision", "slow_batch", "item_sync")
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_program_benchmark_end_to_end(tmp_path: Path) -> None:
     """The smallest benchmark on two of its cases (the JAX MLP, the eager GPT-2 of a
     nanoGPT-style loop): the baselines, one unchanged session (two trials) and one session

@@ -134,6 +134,7 @@ def test_jit(accelperf):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_confirmation_keeps_the_first_compile_time(suite: Suite) -> None:
     pytest.importorskip("flax")
     suite.write(JIT_SUITE)

@@ -128,6 +128,7 @@ def _left_running(marker: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_ddp_and_zero2_against_the_base_in_their_own_rank_groups(suite: Suite) -> None:
     pytest.importorskip("deepspeed")  # the zero2 cases (the inner session skips them)
     path = suite.pytester.path

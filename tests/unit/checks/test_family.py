@@ -263,6 +263,7 @@ def test_a_clean_session_says_no_regression() -> None:
 
 # -- through pytest ----------------------------------------------------------------------------
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_session_reports_its_suite_verdict(recorded: Suite) -> None:
     """A recorded suite whose one baseline claims 4x the throughput (a timing regression)
     and whose other claims half the memory (a deterministic one) and a tenth of the

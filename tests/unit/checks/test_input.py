@@ -214,6 +214,7 @@ def input_verdict(now: Run, base: Run) -> CheckResult:
     return next(c for c in checks if c.metric == "input")
 
 
+@pytest.mark.timing
 def test_a_jax_make_batch_20x_slower_fails_and_an_unchanged_rerun_does_not(
         accel: Accelerator) -> None:
     """The issue's miss: the batch is made outside the step's timer, so a slower batch
@@ -233,6 +234,7 @@ def test_a_jax_make_batch_20x_slower_fails_and_an_unchanged_rerun_does_not(
     assert statistics.median(slow.step_times) < 0.040
 
 
+@pytest.mark.timing
 def test_a_torch_make_batch_20x_slower_fails() -> None:
     torch = pytest.importorskip("torch")
     from pytest_accelperf.backends.torch.backend import BACKEND as TORCH
@@ -291,6 +293,7 @@ def test_batch(accelperf):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_through_pytest_the_table_and_the_report_name_the_slow_input(
         suite: Suite, monkeypatch: pytest.MonkeyPatch) -> None:
     suite.write(SLOW_SUITE)

@@ -78,6 +78,7 @@ def _loop(host: Any, steps: int = 8) -> Any:
 
 
 # -- the clock --------------------------------------------------------------------------------
+@pytest.mark.timing
 def test_a_sleep_is_blocked_and_cpu_work_beside_spinning_processes_is_not(
         spinning: None) -> None:
     """Beside three spinning processes on two cores, a batch function of 20 ms of CPU waits
@@ -231,6 +232,7 @@ def _checks(now: Run, base: Run) -> dict[str, CheckResult]:
                                             max_foreign_load=64.0)}
 
 
+@pytest.mark.timing
 def test_a_jax_make_batch_that_starts_sleeping_fails_input_wait_only() -> None:
     """nanoGPT's blind spot, found by trying bisect on it: a ``get_batch`` that waits on
     the disk used no more CPU, so ``input`` passed, and the step did not change, so
@@ -254,6 +256,7 @@ def test_a_jax_make_batch_that_starts_sleeping_fails_input_wait_only() -> None:
     assert 0.007 < statistics.median(slow.input_blocked_times) < 0.012
 
 
+@pytest.mark.timing
 def test_a_torch_make_batch_that_starts_sleeping_fails_input_wait() -> None:
     torch = pytest.importorskip("torch")
     from pytest_accelperf.backends.torch.backend import BACKEND as TORCH
@@ -313,6 +316,7 @@ def test_batch(accelperf):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_through_pytest_the_table_and_the_report_name_the_wait(
         suite: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("flax")

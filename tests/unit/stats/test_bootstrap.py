@@ -159,6 +159,7 @@ def test_ab_verdict_rule(estimate: RatioEstimate, verdict: Verdict, stored: Verd
     assert throughput_verdict(estimate, 0.01) is stored
 
 
+@pytest.mark.timing
 def test_fast_enough() -> None:
     now, base = noisy(50, 1.0, 0.1, seed=12), noisy(50, 1.0, 0.1, seed=13)
     step_time_ratio(now, base)  # warm up imports and caches

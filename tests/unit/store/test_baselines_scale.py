@@ -153,6 +153,7 @@ def _cpu_time(fn: Callable[[], Any], repeat: int = 3) -> float:
 
 
 @pytest.mark.parametrize("invalid", [False, True], ids=["valid", "with-invalid-blocks"])
+@pytest.mark.timing
 def test_parse_time_grows_linearly_with_the_cases(invalid: bool) -> None:
     n = 150
     small = _text(n, {n - 1: {"outcome": "banana"}} if invalid else None)
@@ -252,6 +253,7 @@ def test_the_accelperf_command_starts_without_scipy() -> None:
 
 
 # -- timing per machine (issue 46): 5 machines' timing in every block -------------------------
+@pytest.mark.timing
 def test_a_file_of_five_machines_is_validated_in_one_call_and_read_linearly(
         monkeypatch: pytest.MonkeyPatch) -> None:
     n = 100
@@ -284,6 +286,7 @@ def test_the_gate_reads_one_machines_view_as_a_block_of_one_machine(
     assert reads[0] - alone == alone, "one machine's view is read as a one-machine block"
 
 
+@pytest.mark.timing
 def test_show_over_five_machines_costs_about_their_bytes(tmp_path: Path) -> None:
     """``show`` reads the names of each block's machines (the headline of one machine with
     --machine): its read of a file grows with the file's bytes, not faster."""

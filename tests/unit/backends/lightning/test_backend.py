@@ -371,6 +371,7 @@ class SlowCallback(L.Callback):
         time.sleep(0.02)
 
 
+@pytest.mark.timing
 def test_the_trainers_own_time_is_measured_and_a_slow_callback_fails_it(
         plain: TrainResult, workdir: Path) -> None:
     """Lightning's parity figure: each measured step less the user's training_step,

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import time
 
+import pytest
+
 from pytest_accelperf.backends.measure.stamps import StepClock
 
 
@@ -26,6 +28,7 @@ def batch(clock: StepClock, loss: float, stepped: bool, fetch: float = 0.0,
     return clock.after_batch(loss, {"lr": 0.1} if stepped else None)
 
 
+@pytest.mark.timing
 def test_optimizer_steps_of_accumulated_batches_with_the_fetch_apart() -> None:
     clock = StepClock(warmup=1, steps=2, sync=lambda: None, report=quiet)
     clock.start()
