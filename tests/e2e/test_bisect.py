@@ -140,6 +140,7 @@ def test_a_commit_that_does_not_import_is_skipped(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
     """Two commits that change nothing the step does: the same program at both ends, so
     A/B mode compares BAD with GOOD (briefly, at a wide tolerance), and BAD is not bad."""
@@ -166,6 +167,7 @@ def test_bad_that_is_not_worse_is_exit_status_3(tmp_path: Path) -> None:
     _untouched(repo, tmp_path / "tmp", shas[-1])
 
 
+@pytest.mark.timing
 def test_a_wait_in_the_batch_function_is_bisected_on_input_wait(tmp_path: Path) -> None:
     """nanoGPT's blind spot: commit 3 of 4 makes make_batch sleep 20 ms a batch (a slow
     disk). Little CPU more (``input`` may pass), the same step (A/B passes): ``input_wait``
@@ -209,6 +211,7 @@ def test_a_wait_in_the_batch_function_is_bisected_on_input_wait(tmp_path: Path) 
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_good_already_worse_is_exit_status_4(tmp_path: Path) -> None:
     """GOOD's hidden layer is 2048 wide, BAD's back to 64: BAD's program does less (not a
     regression), and A/B mode finds BAD faster: GOOD is already the worse end."""
