@@ -444,9 +444,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 E2E = Path(__file__).parent / "e2e"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: Set (to 1) by CI for the README's tests command, which runs beside CI's background jobs:
+#: the tests marked ``timing`` (a measured time must clear a margin) are deselected there and
+#: run in a phase of their own, alone on the machine (.ci/run), so that a margin squeezed by
+#: CI's own lint and installs does not decide whether a change lands.
+DEFER_TIMING_ENV = "ACCELPERF_TESTS_DEFER_TIMING"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test under tests/e2e/ (whole sessions, the CLI, benchmarks end to end) is marked
-    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more."""
+    ``e2e``; ``slow`` is marked by hand on the tests that took 10 s or more. Under
+    ``$ACCELPERF_TESTS_DEFER_TIMING=1`` the ``timing`` tests are deselected (reported as
+    such)."""
     for item in items:
         if item.path.is_relative_to(E2E):
             item.add_marker(pytest.mark.e2e)
+    if os.environ.get(DEFER_TIMING_ENV) == "1":
+        deferred = [item for item in items if item.get_closest_marker("timing")]
+        if deferred:
+            config.hook.pytest_deselected(items=deferred)
+            items[:] = [item for item in items if not item.get_closest_marker("timing")]
