@@ -32,6 +32,10 @@ It then times, ``--repeat`` times each (the table shows the median and the faste
   gives each one's ratio to ``json.load`` (the median of the runs' ratios); then
   ``accelperf baselines check`` (every block validated whole), and ``accelperf --help``, the
   same interpreter start without the store, to tell the store's share from the imports';
+* ``orjson.loads of every file`` and ``the store's parse of every file``: the parser the
+  store's read uses, alone, and the store's JSON read
+  (:func:`pytest_accelperf.store.jsonfile.loads`, which also refuses a repeated key),
+  without the schema's validation;
 * ``one module of N cases``: :func:`pytest_accelperf.store.baselines.read` of one module file of
   each ``--single`` size, to show how a file's parse time grows with its cases.
 
@@ -256,6 +260,25 @@ def plain_json_load(root: Path) -> None:
     for path in sorted((root / PLATFORM).rglob("*.json")):
         with path.open("rb") as f:
             json.load(f)
+
+
+def orjson_load(root: Path) -> None:
+    """Every file of the store parsed by ``orjson.loads`` of its bytes (no check of any
+    kind): the parser the store's read uses."""
+    import orjson
+
+    for path in sorted((root / PLATFORM).rglob("*.json")):
+        orjson.loads(path.read_bytes())
+
+
+def store_parse(root: Path) -> None:
+    """Every file of the store parsed by the store's JSON read
+    (:func:`pytest_accelperf.store.jsonfile.loads`: orjson, a repeated key refused), without
+    the schema's validation."""
+    from pytest_accelperf.store import jsonfile
+
+    for path in sorted((root / PLATFORM).rglob("*.json")):
+        jsonfile.loads(path.read_text(encoding="utf-8"))
 
 
 def accelperf_command() -> list[str]:
@@ -665,6 +688,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         row(f"load + check, {ns.modules} x {ns.cases} cases{over}", timed(
             lambda: load_and_check(root, nodeids, reader(ns.machines)), ns.repeat),
             f"{store_bytes / 2**20:.0f} MiB of JSON ({store_bytes / 1e6:.1f} MB)")
+        row("orjson.loads of every file (no check)", timed(lambda: orjson_load(root),
+                                                          ns.repeat))
+        row("the store's parse of every file (jsonfile.loads)",
+            timed(lambda: store_parse(root), ns.repeat), "orjson, no repeated key")
         if not ns.no_show:
             cmd = accelperf_command()
             show = [*cmd, "baselines", "show", "--baselines", str(root)]

@@ -60,7 +60,8 @@ LAYOUT = 2
 LOCK_TIMEOUT_S = 3600.0
 #: The plugin's dependencies, where its own metadata cannot be read (a plain checkout).
 _FALLBACK_REQUIREMENTS = ("pytest>=8.0", "numpy>=1.26", "scipy>=1.11", "filelock>=3.12",
-                          "tabulate>=0.9", "pydantic>=2.6,<3", "typing_extensions>=4.6",
+                          "tabulate>=0.9", "pydantic>=2.6,<3", "orjson>=3.10",
+                          "typing_extensions>=4.6",
                           "ruptures>=1.1.9,<2", "packaging>=23")
 
 

@@ -27,7 +27,8 @@ STACK_PACKAGES = ("jax", "jaxlib", "libtpu", "jax-cuda12-plugin", "jax-cuda13-pl
 #: The plugin's own imports, which every worker needs (module name: distribution).
 PLUGIN_MODULES: Mapping[str, str] = {
     "pytest": "pytest", "numpy": "numpy", "scipy": "scipy", "filelock": "filelock",
-    "tabulate": "tabulate", "pydantic": "pydantic", "typing_extensions": "typing_extensions"}
+    "tabulate": "tabulate", "pydantic": "pydantic", "orjson": "orjson",
+    "typing_extensions": "typing_extensions"}
 
 
 def stack_versions(packages: Iterable[str] = STACK_PACKAGES) -> dict[str, str]:
