@@ -682,7 +682,7 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
     chosen = records if args.all else select(records, args.case, args.report)
     root = _store_root(args.baselines)
     index = {id(r): i for i, r in enumerate(records)}
-    by_platform: dict[str, dict[str, dict[str, Any]]] = {}
+    by_platform: dict[str, dict[str, Mapping[str, object]]] = {}
     errors: list[str] = []
     for record in chosen:
         try:
@@ -699,15 +699,15 @@ def cmd_accept(args: argparse.Namespace, out: TextIO) -> int:
     if errors:
         raise CliError("\n".join(errors) + f"\nnothing was written to {root}")
     for record in chosen:
-        block = by_platform[record.platform][record.nodeid]
+        stored = by_platform[record.platform][record.nodeid]
         verdicts = ", ".join(f"{c.metric} {c.verdict.value}" for c in record.checks
                              if c.verdict.value != "pass") or "all pass"
-        throughput = _fmt(_num(block.get("samples_per_second")), "samples/s")
+        throughput = _fmt(_num(stored.get("samples_per_second")), "samples/s")
         scope = (" (its timing only, where another machine recorded the block)"
                  if shared_unchanged(record.checks) else "")
         out.write(f"accept {record.nodeid} [{record.platform}]: {verdicts}; stores throughput "
-                  f"{throughput}, outcome {block.get('outcome')}, as machine "
-                  f"{block.get('machine')}"
+                  f"{throughput}, outcome {stored.get('outcome')}, as machine "
+                  f"{stored.get('machine')}"
                   f"{scope}\n")
         if any(c.failed and c.data.get("mode") == "ab" for c in record.checks):
             out.write("  note: its A/B throughput failure is not cleared by this (A/B "

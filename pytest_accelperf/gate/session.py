@@ -13,11 +13,10 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -110,9 +109,9 @@ class AccelperfSession:
             self._stores[key] = BaselineStore(self.settings.baselines, platform)
         return self._stores[key]
 
-    def blocks_to_write(self) -> dict[str, dict[str, dict[str, Any]]]:
+    def blocks_to_write(self) -> dict[str, dict[str, Mapping[str, object]]]:
         """``{platform: {nodeid: block}}`` of the cases whose baselines should be written."""
-        out: dict[str, dict[str, dict[str, Any]]] = {}
+        out: dict[str, dict[str, Mapping[str, object]]] = {}
         for record in self.report.records:
             if record.block is not None:
                 out.setdefault(record.platform, {})[record.nodeid] = record.block

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.report.data import REPORT_SCHEMA_VERSION, CaseRecord, SessionReport
 from pytest_accelperf.store import jsonfile
 from pytest_accelperf.store.schema import ReportFile, error_lines, validate_block
@@ -32,7 +33,7 @@ def _read(path: Path) -> str:
         raise ReportFileError(f"{path}: cannot read the report: {exc}") from None
 
 
-def load_report(path: Path) -> tuple[SessionReport, dict[str, Any]]:
+def load_report(path: Path) -> tuple[SessionReport, dict[str, JSONValue]]:
     """The report in ``path`` and its raw JSON (for fields the data classes do not keep)."""
     text = _read(path)
     try:

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.store import jsonfile
 from pytest_accelperf.store.jsonfile import atomic_write
 from pytest_accelperf.store.machines import (
@@ -206,7 +207,7 @@ class BaselineFile:
     #: Blocks that did not validate, kept as they were until replaced.
     invalid: dict[str, InvalidBlock] = field(default_factory=dict)
     #: Top-level keys this version does not know (a newer one wrote them): kept.
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, JSONValue] = field(default_factory=dict)
     #: The :class:`~pytest_accelperf.store.fields.Fields` its blocks were read for (each
     #: block only those fields, validated), or None: whole blocks, validated whole. A file
     #: read for some fields is never written back (:meth:`to_text`).
@@ -371,7 +372,7 @@ def read(path: Path, platform: str = "", fields: Fields | None = None) -> Baseli
     return parse(path, text, fields)
 
 
-def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
+def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, JSONValue]:
     """``block`` as the store writes it (its JSON form), validated by the schema exactly as
     a block read back; a :class:`BaselineError` naming the case and the field if it is not
     a baseline. Used by every write (``--accelperf-update`` and ``accelperf baselines
@@ -389,7 +390,7 @@ def check_block(nodeid: str, block: Mapping[str, Any]) -> dict[str, Any]:
         text = json.dumps(block, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise BaselineError(f"{nodeid}: not stored: the block is not JSON ({exc})") from None
-    clean: dict[str, Any] = json.loads(text)
+    clean: dict[str, JSONValue] = json.loads(text)
     try:
         validate_block(clean)
     except ValidationError as exc:
@@ -514,7 +515,7 @@ class BaselineStore:
         sections judged unchanged), a block another machine recorded gets this machine's
         timing and nothing else.
         """
-        by_path: dict[Path, dict[str, tuple[dict[str, Any], str, bool]]] = {}
+        by_path: dict[Path, dict[str, tuple[dict[str, JSONValue], str, bool]]] = {}
         errors: list[BaselineError] = []
         for nodeid, block in blocks.items():
             try:
@@ -605,7 +606,7 @@ class BaselineStore:
         return changed
 
     def _write_one(self, path: Path,
-                   new_cases: dict[str, tuple[dict[str, Any], str, bool]]) -> None:
+                   new_cases: dict[str, tuple[dict[str, JSONValue], str, bool]]) -> None:
         """Under the lock: merge into what is on disk now (another session may have
         written), after deleting what an interrupted write of this file left."""
         try:

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_accelperf.errors import UserError
+from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.store.block import MACHINE_PATTERN, TIMING_SECTIONS
 
 __all__ = [
@@ -126,7 +127,7 @@ def recorder(block: Mapping[str, Any]) -> str:
     return default_machine(env if isinstance(env, Mapping) else {})
 
 
-def timing_of(block: Mapping[str, Any]) -> dict[str, Any]:
+def timing_of(block: Mapping[str, Any]) -> dict[str, JSONValue]:
     """The top-level timing sections of ``block`` (those it has)."""
     return {k: block[k] for k in TIMING_SECTIONS if k in block}
 
@@ -151,7 +152,7 @@ class MachineView:
     timing of this machine (its timing checks are then ``new for this machine``);
     ``timing_recorded_at``: when. ``machines``: every machine with timing in the block."""
 
-    block: dict[str, Any]
+    block: dict[str, JSONValue]
     machine: str
     timing_env: Mapping[str, Any] | None
     timing_recorded_at: str | None
@@ -177,7 +178,7 @@ def view(block: Mapping[str, Any], machine: str) -> MachineView:
     others = others if isinstance(others, Mapping) else {}
     env: Mapping[str, Any] | None = None
     when: str | None = None
-    timing: dict[str, Any] = {}
+    timing: dict[str, JSONValue] = {}
     if recorder(block) == machine:
         timing = timing_of(block)
         found = block.get("environment")
@@ -192,17 +193,17 @@ def view(block: Mapping[str, Any], machine: str) -> MachineView:
     return MachineView({**shared, **timing}, machine, env, when, tuple(machines_of(block)))
 
 
-def _entry(block: Mapping[str, Any]) -> dict[str, Any]:
+def _entry(block: Mapping[str, Any]) -> dict[str, JSONValue]:
     """``block``'s top-level timing as an entry of ``machines``: with its environment and
     when it was recorded."""
-    entry: dict[str, Any] = {"environment": block.get("environment"), **timing_of(block)}
+    entry: dict[str, JSONValue] = {"environment": block.get("environment"), **timing_of(block)}
     if block.get("recorded_at") is not None:
         entry["recorded_at"] = block["recorded_at"]
     return entry
 
 
 def merge(current: Mapping[str, Any] | None, new: Mapping[str, Any], machine: str, *,
-          timing_only: bool) -> dict[str, Any] | None:
+          timing_only: bool) -> dict[str, JSONValue] | None:
     """The block to store when ``machine`` writes ``new`` (a block of one machine, as a
     run makes it) over ``current`` (the stored one, None: none); None: nothing to write.
 
@@ -260,7 +261,7 @@ def _canonical(env: Mapping[str, Any]) -> str:
 
 
 def pack(cases: Mapping[str, Mapping[str, Any]]
-         ) -> tuple[dict[str, Mapping[str, Any]], dict[str, Any]]:
+         ) -> tuple[dict[str, Mapping[str, Any]], dict[str, Mapping[str, object]]]:
     """``(cases, environments)``: ``cases`` as a file of schema 3 holds them, each entry of
     ``machines`` naming its environment by its key in ``environments``, and that table.
 
@@ -277,13 +278,13 @@ def pack(cases: Mapping[str, Mapping[str, Any]]
             if isinstance(env, Mapping):
                 found.setdefault(name, {}).setdefault(_canonical(env), env)
     keys: dict[tuple[str, str], str] = {}
-    table: dict[str, Any] = {}
+    table: dict[str, Mapping[str, object]] = {}
     for name, envs in found.items():
-        for text, env in envs.items():
+        for text, environment in envs.items():
             key = name if len(envs) == 1 else \
                 f"{name}~{hashlib.sha256(text.encode()).hexdigest()[:8]}"
             keys[(name, text)] = key
-            table[key] = env
+            table[key] = environment
     if not table:
         return dict(cases), {}
     out: dict[str, Mapping[str, Any]] = {}
@@ -292,7 +293,7 @@ def pack(cases: Mapping[str, Mapping[str, Any]]
         if not isinstance(entries, Mapping) or not entries:
             out[case] = block
             continue
-        packed: dict[str, Any] = {}
+        packed: dict[str, JSONValue] = {}
         for name, entry in entries.items():
             env = entry.get("environment") if isinstance(entry, Mapping) else None
             if isinstance(env, Mapping):
@@ -326,7 +327,7 @@ def unpack(cases: Mapping[str, Any], environments: Mapping[str, Any]
     return missing
 
 
-def _entries(block: object) -> list[tuple[str, dict[str, Any]]]:
+def _entries(block: object) -> list[tuple[str, dict[str, JSONValue]]]:
     """``[(machine, entry)]`` of a block's ``machines`` (the entries that are objects; of
     JSON, so dicts: an ABC's isinstance would be the most of reading a large store)."""
     entries = block.get(MACHINES_KEY) if isinstance(block, dict) else None

@@ -39,6 +39,7 @@ from pydantic import (
     create_model,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
 
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.jsonvalue import JSONValue
@@ -137,7 +138,7 @@ class BaselineHeader(_Strict):
 
     schema_version: Literal[1, 2, 3]
     platform: str = ""
-    cases: dict[str, Any]
+    cases: Mapping[str, object]
     environments: dict[EnvironmentKey, Environment] | None = None
 
 
@@ -163,8 +164,8 @@ _RUN_JSON_TYPES: dict[str, object] = {
 #: validates a baseline's program, not a report's).
 _RUN_JSON_OBJECTS = ("params_fingerprint", "environment", "extra")
 _RUN_JSON_OBJECTS_OR_NONE = ("oom", "max_batch", "memory_growth", "program")
-_RUN_JSON_TYPES.update({name: dict[str, Any] for name in _RUN_JSON_OBJECTS})
-_RUN_JSON_TYPES.update({name: dict[str, Any] | None for name in _RUN_JSON_OBJECTS_OR_NONE})
+_RUN_JSON_TYPES.update({name: Mapping[str, object] for name in _RUN_JSON_OBJECTS})
+_RUN_JSON_TYPES.update({name: Mapping[str, object] | None for name in _RUN_JSON_OBJECTS_OR_NONE})
 
 
 def _report_run() -> type[_Report]:
@@ -214,7 +215,7 @@ class ReportCheck(_Report):
     now: float | None = None
     unit: str = ""
     change: float | None = None
-    data: dict[str, Any] = {}
+    data: Mapping[str, object] = {}
 
 
 class ReportCase(_Report):
@@ -225,11 +226,11 @@ class ReportCase(_Report):
     platform: str
     run: ReportRun
     checks: list[ReportCheck]
-    block: dict[str, Any] | None = None
-    case: dict[str, Any] = {}
+    block: Mapping[str, object] | None = None
+    case: Mapping[str, object] = {}
     error: str | None = None
     worker: str = "main"
-    baseline: dict[str, Any] | None = None
+    baseline: Mapping[str, object] | None = None
 
     @model_validator(mode="after")
     def _a_loss_step_each(self) -> ReportCase:
@@ -291,7 +292,7 @@ class ReportFile(_Report):
     #: The machine whose timing the session judged (absent from reports written before).
     machine: str = ""
     update: bool = False
-    environment: dict[str, Any] = {}
+    environment: Mapping[str, object] = {}
     baselines_written: list[str] = []
     errors: list[str] = []
     #: Absent from reports written before the suite verdict was.
@@ -363,7 +364,7 @@ class HistoryLine(HistoryNumbers):
 #: section_models`) and :class:`Block` does not, by name: the table of checks declares its
 #: checks' here (:mod:`pytest_accelperf.checks.table`, as it registers them), so that the
 #: store validates a section a check added without importing the checks.
-_ADDED: dict[str, Any] = {}
+_ADDED: dict[str, object] = {}
 
 
 def declare_sections(models: Mapping[str, Any]) -> None:
@@ -515,7 +516,7 @@ def _short(value: object, width: int = 60) -> str:
     return text if len(text) <= width else text[:width - 4] + " ..."
 
 
-def json_schema(kind: Literal["baseline", "report", "history"]) -> dict[str, Any]:
+def json_schema(kind: Literal["baseline", "report", "history"]) -> JsonSchemaValue:
     """The JSON Schema of a baseline block (``baseline``), of a report (``report``) or of
     a history line (``history``)."""
     models: dict[str, type[BaseModel]] = {"baseline": block_model(), "report": ReportFile,

@@ -34,6 +34,7 @@ from pytest_accelperf.backends.protocol import Task
 from pytest_accelperf.backends.torch.launched import launched
 from pytest_accelperf.backends.torch.launched import one_device as trainer_one_device
 from pytest_accelperf.backends.torch.memory import GROWTH_STEPS, MEMORY_STEPS
+from pytest_accelperf.backends.types import FrameworkKwargs
 from pytest_accelperf.collect.cases import Case
 
 
@@ -52,7 +53,7 @@ class Built:
     module: pl.LightningModule
     data: object
     label: str
-    kwargs: dict[str, Any]
+    kwargs: FrameworkKwargs
     notes: list[str] = field(default_factory=list)
 
     def fit(self, max_steps: int, watch: Watch, root: str) -> pl.Trainer:
@@ -100,7 +101,7 @@ def build(task: LightningTask, case: Case, device: torch.device) -> Built:
 
 
 def trainer_settings(given: Mapping[str, Any], case: Case,
-                     device: torch.device) -> tuple[dict[str, Any], list[str]]:
+                     device: torch.device) -> tuple[FrameworkKwargs, list[str]]:
     """The ``Trainer`` keyword arguments of a measured run: ``given`` with what the gate
     owns set, and a line for each of ``given``'s that differed."""
     if not isinstance(given, Mapping):
@@ -199,7 +200,7 @@ def count(built: Built, task: LightningTask, case: Case, device: torch.device, r
 _DDP_NAMES = ("auto", "ddp", None)
 
 
-def launched_ddp(kwargs: dict[str, Any], notes: list[str]) -> None:
+def launched_ddp(kwargs: FrameworkKwargs, notes: list[str]) -> None:
     """Set ``kwargs`` (a ``Trainer``'s) for a launched rank: Lightning's DDP over the
     process group the plugin launched, found by ``TorchElasticEnvironment`` in the ranks'
     own environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,

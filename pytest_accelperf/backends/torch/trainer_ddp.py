@@ -51,7 +51,7 @@ from pytest_accelperf.backends.protocol import Backend, Fit, Task, TrainResult
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import Outcome, Run
 
 if TYPE_CHECKING:
     import numpy as np
@@ -131,7 +131,22 @@ def _mean_over_ranks(runs: list[Run]) -> list[float]:
     return [statistics.fmean(r.losses[i] for r in runs) for i in range(steps)]
 
 
-def _summary(out: RankOut) -> dict[str, Any]:
+class TrainerRankSummary(TypedDict):
+    """One rank in ``Run.details["ranks"]`` of a trainer's case: what it measured and
+    counted (as :class:`~pytest_accelperf.backends.torch.processes.RankSummary`, with the
+    rank's outcome where that has its return code)."""
+
+    rank: int
+    outcome: Outcome
+    step_times: list[float]
+    probe_times: list[float]
+    local_losses: list[float]
+    peak_bytes: int | None
+    flops: float | None
+    comm: CommSummary
+
+
+def _summary(out: RankOut) -> TrainerRankSummary:
     run = out["run"]
     return {"rank": out["rank"], "outcome": run.outcome, "step_times": run.step_times,
             "probe_times": run.probe_times, "local_losses": run.losses,
