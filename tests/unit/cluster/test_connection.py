@@ -88,6 +88,7 @@ def listener() -> Iterator[tuple[socket.socket, list[socket.socket]]]:
         conn.close()
 
 
+@pytest.mark.slow  # a subprocess that imports Ray and waits out a bound
 def test_an_address_that_accepts_and_says_nothing_is_not_waited_on(
         listener: tuple[socket.socket, list[socket.socket]]) -> None:
     port = listener[0].getsockname()[1]
@@ -101,6 +102,7 @@ def test_an_address_that_accepts_and_says_nothing_is_not_waited_on(
     assert 1.9 <= seconds < 10
 
 
+@pytest.mark.slow  # a subprocess that imports Ray and waits out a bound
 def test_rays_own_connect_is_bounded_where_the_address_greets_as_grpc_does(
         listener: tuple[socket.socket, list[socket.socket]]) -> None:
     """Past the probe (something answers the HTTP/2 greeting), Ray's connect can still
@@ -128,6 +130,7 @@ def test_rays_own_connect_is_bounded_where_the_address_greets_as_grpc_does(
     assert len(accepted) >= 2  # the probe's, and Ray's own
 
 
+@pytest.mark.slow  # a subprocess that imports Ray and waits out a bound
 def test_auto_asks_what_ray_address_names() -> None:
     port = _free_port()
     seconds, message = _connect_in_subprocess(
