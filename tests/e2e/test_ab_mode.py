@@ -3,17 +3,22 @@ alternation by two worker processes (real git repositories, real JAX steps)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Suite, rounds_of_pairs, verdicts
+from conftest import NUMPY_SGD, NUMPY_SGD_CONFTEST, Suite, rounds_of_pairs, verdicts
 
 from pytest_accelperf.ab import CompareError, rounds, tree
 from pytest_accelperf.ab.rounds import ABMeasurement, Comparison, round_orders
@@ -117,20 +122,216 @@ def _throughput(suite: Suite) -> dict[str, object]:
     return check
 
 
+def _check(suite: Suite, metric: str) -> dict[str, Any]:
+    case = suite.report()["cases"][0]
+    check: dict[str, Any] = next(c for c in case["checks"] if c["metric"] == metric)
+    return check
+
+
+# -- scenarios that share a session --------------------------------------------------------
+# Each scenario is a test function of one inner suite, its working tree's change in a model
+# module of its own, and the sessions that take the same options are one: the session, its
+# workers' start and their imports of JAX and torch are paid once, not once a scenario
+# (issue 47: CI within 30 minutes on 2 cores). A session's scenarios are all `timing` or all
+# not, so that CI's deferred timing phase (tests/conftest.py) runs none of them twice.
+
+
+def _function(nodeid: str) -> str:
+    """The test function of an inner node id: ``test_slower`` of
+    ``test_suite.py::test_slower[jax-nomesh-b512]``."""
+    return nodeid.split("::")[-1].split("[")[0]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """One A/B session of several scenarios, a test function each, run by the first of the
+    module's tests that asks for it, in its pytester folder (which outlives the test)."""
+
+    path: Path
+    result: pytest.RunResult
+
+    def report(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.path / "report.json").read_text())
+        return data
+
+    def case(self, test: str) -> dict[str, Any]:
+        """The report's one case of the inner test function ``test``."""
+        found = [c for c in self.report()["cases"] if _function(c["nodeid"]) == test]
+        assert len(found) == 1, [c["nodeid"] for c in self.report()["cases"]]
+        case: dict[str, Any] = found[0]
+        return case
+
+    def check(self, test: str, metric: str) -> dict[str, Any]:
+        check: dict[str, Any] = next(c for c in self.case(test)["checks"]
+                                     if c["metric"] == metric)
+        return check
+
+    def outcome(self, test: str) -> str:
+        """``PASSED`` or ``FAILED``: the inner test's line of the short summary (``-rA``)."""
+        found = [line.split()[0] for line in self.result.outlines
+                 if line.split()[:1] in (["PASSED"], ["FAILED"], ["ERROR"], ["SKIPPED"])
+                 and _function(line.split()[1]) == test]
+        assert len(found) == 1, self.result.outlines[-30:]
+        return found[0]
+
+    def lines(self, test: str) -> pytest.LineMatcher:
+        """The inner test's own failure report (the lines under its ``___ test ___``
+        header), where its checks' lines are."""
+        out, inside = [], False
+        for line in self.result.outlines:
+            header = re.fullmatch(r"_{3,} (\S+) _{3,}", line)
+            if header or line.startswith("==="):
+                inside = bool(header) and _function(header[1]) == test if header else False
+                continue
+            if inside:
+                out.append(line)
+        assert out, f"no failure report of {test}"
+        return pytest.LineMatcher(out)
+
+
+@pytest.fixture(scope="module")
+def shared_sessions() -> dict[str, Shared]:
+    """The module's shared sessions by name, each run once (:func:`_shared`)."""
+    return {}
+
+
+def _shared(sessions: dict[str, Shared], name: str, suite: Suite,
+            run: Callable[[Suite], pytest.RunResult]) -> Shared:
+    if name not in sessions:
+        sessions[name] = Shared(suite.pytester.path, run(suite))
+    return sessions[name]
+
+
+def _commit(path: Path) -> None:
+    _git(path, "init", "-q")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-qm", "base")
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new))
+
+
+#: The timed session's inner test module: a working tree 8x as wide (``test_slower``).
+TIMED_SUITE = '''
+from slower import make_task
+from pytest_accelperf import cases
+
+@cases(backend="jax", batch=[512], steps=10, warmup=2)
+def test_slower(accelperf):
+    accelperf.train(make_task(accelperf.case))
+'''
+
+
+#: A backend of the suite's own, registered by module (tests/conftest.py's NUMPY_SGD), which
+#: the workers import by that module; ~10 ms steps on one BLAS thread.
+NUMPY_AB_SUITE = '''
+from pytest_accelperf import Case, cases
+
+TASK = {"dim": 1024, "out": 256, "lr": 0.05}
+
+@cases(Case(backend="numpy-sgd", batch=512, steps=10, warmup=2))
+def test_numpy_sgd(accelperf):
+    accelperf.train(dict(TASK))
+'''
+
+
+def _timed_session(suite: Suite) -> pytest.RunResult:
+    """The scenarios whose verdicts depend on measured times and need JUDGED's three
+    process pairs (no contamination bound): a working tree 8x as wide (``test_slower``), a
+    conftest's backend whose working tree does 4x the work (``test_numpy_sgd``), and where
+    torch is installed workers that run at speeds of their own (``test_speeds``,
+    :data:`PROCESS_MODEL`). Every case is built in every worker: a scenario that one pair
+    judges (``test_a_batch_function_that_waits...``) costs three times as much here as in a
+    session of its own. One BLAS thread (and one OpenMP thread) in the session and its
+    workers: beside another test (``-n 2``) a 2-thread BLAS call waits for a second core
+    each step, and the numpy backend's 1.3 ms steps became 12-16 ms in both arms (it once
+    judged 4x the work faster); JAX's steps do not use them, torch's are tiny."""
+    path = suite.pytester.path
+    (path / "slower.py").write_text(textwrap.dedent(MODEL))
+    suite.write(TIMED_SUITE)
+    suite.pytester.makepyfile(numpy_sgd=NUMPY_SGD)
+    suite.pytester.makeconftest(NUMPY_SGD_CONFTEST)
+    suite.write(NUMPY_AB_SUITE, name="test_numpy")
+    if importlib.util.find_spec("torch") is not None:
+        (path / "process_model.py").write_text(PROCESS_MODEL)
+        suite.write(PROCESS_SUITE.replace("def test_step", "def test_speeds"),
+                    name="test_speeds")
+    _commit(path)
+    _edit(path / "slower.py", "HIDDEN = 256", "HIDDEN = 2048")
+    _edit(path / "test_numpy.py", '"dim": 1024', '"dim": 4096')
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPENBLAS_NUM_THREADS", "1")
+        mp.setenv("OMP_NUM_THREADS", "1")
+        return suite.run(*FAST, JUDGED, BUDGET, "--accelperf-compare=HEAD", UNBOUNDED,
+                         "--accelperf-markdown=summary.md", "-rA", subprocess=True)
+
+
+@pytest.fixture
+def timed(suite: Suite, shared_sessions: dict[str, Shared]) -> Shared:
+    """The timed scenarios' session (:func:`_timed_session`)."""
+    return _shared(shared_sessions, "timed", suite, _timed_session)
+
+
+#: One pair of processes and few rounds (at least 3, what the interval needs): what these
+#: tests check is the base arm's record, not the timing.
+ONE_PAIR = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=4",
+            "--accelperf-compare-processes=1", "--accelperf-compare-budget=1",
+            "--accelperf-json=report.json", "--accelperf-explain=off", UNBOUNDED)
+
+#: The inner test functions of the untimed session; ``test_more.py`` (a module the base
+#: revision lacks) is added to the working tree.
+UNTIMED_SUITE = '''
+from wider import make_task as wider
+from retrained import make_task as retrained
+from pytest_accelperf import cases
+
+@cases(backend="jax", batch=[512], steps=10, warmup=2)
+def test_wider(accelperf):
+    accelperf.train(wider(accelperf.case))
+
+@cases(backend="jax", batch=[512], steps=10, warmup=2)
+def test_retrained(accelperf):
+    accelperf.train(retrained(accelperf.case))
+'''
+
+
+def _untimed_session(suite: Suite) -> pytest.RunResult:
+    """The scenarios judged on the base arm's record, not on a time (a tolerance of 10 for
+    the step time, which none of them is about): a layer 13 % wider (``test_wider``), a
+    learning rate five times larger (``test_retrained``), and a test module the base
+    revision lacks (``test_more.py::test_added``)."""
+    path = suite.pytester.path
+    for name in ("wider", "retrained"):
+        (path / f"{name}.py").write_text(textwrap.dedent(MODEL))
+    suite.write(UNTIMED_SUITE)
+    _commit(path)
+    _edit(path / "wider.py", "HIDDEN = 256", "HIDDEN = 290")
+    _edit(path / "retrained.py", "optax.sgd(0.01)", "optax.sgd(0.05)")
+    suite.write(SUITE.replace("from model import", "from wider import")
+                .replace("def test_step", "def test_added"), name="test_more")
+    return suite.run(*ONE_PAIR, "--accelperf-compare=HEAD", "--accelperf-loss-either-way",
+                     "--accelperf-compare-tolerance=10", "-rA", subprocess=True)
+
+
+@pytest.fixture
+def untimed(suite: Suite, shared_sessions: dict[str, Shared]) -> Shared:
+    """The untimed scenarios' session (:func:`_untimed_session`)."""
+    return _shared(shared_sessions, "untimed", suite, _untimed_session)
+
+
 @pytest.mark.slow
 @pytest.mark.timing
-def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> None:
-    model = repo.pytester.path / "model.py"
-    model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 2048"))
-    result = repo.run(*FAST, JUDGED, BUDGET, "--accelperf-compare=HEAD", UNBOUNDED,
-                      "--accelperf-markdown=summary.md", subprocess=True)
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([
+def test_a_slower_working_tree_is_a_regression_against_the_base(timed: Shared) -> None:
+    assert timed.outcome("test_slower") == "FAILED"
+    timed.lines("test_slower").fnmatch_lines([
         "*throughput: A/B slower than HEAD (*): step time *% longer (95% CI of the paired "
         "step-time ratio *alternating rounds of 5 steps*",
         "*A/B verdicts are not stored*",
     ])
-    check = _throughput(repo)
+    check = timed.check("test_slower", "throughput")
     assert check["verdict"] == "regression"
     data = check["data"]
     assert isinstance(data, dict) and data["mode"] == "ab" and data["ratio"] > 1.5
@@ -142,92 +343,90 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(repo: Suite) -> 
     # memory is judged against the base arm's own run of the case (issue 37), not a
     # stored baseline (none here: before, `new`): eight times the hidden layer's
     # activations and weights is more memory than HEAD's
-    memory = _check(repo, "memory")
+    memory = timed.check("test_slower", "memory")
     assert memory["verdict"] == "regression", memory
     assert memory["data"]["mode"] == "ab" and memory["change"] > 1, memory
     assert str(memory["detail"]).startswith("more memory than HEAD ("), memory
-    assert verdicts(repo.report())["test_step[jax-nomesh-b512]"]["numerics"] == "regression"
-    result.stdout.fnmatch_lines(["*memory: more memory than HEAD (*): peak memory on * is *, "
-                                 "HEAD (*) * (+*%, tolerance 10%)*"])
+    assert verdicts(timed.report())["test_slower[jax-nomesh-b512]"]["numerics"] == "regression"
+    timed.lines("test_slower").fnmatch_lines([
+        "*memory: more memory than HEAD (*): peak memory on * is *, HEAD (*) * (+*%, "
+        "tolerance 10%)*"])
     # the slowdown comes with its cause: the two revisions' programs, diffed (issue 14)
     diff = data["program_diff"]
     assert diff and diff[0].startswith("FLOPs +"), diff
     assert "; program: FLOPs +" in str(check["detail"])
     # and a profiler trace of the working tree's step, beside the report (issue 27, part 3)
-    explained = repo.report()["cases"][0]["run"]["extra"]["explain"]
+    explained = timed.case("test_slower")["run"]["extra"]["explain"]
     assert explained["path"] and explained["steps"] == 3, explained
     assert any(f.name.endswith(".xplane.pb") for f in Path(explained["path"]).rglob("*"))
-    md = (repo.pytester.path / "summary.md").read_text()
-    assert f"| `test_step[jax-nomesh-b512]` | A/B | `{diff[0]}` | base | head |" in md, md
+    md = (timed.path / "summary.md").read_text()
+    assert f"| `test_slower[jax-nomesh-b512]` | A/B | `{diff[0]}` | base | head |" in md, md
 
 
-def _check(suite: Suite, metric: str) -> dict[str, Any]:
-    case = suite.report()["cases"][0]
-    check: dict[str, Any] = next(c for c in case["checks"] if c["metric"] == metric)
-    return check
+@pytest.mark.slow
+@pytest.mark.timing
+def test_a_backend_named_by_module_is_compared_in_ab_mode(timed: Shared) -> None:
+    """The A/B workers (outside pytest) import the backend by its spec's module and step
+    it in blocks (``ab_blocks=True``): a working tree whose steps are 4x the work is slower
+    than the base revision. One BLAS thread (:func:`_timed_session`). Three process
+    pairs: over two, Student's t is 12.71, and in CI the pairs measured the 4x as 4.1x and
+    5.7x, an interval of 0.59-39.8 that judged nothing. (From
+    tests/e2e/test_backend_plugins.py, to share the timed session.)"""
+    assert timed.outcome("test_numpy_sgd") == "FAILED"
+    timed.lines("test_numpy_sgd").fnmatch_lines(["*throughput: A/B slower than HEAD (*)*"])
+    check = timed.check("test_numpy_sgd", "throughput")
+    assert check["verdict"] == "regression"
+    assert check["data"]["mode"] == "ab" and check["data"]["ratio"] > 1.5
 
 
 @pytest.mark.slow
 def test_more_work_than_the_base_fails_on_the_program_where_timing_cannot_tell(
-        repo: Suite) -> None:
+        untimed: Shared) -> None:
     """Issue 37: a widened layer (+13 % FLOPs) compared in A/B mode. The program check
     compares with the base arm's own program, not the stored baseline (before: `new`, the
     diff only named inside the throughput detail), so the case fails even where the timing
     tolerance is far too wide to resolve the change."""
-    model = repo.pytester.path / "model.py"
-    model.write_text(model.read_text().replace("HIDDEN = 256", "HIDDEN = 290"))
-    result = repo.run(*FAST, BUDGET, "--accelperf-compare=HEAD", UNBOUNDED,
-                      "--accelperf-compare-tolerance=10", "--accelperf-explain=off",
-                      subprocess=True)
-    result.assert_outcomes(failed=1)
-    assert _throughput(repo)["verdict"] != "regression"
-    program = _check(repo, "program")
+    assert untimed.outcome("test_wider") == "FAILED"
+    assert untimed.check("test_wider", "throughput")["verdict"] != "regression"
+    program = untimed.check("test_wider", "program")
     assert program["verdict"] == "regression", program
     assert program["data"]["mode"] == "ab" and str(program["data"]["against"]).startswith("HEAD (")
     assert str(program["detail"]).startswith("more work than HEAD (")
     assert ": FLOPs +" in str(program["detail"])
-    result.stdout.fnmatch_lines(["*program: more work than HEAD (*): FLOPs +*"])
-
-
-#: One pair of processes and few rounds (at least 3, what the interval needs): what these
-#: tests check is the base arm's record, not the timing.
-ONE_PAIR = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=4",
-            "--accelperf-compare-processes=1", "--accelperf-compare-budget=1",
-            "--accelperf-json=report.json", "--accelperf-explain=off", UNBOUNDED)
+    untimed.lines("test_wider").fnmatch_lines(["*program: more work than HEAD (*): FLOPs +*"])
 
 
 @pytest.mark.slow
-def test_a_changed_training_fails_on_numerics_and_loss_against_the_base(repo: Suite) -> None:
+def test_a_changed_training_fails_on_numerics_and_loss_against_the_base(
+        untimed: Shared) -> None:
     """Issue 37: in A/B mode the numerics and loss checks compare the working tree's run
     with the base arm's own run of the case (trained once there as a normal run trains
     it), not with a stored baseline: with none stored, a learning rate five times larger
     fails the case on both (before: `new`, and the session passed): its loss ends 31 %
     below the base's, outside the band either way (``--accelperf-loss-either-way``, what a
     CI gate uses). The program and the memory are the same as the base's, and say so."""
-    model = repo.pytester.path / "model.py"
-    model.write_text(model.read_text().replace("optax.sgd(0.01)", "optax.sgd(0.05)"))
-    result = repo.run(*ONE_PAIR, "--accelperf-compare=HEAD", "--accelperf-loss-either-way",
-                      "--accelperf-compare-tolerance=10", subprocess=True)
-    result.assert_outcomes(failed=1)
+    assert untimed.outcome("test_retrained") == "FAILED"
     label = "HEAD ("
     for metric in ("numerics", "loss"):
-        check = _check(repo, metric)
+        check = untimed.check("test_retrained", metric)
         assert check["verdict"] == "regression", check
         assert check["data"]["mode"] == "ab", check
         assert str(check["data"]["against"]).startswith(label)
         assert "baseline" not in str(check["detail"]), check["detail"]
-    numerics, loss = _check(repo, "numerics"), _check(repo, "loss")
+    numerics = untimed.check("test_retrained", "numerics")
+    loss = untimed.check("test_retrained", "loss")
     assert str(numerics["detail"]).startswith("other numerics than HEAD ("), numerics
     assert "differs from HEAD (" in str(numerics["detail"])
     assert str(loss["detail"]).startswith("other training than HEAD ("), loss
     assert "below HEAD (" in str(loss["detail"]) and "the training changed" in loss["detail"]
-    memory = _check(repo, "memory")
+    memory = untimed.check("test_retrained", "memory")
     assert memory["verdict"] == "pass" and memory["data"]["mode"] == "ab", memory
     assert str(memory["detail"]).startswith("as much memory as HEAD ("), memory
-    assert _check(repo, "program")["verdict"] == "pass"
-    result.stdout.fnmatch_lines(["*numerics: other numerics than HEAD (*): * differs from "
-                                 "HEAD (*)'s fingerprint: max |Δ| = *",
-                                 "*A/B verdicts are not stored*"])
+    assert untimed.check("test_retrained", "program")["verdict"] == "pass"
+    untimed.lines("test_retrained").fnmatch_lines([
+        "*numerics: other numerics than HEAD (*): * differs from HEAD (*)'s fingerprint: "
+        "max |Δ| = *",
+        "*A/B verdicts are not stored*"])
 
 
 @pytest.mark.timing
@@ -236,7 +435,8 @@ def test_a_batch_function_that_waits_fails_against_the_base(repo: Suite) -> None
     batch (a slow read). No A/B step time includes it (the batch is made beside the step)
     and no baseline is stored, so the session passed (``input_wait: new``). Now the head's
     run is judged against the base arm's own run of the case: more blocked time a batch,
-    a regression, and the session fails."""
+    a regression, and the session fails. A session of its own: it is judged on one
+    process pair, and the timed session's three would build its case in six workers."""
     model = repo.pytester.path / "model.py"
     line = "        return {\"x\": x, \"y\": x @ true_w}"
     model.write_text(model.read_text().replace(
@@ -294,9 +494,11 @@ def test_a_competing_process_makes_an_unchanged_tree_inconclusive(repo: Suite,
     excluded 1: the rounds are contaminated, and the verdict says so instead of judging.
     A budget of 1 s, not 4: at a tolerance of 1 % the rounds never resolve and run to the
     budget (holding the host lock); a second of them, 8 rounds or more, is what the load is
-    read over, with the competitor spinning on a core throughout."""
-    result = repo.run(*FAST, "--accelperf-compare=HEAD", "--accelperf-compare-tolerance=0.01",
-                      "--accelperf-compare-budget=1", DEFAULT_BOUND, subprocess=True)
+    read over, with the competitor spinning on a core throughout. One process pair: the
+    contamination is what is judged, not the ratio, and each pair builds the case again."""
+    result = repo.run(*FAST, "--accelperf-compare-processes=1", "--accelperf-compare=HEAD",
+                      "--accelperf-compare-tolerance=0.01", "--accelperf-compare-budget=1",
+                      DEFAULT_BOUND, subprocess=True)
     result.assert_outcomes(passed=1)
     check = _throughput(repo)
     assert check["verdict"] == "inconclusive", check["detail"]
@@ -341,20 +543,19 @@ def test_round_orders_pair_the_arms_in_a_random_order() -> None:
 
 
 @pytest.mark.slow
-def test_a_test_the_base_lacks_is_new_and_a_bad_ref_is_a_usage_error(repo: Suite) -> None:
-    repo.write(SUITE.replace("def test_step", "def test_added"), name="test_more")
-    result = repo.run(*FAST, BUDGET, "--accelperf-compare=HEAD", "-k", "test_added",
-                      subprocess=True)
-    result.assert_outcomes(passed=1)
-    check = _throughput(repo)
+def test_a_test_the_base_lacks_is_new_and_a_bad_ref_is_a_usage_error(untimed: Shared,
+                                                                      suite: Suite) -> None:
+    assert untimed.outcome("test_added") == "PASSED"
+    check = untimed.check("test_added", "throughput")
     assert check["verdict"] == "new"
     assert "test_more.py does not exist" in str(check["detail"])
     # no run of the base arm to compare with: the stored-baseline checks stand, and say why
-    memory = _check(repo, "memory")
+    memory = untimed.check("test_added", "memory")
     assert memory["verdict"] == "new" and "mode" not in memory["data"], memory
     assert str(memory["detail"]).endswith(": test_more.py does not exist]"), memory
 
-    bad = repo.run("--accelperf-compare=no-such-branch", subprocess=True)
+    committed(suite, MODEL, SUITE)  # a repository of its own; no session trains in it
+    bad = suite.run("--accelperf-compare=no-such-branch", subprocess=True)
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--accelperf-compare=no-such-branch: git cannot resolve "
                               "'no-such-branch' to a commit*"])
@@ -561,6 +762,8 @@ def test_the_detail_names_both_levels_of_the_interval() -> None:
 PROCESS_MODEL = '''
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -605,35 +808,33 @@ def test_step(accelperf):
 
 @pytest.mark.slow
 @pytest.mark.timing
-def test_processes_of_different_speed_are_sampled_not_called_a_change(suite: Suite) -> None:
+def test_processes_of_different_speed_are_sampled_not_called_a_change(timed: Shared) -> None:
     """The same program in every worker, each process at its own speed: with one process
     per revision the rounds' interval calls the 20 % between its two processes a
     regression; over three process pairs the interval carries the between-process
-    variance and the verdict is not a regression."""
+    variance and the verdict is not a regression. One session: its three pairs' verdict,
+    and the one-process verdict of the rounds of its first pair alone (what a session of
+    one pair measures: that pair's head 20 % slower than its base), judged as A/B mode
+    judges them (:func:`~pytest_accelperf.ab.verdict.ab_check`) at a tolerance of 5 %."""
     pytest.importorskip("torch")
-    path = suite.pytester.path
-    (path / "process_model.py").write_text(PROCESS_MODEL)
-    suite.write(PROCESS_SUITE)
-    _git(path, "init", "-q")
-    _git(path, "add", "-A")
-    _git(path, "commit", "-qm", "base")
-    args = ("--accel=cpu", "--accelperf-compare=HEAD", "--accelperf-compare-rounds=4",
-            "--accelperf-compare-budget=2", "--accelperf-compare-tolerance=0.05",
-            "--accelperf-json=report.json", UNBOUNDED)
-    one = suite.run(*args, "--accelperf-compare-processes=1", subprocess=True)
-    check = _throughput(suite)
-    assert check["verdict"] == "regression", check["detail"]  # the old statistic
-    assert "one process per revision" in str(check["detail"])
-    one.assert_outcomes(failed=1)
-    three = suite.run(*args, "--accelperf-compare-processes=3", subprocess=True)
-    check = _throughput(suite)
+    assert timed.outcome("test_speeds") == "PASSED"
+    check = timed.check("test_speeds", "throughput")
     assert check["verdict"] in ("pass", "inconclusive"), check["detail"]
     data = check["data"]
     assert isinstance(data, dict) and data["processes"] == 3
     assert sorted(set(data["pairs"])) == [0, 1, 2]
     assert data["process_sd"] > 0.1  # the 20 % between processes, seen as such
     assert "over 3 process pairs (between processes sd" in str(check["detail"])
-    three.assert_outcomes(passed=1)
+    # the old statistic: the first pair's rounds, as one process per revision times them
+    first = [i for i, pair in enumerate(data["pairs"]) if pair == 0]
+    assert len(first) >= 4, data["pairs"]  # --accelperf-compare-rounds=4 of a session of one
+    one = ABMeasurement(base=[data["blocks"]["base"][i] for i in first],
+                        head=[data["blocks"]["head"][i] for i in first],
+                        seconds=data["seconds"], first=[data["first"][i] for i in first],
+                        pairs=[0] * len(first))
+    single = ab_check("HEAD", one, 16, 0.05, data["block"])
+    assert single.verdict is Verdict.REGRESSION, single.detail
+    assert "one process per revision" in single.detail
 
 
 def test_close_after_a_start_cut_short_stops_the_arms_that_started(tmp_path: Path) -> None:

@@ -156,50 +156,9 @@ def test_a_backend_named_by_module_loads_lazily_and_trains_under_xdist(suite: Su
     assert len(suite.load()["cases"]) == 2
 
 
-AB_SUITE = '''
-from pytest_accelperf import Case, cases
-
-# ~10 ms steps on one BLAS thread: blocks of 5 steps long enough to time on a busy machine
-TASK = {"dim": 1024, "out": 256, "lr": 0.05}
-
-@cases(Case(backend="numpy-sgd", batch=512, steps=10, warmup=2))
-def test_regression(accelperf):
-    accelperf.train(dict(TASK))
-'''
-
-
-@pytest.mark.slow
-@pytest.mark.timing
-def test_a_backend_named_by_module_is_compared_in_ab_mode(suite: Suite,
-                                                           monkeypatch: pytest.MonkeyPatch
-                                                           ) -> None:
-    """The A/B workers (outside pytest) import the backend by its spec's module and step
-    it in blocks (``ab_blocks=True``): a working tree whose steps are 4x the work is slower
-    than the base revision. One BLAS thread: beside another test (``-n 2``) a 2-thread BLAS
-    call waits for a second core each step, and 1.3 ms steps became 12-16 ms in both
-    arms, so the test measured the scheduler (it once judged 4x the work faster). Three
-    process pairs: over two, Student's t is 12.71, and in CI the pairs measured the 4x
-    as 4.1x and 5.7x, an interval of 0.59-39.8 that judged nothing."""
-    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    path = suite.pytester.path
-    suite.pytester.makepyfile(numpy_sgd=NUMPY_SGD)
-    suite.pytester.makeconftest(NUMPY_SGD_CONFTEST)
-    suite.write(AB_SUITE)
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "base"]):
-        subprocess.run(["git", "-c", "user.email=ci@example.com", "-c", "user.name=ci", *args],
-                       cwd=path, check=True, capture_output=True)
-    suite.write(AB_SUITE.replace('"dim": 1024', '"dim": 4096'))
-    result = suite.run("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare=HEAD",
-                       "--accelperf-compare-rounds=6", "--accelperf-compare-budget=4",
-                       "--accelperf-compare-processes=3", "--accelperf-json=report.json",
-                       "--accelperf-max-foreign-load=64",
-                       subprocess=True)  # judged beside other tests (-n 2): bound off
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*throughput: A/B slower than HEAD (*)*"])
-    check = next(c for c in suite.report()["cases"][0]["checks"] if c["metric"] == "throughput")
-    assert check["verdict"] == "regression"
-    assert check["data"]["mode"] == "ab" and check["data"]["ratio"] > 1.5
+# A backend named by module compared in A/B mode: tests/e2e/test_ab_mode.py
+# (test_a_backend_named_by_module_is_compared_in_ab_mode), in the session its other timed
+# scenarios share.
 
 
 # -- the spec, its registry and the routing ------------------------------------------------
