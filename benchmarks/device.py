@@ -203,6 +203,11 @@ def phase_suites(ns: argparse.Namespace, scratch: Path, budget: float) -> dict[s
 # (b) timing noise: one child process per sample of the process level
 
 NOISE_CHILD = "--noise-child"
+#: The noise phase's MLP (input width, hidden width; batch 256, 8 outputs), and --quick's:
+#: on the CPU the full one's 200 steps are minutes, and --quick checks that the phase runs
+#: and writes its figures (its processes' start dominates a small one).
+NOISE_WIDTHS = (512, 1024)
+QUICK_NOISE_WIDTHS = (64, 128)
 
 
 def _spread(times: Sequence[float]) -> dict[str, float]:
@@ -213,8 +218,11 @@ def _spread(times: Sequence[float]) -> dict[str, float]:
             "min_ms": round(min(times) * 1e3, 4), "n": len(times)}
 
 
-def noise_child(accel: str, framework: str, steps: int) -> dict[str, Any]:
-    """Time ``steps`` synchronized steps of an MLP training step in this process."""
+def noise_child(accel: str, framework: str, steps: int,
+                widths: tuple[int, int] = NOISE_WIDTHS) -> dict[str, Any]:
+    """Time ``steps`` synchronized steps of an MLP training step in this process: input
+    width, two hidden layers of the hidden width (``widths``), 8 outputs, batch 256."""
+    din, hidden = widths
     host: list[float] = []
     device: list[float] = []
     note = ""
@@ -229,8 +237,9 @@ def noise_child(accel: str, framework: str, steps: int) -> dict[str, Any]:
         dev = jax.devices("gpu" if accel == "gpu" else "cpu")[0]
         key = jax.random.PRNGKey(0)
         params = [jax.device_put(jax.random.normal(k, s) * 0.05, dev) for k, s in zip(
-            jax.random.split(key, 3), ((512, 1024), (1024, 1024), (1024, 8)), strict=True)]
-        x = jax.device_put(jnp.ones((256, 512)), dev)
+            jax.random.split(key, 3), ((din, hidden), (hidden, hidden), (hidden, 8)),
+            strict=True)]
+        x = jax.device_put(jnp.ones((256, din)), dev)
 
         def loss(ps: Any, xb: Any) -> Any:
             h = xb
@@ -257,11 +266,11 @@ def noise_child(accel: str, framework: str, steps: int) -> dict[str, Any]:
 
         events: Any = torch.cuda  # Event is untyped
         dev_t = torch.device("cuda" if accel == "gpu" else "cpu")
-        model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.Tanh(),
-                                    torch.nn.Linear(1024, 1024), torch.nn.Tanh(),
-                                    torch.nn.Linear(1024, 8)).to(dev_t)
+        model = torch.nn.Sequential(torch.nn.Linear(din, hidden), torch.nn.Tanh(),
+                                    torch.nn.Linear(hidden, hidden), torch.nn.Tanh(),
+                                    torch.nn.Linear(hidden, 8)).to(dev_t)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
-        xt = torch.ones(256, 512, device=dev_t)
+        xt = torch.ones(256, din, device=dev_t)
 
         def tstep() -> None:
             opt.zero_grad(set_to_none=True)
@@ -292,8 +301,9 @@ def noise_child(accel: str, framework: str, steps: int) -> dict[str, Any]:
 
 
 def phase_noise(ns: argparse.Namespace, scratch: Path, budget: float) -> dict[str, Any]:
-    processes, steps = (2, 30) if ns.quick else (4, 200)
-    out: dict[str, Any] = {"processes": processes, "steps": steps}
+    processes, steps = (2, 20) if ns.quick else (4, 200)
+    widths = QUICK_NOISE_WIDTHS if ns.quick else NOISE_WIDTHS
+    out: dict[str, Any] = {"processes": processes, "steps": steps, "widths": list(widths)}
     t0 = time.monotonic()
     for framework in ("jax", "torch"):
         per: list[dict[str, Any]] = []
@@ -303,7 +313,8 @@ def phase_noise(ns: argparse.Namespace, scratch: Path, budget: float) -> dict[st
                 break
             try:
                 done = subprocess.run(
-                    [sys.executable, __file__, NOISE_CHILD, ns.accel, framework, str(steps)],
+                    [sys.executable, __file__, NOISE_CHILD, ns.accel, framework, str(steps),
+                     *map(str, widths)],
                     capture_output=True, text=True, timeout=left, env=base_env(ns.accel),
                     check=False)
             except subprocess.TimeoutExpired:
@@ -337,18 +348,35 @@ slowdowns.py makes each case's step that much slower, the base revision's has 0.
 import dataclasses
 import os
 
-import torch
-
 from slowdowns import ORDER, REPS, SLOWDOWN
 from steptask import CASE as JAX_CASE, make_task as jax_task
-from pytest_accelperf import Case, cases
-from pytest_accelperf.torch import TorchTask
+from pytest_accelperf import cases
 
 ACCELS = ({accel!r},)
 JAX = [dataclasses.replace(JAX_CASE, accels=ACCELS, steps=10, label=f"{{n}}-r{{r}}")
        for r in range(REPS) for n in ORDER]
+
+
+def _plant(case):
+    os.environ["ACCELPERF_INJECT_SLOWDOWN"] = repr(SLOWDOWN[case.label.split("-")[0]])
+
+
+@cases(*JAX)
+def test_jax(accelperf):
+    _plant(accelperf.case)
+    accelperf.train(jax_task(accelperf.case))
+'''
+
+#: The torch cases of the A/B phase, after :data:`AB_TEST` (not in --quick).
+AB_TORCH = '''
+
+import torch
+
+from pytest_accelperf import Case
+from pytest_accelperf.torch import TorchTask
+
 TORCH = [Case(backend="torch", batch=256, steps=10, warmup=3, accels=ACCELS,
-              label=f"{{n}}-r{{r}}") for r in range(REPS) for n in ORDER]
+              label=f"{n}-r{r}") for r in range(REPS) for n in ORDER]
 
 
 def torch_task(case):
@@ -364,16 +392,6 @@ def torch_task(case):
         make_optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
 
 
-def _plant(case):
-    os.environ["ACCELPERF_INJECT_SLOWDOWN"] = repr(SLOWDOWN[case.label.split("-")[0]])
-
-
-@cases(*JAX)
-def test_jax(accelperf):
-    _plant(accelperf.case)
-    accelperf.train(jax_task(accelperf.case))
-
-
 @cases(*TORCH)
 def test_torch(accelperf):
     _plant(accelperf.case)
@@ -381,13 +399,15 @@ def test_torch(accelperf):
 '''
 
 
-def ab_repo(root: Path, accel: str, slowdowns: Sequence[float], reps: int) -> None:
+def ab_repo(root: Path, accel: str, slowdowns: Sequence[float], reps: int,
+            frameworks: Sequence[str] = ("jax", "torch")) -> None:
     names = [gate._slowdown_name(f) for f in slowdowns]
     root.mkdir(parents=True)
     shutil.copy(HERE / "suite" / "steptask.py", root / "steptask.py")
     (root / "pyproject.toml").write_text(
         "[tool.pytest.ini_options]\naddopts = \"-p no:cacheprovider\"\n", encoding="utf-8")
-    (root / "test_ab.py").write_text(textwrap.dedent(AB_TEST.format(accel=accel)))
+    source = AB_TEST.format(accel=accel) + (AB_TORCH if "torch" in frameworks else "")
+    (root / "test_ab.py").write_text(textwrap.dedent(source))
 
     def module(values: Sequence[float]) -> str:
         table = ", ".join(f"{n!r}: {v!r}" for n, v in zip(names, values, strict=True))
@@ -405,8 +425,14 @@ def phase_ab(ns: argparse.Namespace, scratch: Path, budget: float) -> dict[str, 
     reps = 1 if ns.quick else 2
     case_budget = 2.0 if ns.quick else 8.0
     processes = 1 if ns.quick else 2
+    # --quick: the fewest rounds a paired interval takes (A/B mode's default is 10); on a
+    # loaded CPU 10 rounds of the two MLPs ran 17-26 s a case, past the 2 s budget.
+    rounds = 3 if ns.quick else 10
+    # --quick: the JAX cases only (a torch case is two more runs and two more steps built
+    # per slowdown; tests/e2e/test_ab_mode.py compares torch cases).
+    frameworks = ("jax",) if ns.quick else ("jax", "torch")
     repo = scratch / "ab-repo"
-    ab_repo(repo, ns.accel, slowdowns, reps)
+    ab_repo(repo, ns.accel, slowdowns, reps, frameworks)
     report = scratch / "ab.json"
     env = base_env(ns.accel)
     env[gate.STEPS_ENV] = "10"
@@ -414,6 +440,7 @@ def phase_ab(ns: argparse.Namespace, scratch: Path, budget: float) -> dict[str, 
             "--accelperf-compare=HEAD", f"--accelperf-json={report}",
             "--accelperf-compare-tolerance=0.01", f"--accelperf-compare-budget={case_budget:g}",
             f"--accelperf-compare-processes={processes}",
+            f"--accelperf-compare-rounds={rounds}",
             f"--accelperf-compare-prepare-timeout={min(120.0, budget):g}"]
     load0 = load()
     rc, output, took = pytest_session(repo, args, env, budget, scratch / "ab.txt")
@@ -446,6 +473,7 @@ def phase_ab(ns: argparse.Namespace, scratch: Path, budget: float) -> dict[str, 
     return {"exit": rc, "timed_out": rc is None, "seconds": round(took, 1),
             "load_before": load0, "load_after": load(), "slowdowns": slowdowns,
             "reps": reps, "budget_per_case_s": case_budget, "process_pairs": processes,
+            "fewest_rounds": rounds, "frameworks": list(frameworks),
             "outcomes": outcome_counts(output), "summary": summary, "cases": rows,
             "tail": output[-1500:] if not rows else ""}
 
@@ -534,7 +562,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [NOISE_CHILD]:
         accel, framework, steps = args[1], args[2], int(args[3])
-        print(json.dumps(noise_child(accel, framework, steps)))
+        din, hidden = map(int, args[4:6] or NOISE_WIDTHS)
+        print(json.dumps(noise_child(accel, framework, steps, (din, hidden))))
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
