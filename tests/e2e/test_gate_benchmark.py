@@ -190,8 +190,10 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
     # is foreign load: the recording would be stored marked noisy and every verdict against
     # it inconclusive, as it should on a shared machine. This test is about the benchmark's
     # plumbing, so its sessions (which inherit this environment) take any spread and load.
+    # No profiler trace of the flagged regression (--accelperf-explain=off): 3 more steps
+    # under jax.profiler, 9 s of the session's CPU, and nothing here reads it.
     env["PYTEST_ADDOPTS"] = ("--accelperf-max-probe-spread=1000 --accelperf-max-step-spread=1000 "
-                             "--accelperf-max-foreign-load=64")
+                             "--accelperf-max-foreign-load=64 --accelperf-explain=off")
     env = without_hypothesis(env)
     proc = subprocess.run(
         [sys.executable, str(GATE), "--runs", "1", "--slowdowns", "0,3", "--load", "none",
@@ -235,7 +237,10 @@ def test_gate_benchmark_end_to_end(tmp_path: Path) -> None:
 def test_gate_benchmark_ab_mode(tmp_path: Path) -> None:
     """The A/B mode of the benchmark: a git repository whose working tree makes one case's
     step three times as slow as the base revision's, measured with --accelperf-compare."""
-    env = without_hypothesis({k: v for k, v in os.environ.items() if k != INJECT_ENV})
+    env = {k: v for k, v in os.environ.items() if k != INJECT_ENV}
+    # No profiler trace of the 2x case's regression: nothing here reads it.
+    env["PYTEST_ADDOPTS"] = "--accelperf-explain=off"
+    env = without_hypothesis(env)
     proc = subprocess.run(
         [sys.executable, str(GATE), "ab", "--runs", "1", "--slowdowns", "0,2", "--load",
          "none", "--ab-budget", "3", "--ab-tolerance", "0.2", "--ab-max-foreign-load", "64",
