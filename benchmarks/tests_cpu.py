@@ -41,15 +41,25 @@ def busy_seconds() -> float:
     return ticks[0] / os.sysconf("SC_CLK_TCK")
 
 
+def own_seconds() -> float:
+    """CPU seconds of this process and of its children that have been waited for."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """One line per test: its node id, wall seconds and the machine's busy seconds."""
-    busy, started = busy_seconds(), time.monotonic()
+    """One line per test: its node id, wall seconds, the machine's busy seconds and the
+    test's own: user and system time of this process and of the children it waited for
+    (its ranks and subprocess sessions, not a Ray cluster's daemons), which the other
+    sessions on a shared machine do not inflate."""
+    busy, started, own = busy_seconds(), time.monotonic(), own_seconds()
     try:
         return (yield)
     finally:
         line = {"id": item.nodeid, "wall": round(time.monotonic() - started, 3),
-                "cpu": round(busy_seconds() - busy, 3)}
+                "cpu": round(busy_seconds() - busy, 3),
+                "own": round(own_seconds() - own, 3)}
         with open(os.environ.get(OUT_ENV, "tests-cpu.jsonl"), "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
 
@@ -59,8 +69,10 @@ def summary(path: Path, top: int) -> str:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
             if line.strip()]
     wall, cpu = sum(r["wall"] for r in rows), sum(r["cpu"] for r in rows)
+    own = sum(r.get("own", 0.0) for r in rows)
     out = [f"{len(rows)} tests: {wall:.0f} s wall, {cpu:.0f} s CPU "
-           f"({cpu / wall if wall else 0:.2f} cores on average)", "", "modules by CPU:"]
+           f"({cpu / wall if wall else 0:.2f} cores on average), {own:.0f} s of the tests' own",
+           "", "modules by CPU:"]
     modules: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for r in rows:
         module = modules[r["id"].split("::")[0]]
@@ -70,7 +82,8 @@ def summary(path: Path, top: int) -> str:
         out.append(f"  {w:7.1f} s wall {c:7.1f} s CPU  {name}")
     out += ["", "tests by CPU:"]
     for r in sorted(rows, key=lambda r: -r["cpu"])[:top]:
-        out.append(f"  {r['wall']:7.1f} s wall {r['cpu']:7.1f} s CPU  {r['id']}")
+        out.append(f"  {r['wall']:7.1f} s wall {r['cpu']:7.1f} s CPU "
+                   f"{r.get('own', 0.0):7.1f} s own  {r['id']}")
     waiting = [r for r in rows if r["wall"] > 3 and r["cpu"] < 0.6 * r["wall"]]
     out += ["", f"tests that mostly wait (over 3 s, under 0.6 cores): {len(waiting)}, "
                 f"{sum(r['wall'] - r['cpu'] for r in waiting):.0f} s of waiting"]
