@@ -9,11 +9,8 @@ Public API::
 import importlib
 from typing import TYPE_CHECKING
 
-# The decorator ``cases`` shares its name with its module: imported here, eagerly, so that
-# the package's attribute is the decorator whatever imports the module later.
-from pytest_accelperf.collect.cases import Case, cases, grid
-
 if TYPE_CHECKING:
+    from pytest_accelperf.collect.cases import Case, cases, grid
     from pytest_accelperf.errors import AccelperfWarning
     from pytest_accelperf.gate.maxbatch import MaxBatch
     from pytest_accelperf.gate.runner import CaseResult, CaseRunner, MaxBatchSearch
@@ -25,10 +22,15 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 #: Where each other name of the public API lives: imported when first asked for, so that
-#: ``import pytest_accelperf`` (and every ``accelperf`` command) does not import the runner,
-#: every check, numpy and scipy before it needs them; ``pytest_accelperf.torch`` only for a
-#: torch user.
+#: ``import pytest_accelperf`` (and every ``accelperf`` command) does not import the
+#: collector, the runner, every check, pydantic, numpy and scipy before it needs them;
+#: ``pytest_accelperf.torch`` only for a torch user.
 _LAZY = {
+    # The decorator ``cases`` lives in ``pytest_accelperf.collect.cases``: importing that
+    # module sets ``pytest_accelperf.collect.cases``, never this package's ``cases``.
+    "Case": "pytest_accelperf.collect.cases",
+    "cases": "pytest_accelperf.collect.cases",
+    "grid": "pytest_accelperf.collect.cases",
     "Accelerator": "pytest_accelperf.provision.accel",
     "AccelperfWarning": "pytest_accelperf.errors",
     "Built": "pytest_accelperf.torch",

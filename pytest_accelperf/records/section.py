@@ -20,8 +20,11 @@ from pytest_accelperf.records.jsonvalue import JSONValue
 class JsonSection(BaseModel):
     """Strict JSON types, finite numbers, unknown keys kept as JSON values."""
 
+    #: ``defer_build``: a model's validator is built when first used, not on import, so that
+    #: a command that reads a few fields (``accelperf baselines show``) does not build every
+    #: section's.
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False,
-                              validate_default=False)
+                              validate_default=False, defer_build=True)
     __pydantic_extra__: dict[str, JSONValue]
     #: The JSON object this was read from (:func:`read`); None where it was validated.
     _json: Mapping[str, Any] | None = PrivateAttr(default=None)
