@@ -143,25 +143,48 @@ def _ordered(checks: Mapping[str, CheckResult]) -> list[tuple[str, CheckResult]]
 def program_targets(bad: Session, good_programs: Mapping[str, Mapping[str, Any]]
                     ) -> tuple[Targets, Judgement]:
     """What BAD's session made worse than GOOD in its programs, and BAD's call: ``bad``
-    with the changes, else ``same`` (or ``good`` with what got less)."""
+    with the changes, else ``same`` (or ``good`` with what got less); ``skip`` when no
+    case's program could be compared with GOOD's (each case's reason in the evidence:
+    its run did not finish, or its check was ``incomparable``), since "same program" would
+    then be said of programs never compared. Either way the search goes on in A/B mode."""
     targets: dict[tuple[str, str], frozenset[str]] = {}
     words: list[str] = []
+    #: Why a case's program was not compared with GOOD's (its run did not finish, it has
+    #: no program record, or its check could not compare): "same" is said only of
+    #: programs that were compared.
+    uncompared: list[str] = []
+    compared = False
     many = len(bad.cases) > 1
     for nodeid, record in sorted(bad.cases.items()):
-        if _unusable(record):
+        why = _unusable(record)
+        if why:
+            uncompared.append(_name(nodeid, True) + why)
             continue
-        for metric, check in _ordered(deterministic_checks(record)):
+        checks = deterministic_checks(record)
+        if "program" not in checks:
+            uncompared.append(_name(nodeid, True) + "no program check")
+        for metric, check in _ordered(checks):
             fields = worse_fields(check)
             if fields:
                 targets[(nodeid, metric)] = fields
             if check.verdict in (Verdict.REGRESSION, Verdict.IMPROVEMENT):
                 words.append(_name(nodeid, many)
                              + _program_words(check, good_programs.get(nodeid)))
+            if check.verdict in (Verdict.PASS, Verdict.REGRESSION, Verdict.IMPROVEMENT):
+                compared = True
+            else:
+                uncompared.append(f"{_name(nodeid, True)}{metric} {check.verdict}: "
+                                  f"{check.detail}")
     if targets:
         return targets, Judgement("bad", "; ".join(words))
     if words:
         return targets, Judgement("good", "less than GOOD: " + "; ".join(words))
-    return targets, Judgement("same", "same program and memory plan as GOOD")
+    if not compared:
+        return targets, Judgement("skip", "program not compared with GOOD's: "
+                                  + "; ".join(uncompared))
+    same = "same program and memory plan as GOOD"
+    return targets, Judgement("same", same + (f" (not compared: {'; '.join(uncompared)})"
+                                              if uncompared else ""))
 
 
 def judge_program(session: Session, targets: Targets,

@@ -19,6 +19,7 @@ from pytest_accelperf.bisection.evidence import (
     host_targets,
     judge_host,
     judge_timing,
+    program_targets,
     unjudged_host,
     unsearched_regressions,
 )
@@ -172,3 +173,35 @@ def test_a_slower_batch_function_is_searched_on_the_input_check() -> None:
     assert judge_host(_input_session(10.3, loaded=True), levels).call == "skip"
     straddling = judge_host(_input_session(1.76, noisy=True), levels)
     assert straddling.call == "skip", straddling.evidence
+
+
+def _program_session(*checks: CheckResult, outcome: str = "ok") -> Session:
+    record = CaseRecord("t.py::test_step[c]", "c", "cpu-x8", {"outcome": outcome,
+                                                              "message": "killed"},
+                        list(checks))
+    return Session(Commit("4" * 40, "x"), (), Path(), 1, 1.0, {record.nodeid: record})
+
+
+def test_same_program_is_said_only_of_programs_compared() -> None:
+    """BAD's program check could not compare (another device count, say): its call is not
+    "same program as GOOD" (once said of a 4x wider model, whose A/B then found it 65 %
+    slower) but ``skip``, with the check's reason; the search goes on in A/B mode either
+    way (no targets)."""
+    incomparable = CheckResult("program", Verdict.INCOMPARABLE,
+                               "baseline recorded in another environment; program not "
+                               "compared", unit="FLOPs")
+    targets, judged = program_targets(_program_session(incomparable), {})
+    assert not targets
+    assert judged.call == "skip", judged
+    assert judged.evidence.startswith("program not compared with GOOD's: ")
+    assert "program incomparable: baseline recorded in another environment" in \
+        judged.evidence
+    _, unfinished = program_targets(_program_session(outcome="timeout"), {})
+    assert unfinished.call == "skip" and "its run ended timeout: killed" in \
+        unfinished.evidence, unfinished
+    _, none = program_targets(_program_session(), {})
+    assert none.call == "skip" and "no program check" in none.evidence
+    same = CheckResult("program", Verdict.PASS, "same program as the baseline",
+                       baseline=1e6, now=1e6, unit="FLOPs")
+    _, judged = program_targets(_program_session(same), {})
+    assert (judged.call, judged.evidence) == ("same", "same program and memory plan as GOOD")
