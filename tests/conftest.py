@@ -346,6 +346,22 @@ def host_lock_of_this_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def torch_extensions_of_the_machine() -> Iterator[None]:
+    """DeepSpeed's C++ ops built once per machine, not once per test: a scratch session's
+    HOME is its pytester directory, so the default cache
+    (``~/.cache/pytest-accelperf/torch_extensions``, :mod:`.backends.procs.launch`) was a
+    new one in every test, and each test with a DeepSpeed case on the CPU compiled
+    ``deepspeed_shm_comm`` again (two cc1plus, 170-340 s of a 2-core machine under load).
+    ``$TORCH_EXTENSIONS_DIR``, inherited by every session and rank a test starts, names the
+    machine's cache (or the one already set)."""
+    from pytest_accelperf.backends.procs.launch import EXTENSIONS_ENV, default_extensions_dir
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(EXTENSIONS_ENV, str(default_extensions_dir()))
+        yield
+
+
 @pytest.fixture
 def competitor() -> Iterator[int]:
     """Another job: a process spinning on one core for the test's duration, and no
