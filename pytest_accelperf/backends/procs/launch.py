@@ -14,7 +14,9 @@ How a launch goes:
   ``OMP_NUM_THREADS`` = cores / N unless set (N ranks must not each take every core), and
   ``TORCH_EXTENSIONS_DIR``: the user's, or by default a persistent cache,
   ``~/.cache/pytest-accelperf/torch_extensions`` (``$XDG_CACHE_HOME`` honoured), so that
-  DeepSpeed's C++ ops compile once per machine rather than once per run.
+  DeepSpeed's C++ ops compile once per machine rather than once per run; ``PATH`` with
+  the interpreter's scripts directory on it, first when it was missing (the environment's
+  ``ninja`` builds them).
 * Each rank appends JSON lines to its own file: ``progress`` (the phase, the last step it
   finished, its peak memory so far), then ``result`` or ``error`` (exception type, message,
   traceback tail, whether it was an out-of-memory). Its stdout and stderr go to a log file.
@@ -217,6 +219,16 @@ def _child_env(rank: int, world_size: int, port: int, device: str) -> dict[str, 
     })
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world_size)))
+    # The interpreter's own scripts first, as an activated environment has them: torch
+    # builds C++ extensions with the `ninja` it finds on PATH, and two ninjas (the
+    # environment's, pip's 1.13, and the system's 1.11) hash a build's command lines
+    # differently, so each took the other's build of a DeepSpeed op for stale and rebuilt
+    # it in the shared cache (170-340 s of two cores; seen 2026-11-29 between a session
+    # started from an activated venv and one started as .venv/bin/pytest).
+    scripts = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    if scripts not in path.split(os.pathsep):
+        env["PATH"] = os.pathsep.join(filter(None, (scripts, path)))
     return env
 
 

@@ -63,6 +63,8 @@ import copy
 import importlib
 import importlib.util
 import os
+import shutil
+import subprocess
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -260,19 +262,46 @@ def preload_ops() -> list[str]:
     it finds them loaded (DeepSpeed keeps loaded ops per process) instead of checking the
     build and importing the extension again: about 4 s per rank for ``cpu_adam`` on a
     loaded 2-core machine. Loading runs no op (no process group, no shared memory, no
-    optimizer); an op never built is left to the case that needs it. Returns the names
-    loaded."""
+    optimizer). An op that would be *built* here is left to the case that needs it
+    (:func:`op_is_built`): never built, out of date for ninja (a build that was killed
+    midway leaves its objects newer than its log), or locked by a build under way (or by
+    one that was killed: torch's lock file then stays, and torch waits on it forever).
+    A warm rank is killed with its pool whenever a case fails or times out, so a build
+    here, of minutes, was killed midway again and again (seen 2026-11-29: ``cpu_adam``
+    rebuilt in every DeepSpeed pool's start, its lock left behind by a pool killed at a
+    test's 25 s timeout, and every later rank on the machine waiting on it until its own
+    timeout), and for an op (``cpu_adam``) that only offloading cases use. Returns the
+    names loaded."""
     accelerator = importlib.import_module("deepspeed.accelerator").get_accelerator()
     cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", ""))
     loaded = []
     for builder_name, op in CPU_OPS:
-        if not os.environ.get("TORCH_EXTENSIONS_DIR") or not any(cache.glob(f"**/{op}.so")):
+        if not os.environ.get("TORCH_EXTENSIONS_DIR"):
+            continue
+        built = [so.parent for so in cache.glob(f"**/{op}.so")]
+        if not built or not op_is_built(built[0]):
             continue
         builder = accelerator.create_op_builder(builder_name)
         if builder is not None:
             builder.load(verbose=False)
             loaded.append(op)
     return loaded
+
+
+def op_is_built(directory: Path) -> bool:
+    """Whether the torch extension built in ``directory`` loads without building: no build
+    holds torch's lock there (``lock``) and ninja has no work to do (``ninja -n``, a dry
+    run: it reads the build's log and time stamps, and writes nothing)."""
+    ninja = shutil.which("ninja")
+    if ninja is None or (directory / "lock").exists() or \
+            not (directory / "build.ninja").is_file():
+        return False
+    try:
+        dry = subprocess.run([ninja, "-n", "-C", str(directory)], capture_output=True,
+                             text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return dry.returncode == 0 and "no work to do" in dry.stdout
 
 
 def _offload_optimizer(client: torch.optim.Optimizer) -> tuple[torch.optim.Optimizer, bool]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +21,7 @@ pytest.importorskip("cloudpickle")
 from pytest_accelperf.backends.procs._rank import RankContext
 from pytest_accelperf.backends.procs.launch import (
     CapacityExceeded,
+    _child_env,
     default_extensions_dir,
     launch,
 )
@@ -80,6 +83,18 @@ def test_results_and_environment_of_every_rank() -> None:
     assert len({e["MASTER_PORT"] for e in envs}) == 1
     assert envs[0]["TORCH_EXTENSIONS_DIR"] == str(default_extensions_dir())
     assert all(r.step == 4 and r.returncode == 0 for r in result.ranks)
+
+
+def test_ranks_find_the_interpreters_own_ninja_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch builds DeepSpeed's ops with the ``ninja`` on PATH; the system's (1.11) and the
+    environment's (pip's 1.13) each took the other's build for stale, so a session started
+    without activating its environment rebuilt the shared cache's ops."""
+    scripts = str(Path(sys.executable).parent)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert _child_env(0, 2, 1234, "cpu")["PATH"] == f"{scripts}{os.pathsep}/usr/bin:/bin"
+    activated = f"/usr/local/bin{os.pathsep}{scripts}{os.pathsep}/usr/bin"
+    monkeypatch.setenv("PATH", activated)
+    assert _child_env(0, 2, 1234, "cpu")["PATH"] == activated  # left as the user has it
 
 
 def test_sigkilled_rank_is_an_error_and_the_survivors_are_killed() -> None:

@@ -10,6 +10,9 @@ cached in ``~/.cache/pytest-accelperf/torch_extensions``.
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,7 +26,12 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("cloudpickle")
 
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
-from pytest_accelperf.backends.torch.deepspeed import BACKEND, DeepSpeedRankEngine, ds_config  # noqa: E402
+from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
+    BACKEND,
+    DeepSpeedRankEngine,
+    ds_config,
+    op_is_built,
+)
 from pytest_accelperf.backends.torch.in_rank import slice_batch  # noqa: E402
 from pytest_accelperf.backends.torch.processes import make_plan, train_reference  # noqa: E402
 from pytest_accelperf.checks.numerics import check_reference  # noqa: E402
@@ -177,6 +185,26 @@ def test_config_and_batch_errors_name_the_fix() -> None:
     assert config["train_micro_batch_size_per_gpu"] == BATCH // 2
 
 
+def test_a_warm_rank_loads_only_ops_that_need_no_build(tmp_path: Path) -> None:
+    """preload_ops' test of an op's build directory: built, and nothing for ninja to do;
+    never built, stale, or locked by torch (a build under way, or one killed midway whose
+    lock stayed) leaves the op to the case that needs it."""
+    if shutil.which("ninja") is None:
+        pytest.skip("no ninja on PATH (torch's extension builds need it)")
+    (tmp_path / "op.cpp").write_text("int x;\n")
+    (tmp_path / "build.ninja").write_text(
+        "rule copy\n  command = cp $in $out\nbuild op.so: copy op.cpp\n")
+    assert not op_is_built(tmp_path)  # never built
+    subprocess.run(["ninja", "-C", str(tmp_path)], check=True, capture_output=True)
+    assert op_is_built(tmp_path)
+    (tmp_path / "lock").touch()
+    assert not op_is_built(tmp_path)  # torch's FileBaton: a build holds it
+    (tmp_path / "lock").unlink()
+    future = time.time() + 60
+    os.utime(tmp_path / "op.cpp", (future, future))  # a source newer than the build
+    assert not op_is_built(tmp_path)
+
+
 def test_ranks_get_their_slice_of_the_global_batch() -> None:
     batch = {"x": torch.arange(8).reshape(8, 1), "scale": torch.tensor(2.0),
              "pair": (torch.arange(8), torch.zeros(3))}
@@ -197,8 +225,11 @@ def ds(label, **kw):
     return Case(backend="deepspeed", batch=8, steps=4, warmup=2, world_size=2, zero_stage=1,
                 label=label, accels=("cpu",), **kw)
 
-@cases(ds("kill", params={"fail": "kill"}), ds("raise", params={"fail": "raise"}),
-       ds("tiny", memory_capacity=1000), ds("fine"))
+# "fine" first: a failed case kills its warm ranks (the next case starts new ones), so the
+# fine case ahead of them lends its warm ranks to "kill" (three rank-pool starts, not four;
+# a pool start is two interpreters importing torch, DeepSpeed and inductor).
+@cases(ds("fine"), ds("kill", params={"fail": "kill"}), ds("raise", params={"fail": "raise"}),
+       ds("tiny", memory_capacity=1000))
 def test_ds(accelperf):
     accelperf.train(make_task(accelperf.case))
 '''
