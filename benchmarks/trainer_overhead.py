@@ -118,7 +118,7 @@ def gated(model: str, steps: int) -> list[float]:
     task = LightningTask(module=lambda c: make(), data=lambda c: data(c.batch))
     run = BACKEND.train(case, task, CPU).run
     assert run.outcome == "ok", run.message
-    return [s + f for s, f in zip(run.step_times, run.input_wall_times, strict=True)]
+    return [s + f for s, f in zip(run.step_times, run.inputs.wall_times, strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -429,25 +429,26 @@ def input_block(run: Run) -> InputSection:
     """The block's ``input``: CPU seconds making each measured step's batch (every sample,
     rounded as step times are, and their median), the median wall seconds of the same,
     and the seconds the thread was blocked making it, every sample and their median
-    (:attr:`pytest_accelperf.records.run.Run.input_times`, ``input_blocked_times``; the
+    (:attr:`pytest_accelperf.records.run.InputSeries.times`, ``blocked_times``; the
     ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`); and the medians of
     the evidence the check weighs: the seconds the thread waited for a CPU, its page
     faults, and the yardstick's CPU seconds with its kind."""
+    series = run.inputs
     out: InputSection = {
-        "median": round_sig(statistics.median(run.input_times)),
-        "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.input_times],
+        "median": round_sig(statistics.median(series.times)),
+        "samples": [round_sig(t, SAMPLE_DIGITS) for t in series.times],
     }
-    if run.input_wall_times:
-        out["wall_median"] = round_sig(statistics.median(run.input_wall_times))
-    if run.input_blocked_times:
-        out["blocked_median"] = round_sig(statistics.median(run.input_blocked_times))
-        out["blocked_samples"] = [round_sig(t, SAMPLE_DIGITS) for t in run.input_blocked_times]
-    if run.input_queued_times:
-        out["queued_median"] = round_sig(statistics.median(run.input_queued_times))
-    if run.input_faults:
-        out["fault_median"] = float(statistics.median(run.input_faults))
-    if run.input_yardstick_times:
-        out["yardstick_median"] = round_sig(statistics.median(run.input_yardstick_times))
+    if series.wall_times:
+        out["wall_median"] = round_sig(statistics.median(series.wall_times))
+    if series.blocked_times:
+        out["blocked_median"] = round_sig(statistics.median(series.blocked_times))
+        out["blocked_samples"] = [round_sig(t, SAMPLE_DIGITS) for t in series.blocked_times]
+    if series.queued_times:
+        out["queued_median"] = round_sig(statistics.median(series.queued_times))
+    if series.faults:
+        out["fault_median"] = float(statistics.median(series.faults))
+    if series.yardstick_times:
+        out["yardstick_median"] = round_sig(statistics.median(series.yardstick_times))
         out["yardstick_kind"] = YARDSTICK_KIND
     return out
 
@@ -469,7 +470,7 @@ class InputCheck(BaseCheck):
 
     def record(self, run: Run) -> Mapping[str, object]:
         """``input``, where the run timed the making of its batches."""
-        return {"input": input_block(run)} if run.outcome == "ok" and run.input_times else {}
+        return {"input": input_block(run)} if run.outcome == "ok" and run.inputs.times else {}
 
     def label(self, result: CheckResult) -> str:
         """``input (bound 38/40)``: in how many steps the batch took longer to make than

@@ -44,7 +44,7 @@ from pytest_accelperf.ab.verdict import (
 from pytest_accelperf.backends.protocol import TrainResult
 from pytest_accelperf.backends.spec import BackendSpec
 from pytest_accelperf.checks.throughput import spread
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import InputSeries, Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.contention import Load, wait_for_quiet
 from pytest_accelperf.store.block import Block
@@ -435,12 +435,7 @@ def retimed(first: TrainResult, *again: TrainResult) -> TrainResult:
     run = replace(first.run, step_times=[t for r in runs for t in r.step_times],
                   probe_times=[t for r in runs for t in r.probe_times],
                   probe_kind=runs[0].probe_kind,
-                  input_times=[t for r in runs for t in r.input_times],
-                  input_wall_times=[t for r in runs for t in r.input_wall_times],
-                  input_blocked_times=[t for r in runs for t in r.input_blocked_times],
-                  input_queued_times=[t for r in runs for t in r.input_queued_times],
-                  input_faults=[n for r in runs for n in r.input_faults],
-                  input_yardstick_times=[t for r in runs for t in r.input_yardstick_times],
+                  inputs=InputSeries.joined([r.inputs for r in runs]),
                   trainer_times=([t for r in runs for t in r.trainer_times or ()]
                                  if all(r.trainer_times for r in runs) else None),
                   **timing)

@@ -147,8 +147,7 @@ class CaseResult:
 #: (:class:`CompiledRun`).
 STEP_FIELDS = frozenset({
     "step_times", "losses", "loss_steps", "metrics", "params_fingerprint", "probe_times",
-    "input_times", "input_wall_times", "input_blocked_times", "input_queued_times",
-    "input_faults", "input_yardstick_times", "trainer_times",
+    "inputs", "trainer_times",
     "memory_growth", "median_step_time",
     "samples_per_second", "mfu", "hfu", "final_loss"})
 

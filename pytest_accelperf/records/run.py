@@ -163,6 +163,61 @@ class Explained(TypedDict):
     note: str
 
 
+@dataclass(frozen=True)
+class InputSeries:
+    """The making of each measured step's batch, timed apart from the step
+    (:mod:`pytest_accelperf.backends.measure.loop`): ``Run.inputs``, and what the loop
+    appends to as it runs. Each series is one value per measured step (the yardstick's, per
+    k-th) and empty where it was not counted; in a run's JSON each is its own key, the
+    field's name after ``input_`` (:data:`INPUT_KEYS`), as before they were one record.
+
+    The series are lists the loop appends to while it runs; a run's are not changed after.
+    """
+
+    #: CPU seconds of the thread that made the batch (the user's ``make_batch`` or data
+    #: iterator and the host-side conversion, not the transfer to the device): what the
+    #: ``input`` check judges (:mod:`pytest_accelperf.checks.input`). Work done in other
+    #: processes or threads (a DataLoader's workers, tf.data's threads) is not in it: what
+    #: the thread waited for them is in ``wall_times``, less this.
+    times: list[float] = field(default_factory=list)
+    #: Wall seconds of the same.
+    wall_times: list[float] = field(default_factory=list)
+    #: Seconds the thread was blocked in the same, neither on a CPU nor waiting for one
+    #: (:mod:`pytest_accelperf.backends.measure.blocked`): what the ``input_wait`` check
+    #: judges; empty where the kernel does not count its run-queue delay.
+    blocked_times: list[float] = field(default_factory=list)
+    #: Seconds the thread waited for a CPU in the same (its run-queue delay); empty where
+    #: the kernel does not count it.
+    queued_times: list[float] = field(default_factory=list)
+    #: The thread's page faults in the same (:mod:`pytest_accelperf.backends.measure.faults`);
+    #: empty where the platform does not count them per thread.
+    faults: list[int] = field(default_factory=list)
+    #: CPU seconds of the input yardstick (:mod:`pytest_accelperf.stats.yardstick`), a fixed
+    #: piece of host work the same thread did right after, after every k-th measured step
+    #: (:func:`pytest_accelperf.backends.measure.loop.yardstick_every`): what the input
+    #: check corrects the CPU seconds by.
+    yardstick_times: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, list[float] | list[int]]:
+        """Each series under its key in a run's JSON (:data:`INPUT_KEYS`)."""
+        return {key: list(getattr(self, name)) for name, key in INPUT_KEYS.items()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> InputSeries:
+        """The series a run's JSON holds under :data:`INPUT_KEYS` (a missing one: empty)."""
+        return cls(**{name: list(data.get(key) or ()) for name, key in INPUT_KEYS.items()})
+
+    @classmethod
+    def joined(cls, series: Sequence[InputSeries]) -> InputSeries:
+        """The series of several runs of one case, one after the other."""
+        return cls(**{name: [x for s in series for x in getattr(s, name)]
+                      for name in INPUT_KEYS})
+
+
+#: The key of each :class:`InputSeries` field in a run's JSON, by field name.
+INPUT_KEYS: dict[str, str] = {f.name: f"input_{f.name}" for f in fields(InputSeries)}
+
+
 #: Marks a field of :class:`Run` whose JSON lives under ``"extra"`` (where it was written
 #: before it was a field: old reports and reports of this version have the same form).
 IN_EXTRA = "in_extra"
@@ -206,25 +261,15 @@ class Run:
     "after_steps", "source"}`` (bytes live after the warm-up and after the last measured
     step, and who counted them); the memory check judges a leak from it.
 
-    ``input_times`` are, per measured step (one per ``step_times`` entry), the CPU seconds
-    of the thread that made the step's batch (the user's ``make_batch`` or data iterator
-    and the host-side conversion, not the transfer to the device), timed apart from the
-    step (:mod:`pytest_accelperf.backends.measure.loop`); ``input_wall_times`` the wall seconds of
-    the same; ``input_blocked_times`` the seconds that thread was blocked in the same, neither on
-    a CPU nor waiting for one (:mod:`pytest_accelperf.backends.measure.blocked`; empty where
-    the kernel does not count its run-queue delay). The ``input`` check judges the first
-    (:mod:`pytest_accelperf.checks.input`), the ``input_wait`` check the third
-    (:mod:`pytest_accelperf.checks.input_wait`). ``input_queued_times`` and
-    ``input_faults`` are what the input check weighs before it believes a change: the
-    seconds the same thread waited for a CPU, and its page faults
-    (:mod:`pytest_accelperf.backends.measure.faults`), in the same;
-    ``input_yardstick_times`` the CPU seconds of a fixed piece of host work the same thread
-    did right after (:mod:`pytest_accelperf.stats.yardstick`), which the input
-    check corrects by.
-    Empty where a backend does not time them apart (DDP and DeepSpeed ranks, whose batch
-    preparation waits for the other ranks; Alpa, Neuron, ingested logs).
+    ``inputs`` (:class:`InputSeries`) is the making of each measured step's batch, timed
+    apart from the step: the CPU, wall, blocked and run-queue seconds of the thread that
+    made it, its page faults, and the input yardstick's CPU seconds right after (the
+    ``input`` and ``input_wait`` checks'). Empty where a backend does not time them apart
+    (DDP and DeepSpeed ranks, whose batch preparation waits for the other ranks; Alpa,
+    Neuron, ingested logs). In the JSON each series is a key of the run's own
+    (``input_times``, ``input_wall_times``, ...: :data:`INPUT_KEYS`), as it always was.
 
-    The fields after ``input_yardstick_times`` are read by other modules than the one that
+    The fields after ``inputs`` are read by other modules than the one that
     writes them; their JSON is under ``"extra"`` (:data:`IN_EXTRA`), as it always was:
     ``compile_only`` (the compile-only target a run stood for, ``--accelperf-target``: no
     step executed), ``step_load`` and ``compile_load`` (what other processes used while the
@@ -273,12 +318,8 @@ class Run:
     max_batch: MaxBatchRecord | None = None
     program: ProgramRecord | None = None
     memory_growth: MemoryGrowth | None = None
-    input_times: list[float] = field(default_factory=list)
-    input_wall_times: list[float] = field(default_factory=list)
-    input_blocked_times: list[float] = field(default_factory=list)
-    input_queued_times: list[float] = field(default_factory=list)
-    input_faults: list[int] = field(default_factory=list)
-    input_yardstick_times: list[float] = field(default_factory=list)
+    #: In the JSON, each series its own key (``input_times``, ...: :meth:`InputSeries.to_json`).
+    inputs: InputSeries = field(default_factory=lambda: InputSeries())
     # -- under "extra" in the JSON ------------------------------------------------------------
     compile_only: str | None = field(default=None, metadata=_EXTRA)
     step_load: Load | None = field(default=None, metadata=_EXTRA)
@@ -341,7 +382,9 @@ class Run:
 
     # -- serialization ----------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        data: dict[str, Any] = {}
+        for name, value in asdict(self).items():  # the input series where ``inputs`` stands
+            data.update(self.inputs.to_json() if name == "inputs" else {name: value})
         extra: dict[str, Any] = {}
         for name in extra_fields():
             value = data.pop(name)
@@ -378,6 +421,8 @@ class Run:
             if isinstance(data.get(name), dict):
                 data[name] = Load.from_json(data[name])
         data["details"] = {k: extra.pop(k) for k in list(extra) if k in DETAIL_KEYS}
+        data["inputs"] = InputSeries.from_json(
+            {key: data.pop(key) for key in INPUT_KEYS.values() if key in data})
         data["extra"] = extra
         data["environment"] = Environment.from_json(data.get("environment") or {})
         return cls(**data)

@@ -44,7 +44,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
-from pytest_accelperf.records.run import IN_EXTRA, Run
+from pytest_accelperf.records.run import IN_EXTRA, INPUT_KEYS, InputSeries, Run
 from pytest_accelperf.records.section import JsonSection as _Strict
 from pytest_accelperf.records.suite import StatisticalJson, SuiteJson, TallyJson, TestedJson
 from pytest_accelperf.records.verdict import Verdict
@@ -178,6 +178,10 @@ def _report_run() -> type[_Report]:
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(Run):
         if f.metadata.get(IN_EXTRA) or f.name == "details":  # their keys: under extra
+            continue
+        if f.name == "inputs":  # each series a key of the run's own
+            series = typing.get_type_hints(InputSeries)
+            fields.update({key: (series[name], []) for name, key in INPUT_KEYS.items()})
             continue
         if f.default is not dataclasses.MISSING:
             default: Any = f.default

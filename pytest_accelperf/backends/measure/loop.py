@@ -7,17 +7,17 @@ A backend says how to do one step; the loop owns what makes a measurement one:
   the user's ``make_batch`` or data iterator and the conversion of what it returns) and
   moving it to the device (``put``), making it is measured on its own, per measured step:
   the CPU time of this thread (``time.thread_time()``: another process delays the thread
-  without adding to it, though it can slow what the thread computes: ``input_times``,
+  without adding to it, though it can slow what the thread computes: ``inputs.times``,
   what the ``input`` check judges, :mod:`pytest_accelperf.checks.input`), the wall time
-  (``input_wall_times``) and, where
+  (``inputs.wall_times``) and, where
   the kernel counts this thread's run-queue delay, the time it was blocked: neither on a
-  CPU nor waiting for one (a sleep, a read, a queue: ``input_blocked_times``, what the
+  CPU nor waiting for one (a sleep, a read, a queue: ``inputs.blocked_times``, what the
   ``input_wait`` check judges, :mod:`.blocked`); beside them, the evidence the ``input``
   check weighs before it believes a change of that CPU time: the time the thread waited
-  for a CPU (``input_queued_times``) and its page faults (``input_faults``, :mod:`.faults`:
+  for a CPU (``inputs.queued_times``) and its page faults (``inputs.faults``, :mod:`.faults`:
   memory the allocator got fresh from the kernel, whose zeroing counts in the CPU time and
   which the process's history decides); and, right after, outside every timer, the CPU
-  time of a fixed piece of host work in the same thread (``input_yardstick_times``,
+  time of a fixed piece of host work in the same thread (``inputs.yardstick_times``,
   :mod:`pytest_accelperf.stats.yardstick`): how fast the thread computed then, what the
   check corrects the input's CPU time by, as the throughput check corrects the step by
   the drift probe. The
@@ -58,6 +58,7 @@ from pytest_accelperf.backends.measure.blocked import BlockedClock
 from pytest_accelperf.backends.measure.common import injected_slowdown, stretch
 from pytest_accelperf.backends.measure.faults import thread_faults
 from pytest_accelperf.backends.measure.probe import Probe
+from pytest_accelperf.records.run import InputSeries
 from pytest_accelperf.stats.contention import Contention, Load, measuring_root
 from pytest_accelperf.stats.yardstick import yardstick
 
@@ -158,28 +159,11 @@ class LoopResult:
     #: Wall seconds making the batches and moving them to the device (``prepare``, every
     #: step): the user's data work, which any training loop does too.
     batch_time: float = 0.0
-    #: Per measured step (one per ``step_times`` entry): CPU seconds of this thread in
-    #: ``host`` (the user's batch function or iterator and the host-side conversion; empty
-    #: for a backend without ``host``). Work done in other processes or threads (a
-    #: DataLoader's workers, tf.data's threads) is not in it: what this thread waited for
-    #: them is in ``input_wall_times``, less this.
-    input_times: list[float] = field(default_factory=list)
-    #: Per measured step: wall seconds of the same ``host``.
-    input_wall_times: list[float] = field(default_factory=list)
-    #: Per measured step: seconds this thread was blocked in the same ``host``, neither on
-    #: a CPU nor waiting for one (:mod:`.blocked`); empty where the kernel does not count
-    #: its run-queue delay.
-    input_blocked_times: list[float] = field(default_factory=list)
-    #: Per measured step: seconds the same thread waited for a CPU in the same ``host``
-    #: (its run-queue delay); empty where the kernel does not count it.
-    input_queued_times: list[float] = field(default_factory=list)
-    #: Per measured step: the same thread's page faults in the same ``host``
-    #: (:mod:`.faults`); empty where the platform does not count them per thread.
-    input_faults: list[int] = field(default_factory=list)
-    #: After every k-th measured step's ``host`` (:func:`yardstick_every`): CPU seconds of
-    #: the input yardstick (:mod:`pytest_accelperf.stats.yardstick`), timed in
-    #: the same thread right after ``host``.
-    input_yardstick_times: list[float] = field(default_factory=list)
+    #: Per measured step (one per ``step_times`` entry): the making of its batch in
+    #: ``host``, timed in this thread (CPU, wall, blocked and run-queue seconds, page faults,
+    #: and the yardstick's CPU seconds after every k-th: :func:`yardstick_every`); empty for
+    #: a backend without ``host``.
+    inputs: InputSeries = field(default_factory=InputSeries)
     #: Per measured step of a trainer that owns its loop (:class:`.stamps.StepClock`): the
     #: seconds of the step outside the user's forward, backward and optimizer step (the
     #: trainer's hooks, logging and loop); empty for a backend that owns no such loop.
@@ -203,15 +187,16 @@ class _Inputs:
     yardstick: float | None
 
     def into(self, out: LoopResult) -> None:
-        out.input_times.append(self.cpu)
-        out.input_wall_times.append(self.wall)
+        series = out.inputs
+        series.times.append(self.cpu)
+        series.wall_times.append(self.wall)
         if self.split is not None:
-            out.input_blocked_times.append(self.split[0])
-            out.input_queued_times.append(self.split[1])
+            series.blocked_times.append(self.split[0])
+            series.queued_times.append(self.split[1])
         if self.faults is not None:
-            out.input_faults.append(self.faults)
+            series.faults.append(self.faults)
         if self.yardstick is not None:
-            out.input_yardstick_times.append(self.yardstick)
+            series.yardstick_times.append(self.yardstick)
 
 
 def timed(fns: StepFns[B, H], i: int, batch: B, slower: float) -> tuple[H, float]:

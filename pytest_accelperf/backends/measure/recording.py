@@ -159,10 +159,7 @@ class RunBuilder:
         changes: dict[str, object] = dict(
             losses=trained.losses, loss_steps=list(range(len(trained.losses))),
             metrics=trained.metrics, step_times=trained.step_times,
-            input_times=trained.input_times, input_wall_times=trained.input_wall_times,
-            input_blocked_times=trained.input_blocked_times,
-            input_queued_times=trained.input_queued_times, input_faults=trained.input_faults,
-            input_yardstick_times=trained.input_yardstick_times,
+            inputs=trained.inputs,
             step_load=trained.load, batch_time=trained.batch_time,
             trainer_times=trained.trainer_times or None)
         if probe is not None:

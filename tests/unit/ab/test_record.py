@@ -16,7 +16,7 @@ from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.recordable import not_cleared_by_a_baseline
 from pytest_accelperf.checks.summary import summarize
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import InputSeries, Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.failure import failure_message
 from pytest_accelperf.stats.contention import Load
@@ -180,10 +180,11 @@ def _batched(run: Run, cpu_ms: float = 0.3, blocked_ms: float = 0.0,
     yardstick 0.3 ms each time (its speed unchanged)."""
     jitter = [1 + 0.02 * ((i * 7) % 5 - 2) for i in range(20)]
     return replace(run, step_times=[0.02] * 20,
-                   input_times=[cpu_ms * 1e-3 * j for j in jitter],
-                   input_wall_times=[(cpu_ms + blocked_ms) * 1e-3 * j for j in jitter],
-                   input_blocked_times=[blocked_ms * 1e-3 * j for j in jitter],
-                   input_yardstick_times=[3e-4] * 20, step_load=load)
+                   inputs=InputSeries(
+                       times=[cpu_ms * 1e-3 * j for j in jitter],
+                       wall_times=[(cpu_ms + blocked_ms) * 1e-3 * j for j in jitter],
+                       blocked_times=[blocked_ms * 1e-3 * j for j in jitter],
+                       yardstick_times=[3e-4] * 20), step_load=load)
 
 
 def test_the_making_of_the_batch_is_judged_against_the_base_arms_run() -> None:

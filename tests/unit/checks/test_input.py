@@ -37,7 +37,7 @@ from pytest_accelperf.checks.summary import summarize  # noqa: E402
 from pytest_accelperf.collect.cases import Case  # noqa: E402
 from pytest_accelperf.jax import JaxStep  # noqa: E402
 from pytest_accelperf.provision.accel import Accelerator, provision  # noqa: E402
-from pytest_accelperf.records.run import Run  # noqa: E402
+from pytest_accelperf.records.run import InputSeries, Run  # noqa: E402
 from pytest_accelperf.records.verdict import CheckResult  # noqa: E402
 from pytest_accelperf.report.terminal import metric_label  # noqa: E402
 from pytest_accelperf.stats.yardstick import KIND as YARDSTICK_KIND  # noqa: E402
@@ -146,14 +146,14 @@ def test_input_bound_steps_are_counted_in_the_detail_the_data_and_the_table() ->
 
 
 def test_the_block_stores_the_samples_and_validates() -> None:
-    run = Run(case_id="c", step_times=[0.01, 0.011, 0.012], input_times=[0.002, 0.0, 0.003],
-              input_wall_times=[0.003, 0.001, 0.004])
+    run = Run(case_id="c", step_times=[0.01, 0.011, 0.012],
+              inputs=InputSeries(times=[0.002, 0.0, 0.003], wall_times=[0.003, 0.001, 0.004]))
     stored = summarize(run).to_json()
     assert stored["input"] == {"median": 0.002, "samples": [0.002, 0.0, 0.003],
                                "wall_median": 0.003}
     validate_block({"outcome": "ok", "environment": {}, **stored})
     assert "input" not in summarize(Run(case_id="c", step_times=[0.01])).to_json()
-    assert Run.from_json(json.loads(json.dumps(run.to_json()))).input_times == run.input_times
+    assert Run.from_json(json.loads(json.dumps(run.to_json()))).inputs.times == run.inputs.times
 
 
 # -- real training ----------------------------------------------------------------------------
@@ -177,12 +177,12 @@ def test_the_loop_times_making_the_batch_not_moving_it() -> None:
                                      host=lambda i: spin(0.002) or i,
                                      put=lambda i, b: spin(0.010) or b)
     out = run_steps(fns, warmup=1, steps=3, report=quiet)
-    assert len(out.input_times) == len(out.input_wall_times) == 3
-    assert all(0.002 <= t < 0.010 for t in out.input_times), out.input_times
+    assert len(out.inputs.times) == len(out.inputs.wall_times) == 3
+    assert all(0.002 <= t < 0.010 for t in out.inputs.times), out.inputs.times
     assert out.batch_time >= 4 * 0.012
     undivided = run_steps(StepFns(prepare=lambda i: i, run=lambda i, b: b,
                                   read=lambda h: (1.0, {})), warmup=0, steps=3, report=quiet)
-    assert undivided.input_times == [] and len(undivided.step_times) == 3
+    assert undivided.inputs.times == [] and len(undivided.step_times) == 3
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +223,8 @@ def test_a_jax_make_batch_20x_slower_fails_and_an_unchanged_rerun_does_not(
     base = BACKEND.train(case, jax_step(0.002), accel).run
     again = BACKEND.train(case, jax_step(0.002), accel).run
     slow = BACKEND.train(case, jax_step(0.040), accel).run
-    assert len(base.input_times) == len(base.step_times) == 10
-    assert min(base.input_times) >= 0.002  # the spin is inside what is measured
+    assert len(base.inputs.times) == len(base.step_times) == 10
+    assert min(base.inputs.times) >= 0.002  # the spin is inside what is measured
     unchanged = input_verdict(again, base)
     assert not unchanged.failed, unchanged.detail
     slower = input_verdict(slow, base)
@@ -263,7 +263,7 @@ def test_a_torch_make_batch_20x_slower_fails() -> None:
     case = Case(backend="torch", batch=16, steps=10, warmup=1)
     base = TORCH.train(case, make(0.002), cpu).run
     slow = TORCH.train(case, make(0.040), cpu).run
-    assert len(base.input_times) == len(base.step_times) == 10
+    assert len(base.inputs.times) == len(base.step_times) == 10
     assert input_verdict(slow, base).verdict is Verdict.REGRESSION
 
 
@@ -409,16 +409,16 @@ def test_company_without_a_yardstick_to_correct_by_is_not_judged() -> None:
 
 
 def test_the_block_stores_the_evidence_and_validates() -> None:
-    run = Run(case_id="c", step_times=[0.01, 0.011, 0.012], input_times=[0.002, 0.001, 0.003],
-              input_queued_times=[0.0, 0.001, 0.0], input_faults=[10, 12, 2000],
-              input_yardstick_times=[0.0003, 0.0004, 0.0003])
+    run = Run(case_id="c", step_times=[0.01, 0.011, 0.012],
+              inputs=InputSeries(times=[0.002, 0.001, 0.003], queued_times=[0.0, 0.001, 0.0],
+                                 faults=[10, 12, 2000],
+                                 yardstick_times=[0.0003, 0.0004, 0.0003]))
     stored = summarize(run).to_json()["input"]
     assert (stored["queued_median"], stored["fault_median"], stored["yardstick_median"],
             stored["yardstick_kind"]) == (0.0, 12.0, 0.0003, YARDSTICK_KIND)
     validate_block({"outcome": "ok", "environment": {}, "input": stored})
     back = Run.from_json(json.loads(json.dumps(run.to_json())))
-    assert (back.input_faults, back.input_yardstick_times) == (run.input_faults,
-                                                               run.input_yardstick_times)
+    assert back.inputs == run.inputs
 
 
 def test_the_loop_counts_the_faults_and_times_the_yardstick() -> None:
@@ -435,9 +435,9 @@ def test_the_loop_counts_the_faults_and_times_the_yardstick() -> None:
     out = run_steps(StepFns(prepare=lambda i: i, run=lambda i, b: b, read=lambda h: (1.0, {}),
                             host=fresh, put=lambda i, b: b),
                     warmup=1, steps=4, report=lambda *a: None)
-    if out.input_faults:  # Linux counts them per thread
-        assert statistics.median(out.input_faults) >= 512, out.input_faults
-    assert len(out.input_yardstick_times) == 4 and min(out.input_yardstick_times) > 0
+    if out.inputs.faults:  # Linux counts them per thread
+        assert statistics.median(out.inputs.faults) >= 512, out.inputs.faults
+    assert len(out.inputs.yardstick_times) == 4 and min(out.inputs.yardstick_times) > 0
 
 
 def test_an_input_regression_is_measured_again_before_it_fails() -> None:

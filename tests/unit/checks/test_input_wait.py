@@ -26,7 +26,7 @@ from pytest_accelperf.backends.measure.loop import StepFns, run_steps  # noqa: E
 from pytest_accelperf.checks import Tolerances, Verdict, run_checks  # noqa: E402
 from pytest_accelperf.checks.input_wait import check_input_wait  # noqa: E402
 from pytest_accelperf.checks.summary import summarize  # noqa: E402
-from pytest_accelperf.records.run import Run  # noqa: E402
+from pytest_accelperf.records.run import InputSeries, Run  # noqa: E402
 from pytest_accelperf.records.verdict import CheckResult  # noqa: E402
 from pytest_accelperf.store.schema import validate_block  # noqa: E402
 
@@ -94,14 +94,14 @@ def test_a_sleep_is_blocked_and_cpu_work_beside_spinning_processes_is_not(
         return i
 
     busy = _loop(busy_batch)
-    assert len(busy.input_blocked_times) == len(busy.step_times) == 8
-    waited = [w - c for w, c in zip(busy.input_wall_times, busy.input_times, strict=True)]
+    assert len(busy.inputs.blocked_times) == len(busy.step_times) == 8
+    waited = [w - c for w, c in zip(busy.inputs.wall_times, busy.inputs.times, strict=True)]
     assert statistics.median(waited) > 0.004, waited  # it did wait for a CPU
-    assert statistics.median(busy.input_blocked_times) < 0.001, (busy.input_blocked_times,
+    assert statistics.median(busy.inputs.blocked_times) < 0.001, (busy.inputs.blocked_times,
                                                                  waited)
     sleepy = _loop(sleepy_batch)
-    assert 0.0055 < statistics.median(sleepy.input_blocked_times) < 0.009, \
-        sleepy.input_blocked_times
+    assert 0.0055 < statistics.median(sleepy.inputs.blocked_times) < 0.009, \
+        sleepy.inputs.blocked_times
 
 
 def test_the_clock_is_the_calling_threads_and_none_without_schedstat(tmp_path: Any) -> None:
@@ -192,8 +192,9 @@ def test_an_old_baseline_is_new_and_another_environment_incomparable() -> None:
 
 
 def test_the_block_stores_the_blocked_samples_and_validates() -> None:
-    run = Run(case_id="c", step_times=STEPS, input_times=[0.0004] * 20,
-              input_wall_times=[0.0045] * 20, input_blocked_times=[0.004] * 20)
+    run = Run(case_id="c", step_times=STEPS,
+              inputs=InputSeries(times=[0.0004] * 20, wall_times=[0.0045] * 20,
+                                 blocked_times=[0.004] * 20))
     stored = summarize(run).to_json()["input"]
     assert stored["blocked_median"] == 0.004 and len(stored["blocked_samples"]) == 20
     checked = validate_block(summarize(run).to_json()).input
@@ -247,13 +248,13 @@ def test_a_jax_make_batch_that_starts_sleeping_fails_input_wait_only() -> None:
     base = BACKEND.train(case, _sleepy_jax(0.0), accel).run
     again = BACKEND.train(case, _sleepy_jax(0.0), accel).run
     slow = BACKEND.train(case, _sleepy_jax(0.008), accel).run
-    assert len(base.input_blocked_times) == len(base.step_times) == 12
+    assert len(base.inputs.blocked_times) == len(base.step_times) == 12
     unchanged = _checks(again, base)
     assert not unchanged["input_wait"].failed, unchanged["input_wait"].detail
     checks = _checks(slow, base)
     assert checks["input_wait"].verdict is Verdict.REGRESSION, checks["input_wait"].detail
     assert not checks["input"].failed, checks["input"].detail
-    assert 0.007 < statistics.median(slow.input_blocked_times) < 0.012
+    assert 0.007 < statistics.median(slow.inputs.blocked_times) < 0.012
 
 
 @pytest.mark.timing

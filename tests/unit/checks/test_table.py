@@ -18,7 +18,7 @@ from pytest_accelperf.checks import BaseCheck, CheckInput, CheckResult, Verdict,
 from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.checks.table import BUILTIN, DEFAULT, check_of, checks, registered
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import InputSeries, Run
 from pytest_accelperf.records.verdict import Tolerances
 from pytest_accelperf.store.schema import Block, block_model, validate_block
 
@@ -32,8 +32,9 @@ FULL = Run(
                    "source": "live_arrays"},
     params_fingerprint={"params/w": {"shape": [4], "dtype": "float32", "rms": 0.5,
                                      "sample": [0.1, -0.2], "sketch": 0.3}},
-    probe_times=[0.002] * 30, probe_kind="matmul", input_times=[0.001] * 30,
-    input_wall_times=[0.0012] * 30, program={"source": "xla", "flops": 1e6},
+    probe_times=[0.002] * 30, probe_kind="matmul",
+    inputs=InputSeries(times=[0.001] * 30, wall_times=[0.0012] * 30),
+    program={"source": "xla", "flops": 1e6},
     max_batch={"value": 64, "probes": []}, replay={"steps": 30, "spread": 1e-6, "leaf": "params/w",
                                                        "leaves": {"params/w": 1e-6}},
     environment=Environment.from_json({"host_cpu": "Test CPU"}))

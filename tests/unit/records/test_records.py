@@ -12,7 +12,7 @@ from pytest_accelperf.backends.measure.common import fingerprint
 from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.fingerprint import CompactFingerprint, ParamsFingerprint, compact
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import InputSeries, Run
 from pytest_accelperf.store.block import CompactNumerics, Leaf
 
 
@@ -69,8 +69,9 @@ def test_the_recorded_sections_round_trip_and_validate_as_the_block() -> None:
     from pytest_accelperf.store.block import InputTime, Memory, Probe, StepTime
 
     run = Run(case_id="c", step_times=[0.1, 0.2, 0.3], probe_times=[0.01, 0.02, 0.03],
-              probe_kind="matmul", samples_per_step=8, input_times=[0.01, 0.02, 0.03],
-              input_wall_times=[0.02, 0.03, 0.04], memory_per_device={"cpu:0": 1024},
+              probe_kind="matmul", samples_per_step=8,
+              inputs=InputSeries(times=[0.01, 0.02, 0.03], wall_times=[0.02, 0.03, 0.04]),
+              memory_per_device={"cpu:0": 1024},
               memory_source="memory_stats",
               memory_growth={"bytes_per_step": 0.0, "steps": 3, "after_warmup": 1.0,
                              "after_steps": 1.0, "source": "tracemalloc"})

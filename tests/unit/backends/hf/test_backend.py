@@ -130,7 +130,7 @@ def test_steps_times_and_the_schedules_learning_rate(plain: TrainResult) -> None
     assert len(run.losses) == WARMUP + STEPS
     # the linear schedule with 2 warm-up steps over max_steps = 7, as each step used it
     assert run.metrics["lr"] == pytest.approx([0, 5e-4, 1e-3, 8e-4, 6e-4, 4e-4, 2e-4])
-    assert len(run.input_wall_times) == STEPS == len(run.input_times)
+    assert len(run.inputs.wall_times) == STEPS == len(run.inputs.times)
     assert len(run.probe_times) == STEPS and run.probe_kind.startswith("torch-cpu")
     assert run.tokens_per_step == BATCH * SEQ
     # the trainer's own time: each step less its training_step and optimizer step

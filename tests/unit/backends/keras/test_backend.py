@@ -131,7 +131,7 @@ def test_steps_times_losses_and_learning_rate(plain: TrainResult) -> None:
     assert len(run.losses) == WARMUP + STEPS and len(run.step_times) == STEPS
     assert all(t > 0 for t in run.step_times)
     assert run.metrics["lr"] == [pytest.approx(1e-3)] * (WARMUP + STEPS)
-    assert len(run.input_times) == STEPS and all(t > 0 for t in run.input_wall_times)
+    assert len(run.inputs.times) == STEPS and all(t > 0 for t in run.inputs.wall_times)
     assert run.samples_per_step == BATCH and run.n_devices == 1
     # Keras's own time per step: the step less its train step (fetched batch to outputs)
     trainer = run.trainer_times or []

@@ -152,7 +152,7 @@ def test_steps_times_losses_and_learning_rate(plain: TrainResult) -> None:
     assert run.metrics["lr"] == pytest.approx([1e-3, 1e-3, 5e-4, 5e-4, 2.5e-4, 2.5e-4,
                                                1.25e-4])
     # The fetch of each measured step's batch, timed apart.
-    assert len(run.input_wall_times) == STEPS == len(run.input_times)
+    assert len(run.inputs.wall_times) == STEPS == len(run.inputs.times)
     assert len(run.probe_times) == STEPS and run.probe_kind.startswith("torch-cpu")
 
 

@@ -97,7 +97,7 @@ def test_a_dataloader_and_a_generator_function_train_a_jax_step_as_make_batch(
     assert losses["generator"] == losses["make_batch"] == losses["loader"], losses
     for r in runs.values():
         assert r.run.outcome == "ok" and r.reference_params is not None
-        assert len(r.run.input_times) == STEPS
+        assert len(r.run.inputs.times) == STEPS
 
 
 def test_nnx_step_takes_data() -> None:

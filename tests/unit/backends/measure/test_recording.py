@@ -10,6 +10,7 @@ from pytest_accelperf.backends.measure.probe import Probe
 from pytest_accelperf.backends.measure.recording import RunBuilder, timeout_message
 from pytest_accelperf.backends.measure.stepper import BlockStepper
 from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.records.run import InputSeries
 
 CASE = Case(backend="torch", batch=8, steps=4, warmup=1)
 
@@ -17,8 +18,8 @@ CASE = Case(backend="torch", batch=8, steps=4, warmup=1)
 def _loop(**kw: object) -> LoopResult:
     out = LoopResult(losses=[2.0, 1.5, 1.0], metrics={"acc": [0.1, 0.2, 0.3]},
                      step_times=[0.01, 0.02], probe_times=[0.001, 0.001],
-                     input_times=[1e-4, 2e-4], input_wall_times=[2e-4, 3e-4],
-                     input_blocked_times=[0.0, 1e-5], batch_time=0.5)
+                     inputs=InputSeries(times=[1e-4, 2e-4], wall_times=[2e-4, 3e-4],
+                                        blocked_times=[0.0, 1e-5]), batch_time=0.5)
     for key, value in kw.items():
         setattr(out, key, value)
     return out
@@ -38,7 +39,7 @@ def test_the_loop_is_recorded_whole_and_the_probe_only_where_one_ran() -> None:
     assert run.losses == [2.0, 1.5, 1.0] and run.loss_steps == [0, 1, 2]
     assert run.metrics == {"acc": [0.1, 0.2, 0.3]} and run.step_times == [0.01, 0.02]
     assert (run.probe_times, run.probe_kind) == ([0.001, 0.001], "torch-cpu-matmul128")
-    assert run.input_blocked_times == [0.0, 1e-5] and run.batch_time == 0.5
+    assert run.inputs.blocked_times == [0.0, 1e-5] and run.batch_time == 0.5
     bare = RunBuilder.for_case(CASE, None, n_devices=1)
     bare.loop(_loop())
     assert bare.build().probe_kind == "" and bare.build().probe_times == []

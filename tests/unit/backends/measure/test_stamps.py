@@ -43,9 +43,9 @@ def test_optimizer_steps_of_accumulated_batches_with_the_fetch_apart() -> None:
     # sleeps overshoot on a loaded machine, 0.02 s was exceeded at load 4)
     for seconds in out.step_times:
         assert 0.01 <= seconds < 0.1
-    assert len(out.input_wall_times) == 2 and all(w >= 0.1 for w in out.input_wall_times)
-    assert all(c < 0.01 for c in out.input_times)  # asleep: no CPU time
-    assert len(out.input_yardstick_times) == 2  # one a measured step
+    assert len(out.inputs.wall_times) == 2 and all(w >= 0.1 for w in out.inputs.wall_times)
+    assert all(c < 0.01 for c in out.inputs.times)  # asleep: no CPU time
+    assert len(out.inputs.yardstick_times) == 2  # one a measured step
 
 
 def test_a_loss_not_finite_stops_at_its_step() -> None:
