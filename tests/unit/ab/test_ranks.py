@@ -188,8 +188,9 @@ def test_ddp_and_zero2_against_the_base_in_their_own_rank_groups(suite: Suite) -
         time.sleep(0.2)
     assert not _left_running(str(path))
     # DeepSpeed's C++ ops came from the machine's cache (tests/conftest.py), not a build in
-    # this scratch HOME: compiling deepspeed_shm_comm here was most of this test's CPU.
-    assert not (path / ".cache" / "pytest-accelperf").exists()
+    # this scratch HOME: compiling deepspeed_shm_comm here took minutes of both cores, in a
+    # case that held the host lock meanwhile.
+    assert not (path / ".cache" / "pytest-accelperf" / "torch_extensions").exists()
 
 
 CPU = Accelerator(name="cpu", platform="cpu-x1", device_kind="cpu", device_count=1)
