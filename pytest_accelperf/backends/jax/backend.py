@@ -511,7 +511,7 @@ def _reference(case: Case, step: JaxStep, accel: Accelerator, capacity: int | No
 #: The most steps the reference trains looking for the parameters to move (when
 #: ``Case.reference_steps`` is fewer): a few more than an Adam step of 1e-3 per step needs
 #: to move a parameter past the default tolerance of 5e-3, few enough that the rounding
-#: differences of two correct programs stay far below it (1.1e-05 after 32 steps for the
+#: differences of two correct programs stay far below it (4.2e-05 after 32 steps for the
 #: CNN of tests/unit/backends/jax/test_reference_layout.py).
 REFERENCE_MAX_STEPS = 16
 
