@@ -48,28 +48,24 @@ from transformers import PrinterCallback, Trainer, TrainingArguments
 from pytest_accelperf.backends.hf.callback import Counting, Measured, Watch, instrument
 from pytest_accelperf.backends.hf.task import OWNED, TrainerTask
 from pytest_accelperf.backends.measure.common import (
-    Phases,
     TaskError,
     describe,
+    task_of,
 )
 from pytest_accelperf.backends.measure.held import HELD_STEPS, HeldLoop, HeldStepper
-from pytest_accelperf.backends.measure.notes import say
-from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
 from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
-from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.counting import COUNTED_STEP
 from pytest_accelperf.backends.torch.launched import one_device as trainer_one_device
 from pytest_accelperf.backends.torch.memory import (
     GROWTH_STEPS,
     MEMORY_STEPS,
-    reset_cuda_peak,
 )
 from pytest_accelperf.backends.torch.on_device import _device
 from pytest_accelperf.backends.torch.step import optimizer_steps
 from pytest_accelperf.backends.torch.step_record import eager_program
-from pytest_accelperf.backends.torch.task import sync, torch_probe
-from pytest_accelperf.backends.torch.trainer_run import record_counted, record_trained
+from pytest_accelperf.backends.torch.task import sync
+from pytest_accelperf.backends.torch.trainer_run import train_with
 from pytest_accelperf.backends.types import FrameworkKwargs
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
@@ -81,10 +77,7 @@ _TEMPORARY = "a temporary directory"
 
 
 def as_trainer_task(task: Task) -> TrainerTask:
-    if isinstance(task, TrainerTask):
-        return task
-    raise TaskError(f"the hf backend trains a TrainerTask (pytest_accelperf.hf); got "
-                    f"{type(task).__name__}")
+    return task_of(task, TrainerTask, "hf")
 
 
 @dataclass
@@ -312,51 +305,9 @@ class HfBackend:
               timeout: float | None = None) -> TrainResult:
         trainer_task = as_trainer_task(task)
         one_device(case)
-        deadline = deadline_after(timeout)
-        phases = Phases()
-        device = _device(accel)
-        label = f"{device.type}:{device.index or 0}"
-        with phases("build"):
-            built = build(trainer_task, case, device)
-        say(built.notes)
-        draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=1)
-        with tempfile.TemporaryDirectory(prefix="accelperf-hf-") as root, _quiet():
-            # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
-            with phases("memory"):
-                counting = count(built, case, device, root, memory=device.type == "cpu")
-            if record_counted(draft, counting, label, case):  # over the case's capacity
-                draft.phases(phases.record())
-                return TrainResult(run=draft.build(), notes=built.notes)
-            # 2. measured
-            with phases("probe"):
-                probe = torch_probe(device, n=PROBE_N)
-            clock = StepClock(warmup=case.warmup, steps=case.steps,
-                              sync=lambda: sync(device), probe=probe, deadline=deadline)
-            measured = Measured(built.label, clock)
-            if device.type == "cuda":
-                reset_cuda_peak(device)
-            try:
-                with phases("train"):
-                    trainer = built.train(case.warmup + case.steps, measured, root)
-            except torch.OutOfMemoryError as exc:
-                draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
-                draft.phases(phases.record())
-                return TrainResult(run=draft.build(), notes=built.notes)
-            trained = clock.finish()
-        extra = _epochs_note(built, case)
-        if extra:
-            say([extra])
-            built.notes.append(extra)
-        if measured.tokens_per_sample:
-            draft.tokens(case.batch * measured.tokens_per_sample)
-        params = record_trained(
-            draft, device=device, label=label, trained=trained, probe=probe,
-            model=built.model, beside=state_beside(trainer), notes=built.notes, case=case,
-            timeout=timeout, who=f"{built.label}: the Trainer",
-            why="a callback set control.should_training_stop, or the data ended",
-            phases=phases)
-        return TrainResult(run=draft.build(), params=params, state=built.model,
-                           notes=built.notes)
+        return train_with(lambda device: HfParts(build(trainer_task, case, device), case,
+                                                 device),
+                          case, accel, timeout, prefix="accelperf-hf-")
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
         """The case's ``Trainer.train`` held between optimizer steps, for A/B mode
@@ -389,6 +340,41 @@ def _epochs_note(built: Built, case: Case) -> str | None:
             f"gradient_accumulation_steps): the Trainer began a new epoch after each "
             f"{batches} (the dataset cycled: its loader iterated again, its end-of-epoch "
             f"work inside the step that followed){last}")
+
+
+class HfParts:
+    """A case's ``Trainer.train`` for :func:`~.torch.trainer_run.train_with`."""
+
+    why = "a callback set control.should_training_stop, or the data ended"
+
+    def __init__(self, built: Built, case: Case, device: torch.device) -> None:
+        self.built, self.case, self.device = built, case, device
+        self.notes, self.who = built.notes, f"{built.label}: the Trainer"
+        self.trainer: Trainer | None = None
+        self.measured: Measured | None = None
+
+    def quiet(self) -> contextlib.AbstractContextManager[None]:
+        return _quiet()
+
+    def count(self, root: str, *, memory: bool) -> Counting:
+        return count(self.built, self.case, self.device, root, memory=memory)
+
+    def measure(self, steps: int, clock: StepClock, root: str) -> None:
+        self.measured = Measured(self.built.label, clock)
+        self.trainer = self.built.train(steps, self.measured, root)
+
+    def model(self) -> torch.nn.Module:
+        return self.built.model
+
+    def epochs_note(self) -> str | None:
+        return _epochs_note(self.built, self.case)
+
+    def beside(self) -> dict[str, np.ndarray]:
+        assert self.trainer is not None, "measure() first"
+        return state_beside(self.trainer)
+
+    def tokens_per_sample(self) -> int | None:
+        return self.measured.tokens_per_sample if self.measured is not None else None
 
 
 def one_device(case: Case) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from pytest_accelperf.backends.keras.load import keras
 from pytest_accelperf.backends.keras.task import OWNED, KerasTask
-from pytest_accelperf.backends.measure.common import TaskError, describe
+from pytest_accelperf.backends.measure.common import TaskError, describe, task_of
 from pytest_accelperf.backends.protocol import Task
 from pytest_accelperf.backends.types import Batch, FrameworkKwargs, Untyped
 from pytest_accelperf.collect.cases import Case
@@ -32,10 +32,7 @@ WRITERS = ("ModelCheckpoint", "TensorBoard", "CSVLogger", "BackupAndRestore",
 
 
 def as_keras_task(task: Task) -> KerasTask:
-    if isinstance(task, KerasTask):
-        return task
-    raise TaskError(f"the keras backend trains a KerasTask (pytest_accelperf.keras); got "
-                    f"{type(task).__name__}")
+    return task_of(task, KerasTask, "keras")
 
 
 @dataclass

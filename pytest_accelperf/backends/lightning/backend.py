@@ -27,6 +27,7 @@ temporary directory, no logger, no checkpoint).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -49,22 +50,15 @@ from pytest_accelperf.backends.lightning.fit import (
     quiet,
     snapshot,
 )
-from pytest_accelperf.backends.measure.common import (
-    Phases,
-)
-from pytest_accelperf.backends.measure.notes import say
-from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
+from pytest_accelperf.backends.lightning.task import LightningTask
 from pytest_accelperf.backends.measure.stamps import StepClock
 from pytest_accelperf.backends.protocol import Fit, Stepper, Task, TrainResult
-from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.memory import (
     MEMORY_STEPS,
-    reset_cuda_peak,
 )
 from pytest_accelperf.backends.torch.on_device import _device
 from pytest_accelperf.backends.torch.step import optimizer_steps
-from pytest_accelperf.backends.torch.task import sync, torch_probe
-from pytest_accelperf.backends.torch.trainer_run import record_counted, record_trained
+from pytest_accelperf.backends.torch.trainer_run import train_with
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import Accelerator
@@ -122,53 +116,8 @@ class LightningBackend:
               timeout: float | None = None) -> TrainResult:
         lightning_task = as_lightning_task(task)
         one_device(case)
-        deadline = deadline_after(timeout)
-        phases = Phases()
-        device = _device(accel)
-        label = f"{device.type}:{device.index or 0}"
-        with phases("build"):
-            built = build(lightning_task, case, device)
-        say(built.notes)
-        draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=1)
-        saved = snapshot(built.module)
-        seed = lightning_task.seed_for(case)
-        with tempfile.TemporaryDirectory(prefix="accelperf-lightning-") as root, quiet():
-            # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
-            with phases("memory"):
-                counting = count(built, lightning_task, case, device, root,
-                                 memory=device.type == "cpu", saved=saved)
-            if record_counted(draft, counting, label, case):  # over the case's capacity
-                draft.phases(phases.record())
-                return TrainResult(run=draft.build(), notes=built.notes)
-            # 2. measured
-            with phases("probe"):
-                probe = torch_probe(device, n=PROBE_N)
-            clock = StepClock(warmup=case.warmup, steps=case.steps,
-                              sync=lambda: sync(device), probe=probe, deadline=deadline)
-            measured = Measured(case, device, built.label, clock)
-            if device.type == "cuda":
-                reset_cuda_peak(device)
-            pl.seed_everything(seed, workers=True, verbose=False)
-            try:
-                with phases("train"):
-                    trainer = built.fit(case.warmup + case.steps, measured, root)
-            except torch.OutOfMemoryError as exc:
-                draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
-                draft.phases(phases.record())
-                return TrainResult(run=draft.build(), notes=built.notes)
-            trained = clock.finish()
-            extra = _epochs_note(trainer, case, built)
-        if extra:
-            say([extra])
-            built.notes.append(extra)
-        params = record_trained(
-            draft, device=device, label=label, trained=trained, probe=probe,
-            model=built.module, beside=state_beside(trainer), notes=built.notes, case=case,
-            timeout=timeout, who=f"{built.label}: Lightning",
-            why="a callback or the module set trainer.should_stop, or the data ended",
-            phases=phases)
-        return TrainResult(run=draft.build(), params=params, state=built.module,
-                           notes=built.notes)
+        return train_with(lambda device: LightningParts(lightning_task, case, device),
+                          case, accel, timeout, prefix="accelperf-lightning-")
 
     def stepper(self, case: Case, task: Task, accel: Accelerator) -> Stepper:
         """The case's ``Trainer.fit`` held between optimizer steps, for A/B mode
@@ -176,6 +125,48 @@ class LightningBackend:
         from pytest_accelperf.backends.lightning.stepper import LightningStepper
 
         return LightningStepper(case, task, accel)
+
+
+class LightningParts:
+    """A case's ``Trainer.fit`` for :func:`~.torch.trainer_run.train_with`."""
+
+    why = "a callback or the module set trainer.should_stop, or the data ended"
+
+    def __init__(self, task: LightningTask, case: Case, device: torch.device) -> None:
+        self.task, self.case, self.device = task, case, device
+        self.built = build(task, case, device)
+        self.notes, self.who = self.built.notes, f"{self.built.label}: Lightning"
+        self.saved = snapshot(self.built.module)
+        self.seed = task.seed_for(case)
+        self.trainer: pl.Trainer | None = None
+
+    def quiet(self) -> contextlib.AbstractContextManager[None]:
+        return quiet()
+
+    def count(self, root: str, *, memory: bool) -> Counting:
+        return count(self.built, self.task, self.case, self.device, root, memory=memory,
+                     saved=self.saved)
+
+    def measure(self, steps: int, clock: StepClock, root: str) -> None:
+        measured = Measured(self.case, self.device, self.built.label, clock)
+        pl.seed_everything(self.seed, workers=True, verbose=False)
+        self.trainer = self.built.fit(steps, measured, root)
+
+    def model(self) -> torch.nn.Module:
+        return self.built.module
+
+    def _trained(self) -> pl.Trainer:
+        assert self.trainer is not None, "measure() first"
+        return self.trainer
+
+    def epochs_note(self) -> str | None:
+        return _epochs_note(self._trained(), self.case, self.built)
+
+    def beside(self) -> dict[str, np.ndarray]:
+        return state_beside(self._trained())
+
+    def tokens_per_sample(self) -> int | None:
+        return None
 
 
 def _epochs_note(trainer: pl.Trainer, case: Case, built: Built) -> str | None:

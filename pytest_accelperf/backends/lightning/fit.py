@@ -29,7 +29,7 @@ from pytest_accelperf.backends.lightning.callback import (
     Watch,
 )
 from pytest_accelperf.backends.lightning.task import OWNED, LightningTask
-from pytest_accelperf.backends.measure.common import TaskError, describe
+from pytest_accelperf.backends.measure.common import TaskError, describe, task_of
 from pytest_accelperf.backends.protocol import Task
 from pytest_accelperf.backends.torch.launched import launched
 from pytest_accelperf.backends.torch.launched import one_device as trainer_one_device
@@ -39,10 +39,7 @@ from pytest_accelperf.collect.cases import Case
 
 
 def as_lightning_task(task: Task) -> LightningTask:
-    if isinstance(task, LightningTask):
-        return task
-    raise TaskError(f"the lightning backend trains a LightningTask "
-                    f"(pytest_accelperf.lightning); got {type(task).__name__}")
+    return task_of(task, LightningTask, "lightning")
 
 
 @dataclass

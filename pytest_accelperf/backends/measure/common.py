@@ -220,6 +220,15 @@ class TaskError(UserError, ValueError):
     message alone, not a framework's traceback."""
 
 
+def task_of(task: object, kind: type[V], backend: str) -> V:
+    """``task``, where it is the ``kind`` of task the ``backend`` trains (a trainer's task,
+    from ``pytest_accelperf.<backend>``); else a :class:`TaskError` naming both."""
+    if isinstance(task, kind):
+        return task
+    raise TaskError(f"the {backend} backend trains a {kind.__name__} "
+                    f"(pytest_accelperf.{backend}); got {type(task).__name__}")
+
+
 def describe(fn: object) -> str:
     """How an error names a user's function: ``train_step (suites/flax/test_x.py:57)``.
 

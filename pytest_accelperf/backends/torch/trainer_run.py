@@ -1,26 +1,135 @@
-"""What the torch trainers that own their loop (Lightning, transformers' ``Trainer``)
-record around it, written once for both: what the counting training counted (memory on
-the CPU, one optimizer step's FLOPs and ops) before the measured training, and after it
-the device's peak, the loop's figures, the trained state's fingerprint, the gate's notes
-and how the training ended.
+"""How the torch trainers that own their loop (Lightning, transformers' ``Trainer``) train
+a case, written once for both (:func:`train_with`): the counting training and what it
+counted (memory on the CPU, one optimizer step's FLOPs and ops), then the measured
+training and after it the device's peak, the loop's figures, the trained state's
+fingerprint, the gate's notes and how the training ended. What differs between the two
+(how a trainer is made, run, quietened and read) is a :class:`TrainerParts`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from pytest_accelperf.backends.measure.common import Phases, fingerprint, with_state
 from pytest_accelperf.backends.measure.loop import LoopResult
+from pytest_accelperf.backends.measure.notes import say
 from pytest_accelperf.backends.measure.probe import Probe
-from pytest_accelperf.backends.measure.recording import RunBuilder
+from pytest_accelperf.backends.measure.recording import RunBuilder, deadline_after
+from pytest_accelperf.backends.measure.stamps import StepClock
+from pytest_accelperf.backends.protocol import TrainResult
+from pytest_accelperf.backends.torch.backend import PROBE_N
 from pytest_accelperf.backends.torch.counting import CountedSteps
-from pytest_accelperf.backends.torch.memory import _oom_message, _oom_record, cpu_memory_growth
+from pytest_accelperf.backends.torch.memory import (
+    _oom_message,
+    _oom_record,
+    cpu_memory_growth,
+    reset_cuda_peak,
+)
+from pytest_accelperf.backends.torch.on_device import _device
 from pytest_accelperf.backends.torch.step import host_array
 from pytest_accelperf.backends.torch.step_record import eager_program
+from pytest_accelperf.backends.torch.task import sync, torch_probe
 from pytest_accelperf.collect.cases import Case
+from pytest_accelperf.provision.accel import Accelerator
+
+
+class TrainerParts(Protocol):
+    """What one trainer does its own way, for :func:`train_with`: one case's task made for
+    a device, its trainings and what the trained trainer holds."""
+
+    #: One line for each user setting the gate replaced; an epoch's note is added to it.
+    notes: list[str]
+    #: Who stops a training early, and why it may have (:meth:`RunBuilder.stopped`).
+    who: str
+    why: str
+
+    def quiet(self) -> AbstractContextManager[None]:
+        """The trainer's own info lines and advice silenced (not the user's warnings)."""
+        ...
+
+    def count(self, root: str, *, memory: bool) -> CountedSteps:
+        """The counting training in ``root`` (the CPU's live bytes where ``memory``), then
+        undone."""
+        ...
+
+    def measure(self, steps: int, clock: StepClock, root: str) -> None:
+        """The measured training of ``steps`` optimizer steps in ``root``, each stamped by
+        ``clock``."""
+        ...
+
+    def model(self) -> torch.nn.Module:
+        """The trained model (the one the counting left, made again where the task makes
+        it)."""
+        ...
+
+    def epochs_note(self) -> str | None:
+        """A line where the data held fewer batches than the measured training took."""
+        ...
+
+    def beside(self) -> dict[str, np.ndarray]:
+        """The training state the trainer holds beside the model's ``state_dict``."""
+        ...
+
+    def tokens_per_sample(self) -> int | None:
+        """Tokens per sample, where the measured training found them."""
+        ...
+
+
+def train_with(make: Callable[[torch.device], TrainerParts], case: Case, accel: Accelerator,
+               timeout: float | None, *, prefix: str) -> TrainResult:
+    """Train ``case`` through the trainer ``make`` makes for the session's device: the
+    counting training (its memory on the CPU, one step's FLOPs and ops; an ``oom`` run
+    where the peak exceeds the case's capacity), then the measured one, each in a temporary
+    directory (``prefix``) removed after."""
+    deadline = deadline_after(timeout)
+    phases = Phases()
+    device = _device(accel)
+    label = f"{device.type}:{device.index or 0}"
+    with phases("build"):
+        parts = make(device)
+    say(parts.notes)
+    draft = RunBuilder.for_case(case, accel.peak_flops, n_devices=1)
+    with tempfile.TemporaryDirectory(prefix=prefix) as root, parts.quiet():
+        # 1. counting: memory on the CPU, and one step's FLOPs and ops (then undone)
+        with phases("memory"):
+            counting = parts.count(root, memory=device.type == "cpu")
+        if record_counted(draft, counting, label, case):  # over the case's capacity
+            draft.phases(phases.record())
+            return TrainResult(run=draft.build(), notes=parts.notes)
+        # 2. measured
+        with phases("probe"):
+            probe = torch_probe(device, n=PROBE_N)
+        clock = StepClock(warmup=case.warmup, steps=case.steps,
+                          sync=lambda: sync(device), probe=probe, deadline=deadline)
+        if device.type == "cuda":
+            reset_cuda_peak(device)
+        try:
+            with phases("train"):
+                parts.measure(case.warmup + case.steps, clock, root)
+        except torch.OutOfMemoryError as exc:
+            draft.failed("oom", f"out of memory: {str(exc).splitlines()[0]}")
+            draft.phases(phases.record())
+            return TrainResult(run=draft.build(), notes=parts.notes)
+        trained = clock.finish()
+        extra = parts.epochs_note()
+    if extra:
+        say([extra])
+        parts.notes.append(extra)
+    tokens = parts.tokens_per_sample()
+    if tokens:
+        draft.tokens(case.batch * tokens)
+    params = record_trained(
+        draft, device=device, label=label, trained=trained, probe=probe, model=parts.model(),
+        beside=parts.beside(), notes=parts.notes, case=case, timeout=timeout, who=parts.who,
+        why=parts.why, phases=phases)
+    return TrainResult(run=draft.build(), params=params, state=parts.model(),
+                       notes=parts.notes)
 
 
 def record_counted(draft: RunBuilder, counting: CountedSteps, label: str, case: Case) -> bool:
