@@ -51,7 +51,8 @@ def loader(case):
 
 
 # -- a Hugging Face Trainer's case: a tiny GPT-2 on synthetic tokens ---------------------------
-from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+# transformers is imported where the case builds its model and arguments: the Lightning
+# test's session (-k test_fit) and its arm workers need not import it (2 s of CPU each).
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -64,11 +65,15 @@ class Tokens(torch.utils.data.Dataset):
 
 
 def gpt2(case):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
     return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=128,
                                       n_positions=32))
 
 
 def args(case):
+    from transformers import TrainingArguments
+
     return TrainingArguments(output_dir="unused", per_device_train_batch_size=case.batch,
                              learning_rate=1e-3, use_cpu=True)
 '''
