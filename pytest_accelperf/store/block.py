@@ -287,16 +287,6 @@ MachineName = Annotated[str, Field(pattern=MACHINE_PATTERN)]
 ENVIRONMENT_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}(~[0-9a-f]{8})?$"
 EnvironmentKey = Annotated[str, Field(pattern=ENVIRONMENT_KEY_PATTERN)]
 
-#: The sections of a block that are timing, kept per machine (:class:`MachineTiming`):
-#: the step times and the drift probe (the throughput check), what they give
-#: (``samples_per_second``, ``mfu``), the compile time, the input times, a trainer's own
-#: time per step, and the mark of a
-#: recording too noisy to judge against. Everything else of a block (outcome, program,
-#: numerics, loss, memory, ...) does not depend on the host and is shared by every machine
-#: of the platform.
-TIMING_SECTIONS: tuple[str, ...] = ("step_time", "probe", "samples_per_second", "mfu",
-                                    "compile_time", "input", "trainer", "noisy")
-
 
 class MachineTiming(_Strict):
     """The timing of one case on one machine other than the block's own
@@ -314,6 +304,18 @@ class MachineTiming(_Strict):
     input: InputTime | None = None
     trainer: TrainerTime | None = None
     noisy: str | None = None
+
+
+#: The sections of a block that are timing, kept per machine (:class:`MachineTiming`):
+#: the step times and the drift probe (the throughput check), what they give
+#: (``samples_per_second``, ``mfu``), the compile time, the input times, a trainer's own
+#: time per step, and the mark of a
+#: recording too noisy to judge against. Everything else of a block (outcome, program,
+#: numerics, loss, memory, ...) does not depend on the host and is shared by every machine
+#: of the platform. They are :class:`MachineTiming`'s fields after its environment and
+#: time, declared there once.
+TIMING_SECTIONS: tuple[str, ...] = tuple(
+    name for name in MachineTiming.model_fields if name not in ("environment", "recorded_at"))
 
 
 class Block(_Strict):

@@ -18,7 +18,7 @@ from pytest_accelperf.checks import run_checks
 from pytest_accelperf.checks.recordable import shared_unchanged
 from pytest_accelperf.checks.summary import summarize
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import InputSeries, Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.store import machines
@@ -293,7 +293,7 @@ def _run(**overrides: Any) -> Run:
         "loss_steps": list(range(40)),
         "memory_per_device": {"cpu:0": 1 << 20, "cpu:1": 1 << 20},
         "memory_source": "memory_analysis",
-        "input_times": [0.002] * 30,
+        "inputs": InputSeries(times=[0.002] * 30),
         "params_fingerprint": {"params/w": {"shape": [4], "dtype": "float32", "rms": 0.5,
                                             "sample": [0.1, -0.2]}},
         "environment": Environment.from_json({"host_cpu": "Test CPU"}),
