@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,10 +28,48 @@ def test_sweep(accelperf):
 '''
 
 
-@pytest.mark.slow
-def test_xdist_update_writes_once_on_the_controller(suite: Suite) -> None:
+@dataclass
+class Recording:
+    """The module's one recording of :data:`XDIST_SUITE` under ``-n 2``: its session's
+    result, and a copy of the baselines and report it wrote."""
+
+    result: pytest.RunResult
+    kept: Path
+
+
+@pytest.fixture(scope="module")
+def recordings() -> dict[str, Recording]:
+    """The module's recording, once made (:func:`recorded`)."""
+    return {}
+
+
+@pytest.fixture
+def recorded(suite: Suite, recordings: dict[str, Recording],
+             tmp_path_factory: pytest.TempPathFactory) -> tuple[Suite, pytest.RunResult]:
+    """:data:`XDIST_SUITE` written and recorded by ``--accelperf-update -n 2``: by
+    whichever test of the module asks first, and for the other a copy of its baselines and
+    report as they were then (each test's own to edit). Shared: the two tests each recorded
+    the same six cases (about a fifth of the module's CPU); one asserts on how the
+    recording was written, the other only compares sessions against it."""
     suite.write(XDIST_SUITE)
-    result = suite.run("-n", "2", "--accelperf-update", "--accelperf-json=report.json")
+    path = suite.pytester.path
+    if "n2" not in recordings:
+        result = suite.run("-n", "2", "--accelperf-update", "--accelperf-json=report.json")
+        kept = tmp_path_factory.mktemp("xdist-recording")
+        shutil.copytree(path / "baselines", kept / "baselines")
+        shutil.copy(path / "report.json", kept / "report.json")
+        recordings["n2"] = Recording(result, kept)
+    else:
+        kept = recordings["n2"].kept
+        shutil.copytree(kept / "baselines", path / "baselines")
+        shutil.copy(kept / "report.json", path / "report.json")
+    return suite, recordings["n2"].result
+
+
+@pytest.mark.slow
+def test_xdist_update_writes_once_on_the_controller(
+        recorded: tuple[Suite, pytest.RunResult]) -> None:
+    suite, result = recorded
     result.assert_outcomes(passed=6)
     data = suite.load()
     assert len(data["cases"]) == 6
@@ -39,18 +81,18 @@ def test_xdist_update_writes_once_on_the_controller(suite: Suite) -> None:
 
 
 @pytest.mark.slow
-def test_same_verdicts_with_and_without_xdist(suite: Suite) -> None:
-    """One recording and one plain session, then the same session under ``-n 2``, with
-    xdist disabled and with ``-n 0``: the same verdicts each time (one test, not three
-    parametrized ones: each recorded and ran the plain session again, 330 s of a CI
-    worker)."""
-    suite.write(XDIST_SUITE)
-    suite.run("--accelperf-update").assert_outcomes(passed=6)
+def test_same_verdicts_with_and_without_xdist(
+        recorded: tuple[Suite, pytest.RunResult]) -> None:
+    """One recording (the module's, :func:`recorded`) and one plain session, then the same
+    session under ``-n 2``, with xdist disabled and with ``-n 0``: the same verdicts each
+    time (one test, not three parametrized ones: each recorded and ran the plain session
+    again, 330 s of a CI worker)."""
+    suite, recording = recorded
+    recording.assert_outcomes(passed=6)
     # Make one case regress in memory, so the comparison covers a failing verdict too.
     data = suite.load()
     mem = data["cases"]["test_sweep[jax-mesh4x2-b32]"]["memory"]
     mem["per_device"] = {k: v // 4 for k, v in mem["per_device"].items()}
-    import json
     suite.baseline_path().write_text(json.dumps(data, indent=2, sort_keys=True))
 
     base = suite.run("--accelperf-json=plain.json")
