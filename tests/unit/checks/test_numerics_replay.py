@@ -10,6 +10,7 @@ the CPU is named a replayed platform for these tests.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pytest_accelperf.provision.accel import prepare_environment
@@ -72,6 +73,22 @@ def replayed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jax_backend, "REPLAYED_PLATFORMS", frozenset({"cpu"}))
 
 
+@pytest.fixture(scope="module")
+def recording(accel: Accelerator) -> dict[str, Any]:
+    """The noisy task's recording (:func:`stored`, replayed as in :func:`replayed`): one
+    training shared by the tests that judge a new run against it, which each trained the
+    same recording of their own (a training with its replay, about 1.5 s of CPU time).
+    Each test gets a copy (:func:`base`)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(jax_backend, "REPLAYED_PLATFORMS", frozenset({"cpu"}))
+        return stored(task(noise=3e-2), accel)
+
+
+@pytest.fixture
+def base(recording: dict[str, Any]) -> dict[str, Any]:
+    return copy.deepcopy(recording)
+
+
 def block(t: JaxTask, accel: Accelerator) -> dict[str, Any]:
     return summarize(BACKEND.train(CASE, t, accel).run).to_json()
 
@@ -83,9 +100,9 @@ def stored(t: JaxTask, accel: Accelerator) -> dict[str, Any]:
     return out
 
 
-def test_unchanged_code_passes_against_its_own_recording(replayed: None,
-                                                          accel: Accelerator) -> None:
-    base, now = stored(task(noise=3e-2), accel), block(task(noise=3e-2), accel)
+def test_unchanged_code_passes_against_its_own_recording(
+        replayed: None, accel: Accelerator, base: dict[str, Any]) -> None:
+    now = block(task(noise=3e-2), accel)
     assert base["numerics_spread"]["b"] > 1e-3  # the replay saw the platform's own spread
     result = check_numerics(now, base, Tolerances())
     assert result is not None and result.verdict is Verdict.PASS, result.detail
@@ -98,9 +115,9 @@ def test_unchanged_code_passes_against_its_own_recording(replayed: None,
     assert unfloored is not None and unfloored.verdict is Verdict.REGRESSION
 
 
-def test_a_change_beyond_the_spread_is_still_a_regression(replayed: None,
-                                                         accel: Accelerator) -> None:
-    base, now = stored(task(noise=3e-2), accel), block(task(noise=3e-2, lr=0.03), accel)
+def test_a_change_beyond_the_spread_is_still_a_regression(
+        replayed: None, accel: Accelerator, base: dict[str, Any]) -> None:
+    now = block(task(noise=3e-2, lr=0.03), accel)
     result = check_numerics(now, base, Tolerances())
     assert result is not None and result.verdict is Verdict.REGRESSION, result.detail
 
