@@ -370,10 +370,17 @@ def torch_extensions_of_the_machine() -> Iterator[None]:
 
 @pytest.fixture
 def competitor() -> Iterator[int]:
-    """Another job: a process spinning on one core for the test's duration, and no
+    """Another job: a process spinning on one core for the test's duration (:func:`spinning`)."""
+    with spinning() as pid:
+        yield pid
+
+
+@contextlib.contextmanager
+def spinning() -> Iterator[int]:
+    """Another job: a process spinning on one core while the block runs, and no
     descendant of this one (a shell starts it in the background and exits, so it is
     re-parented), as the plugin counts a session's own descendants (ranks, Ray workers)
-    as the measurement's own work, not contention."""
+    as the measurement's own work, not contention. Its pid is yielded."""
     out = subprocess.run(
         ["sh", "-c", f'"{sys.executable}" -c "while True: pass" >/dev/null 2>&1 & echo $!'],
         check=True, capture_output=True, text=True)

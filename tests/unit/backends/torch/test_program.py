@@ -16,6 +16,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import spinning  # noqa: E402
+
 from pytest_accelperf.backends.torch.backend import BACKEND  # noqa: E402
 from pytest_accelperf.backends.torch.flops import count_step, count_step_flops  # noqa: E402
 from pytest_accelperf.backends.torch.memory import (  # noqa: E402
@@ -111,10 +113,16 @@ def train(training: Training, batch: Callable[[int], Any] = make_batch, **kw: An
     return run
 
 
+@pytest.fixture(scope="module")
+def eager() -> Run:
+    """The eager case, trained once for the tests that read its record: its FLOPs, its
+    memory's growth, and no compile load."""
+    return train(Training())
+
+
 # -- the program record -----------------------------------------------------------------------
-def test_an_eager_step_records_its_flops() -> None:
-    training = Training()
-    run = train(training)
+def test_an_eager_step_records_its_flops(eager: Run) -> None:
+    run = eager
     flops = count_step_flops(Training().torch_step(), make_batch(0))
     counted = count_step(Training().torch_step(), make_batch(0), torch.device("cpu"))
     # Its FLOPs and what the same counted step dispatched (tests/unit/backends/torch/test_ops.py).
@@ -126,8 +134,13 @@ def test_an_eager_step_records_its_flops() -> None:
 
 @pytest.fixture(scope="module")
 def compiled() -> list[Run]:
-    """The same compiled case trained twice, one after the other, in this process."""
-    return [train(Training(compile=True)) for _ in range(2)]
+    """The same compiled case trained twice, one after the other, in this process: the
+    second beside a process spinning on one core (the compile-load test's busy case, which
+    was a third training of it)."""
+    quiet = train(Training(compile=True))
+    with spinning():
+        busy = train(Training(compile=True))
+    return [quiet, busy]
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +151,7 @@ def broken() -> Run:
 
 @pytest.mark.slow
 def test_what_the_machine_did_while_the_step_compiled_is_recorded(
-        compiled: list[Run], competitor: int) -> None:
+        compiled: list[Run], eager: Run) -> None:
     """A compile is one sample: what other processes used of the machine while step 0
     compiled is recorded (from ``/proc``), for the compile check to leave a change made
     beside another job unjudged. Quiet, then beside a process spinning on one core."""
@@ -147,10 +160,10 @@ def test_what_the_machine_did_while_the_step_compiled_is_recorded(
         assert load is not None
         assert load.seconds >= 0.8 * (run.compile_time or 0) > 0
         assert load.foreign_cores >= 0
-    busy = train(Training(compile=True))
+    busy = compiled[1]  # trained beside the spinning core
     assert busy.compile_load is not None
     assert busy.compile_load.foreign_cores > 0.5  # the spinning core
-    assert train(Training()).compile_load is None  # an eager step compiles nothing
+    assert eager.compile_load is None  # an eager step compiles nothing
 
 
 @pytest.mark.slow  # torch.compile of the step: 23 s of setup
@@ -263,8 +276,8 @@ def test_a_leak_of_133_kb_a_step_is_read() -> None:
     assert len(training.kept) == training.calls  # the step's own list is not undone
 
 
-def test_a_normal_step_does_not_grow() -> None:
-    run = train(Training())
+def test_a_normal_step_does_not_grow(eager: Run) -> None:
+    run = eager
     growth = run.memory_growth
     assert growth is not None and growth["source"] == "mem_tracker"
     assert abs(growth["bytes_per_step"]) < 1024
