@@ -625,14 +625,21 @@ def test_no_loss(accelperf):
 @pytest.mark.slow
 def test_through_pytest_memory_method_metrics_and_errors(suite: Suite) -> None:
     suite.write(TORCH_SUITE.format(scale=1.0), name="test_torch_suite")
-    result = suite.run("--accel=cpu", "--accelperf-update", "-k", "test_step")
-    result.assert_outcomes(passed=2)
+    # One session records test_step's two cases and runs test_no_loss beside them (it was
+    # a session of its own: each costs a pytest start and its cases' trainings).
+    result = suite.run("--accel=cpu", "--accelperf-update")
+    result.assert_outcomes(passed=2, failed=1)
     text = result.stdout.str()
+    # A step without a loss fails cleanly: the user's function and the fix, no traceback.
+    result.stdout.fnmatch_lines(["*returns no metric 'loss' (metrics: 'acc'): return the loss "
+                                 "under 'loss'*"])
+    assert "Traceback" not in text
     # The memory row names the method that counted it.
     assert re.search(r"test_step\[torch-nomesh-b16\].*\n(.*\n)*?\s+memory \(mem_tracker\)",
                      text), text
     assert re.search(r"memory \(profiler\)", text), text
     stored = suite.load("test_torch_suite")["cases"]
+    assert len(stored) == 2  # test_step's two cases; the failed test_no_loss stores nothing
     assert {b["memory"]["source"] for b in stored.values()} == {"mem_tracker", "profiler"}
     assert all("lr" in b["metrics"] for b in stored.values())
 
@@ -644,10 +651,3 @@ def test_through_pytest_memory_method_metrics_and_errors(suite: Suite) -> None:
     checks = {c["metric"]: c for c in suite.report()["cases"][0]["checks"]}
     assert checks["lr"]["verdict"] == "regression"
     assert "the training step changed" in checks["lr"]["detail"]
-
-    # A step without a loss fails cleanly: the user's function and the fix, no traceback.
-    result = suite.run("--accel=cpu", "-k", "test_no_loss")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*returns no metric 'loss' (metrics: 'acc'): return the loss "
-                                 "under 'loss'*"])
-    assert "Traceback" not in result.stdout.str()
