@@ -319,7 +319,7 @@ class Run:
     program: ProgramRecord | None = None
     memory_growth: MemoryGrowth | None = None
     #: In the JSON, each series its own key (``input_times``, ...: :meth:`InputSeries.to_json`).
-    inputs: InputSeries = field(default_factory=lambda: InputSeries())
+    inputs: InputSeries = field(default_factory=InputSeries)
     # -- under "extra" in the JSON ------------------------------------------------------------
     compile_only: str | None = field(default=None, metadata=_EXTRA)
     step_load: Load | None = field(default=None, metadata=_EXTRA)

@@ -272,12 +272,12 @@ def preload_ops() -> list[str]:
     test's 25 s timeout, and every later rank on the machine waiting on it until its own
     timeout), and for an op (``cpu_adam``) that only offloading cases use. Returns the
     names loaded."""
+    if not os.environ.get("TORCH_EXTENSIONS_DIR"):
+        return []
     accelerator = importlib.import_module("deepspeed.accelerator").get_accelerator()
-    cache = Path(os.environ.get("TORCH_EXTENSIONS_DIR", ""))
+    cache = Path(os.environ["TORCH_EXTENSIONS_DIR"])
     loaded = []
     for builder_name, op in CPU_OPS:
-        if not os.environ.get("TORCH_EXTENSIONS_DIR"):
-            continue
         built = [so.parent for so in cache.glob(f"**/{op}.so")]
         if not built or not op_is_built(built[0]):
             continue
