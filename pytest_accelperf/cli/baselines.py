@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from pytest_accelperf.cli.common import CliError, read_file
-from pytest_accelperf.errors import UserError
+from pytest_accelperf.errors import ConfigError, UserError
 from pytest_accelperf.stats.units import fmt_value
 from pytest_accelperf.store.baselines import (
     BaselineError,
@@ -31,6 +31,8 @@ from pytest_accelperf.store.fields import Fields
 from pytest_accelperf.store.jsonfile import gc_paused
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from pytest_accelperf.report.data import CaseRecord, SessionReport
 
 # `show` and `diff` over a store import the store's reader and the fields they read
@@ -39,14 +41,13 @@ if TYPE_CHECKING:
 
 # -- the store, its blocks and their headline numbers ------------------------------------------
 def default_store() -> Path:
-    """``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines``."""
-    import pytest
-
-    from pytest_accelperf.gate.options import BY_KEY, read_pyproject_table
+    """``[tool.accelperf] baselines`` of ``./pyproject.toml``, else ``baselines``; read
+    through the options table, without pytest."""
+    from pytest_accelperf.gate.options import BY_KEY, read_table
 
     try:
-        table = read_pyproject_table(Path.cwd())
-    except pytest.UsageError as exc:
+        table = read_table(Path.cwd())
+    except ConfigError as exc:
         raise CliError(str(exc)) from None
     return Path(str(table.get("baselines") or BY_KEY["baselines"].default))
 
@@ -312,49 +313,69 @@ def _show_part(paths: Sequence[tuple[str, Path, Path]], patterns: Sequence[str],
                machine: str | None) -> _ShowPart:
     """The rows of these files (:func:`_store_paths`), one file at a time: only the rows
     are kept, not every block; a tree of JSON has no cycles, so the collector is paused
-    for the walk (see gc_paused)."""
+    for the walk (see gc_paused).
+
+    The machines are counted by set: the blocks of a store name a few sets of machines
+    (the recorder and those with timing), so each set is worked out once, at its first
+    block, which also gives a machine first seen there its host, and then counted."""
     from pytest_accelperf.store.block import TIMING_SECTIONS
     from pytest_accelperf.store.machines import recorder, view
 
+    timing = frozenset(TIMING_SECTIONS)
     compiled = [compile_pattern(p) for p in patterns]
     part = _ShowPart([], {}, [])
-    rows, machines = part.rows, part.machines
+    rows = part.rows
+    # {platform: {(recorder, its others, top-level timing): [blocks, machines, cell]}}
+    sets: dict[str, dict[tuple[str, tuple[str, ...], bool], list[Any]]] = {}
     with gc_paused():
         for platform, module, blocks in _read_files(
                 paths, part.errors, fields=SHOWN_MACHINES if machine else SHOWN):
-            known = machines.setdefault(platform, {})
+            known = part.machines.setdefault(platform, {})
+            counted = sets.setdefault(platform, {})
             for key, block in blocks.items():
                 nodeid = f"{module}.py::{key}"
                 if compiled and not any(matches(p, nodeid) for p in compiled):
                     continue
                 own = recorder(block)
-                # machines_of(block), without asking recorder() again
                 others = block.get("machines")
-                names = sorted(others) if type(others) is dict else []
-                if own not in names and any(k in block for k in TIMING_SECTIONS):
-                    names = sorted([*names, own])
-                for name in names:
-                    entry = known.get(name)
-                    if entry is None:
-                        entry = known[name] = _Machine()
-                    entry.cases += 1
-                    if not entry.host:
-                        env = block.get("environment") if name == own else (
-                            others.get(name, {}).get("environment")
-                            if isinstance(others, Mapping) else None)
-                        entry.host = _host(env)
-                mine = known.get(own)
-                if mine is None:
-                    mine = known[own] = _Machine()
-                mine.recorded += 1
-                mine.host = mine.host or _host(block.get("environment"))
+                listed = tuple(others) if type(others) is dict else ()
+                # machines_of(block), without asking recorder() again
+                found = counted.get(which := (own, listed, not timing.isdisjoint(block)))
+                if found is None:
+                    found = counted[which] = [0, *_new_set(known, block, own, which[2])]
+                found[0] += 1
                 shown, when = block, block.get("recorded_at", "-")
                 if machine is not None:  # that machine's timing, and when it was recorded
                     seen = view(block, machine)
                     shown, when = seen.block, seen.timing_recorded_at or "-"
-                rows.append((platform, nodeid, *_shown_cells(shown), str(len(names)),
-                             str(when)))
+                rows.append((platform, nodeid, *_shown_cells(shown), found[2], str(when)))
+    for platform, counted in sets.items():
+        known = part.machines[platform]
+        for (own, _, _), (count, names, _) in counted.items():
+            for name in names:
+                known[name].cases += count
+            known[own].recorded += count
     return part
+
+
+def _new_set(known: dict[str, _Machine], block: Mapping[str, object], own: str,
+             has_timing: bool) -> tuple[list[str], str]:
+    """``(its machines, their count as shown)`` of the first block of a set of machines
+    (:func:`_show_part`); each machine not seen before is added to ``known`` with its
+    host, from this block: the recorder's from its environment, another's from its entry
+    of ``machines``."""
+    others = block.get("machines")
+    names = sorted(others) if type(others) is dict else []
+    if own not in names and has_timing:
+        names = sorted([*names, own])
+    for name in names:
+        if name not in known:
+            env = block.get("environment") if name == own else (
+                others.get(name, {}).get("environment") if isinstance(others, Mapping) else None)
+            known[name] = _Machine(host=_host(env))
+    if own not in known:
+        known[own] = _Machine(host=_host(block.get("environment")))
+    return names, str(len(names))
 
 
 def _show_parts(paths: list[tuple[str, Path, Path]], patterns: Sequence[str],
@@ -381,10 +402,46 @@ def _show_parts(paths: list[tuple[str, Path, Path]], patterns: Sequence[str],
         if total >= half:
             cut = i + 1
             break
-    with multiprocessing.get_context("fork").Pool(1) as pool:  # the second half
-        second = pool.apply_async(_show_part, (paths[cut:], patterns, machine))
+    # The validator built here, once: the forked process inherits it.
+    (SHOWN_MACHINES if machine else SHOWN).build()
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    reader = context.Process(target=_send_part, args=(sender, paths[cut:], patterns, machine),
+                             daemon=True)
+    reader.start()  # the second half, there
+    sender.close()
+    try:
         first = _show_part(paths[:cut], patterns, machine)
-        return [first, second.get()]
+        second = receiver.recv()
+    except EOFError:
+        reader.join()
+        raise RuntimeError(f"the process that read half of the store exited with status "
+                           f"{reader.exitcode} before it sent its rows") from None
+    except BaseException:
+        reader.terminate()
+        raise
+    finally:
+        reader.join()
+        receiver.close()
+    if isinstance(second, BaseException):
+        raise second
+    return [first, second]
+
+
+def _send_part(sender: Connection, paths: Sequence[tuple[str, Path, Path]],
+               patterns: Sequence[str], machine: str | None) -> None:
+    """:func:`_show_part` in the forked process of :func:`_show_parts`, sent back whole, or
+    the exception it raised (one that cannot be pickled, as a RuntimeError naming it)."""
+    try:
+        part: _ShowPart | Exception = _show_part(paths, patterns, machine)
+    except Exception as exc:
+        part = exc
+    try:
+        sender.send(part)
+    except Exception:  # an exception that does not pickle
+        sender.send(RuntimeError(repr(part)))
+    finally:
+        sender.close()
 
 
 def cmd_show(args: argparse.Namespace, out: TextIO) -> int:

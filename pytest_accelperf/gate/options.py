@@ -15,17 +15,23 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TypeAlias
-
-import pytest
+from typing import TYPE_CHECKING, TypeAlias
 
 from pytest_accelperf.checks.throughput import MAX_PROBE_SPREAD
+from pytest_accelperf.errors import ConfigError
 from pytest_accelperf.provision.accel import ACCELS
 from pytest_accelperf.provision.targets import check_target
 from pytest_accelperf.records.verdict import NON_NEGATIVE, Tolerances, non_negative_number
 from pytest_accelperf.stats.bootstrap import MAX_PAIRS, MIN_SAMPLES
 from pytest_accelperf.store.baselines import BaselineError, validate_platform
 from pytest_accelperf.store.machines import MachineError, validate_machine
+
+if TYPE_CHECKING:
+    import pytest
+
+# pytest is imported by the functions that raise its UsageError, not here: the
+# ``accelperf`` command reads the store's directory through this table
+# (:func:`read_table`) without pytest's start-up.
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -335,6 +341,8 @@ def add_options(parser: pytest.Parser) -> None:
 
 
 def _convert(opt: Option, raw: object, source: str) -> OptionValue:
+    import pytest
+
     def bad(expect: str) -> pytest.UsageError:
         return pytest.UsageError(
             f"{source}: invalid value {raw!r} for {opt.flag}; expected {expect}"
@@ -385,25 +393,38 @@ def _convert(opt: Option, raw: object, source: str) -> OptionValue:
     return str(raw)
 
 
-def read_pyproject_table(rootdir: Path) -> dict[str, object]:
-    """``[tool.accelperf]`` of ``rootdir/pyproject.toml``; unknown keys are a UsageError."""
+def read_table(rootdir: Path) -> dict[str, object]:
+    """``[tool.accelperf]`` of ``rootdir/pyproject.toml``; a ConfigError naming the file
+    where it does not parse, the table is not one, or a key is unknown. Imports no pytest
+    (the ``accelperf`` command's store directory is read through it)."""
     path = rootdir / "pyproject.toml"
     if not path.is_file():
         return {}
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
-        raise pytest.UsageError(f"{path}: cannot parse: {exc}") from exc
+        raise ConfigError(f"{path}: cannot parse: {exc}") from exc
     table = data.get("tool", {}).get("accelperf", {})
     if not isinstance(table, dict):
-        raise pytest.UsageError(f"{path}: [tool.accelperf] must be a table")
+        raise ConfigError(f"{path}: [tool.accelperf] must be a table")
     unknown = sorted(set(table) - set(BY_KEY))
     if unknown:
-        raise pytest.UsageError(
+        raise ConfigError(
             f"{path}: unknown key(s) {', '.join(unknown)} in [tool.accelperf]; "
             f"valid: {', '.join(BY_KEY)}"
         )
     return dict(table)
+
+
+def read_pyproject_table(rootdir: Path) -> dict[str, object]:
+    """``[tool.accelperf]`` of ``rootdir/pyproject.toml`` (:func:`read_table`); what is
+    wrong with it a UsageError."""
+    import pytest
+
+    try:
+        return read_table(rootdir)
+    except ConfigError as exc:
+        raise pytest.UsageError(str(exc)) from exc.__cause__
 
 
 @dataclass(frozen=True)
@@ -469,6 +490,8 @@ class Settings:
         """Resolve every option. Paths from ini/pyproject are relative to the rootdir; a
         ``--accelperf-json`` given on the command line is relative to ``invocation_dir``
         (where pytest was started), as pytest's own ``--junitxml`` is."""
+        import pytest
+
         table = read_pyproject_table(rootdir) if table is None else table
         values = OptionValues()
         for opt in OPTIONS:
@@ -531,6 +554,8 @@ class Settings:
 
 def _positive(value: float, flag: str) -> float:
     """``value`` as a number of seconds above 0, or a usage error naming ``flag``."""
+    import pytest
+
     seconds = float(value)
     if not seconds > 0 or seconds == float("inf"):
         raise pytest.UsageError(f"{flag}={value:g}: expected a number of seconds above 0 "
@@ -540,6 +565,8 @@ def _positive(value: float, flag: str) -> float:
 
 def _check_target_combination(values: Mapping[str, OptionValue]) -> None:
     """Refuse what a compile-only target cannot be combined with, naming the fix."""
+    import pytest
+
     target = values["target"]
     if values["accel"] not in ("cpu", "auto"):
         raise pytest.UsageError(
@@ -558,6 +585,8 @@ def _python_path(value: OptionValue, getoption: Callable[[str], object], rootdir
     """``--accelperf-compare-python``'s interpreter as an absolute path: a path relative to
     where pytest was started (a flag) or to the rootdir; a bare name (``python3.12``)
     looked up on PATH. A UsageError naming the option when there is no such file."""
+    import pytest
+
     if not value:
         return None
     text = str(value)
