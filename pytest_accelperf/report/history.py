@@ -31,18 +31,15 @@ import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Required, TypedDict, cast
 
 from filelock import FileLock
 from pydantic import ValidationError
 
-from pytest_accelperf.collect.cases import CaseJSON
 from pytest_accelperf.errors import UserError
 from pytest_accelperf.git import git_or_none
 from pytest_accelperf.provision.describe import case_stack, machine
 from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import AMOUNTS, COUNTS
-from pytest_accelperf.records.run import Outcome
 from pytest_accelperf.report.data import CaseRecord, SessionReport
 from pytest_accelperf.report.writing import OutputError, append_output, describe
 from pytest_accelperf.stats.median import median_interval
@@ -57,55 +54,6 @@ _COMMIT_VARS = ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT")
 #: Likewise for the branch (a pull request's head branch first: a CI checkout is detached).
 _BRANCH_VARS = ("GITHUB_HEAD_REF", "GITHUB_REF_NAME", "CI_COMMIT_REF_NAME", "BUILDKITE_BRANCH",
                 "GIT_BRANCH")
-
-
-class HistoryEntry(TypedDict, total=False):
-    """One line of the history (:func:`entry`), as :class:`~pytest_accelperf.store.schema.
-    HistoryLine` validates it: only ``nodeid`` and ``session`` are in every line; a line
-    written before a key was added lacks it, and a newer version's own keys are kept."""
-
-    schema_version: int
-    session: Required[str]
-    time: str
-    commit: str | None
-    dirty: bool | None
-    update: bool | None
-    platform: str | None
-    nodeid: Required[str]
-    case_id: str | None
-    case: CaseJSON | None
-    outcome: Outcome | None
-    verdict: str | None
-    #: ``{metric: verdict}`` of the case's checks.
-    checks: dict[str, str] | None
-    samples_per_second: float | None
-    median_step_time: float | None
-    peak_memory: float | None
-    mfu: float | None
-    compile_time: float | None
-    final_loss: float | None
-    #: Hashes (:func:`fingerprint_hash`) of the environment, its machine and the case's
-    #: stack.
-    fingerprint: str | None
-    machine: str | None
-    stack: str | None
-    #: The machine's name (``--accelperf-machine``, else the name the store derives from
-    #: the host: :func:`pytest_accelperf.store.machines.default_machine`); absent from
-    #: lines written before machines were named.
-    machine_name: str | None
-    #: The run's environment as JSON (:class:`~pytest_accelperf.records.environment.
-    #: Environment`): flat, with the keys hooks add.
-    environment: dict[str, JSONValue] | None
-    #: The gated fields of the program record (:func:`program_fields`).
-    program: dict[str, object] | None
-    #: The git branch the session ran on (:func:`git_branch`); absent from lines written
-    #: before it was kept.
-    branch: str | None
-    #: The 95 % interval of the median step time (:func:`pytest_accelperf.stats.median.
-    #: median_interval`), ``[low, high]`` seconds; absent likewise.
-    step_time_interval: list[float] | None
-    #: Peak memory of each device or rank, bytes; absent likewise.
-    memory_per_device: dict[str, float] | None
 
 
 class HistoryError(UserError):
@@ -175,8 +123,11 @@ def _per_device(memory: object) -> dict[str, float] | None:
 
 def entry(record: CaseRecord, *, session: str, time: str, commit: str | None,
           dirty: bool | None, update: bool, branch: str | None = None,
-          machine_name: str | None = None) -> HistoryEntry:
-    """The history line of one case."""
+          machine_name: str | None = None) -> dict[str, object]:
+    """The history line of one case, to write as JSON: a key for every field of
+    :class:`~pytest_accelperf.store.schema.HistoryLine`, which declares them (a test holds
+    the two equal). Not validated here: a case's parameter that is not JSON by nature is
+    written as its ``str`` (``default=str``), as the report writes it."""
     run = record.run
     derived = run.get("derived") or {}
     losses = [x for x in run.get("losses") or [] if isinstance(x, (int, float))]
@@ -311,10 +262,10 @@ def _not_utf8(path: Path, n: int, raw: bytes, exc: UnicodeDecodeError) -> Histor
                         f"column {exc.start + 1} is not UTF-8); delete or fix that line")
 
 
-def read_history(directory: Path, platform: str | None = None) -> list[HistoryEntry]:
+def read_history(directory: Path, platform: str | None = None) -> list[dict[str, JSONValue]]:
     """Every entry under ``directory`` (of one platform, if given), oldest first, each line
     validated as a :class:`~pytest_accelperf.store.schema.HistoryLine`."""
-    out: list[HistoryEntry] = []
+    out: list[dict[str, JSONValue]] = []
     for path, n, raw in _lines(directory, platform):
         try:
             item = json.loads(raw.decode("utf-8"))
@@ -327,6 +278,6 @@ def read_history(directory: Path, platform: str | None = None) -> list[HistoryEn
             HistoryLine.model_validate(item)
         except ValidationError as exc:
             raise invalid_line(path, n, raw, exc) from None
-        out.append(cast(HistoryEntry, item))  # a HistoryLine: validated just now
+        out.append(item)  # a HistoryLine: validated just now
     out.sort(key=lambda e: (str(e.get("time", "")), str(e.get("session", ""))))
     return out

@@ -51,7 +51,7 @@ from pytest_accelperf.report.pagejs import PAGE_JS
 from pytest_accelperf.report.points import Point, line_stack, point
 from pytest_accelperf.store.jsonfile import atomic_write
 from pytest_accelperf.store.machines import default_machine
-from pytest_accelperf.store.schema import HistoryNumbers
+from pytest_accelperf.store.schema import HistoryShown
 
 MARKER = ".accelperf-site.json"
 GENERATOR = "accelperf history publish"
@@ -99,18 +99,11 @@ class Skipped:
                 f"{', '.join(sorted(self.reasons))})")
 
 
-class SiteLine(HistoryNumbers):
+class SiteLine(HistoryShown):
     """What the site reads of a history line: :class:`~pytest_accelperf.store.schema.
-    HistoryNumbers` (the numbers change points are found in) and the few fields more that
-    its pages show, validated from the line's bytes; the rest (the environment, 1 KB of a
+    HistoryShown` (the numbers change points are found in and the few fields more that
+    its pages show), validated from the line's bytes; the rest (the environment, 1 KB of a
     1.4 KB line) is not built (:attr:`History.raws` keeps the bytes)."""
-
-    verdict: str | None = None
-    branch: str | None = None
-    machine_name: str | None = None
-    compile_time: float | None = None
-    step_time_interval: tuple[float, float] | None = None
-    memory_per_device: dict[str, float] | None = None
 
     def get(self, key: str, default: object = None) -> Any:  # noqa: ANN401 (a line's JSON)
         """A field by name, as of the line's dict (None: ``default``)."""

@@ -16,8 +16,9 @@ the same write. The report loader (:mod:`pytest_accelperf.report.loading`) valid
 report with :class:`ReportFile`; the history reader
 (:mod:`pytest_accelperf.report.history`) each line of ``--accelperf-history`` with
 :class:`HistoryLine`, or with :class:`HistoryNumbers` (the fields change points are found
-in) where only those are read. ``accelperf schema baseline|report|history`` prints the JSON
-Schema of each (:func:`json_schema`).
+in) or :class:`HistoryShown` (and those the site shows) where only those are read.
+``accelperf schema baseline|report|history`` prints the JSON Schema of each
+(:func:`json_schema`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Discriminator,
+    Field,
     Strict,
     Tag,
     TypeAdapter,
@@ -39,7 +41,7 @@ from pydantic import (
     create_model,
     model_validator,
 )
-from pydantic.json_schema import JsonSchemaValue
+from pydantic.json_schema import JsonSchemaValue, SkipJsonSchema
 
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.jsonvalue import JSONValue
@@ -93,6 +95,7 @@ __all__ = [
     "Growth",
     "HistoryLine",
     "HistoryNumbers",
+    "HistoryShown",
     "InputTime",
     "Int",
     "Leaf",
@@ -341,7 +344,35 @@ class HistoryNumbers(BaseModel):
     program: ProgramRecord | None = None
 
 
-class HistoryLine(HistoryNumbers):
+class HistoryShown(HistoryNumbers):
+    """What the history's pages show of a line besides :class:`HistoryNumbers`: its
+    verdict, branch, machine name, compile time, step-time interval and memory per
+    device (:class:`pytest_accelperf.report.site.SiteLine`); the environment, most of a
+    line, is skipped unread."""
+
+    # The four fields under SkipJsonSchema were written before this model declared them:
+    # they are validated as typed where a line is read, and left out of the schema that
+    # ``accelperf schema history`` prints, which stays as published (its
+    # ``additionalProperties`` admit them). A field added from now on is published.
+
+    verdict: str | None = None
+    compile_time: NonNegative | None = None
+    #: The git branch the session ran on (:func:`pytest_accelperf.report.history.
+    #: git_branch`); absent from lines written before it was kept.
+    branch: SkipJsonSchema[str | None] = None
+    #: The machine's name (``--accelperf-machine``, else the name the store derives from
+    #: the host: :func:`pytest_accelperf.store.machines.default_machine`); absent from
+    #: lines written before machines were named.
+    machine_name: SkipJsonSchema[str | None] = None
+    #: The 95 % interval of the median step time (:func:`pytest_accelperf.stats.median.
+    #: median_interval`), ``[low, high]`` seconds; absent as ``branch`` is.
+    step_time_interval: SkipJsonSchema[
+        Annotated[list[float], Field(min_length=2, max_length=2)] | None] = None
+    #: Peak memory of each device or rank, bytes; absent as ``branch`` is.
+    memory_per_device: SkipJsonSchema[dict[str, float] | None] = None
+
+
+class HistoryLine(HistoryShown):
     """One line of ``--accelperf-history`` (:func:`pytest_accelperf.report.history.entry`):
     one case of one session. Only ``nodeid`` and ``session`` are required; unknown keys are
     kept (a newer version may add some)."""
@@ -352,11 +383,11 @@ class HistoryLine(HistoryNumbers):
     case_id: str | None = None
     case: dict[str, JSONValue] | None = None
     outcome: RunOutcome | None = None
-    verdict: str | None = None
+    #: ``{metric: verdict}`` of the case's checks.
     checks: dict[str, str] | None = None
     update: bool | None = None
     mfu: NonNegative | None = None
-    compile_time: NonNegative | None = None
+    #: The run's environment (flat, with the keys hooks add).
     environment: Environment | None = None
     #: The gated fields of the run's program record; absent from lines written before it
     #: was kept.

@@ -254,6 +254,21 @@ def test_history_corrupt_line_names_file_and_line(tmp_path: Path) -> None:
         read_history(tmp_path / "absent")
 
 
+@pytest.mark.parametrize(("field", "value"), [("branch", 1), ("machine_name", ["a"]),
+                                              ("step_time_interval", [0.1]),
+                                              ("memory_per_device", {"0": "big"})])
+def test_history_fields_outside_the_printed_schema_are_validated(
+        tmp_path: Path, field: str, value: object) -> None:
+    # HistoryLine declares them (kept out of `accelperf schema history` as published), so
+    # a line with a wrong one is refused by name instead of kept as an unknown key
+    hist = tmp_path / "hist"
+    hist.mkdir()
+    (hist / "cpu-x2.jsonl").write_text(
+        json.dumps({"nodeid": "a", "session": "s", field: value}) + "\n")
+    with pytest.raises(HistoryError, match=rf"cpu-x2.jsonl:1: not a history entry \({field}"):
+        read_history(hist)
+
+
 # -- HTML --------------------------------------------------------------------------------------
 def _history_for(report: SessionReport, tmp_path: Path) -> list[dict[str, Any]]:
     hist = tmp_path / "hist"
