@@ -311,19 +311,24 @@ def unpack(cases: Mapping[str, Any], environments: Mapping[str, Any]
     ``{case key: (machine, key)}`` of the blocks with a key the table lacks (such a block
     is left as it is: it is invalid, and written back as it was read)."""
     missing: dict[str, tuple[str, str]] = {}
-    # Plain loops over dicts: `show` resolves every entry of a large store this way.
+    # Plain loops over dicts, each entry looked up once: `show` resolves every entry of
+    # a large store this way.
     for case, block in cases.items():
-        entries = _entries(block)
-        for name, entry in entries:
-            key = entry.get("environment")
-            if type(key) is str and type(environments.get(key)) is not dict:
-                missing[case] = (name, key)  # the block is invalid: left as it was read
-                break
+        entries = block.get(MACHINES_KEY) if isinstance(block, dict) else None
+        if not entries or not isinstance(entries, dict):
+            continue
+        found = []
+        for name, entry in entries.items():
+            key = entry.get("environment") if isinstance(entry, dict) else None
+            if type(key) is str:
+                env = environments.get(key)
+                if type(env) is not dict:
+                    missing[case] = (name, key)  # the block is invalid: left as it was read
+                    break
+                found.append((entry, env))
         else:
-            for _, entry in entries:
-                key = entry.get("environment")
-                if type(key) is str:
-                    entry["environment"] = environments[key]
+            for entry, env in found:
+                entry["environment"] = env
     return missing
 
 

@@ -53,3 +53,34 @@ def test_a_store_read_in_two_processes_shows_what_one_walk_shows(
     assert done.returncode == 0, done.stderr
     assert "FORKED fork" in done.stderr
     assert done.stdout == serial
+
+
+# The forked reader fails: by an exception (sent back and raised here), or by exiting.
+_CHILD_FAILS = """
+import os, sys
+import pytest_accelperf.cli.baselines as command
+command.PARALLEL_BYTES = 0
+parent, real = os.getpid(), command._show_part
+def part(*args):
+    if os.getpid() != parent:
+        if sys.argv[1] == "exit":
+            os._exit(3)
+        raise ValueError("the second half failed")
+    return real(*args)
+command._show_part = part
+try:
+    command.cmd_show(command.argparse.Namespace(
+        baselines=command.Path(sys.argv[2]), patterns=[], machine=None, platform=None),
+        sys.stdout)
+except (ValueError, RuntimeError) as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize(("how", "said"), [
+    ("raise", "ValueError the second half failed"),
+    ("exit", "RuntimeError the process that read half of the store exited with status 3")])
+def test_a_failure_of_the_forked_reader_is_raised_here(how: str, said: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _CHILD_FAILS, how, str(REPO / "baselines")],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert said in done.stdout, done.stdout + done.stderr
