@@ -49,7 +49,7 @@ from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, INPUT_KEYS, InputSeries, Run
 from pytest_accelperf.records.section import JsonSection as _Strict
 from pytest_accelperf.records.suite import StatisticalJson, SuiteJson, TallyJson, TestedJson
-from pytest_accelperf.records.verdict import Verdict
+from pytest_accelperf.records.verdict import CheckResult, Verdict
 from pytest_accelperf.store.block import (
     RECORDED_OUTCOMES,
     Block,
@@ -210,19 +210,71 @@ else:
     ReportRun = _report_run()
 
 
-class ReportCheck(_Report):
-    """A :class:`pytest_accelperf.records.verdict.CheckResult` as ``to_json`` writes it."""
+def _report_model(name: str, record: type, doc: str, *, types: Mapping[str, object] = {},
+                  defaults: Mapping[str, object] = {},
+                  base: type[_Report] = _Report) -> type[_Report]:
+    """A report's model of ``record``, a TypedDict of what a ``to_json`` writes or the
+    dataclass that ``to_json`` writes field by field (its one declaration): its keys, their
+    types (``types`` where the report's JSON is of another type) and ``defaults`` (else a
+    dataclass field's own default)."""
+    hints = typing.get_type_hints(record)
+    fields: dict[str, Any] = {k: (types.get(k, hint), defaults.get(k, _default(record, k)))
+                              for k, hint in hints.items()}
+    model: type[_Report] = create_model(name, __base__=base, __module__=__name__,
+                                        __doc__=doc, **fields)
+    return model
+
+
+def _default(record: type, name: str) -> object:
+    """The default of field ``name`` of ``record`` where it is a dataclass that gives one,
+    else ``...`` (required)."""
+    if dataclasses.is_dataclass(record):
+        f = record.__dataclass_fields__[name]
+        if f.default is not dataclasses.MISSING:
+            return f.default
+        if f.default_factory is not dataclasses.MISSING:
+            return f.default_factory()
+    return ...
+
+
+class _ReportClosed(_Report):
+    """A report's record that a newer version does not add keys to."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    metric: str
-    verdict: Annotated[Verdict, Strict(False)]
-    detail: str
-    baseline: float | None = None
-    now: float | None = None
-    unit: str = ""
-    change: float | None = None
-    data: Mapping[str, object] = {}
+
+if TYPE_CHECKING:
+    ReportCheck: TypeAlias = _Report
+    ReportTested: TypeAlias = _Report
+    ReportStatistical: TypeAlias = _Report
+    ReportTally: TypeAlias = _Report
+    ReportSuite: TypeAlias = _Report
+else:
+    #: A check's result in a report (its fields :class:`~pytest_accelperf.records.verdict.
+    #: CheckResult`'s): its verdict by value, its data the JSON object it was written as.
+    ReportCheck = _report_model(
+        "ReportCheck", CheckResult, "A :class:`pytest_accelperf.records.verdict.CheckResult` "
+        "as ``to_json`` writes it.", base=_ReportClosed,
+        types={"verdict": Annotated[Verdict, Strict(False)], "data": Mapping[str, object]})
+    #: A timing regression of the suite verdict (:class:`pytest_accelperf.checks.family.Tested`).
+    ReportTested = _report_model(
+        "ReportTested", TestedJson, "A timing regression of the suite verdict "
+        "(:class:`pytest_accelperf.checks.family.Tested`).", defaults={"df": None})
+    #: The statistical checks of a session (``records.suite.StatisticalJson``).
+    ReportStatistical = _report_model(
+        "ReportStatistical", StatisticalJson, "The statistical checks of a session: how many, "
+        "how many regressed, how many false\n    alarms chance would give, and which "
+        "regressions hold at the false-discovery rate.",
+        types={"held": list[ReportTested], "not_held": list[ReportTested]})
+    #: Checks only counted (:class:`pytest_accelperf.checks.family.Tally`).
+    ReportTally = _report_model("ReportTally", TallyJson, "Checks only counted "
+                                "(:class:`pytest_accelperf.checks.family.Tally`).")
+    #: The session as one verdict (:class:`pytest_accelperf.checks.family.SuiteVerdict`).
+    ReportSuite = _report_model(
+        "ReportSuite", SuiteJson, "The session as one verdict "
+        "(:class:`pytest_accelperf.checks.family.SuiteVerdict`).",
+        types={"statistical": ReportStatistical, "other_timing": ReportTally,
+               "deterministic": ReportTally})
 
 
 class ReportCase(_Report):
@@ -247,46 +299,6 @@ class ReportCase(_Report):
             raise ValueError(f"run.loss_steps has {len(steps)} step numbers for "
                              f"{len(losses)} losses (one per loss, or none)")
         return self
-
-
-def _report_model(name: str, record: type, doc: str, *, types: Mapping[str, object] = {},
-                  defaults: Mapping[str, object] = {}) -> type[_Report]:
-    """A report's model of ``record``, a TypedDict of what a ``to_json`` writes (its one
-    declaration): its keys, their types (``types`` where the report's model is another
-    model) and ``defaults``."""
-    hints = typing.get_type_hints(record)
-    fields: dict[str, Any] = {k: (types.get(k, hint), defaults.get(k, ...))
-                              for k, hint in hints.items()}
-    model: type[_Report] = create_model(name, __base__=_Report, __module__=__name__,
-                                        __doc__=doc, **fields)
-    return model
-
-
-if TYPE_CHECKING:
-    ReportTested: TypeAlias = _Report
-    ReportStatistical: TypeAlias = _Report
-    ReportTally: TypeAlias = _Report
-    ReportSuite: TypeAlias = _Report
-else:
-    #: A timing regression of the suite verdict (:class:`pytest_accelperf.checks.family.Tested`).
-    ReportTested = _report_model(
-        "ReportTested", TestedJson, "A timing regression of the suite verdict "
-        "(:class:`pytest_accelperf.checks.family.Tested`).", defaults={"df": None})
-    #: The statistical checks of a session (``records.suite.StatisticalJson``).
-    ReportStatistical = _report_model(
-        "ReportStatistical", StatisticalJson, "The statistical checks of a session: how many, "
-        "how many regressed, how many false\n    alarms chance would give, and which "
-        "regressions hold at the false-discovery rate.",
-        types={"held": list[ReportTested], "not_held": list[ReportTested]})
-    #: Checks only counted (:class:`pytest_accelperf.checks.family.Tally`).
-    ReportTally = _report_model("ReportTally", TallyJson, "Checks only counted "
-                                "(:class:`pytest_accelperf.checks.family.Tally`).")
-    #: The session as one verdict (:class:`pytest_accelperf.checks.family.SuiteVerdict`).
-    ReportSuite = _report_model(
-        "ReportSuite", SuiteJson, "The session as one verdict "
-        "(:class:`pytest_accelperf.checks.family.SuiteVerdict`).",
-        types={"statistical": ReportStatistical, "other_timing": ReportTally,
-               "deterministic": ReportTally})
 
 
 class ReportFile(_Report):
