@@ -29,6 +29,14 @@ import pytest
 # torch.distributed re-registers kernels (a UserWarning, an error under filterwarnings).
 with contextlib.suppress(ImportError):  # jax is optional: the tests that need it skip
     import jax  # noqa: F401
+# OpenMP's threads (torch's CPU kernels) wait for each other by spinning: on a machine with
+# more runnable threads than cores (two workers, their scratch sessions and ranks, CI's
+# background jobs) a spinning thread holds the core that the thread it waits for needs.
+# Told to wait passively (before torch loads libgomp here, and in every process a test
+# starts, which inherit it): tests/unit/backends/torch/test_step.py with -n 2 at load 9-10
+# took 497 s spinning and 70 s passive (25 passed both ways; 300 Adam steps of a small MLP
+# in two processes at once: 381 s and 14 s). A user's own setting is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     import torch.distributed._tools.mem_tracker
     import torch.utils.flop_counter  # noqa: F401
