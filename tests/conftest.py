@@ -39,9 +39,18 @@ with contextlib.suppress(ImportError):  # jax is optional: the tests that need i
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 try:
     import torch.distributed._tools.mem_tracker
-    import torch.utils.flop_counter  # noqa: F401
+    import torch.utils.flop_counter
 except ImportError:  # torch is optional
     pass
+else:
+    # Under pytest-xdist each worker trains in-process on its share of the cores, as the
+    # plugin gives each of N ranks cores / N (backends/procs/launch.py): with torch's
+    # default of one thread a core, the two workers of `-n 2` ran four threads on 2 cores,
+    # and torch's waiting threads spun. tests/unit/backends/torch/test_backend.py and
+    # test_memory.py (14 tests, serial, load 10): 26.1 s of own CPU with 2 threads, 4.8 s
+    # with 1. Subprocesses (ranks, scratch sessions) keep their own defaults.
+    if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 # And Hypothesis, which its pytest plugin imports at the end of every session (to list the
 # files its observability wrote): in an in-process session that is an import of all of
 # Hypothesis, its modules' assertions rewritten (no cached bytecode under
