@@ -5,7 +5,8 @@ A run's fingerprint (:attr:`pytest_accelperf.records.run.Run.params_fingerprint`
 (:func:`pytest_accelperf.backends.measure.common.fingerprint`); the store keeps its compact
 form, a :class:`CompactFingerprint` (:func:`compact`), and both are read back as a list of
 :class:`FingerprintLeaf` (:func:`fingerprint_leaves`).
-The pydantic models the store validates them with are ``Leaf``, ``CompactSection`` and
+The pydantic models the store validates them with are ``Leaf`` (made of
+:class:`LeafFingerprint`'s fields, their constraints declared here), ``CompactSection`` and
 ``CompactNumerics`` in :mod:`pytest_accelperf.store.block`.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypeAlias, TypedDict, TypeGuard, TypeVar
 
+from pytest_accelperf.records.section import Int, NonNegative
 from pytest_accelperf.stats.units import round_sig
 
 
@@ -24,11 +26,12 @@ class LeafFingerprint(TypedDict):
     """One leaf: its shape and dtype, its RMS, 16 evenly strided samples and ``sketch``
     (its projection on a fixed random direction over its norm), and ``state: true`` where
     it is the training state beside the parameters. Blocks recorded before the sketch
-    have none."""
+    have none. Its one declaration: :class:`pytest_accelperf.store.block.Leaf` is made of
+    these fields and their constraints."""
 
-    shape: list[int]
+    shape: list[Int]
     dtype: str
-    rms: float
+    rms: NonNegative
     sample: list[float]
     sketch: NotRequired[float]
     state: NotRequired[bool]

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from pytest_accelperf.records.jsonvalue import JSONValue
+
+#: The constraints of a record's numbers, declared once: the TypedDicts of ``records/``
+#: carry them in their fields' types, so that the section models of
+#: :mod:`pytest_accelperf.store.block` made of those fields validate with them.
+Int = Annotated[int, Field(ge=0)]
+PositiveInt = Annotated[int, Field(ge=1)]
+Number = float  # finite (allow_inf_nan=False); an integer is accepted
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
 
 
 class JsonSection(BaseModel):

@@ -31,8 +31,10 @@ from pydantic import (
 )
 
 from pytest_accelperf.records.environment import Environment
+from pytest_accelperf.records.fingerprint import LeafFingerprint
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import Outcome
+from pytest_accelperf.records.section import Int, NonNegative, Number, Positive, PositiveInt
 from pytest_accelperf.records.section import JsonSection as _Strict
 
 #: Outcomes that a baseline records: the outcomes of a run
@@ -42,11 +44,6 @@ RECORDED_OUTCOMES: tuple[str, ...] = ("ok", "oom")
 RecordedOutcome = Literal["ok", "oom"]
 RunOutcome = Outcome
 
-Int = Annotated[int, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
-Number = float  # finite (allow_inf_nan=False); an integer is accepted
-NonNegative = Annotated[float, Field(ge=0)]
-Positive = Annotated[float, Field(gt=0)]
 
 
 # -- the baseline block ------------------------------------------------------------------------
@@ -116,9 +113,9 @@ class Memory(_Strict):
 def _model_of(record: type, name: str, doc: str,
               nested: Mapping[type, type[BaseModel]]) -> type[_Strict]:
     """A section model of the fields of the TypedDict ``record`` (each its type and
-    constraints; required where ``record`` requires it, else default None), a TypedDict in
-    them replaced by its model of ``nested``: one declaration of a record read both as a
-    dict and as a section of the block."""
+    constraints; required where ``record`` requires it, else it or None, default None), a
+    TypedDict in them replaced by its model of ``nested``: one declaration of a record read
+    both as a dict and as a section of the block."""
     hints = typing_extensions.get_type_hints(record, include_extras=True)
     # Under ``from __future__ import annotations`` the class cannot see ``Required`` in its
     # (string) annotations: the resolved hints say which keys are required.
@@ -130,8 +127,8 @@ def _model_of(record: type, name: str, doc: str,
             total and origin is not typing_extensions.NotRequired)
         if origin in (typing_extensions.Required, typing_extensions.NotRequired):
             (hint,) = typing_extensions.get_args(hint)
-        hint = _swap(hint, nested)
-        fields[key] = (hint, ...) if required else (hint, None)
+        typed: Any = _swap(hint, nested)  # a type of the record's, a model in it swapped
+        fields[key] = (typed, ...) if required else (typed | None, None)
     model: type[_Strict] = create_model(name, __base__=_Strict, __module__=__name__,
                                         __doc__=doc, **fields)
     return model
@@ -158,6 +155,7 @@ def _swap(hint: object, nested: Mapping[type, type[BaseModel]]) -> object:
 if TYPE_CHECKING:
     Collective = _Strict
     Program = _Strict
+    Leaf = _Strict
 else:
     #: One kind of collective in one step (:class:`~pytest_accelperf.records.program.
     #: CollectiveRecord`'s fields, unknown keys kept).
@@ -171,20 +169,14 @@ else:
         "What the step's compiled program does (:mod:`pytest_accelperf.records.program`): the\n"
         "    ``program`` check's record. Every field but ``source`` is optional.",
         {CollectiveRecord: Collective})
-
-
-class Leaf(_Strict):
-    """The fingerprint of one parameter leaf
-    (:func:`pytest_accelperf.backends.measure.common.fingerprint`): what a run computes, and what
-    blocks recorded before the compact form (:class:`CompactNumerics`) stored per leaf."""
-
-    shape: list[Int]
-    dtype: str
-    rms: NonNegative
-    sample: list[Number]
-    sketch: Number | None = None
-    #: A leaf of the training state beside the parameters (not a parameter).
-    state: bool | None = None
+    #: The fingerprint of one parameter leaf: :class:`~pytest_accelperf.records.fingerprint.
+    #: LeafFingerprint`'s fields, unknown keys kept.
+    Leaf = _model_of(
+        LeafFingerprint, "Leaf",
+        "The fingerprint of one parameter leaf\n"
+        "(:func:`pytest_accelperf.backends.measure.common.fingerprint`): what a run computes, "
+        "and what\nblocks recorded before the compact form (:class:`CompactNumerics`) stored "
+        "per leaf.", {})
 
 
 class CompactSection(_Strict):

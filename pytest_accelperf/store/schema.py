@@ -47,6 +47,7 @@ from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
 from pytest_accelperf.records.run import IN_EXTRA, INPUT_KEYS, InputSeries, Run
+from pytest_accelperf.records.section import Int, NonNegative, Number, Positive, PositiveInt
 from pytest_accelperf.records.section import JsonSection as _Strict
 from pytest_accelperf.records.suite import StatisticalJson, SuiteJson, TallyJson, TestedJson
 from pytest_accelperf.records.verdict import CheckResult, Verdict
@@ -60,7 +61,6 @@ from pytest_accelperf.store.block import (
     EnvironmentKey,
     Growth,
     InputTime,
-    Int,
     Leaf,
     Loss,
     MachineName,
@@ -68,12 +68,8 @@ from pytest_accelperf.store.block import (
     MaxBatch,
     MaxBatchProbe,
     Memory,
-    NonNegative,
-    Number,
     Numerics,
     Oom,
-    Positive,
-    PositiveInt,
     Probe,
     Program,
     RecordedOutcome,
