@@ -94,7 +94,7 @@ def _leak(result: CheckResult | None, block: Block, tol: Tolerances) -> CheckRes
     if not isinstance(record, Growth):
         return result
     growth = cast(MemoryGrowth, record.to_json())  # the JSON of a run's MemoryGrowth
-    per_step = float(record.bytes_per_step or 0.0)
+    per_step = float(growth.get("bytes_per_step") or 0.0)
     if result is not None:
         result = replace(result, data={**result.data, "growth": growth})
     if per_step <= tol.leak_bytes_per_step:

@@ -12,6 +12,7 @@ from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.fingerprint import ParamsFingerprint
 from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import ProgramRecord
+from pytest_accelperf.records.section import Int, NonNegative
 from pytest_accelperf.stats.contention import Load
 
 Outcome = Literal["ok", "oom", "nan", "error", "timeout"]
@@ -34,12 +35,14 @@ class OomRecord(TypedDict, total=False):
 
 class MemoryGrowth(TypedDict):
     """``Run.memory_growth``: how live memory grew over the measured steps (bytes live
-    after the warm-up and after the last measured step, and who counted them)."""
+    after the warm-up and after the last measured step, and who counted them). Its one
+    declaration: :class:`pytest_accelperf.store.block.Growth`, a block's
+    ``memory.growth``, is made of these fields and their constraints."""
 
     bytes_per_step: float
-    steps: int
-    after_warmup: float
-    after_steps: float
+    steps: Int
+    after_warmup: NonNegative
+    after_steps: NonNegative
     source: str
 
 

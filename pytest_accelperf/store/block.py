@@ -33,7 +33,7 @@ from pydantic import (
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.fingerprint import LeafFingerprint
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
-from pytest_accelperf.records.run import Outcome
+from pytest_accelperf.records.run import MemoryGrowth, Outcome
 from pytest_accelperf.records.section import Int, NonNegative, Number, Positive, PositiveInt
 from pytest_accelperf.records.section import JsonSection as _Strict
 
@@ -90,26 +90,6 @@ class Loss(_Strict):
         return self
 
 
-class Growth(_Strict):
-    """How live memory grew over the measured steps (the leak check)."""
-
-    bytes_per_step: Number
-    steps: Int
-    after_warmup: NonNegative
-    after_steps: NonNegative
-    source: str
-
-
-class Memory(_Strict):
-    """Peak bytes per device label, their maximum, how they were counted, and live
-    memory's growth per measured step."""
-
-    per_device: Annotated[dict[str, NonNegative], Field(min_length=1)]
-    peak: NonNegative | None = None
-    source: str = ""
-    growth: Growth | None = None
-
-
 def _model_of(record: type, name: str, doc: str,
               nested: Mapping[type, type[BaseModel]]) -> type[_Strict]:
     """A section model of the fields of the TypedDict ``record`` (each its type and
@@ -153,10 +133,15 @@ def _swap(hint: object, nested: Mapping[type, type[BaseModel]]) -> object:
 
 
 if TYPE_CHECKING:
+    Growth = _Strict
     Collective = _Strict
     Program = _Strict
     Leaf = _Strict
 else:
+    #: How live memory grew (:class:`~pytest_accelperf.records.run.MemoryGrowth`'s fields,
+    #: unknown keys kept).
+    Growth = _model_of(MemoryGrowth, "Growth",
+                       "How live memory grew over the measured steps (the leak check).", {})
     #: One kind of collective in one step (:class:`~pytest_accelperf.records.program.
     #: CollectiveRecord`'s fields, unknown keys kept).
     Collective = _model_of(
@@ -177,6 +162,16 @@ else:
         "(:func:`pytest_accelperf.backends.measure.common.fingerprint`): what a run computes, "
         "and what\nblocks recorded before the compact form (:class:`CompactNumerics`) stored "
         "per leaf.", {})
+
+
+class Memory(_Strict):
+    """Peak bytes per device label, their maximum, how they were counted, and live
+    memory's growth per measured step."""
+
+    per_device: Annotated[dict[str, NonNegative], Field(min_length=1)]
+    peak: NonNegative | None = None
+    source: str = ""
+    growth: Growth | None = None
 
 
 class CompactSection(_Strict):
