@@ -27,7 +27,6 @@ import contextlib
 import re
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,19 +47,9 @@ MAX_STEPS = 5
 PROFILED = ("jax", "torch")
 
 
-@dataclass(frozen=True)
-class Explanation:
-    """What was traced: ``path`` (the trace's directory, None when none was kept),
-    ``steps`` traced, ``size`` in bytes (of the trace written, kept or not) and a one-line
-    ``note`` for the failure message and the reports."""
-
-    path: str | None
-    steps: int
-    size: int
-    note: str
-
-    def to_json(self) -> Explained:
-        return Explained(path=self.path, steps=self.steps, size=self.size, note=self.note)
+def untraced(note: str) -> Explained:
+    """The explanation of a case of which no trace was kept: ``note`` says why."""
+    return Explained(path=None, steps=0, size=0, note=note)
 
 
 def trace_dir(root: Path, case_id: str) -> Path:
@@ -97,18 +86,18 @@ def _size(path: Path) -> int:
 NOT_RETRAINED = ("timeout",)
 
 
-def skipped(outcome: str, timeout: float | None) -> Explanation:
+def skipped(outcome: str, timeout: float | None) -> Explained:
     """The explanation of a run that is not trained again (``outcome`` in
     :data:`NOT_RETRAINED`)."""
     bound = f"its {timeout:g} s timeout" if timeout else "its timeout"
-    return Explanation(None, 0, 0, (
+    return untraced(
         f"no trace: the case ran past {bound} (outcome {outcome}), so it was not trained "
-        f"again under the profiler (a step that blocked would block again)"))
+        f"again under the profiler (a step that blocked would block again)")
 
 
 def explain(backend: Backend, case: Case, task: Task, accel: Accelerator, root: Path, *,
             max_bytes: int, steps: int = STEPS, timeout: float | None = None,
-            on_stuck: Callable[[str], None] | None = None) -> Explanation:
+            on_stuck: Callable[[str], None] | None = None) -> Explained:
     """Train ``case`` ``steps`` more steps (at most :data:`MAX_STEPS`) under its
     framework's profiler and keep the trace under ``root`` if it is at most ``max_bytes``.
 
@@ -127,17 +116,17 @@ def explain(backend: Backend, case: Case, task: Task, accel: Accelerator, root: 
                             steps=steps)
     except CaseTimeout as exc:
         shutil.rmtree(trace_dir(root, case.id), ignore_errors=True)
-        return Explanation(None, 0, 0, (
+        return untraced(
             f"trace cut short: the profiled steps ran past the {exc.timeout:g} s timeout "
-            f"(--accelperf-timeout) and were interrupted in {exc.where}; nothing was kept"))
+            f"(--accelperf-timeout) and were interrupted in {exc.where}; nothing was kept")
 
 
 def _explain(backend: Backend, case: Case, task: Task, accel: Accelerator, root: Path, *,
-             max_bytes: int, steps: int) -> Explanation:
+             max_bytes: int, steps: int) -> Explained:
     steps = max(1, min(steps, MAX_STEPS))
     if case.backend not in PROFILED or not steps_in_blocks(backend):
-        return Explanation(None, 0, 0, f"no trace: the {case.backend!r} backend has no "
-                                       f"profiler here (only {', '.join(PROFILED)})")
+        return untraced(f"no trace: the {case.backend!r} backend has no profiler here "
+                        f"(only {', '.join(PROFILED)})")
     out = trace_dir(root, case.id)
     shutil.rmtree(out, ignore_errors=True)
     try:
@@ -156,13 +145,12 @@ def _explain(backend: Backend, case: Case, task: Task, accel: Accelerator, root:
                 close()
     except Exception as exc:  # the explanation never changes the verdict
         shutil.rmtree(out, ignore_errors=True)
-        return Explanation(None, 0, 0, f"no trace: profiling failed: "
-                                       f"{type(exc).__name__}: {exc}")
+        return untraced(f"no trace: profiling failed: {type(exc).__name__}: {exc}")
     size = _size(out)
     if size > max_bytes:
         shutil.rmtree(out, ignore_errors=True)
-        return Explanation(None, steps, size, (
+        return Explained(path=None, steps=steps, size=size, note=(
             f"trace of {steps} step(s) deleted: {fmt_bytes(size)} is over the "
             f"{fmt_bytes(max_bytes)} cap (raise --accelperf-explain-max-mb)"))
-    return Explanation(str(out), steps, size, (
+    return Explained(path=str(out), steps=steps, size=size, note=(
         f"trace of {steps} step(s) ({fmt_bytes(size)}): {out}"))

@@ -46,7 +46,7 @@ from pytest_accelperf.checks.throughput import recording_noise
 from pytest_accelperf.cluster.session import cluster_for
 from pytest_accelperf.collect.cases import Case
 from pytest_accelperf.errors import AccelperfWarning, UserError, render
-from pytest_accelperf.gate.explain import NOT_RETRAINED, Explanation, explain, skipped
+from pytest_accelperf.gate.explain import NOT_RETRAINED, explain, skipped, untraced
 from pytest_accelperf.gate.hangs import HostLockError
 from pytest_accelperf.gate.judge import (
     RECORDING_WINDOWS,
@@ -80,7 +80,7 @@ from pytest_accelperf.provision.device_errors import (
 from pytest_accelperf.provision.targets import NOT_RUN, not_run
 from pytest_accelperf.provision.xdist_role import worker_id
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.run import Explained, Run
 from pytest_accelperf.records.verdict import CheckResult, Tolerances, Verdict
 from pytest_accelperf.report.data import CaseRecord, baseline_view
 from pytest_accelperf.report.failure import (
@@ -279,18 +279,18 @@ class CaseRunner:
         return self._with_explanation(ev, found)
 
     @staticmethod
-    def _with_explanation(ev: Evaluated, found: Explanation) -> Evaluated:
-        run = replace(ev.run, explain=found.to_json())
+    def _with_explanation(ev: Evaluated, found: Explained) -> Evaluated:
+        run = replace(ev.run, explain=found)
         return replace(ev, run=run)
 
     def _explain_stuck(self, ev: Evaluated, why: str) -> None:
         """The explanation could not be stopped (``why``): record the case as it was
         judged, with the note, and end the process as :meth:`_stuck` does. Called from the
         watchdog thread."""
-        note = Explanation(None, 0, 0, f"no trace: {why}; the pytest process was ended with "
-                                       f"what was recorded")
+        note = untraced(f"no trace: {why}; the pytest process was ended with what was "
+                        f"recorded")
         self._record(self._with_explanation(ev, note).run, ev.checks, baseline=ev.baseline)
-        message = f"{self._item.nodeid}: {note.note}"
+        message = f"{self._item.nodeid}: {note['note']}"
         if self._session.abort is not None:
             self._session.abort(message)
         say_on_stderr(f"accelperf: {message}")

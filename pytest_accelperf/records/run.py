@@ -157,8 +157,10 @@ EXPLAIN_KEY = "explain"
 
 
 class Explained(TypedDict):
-    """``Run.explain``: the profiler trace of a failed case
-    (:class:`pytest_accelperf.gate.explain.Explanation` as JSON)."""
+    """``Run.explain``: what the profiler traced of a failed case
+    (:func:`pytest_accelperf.gate.explain.explain`): ``path`` (the trace's directory, None
+    when none was kept), ``steps`` traced, ``size`` in bytes (of the trace written, kept or
+    not) and a one-line ``note`` for the failure message and the reports."""
 
     path: str | None
     steps: int
