@@ -576,6 +576,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="seconds per phase, overriding the defaults (device: "
                         + ", ".join(f"{k} {v:g}" for k, v in BUDGETS.items()) + ")")
     p.add_argument("--out", default=str(HERE / "results"), help="folder of the JSON file")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="copy the scratch folder (the suites' baselines, reports and session "
+                        "logs) to DIR before it is removed")
     ns = p.parse_args(args)
     phases = [x for x in ns.phases.split(",") if x]
     unknown = [x for x in phases if x not in PHASES]
@@ -591,8 +594,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python " + " ".join(["benchmarks/device.py", *args]),
         "accel": ns.accel, "device": kind, "quick": ns.quick, "started": stamp,
         "machine": gate._machine(), "budgets_s": {k: budgets[k] for k in phases},
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                 capture_output=True, text=True, check=False).stdout.strip()})
+        "commit": os.environ.get("ACCELPERF_DEVICE_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+            check=False).stdout.strip()})
     scratch = Path(tempfile.mkdtemp(prefix="accelperf-device-"))
     try:
         for name in phases:
@@ -610,6 +614,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.phase(name, figures)
             print(f"{name}: {figures['wall_s']} s, written to {path}", flush=True)
     finally:
+        if ns.keep:
+            shutil.copytree(scratch, ns.keep, dirs_exist_ok=True, ignore_dangling_symlinks=True)
         shutil.rmtree(scratch, ignore_errors=True)
     print(path)
     return 0
