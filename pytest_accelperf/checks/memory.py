@@ -26,15 +26,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any, cast
 
 from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import CheckInput, SubRow, one
 from pytest_accelperf.records.run import MemoryGrowth, Run
+from pytest_accelperf.records.section import made
 from pytest_accelperf.records.verdict import CheckData, CheckResult, Compared, Tolerances, Verdict
 from pytest_accelperf.stats.units import fmt_bytes, fmt_percent, fmt_signed_percent, fmt_tolerance
-from pytest_accelperf.store.block import Block, BlockLike, Growth, Memory, read_block
+from pytest_accelperf.store.block import Block, BlockLike, Growth, Memory, read, read_block
 
 METRIC = "memory"
 UNIT = "bytes"
@@ -65,16 +66,6 @@ def _memory(block: Block | None) -> Memory:
     """``block``'s memory record; an empty one where it has none."""
     mem = block.memory if block is not None else None
     return mem if mem is not None else Memory.model_construct(per_device={})
-
-
-class MemorySection(TypedDict):
-    """The block's ``memory`` as a run records it (:class:`~pytest_accelperf.store.block.
-    Memory` reads it)."""
-
-    per_device: dict[str, int]
-    peak: int | None
-    source: str
-    growth: NotRequired[MemoryGrowth]
 
 
 def leak_sentence(growth: MemoryGrowth) -> str:
@@ -212,11 +203,11 @@ class MemoryCheck(BaseCheck):
         live memory's growth per step where the backend read it."""
         if not run.memory_per_device:
             return {}
-        memory: MemorySection = {"per_device": dict(sorted(run.memory_per_device.items())),
-                                 "peak": run.peak_memory, "source": run.memory_source}
+        memory = made(Memory, per_device=dict(sorted(run.memory_per_device.items())),
+                      peak=run.peak_memory, source=run.memory_source)
         if run.memory_growth is not None:
-            memory["growth"] = run.memory_growth
-        return {"memory": memory}
+            memory.growth = read(Growth, run.memory_growth)
+        return {"memory": memory.to_json()}
 
     def not_cleared(self, result: CheckResult) -> str | None:
         """A leak is judged against ``--accelperf-leak-bytes-per-step``, baseline or not."""
