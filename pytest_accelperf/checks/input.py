@@ -79,13 +79,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import NotRequired, TypedDict
 
 from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.checks.throughput import foreign_load
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.section import made
 from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.bootstrap import (
     MIN_SAMPLES,
@@ -411,45 +411,31 @@ def check_input(block: BlockLike, baseline: BlockLike | None, tol: Tolerances, *
                    detail=f"{measured}{tail}{bound_text}")
 
 
-class InputSection(TypedDict):
-    """The block's ``input`` (:class:`~pytest_accelperf.store.block.InputTime` reads it)."""
-
-    median: float
-    samples: list[float]
-    wall_median: NotRequired[float]
-    blocked_median: NotRequired[float]
-    blocked_samples: NotRequired[list[float]]
-    queued_median: NotRequired[float]
-    fault_median: NotRequired[float]
-    yardstick_median: NotRequired[float]
-    yardstick_kind: NotRequired[str]
-
-
-def input_block(run: Run) -> InputSection:
-    """The block's ``input``: CPU seconds making each measured step's batch (every sample,
-    rounded as step times are, and their median), the median wall seconds of the same,
+def input_block(run: Run) -> InputTime:
+    """The block's ``input``, as :class:`~pytest_accelperf.store.block.InputTime` (its one
+    declaration; its JSON: ``.to_json()``): CPU seconds making each measured step's batch
+    (every sample, rounded as step times are, and their median), the median wall seconds of
+    the same,
     and the seconds the thread was blocked making it, every sample and their median
     (:attr:`pytest_accelperf.records.run.InputSeries.times`, ``blocked_times``; the
     ``input_wait`` check, :mod:`pytest_accelperf.checks.input_wait`); and the medians of
     the evidence the check weighs: the seconds the thread waited for a CPU, its page
     faults, and the yardstick's CPU seconds with its kind."""
     series = run.inputs
-    out: InputSection = {
-        "median": round_sig(statistics.median(series.times)),
-        "samples": [round_sig(t, SAMPLE_DIGITS) for t in series.times],
-    }
+    out = made(InputTime, median=round_sig(statistics.median(series.times)),
+               samples=[round_sig(t, SAMPLE_DIGITS) for t in series.times])
     if series.wall_times:
-        out["wall_median"] = round_sig(statistics.median(series.wall_times))
+        out.wall_median = round_sig(statistics.median(series.wall_times))
     if series.blocked_times:
-        out["blocked_median"] = round_sig(statistics.median(series.blocked_times))
-        out["blocked_samples"] = [round_sig(t, SAMPLE_DIGITS) for t in series.blocked_times]
+        out.blocked_median = round_sig(statistics.median(series.blocked_times))
+        out.blocked_samples = [round_sig(t, SAMPLE_DIGITS) for t in series.blocked_times]
     if series.queued_times:
-        out["queued_median"] = round_sig(statistics.median(series.queued_times))
+        out.queued_median = round_sig(statistics.median(series.queued_times))
     if series.faults:
-        out["fault_median"] = float(statistics.median(series.faults))
+        out.fault_median = float(statistics.median(series.faults))
     if series.yardstick_times:
-        out["yardstick_median"] = round_sig(statistics.median(series.yardstick_times))
-        out["yardstick_kind"] = YARDSTICK_KIND
+        out.yardstick_median = round_sig(statistics.median(series.yardstick_times))
+        out.yardstick_kind = YARDSTICK_KIND
     return out
 
 
@@ -470,7 +456,8 @@ class InputCheck(BaseCheck):
 
     def record(self, run: Run) -> Mapping[str, object]:
         """``input``, where the run timed the making of its batches."""
-        return {"input": input_block(run)} if run.outcome == "ok" and run.inputs.times else {}
+        return {"input": input_block(run).to_json()} if run.outcome == "ok" \
+            and run.inputs.times else {}
 
     def label(self, result: CheckResult) -> str:
         """``input (bound 38/40)``: in how many steps the batch took longer to make than

@@ -75,7 +75,8 @@ def test_the_recorded_sections_round_trip_and_validate_as_the_block() -> None:
               memory_source="memory_stats",
               memory_growth={"bytes_per_step": 0.0, "steps": 3, "after_warmup": 1.0,
                              "after_steps": 1.0, "source": "tracemalloc"})
-    sections = {**THROUGHPUT.record(run), **MEMORY.record(run), "input": input_block(run)}
+    sections = {**THROUGHPUT.record(run), **MEMORY.record(run),
+                "input": input_block(run).to_json()}
     assert _round_trip(sections) == sections
     for name, model in (("step_time", StepTime), ("probe", Probe), ("memory", Memory),
                         ("input", InputTime)):
