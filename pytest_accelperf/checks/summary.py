@@ -58,9 +58,10 @@ def with_added_session(baseline: dict[str, Any] | None, run: Run,
         if not isinstance(median, (int, float)) or not median > 0:
             raise ValueError("the baseline's step_time has no median to start its sessions "
                              "with; re-record it with --accelperf-update")
-        sessions = [session_level(median, (baseline.get("probe") or {}).get("samples") or [])]
+        sessions = [session_level(median, (baseline.get("probe") or {}).get("samples")
+                                  or []).to_json()]
     merged = copy.deepcopy(baseline)
-    merged["step_time"]["sessions"] = [*sessions, entry][-MAX_SESSIONS:]
+    merged["step_time"]["sessions"] = [*sessions, entry.to_json()][-MAX_SESSIONS:]
     return merged
 
 

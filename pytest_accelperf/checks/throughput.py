@@ -67,12 +67,13 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any, NotRequired, TypedDict
+from typing import Any
 
 from pytest_accelperf.checks.base import BaseCheck
 from pytest_accelperf.checks.outcome import missing_in_baseline, new_result
 from pytest_accelperf.checks.protocol import CheckInput, one
 from pytest_accelperf.records.run import Run
+from pytest_accelperf.records.section import made
 from pytest_accelperf.records.verdict import CheckData, CheckResult, Tolerances, Verdict
 from pytest_accelperf.stats.bootstrap import (
     MIN_SESSIONS,
@@ -91,7 +92,15 @@ from pytest_accelperf.stats.units import (
     fmt_tolerance,
     round_sig,
 )
-from pytest_accelperf.store.block import Block, BlockLike, StepSession, json_of, read_block
+from pytest_accelperf.store.block import (
+    Block,
+    BlockLike,
+    Probe,
+    StepSession,
+    StepTime,
+    json_of,
+    read_block,
+)
 
 METRIC = "throughput"
 UNIT = "samples/s"
@@ -444,38 +453,14 @@ def check_throughput(run: Run, block: BlockLike, baseline: BlockLike | None,
     return replace(result, verdict=final, detail=detail, change=change, data=data)
 
 
-class StepTimeSection(TypedDict):
-    """The block's ``step_time`` as a run records it (:class:`~pytest_accelperf.store.block.
-    StepTime` reads it)."""
-
-    median: float
-    samples: list[float]
-    sessions: NotRequired[list[dict[str, float | None]]]
-
-
-class ProbeSection(TypedDict):
-    """The block's ``probe``: the drift probe's kind and samples."""
-
-    kind: str
-    samples: list[float]
-
-
-class ThroughputSections(TypedDict, total=False):
-    """What the throughput check records of a finished run."""
-
-    step_time: StepTimeSection
-    probe: ProbeSection
-    samples_per_second: float
-
-
-def session_level(median: float, probes: Sequence[float]) -> dict[str, float | None]:
+def session_level(median: float, probes: Sequence[float]) -> StepSession:
     """One ``step_time.sessions`` entry: the median step time and the probe's median (the
     throughput check divides the two when it corrects for drift), None without a probe."""
-    return {"median": round_sig(median),
-            "probe_median": round_sig(statistics.median(probes)) if probes else None}
+    return made(StepSession, median=round_sig(median),
+                probe_median=round_sig(statistics.median(probes)) if probes else None)
 
 
-def session_entry(run: Run) -> dict[str, float | None] | None:
+def session_entry(run: Run) -> StepSession | None:
     """This session's step-time level for ``step_time.sessions``; None without step times."""
     med = run.median_step_time
     if med is None:
@@ -505,19 +490,19 @@ class ThroughputCheck(BaseCheck):
         (the drift probe's samples) and ``samples_per_second``, of a finished run."""
         if run.outcome != "ok":
             return {}
-        out: ThroughputSections = {}
+        out: dict[str, object] = {}
         med = run.median_step_time
         if med is not None:  # no step times (an ingested log without them): no step_time
-            step_time: StepTimeSection = {
-                "median": round_sig(med),
-                "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.step_times]}
+            step_time = made(StepTime, median=round_sig(med),
+                             samples=[round_sig(t, SAMPLE_DIGITS) for t in run.step_times])
             entry = session_entry(run)
             if entry is not None:
-                step_time["sessions"] = [entry]
-            out["step_time"] = step_time
+                step_time.sessions = [entry]
+            out["step_time"] = step_time.to_json()
         if run.probe_times and run.probe_kind:
-            out["probe"] = {"kind": run.probe_kind,
-                            "samples": [round_sig(t, SAMPLE_DIGITS) for t in run.probe_times]}
+            out["probe"] = made(Probe, kind=run.probe_kind,
+                                samples=[round_sig(t, SAMPLE_DIGITS)
+                                         for t in run.probe_times]).to_json()
         sps = run.samples_per_second
         if sps is not None:
             out["samples_per_second"] = round_sig(sps)
