@@ -495,6 +495,21 @@ E2E = Path(__file__).parent / "e2e"
 #: run in a phase of their own, alone on the machine (.ci/run), so that a margin squeezed by
 #: CI's own lint and installs does not decide whether a change lands.
 DEFER_TIMING_ENV = "ACCELPERF_TESTS_DEFER_TIMING"
+#: Set by CI to a number N: the session ends with pytest's N slowest tests of 10 s or more
+#: (``--durations=N --durations-min=10``), so that every CI log says where its time went.
+#: Read here, not passed in ``PYTEST_ADDOPTS``, which every session a test starts in a
+#: subprocess would inherit too.
+DURATIONS_ENV = "ACCELPERF_TESTS_DURATIONS"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """``$ACCELPERF_TESTS_DURATIONS`` (:data:`DURATIONS_ENV`), unless ``--durations`` is
+    given."""
+    wanted = os.environ.get(DURATIONS_ENV, "")
+    if wanted.isdigit() and not config.option.durations:
+        config.option.durations = int(wanted)
+        config.option.durations_min = 10.0
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
