@@ -23,7 +23,9 @@ from dataclasses import dataclass, field, replace
 
 from pytest_accelperf.backends.protocol import Fit
 from pytest_accelperf.collect.cases import Case
-from pytest_accelperf.records.run import MaxBatchRecord
+from pytest_accelperf.records.jsonvalue import JSONValue
+from pytest_accelperf.records.section import made
+from pytest_accelperf.store.block import MaxBatch as MaxBatchSection
 
 #: Candidates tried at most; doubling from 1 to 65536 and bisecting back takes ~33.
 MAX_PROBES = 40
@@ -41,10 +43,12 @@ class MaxBatch:
     probes: list[tuple[int, bool, int | None]] = field(default_factory=list)
     messages: dict[int, str] = field(default_factory=dict)
 
-    def to_json(self) -> MaxBatchRecord:
-        return {"value": self.value, "capacity_bytes": self.capacity_bytes,
-                "multiple_of": self.multiple_of, "limit": self.limit,
-                "probes": [list(p) for p in self.probes]}
+    def to_json(self) -> dict[str, JSONValue]:
+        """``Run.max_batch``: the block's ``max_batch`` section
+        (:class:`pytest_accelperf.store.block.MaxBatch`, its one declaration) as JSON."""
+        return made(MaxBatchSection, value=self.value, capacity_bytes=self.capacity_bytes,
+                    multiple_of=self.multiple_of, limit=self.limit,
+                    probes=list(self.probes)).to_json()
 
 
 def search_max_batch(case: Case, fits: Callable[[Case], Fit], *, start: int | None = None,

@@ -46,18 +46,6 @@ class MemoryGrowth(TypedDict):
     source: str
 
 
-class MaxBatchRecord(TypedDict):
-    """``Run.max_batch``: a maximum-batch search
-    (:meth:`pytest_accelperf.gate.maxbatch.MaxBatchResult.to_json`)."""
-
-    value: int | None
-    capacity_bytes: float | None
-    multiple_of: int
-    limit: int | None
-    #: ``[batch, fits, peak bytes or None]`` per batch tried, in order.
-    probes: list[list[Any]]
-
-
 class Replay(TypedDict):
     """``Run.replay``: how far a replay of the same steps moved the parameters (JAX, on
     platforms whose arithmetic does not repeat exactly): the worst leaf's relative spread,
@@ -257,7 +245,8 @@ class Run:
     machine's speed was at that moment. The throughput check compares step times relative
     to them, which cancels drift that slows both (see
     :mod:`pytest_accelperf.checks.throughput`). ``max_batch`` is the result of a
-    maximum-batch search (:mod:`pytest_accelperf.gate.maxbatch`), when the test ran one.
+    maximum-batch search (:mod:`pytest_accelperf.gate.maxbatch`), when the test ran one:
+    the JSON of the block's ``max_batch`` (:class:`pytest_accelperf.store.block.MaxBatch`).
 
     ``program`` is what the step's compiled program does, read from the program, not timed
     (:func:`pytest_accelperf.records.program.program_record`: FLOPs, bytes, collectives, host
@@ -320,7 +309,8 @@ class Run:
     extra: dict[str, JSONValue] = field(default_factory=dict)
     probe_times: list[float] = field(default_factory=list)
     probe_kind: str = ""
-    max_batch: MaxBatchRecord | None = None
+    #: The JSON of :class:`pytest_accelperf.store.block.MaxBatch`, its one declaration.
+    max_batch: dict[str, JSONValue] | None = None
     program: ProgramRecord | None = None
     memory_growth: MemoryGrowth | None = None
     #: In the JSON, each series its own key (``input_times``, ...: :meth:`InputSeries.to_json`).

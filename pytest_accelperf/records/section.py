@@ -79,10 +79,10 @@ def made(model: Callable[P, S], /, *args: P.args, **fields: P.kwargs) -> S:
 
 def _as_json(value: object) -> object:
     """``value`` of a field :func:`made` set, as JSON: a section as its JSON, a list or an
-    object of them likewise, anything else as it is."""
+    object of them likewise (a tuple a list), anything else as it is."""
     if isinstance(value, JsonSection):
         return value.to_json()
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_as_json(v) for v in value]
     if isinstance(value, dict):
         return {k: _as_json(v) for k, v in value.items()}
