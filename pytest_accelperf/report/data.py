@@ -14,85 +14,11 @@ from typing import Any
 
 from pytest_accelperf.checks.family import SuiteVerdict, suite_verdict
 from pytest_accelperf.checks.recordable import clearable, refused
-from pytest_accelperf.collect.cases import CaseJSON
+from pytest_accelperf.records.caserecord import CaseRecord as CaseRecord
 from pytest_accelperf.records.environment import Environment
-from pytest_accelperf.records.verdict import CheckResult, Verdict
+from pytest_accelperf.records.verdict import Verdict
 
 REPORT_SCHEMA_VERSION = 1
-
-
-@dataclass
-class CaseRecord:
-    """One case of the session: its run, its verdicts and the block to store."""
-
-    nodeid: str
-    case_id: str
-    platform: str
-    run: dict[str, Any]
-    checks: list[CheckResult] = field(default_factory=list)
-    block: dict[str, Any] | None = None
-    case: CaseJSON = field(default_factory=lambda: CaseJSON())
-    error: str | None = None
-    worker: str = "main"
-    #: The stored baseline the run was checked against, as :func:`baseline_view` trims it
-    #: (what the HTML plots need: step times, loss checkpoints, memory); None: none stored.
-    baseline: dict[str, Any] | None = None
-
-    @property
-    def regressed(self) -> bool:
-        return any(c.failed for c in self.checks)
-
-    @property
-    def recorded_noisy(self) -> str:
-        """Why this session stored its baseline (or its added session) marked noisy
-        (:func:`pytest_accelperf.checks.throughput.recording_noise`), or ``""``."""
-        block = self.block or {}
-        sessions = (block.get("step_time") or {}).get("sessions")
-        last = sessions[-1] if isinstance(sessions, list) and sessions else None
-        why = block.get("noisy") or (last.get("noisy") if isinstance(last, dict) else None)
-        return str(why) if why else ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "nodeid": self.nodeid,
-            "case_id": self.case_id,
-            "platform": self.platform,
-            "case": self.case,
-            "worker": self.worker,
-            "error": self.error,
-            "outcome": self.run.get("outcome"),
-            "verdict": self.verdict.value,
-            "checks": [c.to_json() for c in self.checks],
-            "run": self.run,
-            "block": self.block,
-            "baseline": self.baseline,
-        }
-
-    @property
-    def verdict(self) -> Verdict:
-        """The case's overall verdict: the most severe of its checks."""
-        order = (Verdict.REGRESSION, Verdict.NEW, Verdict.INCONCLUSIVE, Verdict.INCOMPARABLE,
-                 Verdict.IMPROVEMENT, Verdict.PASS)
-        present = {c.verdict for c in self.checks}
-        for v in order:
-            if v in present:
-                return v
-        return Verdict.PASS
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CaseRecord:
-        return cls(
-            nodeid=data["nodeid"],
-            case_id=data["case_id"],
-            platform=data["platform"],
-            run=data["run"],
-            checks=[CheckResult.from_json(c) for c in data["checks"]],
-            block=data.get("block"),
-            case=data.get("case", {}),
-            error=data.get("error"),
-            worker=data.get("worker", "main"),
-            baseline=data.get("baseline"),
-        )
 
 
 @dataclass

@@ -43,6 +43,7 @@ from pydantic import (
 )
 from pydantic.json_schema import JsonSchemaValue, SkipJsonSchema
 
+from pytest_accelperf.records.caserecord import CaseRecord
 from pytest_accelperf.records.environment import Environment
 from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.program import CollectiveRecord, ProgramRecord
@@ -273,28 +274,33 @@ else:
                "deterministic": ReportTally})
 
 
-class ReportCase(_Report):
-    """One case of a report (:class:`pytest_accelperf.report.data.CaseRecord`)."""
-
-    nodeid: str
-    case_id: str
-    platform: str
-    run: ReportRun
-    checks: list[ReportCheck]
-    block: Mapping[str, object] | None = None
-    case: Mapping[str, object] = {}
-    error: str | None = None
-    worker: str = "main"
-    baseline: Mapping[str, object] | None = None
+class _ReportCaseRules(_Report):
+    """What a report's case holds beside its fields' types."""
 
     @model_validator(mode="after")
-    def _a_loss_step_each(self) -> ReportCase:
-        run: Any = self.run
+    def _a_loss_step_each(self) -> _ReportCaseRules:
+        run: Any = getattr(self, "run")  # a field of the model made of CaseRecord
         steps, losses = run.loss_steps, run.losses
         if steps and len(steps) != len(losses):
             raise ValueError(f"run.loss_steps has {len(steps)} step numbers for "
                              f"{len(losses)} losses (one per loss, or none)")
         return self
+
+
+if TYPE_CHECKING:
+    ReportCase: TypeAlias = _Report
+else:
+    #: One case of a report: the fields of :class:`pytest_accelperf.records.caserecord.
+    #: CaseRecord` (their one declaration), its run a :data:`ReportRun`, its checks
+    #: :data:`ReportCheck`\ s, the block, the case and the baseline the JSON objects they
+    #: were written as; ``checks`` required.
+    ReportCase = _report_model(
+        "ReportCase", CaseRecord,
+        "One case of a report (:class:`pytest_accelperf.report.data.CaseRecord`).",
+        base=_ReportCaseRules, defaults={"checks": ...},
+        types={"run": ReportRun, "checks": list[ReportCheck],
+               "block": Mapping[str, object] | None, "case": Mapping[str, object],
+               "baseline": Mapping[str, object] | None})
 
 
 class ReportFile(_Report):
