@@ -56,6 +56,8 @@ sys.path.insert(0, str(HERE))
 
 import gate  # noqa: E402  (benchmarks/gate.py: its A/B result rows and git helper)
 
+from pytest_accelperf.interrupt import sigint_delivered  # noqa: E402
+
 #: Seconds per phase on a device, and in --quick mode (each phase stops at its bound and
 #: writes what it has). The device's add up to 7.5 minutes, under the 8 the issue allows.
 BUDGETS = {"suites": 150.0, "noise": 60.0, "ab": 180.0, "determinism": 60.0}
@@ -118,7 +120,9 @@ def pytest_session(cwd: Path, args: Sequence[str], env: dict[str, str], timeout:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rs", *args]
     t0 = time.monotonic()
     with log.open("w", encoding="utf-8") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        with sigint_delivered():  # the session handles the SIGINT that bounds it
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT)
         try:
             rc: int | None = proc.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:

@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from pytest_accelperf.interrupt import sigint_delivered
+
 # jax is imported once here, in the outer process: pytester's in-process runs restore
 # sys.modules afterwards, and a second import of jaxlib in one process aborts it. Importing
 # it does not initialize a backend, so the plugin's XLA_FLAGS still apply. The same goes for
@@ -255,24 +257,12 @@ NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
 INNER_ARGS = ("-p", "no:cacheprovider", *NO_HYPOTHESIS)
 
 
-@contextlib.contextmanager
-def as_from_a_shell() -> Iterator[None]:
-    """Around starting a child: SIGINT delivered to it and handled by default, as a shell
-    starts a command. A child inherits its parent's ignored signals and signal mask, and
-    Python installs its KeyboardInterrupt handler only where SIGINT is not ignored: after
-    the tests before it in the same xdist worker, a process under test went on through the
-    interrupt (a cluster session in CI, exit 0 with 40 steps; an accelperf bisect in a full
-    run here, which ran every session to the end), while alone it stops at once. Here, not
-    in a ``preexec_fn``: that forks in Python, and a process that imported JAX warns of a
-    fork (an error under the tests' warning filter). A handled signal is reset to its
-    default by exec, so this process handling SIGINT while the child starts is enough."""
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        signal.signal(signal.SIGINT, previous)
+#: Around starting a child: SIGINT delivered to it and handled by default, as a shell starts
+#: a command (the package's one implementation, :mod:`pytest_accelperf.interrupt`). After
+#: the tests before it in the same xdist worker, a process under test went on through the
+#: interrupt (a cluster session in CI, exit 0 with 40 steps; an accelperf bisect in a full
+#: run here, which ran every session to the end), while alone it stops at once.
+as_from_a_shell = sigint_delivered
 
 
 def without_hypothesis(env: dict[str, str]) -> dict[str, str]:

@@ -27,6 +27,7 @@ import pytest
 from pytest_accelperf.ab.tree import moved_path
 from pytest_accelperf.bisection import BisectError
 from pytest_accelperf.bisection.commits import Commit, CommitRange, Worktrees
+from pytest_accelperf.interrupt import sigint_delivered
 from pytest_accelperf.report.data import CaseRecord
 from pytest_accelperf.report.loading import ReportFileError, load_report
 
@@ -182,8 +183,10 @@ def run_logged(argv: Sequence[str], cwd: Path, env: Mapping[str, str], log: Path
     """Run ``argv`` to its end, its output to ``log``; on an interrupt, stop it (SIGINT to
     its group, SIGKILL after :data:`STOP_GRACE_S`) and raise the interrupt on."""
     with log.open("wb") as out:
-        proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        with sigint_delivered():  # the session handles SIGINT, so :func:`stop` stops it
+            proc = subprocess.Popen(list(argv), cwd=cwd, env=dict(env),
+                                    stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         try:
             return proc.wait()
         except BaseException:

@@ -21,7 +21,7 @@ from unit.test_import_cycles import PACKAGE, import_graph
 #: one, where a package's declarations sit lower than the rest of it). docs/design.md says
 #: why each sits where it does.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "git"),
+    ("errors", "git", "interrupt"),
     ("stats", "records", "envs"),
     ("collect", "store"),
     ("provision", "backends"),
