@@ -87,7 +87,7 @@ from pytest_accelperf.backends.torch.memory import (
     cpu_memory,
     cpu_memory_growth,
     cpu_peak_memory,
-    reset_cuda_peak,
+    fresh_peak,
 )
 from pytest_accelperf.backends.torch.on_device import _device, _step_fns
 from pytest_accelperf.backends.torch.step import (
@@ -223,7 +223,7 @@ class TorchBackend:
             step.to(device)
             peak, source = cpu_peak_memory(step, device)
             return Fit(peak <= capacity, peak, int(capacity), f"{source} peak")
-        reset_cuda_peak(device)
+        fresh_peak(device)
         total = int(torch.cuda.get_device_properties(device).total_memory)
         limit = int(capacity) if capacity else total
         try:
@@ -267,8 +267,7 @@ class TorchBackend:
         phases = Phases()
         device = _device(accel)
         label = _label(device)
-        if device.type == "cuda":
-            reset_cuda_peak(device)
+        fresh_peak(device)  # the cases before this one freed: not in its peak
         with phases("build"):  # the user's model and optimizer (TorchTask.to_step)
             step = as_torch_step(task, device)
             step.to(device)
@@ -302,7 +301,7 @@ class TorchBackend:
                                      stateful)
                 draft.counted(flops=counted.flops)
             if device.type == "cuda":  # the peak of training, not of the counting step
-                torch.cuda.reset_peak_memory_stats(device)
+                fresh_peak(device)
                 cuda_growth = _CudaGrowth(device, _warmup(step, case))
             torch.manual_seed(step.seed)  # training draws the same numbers with or without
             with phases("probe"):

@@ -33,7 +33,7 @@ from pytest_accelperf.backends.measure.common import TaskError, describe
 from pytest_accelperf.backends.measure.loop import LoopResult, StepFns, load_json, run_steps
 from pytest_accelperf.backends.procs.launch import CapacityExceeded
 from pytest_accelperf.backends.procs.ranks import BlockControl, serve_blocks
-from pytest_accelperf.backends.torch.memory import device_total, memory_tracker, reset_cuda_peak
+from pytest_accelperf.backends.torch.memory import device_total, fresh_peak, memory_tracker
 from pytest_accelperf.backends.torch.ops import OpCounter, OpCounts
 from pytest_accelperf.backends.torch.rank_step import GroupSummary, RankStep
 from pytest_accelperf.backends.torch.task import (
@@ -258,7 +258,7 @@ class _MemoryCounter:
     @contextmanager
     def counting(self) -> Iterator[None]:
         if self.device.type == "cuda":
-            reset_cuda_peak(self.device)
+            fresh_peak(self.device)
             yield
             return
         tracker = self.tracker = memory_tracker()

@@ -4,7 +4,9 @@ the in-process torch backend's memory counts made with it: the peak and live byt
 counted CPU steps (:func:`cpu_memory`: MemTracker, or the profiler's allocations where
 MemTracker cannot follow the step), the live memory's growth on the CPU
 (:func:`cpu_memory_growth`) and on CUDA (:class:`_CudaGrowth`), and the out-of-memory record
-and message of a peak over the capacity (:func:`_oom_record`, :func:`_oom_message`).
+and message of a peak over the capacity (:func:`_oom_record`, :func:`_oom_message`); and
+where every in-process torch-family case starts its count (:func:`fresh_peak`: the earlier
+cases' garbage collected, the CUDA peak reset).
 
 ``torch.distributed._tools.mem_tracker.MemTracker`` sums the storage bytes of live tensors
 (parameters, buffers, gradients, optimizer state, activations and temporaries) as a
@@ -21,6 +23,7 @@ leaves the per-module peaks out: the totals are the same bytes
 from __future__ import annotations
 
 import functools
+import gc
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -68,15 +71,71 @@ def _totals_only_class() -> type[Any]:
     return TotalsTracker
 
 
+#: The function ModTracker registers its backward hooks with (:func:`_releasing_class`).
+_MULTI_GRAD_HOOK = "register_multi_grad_hook"
+
+
+@functools.cache
+def _releasing_class() -> type[Any]:
+    from torch.distributed._tools import mod_tracker
+
+    class ReleasingModTracker(mod_tracker.ModTracker):
+        """ModTracker whose backward hooks are removed when it exits.
+
+        In a forward pass ModTracker registers a multi-grad hook on each module's inputs
+        (``register_multi_grad_hook``, mode ``"all"``) whose closure holds the inputs'
+        ``grad_fn`` nodes: a cycle through C++ (node -> hook -> closure -> node) that
+        Python's gc cannot see, and that keeps the whole autograd graph of every counted
+        step alive, down to its ``AccumulateGrad`` nodes: the model's parameters and
+        their gradients outlived the case (found on torch 2.13: a finished case's
+        parameters had no Python referrer, and on a GPU they counted in the next case's
+        allocator peak). The hooks' handles are kept and removed on exit, which breaks
+        the cycle; every backward pass the tracker watched has run by then."""
+
+        def __enter__(self) -> ReleasingModTracker:
+            registered = getattr(mod_tracker, _MULTI_GRAD_HOOK)
+            handles: list[Any] = []
+
+            def register(*args: Any, **kwargs: Any) -> Any:  # noqa: ANN401  # torch's
+                handle = registered(*args, **kwargs)
+                handles.append(handle)
+                return handle
+
+            self._released = (registered, handles)
+            setattr(mod_tracker, _MULTI_GRAD_HOOK, register)
+            try:
+                super().__enter__()  # type: ignore[no-untyped-call]
+            except BaseException:
+                setattr(mod_tracker, _MULTI_GRAD_HOOK, registered)
+                raise
+            return self
+
+        def __exit__(self, *args: object) -> None:
+            try:
+                super().__exit__(*args)  # type: ignore[no-untyped-call]
+            finally:
+                registered, handles = self._released
+                setattr(mod_tracker, _MULTI_GRAD_HOOK, registered)
+                for handle in handles:
+                    handle.remove()
+                handles.clear()
+
+    return ReleasingModTracker
+
+
 def memory_tracker(*, per_module: bool = False) -> MemTracker:
     """A MemTracker for the device totals (:func:`device_total`); ``per_module`` gives the
-    stock one, which also keeps every module's peak."""
+    stock one, which also keeps every module's peak. Either leaves nothing of the steps
+    it counted alive after it exits (its module tracker's backward hooks are removed:
+    ``ReleasingModTracker`` in :func:`_releasing_class`)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    if per_module:
-        return MemTracker()
-    tracker = _totals_only_class()()
-    return tracker if all(hasattr(tracker, name) for name in _PEAK_STATE) else MemTracker()
+    tracker = _totals_only_class()() if not per_module else MemTracker()
+    if not per_module and not all(hasattr(tracker, name) for name in _PEAK_STATE):
+        tracker = MemTracker()
+    if hasattr(tracker, "_mod_tracker"):
+        tracker._mod_tracker = _releasing_class()()
+    return tracker
 
 
 def device_total(tracker: MemTracker, kind: str, device: torch.device) -> int | None:
@@ -88,14 +147,33 @@ def device_total(tracker: MemTracker, kind: str, device: torch.device) -> int | 
     return max(totals) if totals else None
 
 
-def reset_cuda_peak(device: torch.device) -> None:
-    """Free the caching allocator's cached blocks and reset its peak for ``device``.
+def fresh_peak(device: torch.device) -> None:
+    """Before a case builds its model (and again before it trains): what earlier code of
+    this process left is freed, and on CUDA the allocator's peak starts from what is alive
+    now. The one place every in-process torch-family backend (torch, Lightning,
+    transformers, and a DDP/DeepSpeed rank's count) starts its memory count.
 
-    torch raises ``RuntimeError: Invalid device argument`` when the peak of a device is
-    reset before anything was allocated on it in this process (seen on torch 2.11+cu130,
-    an H100: every torch case of the suites failed so as its first CUDA call); an empty
-    tensor initializes the device's allocator first.
+    ``gc.collect()`` first: a case's models, optimizers and trainers sit in reference
+    cycles after it ends (a Lightning ``Trainer`` and its module, a step's closures) and
+    are freed only when the cyclic gc runs, at a moment that differs from one session to
+    the next. On a GPU their tensors counted in the next case's peak: an H200 run (torch
+    2.11+cu130) saw the peaks of unchanged cases move by about 15.5 MiB between two
+    sessions, one of them a false regression (docs/checks-and-statistics.md). Then, on
+    CUDA, the caching allocator's cached blocks are given back and its peak reset.
+
+    The figure stays the allocator's absolute peak (``max_memory_allocated``: everything
+    allocated in the process, the CUDA context's own workspaces such as cuBLAS's
+    included), not the growth over what was allocated before: with the earlier cases'
+    leftovers gone, that is what a fresh process training only this case shows, the
+    number a user sizes a device by; a growth figure would drop the workspaces an earlier
+    case happened to create. torch raises ``RuntimeError: Invalid device argument`` when
+    the peak of a device is reset before anything was allocated on it in this process
+    (seen on torch 2.11+cu130, an H100: every torch case of the suites failed so as its
+    first CUDA call); an empty tensor initializes the device's allocator first.
     """
+    gc.collect()
+    if device.type != "cuda":
+        return
     torch.empty(0, device=device)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)

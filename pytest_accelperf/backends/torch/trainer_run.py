@@ -29,7 +29,7 @@ from pytest_accelperf.backends.torch.memory import (
     _oom_message,
     _oom_record,
     cpu_memory_growth,
-    reset_cuda_peak,
+    fresh_peak,
 )
 from pytest_accelperf.backends.torch.on_device import _device
 from pytest_accelperf.backends.torch.step import host_array
@@ -91,6 +91,7 @@ def train_with(make: Callable[[torch.device], TrainerParts], case: Case, accel: 
     phases = Phases()
     device = _device(accel)
     label = f"{device.type}:{device.index or 0}"
+    fresh_peak(device)  # the cases before this one freed: not in its peak
     with phases("build"):
         parts = make(device)
     say(parts.notes)
@@ -107,8 +108,7 @@ def train_with(make: Callable[[torch.device], TrainerParts], case: Case, accel: 
             probe = torch_probe(device, n=PROBE_N)
         clock = StepClock(warmup=case.warmup, steps=case.steps,
                           sync=lambda: sync(device), probe=probe, deadline=deadline)
-        if device.type == "cuda":
-            reset_cuda_peak(device)
+        fresh_peak(device)  # the counting training freed: not in the measured peak
         try:
             with phases("train"):
                 parts.measure(case.warmup + case.steps, clock, root)
