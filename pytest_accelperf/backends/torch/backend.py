@@ -13,7 +13,8 @@ loss ends the run as the outcome ``nan``, and running out of memory is an outcom
 crash. The trained model comes back to the test as ``CaseResult.state``.
 
 Memory: on CUDA the caching allocator's peak (``max_memory_allocated``) over the real
-training (``cuda_allocator``). On CPU, where there is no allocator counter (and RSS is
+training (``cuda_allocator``), from a fresh start (:func:`~.torch.memory.fresh_peak`: the
+earlier cases' garbage collected first, so it is not in this case's peak). On CPU, where there is no allocator counter (and RSS is
 neither per-case nor deterministic), the peak is counted over two eager steps run before
 the measured run and undone afterwards (:func:`~.torch.step.undone`;
 :func:`~.torch.memory.cpu_memory`): by ``MemTracker`` (a
