@@ -14,10 +14,10 @@ crash. The trained model comes back to the test as ``CaseResult.state``.
 
 Memory: on CUDA the caching allocator's peak (``max_memory_allocated``) over the real
 training (``cuda_allocator``), from a fresh start (:func:`~.torch.memory.fresh_peak`: the
-earlier cases' garbage collected first, so it is not in this case's peak). On CPU, where there is no allocator counter (and RSS is
-neither per-case nor deterministic), the peak is counted over two eager steps run before
-the measured run and undone afterwards (:func:`~.torch.step.undone`;
-:func:`~.torch.memory.cpu_memory`): by ``MemTracker`` (a
+earlier cases' garbage collected first, so it is not in this case's peak). On CPU, where
+there is no allocator counter (and RSS is neither per-case nor deterministic), the peak
+is counted over two eager steps run before the measured run and undone afterwards
+(:func:`~.torch.step.undone`; :func:`~.torch.memory.cpu_memory`): by ``MemTracker`` (a
 dispatch mode that sums the storage bytes of live tensors: parameters, gradients,
 optimizer state and activations, the same bytes every run), or, where MemTracker cannot
 follow the step (it raises on a module called twice in one step, as gradient accumulation
