@@ -102,8 +102,9 @@ def test_a_finished_case_leaves_no_tensor_alive() -> None:
     result is dropped, none of its tensors is alive when the second starts. torch's
     MemTracker (the CPU memory count) kept the autograd graph of every counted step, and
     with it the model's parameters and gradients, alive for the rest of the process (a
-    cycle through C++ that gc cannot see, :func:`.memory._releasing_class`); on a GPU such
-    leftovers counted in the next case's allocator peak. One small step (a 6-block MLP,
+    cycle through C++ that gc cannot see, :func:`.memory._releasing_class`); the other
+    leftovers, garbage in reference cycles, are for :func:`.memory.fresh_peak` (the next
+    test). One small step (a 6-block MLP,
     2 measured steps): fails on that tracker."""
     from pytest_accelperf.backends.torch.backend import BACKEND
     from pytest_accelperf.collect.cases import Case
