@@ -16,7 +16,12 @@ pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# timing: the split is of measured times, and beside CI's background jobs and the other
+# worker (a host lock waited for, a confirmation's re-measurement) one case's parts once
+# added up to more than its wall time (CI of 8ff1d34: plugin share -8.5 %), where alone
+# and in every earlier run they did not.
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_cases_wall_time_is_split_without_remainder(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cost.py"),
                            "--kinds", "torch", "--out", str(tmp_path)],

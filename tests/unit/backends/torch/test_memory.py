@@ -86,12 +86,15 @@ def test_this_torch_gets_the_lean_tracker() -> None:
 
 
 def _live_tensor_bytes() -> int:
-    """The storage bytes of every torch tensor alive in this process, after a collection."""
+    """The storage bytes of every torch tensor alive in this process, after a collection.
+    Plain tensors and parameters only (what a case's model, gradients and optimizer state
+    are): not the data-less subclasses, such as the FakeTensors an earlier test's
+    ``torch.compile`` left in the same worker, whose ``data_ptr`` raises or warns."""
     gc.collect()
     storages = {}
     for obj in gc.get_objects():
         # type(), not isinstance: a deprecated torch alias warns when asked its __class__
-        if issubclass(type(obj), torch.Tensor) and not obj.is_meta:
+        if type(obj) in (torch.Tensor, torch.nn.Parameter) and not obj.is_meta:
             storage = obj.untyped_storage()
             storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
