@@ -67,9 +67,9 @@ def _jax_trace(out: Path) -> Iterator[None]:
 
 
 #: torch's profiler warns that it "clears events at the end of each cycle" when it starts
-#: (seen on an H200 with torch 2.11+cu130, every torch case's explanation): the trace here
-#: is one cycle, so nothing is cleared, and under a suite's ``filterwarnings = error`` the
-#: warning had failed every explanation ("no trace: profiling failed: UserWarning: ...").
+#: (seen on an H200 with torch 2.11+cu130; torch warns once a process): the trace here is
+#: one cycle, so nothing is cleared, and under a suite's ``filterwarnings = error`` the
+#: warning had failed the explanation ("no trace: profiling failed: UserWarning: ...").
 PROFILER_CYCLE_WARNING = r"Warning: Profiler clears events at the end of each cycle"
 
 

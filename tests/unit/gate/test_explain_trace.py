@@ -2,7 +2,8 @@
 
 On an H200 (torch 2.11+cu130) torch's profiler warned, as it started, that it "clears
 events at the end of each cycle"; the repository's suites turn warnings into errors, and
-every torch explanation ended "no trace: profiling failed: UserWarning: ...". The trace is
+the explanation ended "no trace: profiling failed: UserWarning: ..." (torch warns once a
+process, so the first explanation). The trace is
 one cycle, so the warning is filtered there, and only there.
 """
 
