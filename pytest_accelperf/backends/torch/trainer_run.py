@@ -108,7 +108,8 @@ def train_with(make: Callable[[torch.device], TrainerParts], case: Case, accel: 
             probe = torch_probe(device, n=PROBE_N)
         clock = StepClock(warmup=case.warmup, steps=case.steps,
                           sync=lambda: sync(device), probe=probe, deadline=deadline)
-        fresh_peak(device)  # the counting training freed: not in the measured peak
+        if device.type == "cuda":  # only a GPU's peak is of the measured training
+            fresh_peak(device)  # the counting training freed: not in the measured peak
         try:
             with phases("train"):
                 parts.measure(case.warmup + case.steps, clock, root)
