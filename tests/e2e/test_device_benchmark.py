@@ -32,9 +32,13 @@ def test_a_gpu_that_is_not_there_is_one_line() -> None:
 #: Seconds per phase. Beside other work (the other xdist worker, its host lock) the phases
 #: ran to their --quick bounds of 90, 45, 120 and 60 s (the test took 305 s under -n 2, and
 #: 354 s alone at load 6-7 with a lock of its own); what is asserted is that each phase,
-#: finished or cut short at its bound, writes its figures, which 40 s shows as well.
-PHASE_BUDGET = 40
-
+#: finished or cut short at its bound, writes its figures. At 40 s a phase was cut short
+#: on a loaded machine all the same (2026-11-30, load 6-9: the suites' recording session,
+#: the A/B session waiting for the host lock and both determinism takes interrupted; the
+#: test 137 s in CI), so 15 s shows as much, and that each phase keeps to its bound.
+PHASE_BUDGET = 15
+#: A phase's pytest session gets SIGINT at its bound and 20 s more before it is killed.
+PHASE_GRACE = 25
 
 @pytest.mark.slow
 def test_every_phase_writes_its_figures_on_the_cpu(tmp_path: Path) -> None:
@@ -52,7 +56,8 @@ def test_every_phase_writes_its_figures_on_the_cpu(tmp_path: Path) -> None:
     assert sorted(phases) == ["ab", "determinism", "noise", "suites"]
     for name, figures in phases.items():
         assert "error" not in figures, (name, figures)
-        assert figures["wall_s"] >= 0 and "load_before" in figures
+        assert 0 <= figures["wall_s"] <= PHASE_BUDGET + PHASE_GRACE, (name, figures)
+        assert "load_before" in figures
     assert set(phases["suites"]["sessions"]) <= {"record", "check"}
     assert "record" in phases["suites"]["sessions"]
     for framework in ("jax", "torch"):
