@@ -135,13 +135,17 @@ def test_a_dead_address_fails_each_case_within_the_wait_naming_it(suite: Suite) 
 @pytest.mark.skipif(not HAS_DEEPSPEED, reason="needs deepspeed: pip install "
                     "'pytest-accelperf[deepspeed]'")
 def test_same_verdicts_on_the_cluster(suite: Suite, ray_cluster: Cluster) -> None:
+    """The cases trained on the cluster are judged against the baselines a local session
+    recorded, and every check passes as a local re-run's would, the same checks as the
+    local recording's. Two sessions, not three: a third, local session checked against
+    its own recording judged the local runs, not the cluster (a third of this test's 89 s
+    in CI, its DeepSpeed and two-process ranks started once more)."""
     suite.pytester.syspathinsert(TORCH_SUITE)
     suite.write(SUITE)
     # Throughput verdicts are not compared (the cores are shared with other tests under
-    # -n 2: a ZeRO step measured 2.7x slower in one of the runs); the others must match.
+    # -n 2: a ZeRO step measured 2.7x slower in one of the runs); the others must pass.
     loose = "--accelperf-throughput-tolerance=100"
-    suite.run("--accelperf-update").assert_outcomes(passed=3)
-    suite.run("--accelperf-json=local.json", loose).assert_outcomes(passed=3)
+    suite.run("--accelperf-update", "--accelperf-json=local.json").assert_outcomes(passed=3)
     on_ray = suite.run(f"--accelperf-cluster={ray_cluster.address}",
                        "--accelperf-json=ray.json", loose)
     on_ray.assert_outcomes(passed=3)
@@ -150,9 +154,12 @@ def test_same_verdicts_on_the_cluster(suite: Suite, ray_cluster: Cluster) -> Non
         return {case: {m: v for m, v in checks.items() if m != "throughput"}
                 for case, checks in verdicts(report).items()}
 
-    expected = without_throughput(suite.report("local.json"))
-    assert without_throughput(suite.report("ray.json")) == expected
-    assert all(v == "pass" for checks in expected.values() for v in checks.values())
+    recorded = without_throughput(suite.report("local.json"))
+    assert all(v == "new" for checks in recorded.values() for v in checks.values()), recorded
+    on_the_cluster = without_throughput(suite.report("ray.json"))
+    assert on_the_cluster == {case: dict.fromkeys(checks, "pass")
+                              for case, checks in recorded.items()}
+    assert len(on_the_cluster) == 3 and all(on_the_cluster.values())
     for case in suite.report("ray.json")["cases"]:
         where = case["run"]["extra"]["cluster"]
         hosts = where.get("ranks") or where.get("processes") or [where]
