@@ -19,42 +19,29 @@ and :mod:`pytest_accelperf.checks.max_batch` gates on it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from pytest_accelperf.backends.protocol import Fit
 from pytest_accelperf.collect.cases import Case
-from pytest_accelperf.records.jsonvalue import JSONValue
 from pytest_accelperf.records.section import made
-from pytest_accelperf.store.block import MaxBatch as MaxBatchSection
+from pytest_accelperf.store.block import MaxBatch, MaxBatchProbe
+
+__all__ = ["MAX_PROBES", "MaxBatch", "search_max_batch"]
 
 #: Candidates tried at most; doubling from 1 to 65536 and bisecting back takes ~33.
 MAX_PROBES = 40
-
-
-@dataclass
-class MaxBatch:
-    """What the search found: ``value`` (None when not even ``multiple_of`` fits) and every
-    candidate tried as ``(batch, fits, required_bytes)``."""
-
-    value: int | None
-    capacity_bytes: int | None
-    multiple_of: int
-    limit: int
-    probes: list[tuple[int, bool, int | None]] = field(default_factory=list)
-    messages: dict[int, str] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, JSONValue]:
-        """``Run.max_batch``: the block's ``max_batch`` section
-        (:class:`pytest_accelperf.store.block.MaxBatch`, its one declaration) as JSON."""
-        return made(MaxBatchSection, value=self.value, capacity_bytes=self.capacity_bytes,
-                    multiple_of=self.multiple_of, limit=self.limit,
-                    probes=list(self.probes)).to_json()
 
 
 def search_max_batch(case: Case, fits: Callable[[Case], Fit], *, start: int | None = None,
                      limit: int = 1 << 16, multiple_of: int = 1) -> MaxBatch:
     """The largest batch ``b <= limit``, a multiple of ``multiple_of``, with
     ``fits(case with batch b).fits``, assuming that fitting is monotone in the batch.
+
+    The result is the baseline block's ``max_batch`` section
+    (:class:`pytest_accelperf.store.block.MaxBatch`, its one declaration, public as
+    ``pytest_accelperf.MaxBatch``): ``value`` (None when not even ``multiple_of`` fits) and
+    every candidate tried as ``(batch, fits, required_bytes)``; ``.to_json()`` is what
+    ``Run.max_batch`` holds.
 
     >>> from pytest_accelperf.collect.cases import Case
     >>> found = search_max_batch(Case(backend="jax", batch=8),
@@ -67,21 +54,24 @@ def search_max_batch(case: Case, fits: Callable[[Case], Fit], *, start: int | No
     step = multiple_of
     first = max(step, (start or case.batch) // step * step)
     first = min(first, limit // step * step)
-    result = MaxBatch(value=None, capacity_bytes=None, multiple_of=step, limit=limit)
+    probes: list[MaxBatchProbe] = []
+    capacity: list[int] = []  # the device's capacity, as the last answer that gave one said
     tried: dict[int, bool] = {}
+
+    def found(value: int | None) -> MaxBatch:
+        return made(MaxBatch, value=value, capacity_bytes=capacity[-1] if capacity else None,
+                    multiple_of=step, limit=limit, probes=probes)
 
     def probe(batch: int) -> bool:
         if batch in tried:
             return tried[batch]
-        if len(result.probes) >= MAX_PROBES:
+        if len(probes) >= MAX_PROBES:
             raise RuntimeError(f"max-batch search of {case.id} did not converge in "
-                               f"{MAX_PROBES} candidates: {result.probes}")
+                               f"{MAX_PROBES} candidates: {probes}")
         answer = fits(replace(case, batch=batch))
         if answer.capacity_bytes is not None:
-            result.capacity_bytes = answer.capacity_bytes
-        result.probes.append((batch, answer.fits, answer.required_bytes))
-        if answer.message:
-            result.messages[batch] = answer.message
+            capacity.append(answer.capacity_bytes)
+        probes.append((batch, answer.fits, answer.required_bytes))
         tried[batch] = answer.fits
         return answer.fits
 
@@ -90,8 +80,7 @@ def search_max_batch(case: Case, fits: Callable[[Case], Fit], *, start: int | No
         while hi is None:
             nxt = min(lo * 2, limit // step * step)
             if nxt <= lo:
-                result.value = lo  # the limit itself fits
-                return result
+                return found(lo)  # the limit itself fits
             if probe(nxt):
                 lo = nxt
             else:
@@ -101,7 +90,7 @@ def search_max_batch(case: Case, fits: Callable[[Case], Fit], *, start: int | No
         while lo_opt is None:
             nxt = hi // 2 // step * step
             if nxt < step:
-                return result  # not even one share per rank fits
+                return found(None)  # not even one share per rank fits
             if probe(nxt):
                 lo_opt = nxt
             else:
@@ -116,5 +105,4 @@ def search_max_batch(case: Case, fits: Callable[[Case], Fit], *, start: int | No
             lo = mid
         else:
             hi = mid
-    result.value = lo
-    return result
+    return found(lo)
