@@ -37,8 +37,9 @@ def test_a_gpu_that_is_not_there_is_one_line() -> None:
 #: the A/B session waiting for the host lock and both determinism takes interrupted; the
 #: test 137 s in CI), so 15 s shows as much, and that each phase keeps to its bound.
 PHASE_BUDGET = 15
-#: A phase's pytest session gets SIGINT at its bound and 20 s more before it is killed.
-PHASE_GRACE = 25
+#: A phase's pytest session gets SIGINT at its bound and 20 s more before it is killed;
+#: the rest is the phase's own work around it (the A/B phase's git repository) at CI's load.
+PHASE_GRACE = 30
 
 @pytest.mark.slow
 def test_every_phase_writes_its_figures_on_the_cpu(tmp_path: Path) -> None:
