@@ -85,8 +85,12 @@ FAST = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare-rounds=
 #: is Student's t 12.71 standard errors wide each way (4.30 over three), and beside
 #: another test two pairs measured 4x the work as 4.1x and 5.7x, which it cannot judge.
 JUDGED = "--accelperf-compare-processes=3"
-#: The budget of FAST's rounds, where a test does not set its own.
-BUDGET = "--accelperf-compare-budget=4"
+#: The budget of FAST's rounds, where a test does not set its own: seconds of rounds per
+#: case, which hold the host lock. 2, not 4 (issue 47, CI within 30 minutes): at the default
+#: tolerance of 1 %, which no interval resolves, a case's rounds go on to the budget once
+#: the fewest are done. At 2 s and load 7 the timed session's ``test_speeds`` took 30
+#: rounds (its first pair needs 4), ``test_slower`` and ``test_numpy_sgd`` their fewest, 6.
+BUDGET = "--accelperf-compare-budget=2"
 #: The contamination bound off: these tests run beside other tests (``-n 2``), and what
 #: they check is the verdict of the ratio; contamination has tests of its own below.
 UNBOUNDED = "--accelperf-max-foreign-load=64"
@@ -226,13 +230,16 @@ def test_slower(accelperf):
 
 
 #: A backend of the suite's own, registered by module (tests/conftest.py's NUMPY_SGD), which
-#: the workers import by that module; ~10 ms steps on one BLAS thread.
+#: the workers import by that module; a few ms a step on one BLAS thread. Batch 128, not
+#: 512 (issue 47, CI within 30 minutes): at 512 its 6 rounds (the fewest) took 27.7 s of
+#: the timed session at load 7, holding the host lock (each step's batch, made outside its
+#: timer, is in the round's time too); the working tree's 4x the work is 4x at any batch.
 NUMPY_AB_SUITE = '''
 from pytest_accelperf import Case, cases
 
 TASK = {"dim": 1024, "out": 256, "lr": 0.05}
 
-@cases(Case(backend="numpy-sgd", batch=512, steps=10, warmup=2))
+@cases(Case(backend="numpy-sgd", batch=128, steps=10, warmup=2))
 def test_numpy_sgd(accelperf):
     accelperf.train(dict(TASK))
 '''
