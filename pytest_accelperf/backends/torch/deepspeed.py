@@ -48,6 +48,9 @@ C++ ops: DeepSpeed compiles ``deepspeed_shm_comm`` (the CPU accelerator's shared
 collectives, at ``init_distributed`` on the CPU) and ``cpu_adam`` (for offload) on first use,
 about a minute each on two cores, into ``TORCH_EXTENSIONS_DIR``: by default the persistent
 ``~/.cache/pytest-accelperf/torch_extensions`` (see :mod:`.launch`), so once per machine.
+Ninja would build them again for every new virtual environment (its files are newer than the
+build): a build is also recorded with a key of what it was built from, and a rank whose
+sources and releases have that key loads it as it is (:func:`preload_ops`).
 
 Memory (``memory_per_device = {"rank0": ..., "rank1": ...}``): on GPUs each rank's
 ``torch.cuda.max_memory_allocated``, where offload shows as fewer device bytes. On the CPU
@@ -60,15 +63,20 @@ rank does disappear from its count.
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib
+import importlib.metadata
 import importlib.util
+import json
 import os
+import platform
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -252,11 +260,32 @@ def zero_defaults() -> dict[str, int]:
 
 
 #: DeepSpeed's C++ ops a CPU rank loads (builder class, extension name): the shared-memory
-#: collectives (at ``init_distributed``) and the CPU Adam of optimizer offload.
-CPU_OPS = (("ShareMemCommBuilder", "deepspeed_shm_comm"), ("CPUAdamBuilder", "cpu_adam"))
+#: collectives (at ``init_distributed``), the CPU Adam of optimizer offload, and the fused
+#: Adam that a config's ``"optimizer": {"type": "AdamW"}`` builds on the CPU.
+CPU_OPS = (("ShareMemCommBuilder", "deepspeed_shm_comm"), ("CPUAdamBuilder", "cpu_adam"),
+           ("FusedAdamBuilder", "fused_adam"))
 
 
-def preload_ops() -> list[str]:
+class OpBuilder(Protocol):
+    """What :func:`op_key` and :func:`load_keyed_op` read of a DeepSpeed op builder
+    (``deepspeed.ops.op_builder.builder.OpBuilder``, untyped)."""
+
+    name: str
+
+    def sources(self) -> list[str]: ...
+
+    def include_paths(self) -> list[str]: ...
+
+    def deepspeed_src_path(self, code_path: str) -> str: ...
+
+
+#: Beside an op's build (its directory in ``TORCH_EXTENSIONS_DIR``): the :func:`op_key` of
+#: what it was built from, written once ninja found the build current (:func:`preload_ops`),
+#: with the extension's time stamp and size then (:func:`write_op_key`).
+OP_KEY_FILE = "accelperf-op-key"
+
+
+def preload_ops(ninja: bool = True) -> list[str]:
     """In a pool's warm rank (:mod:`.rank_pool`): load those of :data:`CPU_OPS` that this
     machine has already built (in ``TORCH_EXTENSIONS_DIR``), so that every case forked from
     it finds them loaded (DeepSpeed keeps loaded ops per process) instead of checking the
@@ -270,22 +299,99 @@ def preload_ops() -> list[str]:
     here, of minutes, was killed midway again and again (seen 2026-11-29: ``cpu_adam``
     rebuilt in every DeepSpeed pool's start, its lock left behind by a pool killed at a
     test's 25 s timeout, and every later rank on the machine waiting on it until its own
-    timeout), and for an op (``cpu_adam``) that only offloading cases use. Returns the
-    names loaded."""
+    timeout), and for an op (``cpu_adam``) that only offloading cases use. Once ninja has
+    found a build current, its :func:`op_key` is written beside it: a later warm rank whose
+    key is the same loads it without ninja (:func:`load_keyed_op`), which is what lets a
+    fresh virtual environment of the same releases (every CI run's) use the machine's builds
+    rather than compile three ops again (2-3 minutes of a loaded 2-core machine each; CI
+    rebuilt them in every run, 2026-11-30). ``ninja=False`` (a freshly launched CPU rank,
+    before DeepSpeed loads an op itself): only the recorded builds, nothing asked of ninja.
+    Returns the names loaded."""
+    global _preloaded
     if not os.environ.get("TORCH_EXTENSIONS_DIR"):
         return []
     accelerator = importlib.import_module("deepspeed.accelerator").get_accelerator()
+    if accelerator.device_name() != "cpu":
+        return []
     cache = Path(os.environ["TORCH_EXTENSIONS_DIR"])
     loaded = []
     for builder_name, op in CPU_OPS:
         built = [so.parent for so in cache.glob(f"**/{op}.so")]
-        if not built or not op_is_built(built[0]):
+        if not built or (built[0] / "lock").exists():
             continue
         builder = accelerator.create_op_builder(builder_name)
-        if builder is not None:
-            builder.load(verbose=False)
+        if builder is None:
+            continue
+        key = op_key(builder)
+        if load_keyed_op(builder, built[0], key):
             loaded.append(op)
+        elif ninja and op_is_built(built[0]):
+            builder.load(verbose=False)
+            write_op_key(built[0], builder.name, key)  # ninja found it built from this
+            loaded.append(op)
+    _preloaded = True
     return loaded
+
+
+#: Whether :func:`preload_ops` ran in this process (a warm rank's, before it forks a case).
+_preloaded = False
+
+
+def op_key(builder: OpBuilder) -> str:
+    """What a DeepSpeed op's build depends on: its sources' and DeepSpeed's headers' bytes,
+    the versions of torch (whose headers and libraries it is built against), DeepSpeed
+    (whose builder picks the flags) and Python, and the CPU (the flags DeepSpeed picks for
+    it: ``-march``, SIMD width; read from ``/proc/cpuinfo``, not by ``builder.cxx_args()``,
+    which takes 3 s of CPU detection per op). The same key in another environment (CI's
+    fresh venv of the same releases) is the same build, which ninja would still redo: it
+    compares time stamps, and a fresh install's files are all newer than the cached build."""
+    cpu = Path("/proc/cpuinfo")
+    cpu_flags = sorted({line for line in (cpu.read_text().splitlines() if cpu.is_file() else [])
+                        if line.startswith(("flags", "model name", "vendor_id"))})
+    digest = hashlib.sha256(json.dumps([
+        builder.name, torch.__version__, importlib.metadata.version("deepspeed"), sys.version,
+        platform.machine(), cpu_flags]).encode())
+    files = [Path(builder.deepspeed_src_path(s)) for s in builder.sources()]
+    for include in builder.include_paths():
+        files += sorted(p for p in Path(builder.deepspeed_src_path(include)).rglob("*")
+                        if p.is_file())
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _op_stamp(so: Path, key: str) -> str:
+    stat = so.stat()
+    return f"{key} {stat.st_mtime_ns} {stat.st_size}"
+
+
+def write_op_key(directory: Path, name: str, key: str) -> None:
+    """Record that the extension ``name`` built in ``directory`` is built from ``key``
+    (:data:`OP_KEY_FILE`), with its time stamp and size: a later build there (ninja's, from
+    other sources) changes them, and the record no longer holds."""
+    tmp = directory / f"{OP_KEY_FILE}.{os.getpid()}"
+    tmp.write_text(_op_stamp(directory / f"{name}.so", key))
+    tmp.replace(directory / OP_KEY_FILE)
+
+
+def load_keyed_op(builder: OpBuilder, directory: Path, key: str) -> bool:
+    """Load the op built in ``directory`` without asking ninja, when the build's record
+    (:func:`write_op_key`) is ``key`` and the extension is the one recorded: import it and
+    hand it to DeepSpeed's table of loaded ops, where ``builder.load()`` finds it (as it
+    does after a build). Whether it did."""
+    so = directory / f"{builder.name}.so"
+    stamp = directory / OP_KEY_FILE
+    if not so.is_file() or not stamp.is_file() or stamp.read_text() != _op_stamp(so, key):
+        return False
+    spec = importlib.util.spec_from_file_location(builder.name, so)
+    if spec is None or spec.loader is None:
+        return False
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    owner = next(c for c in type(builder).__mro__ if "_loaded_ops" in vars(c))
+    loaded: dict[str, object] = vars(owner)["_loaded_ops"]
+    loaded[builder.name] = module
+    return True
 
 
 def op_is_built(directory: Path) -> bool:
@@ -399,7 +505,10 @@ class DeepSpeedRankEngine:
 
     @staticmethod
     def init_distributed(backend: str) -> None:
-        import_deepspeed().init_distributed(dist_backend=backend)
+        deepspeed = import_deepspeed()
+        if not _preloaded:  # a fresh rank (a warm rank's child has its preload's)
+            preload_ops(ninja=False)
+        deepspeed.init_distributed(dist_backend=backend)
 
     def micro_step(self, boundary: bool) -> AbstractContextManager[object]:
         return nullcontext()  # the engine knows its accumulation boundaries

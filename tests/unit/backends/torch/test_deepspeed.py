@@ -10,6 +10,7 @@ cached in ``~/.cache/pytest-accelperf/torch_extensions``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -26,8 +27,10 @@ pytest.importorskip("deepspeed")
 pytest.importorskip("cloudpickle")
 
 from pytest_accelperf.backends import TrainResult, get_backend  # noqa: E402
+from pytest_accelperf.backends.procs.launch import default_extensions_dir  # noqa: E402
 from pytest_accelperf.backends.torch.deepspeed import (  # noqa: E402
     BACKEND,
+    OP_KEY_FILE,
     DeepSpeedRankEngine,
     ds_config,
     op_is_built,
@@ -203,6 +206,42 @@ def test_a_warm_rank_loads_only_ops_that_need_no_build(tmp_path: Path) -> None:
     future = time.time() + 60
     os.utime(tmp_path / "op.cpp", (future, future))  # a source newer than the build
     assert not op_is_built(tmp_path)
+
+
+KEYED = """
+import json, os, sys
+from pathlib import Path
+from deepspeed.accelerator import get_accelerator
+from pytest_accelperf.backends.torch import deepspeed as ds
+build = Path(sys.argv[1])
+so = build / "deepspeed_shm_comm.so"
+key = ds.op_key(get_accelerator().create_op_builder("ShareMemCommBuilder"))
+ds.write_op_key(build, "deepspeed_shm_comm", "0" * 64)  # built from other sources
+other = ds.preload_ops()
+ds.write_op_key(build, "deepspeed_shm_comm", key)
+os.utime(so, ns=(so.stat().st_atime_ns, so.stat().st_mtime_ns + 1))  # rebuilt since
+rebuilt = ds.preload_ops()
+ds.write_op_key(build, "deepspeed_shm_comm", key)
+print(json.dumps([other, rebuilt, ds.preload_ops()]))
+"""
+
+
+def test_a_build_recorded_for_the_same_sources_loads_without_ninja(tmp_path: Path) -> None:
+    """A fresh environment of the same releases (each CI run's venv) would have ninja
+    rebuild every op, its files all newer than the build: preload_ops loads a build whose
+    recorded op_key is this environment's without ninja (here none is on PATH), and leaves
+    to the case that needs it one recorded for other sources, or rebuilt since (by ninja,
+    for another environment). One process: an op once loaded stays loaded."""
+    machine = default_extensions_dir() / "deepspeed_shm_comm"
+    if not (machine / "deepspeed_shm_comm.so").is_file():
+        pytest.skip("deepspeed_shm_comm is not built on this machine yet")
+    extensions = tmp_path / "extensions"
+    build = extensions / "deepspeed_shm_comm"
+    shutil.copytree(machine, build, ignore=shutil.ignore_patterns("lock", OP_KEY_FILE))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(extensions), "PATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", KEYED, str(build)], env=env,
+                         capture_output=True, text=True, check=True, timeout=300)
+    assert json.loads(out.stdout.splitlines()[-1]) == [[], [], ["deepspeed_shm_comm"]]
 
 
 def test_ranks_get_their_slice_of_the_global_batch() -> None:
