@@ -219,11 +219,14 @@ def _edit(path: Path, old: str, new: str) -> None:
 
 
 #: The timed session's inner test module: a working tree 8x as wide (``test_slower``).
+#: Batch 128, not 512 (issue 47, CI within 30 minutes): at 512 its fewest 6 rounds took
+#: 4.5 s at load 7 and 9.7 s at load 11-18, holding the host lock, and judged 9.5x (5.4-16.9)
+#: and 23x (13.6-40.4) slower: a quarter of the batch is far past any tolerance still.
 TIMED_SUITE = '''
 from slower import make_task
 from pytest_accelperf import cases
 
-@cases(backend="jax", batch=[512], steps=10, warmup=2)
+@cases(backend="jax", batch=[128], steps=10, warmup=2)
 def test_slower(accelperf):
     accelperf.train(make_task(accelperf.case))
 '''
@@ -354,7 +357,7 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(timed: Shared) -
     assert memory["verdict"] == "regression", memory
     assert memory["data"]["mode"] == "ab" and memory["change"] > 1, memory
     assert str(memory["detail"]).startswith("more memory than HEAD ("), memory
-    assert verdicts(timed.report())["test_slower[jax-nomesh-b512]"]["numerics"] == "regression"
+    assert verdicts(timed.report())["test_slower[jax-nomesh-b128]"]["numerics"] == "regression"
     timed.lines("test_slower").fnmatch_lines([
         "*memory: more memory than HEAD (*): peak memory on * is *, HEAD (*) * (+*%, "
         "tolerance 10%)*"])
@@ -367,7 +370,7 @@ def test_a_slower_working_tree_is_a_regression_against_the_base(timed: Shared) -
     assert explained["path"] and explained["steps"] == 3, explained
     assert any(f.name.endswith(".xplane.pb") for f in Path(explained["path"]).rglob("*"))
     md = (timed.path / "summary.md").read_text()
-    assert f"| `test_slower[jax-nomesh-b512]` | A/B | `{diff[0]}` | base | head |" in md, md
+    assert f"| `test_slower[jax-nomesh-b128]` | A/B | `{diff[0]}` | base | head |" in md, md
 
 
 @pytest.mark.slow
