@@ -3,7 +3,9 @@
 Launching a case's ranks fresh costs, per rank, a Python start and the import of torch (and
 DeepSpeed): 8-11 s for two ranks on a 2-core machine, against 0.05-0.13 s a training step.
 A :class:`RankPool` starts ``world_size`` *warm ranks* once and keeps them for every later
-case with the same key (world size, device, the modules to import, the environment):
+case with the same key (world size, device, the modules to import, the environment), and
+for a case with no pool of its own whose modules are among an idle pool's (a DDP case in
+DeepSpeed's warm ranks, which imported torch's modules too):
 
 * A warm rank (``python -m pytest_accelperf.backends.procs._rank --warm MODULES RANK``) imports
   ``MODULES`` (torch, DeepSpeed, the rank loop) and waits on its stdin for cases. It never
@@ -247,6 +249,11 @@ def acquire(world_size: int, device: str, warm: tuple[str, ...],
     pool = _POOLS.get(slot)
     if pool is not None and pool.busy:
         return None
+    if pool is None:
+        pool = _wider(world_size, device, warm, envs[0])
+        if pool is not None:
+            pool.busy = True
+            return pool
     if pool is not None and (pool.key != key or not pool.alive()):
         discard(pool)
         pool = None
@@ -256,6 +263,21 @@ def acquire(world_size: int, device: str, warm: tuple[str, ...],
         pool.start()
     pool.busy = True
     return pool
+
+
+def _wider(world_size: int, device: str, warm: tuple[str, ...],
+           env: dict[str, str]) -> RankPool | None:
+    """An idle live pool for the same world size, device and environment whose warm ranks
+    imported ``warm`` and more (a DeepSpeed pool for a DDP case: torch's modules are among
+    DeepSpeed's), or None. Its children run the case as a pool of ``warm`` alone would: the
+    modules a case's code imports are already there in both, and the others are imported,
+    not run."""
+    for (size, kind, modules), pool in _POOLS.items():
+        if (size, kind) == (world_size, device) and set(warm) < set(modules) \
+                and not pool.busy and pool.key == pool_key(size, kind, modules, env) \
+                and pool.alive():
+            return pool
+    return None
 
 
 def release(pool: RankPool, ok: bool) -> None:

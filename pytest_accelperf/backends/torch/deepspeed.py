@@ -444,8 +444,10 @@ class DeepSpeedRankEngine:
     #: ``deepspeed.comm`` are those ``deepspeed.initialize`` imports on first use (inductor
     #: and AOT autograd for its compile support, expert parallelism, offload, Muon: 600
     #: modules, 1.5-3 s a rank at every engine's construction); a name that a DeepSpeed
-    #: version lacks is skipped by the warm rank.
+    #: version lacks is skipped by the warm rank. DDP's modules are among them, so that a
+    #: DDP case with no pool of its own runs in these warm ranks (:mod:`.rank_pool`).
     warm_modules: tuple[str, ...] = (
+        "torch.nn.parallel", "pytest_accelperf.backends.torch.ddp",
         "deepspeed", "deepspeed.comm", "torch._inductor.compile_fx",
         "torch._functorch.aot_autograd", "deepspeed.module_inject.auto_ep_layer",
         "deepspeed.moe.ep_experts", "deepspeed.runtime.superoffload.superoffload_stage3",

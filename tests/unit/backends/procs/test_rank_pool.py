@@ -136,6 +136,19 @@ def test_a_changed_environment_gets_new_warm_ranks(monkeypatch: pytest.MonkeyPat
     assert len(rank_pool.live_pools()) == 1
 
 
+def test_a_case_whose_modules_a_wider_pool_imported_runs_there() -> None:
+    """A case with no pool of its own runs in an idle pool whose warm ranks imported its
+    modules and more (a DDP case in DeepSpeed's), not in new warm ranks; a case that needs
+    a module the pool did not import, or another environment, gets its own."""
+    wide = launch(ranks_fn, ("ok",), 2, timeout=60, warm=("json", "csv"))
+    narrow = launch(ranks_fn, ("ok",), 2, timeout=60, warm=WARM)
+    assert wide.outcome == narrow.outcome == "ok", narrow.message
+    assert narrow.timings["pool_pids"] == wide.timings["pool_pids"]
+    assert narrow.timings["pool_case"] == 2
+    other = launch(ranks_fn, ("ok",), 2, timeout=60, warm=("json", "decimal"))
+    assert other.timings["pool_case"] == 1 and len(rank_pool.live_pools()) == 2
+
+
 POOLED_SESSION = '''
 import json
 import os
