@@ -359,6 +359,23 @@ def host_lock_of_this_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield
 
 
+@pytest.fixture
+def host_lock_of_its_own(tmp_path_factory: pytest.TempPathFactory,
+                         monkeypatch: pytest.MonkeyPatch) -> Path:
+    """For a test whose sessions measure nothing that is compared with another session's
+    (what a report writes, a deterministic check): a CPU host lock of the test's own (the
+    directory returned; in-process sessions read ``hangs.HOST_LOCK_DIR``, the others
+    inherit ``$ACCELPERF_HOST_LOCK_DIR``), so its few milliseconds of training do not wait
+    for the lock the other xdist worker's trainings hold (tests/unit/report/test_outputs.py
+    waited 21-26 s a test for 1 s of CPU)."""
+    from pytest_accelperf.gate import hangs
+
+    directory = tmp_path_factory.mktemp("host-lock")
+    monkeypatch.setenv("ACCELPERF_HOST_LOCK_DIR", str(directory))
+    monkeypatch.setattr(hangs, "HOST_LOCK_DIR", directory)
+    return directory
+
+
 @pytest.fixture(scope="session", autouse=True)
 def torch_extensions_of_the_machine() -> Iterator[None]:
     """DeepSpeed's C++ ops built once per machine, not once per test: a scratch session's

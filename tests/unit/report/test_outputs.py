@@ -28,7 +28,6 @@ import pytest
 from conftest import NUMPY_SGD
 
 from pytest_accelperf.cli import main
-from pytest_accelperf.gate import hangs
 from pytest_accelperf.gate.outputs import write_outputs
 from pytest_accelperf.report.writing import (
     OutputError,
@@ -311,16 +310,11 @@ def test_fit(accelperf):
 
 
 @pytest.fixture
-def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[pytest.Pytester]:
-    # Nor is a measurement compared with another's: the sessions take a CPU host lock of
-    # their own (in-process ones read hangs.HOST_LOCK_DIR, the others inherit
-    # $ACCELPERF_HOST_LOCK_DIR), not the one the other xdist worker's trainings hold: waiting
-    # for it was most of these tests' time (two of them 21 and 26 s of wall, 1 s of CPU,
-    # in a quick loop at load 9; "62 s under -n 2" for one below).
-    locks = tmp_path_factory.mktemp("host-lock")
-    monkeypatch.setenv("ACCELPERF_HOST_LOCK_DIR", str(locks))
-    monkeypatch.setattr(hangs, "HOST_LOCK_DIR", locks)
+def project(pytester: pytest.Pytester, host_lock_of_its_own: Path) -> Iterator[pytest.Pytester]:
+    # Nor is a measurement compared with another's: the sessions take a host lock of their
+    # own (conftest.host_lock_of_its_own); waiting for the one the other xdist worker's
+    # trainings hold was most of these tests' time (two of them 21 and 26 s of wall, 1 s
+    # of CPU, in a quick loop at load 9; "62 s under -n 2" for one below).
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_fit=SUITE)
     # Only the writing is tested here: no timing verdict may fail a session.
