@@ -229,6 +229,7 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("host_lock_of_its_own")  # its two sessions' times are not judged
 def test_every_field_of_a_reported_case_mutated_is_accepted_or_one_line_each(
         suite: Suite, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
