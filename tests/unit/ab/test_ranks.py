@@ -91,23 +91,20 @@ def test_dies(accelperf):
     accelperf.train(make_task(accelperf.case, die_in_head_at=8))
 '''
 
-#: Tolerance 50 %: the slowed cases are 2-6x slower; the unchanged ones must not reach it
+#: Tolerance 30 %: the slowed cases are 2-6x slower; the unchanged ones must not reach it
 #: even beside other tests (the contamination bound is off so that a slowdown is judged).
 #: Budget 2 s a case: at 4 every case ran to the budget (24-60 rounds, holding the host
 #: lock), and the slowed ZeRO-2 case's interval was 2.26-4.10 over 24 rounds; at 2, 3.01-4.48
-#: over 18 (DDP: 8.5-12.6 over 24; the unchanged ones 0.98 and 1.01, pass), over 3 pairs.
-#: One process pair, not 3 (issue 47, CI within 30 minutes): every pair builds every case's
-#: rank group in both its workers, so 3 pairs started 60 ranks (each importing torch and
-#: DeepSpeed) where one starts 20: 137 s of the test's own CPU, not 283 (load 2-8). What it
-#: is about is the rank groups, and a 2-6x slowdown needs no between-process interval to be
-#: judged (that interval has tests of its own, tests/e2e/test_ab_mode.py). Over one pair a
-#: process's own speed is not averaged out: at load 7 the unchanged ZeRO-2 case came out
-#: 1.28 (1.10-1.52) and DDP 0.86, the slowed ones 2.21 (1.92-2.53) and 3.76, hence 50 %, not
-#: 30 %: a regression needs the interval above 1.5, where the unchanged cases' ratio is
-#: asserted below anyway.
+#: over 18 (DDP: 8.5-12.6 over 24; the unchanged ones 0.98 and 1.01, pass). The fewest, 6
+#: rounds, are still a round of each order in each of the 3 process pairs.
+#: Three pairs, though each builds every case's rank group in both its workers (60 ranks,
+#: each importing torch and DeepSpeed): one pair (20 ranks, half the test's own CPU, 137-142
+#: s against 283) measured the unchanged ZeRO-2 case at 1.28, 1.16 and then 0.46, an
+#: "improvement" (2026-11-30, load 7): a ZeRO-2 process's own speed varies that much, and
+#: only an interval over pairs carries it (0.88, 0.46-1.66, inconclusive, over three).
 ARGS = ("--accel=cpu", "--accelperf-cpu-devices=1", "--accelperf-compare=HEAD",
         "--accelperf-compare-rounds=6", "--accelperf-compare-budget=2",
-        "--accelperf-compare-processes=1", "--accelperf-compare-tolerance=0.5",
+        "--accelperf-compare-processes=3", "--accelperf-compare-tolerance=0.3",
         "--accelperf-max-foreign-load=64", "--accelperf-json=report.json",
         "--accelperf-timeout=300")
 
