@@ -158,6 +158,7 @@ def _row(stdout: str, label: str) -> list[str]:
     return next(line.split() for line in stdout.splitlines() if label in line)
 
 
+@pytest.mark.slow  # a pytest session that trains (5.5 s): not in the quick loop
 @pytest.mark.usefixtures("host_lock_of_its_own")  # its check counts steps: no timing
 def test_a_check_added_in_its_own_module_runs_shows_and_is_recorded(suite: Suite) -> None:
     suite.pytester.makepyfile(stepcount=textwrap.dedent(STEPCOUNT))

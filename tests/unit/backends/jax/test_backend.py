@@ -176,6 +176,7 @@ def test_the_drift_probe_is_made_once_per_device_and_size(accel: Accelerator) ->
     assert first.time() > 0 and other.time() > 0
 
 
+@pytest.mark.slow  # compiles the full-size model (6 s): not in the quick loop
 def test_full_size_without_mesh_is_predicted_out_of_memory(accel: Accelerator) -> None:
     case = Case(backend="jax", batch=4096, label="full", memory_capacity=16 * GIB,
                 params={"size": "full"})

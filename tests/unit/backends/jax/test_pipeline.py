@@ -56,6 +56,7 @@ def test_a_batch_not_divisible_into_microbatches_is_refused(accel) -> None:  # t
         loss(task.init_params(jax.random.key(0)), task.make_batch(0))
 
 
+@pytest.mark.slow  # compiles a pipeline (5 s): not in the quick loop
 def test_the_program_counts_the_models_flops_and_every_tick(accel) -> None:  # type: ignore[no-untyped-def]
     """The record of a pipelined step (4 stages of dim -> 2 dim -> dim, 4 microbatches,
     7 ticks), against the analytic count 2·m·n·k per matmul, forward and backward: the

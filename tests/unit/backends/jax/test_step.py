@@ -148,6 +148,7 @@ def test_batch_stats_change_across_steps_and_state_comes_back(accel: Accelerator
     assert run.losses[-1] < run.losses[0]
 
 
+@pytest.mark.slow  # trains twice (5 s): not in the quick loop
 def test_a_batchnorm_momentum_change_is_caught_naming_the_collection(
         accel: Accelerator) -> None:
     """Issue 23: a BatchNorm momentum changed 0.9 -> 0.99 in Flax's ImageNet example changed
@@ -423,6 +424,7 @@ def test_a_ready_state_is_copied_not_donated(accel: Accelerator) -> None:
 
 
 # -- NNX ---------------------------------------------------------------------------------------
+@pytest.mark.slow  # trains an NNX model (6 s): not in the quick loop
 def test_nnx_model_optimizer_and_metrics(accel: Accelerator) -> None:
     from flax import nnx
 

@@ -82,6 +82,7 @@ def jax_step(**source: Any) -> JaxStep:
     return JaxStep(init, train_step, **source)
 
 
+@pytest.mark.slow  # trains twice (5 s): not in the quick loop
 def test_a_dataloader_and_a_generator_function_train_a_jax_step_as_make_batch(
         accel: Accelerator) -> None:
     """On a 4x2 mesh with the single-device reference: the data is iterated for the

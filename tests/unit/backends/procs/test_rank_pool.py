@@ -85,6 +85,7 @@ def test_a_failing_rank_fails_only_its_case_and_the_next_starts_fresh(mode: str)
     assert after.timings["pool_case"] == 1 and set(after.timings["pool_pids"]).isdisjoint(warm)
 
 
+@pytest.mark.slow  # its 5 s timeout is what it checks: not in the quick loop
 def test_a_hung_case_times_out_and_its_warm_ranks_are_killed() -> None:
     launch(ranks_fn, ("ok",), 2, timeout=60, warm=WARM)  # the warm ranks are up
     t0 = time.monotonic()

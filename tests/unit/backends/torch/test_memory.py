@@ -100,6 +100,7 @@ def _live_tensor_bytes() -> int:
     return sum(storages.values())
 
 
+@pytest.mark.slow  # trains and counts two cases (5 s): not in the quick loop
 def test_a_finished_case_leaves_no_tensor_alive() -> None:
     """Two cases trained in one process, as a session trains them: once the first case's
     result is dropped, none of its tensors is alive when the second starts. torch's

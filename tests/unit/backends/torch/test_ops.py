@@ -178,6 +178,7 @@ def test_a_run_and_the_ab_stepper_record_the_counted_step(base: dict[str, Any]) 
     assert TorchStepper(case, training(), CPU).program == base
 
 
+@pytest.mark.slow  # trains in another process (5 s): not in the quick loop
 def test_the_same_step_gives_the_same_record_in_another_process(base: dict[str, Any]) -> None:
     script = textwrap.dedent(f"""
         import json, sys
