@@ -23,13 +23,14 @@ How a launch goes:
 * The parent polls. While it waits it follows rank 0's progress lines and shows them on
   pytest's terminal line (:mod:`pytest_accelperf.backends.measure.progress`), as a single-process
   backend does; only when that line is shown at all. All ranks exiting 0 is ``ok``. The
-  first rank to exit non-zero (or be killed by a signal) ends the launch at once: the
-  survivors, which would otherwise wait in a collective forever, are killed (``SIGKILL``
-  to their process groups) and the outcome is ``error`` (or ``oom`` when that rank
-  reported running out of memory), with a message that names the rank, the exit code or
-  signal, the last step it reported, and the tail of its traceback or stderr. Past the
-  timeout every rank is killed and the outcome is ``timeout``
-  with the steps each rank had reported.
+  first rank to exit non-zero (or be killed by a signal) ends the launch: the survivors,
+  which would otherwise wait in a collective forever, are killed (``SIGKILL`` to their
+  process groups) as soon as each has reported the steps the failed rank had finished (at
+  most :data:`PEER_GRACE_S` later, so that nothing they did is lost) and the outcome is
+  ``error`` (or ``oom`` when that rank reported running out of memory), with a message
+  that names the rank, the exit code or signal, the last step it reported, and the tail
+  of its traceback or stderr. Past the timeout every rank is killed and the outcome is
+  ``timeout`` with the steps each rank had reported.
 
 Pooled ranks: a launch given ``warm`` modules (multi-process torch cases on the CPU) runs in
 a pool's *warm ranks* (:mod:`pytest_accelperf.backends.procs.rank_pool`): ``N`` interpreters that
@@ -76,6 +77,11 @@ POLL_S = 0.02
 #: pooled rank's death reaches the launcher through its warm parent, after the peer's
 #: error can (seen: "rank 0 raised ... Connection closed by peer" for a rank 1 killed).
 CAUSE_GRACE_S = 2.0
+#: How long, at most, a launch waits after a rank failed for the ranks still running to
+#: report the steps the failed rank had finished: a survivor a little behind (under load,
+#: between its last collective and its progress line) would otherwise lose its report of
+#: them (seen: rank 1 killed after step 2, rank 0 stopped with steps 0-1 reported).
+PEER_GRACE_S = 5.0
 #: Characters of a failed rank's stderr (or traceback) quoted in the message.
 TAIL_CHARS = 1200
 #: Exit code a rank uses for an exception it reported in its file.
@@ -501,6 +507,7 @@ class RankGroup:
                 failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
                 if failed:
                     codes, failed = self._await_cause(codes, failed)
+                    self._await_peers(codes, failed)
                     break
                 if all(c == 0 for c in codes):
                     break
@@ -525,6 +532,22 @@ class RankGroup:
             codes = self._ranks.poll()
             failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         return codes, failed
+
+    def _await_peers(self, codes: list[int | None], failed: list[int]) -> None:
+        """Poll for up to :data:`PEER_GRACE_S` while a rank still running has reported
+        fewer steps than the failed ranks had finished: what it had done is kept."""
+        def step(rank: int) -> int:
+            s = _collect(rank, self.workdir, codes[rank]).step
+            return -1 if s is None else s
+        done = max(step(r) for r in failed)
+        running = [r for r, c in enumerate(codes) if c is None]
+        deadline = time.monotonic() + PEER_GRACE_S
+        while done >= 0 and time.monotonic() < deadline:
+            polled = self._ranks.poll()
+            running = [r for r in running if polled[r] is None and step(r) < done]
+            if not running:
+                return
+            time.sleep(POLL_S)
 
     def _report(self, codes: list[int | None], failed: list[int], timed_out: bool,
                 timeout: float | None) -> LaunchResult:

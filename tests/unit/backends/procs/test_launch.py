@@ -47,6 +47,10 @@ def ranks_fn(ctx: RankContext, mode: str, fail_rank: int = 1, fail_step: int = 3
             if mode == "late_kill":  # the cause, seen after its consequence
                 time.sleep(0.5)
                 os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "lagging_survivor" and ctx.rank == fail_rank and step == fail_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "lagging_survivor" and ctx.rank != fail_rank and step == fail_step - 1:
+            time.sleep(1.0)  # between its last collective and its progress line
         if mode == "late_kill" and ctx.rank != fail_rank and step == fail_step:
             raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
         ctx.progress(step=step)
@@ -107,6 +111,22 @@ def test_sigkilled_rank_is_an_error_and_the_survivors_are_killed() -> None:
     assert "in step 3 (steps 0-2 of 5 had finished)" in result.message
     survivor = result.ranks[0].progress["pid"]
     assert not _alive(survivor)
+
+
+def test_a_survivor_behind_the_killed_rank_reports_the_steps_it_finished() -> None:
+    """Seen in CI: rank 1 killed after step 2, rank 0 stopped before it had reported
+    step 2 (a survivor a little behind, under load), so the run lost a loss. The launch
+    waits, briefly (PEER_GRACE_S), for a survivor to report the steps the failed rank had
+    finished, and stops it then, not at the timeout."""
+    t0 = time.monotonic()
+    result = launch(ranks_fn, ("lagging_survivor",), 2, timeout=60, total_steps=5)
+    assert time.monotonic() - t0 < 40
+    assert result.outcome == "error" and result.failed_rank == 1, result.message
+    assert "in step 3 (steps 0-2 of 5 had finished)" in result.message
+    survivor = result.ranks[0]
+    # (Here no collective holds it back, so it may report more before it is stopped.)
+    assert [e["step"] for e in survivor.steps][:3] == [0, 1, 2]
+    assert not _alive(survivor.progress["pid"])
 
 
 def test_a_peers_connection_error_seen_first_does_not_hide_the_killed_rank() -> None:
