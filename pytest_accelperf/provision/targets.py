@@ -26,8 +26,10 @@ import importlib.util
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,10 +227,26 @@ def captured_stderr() -> Iterator[CompilerLog]:
 def compiling(log: list[str] | None = None) -> Iterator[None]:
     """The block in which a target's program is made: libtpu's environment set, its log
     lines kept off the terminal (appended to ``log`` when given)."""
-    with libtpu_environment(), captured_stderr() as captured:
-        yield
+    try:
+        with libtpu_environment(), captured_stderr() as captured:
+            yield
+    finally:
+        python_knows_sigprof_is_ignored()
     if log is not None:
         log.extend(captured.lines)
+
+
+def python_knows_sigprof_is_ignored() -> None:
+    """Once libtpu is loaded: its threads carry CPU timers that send ``SIGPROF`` (12 in a
+    process that made a v5e 2x4), which it ignores, set beneath Python, whose ``signal``
+    module still reports the default. A library that restores every handler Python reports
+    (Lightning's ``Trainer``, at the end of ``fit``) then sets the default back, and the next
+    tick kills the process ("Profiling timer expired": an xdist worker that had run a
+    target's test and then a Lightning case). Python is told the ignore, so that such a
+    restore keeps it; a handler set from Python is left as it is."""
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGPROF) == signal.SIG_DFL):
+        signal.signal(signal.SIGPROF, signal.SIG_IGN)
 
 
 def provision_target(target: Target, platform_override: str | None = None) -> Accelerator:

@@ -213,6 +213,34 @@ def test_each_chip_gets_its_hbm_and_key_and_the_environment_is_given_back() -> N
     assert dict(os.environ) == before
 
 
+SIGPROF_AFTER_A_TARGET = """
+import os, signal, time
+from pytest_accelperf.provision.accel import prepare_environment
+prepare_environment("cpu", 8)
+from pytest_accelperf.provision.targets import parse_target, provision_target
+provision_target(parse_target("tpu-v5e:2x4"))
+timers = open(f"/proc/{os.getpid()}/timers").read().count("signal: 27/")
+signal.signal(signal.SIGPROF, signal.getsignal(signal.SIGPROF))  # Lightning's teardown
+t0 = time.process_time()
+while time.process_time() - t0 < 1.5:
+    pass
+print(timers, "alive")
+"""
+
+
+@needs_libtpu
+def test_a_handler_restored_after_libtpu_keeps_its_sigprof_ignored() -> None:
+    """libtpu's threads carry CPU timers that send SIGPROF, ignored beneath Python, which
+    still saw the default: Lightning's Trainer restores every handler Python reports at the
+    end of fit, and an xdist worker that had run this module's tests died in its next
+    Lightning case ("Profiling timer expired", exit 155). Python now sees the ignore."""
+    out = subprocess.run([sys.executable, "-c", SIGPROF_AFTER_A_TARGET], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    timers, alive = out.stdout.split()
+    assert int(timers) > 0 and alive == "alive"  # libtpu's timers were there to fire
+
+
 @needs_libtpu
 def test_a_matmul_for_v5e_counts_2mkn_over_the_mesh_and_its_shards_bytes() -> None:
     accel = provision_target(parse_target("tpu-v5e:2x4"))
