@@ -212,7 +212,9 @@ def merge(current: Mapping[str, Any] | None, new: Mapping[str, Any], machine: st
     ``machines`` is written, and nothing else of the block changes. Otherwise (nothing
     stored, a change of the shared sections recorded, or the block is ``machine``'s own)
     ``new`` becomes the block, ``machine``'s; every other machine's timing is kept, the
-    previous recorder's moved from the top level to its entry."""
+    previous recorder's moved from the top level to its entry. A block that would be the
+    stored one but for when it was recorded is not written (None): a refresh of a case
+    whose every section came out the same, as an ingested log's does, is no diff."""
     new = {k: v for k, v in new.items() if k not in (MACHINE_KEY, MACHINES_KEY)}
     if current is not None and timing_only and recorder(current) != machine:
         timing = timing_of(new)
@@ -233,7 +235,13 @@ def merge(current: Mapping[str, Any] | None, new: Mapping[str, Any], machine: st
         others[recorder(current)] = _entry(current)
     if others:
         out[MACHINES_KEY] = dict(sorted(others.items()))
+    if current is not None and _but_when(out) == _but_when(current):
+        return None  # the same block again (an ingested log re-read): its date stays
     return out
+
+
+def _but_when(block: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in block.items() if k != "recorded_at"}
 
 
 def other_host(name: str, now: Mapping[str, Any], stored: Mapping[str, Any]) -> str:

@@ -199,6 +199,14 @@ def test_a_change_of_the_shared_sections_is_recorded_whole_and_keeps_every_timin
     refreshed = merge(merged, _on(_block(), factor=1.1), "ci", timing_only=True)
     assert refreshed is not None and refreshed["machines"] == merged["machines"]
     assert refreshed["loss"]["final"] != 1.25
+    # the same block again but for its date (an ingested log, re-read by every update) is
+    # not written: a refresh that changed nothing is no diff of dates
+    again = copy.deepcopy(refreshed)
+    again.pop("machines")
+    again["recorded_at"] = "2026-11-30T08:00:00+00:00"
+    assert merge(refreshed, again, "ci", timing_only=False) is None
+    again["loss"]["final"] = 2.5
+    assert merge(refreshed, again, "ci", timing_only=False) is not None
     # a default name is not written: it is derived from the environment
     assert "machine" not in merge(None, _block(), own, timing_only=False)  # type: ignore[operator]
 
