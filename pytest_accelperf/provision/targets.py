@@ -231,12 +231,12 @@ def compiling(log: list[str] | None = None) -> Iterator[None]:
         with libtpu_environment(), captured_stderr() as captured:
             yield
     finally:
-        python_knows_sigprof_is_ignored()
+        _python_knows_sigprof_is_ignored()
     if log is not None:
         log.extend(captured.lines)
 
 
-def python_knows_sigprof_is_ignored() -> None:
+def _python_knows_sigprof_is_ignored() -> None:
     """Once libtpu is loaded: its threads carry CPU timers that send ``SIGPROF`` (12 in a
     process that made a v5e 2x4), which it ignores, set beneath Python, whose ``signal``
     module still reports the default. A library that restores every handler Python reports

@@ -536,16 +536,19 @@ class RankGroup:
     def _await_peers(self, codes: list[int | None], failed: list[int]) -> None:
         """Poll for up to :data:`PEER_GRACE_S` while a rank still running has reported
         fewer steps than the failed ranks had finished: what it had done is kept."""
-        def step(rank: int) -> int:
-            s = _collect(rank, self.workdir, codes[rank]).step
-            return -1 if s is None else s
-        done = max(step(r) for r in failed)
-        running = [r for r, c in enumerate(codes) if c is None]
+        def step(report: RankReport) -> int:
+            return -1 if report.step is None else report.step
+        done = max(step(_collect(r, self.workdir, codes[r])) for r in failed)
+        # Each survivor's progress file read incrementally, not its whole log each poll.
+        tails = {r: (ProgressTail(self.workdir / f"rank{r}.jsonl"), RankReport(rank=r))
+                 for r, c in enumerate(codes) if c is None}
         deadline = time.monotonic() + PEER_GRACE_S
         while done >= 0 and time.monotonic() < deadline:
             polled = self._ranks.poll()
-            running = [r for r in running if polled[r] is None and step(r) < done]
-            if not running:
+            for tail, report in tails.values():
+                report.add_progress(tail.new())
+            tails = {r: t for r, t in tails.items() if polled[r] is None and step(t[1]) < done}
+            if not tails:
                 return
             time.sleep(POLL_S)
 
